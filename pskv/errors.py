@@ -1,0 +1,131 @@
+"""The whole pskv exception hierarchy.
+
+Every error pskv raises derives from :class:`KVStoreError`, and each one also derives
+from the builtin exception a Python user would naturally catch, so both
+``except pskv.KVStoreError`` and ``except KeyError`` work:
+
+=============================  ==================  ==========================================
+class                          builtin             meaning
+=============================  ==================  ==========================================
+``UnknownKeyError``            ``KeyError``        key was never initialised
+``DuplicateKeyError``          ``KeyError``        ``init`` of a key that already exists
+``ShapeMismatchError``         ``ValueError``      shape differs from the stored value
+``DTypeMismatchError``         ``ValueError``      dtype differs from the stored value
+``InvalidArgumentError``       ``ValueError``      any other bad argument
+``InvalidTypeError``           ``TypeError``       an argument has the wrong type
+``KeyTypeError``               ``TypeError``       int and str keys mixed, or a key of another type
+``UnsupportedValueError``      ``TypeError``       value is not a supported array / dtype
+``OperationTimeoutError``      ``TimeoutError``    a blocking call ran out of time
+``StoreClosedError``           ``RuntimeError``    the store was closed by its owner
+``NotSupportedError``          ``NotImplementedError``  this store type cannot do that
+``OptimizerStateError``        ``ValueError``      an optimizer-state file is unusable
+=============================  ==================  ==========================================
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "KVStoreError",
+    "UnknownKeyError",
+    "DuplicateKeyError",
+    "ShapeMismatchError",
+    "DTypeMismatchError",
+    "InvalidArgumentError",
+    "InvalidTypeError",
+    "KeyTypeError",
+    "UnsupportedValueError",
+    "OperationTimeoutError",
+    "StoreClosedError",
+    "NotSupportedError",
+    "OptimizerStateError",
+]
+
+
+class KVStoreError(Exception):
+    """Root of every error raised by pskv."""
+
+
+class _KeyErrorBase(KVStoreError, KeyError):
+    # KeyError.__str__ wraps the message in quotes (repr of the key); keep plain text.
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class UnknownKeyError(_KeyErrorBase):
+    """A key was used before ``init`` (or ``broadcast``) created it."""
+
+    def __init__(self, key: Any, operation: str) -> None:
+        super().__init__(
+            f"key {key!r} has not been initialised; call init({key!r}, value) "
+            f"or broadcast before {operation}"
+        )
+        self.key = key
+
+
+class DuplicateKeyError(_KeyErrorBase):
+    """``init`` was called for a key that already holds a value."""
+
+    def __init__(self, key: Any) -> None:
+        super().__init__(
+            f"duplicate init of key {key!r}: it already holds a value "
+            "(use push, pushpull or broadcast to change it)"
+        )
+        self.key = key
+
+
+class ShapeMismatchError(KVStoreError, ValueError):
+    """An array's shape differs from the shape stored under its key."""
+
+    def __init__(self, key: Any, operation: str, expected: tuple[int, ...], got: tuple[int, ...]) -> None:
+        super().__init__(
+            f"{operation} of key {key!r}: shape {got} does not match the stored shape {expected}"
+        )
+        self.key = key
+        self.expected = expected
+        self.got = got
+
+
+class DTypeMismatchError(KVStoreError, ValueError):
+    """An array's dtype differs from the dtype stored under its key."""
+
+    def __init__(self, key: Any, operation: str, expected: str, got: str) -> None:
+        super().__init__(
+            f"{operation} of key {key!r}: dtype {got} does not match the stored dtype {expected}"
+        )
+        self.key = key
+        self.expected = expected
+        self.got = got
+
+
+class InvalidArgumentError(KVStoreError, ValueError):
+    """An argument is malformed (wrong lengths, out-of-range row ids, bad names, ...)."""
+
+
+class InvalidTypeError(KVStoreError, TypeError):
+    """An argument has the wrong type."""
+
+
+class KeyTypeError(InvalidTypeError):
+    """A key is neither ``int`` nor ``str``, or int and str keys were mixed in one store."""
+
+
+class UnsupportedValueError(InvalidTypeError):
+    """A value is not a NumPy array / PyTorch tensor of a supported dtype."""
+
+
+class OperationTimeoutError(KVStoreError, TimeoutError):
+    """A blocking call did not finish within its timeout."""
+
+
+class StoreClosedError(KVStoreError, RuntimeError):
+    """The store was closed; no further calls are accepted."""
+
+
+class NotSupportedError(KVStoreError, NotImplementedError):
+    """The store type does not offer this operation."""
+
+
+class OptimizerStateError(KVStoreError, ValueError):
+    """An optimizer-state file is malformed or does not match the store."""

@@ -1,0 +1,70 @@
+"""The key-value store API: ``create`` and the store classes.
+
+Layering: ``kvstore`` sits above ``arrays`` and ``optimizer``; the distributed stores
+(later) add their transport underneath without changing this surface.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from pskv.config import Config
+from pskv.errors import InvalidArgumentError, InvalidTypeError
+from pskv.kvstore.base import RESERVED_NAMES, KVStoreBase
+from pskv.kvstore.engine import OpHandle
+from pskv.kvstore.local import LocalStore
+
+__all__ = ["KVStoreBase", "LocalStore", "OpHandle", "create", "known_types"]
+
+# name -> factory(name, config). MXNet's historical local names are aliases.
+_BUILTIN: dict[str, Callable[[str, Config | None], KVStoreBase]] = {
+    "local": LocalStore,
+    "local_update_cpu": LocalStore,
+    "local_allreduce_cpu": LocalStore,
+    "device": LocalStore,
+    "local_allreduce_device": LocalStore,
+}
+
+
+def known_types() -> list[str]:
+    """Every name ``create`` accepts: pskv's store types and registered custom ones."""
+    return sorted(set(_BUILTIN) | set(KVStoreBase.kv_registry))
+
+
+def create(name: str = "local", *, config: Config | None = None, **settings: Any) -> KVStoreBase:
+    """Create a key-value store.
+
+    Args:
+        name: ``'local'`` (values reduced on the CPU), ``'device'`` (reduced on the
+            values' device, e.g. CUDA tensors), MXNet's aliases
+            (``'local_update_cpu'``, ``'local_allreduce_cpu'``,
+            ``'local_allreduce_device'``), or the lower-cased name of a class registered
+            with :meth:`KVStoreBase.register`. Case-insensitive.
+        config: settings for pskv's own stores (default: from the environment).
+        **settings: individual :class:`~pskv.config.Config` fields overriding the
+            environment, e.g. ``engine_threads=4``.
+
+    Raises:
+        InvalidTypeError: ``name`` is not a string.
+        InvalidArgumentError: unknown store type (the message lists the known ones), or
+            an unknown setting.
+    """
+    if not isinstance(name, str):
+        raise InvalidTypeError(f"store type name must be a string, got {type(name).__qualname__}")
+    lname = name.lower()
+    if lname in _BUILTIN:
+        if settings:
+            config = Config.from_env(**settings) if config is None else _with(config, settings)
+        return _BUILTIN[lname](lname, config)
+    if lname in KVStoreBase.kv_registry:
+        return KVStoreBase.kv_registry[lname]()
+    hint = " (not available in this version of pskv)" if lname in RESERVED_NAMES else ""
+    raise InvalidArgumentError(f"unknown store type {name!r}{hint}; known types: {', '.join(known_types())}")
+
+
+def _with(config: Config, settings: dict[str, Any]) -> Config:
+    unknown = set(settings) - {f.name for f in dataclasses.fields(Config)}
+    if unknown:
+        raise InvalidArgumentError(f"unknown setting(s) {sorted(unknown)}")
+    return dataclasses.replace(config, **settings)

@@ -1,0 +1,218 @@
+"""``KVStoreBase``: the interface every store implements, and the registry of custom stores.
+
+The abstract methods are MXNet's ``KVStoreBase`` interface (what a custom store such
+as a BytePS or Horovod adapter must provide). ``init``/``push``/``pull`` and friends
+have defaults that raise :class:`~pskv.errors.NotSupportedError`, because a
+summation-only store need not offer them. The cluster methods (``barrier``,
+``num_dead_node``, ...) have single-process defaults.
+"""
+
+from __future__ import annotations
+
+import abc
+import warnings
+from typing import Any, Callable, ClassVar, TypeVar
+
+from pskv.errors import InvalidArgumentError, NotSupportedError
+
+__all__ = ["KVStoreBase", "RESERVED_NAMES"]
+
+T = TypeVar("T", bound=type)
+
+#: Store type names that pskv itself provides; a custom class may not take them.
+RESERVED_NAMES: frozenset[str] = frozenset(
+    {
+        "local",
+        "device",
+        "local_update_cpu",
+        "local_allreduce_cpu",
+        "local_allreduce_device",
+        "dist",
+        "dist_sync",
+        "dist_async",
+        "dist_sync_device",
+        "dist_device_sync",
+        "dist_async_device",
+        "byteps",
+    }
+)
+
+#: MXNet's node-group ids for num_dead_node: 1 scheduler, 2 servers, 4 workers (and sums).
+NODE_GROUPS: frozenset[int] = frozenset(range(1, 8))
+
+
+class KVStoreBase(abc.ABC):
+    """Base class of every key-value store.
+
+    Subclass it and decorate the subclass with :meth:`KVStoreBase.register` to make
+    ``pskv.create(<lower-cased class name>)`` build it (with no arguments).
+    """
+
+    #: Capability: the store can run an optimizer (``set_optimizer``).
+    OPTIMIZER: ClassVar[str] = "optimizer"
+    #: Capability: the store supports ``row_sparse_pull``.
+    ROW_SPARSE_PULL: ClassVar[str] = "row_sparse_pull"
+    #: Every capability name ``is_capable`` understands.
+    CAPABILITIES: ClassVar[frozenset[str]] = frozenset({"optimizer", "row_sparse_pull"})
+
+    #: Custom store classes by lower-cased name (filled by :meth:`register`).
+    kv_registry: ClassVar[dict[str, type[KVStoreBase]]] = {}
+
+    @staticmethod
+    def register(klass: T) -> T:
+        """Class decorator: make ``pskv.create(klass.__name__.lower())`` build ``klass()``.
+
+        Registering a name again replaces the earlier class (with a warning).
+
+        Raises:
+            InvalidArgumentError: ``klass`` is not a KVStoreBase subclass, or its name is
+                one of pskv's own store types.
+        """
+        if not (isinstance(klass, type) and issubclass(klass, KVStoreBase)):
+            raise InvalidArgumentError(f"register() needs a KVStoreBase subclass, got {klass!r}")
+        name = klass.__name__.lower()
+        if name in RESERVED_NAMES:
+            raise InvalidArgumentError(f"store type name {name!r} is reserved by pskv; rename the class")
+        if name in KVStoreBase.kv_registry:
+            warnings.warn(f"store type {name!r} registered again; the new class replaces the old", stacklevel=2)
+        KVStoreBase.kv_registry[name] = klass
+        return klass
+
+    @classmethod
+    def _capability(cls, capability: str) -> str:
+        """Normalise a capability name.
+
+        Raises:
+            InvalidArgumentError: unknown capability (the message lists the known ones).
+        """
+        cap = str(capability).lower()
+        if cap not in KVStoreBase.CAPABILITIES:
+            raise InvalidArgumentError(
+                f"Unknown capability: {capability!r}; known: {', '.join(sorted(KVStoreBase.CAPABILITIES))}"
+            )
+        return cap
+
+    # -- MXNet's abstract interface -----------------------------------------------------
+    @abc.abstractmethod
+    def broadcast(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> Any:
+        """Write ``value`` (rank 0's, in a cluster) into the store and into every ``out``."""
+
+    @abc.abstractmethod
+    def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> Any:
+        """Push ``value`` and pull the result into ``out`` (into ``value`` if out is None)."""
+
+    @abc.abstractmethod
+    def set_optimizer(self, optimizer: Any) -> None:
+        """Run ``optimizer`` on every push (in the store)."""
+
+    @classmethod
+    @abc.abstractmethod
+    def is_capable(cls, capability: str) -> bool:
+        """Whether this store type offers ``capability`` (see :attr:`CAPABILITIES`)."""
+
+    @abc.abstractmethod
+    def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
+        """Save the optimizer state (and config, if ``dump_optimizer``) to ``fname``."""
+
+    @abc.abstractmethod
+    def load_optimizer_states(self, fname: str) -> None:
+        """Load optimizer state saved by :meth:`save_optimizer_states`."""
+
+    @property
+    @abc.abstractmethod
+    def type(self) -> str:
+        """The store's type name (as given to ``create``, lower-cased)."""
+
+    @property
+    @abc.abstractmethod
+    def rank(self) -> int:
+        """This worker's rank in ``[0, num_workers)``."""
+
+    @property
+    @abc.abstractmethod
+    def num_workers(self) -> int:
+        """Number of worker processes."""
+
+    # -- data operations a store may offer ---------------------------------------------
+    def _unsupported(self, op: str) -> NotSupportedError:
+        return NotSupportedError(f"store type {self.type!r} does not support {op}")
+
+    def init(self, key: Any, value: Any) -> None:
+        """Create keys with initial values (see the concrete store)."""
+        raise self._unsupported("init")
+
+    def push(self, key: Any, value: Any, priority: int = 0) -> Any:
+        """Push values into the store (see the concrete store)."""
+        raise self._unsupported("push")
+
+    def pull(self, key: Any, out: Any = None, priority: int = 0) -> Any:
+        """Pull values out of the store (see the concrete store)."""
+        raise self._unsupported("pull")
+
+    def row_sparse_pull(self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None) -> Any:
+        """Pull selected rows (see the concrete store)."""
+        raise self._unsupported("row_sparse_pull")
+
+    def set_updater(self, updater: Callable[[Any, Any, Any], None]) -> None:
+        """Install ``updater(key, merged, stored)`` (see the concrete store)."""
+        raise self._unsupported("set_updater")
+
+    def _set_updater(self, updater: Callable[[Any, Any, Any], None]) -> None:
+        """MXNet's name for :meth:`set_updater`."""
+        self.set_updater(updater)
+
+    # -- cluster operations: single-process defaults -----------------------------------
+    @property
+    def local_rank(self) -> int:
+        """This worker's rank among the workers on its host (0 in one process)."""
+        return 0
+
+    def barrier(self) -> None:
+        """Wait until every worker reached the barrier (returns at once in one process)."""
+        return None
+
+    def _barrier(self) -> None:
+        """MXNet's name for :meth:`barrier`."""
+        self.barrier()
+
+    def send_command_to_servers(self, head: int, body: str) -> None:
+        """Send a command to every server's controller; a store without servers ignores it."""
+        return None
+
+    def _send_command_to_servers(self, head: int, body: str) -> None:
+        """MXNet's name for :meth:`send_command_to_servers`."""
+        self.send_command_to_servers(head, body)
+
+    def num_dead_node(self, node_id: int, timeout: float = 60) -> int:
+        """Number of dead nodes in a node group (1 scheduler, 2 servers, 4 workers; sums).
+
+        A single-process store has no other nodes, so the answer is 0.
+
+        Raises:
+            InvalidArgumentError: ``node_id`` is not a group id in 1..7 or timeout < 0.
+        """
+        if isinstance(node_id, bool) or not isinstance(node_id, int) or node_id not in NODE_GROUPS:
+            raise InvalidArgumentError(
+                f"node_id must be a node group id in 1..7 (1 scheduler, 2 servers, 4 workers, or a sum), got {node_id!r}"
+            )
+        if timeout < 0:
+            raise InvalidArgumentError(f"timeout must be >= 0, got {timeout}")
+        return 0
+
+    def set_barrier_before_exit(self, barrier_before_exit: bool = True) -> None:
+        """Whether closing the store first waits at a barrier of all workers."""
+        self._barrier_before_exit = bool(barrier_before_exit)
+
+    def wait(self, keys: Any = None, timeout: float | None = None) -> None:
+        """Wait for outstanding non-blocking operations (none in a synchronous store)."""
+        return None
+
+    def close(self) -> None:
+        """Release the store's resources; later calls raise StoreClosedError."""
+        return None
+
+    def __enter__(self) -> KVStoreBase:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

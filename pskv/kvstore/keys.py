@@ -1,0 +1,135 @@
+"""Argument normalisation: MXNet's key / value / out forms to one list of pairs.
+
+Accepted forms (as in MXNet):
+
+* one key and one array: ``push(3, a)``;
+* one key and a list of arrays, one per device: ``push(3, [a0, a1])``;
+* a list of keys and a list with one entry per key, each an array or a list of
+  arrays: ``push([3, 5], [a, [b0, b1]])``.
+
+Keys are ``int`` or ``str``; one store uses one kind (fixed by its first call).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Sequence, Union
+
+import numpy as np
+
+from pskv.arrays import is_array
+from pskv.errors import InvalidArgumentError, KeyTypeError, UnsupportedValueError
+
+__all__ = ["Key", "KeyKind", "as_key", "as_key_list", "pair_up"]
+
+Key = Union[int, str]
+
+
+def as_key(key: object) -> Key:
+    """Return ``key`` as a plain ``int`` or ``str``.
+
+    Raises:
+        KeyTypeError: ``key`` is neither an integer nor a string (bool is rejected).
+    """
+    if isinstance(key, str):
+        return key
+    if isinstance(key, (int, np.integer)) and not isinstance(key, (bool, np.bool_)):
+        return int(key)
+    raise KeyTypeError(f"keys must be int or str, got {type(key).__qualname__} {key!r}")
+
+
+def as_key_list(key: object) -> tuple[list[Key], bool]:
+    """Normalise ``key`` to a list; the flag says whether a single key was given.
+
+    Raises:
+        KeyTypeError: an element is not a valid key, or int and str keys are mixed.
+        InvalidArgumentError: an empty key list.
+    """
+    if isinstance(key, (list, tuple)):
+        keys = [as_key(k) for k in key]
+        if not keys:
+            raise InvalidArgumentError("empty key list")
+        kinds = {type(k) for k in keys}
+        if len(kinds) > 1:
+            raise KeyTypeError(f"int and str keys mixed in one call: {keys!r}")
+        return keys, False
+    return [as_key(key)], True
+
+
+def _array_list(key: Key, value: object, what: str) -> list[Any]:
+    if is_array(value):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        if not value:
+            raise InvalidArgumentError(f"empty {what} list for key {key!r}")
+        for v in value:
+            if not is_array(v):
+                raise UnsupportedValueError(
+                    f"{what} for key {key!r} must be numpy.ndarray or torch.Tensor, "
+                    f"got {type(v).__module__}.{type(v).__qualname__}"
+                )
+        return list(value)
+    raise UnsupportedValueError(
+        f"{what} for key {key!r} must be an array or a list of arrays, "
+        f"got {type(value).__module__}.{type(value).__qualname__}"
+    )
+
+
+def pair_up(keys: Sequence[Key], single: bool, values: object, what: str) -> list[tuple[Key, list[Any]]]:
+    """Pair every key with its list of arrays.
+
+    Args:
+        keys: normalised keys (from :func:`as_key_list`).
+        single: True when the caller passed one key, not a list.
+        values: the caller's value / out argument.
+        what: argument name for error messages ("value", "out", ...).
+
+    Raises:
+        InvalidArgumentError: list lengths differ, or a list is empty.
+        UnsupportedValueError: an element is not an array.
+    """
+    if single:
+        return [(keys[0], _array_list(keys[0], values, what))]
+    if is_array(values) or not isinstance(values, (list, tuple)):
+        raise InvalidArgumentError(
+            f"{len(keys)} keys need a list of {len(keys)} {what}s (one per key), "
+            f"got {type(values).__module__}.{type(values).__qualname__}"
+        )
+    if len(values) != len(keys):
+        raise InvalidArgumentError(f"{len(keys)} keys but {len(values)} {what}s: the lengths must match")
+    return [(k, _array_list(k, v, what)) for k, v in zip(keys, values)]
+
+
+class KeyKind:
+    """Remembers whether a store uses int or str keys (fixed by the first call)."""
+
+    def __init__(self) -> None:
+        self._kind: type | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def kind(self) -> type | None:
+        """``int``, ``str`` or None before the first keyed call."""
+        return self._kind
+
+    def check(self, keys: Sequence[Key], fix: bool = False) -> None:
+        """Reject keys of the other kind than the store's; ``fix`` sets the kind on first use.
+
+        Only calls that create keys (init, broadcast) fix the kind, so a failed call
+        on an empty store does not decide it.
+
+        Raises:
+            KeyTypeError: the keys are of the other kind than the store's.
+        """
+        kind = type(keys[0])
+        if self._kind is kind:
+            return
+        with self._lock:
+            if self._kind is None:
+                if fix:
+                    self._kind = kind
+                return
+        raise KeyTypeError(
+            f"this store uses {self._kind.__name__} keys; got {kind.__name__} key {keys[0]!r} "
+            "(int and str keys cannot be mixed in one store)"
+        )

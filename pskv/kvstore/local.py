@@ -1,0 +1,573 @@
+"""The single-process stores: ``'local'`` (reduce on CPU) and ``'device'`` (reduce on the values' device).
+
+Guarantees (each one fixes a known MXNet defect):
+
+* the store keeps copies, never references to the caller's arrays;
+* pushes and pulls check shape and dtype against the initialised value, and a failed
+  call leaves the store unchanged;
+* an updater's exception propagates out of ``push`` and the store is unchanged;
+* ``broadcast`` works for new and existing keys, any number of times;
+* ``row_sparse_pull`` checks its row ids.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from pskv.arrays import ArrayMeta, CpuKernels, clone, copy_into, describe, empty, fan_out, sum_into, take_rows
+from pskv.config import Config
+from pskv.errors import (
+    DTypeMismatchError,
+    DuplicateKeyError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    OptimizerStateError,
+    ShapeMismatchError,
+    StoreClosedError,
+    UnknownKeyError,
+)
+from pskv.kvstore.base import KVStoreBase
+from pskv.kvstore.engine import Engine, OpHandle
+from pskv.kvstore.keys import Key, KeyKind, as_key_list, pair_up
+from pskv.kvstore.rows import row_id_sets, unique_rows
+
+__all__ = ["LocalStore"]
+
+Updater = Callable[[Any, Any, Any], None]
+
+
+@dataclass(slots=True)
+class _Entry:
+    """One key: its stored copy, where the caller's value came from, and reusable buffers."""
+
+    value: Any
+    meta: ArrayMeta  # of the stored copy (device may change in a 'device' store)
+    origin: ArrayMeta  # of the value given to init: pull(out=None) returns this kind
+    merge: Any = None  # merge buffer for updater pushes
+    spare: Any = None  # second copy for transactional user updaters
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class LocalStore(KVStoreBase):
+    """A key-value store inside one process, over NumPy arrays and PyTorch tensors.
+
+    Use :func:`pskv.create` (``'local'`` or ``'device'``) rather than this class.
+
+    Args:
+        name: the store type name (``'local'``, ``'device'`` or an MXNet alias).
+        config: settings; default :meth:`pskv.config.Config.from_env`.
+    """
+
+    def __init__(self, name: str = "local", config: Config | None = None) -> None:
+        self._type = name
+        self._on_device = "device" in name
+        self._config = Config.from_env() if config is None else config
+        self._kernels = CpuKernels(self._config.kernel_threads, self._config.kernel_parallel_bytes)
+        self._engine = Engine(self._config.engine_threads, name=f"pskv-{name}")
+        self._entries: dict[Key, _Entry] = {}
+        self._table_lock = threading.Lock()
+        self._key_kind = KeyKind()
+        self._updater: Updater | None = None
+        self._builtin_updater = False
+        self._closed = False
+        self._barrier_before_exit = True
+
+    # -- properties ----------------------------------------------------------------------
+    @property
+    def type(self) -> str:
+        """The type name given to ``create`` (lower-cased)."""
+        return self._type
+
+    @property
+    def rank(self) -> int:
+        """Always 0: one process."""
+        return 0
+
+    @property
+    def num_workers(self) -> int:
+        """Always 1: one process."""
+        return 1
+
+    @classmethod
+    def is_capable(cls, capability: str) -> bool:
+        """True for ``'optimizer'`` and ``'row_sparse_pull'``.
+
+        Raises:
+            InvalidArgumentError: unknown capability.
+        """
+        cls._capability(capability)
+        return True
+
+    # -- helpers -------------------------------------------------------------------------
+    def _check_open(self, op: str) -> None:
+        if self._closed:
+            raise StoreClosedError(f"cannot {op}: the store is closed")
+
+    def _keys(self, key: Any, creates: bool = False) -> tuple[list[Key], bool]:
+        keys, single = as_key_list(key)
+        self._key_kind.check(keys, fix=creates)
+        return keys, single
+
+    def _entry(self, key: Key, op: str) -> _Entry:
+        entry = self._entries.get(key)
+        if entry is None:
+            raise UnknownKeyError(key, op)
+        return entry
+
+    @staticmethod
+    def _check_like(key: Key, entry: _Entry, arrays: Sequence[Any], op: str) -> list[ArrayMeta]:
+        metas = []
+        for a in arrays:
+            m = describe(a)
+            if m.shape != entry.meta.shape:
+                raise ShapeMismatchError(key, op, entry.meta.shape, m.shape)
+            if m.dtype != entry.meta.dtype:
+                raise DTypeMismatchError(key, op, entry.meta.dtype, m.dtype)
+            metas.append(m)
+        return metas
+
+    def _timeout(self, timeout: float | None) -> float:
+        return self._config.default_timeout if timeout is None else timeout
+
+    def _submit(self, op: str, keys: Sequence[Key], priority: int, fn: Callable[[], Any],
+                block: bool, timeout: float | None) -> Any:
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise InvalidTypeError(f"priority must be an int, got {type(priority).__qualname__}")
+        return self._engine.submit(op, keys, priority, fn, block, self._timeout(timeout))
+
+    # -- init ----------------------------------------------------------------------------
+    def init(self, key: Any, value: Any) -> None:
+        """Create keys holding copies of ``value``.
+
+        Args:
+            key: a key or a list of keys (int or str; one kind per store).
+            value: an array per key (a one-element list is accepted too). Later changes
+                to the caller's arrays never change the store.
+
+        Raises:
+            DuplicateKeyError: a key already exists (or appears twice in the list).
+            InvalidArgumentError: a key is given several values.
+            KeyTypeError, UnsupportedValueError: bad key or value types.
+        """
+        self._check_open("init")
+        keys, single = self._keys(key)
+        pairs = pair_up(keys, single, value, "value")
+        seen: set[Key] = set()
+        staged: list[tuple[Key, Any]] = []
+        for k, vals in pairs:
+            if len(vals) != 1:
+                raise InvalidArgumentError(f"init of key {k!r} got {len(vals)} values; give exactly one")
+            if k in seen or k in self._entries:
+                raise DuplicateKeyError(k)
+            seen.add(k)
+            staged.append((k, vals[0]))
+        entries = [(k, self._new_entry(v)) for k, v in staged]
+        self._key_kind.check(keys, fix=True)
+        with self._table_lock:
+            for k, _ in entries:
+                if k in self._entries:
+                    raise DuplicateKeyError(k)
+            self._entries.update(entries)
+
+    def _new_entry(self, value: Any) -> _Entry:
+        origin = describe(value)
+        device = origin.device if self._on_device else "cpu"
+        stored = empty(origin, device=device, pin=not self._on_device and origin.device != "cpu")
+        copy_into(stored, value, self._kernels)
+        return _Entry(stored, describe(stored), origin)
+
+    # -- push ----------------------------------------------------------------------------
+    def push(self, key: Any, value: Any, priority: int = 0, *, block: bool = True,
+             timeout: float | None = None) -> OpHandle | None:
+        """Push values: the values of each key are summed, then stored (or given to the updater).
+
+        Args:
+            key: a key or a list of keys.
+            value: per key an array or a list of arrays (one per device), summed.
+                With ``block=False`` do not modify these arrays until the handle is done.
+            priority: higher runs first among queued operations.
+            block: False returns an :class:`OpHandle` at once.
+            timeout: seconds to wait behind queued work (default ``PSKV_DEFAULT_TIMEOUT``).
+
+        Raises:
+            UnknownKeyError: a key was never initialised.
+            ShapeMismatchError, DTypeMismatchError: a value does not match the stored one;
+                nothing is changed.
+            Exception: the updater's own exception, with every stored value unchanged.
+        """
+        self._check_open("push")
+        pairs = self._push_pairs(key, value, "push")
+        keys = [k for k, _, _ in pairs]
+        result = self._submit("push", keys, priority, lambda: self._apply_pushes(pairs), block, timeout)
+        return result if not block else None
+
+    def _push_pairs(self, key: Any, value: Any, op: str) -> list[tuple[Key, _Entry, list[Any]]]:
+        keys, single = self._keys(key)
+        merged: dict[Key, list[Any]] = {}
+        for k, vals in pair_up(keys, single, value, "value"):
+            merged.setdefault(k, []).extend(vals)  # a key listed twice: all its values are summed
+        out = []
+        for k, vals in merged.items():
+            entry = self._entry(k, op)
+            self._check_like(k, entry, vals, op)
+            out.append((k, entry, vals))
+        return out
+
+    def _apply_pushes(self, pairs: Sequence[tuple[Key, _Entry, list[Any]]]) -> None:
+        updater = self._updater
+        if updater is None:
+            for _, entry, vals in pairs:
+                self._settle_device(entry, vals)
+                sum_into(entry.value, vals, self._kernels)
+            return
+        if self._builtin_updater:
+            # pskv's optimizers check everything before they write, so they run in place.
+            for k, entry, vals in pairs:
+                self._settle_device(entry, vals)
+                updater(k, self._merged(entry, vals), entry.value)
+            return
+        # A user updater may fail half-way: run it on spare copies, then swap them in.
+        staged = []
+        for k, entry, vals in pairs:
+            self._settle_device(entry, vals)
+            merged = self._merged(entry, vals)
+            if entry.spare is None:
+                entry.spare = empty(entry.meta)
+            copy_into(entry.spare, entry.value, self._kernels)
+            updater(k, merged, entry.spare)
+            staged.append(entry)
+        for entry in staged:
+            entry.value, entry.spare = entry.spare, entry.value
+
+    def _merged(self, entry: _Entry, vals: list[Any]) -> Any:
+        if entry.merge is None:
+            entry.merge = empty(entry.meta)
+        sum_into(entry.merge, vals, self._kernels)
+        return entry.merge
+
+    def _settle_device(self, entry: _Entry, vals: list[Any]) -> None:
+        """'device' stores reduce where the pushed values live; move the key there once."""
+        if not self._on_device:
+            return
+        device = describe(vals[0]).device
+        if device == entry.meta.device:
+            return
+        entry.value = clone(entry.value, entry.meta, device=device)
+        entry.meta = describe(entry.value)
+        entry.merge = entry.spare = None
+
+    # -- pull ----------------------------------------------------------------------------
+    def pull(self, key: Any, out: Any = None, priority: int = 0, *, block: bool = True,
+             timeout: float | None = None) -> Any:
+        """Copy stored values into ``out``, or return new arrays if ``out`` is None.
+
+        Args:
+            key: a key or a list of keys.
+            out: per key an array or a list of arrays (e.g. one per device; each gets a
+                copy, on its own device). None returns new arrays of the kind and device
+                the key was initialised with: one array for one key, a list for a list.
+            priority: higher runs first among queued operations.
+            block: False returns an :class:`OpHandle`; its ``wait()`` gives the result.
+            timeout: seconds to wait behind queued work.
+
+        Raises:
+            UnknownKeyError: a key was never initialised.
+            ShapeMismatchError, DTypeMismatchError: an out does not match the stored value.
+        """
+        self._check_open("pull")
+        keys, single = self._keys(key)
+        entries = [self._entry(k, "pull") for k in keys]
+        if out is None:
+            def run_new() -> Any:
+                arrays = [self._copy_out(e) for e in entries]
+                return arrays[0] if single else arrays
+            return self._submit("pull", keys, priority, run_new, block, timeout)
+        pairs = pair_up(keys, single, out, "out")
+        for (k, outs), entry in zip(pairs, entries):
+            self._check_like(k, entry, outs, "pull")
+
+        def run() -> None:
+            for (_, outs), entry in zip(pairs, entries):
+                fan_out(outs, entry.value, self._kernels)
+        result = self._submit("pull", keys, priority, run, block, timeout)
+        return result if not block else None
+
+    def _copy_out(self, entry: _Entry) -> Any:
+        new = empty(entry.origin)
+        copy_into(new, entry.value, self._kernels)
+        return new
+
+    # -- pushpull --------------------------------------------------------------------------
+    def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0, *, block: bool = True,
+                 timeout: float | None = None) -> OpHandle | None:
+        """Push ``value``, then pull the result into ``out`` — one operation.
+
+        With ``out=None`` the result is written back into every array of ``value``.
+        Errors are those of :meth:`push` and :meth:`pull`; nothing changes on error.
+        """
+        self._check_open("pushpull")
+        pairs = self._push_pairs(key, value, "pushpull")
+        if out is None:
+            targets = [(entry, vals) for _, entry, vals in pairs]
+        else:
+            keys, single = self._keys(key)
+            out_pairs = pair_up(keys, single, out, "out")
+            targets = []
+            for k, outs in out_pairs:
+                entry = self._entry(k, "pushpull")
+                self._check_like(k, entry, outs, "pushpull")
+                targets.append((entry, outs))
+
+        def run() -> None:
+            self._apply_pushes(pairs)
+            for entry, outs in targets:
+                fan_out(outs, entry.value, self._kernels)
+        result = self._submit("pushpull", [k for k, _, _ in pairs], priority, run, block, timeout)
+        return result if not block else None
+
+    # -- broadcast -------------------------------------------------------------------------
+    def broadcast(self, key: Any, value: Any, out: Any = None, priority: int = 0, *, block: bool = True,
+                  timeout: float | None = None) -> OpHandle | None:
+        """Store ``value`` under ``key`` and copy it into every ``out``.
+
+        Works for new keys (they are created) and existing ones (overwritten), any number
+        of times.
+
+        Args:
+            key: a key or a list of keys.
+            value: one array per key.
+            out: per key an array or a list of arrays; None only stores.
+
+        Raises:
+            ShapeMismatchError, DTypeMismatchError: ``value`` or an out does not match
+                an existing key.
+        """
+        self._check_open("broadcast")
+        keys, single = self._keys(key)
+        values = pair_up(keys, single, value, "value")
+        outs = pair_up(keys, single, out, "out") if out is not None else [(k, []) for k in keys]
+        new_keys: list[Key] = []
+        plan: list[tuple[Key, Any, list[Any]]] = []
+        for (k, vals), (_, k_outs) in zip(values, outs):
+            if len(vals) != 1:
+                raise InvalidArgumentError(f"broadcast of key {k!r} got {len(vals)} values; give exactly one")
+            entry = self._entries.get(k)
+            if entry is None:
+                new_keys.append(k)
+                meta = describe(vals[0])
+                probe = _Entry(None, meta, meta)
+                self._check_like(k, probe, k_outs, "broadcast")
+            else:
+                self._check_like(k, entry, vals + k_outs, "broadcast")
+            plan.append((k, vals[0], k_outs))
+        fresh = set(new_keys)
+        if new_keys:
+            self.init(new_keys, [v for k, v, _ in plan if k in fresh])
+        pinned_values = {k: (None if k in fresh else v) for k, v, _ in plan}
+
+        def run() -> None:
+            for k, _, k_outs in plan:
+                entry = self._entries[k]
+                v = pinned_values[k]
+                if v is not None:
+                    copy_into(entry.value, v, self._kernels)
+                if k_outs:
+                    fan_out(k_outs, entry.value, self._kernels)
+        result = self._submit("broadcast", keys, priority, run, block, timeout)
+        return result if not block else None
+
+    # -- row_sparse_pull -------------------------------------------------------------------
+    def row_sparse_pull(self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None, *,
+                        block: bool = True, timeout: float | None = None) -> Any:
+        """Pull only the rows ``row_ids`` of a stored array with 2 or more dimensions.
+
+        Row ids are de-duplicated and sorted. Each ``out`` is either full-shaped (the
+        requested rows are copied, every other row is set to zero — the dense form of
+        MXNet's row-sparse result) or compact, with one row per unique requested id.
+
+        Args:
+            key: a key or a list of keys.
+            out: like :meth:`pull`; None returns new full-shaped arrays.
+            row_ids: an int array or sequence; or a list with one per out. For a key
+                list, a list with one entry per key.
+
+        Raises:
+            InvalidArgumentError: missing or out-of-range row ids, a 0-d/1-d stored value,
+                or a mismatching number of row-id sets.
+            ShapeMismatchError, DTypeMismatchError: an out has the wrong shape or dtype.
+        """
+        self._check_open("row_sparse_pull")
+        keys, single = self._keys(key)
+        entries = [self._entry(k, "row_sparse_pull") for k in keys]
+        if single:
+            per_key_ids = [row_ids]
+        else:
+            if not isinstance(row_ids, (list, tuple)) or len(row_ids) != len(keys):
+                raise InvalidArgumentError(f"row_sparse_pull of {len(keys)} keys needs a list of {len(keys)} row_ids")
+            per_key_ids = list(row_ids)
+        return_new = out is None
+        if return_new:
+            out_pairs = [(k, [empty(e.origin)]) for k, e in zip(keys, entries)]
+        else:
+            out_pairs = pair_up(keys, single, out, "out")
+        plan = []
+        for (k, outs), entry, ids in zip(out_pairs, entries, per_key_ids):
+            shape = entry.meta.shape
+            if len(shape) < 2:
+                raise InvalidArgumentError(f"row_sparse_pull needs a stored array with >= 2 dimensions; key {k!r} has shape {shape}")
+            for o, rid in zip(outs, row_id_sets(k, ids, len(outs))):
+                rows = unique_rows(k, rid, shape[0])
+                m = describe(o)
+                if m.dtype != entry.meta.dtype:
+                    raise DTypeMismatchError(k, "row_sparse_pull", entry.meta.dtype, m.dtype)
+                compact = (len(rows),) + shape[1:]
+                if m.shape != shape and m.shape != compact:
+                    raise ShapeMismatchError(k, "row_sparse_pull", shape, m.shape)
+                plan.append((entry, o, rows, m.shape != shape))
+
+        def run() -> Any:
+            for entry, o, rows, is_compact in plan:
+                if is_compact:
+                    _copy_rows(entry.value, rows, o, self._kernels)
+                else:
+                    take_rows(entry.value, rows, o)
+            if return_new:
+                arrays = [outs[0] for _, outs in out_pairs]
+                return arrays[0] if single else arrays
+            return None
+        result = self._submit("row_sparse_pull", keys, priority, run, block, timeout)
+        return result if (not block or return_new) else None
+
+    # -- updater / optimizer ---------------------------------------------------------------
+    def set_updater(self, updater: Updater) -> None:
+        """Install ``updater(key, merged, stored)``, called on every push instead of assignment.
+
+        ``merged`` is the sum of the pushed values; the updater must change ``stored``
+        in place. Keys are passed as they were given (int or str). If it raises, the
+        exception propagates out of ``push`` and no stored value changes (the updater
+        works on a copy that replaces the stored value only on success).
+
+        Waits for queued operations first.
+
+        Raises:
+            InvalidTypeError: ``updater`` is not callable.
+        """
+        self._check_open("set_updater")
+        if not callable(updater):
+            raise InvalidTypeError(f"updater must be callable, got {type(updater).__qualname__}")
+        self.wait()
+        self._updater = updater
+        self._builtin_updater = False
+
+    def set_optimizer(self, optimizer: Any) -> None:
+        """Run ``optimizer`` (a :class:`pskv.optimizer.Optimizer`) on every push.
+
+        Pushed values are treated as gradients; the stored values are the weights.
+        Setting an optimizer again keeps the per-key optimizer state (momentum, ...)
+        and takes the new hyperparameters.
+
+        Raises:
+            InvalidTypeError: ``optimizer`` is not a pskv optimizer.
+        """
+        from pskv.optimizer import Optimizer, Updater as OptimizerUpdater
+
+        self._check_open("set_optimizer")
+        if not isinstance(optimizer, Optimizer):
+            raise InvalidTypeError(f"set_optimizer needs a pskv.optimizer.Optimizer, got {type(optimizer).__qualname__}")
+        self.wait()
+        if self._builtin_updater and isinstance(self._updater, OptimizerUpdater):
+            self._updater.set_optimizer(optimizer)
+        else:
+            self._updater = optimizer.get_updater()
+            self._builtin_updater = True
+
+    def _optimizer_updater(self, op: str) -> Any:
+        if not self._builtin_updater:
+            raise OptimizerStateError(f"cannot {op}: no optimizer is set (call set_optimizer first)")
+        return self._updater
+
+    def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
+        """Write the optimizer state (and config, if ``dump_optimizer``) to ``fname``.
+
+        The file is a safetensors file (no pickle); see ``docs/optimizers.md``.
+
+        Raises:
+            OptimizerStateError: no optimizer is set.
+        """
+        self._check_open("save_optimizer_states")
+        updater = self._optimizer_updater("save optimizer states")
+        self.wait()
+        updater.save_states(fname, dump_optimizer=dump_optimizer)
+
+    def load_optimizer_states(self, fname: str) -> None:
+        """Restore optimizer state saved by :meth:`save_optimizer_states`.
+
+        If the file holds a dumped optimizer config and no optimizer is set, that
+        optimizer is installed; a dumped config also replaces the current one.
+
+        Raises:
+            OptimizerStateError: the file is not a pskv state file, or no optimizer is
+                set and the file holds none.
+        """
+        from pskv.optimizer import Updater as OptimizerUpdater
+
+        self._check_open("load_optimizer_states")
+        self.wait()
+        if self._builtin_updater:
+            self._updater.load_states(fname)  # type: ignore[union-attr]
+            return
+        updater = OptimizerUpdater.from_file(fname)
+        self._updater = updater
+        self._builtin_updater = True
+
+    # -- waiting / closing -----------------------------------------------------------------
+    def wait(self, keys: Any = None, timeout: float | None = None) -> None:
+        """Wait for outstanding operations (on ``keys``, if given).
+
+        Raises:
+            OperationTimeoutError: still pending after ``timeout`` seconds (default
+                ``PSKV_DEFAULT_TIMEOUT``).
+            Exception: the first error of a non-blocking operation whose handle nobody
+                waited on.
+        """
+        wanted = None if keys is None else as_key_list(keys)[0]
+        self._engine.wait_all(wanted, self._timeout(timeout))
+
+    def close(self) -> None:
+        """Finish queued work, release threads and buffers. Idempotent.
+
+        Raises:
+            OperationTimeoutError: queued work did not finish within the default timeout.
+            Exception: the first error of a non-blocking operation nobody waited on.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._engine.close(self._config.default_timeout)
+        finally:
+            self._kernels.close()
+            self._entries = {}
+
+    def __enter__(self) -> LocalStore:
+        return self
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self._entries)} keys"
+        return f"<pskv.LocalStore type={self._type!r} {state}>"
+
+
+def _copy_rows(src: Any, rows: Any, dst: Any, kernels: CpuKernels) -> None:
+    """Write ``src[rows]`` into the compact ``dst`` (one row per id)."""
+    from pskv.arrays import is_torch
+
+    if is_torch(src):
+        import sys
+
+        torch = sys.modules["torch"]
+        index = torch.from_numpy(rows).to(src.device)
+        copy_into(dst, src.detach().index_select(0, index), kernels)
+    else:
+        copy_into(dst, src[rows], kernels)

@@ -1,0 +1,78 @@
+"""Shared fixtures: stores that are always closed, and array factories per backend."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import pytest
+
+import pskv
+
+try:
+    import torch
+except ImportError:  # pragma: no cover - torch is an optional extra
+    torch = None
+
+BACKENDS = ["numpy", "torch"] if torch is not None else ["numpy"]
+
+
+@pytest.fixture
+def make_store() -> Iterator[Callable[..., pskv.KVStoreBase]]:
+    """Factory for stores; every store it made is closed after the test."""
+    made: list[pskv.KVStoreBase] = []
+
+    def make(name: str = "local", **settings: Any) -> pskv.KVStoreBase:
+        kv = pskv.create(name, **settings)
+        made.append(kv)
+        return kv
+
+    yield make
+    for kv in made:
+        kv.close()
+
+
+@pytest.fixture(params=["local", "device"])
+def kv(request: pytest.FixtureRequest, make_store: Callable[..., pskv.KVStoreBase]) -> pskv.KVStoreBase:
+    """A 'local' and a 'device' store."""
+    return make_store(request.param)
+
+
+class Arrays:
+    """Creates arrays of one backend ('numpy' or 'torch') and reads them back as NumPy."""
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+
+    def full(self, shape: tuple[int, ...], value: float, dtype: str = "float32") -> Any:
+        if self.backend == "numpy":
+            return np.full(shape, value, dtype=dtype)
+        return torch.full(shape, value, dtype=getattr(torch, dtype))
+
+    def zeros(self, shape: tuple[int, ...], dtype: str = "float32") -> Any:
+        return self.full(shape, 0.0, dtype)
+
+    def ones(self, shape: tuple[int, ...], dtype: str = "float32") -> Any:
+        return self.full(shape, 1.0, dtype)
+
+    def rand(self, shape: tuple[int, ...], seed: int = 0, dtype: str = "float32") -> Any:
+        a = np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+        return a if self.backend == "numpy" else torch.from_numpy(a)
+
+    @staticmethod
+    def np(x: Any) -> np.ndarray:
+        if isinstance(x, np.ndarray):
+            return x
+        if x.dtype == torch.bfloat16:
+            x = x.float()
+        return x.detach().cpu().numpy()
+
+
+@pytest.fixture(params=BACKENDS)
+def arr(request: pytest.FixtureRequest) -> Arrays:
+    """Array factory, once per available backend."""
+    return Arrays(request.param)
+
+
+def cuda_available() -> bool:
+    return torch is not None and torch.cuda.is_available()
