@@ -25,6 +25,7 @@ __all__ = [
     "Array",
     "ArrayMeta",
     "describe",
+    "signature",
     "is_array",
     "is_torch",
     "empty",
@@ -110,6 +111,24 @@ def describe(x: object) -> ArrayMeta:
     raise UnsupportedValueError(
         f"values must be numpy.ndarray or torch.Tensor, got {type(x).__module__}.{type(x).__qualname__}"
     )
+
+
+def signature(x: object) -> tuple[tuple[int, ...], str]:
+    """``(shape, dtype name)`` of ``x`` — the cheap part of :func:`describe`, for hot paths.
+
+    Raises:
+        UnsupportedValueError: as :func:`describe`.
+    """
+    if isinstance(x, np.ndarray):
+        name = NUMPY_NAMES.get(x.dtype)
+        if name is not None:
+            return x.shape, name
+    elif is_torch(x):
+        name = _torch_name(x.dtype)  # type: ignore[attr-defined]
+        if name is not None:
+            return tuple(x.shape), name  # type: ignore[attr-defined]
+    m = describe(x)  # raises the precise error
+    return m.shape, m.dtype
 
 
 def _numpy_view(x: Array) -> np.ndarray[Any, Any] | None:

@@ -31,10 +31,11 @@ class OpHandle:
     arrays) or raises the error it ended with.
     """
 
-    __slots__ = ("name", "keys", "priority", "seq", "_fn", "_deps", "_dependents", "_done",
-                 "_result", "_error", "_observed")
+    __slots__ = ("name", "keys", "priority", "seq", "_fn", "_deps", "_dependents", "_done", "_event",
+                 "_lock", "_result", "_error", "_observed")
 
-    def __init__(self, name: str, keys: tuple[Hashable, ...], priority: int, seq: int, fn: Callable[[], Any]) -> None:
+    def __init__(self, name: str, keys: tuple[Hashable, ...], priority: int, seq: int, fn: Callable[[], Any],
+                 lock: threading.Lock) -> None:
         self.name = name
         self.keys = keys
         self.priority = priority
@@ -42,7 +43,10 @@ class OpHandle:
         self._fn: Callable[[], Any] | None = fn
         self._deps = 0
         self._dependents: list[OpHandle] = []
-        self._done = threading.Event()
+        self._done = False
+        # Created only when someone waits: most operations run inline and are never waited on.
+        self._event: threading.Event | None = None
+        self._lock = lock  # the engine's lock, guarding _done / _event
         self._result: Any = None
         self._error: BaseException | None = None
         self._observed = False
@@ -51,12 +55,12 @@ class OpHandle:
         return (-self.priority, self.seq) < (-other.priority, other.seq)
 
     def __repr__(self) -> str:
-        state = "done" if self._done.is_set() else "pending"
+        state = "done" if self._done else "pending"
         return f"<OpHandle {self.name} keys={list(self.keys)!r} priority={self.priority} {state}>"
 
     def done(self) -> bool:
         """True once the operation finished (successfully or not)."""
-        return self._done.is_set()
+        return self._done
 
     def exception(self) -> BaseException | None:
         """The error the operation ended with, or None (also None while pending)."""
@@ -72,7 +76,13 @@ class OpHandle:
             OperationTimeoutError: the operation did not finish in time (it stays queued).
             Exception: whatever the operation raised.
         """
-        if not self._done.wait(timeout):
+        with self._lock:
+            event = None
+            if not self._done:
+                if self._event is None:
+                    self._event = threading.Event()
+                event = self._event
+        if event is not None and not event.wait(timeout):
             raise OperationTimeoutError(
                 f"{self.name} on key(s) {list(self.keys)!r} did not finish within {timeout} s"
             )
@@ -94,13 +104,15 @@ class Engine:
         self._threads_wanted = max(1, threads)
         self._name = name
         self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
+        self._cond = threading.Condition(self._lock)  # signalled when operations finish
+        self._work = threading.Condition(self._lock)  # signalled when work is ready for the workers
         self._last: dict[Hashable, OpHandle] = {}
         self._ready: list[OpHandle] = []
         self._pending: set[OpHandle] = set()
         self._failed: list[OpHandle] = []
         self._seq = itertools.count()
         self._workers: list[threading.Thread] = []
+        self._waiters = 0  # threads blocked in wait_all (they need a notify per finished op)
         self._closed = False
 
     # -- submission --------------------------------------------------------------------
@@ -117,7 +129,7 @@ class Engine:
                 finish within ``timeout`` seconds.
             Exception: with ``block=True``, whatever ``fn`` raised.
         """
-        op = OpHandle(name, tuple(dict.fromkeys(keys)), int(priority), next(self._seq), fn)
+        op = OpHandle(name, tuple(dict.fromkeys(keys)), int(priority), next(self._seq), fn, self._lock)
         with self._lock:
             if self._closed:
                 raise StoreClosedError(f"cannot {name}: the store is closed")
@@ -149,7 +161,7 @@ class Engine:
             t = threading.Thread(target=self._worker, name=f"{self._name}-{len(self._workers)}", daemon=True)
             self._workers.append(t)
             t.start()
-        self._cond.notify()
+        self._work.notify()
 
     # -- execution ---------------------------------------------------------------------
     def _run(self, op: OpHandle) -> None:
@@ -171,14 +183,17 @@ class Engine:
             self._pending.discard(op)
             if op._error is not None:
                 self._failed.append(op)
-            op._done.set()
-            self._cond.notify_all()
+            op._done = True
+            if op._event is not None:
+                op._event.set()
+            if self._waiters:
+                self._cond.notify_all()
 
     def _worker(self) -> None:
         while True:
             with self._lock:
                 while not self._ready and not self._closed:
-                    self._cond.wait()
+                    self._work.wait()
                 if not self._ready:  # closed and drained
                     return
                 op = heapq.heappop(self._ready)
@@ -207,7 +222,11 @@ class Engine:
                     raise OperationTimeoutError(
                         f"{len(busy)} operation(s) still pending after {timeout} s: {shown}"
                     )
-                self._cond.wait(remaining)
+                self._waiters += 1
+                try:
+                    self._cond.wait(remaining)
+                finally:
+                    self._waiters -= 1
             failed = [op for op in self._failed if not op._observed and (wanted is None or wanted.intersection(op.keys))]
             self._failed = [op for op in self._failed if not op._observed and op not in failed]
         for op in failed:
@@ -235,7 +254,7 @@ class Engine:
             error = exc
         with self._lock:
             self._closed = True
-            self._cond.notify_all()
+            self._work.notify_all()
         for t in self._workers:
             t.join(timeout=5.0)
         if error is not None:

@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from pskv.arrays import ArrayMeta, CpuKernels, clone, copy_into, describe, empty, fan_out, sum_into, take_rows
+from pskv.arrays import ArrayMeta, CpuKernels, clone, copy_into, describe, empty, fan_out, signature, sum_into, take_rows
 from pskv.config import Config
 from pskv.errors import (
     DTypeMismatchError,
@@ -117,16 +117,14 @@ class LocalStore(KVStoreBase):
         return entry
 
     @staticmethod
-    def _check_like(key: Key, entry: _Entry, arrays: Sequence[Any], op: str) -> list[ArrayMeta]:
-        metas = []
+    def _check_like(key: Key, entry: _Entry, arrays: Sequence[Any], op: str) -> None:
+        want_shape, want_dtype = entry.meta.shape, entry.meta.dtype
         for a in arrays:
-            m = describe(a)
-            if m.shape != entry.meta.shape:
-                raise ShapeMismatchError(key, op, entry.meta.shape, m.shape)
-            if m.dtype != entry.meta.dtype:
-                raise DTypeMismatchError(key, op, entry.meta.dtype, m.dtype)
-            metas.append(m)
-        return metas
+            shape, dtype = signature(a)
+            if shape != want_shape:
+                raise ShapeMismatchError(key, op, want_shape, shape)
+            if dtype != want_dtype:
+                raise DTypeMismatchError(key, op, want_dtype, dtype)
 
     def _timeout(self, timeout: float | None) -> float:
         return self._config.default_timeout if timeout is None else timeout

@@ -1,0 +1,84 @@
+"""The errors module's hierarchy, the config module's environment parsing, and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import pskv
+from pskv import errors
+from pskv.cli import main
+from pskv.config import ENV_VARS, Config
+
+BUILTIN_OF = {
+    errors.UnknownKeyError: KeyError,
+    errors.DuplicateKeyError: KeyError,
+    errors.ShapeMismatchError: ValueError,
+    errors.DTypeMismatchError: ValueError,
+    errors.InvalidArgumentError: ValueError,
+    errors.OptimizerStateError: ValueError,
+    errors.InvalidTypeError: TypeError,
+    errors.KeyTypeError: TypeError,
+    errors.UnsupportedValueError: TypeError,
+    errors.OperationTimeoutError: TimeoutError,
+    errors.StoreClosedError: RuntimeError,
+    errors.NotSupportedError: NotImplementedError,
+}
+
+
+def test_every_error_has_the_root_and_its_builtin():
+    assert set(BUILTIN_OF) == {getattr(errors, n) for n in errors.__all__} - {errors.KVStoreError}
+    for cls, builtin in BUILTIN_OF.items():
+        assert issubclass(cls, errors.KVStoreError) and issubclass(cls, builtin), cls
+        assert getattr(pskv, cls.__name__) is cls
+
+
+def test_key_errors_print_plain_messages():
+    e = errors.UnknownKeyError("w", "pull")
+    assert str(e) == "key 'w' has not been initialised; call init('w', value) or broadcast before pull"
+    assert e.key == "w"
+
+
+def test_config_defaults_env_and_overrides():
+    assert Config.from_env({}) == Config()
+    cfg = Config.from_env({"PSKV_KERNEL_THREADS": "3", "PSKV_DEFAULT_TIMEOUT": "1.5"}, engine_threads=4)
+    assert (cfg.kernel_threads, cfg.default_timeout, cfg.engine_threads) == (3, 1.5, 4)
+    assert Config.from_env({"PSKV_ENGINE_THREADS": ""}).engine_threads == Config().engine_threads
+
+
+@pytest.mark.parametrize("env,match", [
+    ({"PSKV_KERNEL_THREADS": "many"}, "PSKV_KERNEL_THREADS='many' is not a valid int"),
+    ({"PSKV_ENGINE_THREADS": "0"}, "engine_threads must be >= 1"),
+    ({"PSKV_DEFAULT_TIMEOUT": "-1"}, "default_timeout must be > 0"),
+])
+def test_config_rejects_bad_values(env, match):
+    with pytest.raises(pskv.InvalidArgumentError, match=match):
+        Config.from_env(env)
+
+
+def test_every_env_var_is_documented():
+    with open("docs/env.md", encoding="utf-8") as f:
+        text = f.read()
+    for var in ENV_VARS:
+        assert f"`{var}`" in text, var
+
+
+def test_create_passes_settings_to_the_store(make_store):
+    kv = make_store("local", engine_threads=3, default_timeout=7)
+    assert kv._config.engine_threads == 3 and kv._config.default_timeout == 7
+
+
+def test_cli_info_json(capsys):
+    assert main(["info", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["pskv"] == pskv.__version__
+    assert "local" in info["store_types"] and "device" in info["store_types"]
+    assert set(info["settings"]) == set(ENV_VARS)
+
+
+def test_cli_version(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert pskv.__version__ in capsys.readouterr().out
