@@ -26,7 +26,7 @@ from pskv.optimizer import SGD
 
 def make_data(n: int, dim: int, classes: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
-    centers = rng.normal(scale=3.0, size=(classes, dim))
+    centers = rng.normal(scale=0.6, size=(classes, dim))
     y = rng.integers(0, classes, size=n)
     x = centers[y] + rng.normal(size=(n, dim))
     return x.astype(np.float64), y

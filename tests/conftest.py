@@ -56,7 +56,10 @@ class Arrays:
         return self.full(shape, 1.0, dtype)
 
     def rand(self, shape: tuple[int, ...], seed: int = 0, dtype: str = "float32") -> Any:
-        a = np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+        return self.from_np(np.random.default_rng(seed).standard_normal(shape).astype(dtype))
+
+    def from_np(self, a: np.ndarray) -> Any:
+        """``a`` as this backend's array (shares memory for torch)."""
         return a if self.backend == "numpy" else torch.from_numpy(a)
 
     @staticmethod

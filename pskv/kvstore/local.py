@@ -509,14 +509,21 @@ class LocalStore(KVStoreBase):
             OptimizerStateError: the file is not a pskv state file, or no optimizer is
                 set and the file holds none.
         """
-        from pskv.optimizer import Updater as OptimizerUpdater
+        from pskv.optimizer import Optimizer, states
 
         self._check_open("load_optimizer_states")
         self.wait()
         if self._builtin_updater:
             self._updater.load_states(fname)  # type: ignore[union-attr]
             return
-        updater = OptimizerUpdater.from_file(fname)
+        document = states.load(fname)
+        if document.optimizer is None:
+            raise OptimizerStateError(
+                f"cannot load {fname}: the store has no optimizer and the file holds no optimizer "
+                "config (call set_optimizer first, or save with dump_optimizer=True)"
+            )
+        updater = Optimizer.from_config(document.optimizer).get_updater()
+        updater.load_states(fname)
         self._updater = updater
         self._builtin_updater = True
 

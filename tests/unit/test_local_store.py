@@ -421,8 +421,7 @@ def test_row_sparse_pull_full_and_compact_outs(kv, arr):
 
 
 def arr_ids(arr: Arrays, ids: list[int]):
-    a = np.asarray(ids, dtype=np.int64)
-    return a if arr.backend == "numpy" else __import__("torch").from_numpy(a)
+    return arr.from_np(np.asarray(ids, dtype=np.int64))
 
 
 def test_row_sparse_pull_forms(kv, arr):
