@@ -33,6 +33,8 @@ __all__ = [
     "copy_into",
     "sum_into",
     "fan_out",
+    "fan_out_many",
+    "sum_into_many",
     "take_rows",
     "to_numpy",
 ]
@@ -201,16 +203,47 @@ def copy_into(dst: Array, src: Array, kernels: CpuKernels | None = None) -> None
     torch_dst.copy_(_as_torch(src, CPU) if isinstance(src, np.ndarray) else src.detach())
 
 
+def _numpy_sources(srcs: Sequence[Array]) -> list[np.ndarray[Any, Any]]:
+    """NumPy views of the sources; CUDA tensors are copied to the CPU (same dtype as dst)."""
+    views = []
+    for s in srcs:
+        v = _numpy_view(s)
+        views.append(v if v is not None else s.detach().cpu().numpy())
+    return views
+
+
+def fan_out_many(pairs: Sequence[tuple[Sequence[Array], Array]], kernels: CpuKernels) -> None:
+    """For every ``(dsts, src)``: copy ``src`` into each array of ``dsts``, as one batch.
+
+    Shapes and dtypes must already match.
+    """
+    jobs = []
+    for dsts, src in pairs:
+        sv = _numpy_view(src)
+        for d in dsts:
+            dv = _numpy_view(d)
+            if dv is not None and sv is not None:
+                jobs.append((dv, [sv]))
+            else:
+                copy_into(d, src)
+    kernels.run(jobs)
+
+
 def fan_out(dsts: Sequence[Array], src: Array, kernels: CpuKernels) -> None:
     """Copy ``src`` into every array of ``dsts`` (shapes and dtypes already checked)."""
-    sv = _numpy_view(src)
-    if sv is not None:
-        views = [_numpy_view(d) for d in dsts]
-        if all(v is not None for v in views):
-            kernels.copy_many(views, sv)  # type: ignore[arg-type]
-            return
-    for d in dsts:
-        copy_into(d, src, kernels)
+    fan_out_many([(dsts, src)], kernels)
+
+
+def sum_into_many(pairs: Sequence[tuple[Array, Sequence[Array]]], kernels: CpuKernels) -> None:
+    """For every ``(dst, srcs)``: ``dst[...] = sum(srcs)``, as one batch (see :func:`sum_into`)."""
+    jobs = []
+    for dst, srcs in pairs:
+        dv = _numpy_view(dst)
+        if dv is not None:
+            jobs.append((dv, _numpy_sources(srcs)))
+        else:
+            _torch_sum(dst, srcs)
+    kernels.run(jobs)
 
 
 def sum_into(dst: Array, srcs: Sequence[Array], kernels: CpuKernels) -> None:
@@ -219,18 +252,14 @@ def sum_into(dst: Array, srcs: Sequence[Array], kernels: CpuKernels) -> None:
     Sources on other devices are copied to ``dst``'s device first. ``dst`` may be
     ``srcs[0]`` (then it is summed in place).
     """
-    dv = _numpy_view(dst)
-    if dv is not None:
-        views = []
-        for s in srcs:
-            v = _numpy_view(s)
-            if v is None:  # a CUDA tensor reduced on CPU
-                v = s.detach().cpu().numpy()
-            views.append(v)
-        kernels.sum_into(dv, views)
-        return
-    device = "cpu" if dst.device.type == "cpu" else str(dst.device)
-    d = dst.detach()
+    sum_into_many([(dst, srcs)], kernels)
+
+
+def _torch_sum(dst: Array, srcs: Sequence[Array]) -> None:
+    torch = _torch_module()
+    d = dst if not isinstance(dst, np.ndarray) else torch.from_numpy(dst)
+    d = d.detach()
+    device = CPU if d.device.type == "cpu" else str(d.device)
     first = _as_torch(srcs[0], device)
     if first.data_ptr() != d.data_ptr():
         d.copy_(first)

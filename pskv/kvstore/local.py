@@ -16,7 +16,19 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from pskv.arrays import ArrayMeta, CpuKernels, clone, copy_into, describe, empty, fan_out, signature, sum_into, take_rows
+from pskv.arrays import (
+    ArrayMeta,
+    CpuKernels,
+    clone,
+    copy_into,
+    describe,
+    empty,
+    fan_out_many,
+    signature,
+    sum_into,
+    sum_into_many,
+    take_rows,
+)
 from pskv.config import Config
 from pskv.errors import (
     DTypeMismatchError,
@@ -218,7 +230,7 @@ class LocalStore(KVStoreBase):
         if updater is None:
             for _, entry, vals in pairs:
                 self._settle_device(entry, vals)
-                sum_into(entry.value, vals, self._kernels)
+            sum_into_many([(entry.value, vals) for _, entry, vals in pairs], self._kernels)
             return
         if self._builtin_updater:
             # pskv's optimizers check everything before they write, so they run in place.
@@ -287,8 +299,7 @@ class LocalStore(KVStoreBase):
             self._check_like(k, entry, outs, "pull")
 
         def run() -> None:
-            for (_, outs), entry in zip(pairs, entries):
-                fan_out(outs, entry.value, self._kernels)
+            fan_out_many([(outs, entry.value) for (_, outs), entry in zip(pairs, entries)], self._kernels)
         result = self._submit("pull", keys, priority, run, block, timeout)
         return result if not block else None
 
@@ -320,8 +331,7 @@ class LocalStore(KVStoreBase):
 
         def run() -> None:
             self._apply_pushes(pairs)
-            for entry, outs in targets:
-                fan_out(outs, entry.value, self._kernels)
+            fan_out_many([(outs, entry.value) for entry, outs in targets], self._kernels)
         result = self._submit("pushpull", [k for k, _, _ in pairs], priority, run, block, timeout)
         return result if not block else None
 
@@ -366,13 +376,10 @@ class LocalStore(KVStoreBase):
         pinned_values = {k: (None if k in fresh else v) for k, v, _ in plan}
 
         def run() -> None:
-            for k, _, k_outs in plan:
-                entry = self._entries[k]
-                v = pinned_values[k]
-                if v is not None:
-                    copy_into(entry.value, v, self._kernels)
-                if k_outs:
-                    fan_out(k_outs, entry.value, self._kernels)
+            entries = [self._entries[k] for k, _, _ in plan]
+            fan_out_many([([e.value], pinned_values[k]) for (k, _, _), e in zip(plan, entries)
+                          if pinned_values[k] is not None], self._kernels)
+            fan_out_many([(k_outs, e.value) for (_, _, k_outs), e in zip(plan, entries)], self._kernels)
         result = self._submit("broadcast", keys, priority, run, block, timeout)
         return result if not block else None
 
