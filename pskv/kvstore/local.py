@@ -25,7 +25,6 @@ from pskv.arrays import (
     empty,
     fan_out_many,
     signature,
-    sum_into,
     sum_into_many,
     take_rows,
 )
@@ -83,6 +82,9 @@ class LocalStore(KVStoreBase):
         self._key_kind = KeyKind()
         self._updater: Updater | None = None
         self._builtin_updater = False
+        # Engine threads run pushes of different keys concurrently; updaters (and the
+        # optimizers' shared update counts) see one call at a time.
+        self._updater_lock = threading.Lock()
         self._closed = False
         self._barrier_before_exit = True
 
@@ -232,30 +234,33 @@ class LocalStore(KVStoreBase):
                 self._settle_device(entry, vals)
             sum_into_many([(entry.value, vals) for _, entry, vals in pairs], self._kernels)
             return
+        for _, entry, vals in pairs:
+            self._settle_device(entry, vals)
+        merged = self._merge_all(pairs)
         if self._builtin_updater:
-            # pskv's optimizers check everything before they write, so they run in place.
-            for k, entry, vals in pairs:
-                self._settle_device(entry, vals)
-                updater(k, self._merged(entry, vals), entry.value)
+            # pskv's Updater checks every key of the list before it writes any, so it
+            # runs in place: a failing call changes nothing.
+            with self._updater_lock:
+                updater([k for k, _, _ in pairs], merged, [entry.value for _, entry, _ in pairs])
             return
         # A user updater may fail half-way: run it on spare copies, then swap them in.
-        staged = []
-        for k, entry, vals in pairs:
-            self._settle_device(entry, vals)
-            merged = self._merged(entry, vals)
+        for _, entry, _ in pairs:
             if entry.spare is None:
                 entry.spare = empty(entry.meta)
-            copy_into(entry.spare, entry.value, self._kernels)
-            updater(k, merged, entry.spare)
-            staged.append(entry)
-        for entry in staged:
+        fan_out_many([([entry.spare], entry.value) for _, entry, _ in pairs], self._kernels)
+        with self._updater_lock:
+            for (k, entry, _), m in zip(pairs, merged):
+                updater(k, m, entry.spare)
+        for _, entry, _ in pairs:
             entry.value, entry.spare = entry.spare, entry.value
 
-    def _merged(self, entry: _Entry, vals: list[Any]) -> Any:
-        if entry.merge is None:
-            entry.merge = empty(entry.meta)
-        sum_into(entry.merge, vals, self._kernels)
-        return entry.merge
+    def _merge_all(self, pairs: Sequence[tuple[Key, _Entry, list[Any]]]) -> list[Any]:
+        """Sum each key's pushed values into its reusable merge buffer, as one batch."""
+        for _, entry, _ in pairs:
+            if entry.merge is None:
+                entry.merge = empty(entry.meta)
+        sum_into_many([(entry.merge, vals) for _, entry, vals in pairs], self._kernels)
+        return [entry.merge for _, entry, _ in pairs]
 
     def _settle_device(self, entry: _Entry, vals: list[Any]) -> None:
         """'device' stores reduce where the pushed values live; move the key there once."""

@@ -139,3 +139,12 @@ def test_multi_precision_float16_in_store(kv):
         assert plain.pull(0)[0, 0] == np.float16(1.0)
     finally:
         plain.close()
+
+
+def test_optimizer_failure_in_key_list_changes_no_key(make_store):
+    kv = make_store("local")
+    kv.init([1, 2], [np.ones(SHAPE), np.ones(SHAPE, np.int32)])
+    kv.set_optimizer(SGD(learning_rate=0.1))
+    with pytest.raises(pskv.UnsupportedValueError, match="key 2"):
+        kv.push([1, 2], [np.ones(SHAPE), np.ones(SHAPE, np.int32)])
+    np.testing.assert_array_equal(kv.pull(1), np.ones(SHAPE))

@@ -1,0 +1,365 @@
+"""The optimizer base class and its JSON config round trip.
+
+An optimizer turns ``(key, weight, grad, state)`` into an in-place update of
+``weight`` and ``state``. It works on whatever backend the weight lives on (NumPy,
+torch CPU, torch CUDA) and never imports torch itself.
+
+Gradient preprocessing (as MXNet): ``g = rescale_grad * grad``, then, if
+``clip_gradient`` is set, ``g = clip(g, -clip_gradient, clip_gradient)``; weight
+decay is applied by each rule. Each key has its own update count ``t`` (Adam's
+bias correction uses it); ``num_update`` is the largest count and drives the
+learning-rate scheduler.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pskv.arrays import FLOAT_DTYPES, ArrayMeta, describe
+from pskv.errors import InvalidArgumentError, UnsupportedValueError
+from pskv.optimizer import _math
+from pskv.optimizer._validate import as_bool, as_float, as_int, as_optional_float, check_key, check_mult, construct
+from pskv.optimizer.lr_scheduler import LRScheduler
+from pskv.optimizer.registry import create, lookup, register, registered_class
+
+if TYPE_CHECKING:
+    from pskv.optimizer.updater import Updater
+
+__all__ = ["Optimizer", "Key", "State"]
+
+Key = int | str
+Array = Any
+State = tuple[Array, ...] | None
+
+_LOW_PRECISION = frozenset({"float16", "bfloat16"})
+
+
+def _mult_to_json(mult: Mapping[Key, float]) -> list[list[Any]]:
+    return [[k, v] for k, v in mult.items()]
+
+
+def _mult_from_json(name: str, value: Any) -> dict[Key, float]:
+    if not isinstance(value, list) or not all(isinstance(p, list) and len(p) == 2 for p in value):
+        raise InvalidArgumentError(f"{name} in a config must be a list of [key, multiplier] pairs, got {value!r}")
+    return check_mult("config", name, {p[0]: p[1] for p in value})
+
+
+class Optimizer:
+    """Base class of all optimizers (MXNet-compatible hyperparameters).
+
+    Subclasses implement :meth:`_state_names` (names of the per-key state arrays),
+    :meth:`_step` (the rule) and :meth:`_params` (their own hyperparameters), and
+    are made available by name with :func:`register`.
+
+    Args:
+        learning_rate: the step size; ``None`` means the class default, or the
+            scheduler's ``base_lr`` when ``lr_scheduler`` is given. With a scheduler,
+            an explicit ``learning_rate`` overwrites the scheduler's ``base_lr``
+            (MXNet behaviour).
+        wd: weight decay (>= 0); each rule says how it is applied.
+        rescale_grad: the gradient is multiplied by this first (> 0).
+        clip_gradient: ``None`` (off) or the bound ``c`` (> 0) of ``clip(g, -c, c)``.
+        lr_scheduler: ``None`` or an :class:`LRScheduler` (or its config dict).
+        multi_precision: keep a float32 master copy of float16 / bfloat16 weights in
+            the state and update that copy.
+        begin_num_update: the count a key starts from before its first update.
+
+    Raises:
+        InvalidArgumentError: a hyperparameter is out of range.
+    """
+
+    name: ClassVar[str] = ""
+    default_learning_rate: ClassVar[float] = 0.01
+    aliases: ClassVar[tuple[str, ...]] = ()  # accepted constructor names not written to configs
+
+    def __init__(
+        self,
+        *,
+        learning_rate: float | None = None,
+        wd: float = 0.0,
+        rescale_grad: float = 1.0,
+        clip_gradient: float | None = None,
+        lr_scheduler: LRScheduler | Mapping[str, Any] | None = None,
+        multi_precision: bool = False,
+        begin_num_update: int = 0,
+    ) -> None:
+        owner = type(self).__name__
+        if isinstance(lr_scheduler, Mapping):
+            lr_scheduler = LRScheduler.from_config(lr_scheduler)
+        if lr_scheduler is not None and not isinstance(lr_scheduler, LRScheduler):
+            raise InvalidArgumentError(f"{owner}: lr_scheduler must be an LRScheduler or None, got {lr_scheduler!r}")
+        if learning_rate is None:
+            learning_rate = lr_scheduler.base_lr if lr_scheduler is not None else self.default_learning_rate
+        self._lr = as_float(owner, "learning_rate", learning_rate, ge=0.0)
+        self.lr_scheduler = lr_scheduler
+        if lr_scheduler is not None:
+            lr_scheduler.base_lr = self._lr
+        self.wd = as_float(owner, "wd", wd, ge=0.0)
+        self.rescale_grad = as_float(owner, "rescale_grad", rescale_grad, gt=0.0)
+        self.clip_gradient = as_optional_float(owner, "clip_gradient", clip_gradient, gt=0.0)
+        self.multi_precision = as_bool(owner, "multi_precision", multi_precision)
+        self.begin_num_update = as_int(owner, "begin_num_update", begin_num_update, ge=0)
+        self.num_update = self.begin_num_update
+        self._index_update_count: dict[Key, int] = {}
+        self.lr_mult: dict[Key, float] = {}
+        self.wd_mult: dict[Key, float] = {}
+
+    # ----------------------------------------------------------- hyperparameters
+    @property
+    def learning_rate(self) -> float:
+        """The current rate: ``lr_scheduler(num_update)`` if a scheduler is set, else the fixed rate."""
+        if self.lr_scheduler is not None:
+            return float(self.lr_scheduler(self.num_update))
+        return self._lr
+
+    def set_learning_rate(self, lr: float) -> None:
+        """Set the fixed learning rate.
+
+        Args:
+            lr: the new rate (>= 0).
+
+        Raises:
+            InvalidArgumentError: a scheduler is set (MXNet forbids this too) or ``lr`` is invalid.
+        """
+        if self.lr_scheduler is not None:
+            raise InvalidArgumentError(
+                "cannot set_learning_rate on an optimizer with an lr_scheduler; change the scheduler instead"
+            )
+        self._lr = as_float(type(self).__name__, "learning_rate", lr, ge=0.0)
+
+    def set_lr_mult(self, args_lr_mult: Mapping[Key, float]) -> None:
+        """Replace the per-key learning-rate multipliers (keys absent use 1.0).
+
+        Args:
+            args_lr_mult: store key -> multiplier (>= 0).
+
+        Raises:
+            InvalidArgumentError: a multiplier is invalid.
+            KeyTypeError: a key is neither int nor str.
+        """
+        self.lr_mult = check_mult(type(self).__name__, "lr_mult", args_lr_mult)
+
+    def set_wd_mult(self, args_wd_mult: Mapping[Key, float]) -> None:
+        """Replace the per-key weight-decay multipliers (keys absent use 1.0).
+
+        Args:
+            args_wd_mult: store key -> multiplier (>= 0).
+
+        Raises:
+            InvalidArgumentError: a multiplier is invalid.
+            KeyTypeError: a key is neither int nor str.
+        """
+        self.wd_mult = check_mult(type(self).__name__, "wd_mult", args_wd_mult)
+
+    def _get_lr(self, key: Key) -> float:
+        return self.learning_rate * self.lr_mult.get(key, 1.0)
+
+    def _get_wd(self, key: Key) -> float:
+        return self.wd * self.wd_mult.get(key, 1.0)
+
+    # ------------------------------------------------------------ update counts
+    def _update_count(self, key: Key) -> None:
+        count = self._index_update_count.get(key, self.begin_num_update) + 1
+        self._index_update_count[key] = count
+        self.num_update = max(count, self.num_update)
+
+    def get_update_count(self, key: Key) -> int:
+        """How many updates ``key`` has had (``begin_num_update`` if none)."""
+        return self._index_update_count.get(key, self.begin_num_update)
+
+    @property
+    def update_counts(self) -> dict[Key, int]:
+        """A copy of the per-key update counts."""
+        return dict(self._index_update_count)
+
+    def set_update_counts(self, counts: Mapping[Key, int], num_update: int | None = None) -> None:
+        """Replace the per-key counts (used by :class:`Updater` on restore / optimizer swap).
+
+        Args:
+            counts: key -> number of updates so far.
+            num_update: the global count; defaults to the largest of ``counts`` and
+                ``begin_num_update``.
+
+        Raises:
+            InvalidArgumentError: a count is negative or not an int.
+        """
+        owner = type(self).__name__
+        new = {check_key(k): as_int(owner, f"count[{k!r}]", v, ge=0) for k, v in counts.items()}
+        top = max([self.begin_num_update, *new.values()])
+        self._index_update_count = new
+        self.num_update = top if num_update is None else max(top, as_int(owner, "num_update", num_update, ge=0))
+
+    # --------------------------------------------------------------- states
+    def _state_names(self) -> tuple[str, ...]:
+        """Names of the arrays :meth:`_step` keeps per key (subclasses override)."""
+        return ()
+
+    def _uses_master(self, dtype: str) -> bool:
+        return self.multi_precision and dtype in _LOW_PRECISION
+
+    def state_names(self, meta: ArrayMeta) -> tuple[str, ...]:
+        """Names of the state arrays for a weight described by ``meta``.
+
+        ``("weight32", ...)`` leads when a float32 master copy is kept.
+        """
+        inner = self._state_names()
+        return ("weight32", *inner) if self._uses_master(meta.dtype) else inner
+
+    def _check(self, key: Key, weight: Array) -> ArrayMeta:
+        meta = describe(weight)
+        if meta.dtype not in FLOAT_DTYPES:
+            raise UnsupportedValueError(
+                f"optimizer {self.name or type(self).__name__} cannot update key {key!r}: dtype {meta.dtype} "
+                f"is not a floating-point dtype (supported: {', '.join(sorted(FLOAT_DTYPES))})"
+            )
+        return meta
+
+    def create_state(self, key: Key, weight: Array) -> State:
+        """New zero state for ``weight`` (same backend and device); ``None`` if the rule keeps none.
+
+        With ``multi_precision`` and a float16 / bfloat16 weight the first array is a
+        float32 copy of the weight and the others are float32.
+
+        Args:
+            key: the store key.
+            weight: the weight array.
+
+        Raises:
+            UnsupportedValueError: ``weight`` is not a floating-point array.
+        """
+        meta = self._check(key, weight)
+        w = _math.detach(weight)
+        if self._uses_master(meta.dtype):
+            master = _math.cast(w, "float32")
+            arrays = [master] + [_math.zeros_like(master) for _ in self._state_names()]
+        else:
+            arrays = [_math.zeros_like(w) for _ in self._state_names()]
+        return tuple(arrays) if arrays else None
+
+    create_state_multi_precision = create_state
+
+    def update(self, key: Key, weight: Array, grad: Array, state: State) -> None:
+        """Apply one update to ``weight`` and ``state`` in place and count it for ``key``.
+
+        ``grad`` must have the weight's shape, dtype, backend and device
+        (:class:`~pskv.optimizer.Updater` checks and converts this).
+
+        Args:
+            key: the store key (selects lr_mult / wd_mult and the update count).
+            weight: the weight, updated in place.
+            grad: the gradient (not modified).
+            state: what :meth:`create_state` returned for this key and weight.
+
+        Raises:
+            KeyTypeError: ``key`` is neither int nor str.
+            UnsupportedValueError: ``weight`` is not a floating-point array.
+            InvalidArgumentError: ``state`` does not have the expected number of arrays.
+        """
+        key = check_key(key)
+        meta = self._check(key, weight)
+        names = self.state_names(meta)
+        arrays = () if state is None else tuple(state)
+        if len(arrays) != len(names):
+            raise InvalidArgumentError(
+                f"key {key!r}: {type(self).__name__} expects state arrays {names}, got {len(arrays)} array(s)"
+            )
+        w, g = _math.detach(weight), _math.detach(grad)
+        self._update_count(key)
+        lr, wd, t = self._get_lr(key), self._get_wd(key), self._index_update_count[key]
+        if self._uses_master(meta.dtype):
+            master = arrays[0]
+            self._step(master, self._preprocess(_math.cast(g, "float32")), arrays[1:], lr, wd, t)
+            _math.assign(w, master)
+        else:
+            self._step(w, self._preprocess(g), arrays, lr, wd, t)
+
+    update_multi_precision = update
+
+    def _preprocess(self, g: Array) -> Array:
+        if self.rescale_grad != 1.0:
+            g = g * self.rescale_grad
+        if self.clip_gradient is not None:
+            g = _math.clip(g, -self.clip_gradient, self.clip_gradient)
+        return g
+
+    def _step(self, weight: Array, grad: Array, state: tuple[Array, ...], lr: float, wd: float, t: int) -> None:
+        """The rule: update ``weight`` and ``state`` in place (``grad`` is preprocessed, read-only)."""
+        raise NotImplementedError
+
+    # --------------------------------------------------------------- config
+    def _params(self) -> dict[str, Any]:
+        """The subclass's own hyperparameters, by constructor name (JSON-safe)."""
+        return {}
+
+    def to_config(self) -> dict[str, Any]:
+        """A JSON-safe ``{"name": ..., "params": {...}}`` that :meth:`from_config` turns back into this optimizer.
+
+        ``lr_mult`` / ``wd_mult`` are lists of ``[key, multiplier]`` pairs so int and
+        str keys survive JSON. Update counts are state, not configuration: they are
+        not included.
+
+        Raises:
+            InvalidArgumentError: the class (or its scheduler) is not registered.
+        """
+        if registered_class(self.name) is not type(self):
+            raise InvalidArgumentError(f"{type(self).__name__} is not a registered optimizer; cannot build a config")
+        params: dict[str, Any] = {
+            "learning_rate": self.lr_scheduler.base_lr if self.lr_scheduler is not None else self._lr,
+            "wd": self.wd,
+            "rescale_grad": self.rescale_grad,
+            "clip_gradient": self.clip_gradient,
+            "lr_scheduler": None if self.lr_scheduler is None else self.lr_scheduler.to_config(),
+            "multi_precision": self.multi_precision,
+            "begin_num_update": self.begin_num_update,
+            "lr_mult": _mult_to_json(self.lr_mult),
+            "wd_mult": _mult_to_json(self.wd_mult),
+        }
+        params.update(self._params())
+        return {"name": self.name, "params": params}
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> Optimizer:
+        """Build an optimizer from :meth:`to_config` output (dispatching on ``name``).
+
+        Args:
+            config: ``{"name": <registered name>, "params": {...}}``.
+
+        Raises:
+            InvalidArgumentError: malformed config, unknown name (lists the known
+                ones), unknown or invalid parameters, or a name that is not a
+                subclass of the class this was called on.
+        """
+        if not isinstance(config, Mapping) or set(config) != {"name", "params"}:
+            raise InvalidArgumentError(f"an optimizer config is a dict with keys 'name' and 'params', got {config!r}")
+        opt_cls = lookup(config["name"])
+        if not issubclass(opt_cls, cls):
+            raise InvalidArgumentError(f"config names {opt_cls.__name__}, which is not a {cls.__name__}")
+        params = config["params"]
+        if not isinstance(params, Mapping):
+            raise InvalidArgumentError(f"optimizer params must be a dict, got {params!r}")
+        params = dict(params)
+        lr_mult = _mult_from_json("lr_mult", params.pop("lr_mult", []))
+        wd_mult = _mult_from_json("wd_mult", params.pop("wd_mult", []))
+        opt: Optimizer = construct(f"optimizer {opt_cls.name!r}", opt_cls, params, opt_cls.aliases)
+        opt.set_lr_mult(lr_mult)
+        opt.set_wd_mult(wd_mult)
+        return opt
+
+    create_optimizer = staticmethod(create)
+    register = staticmethod(register)
+
+    # --------------------------------------------------------------- misc
+    def get_updater(self) -> Updater:
+        """An :class:`~pskv.optimizer.Updater` driving this optimizer."""
+        from pskv.optimizer.updater import Updater
+
+        return Updater(self)
+
+    def __repr__(self) -> str:
+        try:
+            params = self.to_config()["params"]
+        except InvalidArgumentError:
+            return f"{type(self).__name__}(lr={self.learning_rate!r})"
+        shown = ", ".join(f"{k}={v!r}" for k, v in params.items() if v is not None and v != [])
+        return f"{type(self).__name__}({shown})"

@@ -1,0 +1,254 @@
+"""The updater: per-key optimizer state plus the ``updater(key, grad, weight)`` call.
+
+The updater owns the per-key state arrays; the optimizer owns the hyperparameters and
+the per-key update counts. :meth:`Updater.set_optimizer` swaps the hyperparameters
+and keeps both the states and the counts.
+
+Placement of states: a state is created on the backend and device of its weight.
+Loaded states (:meth:`Updater.load_states`) stay as CPU NumPy arrays until the key's
+next update, which converts them to the weight's backend, device and dtype. The
+same happens whenever the weight's backend, device or dtype, or the optimizer's
+state layout, changes: arrays are matched by name (``"momentum"``, ``"mean"``, ...),
+arrays the new layout lacks are dropped, new ones start as the optimizer's fresh
+state (zeros, or a float32 copy of the weight for ``"weight32"``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from pskv.arrays import FLOAT_DTYPES, ArrayMeta, describe
+from pskv.errors import (
+    DTypeMismatchError,
+    InvalidArgumentError,
+    OptimizerStateError,
+    ShapeMismatchError,
+    UnsupportedValueError,
+)
+from pskv.optimizer import _math, states
+from pskv.optimizer._validate import check_key
+from pskv.optimizer.base import Key, Optimizer, State
+
+__all__ = ["Updater", "get_updater"]
+
+_OP = "optimizer update"
+
+
+@dataclass
+class _Plan:
+    key: Key
+    weight: Any
+    grad: Any
+    state: State
+    layout: tuple[tuple[str, ...], ArrayMeta]
+    fresh: bool
+
+
+def _describe(key: Key, what: str, x: Any) -> ArrayMeta:
+    try:
+        return describe(x)
+    except UnsupportedValueError as exc:
+        raise UnsupportedValueError(f"{_OP} of key {key!r}: {what}: {exc}") from None
+
+
+class Updater:
+    """Apply an optimizer to weights by key, keeping per-key state.
+
+    Args:
+        optimizer: the optimizer to drive.
+
+    Raises:
+        InvalidArgumentError: ``optimizer`` is not an :class:`Optimizer`.
+    """
+
+    def __init__(self, optimizer: Optimizer) -> None:
+        if not isinstance(optimizer, Optimizer):
+            raise InvalidArgumentError(f"Updater needs an Optimizer, got {optimizer!r}")
+        self.optimizer = optimizer
+        self.states: dict[Key, State] = {}
+        self._layout: dict[Key, tuple[tuple[str, ...], ArrayMeta]] = {}
+        self._pending: dict[Key, states.KeyStates] = {}
+
+    # ------------------------------------------------------------------ update
+    def __call__(self, key: Key | Sequence[Key], grad: Any, weight: Any) -> None:
+        """Update ``weight`` in place from ``grad``; lists of keys / grads / weights are accepted.
+
+        Everything is validated (and states prepared) before any weight or state is
+        modified, so a failing call changes nothing.
+
+        Args:
+            key: a store key, or a list of keys.
+            grad: the gradient (or a list), same shape and dtype as the weight; on
+                another backend / device it is copied next to the weight.
+            weight: the weight (or a list), updated in place.
+
+        Raises:
+            KeyTypeError: a key is neither int nor str.
+            UnsupportedValueError: not arrays, or not a floating-point dtype.
+            ShapeMismatchError: grad and weight shapes differ, or the weight's shape
+                changed since the key's state was created.
+            DTypeMismatchError: grad and weight dtypes differ.
+            OptimizerStateError: a loaded state does not fit the weight.
+            InvalidArgumentError: list arguments of different lengths.
+        """
+        if isinstance(key, (list, tuple)):
+            if not isinstance(grad, (list, tuple)) or not isinstance(weight, (list, tuple)):
+                raise InvalidArgumentError("with a list of keys, grad and weight must be lists too")
+            if not len(key) == len(grad) == len(weight):
+                raise InvalidArgumentError(
+                    f"{len(key)} keys, {len(grad)} gradients and {len(weight)} weights: lengths must match"
+                )
+            keys = [check_key(k) for k in key]
+            if len(set(keys)) != len(keys):
+                raise InvalidArgumentError(f"duplicate keys in one updater call: {keys!r}")
+            plans = [self._prepare(k, g, w) for k, g, w in zip(keys, grad, weight, strict=True)]
+        else:
+            plans = [self._prepare(check_key(key), grad, weight)]
+        for plan in plans:
+            if plan.fresh:
+                self.states[plan.key] = plan.state
+                self._layout[plan.key] = plan.layout
+                self._pending.pop(plan.key, None)
+            self.optimizer.update(plan.key, plan.weight, plan.grad, plan.state)
+
+    def _prepare(self, key: Key, grad: Any, weight: Any) -> _Plan:
+        wmeta = _describe(key, "weight", weight)
+        gmeta = _describe(key, "gradient", grad)
+        if wmeta.dtype not in FLOAT_DTYPES:
+            raise UnsupportedValueError(
+                f"{_OP} of key {key!r}: dtype {wmeta.dtype} is not a floating-point dtype "
+                f"(supported: {', '.join(sorted(FLOAT_DTYPES))})"
+            )
+        if gmeta.shape != wmeta.shape:
+            raise ShapeMismatchError(key, _OP, wmeta.shape, gmeta.shape)
+        if gmeta.dtype != wmeta.dtype:
+            raise DTypeMismatchError(key, _OP, wmeta.dtype, gmeta.dtype)
+        layout = (self.optimizer.state_names(wmeta), wmeta)
+        if key not in self._pending and self._layout.get(key) == layout:
+            return _Plan(key, weight, _math.to_backend(grad, wmeta), self.states[key], layout, False)
+        state = self._rebuild(key, weight, wmeta, layout[0])
+        return _Plan(key, weight, _math.to_backend(grad, wmeta), state, layout, True)
+
+    def _rebuild(self, key: Key, weight: Any, wmeta: ArrayMeta, names: tuple[str, ...]) -> State:
+        """A state in the current layout for ``weight``, carrying over same-named arrays."""
+        source: dict[str, Any] = {}
+        pending = self._pending.get(key)
+        if pending is not None:
+            for name, arr in zip(pending.names, pending.values(), strict=True):
+                if arr.shape != wmeta.shape:
+                    raise OptimizerStateError(
+                        f"loaded optimizer state {name!r} of key {key!r} has shape {arr.shape}, "
+                        f"but the weight has shape {wmeta.shape}"
+                    )
+                source[name] = arr
+        elif key in self._layout:
+            old_names, old_meta = self._layout[key]
+            if old_meta.shape != wmeta.shape:
+                raise ShapeMismatchError(key, _OP, old_meta.shape, wmeta.shape)
+            source = dict(zip(old_names, self.states.get(key) or (), strict=True))
+        state = self.optimizer.create_state(key, weight)
+        for name, arr in zip(names, state or (), strict=True):
+            if name in source:
+                _math.copy_cast(arr, source[name])
+        return state
+
+    # --------------------------------------------------------------- optimizer
+    def set_optimizer(self, optimizer: Optimizer) -> None:
+        """Use ``optimizer`` from now on, keeping the per-key states and update counts.
+
+        Args:
+            optimizer: the new optimizer (typically the same kind with new hyperparameters).
+
+        Raises:
+            InvalidArgumentError: ``optimizer`` is not an :class:`Optimizer`.
+        """
+        if not isinstance(optimizer, Optimizer):
+            raise InvalidArgumentError(f"set_optimizer needs an Optimizer, got {optimizer!r}")
+        if optimizer is not self.optimizer:
+            optimizer.set_update_counts(self.optimizer.update_counts, self.optimizer.num_update)
+            self.optimizer = optimizer
+
+    # ------------------------------------------------------------------ states
+    def _document(self, dump_optimizer: bool) -> states.StatesDocument:
+        opt = self.optimizer
+        keys = list(dict.fromkeys([*self.states, *self._pending, *opt.update_counts]))
+        entries = []
+        for k in keys:
+            count = opt.get_update_count(k)
+            pending = self._pending.get(k)
+            if pending is not None:
+                entries.append(replace(pending, count=count))
+                continue
+            names = self._layout[k][0] if k in self._layout else ()
+            encoded = [states.encode_array(a) for a in (self.states.get(k) or ())]
+            entries.append(
+                states.KeyStates(k, count, names, tuple(d for _, d in encoded), tuple(a for a, _ in encoded))
+            )
+        config = opt.to_config() if dump_optimizer else None
+        return states.StatesDocument(opt.num_update, tuple(entries), config)
+
+    def _restore(self, doc: states.StatesDocument) -> None:
+        opt = self.optimizer
+        if doc.optimizer is not None:
+            try:
+                opt = Optimizer.from_config(doc.optimizer)
+            except InvalidArgumentError as exc:
+                raise OptimizerStateError(f"the optimizer config in the state file is invalid: {exc}") from exc
+        opt.set_update_counts({ks.key: ks.count for ks in doc.keys}, doc.num_update)
+        self.optimizer = opt
+        self.states = {}
+        self._layout = {}
+        self._pending = {ks.key: ks for ks in doc.keys if ks.names}
+
+    def get_states(self, dump_optimizer: bool = False) -> bytes:
+        """The states, counts (and optionally the optimizer config) as state-file bytes.
+
+        Args:
+            dump_optimizer: include ``optimizer.to_config()``.
+        """
+        return states.dumps(self._document(dump_optimizer))
+
+    def set_states(self, data: bytes) -> None:
+        """Restore from :meth:`get_states` bytes (see :meth:`load_states`).
+
+        Raises:
+            OptimizerStateError: the bytes are not a valid state file.
+        """
+        self._restore(states.loads(data))
+
+    def save_states(self, fname: str | os.PathLike[str], dump_optimizer: bool = False) -> None:
+        """Write the states and counts to ``fname`` atomically (safetensors, no pickle).
+
+        Args:
+            fname: the file to write (replaced if it exists).
+            dump_optimizer: also store ``optimizer.to_config()``.
+        """
+        states.save(fname, self._document(dump_optimizer))
+
+    def load_states(self, fname: str | os.PathLike[str]) -> None:
+        """Replace all states and counts with those in ``fname``.
+
+        If the file holds an optimizer config, the optimizer is replaced by
+        ``Optimizer.from_config`` of it. States are placed next to their weights on
+        each key's next update.
+
+        Raises:
+            OptimizerStateError: the file is not a valid state file.
+            OSError: the file cannot be read.
+        """
+        self._restore(states.load(fname))
+
+
+def get_updater(optimizer: Optimizer) -> Updater:
+    """An :class:`Updater` for ``optimizer``.
+
+    Args:
+        optimizer: the optimizer to drive.
+
+    Raises:
+        InvalidArgumentError: ``optimizer`` is not an :class:`Optimizer`.
+    """
+    return Updater(optimizer)
