@@ -11,7 +11,7 @@ import importlib.util
 import json
 import platform
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

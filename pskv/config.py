@@ -7,8 +7,9 @@ below. Every variable is listed in ``docs/env.md``; keep the two in step.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Any, Mapping
+from typing import Any
 
 from pskv.errors import InvalidArgumentError
 

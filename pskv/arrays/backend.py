@@ -12,8 +12,9 @@ bfloat16 and CUDA tensors use torch operations.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

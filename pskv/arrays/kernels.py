@@ -17,8 +17,9 @@ Small batches take a direct path: a thread hand-off costs more than it saves.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -120,11 +121,11 @@ class CpuKernels:
 
 def _split(jobs: list[tuple[NDArray, Sequence[NDArray]]], parts: int) -> list[list[_Task]]:
     """Cut the jobs' element ranges into ``parts`` shares of (nearly) equal cost."""
-    costs = [d.shape[0] * (len(s) + 1) for d, s in jobs]  # elements read + written
-    per_share = -(-sum(costs) // parts)
+    total = sum(d.shape[0] * (len(s) + 1) for d, s in jobs)  # elements read + written
+    per_share = -(-total // parts)
     shares: list[list[_Task]] = [[] for _ in range(parts)]
     index, room = 0, per_share
-    for (d, s), cost in zip(jobs, costs):
+    for d, s in jobs:
         n = d.shape[0]
         unit = len(s) + 1
         lo = 0

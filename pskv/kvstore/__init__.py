@@ -7,7 +7,8 @@ Layering: ``kvstore`` sits above ``arrays`` and ``optimizer``; the distributed s
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from pskv.config import Config
 from pskv.errors import InvalidArgumentError, InvalidTypeError

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import abc
 import warnings
-from typing import Any, Callable, ClassVar, TypeVar
+from collections.abc import Callable
+from typing import Any, ClassVar, TypeVar
 
 from pskv.errors import InvalidArgumentError, NotSupportedError
 

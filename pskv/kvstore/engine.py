@@ -17,7 +17,8 @@ import heapq
 import itertools
 import threading
 import time
-from typing import Any, Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
+from typing import Any
 
 from pskv.errors import OperationTimeoutError, StoreClosedError
 

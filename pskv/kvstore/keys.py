@@ -13,7 +13,8 @@ Keys are ``int`` or ``str``; one store uses one kind (fixed by its first call).
 from __future__ import annotations
 
 import threading
-from typing import Any, Sequence, Union
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -22,7 +23,7 @@ from pskv.errors import InvalidArgumentError, KeyTypeError, UnsupportedValueErro
 
 __all__ = ["Key", "KeyKind", "as_key", "as_key_list", "pair_up"]
 
-Key = Union[int, str]
+Key = int | str
 
 
 def as_key(key: object) -> Key:

@@ -13,8 +13,9 @@ Guarantees (each one fixes a known MXNet defect):
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from pskv.arrays import (
     ArrayMeta,
@@ -481,7 +482,8 @@ class LocalStore(KVStoreBase):
         Raises:
             InvalidTypeError: ``optimizer`` is not a pskv optimizer.
         """
-        from pskv.optimizer import Optimizer, Updater as OptimizerUpdater
+        from pskv.optimizer import Optimizer
+        from pskv.optimizer import Updater as OptimizerUpdater
 
         self._check_open("set_optimizer")
         if not isinstance(optimizer, Optimizer):
