@@ -18,6 +18,7 @@ class                          builtin             meaning
 ``OperationTimeoutError``      ``TimeoutError``    a blocking call ran out of time
 ``StoreClosedError``           ``RuntimeError``    the store was closed by its owner
 ``NotSupportedError``          ``NotImplementedError``  this store type cannot do that
+``ProtocolError``              ``ValueError``      a received message is malformed or hostile
 ``OptimizerStateError``        ``ValueError``      an optimizer-state file is unusable
 =============================  ==================  ==========================================
 """
@@ -40,6 +41,7 @@ __all__ = [
     "StoreClosedError",
     "NotSupportedError",
     "OptimizerStateError",
+    "ProtocolError",
 ]
 
 
@@ -129,3 +131,7 @@ class NotSupportedError(KVStoreError, NotImplementedError):
 
 class OptimizerStateError(KVStoreError, ValueError):
     """An optimizer-state file is malformed or does not match the store."""
+
+
+class ProtocolError(KVStoreError, ValueError):
+    """A received message is malformed, breaks a limit, or speaks another protocol version."""

@@ -24,6 +24,7 @@ BUILTIN_OF = {
     errors.OperationTimeoutError: TimeoutError,
     errors.StoreClosedError: RuntimeError,
     errors.NotSupportedError: NotImplementedError,
+    errors.ProtocolError: ValueError,
 }
 
 

@@ -1,0 +1,161 @@
+"""Message <-> frames: a msgpack header frame plus one raw frame per array.
+
+Encoding never copies array data: the data frames are the arrays' own buffers (send
+them with ``copy=False``). Decoding validates everything before anything else looks at
+the message — protocol version, command, field types, dtype allow-list, shape against
+the frame's byte length, and size limits — and raises :class:`ProtocolError` on any
+violation. Nothing received is unpickled or executed: msgpack decodes only plain
+numbers, strings and lists here (``strict_map_key``, no extension types).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from pskv.arrays.dtypes import SUPPORTED_DTYPES, itemsize
+from pskv.errors import ProtocolError
+from pskv.protocol.messages import PROTOCOL_VERSION, ArraySpec, Command, Header
+
+__all__ = ["encode", "decode", "frame_array", "Limits", "DEFAULT_LIMITS"]
+
+_DTYPE_CODE = {name: i for i, name in enumerate(SUPPORTED_DTYPES)}
+_COMMANDS = {int(c): c for c in Command}
+_INT64 = (-(2**63), 2**63 - 1)
+# bfloat16 travels as its raw 16-bit pattern; NumPy holds it as uint16.
+_NUMPY_FRAME_DTYPE = {
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(np.uint16),
+    "float32": np.dtype(np.float32),
+    "float64": np.dtype(np.float64),
+    "int32": np.dtype(np.int32),
+    "int64": np.dtype(np.int64),
+}
+
+
+class Limits:
+    """Upper bounds a decoder enforces on a message.
+
+    Args:
+        max_header_bytes: size of the header frame.
+        max_arrays: number of data frames.
+        max_frame_bytes: size of one data frame.
+        max_dims: dimensions of one array.
+        max_body_chars: length of the body text.
+    """
+
+    __slots__ = ("max_header_bytes", "max_arrays", "max_frame_bytes", "max_dims", "max_body_chars")
+
+    def __init__(self, max_header_bytes: int = 16 << 20, max_arrays: int = 200_000,
+                 max_frame_bytes: int = 16 << 30, max_dims: int = 16, max_body_chars: int = 16 << 20) -> None:
+        self.max_header_bytes = max_header_bytes
+        self.max_arrays = max_arrays
+        self.max_frame_bytes = max_frame_bytes
+        self.max_dims = max_dims
+        self.max_body_chars = max_body_chars
+
+
+DEFAULT_LIMITS = Limits()
+
+
+def encode(header: Header, arrays: Sequence[Any] = ()) -> list[Any]:
+    """Frames for ``header`` and its arrays: ``[header_bytes, *array_buffers]``.
+
+    ``arrays`` are C-contiguous NumPy arrays matching ``header.arrays`` one to one; they
+    are referenced, not copied. The caller must keep them unchanged until sent.
+    """
+    specs = [[a.key, _DTYPE_CODE[a.dtype], list(a.shape), a.offset, a.round] for a in header.arrays]
+    packed = msgpack.packb(
+        [PROTOCOL_VERSION, int(header.command), header.request, header.sender, header.priority, header.body, specs],
+        use_bin_type=True,
+    )
+    return [packed, *(_buffer(a) for a in arrays)]
+
+
+def _buffer(a: Any) -> Any:
+    if isinstance(a, np.ndarray):
+        if not a.flags.c_contiguous:
+            a = np.ascontiguousarray(a)
+        return memoryview(a.reshape(-1).view(np.uint8))
+    return a
+
+
+def _bytes_of(frame: Any) -> memoryview:
+    buf = getattr(frame, "buffer", frame)  # zmq.Frame exposes .buffer
+    return memoryview(buf).cast("B")
+
+
+def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> tuple[Header, list[memoryview]]:
+    """Parse and validate a message.
+
+    Returns:
+        The header and one byte buffer per data frame (zero-copy views).
+
+    Raises:
+        ProtocolError: the message is malformed or breaks a limit; the message says how.
+    """
+    if not frames:
+        raise ProtocolError("empty message")
+    head = _bytes_of(frames[0])
+    if len(head) > limits.max_header_bytes:
+        raise ProtocolError(f"header of {len(head)} bytes exceeds the limit of {limits.max_header_bytes}")
+    try:
+        fields = msgpack.unpackb(head, raw=False, strict_map_key=True, use_list=True,
+                                 max_bin_len=0, max_ext_len=0, max_map_len=0)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise ProtocolError(f"undecodable header: {type(exc).__name__}: {exc}") from None
+    if not isinstance(fields, list) or len(fields) != 7:
+        raise ProtocolError("header is not a 7-field list")
+    version, command, request, sender, priority, body, specs = fields
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(f"protocol version {version!r} not supported (this node speaks {PROTOCOL_VERSION})")
+    cmd = _COMMANDS.get(command) if type(command) is int else None
+    if cmd is None:
+        raise ProtocolError(f"unknown command {command!r}")
+    for name, value in (("request", request), ("sender", sender), ("priority", priority)):
+        if type(value) is not int or not _INT64[0] <= value <= _INT64[1]:
+            raise ProtocolError(f"field {name} must be a 64-bit int, got {value!r}")
+    if type(body) is not str or len(body) > limits.max_body_chars:
+        raise ProtocolError("body must be a string within the size limit")
+    if type(specs) is not list or len(specs) > limits.max_arrays:
+        raise ProtocolError("array list missing or too long")
+    buffers = [_bytes_of(f) for f in frames[1:]]
+    if len(buffers) != len(specs):
+        raise ProtocolError(f"header describes {len(specs)} arrays but {len(buffers)} data frames arrived")
+    parsed = tuple(_spec(i, s, buf, limits) for i, (s, buf) in enumerate(zip(specs, buffers)))
+    return Header(cmd, request, sender, parsed, priority, body), buffers
+
+
+def _spec(i: int, s: Any, buf: memoryview, limits: Limits) -> ArraySpec:
+    if type(s) is not list or len(s) != 5:
+        raise ProtocolError(f"array {i}: spec is not a 5-field list")
+    key, code, shape, offset, rnd = s
+    if type(key) is not int or not _INT64[0] <= key <= _INT64[1]:
+        raise ProtocolError(f"array {i}: key must be a 64-bit int")
+    if type(code) is not int or not 0 <= code < len(SUPPORTED_DTYPES):
+        raise ProtocolError(f"array {i} (key {key}): dtype code {code!r} not in the allow-list")
+    if type(shape) is not list or len(shape) > limits.max_dims or any(type(d) is not int or d < 0 for d in shape):
+        raise ProtocolError(f"array {i} (key {key}): bad shape {shape!r}")
+    for name, v in (("offset", offset), ("round", rnd)):
+        if type(v) is not int or not 0 <= v <= _INT64[1]:
+            raise ProtocolError(f"array {i} (key {key}): {name} must be a non-negative 64-bit int")
+    dtype = SUPPORTED_DTYPES[code]
+    n = 1
+    for d in shape:
+        n *= d
+    expected = n * itemsize(dtype)
+    if expected > limits.max_frame_bytes:
+        raise ProtocolError(f"array {i} (key {key}): {expected} bytes exceeds the frame limit")
+    if len(buf) != expected:
+        raise ProtocolError(
+            f"array {i} (key {key}): shape {tuple(shape)} {dtype} needs {expected} bytes, frame has {len(buf)}"
+        )
+    return ArraySpec(key, dtype, tuple(shape), offset, rnd)
+
+
+def frame_array(spec: ArraySpec, buf: memoryview) -> np.ndarray[Any, Any]:
+    """A read-only NumPy view of a decoded data frame (bfloat16 as raw uint16 bits)."""
+    return np.frombuffer(buf, dtype=_NUMPY_FRAME_DTYPE[spec.dtype]).reshape(spec.shape)

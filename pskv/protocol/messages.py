@@ -1,0 +1,148 @@
+"""The wire schema: roles, commands and the message header. No I/O here.
+
+A message is one header frame followed by one raw data frame per array. The header
+says, for every data frame, which key it belongs to, its dtype and shape, and (for
+arrays split over servers) where the frame sits inside the whole value. Array bytes are
+never pickled or otherwise interpreted beyond this description.
+
+Node ids follow ps-lite: the scheduler is 1, server rank ``r`` is ``8 + 2r`` and worker
+rank ``r`` is ``9 + 2r``; node groups are bit masks (1 scheduler, 2 servers, 4 workers).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+__all__ = [
+    "ArraySpec",
+    "Command",
+    "Header",
+    "Role",
+    "PROTOCOL_VERSION",
+    "SCHEDULER_ID",
+    "node_id",
+    "node_name",
+    "node_role_rank",
+    "describe",
+]
+
+PROTOCOL_VERSION = 1
+SCHEDULER_ID = 1
+
+
+class Role(enum.IntEnum):
+    """A node's role; the values are MXNet's node-group bits."""
+
+    SCHEDULER = 1
+    SERVER = 2
+    WORKER = 4
+
+
+class Command(enum.IntEnum):
+    """What a message asks for (requests) or what it answers (replies)."""
+
+    # node <-> scheduler
+    REGISTER = 1  # body: JSON {role, host, port}; reply body: JSON node table
+    BARRIER = 2  # body: JSON {group}; reply when every member of the group arrived
+    HEARTBEAT = 3  # reply body: JSON {dead: [...]} as seen by the scheduler
+    SHUTDOWN = 4  # a worker is done; the scheduler stops the job when all are
+    # worker -> server: data
+    INIT = 10
+    PUSH = 11
+    PULL = 12
+    PUSHPULL = 13
+    ROW_SPARSE_PULL = 14
+    # worker -> server: control
+    SET_OPTIMIZER = 20  # body: JSON optimizer config (never a pickle)
+    CONTROLLER = 21  # body: JSON {head, body} for the registered controller
+    SAVE_STATES = 22  # body: JSON {path}
+    LOAD_STATES = 23
+    STOP = 24
+    # replies
+    REPLY = 40
+    ERROR = 41  # body: JSON {type, message}
+
+
+@dataclass(frozen=True, slots=True)
+class ArraySpec:
+    """Describes one data frame.
+
+    Attributes:
+        key: the server key (a signed 64-bit int).
+        dtype: dtype name (see :mod:`pskv.arrays.dtypes`).
+        shape: shape of the data in this frame.
+        offset: element offset of this frame inside the key's whole (flattened) value;
+            0 for a key held by one server.
+        round: sync round: in a push reply, the round the push joined; in a pull, the
+            round the result must include.
+    """
+
+    key: int
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int = 0
+    round: int = 0
+
+    @property
+    def size(self) -> int:
+        """Number of elements."""
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True, slots=True)
+class Header:
+    """The header frame of a message.
+
+    Attributes:
+        command: what the message is.
+        request: the sender's request id; a reply carries the id of its request.
+        sender: node id of the sender.
+        arrays: one spec per data frame, in frame order.
+        priority: higher is sent / served first.
+        body: command-specific text (JSON), or the error description of an ERROR reply.
+    """
+
+    command: Command
+    request: int
+    sender: int
+    arrays: tuple[ArraySpec, ...] = field(default_factory=tuple)
+    priority: int = 0
+    body: str = ""
+
+
+def node_id(role: Role, rank: int) -> int:
+    """The node id of ``role`` rank ``rank`` (scheduler 1, servers 8+2r, workers 9+2r)."""
+    if role is Role.SCHEDULER:
+        return SCHEDULER_ID
+    return (8 if role is Role.SERVER else 9) + 2 * rank
+
+
+def node_role_rank(nid: int) -> tuple[Role, int]:
+    """Inverse of :func:`node_id`.
+
+    Raises:
+        ValueError: ``nid`` is not a valid node id.
+    """
+    if nid == SCHEDULER_ID:
+        return Role.SCHEDULER, 0
+    if nid < 8:
+        raise ValueError(f"invalid node id {nid}")
+    return (Role.SERVER if nid % 2 == 0 else Role.WORKER), (nid - 8) // 2
+
+
+def node_name(nid: int) -> str:
+    """A readable node name, e.g. ``'server 1'`` or ``'worker 0'``."""
+    role, rank = node_role_rank(nid)
+    return "scheduler" if role is Role.SCHEDULER else f"{role.name.lower()} {rank}"
+
+
+def describe(header: Header) -> str:
+    """One line describing a header, for logs and error messages."""
+    keys = ",".join(str(a.key) for a in header.arrays[:6])
+    more = "..." if len(header.arrays) > 6 else ""
+    return (f"{header.command.name} req={header.request} from {node_name(header.sender)}"
+            f" keys=[{keys}{more}] prio={header.priority}")

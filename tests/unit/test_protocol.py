@@ -1,0 +1,138 @@
+"""The wire schema and codec: round trips, validation of every field, and fuzzing."""
+
+from __future__ import annotations
+
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pskv.errors import ProtocolError
+from pskv.protocol import (
+    ArraySpec,
+    Command,
+    Header,
+    Limits,
+    Role,
+    decode,
+    encode,
+    frame_array,
+    node_id,
+    node_name,
+    node_role_rank,
+)
+
+
+def message(arrays, command=Command.PUSH, body=""):
+    specs = tuple(ArraySpec(key=i * 7 - 3, dtype=str(a.dtype), shape=a.shape, offset=i, round=i + 1)
+                  for i, a in enumerate(arrays))
+    return Header(command, request=42, sender=9, arrays=specs, priority=-3, body=body), arrays
+
+
+def test_round_trip_is_zero_copy_and_exact():
+    arrays = [np.arange(12, dtype=np.float32).reshape(3, 4), np.array([1, -2], dtype=np.int64),
+              np.zeros((0, 5), dtype=np.float64), np.float16(2.5) * np.ones(3, np.float16)]
+    header, arrays = message(arrays, body='{"x": 1}')
+    frames = encode(header, arrays)
+    assert isinstance(frames[1], memoryview) and frames[1].obj is not None
+    got, buffers = decode(frames)
+    assert got == header
+    for spec, buf, want in zip(got.arrays, buffers, arrays):
+        np.testing.assert_array_equal(frame_array(spec, buf), want)
+
+
+def test_non_contiguous_arrays_are_sent_contiguously():
+    a = np.arange(16, dtype=np.float32).reshape(4, 4)[:, ::2]
+    header = Header(Command.PUSH, 1, 9, (ArraySpec(5, "float32", a.shape),))
+    got, buffers = decode(encode(header, [a]))
+    np.testing.assert_array_equal(frame_array(got.arrays[0], buffers[0]), a)
+
+
+def test_bfloat16_travels_as_raw_bits():
+    bits = np.array([0x3F80, 0x4000], dtype=np.uint16)  # 1.0 and 2.0 in bfloat16
+    header = Header(Command.PUSH, 1, 9, (ArraySpec(5, "bfloat16", (2,)),))
+    got, buffers = decode(encode(header, [bits]))
+    assert got.arrays[0].dtype == "bfloat16"
+    np.testing.assert_array_equal(frame_array(got.arrays[0], buffers[0]), bits)
+
+
+def test_node_ids_follow_ps_lite():
+    assert node_id(Role.SCHEDULER, 0) == 1
+    assert [node_id(Role.SERVER, r) for r in range(3)] == [8, 10, 12]
+    assert [node_id(Role.WORKER, r) for r in range(3)] == [9, 11, 13]
+    assert node_role_rank(13) == (Role.WORKER, 2) and node_role_rank(10) == (Role.SERVER, 1)
+    assert node_name(11) == "worker 1" and node_name(1) == "scheduler"
+    with pytest.raises(ValueError):
+        node_role_rank(5)
+
+
+def packed(fields):
+    return [msgpack.packb(fields, use_bin_type=True)]
+
+
+GOOD = [1, int(Command.PULL), 1, 9, 0, "", [[3, 2, [2], 0, 0]]]
+GOOD_FRAME = np.zeros(2, np.float32).tobytes()
+
+
+@pytest.mark.parametrize("fields,match", [
+    ([2, *GOOD[1:]], "protocol version 2 not supported"),
+    ([1, 99, *GOOD[2:]], "unknown command 99"),
+    ([1, int(Command.PULL), "1", *GOOD[3:]], "request must be a 64-bit int"),
+    ([1, int(Command.PULL), 2**63, *GOOD[3:]], "request must be a 64-bit int"),
+    ([*GOOD[:5], 5, GOOD[6]], "body must be a string"),
+    ([*GOOD[:6], [[3, 99, [2], 0, 0]]], "dtype code 99 not in the allow-list"),
+    ([*GOOD[:6], [[3, 2, [-2], 0, 0]]], "bad shape"),
+    ([*GOOD[:6], [[3, 2, [2], -1, 0]]], "offset must be a non-negative"),
+    ([*GOOD[:6], [[3, 2, [3], 0, 0]]], r"shape \(3,\) float32 needs 12 bytes, frame has 8"),
+    ([*GOOD[:6], [[3, 2, [2], 0]]], "spec is not a 5-field list"),
+    (GOOD[:6], "7-field list"),
+    ({"a": 1}, "undecodable header"),
+])
+def test_malformed_headers_are_rejected(fields, match):
+    with pytest.raises(ProtocolError, match=match):
+        decode(packed(fields) + [GOOD_FRAME])
+
+
+def test_frame_count_and_limits():
+    with pytest.raises(ProtocolError, match="1 arrays but 0 data frames"):
+        decode(packed(GOOD))
+    with pytest.raises(ProtocolError, match="empty message"):
+        decode([])
+    with pytest.raises(ProtocolError, match="exceeds the limit"):
+        decode(packed(GOOD) + [GOOD_FRAME], Limits(max_header_bytes=4))
+    with pytest.raises(ProtocolError, match="array list missing or too long"):
+        decode(packed(GOOD) + [GOOD_FRAME], Limits(max_arrays=0))
+    with pytest.raises(ProtocolError, match="exceeds the frame limit"):
+        decode(packed(GOOD) + [GOOD_FRAME], Limits(max_frame_bytes=4))
+    with pytest.raises(ProtocolError, match="undecodable header"):
+        decode([b"\xc1garbage"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=64), min_size=1, max_size=4))
+def test_random_frames_never_escape_as_other_errors(frames):
+    try:
+        decode(frames)
+    except ProtocolError:
+        pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(min_value=0), st.integers(min_value=0, max_value=255), st.data())
+def test_mutated_valid_messages_are_decoded_or_rejected(position, new_byte, data):
+    header, arrays = message([np.arange(6, dtype=np.float32), np.ones((2, 2), np.int32)])
+    frames = [bytes(f) for f in encode(header, arrays)]
+    which = data.draw(st.integers(min_value=0, max_value=len(frames) - 1))
+    raw = bytearray(frames[which])
+    if raw:
+        raw[position % len(raw)] = new_byte
+    if data.draw(st.booleans()):
+        raw = raw[: data.draw(st.integers(min_value=0, max_value=len(raw)))]
+    frames[which] = bytes(raw)
+    try:
+        got, buffers = decode(frames)
+    except ProtocolError:
+        return
+    for spec, buf in zip(got.arrays, buffers):  # whatever decodes is self-consistent
+        assert frame_array(spec, buf).size == spec.size
