@@ -26,7 +26,7 @@ _DTYPE_CODE = {name: i for i, name in enumerate(SUPPORTED_DTYPES)}
 _COMMANDS = {int(c): c for c in Command}
 _INT64 = (-(2**63), 2**63 - 1)
 # bfloat16 travels as its raw 16-bit pattern; NumPy holds it as uint16.
-_NUMPY_FRAME_DTYPE = {
+_NUMPY_FRAME_DTYPE: dict[str, np.dtype[Any]] = {
     "float16": np.dtype(np.float16),
     "bfloat16": np.dtype(np.uint16),
     "float32": np.dtype(np.float32),
