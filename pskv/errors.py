@@ -19,6 +19,9 @@ class                          builtin             meaning
 ``StoreClosedError``           ``RuntimeError``    the store was closed by its owner
 ``NotSupportedError``          ``NotImplementedError``  this store type cannot do that
 ``ProtocolError``              ``ValueError``      a received message is malformed or hostile
+``TransportError``             ``ConnectionError`` sockets failed (bind, send) or the transport stopped
+``NodeFailedError``            ``ConnectionError`` a peer node died or stopped answering
+``RemoteError``                ``RuntimeError``    a server answered a request with an error
 ``OptimizerStateError``        ``ValueError``      an optimizer-state file is unusable
 =============================  ==================  ==========================================
 """
@@ -42,6 +45,9 @@ __all__ = [
     "NotSupportedError",
     "OptimizerStateError",
     "ProtocolError",
+    "TransportError",
+    "NodeFailedError",
+    "RemoteError",
 ]
 
 
@@ -135,3 +141,24 @@ class OptimizerStateError(KVStoreError, ValueError):
 
 class ProtocolError(KVStoreError, ValueError):
     """A received message is malformed, breaks a limit, or speaks another protocol version."""
+
+
+class TransportError(KVStoreError, ConnectionError):
+    """The transport failed: an address could not be bound, or the node's sockets stopped."""
+
+
+class NodeFailedError(KVStoreError, ConnectionError):
+    """A peer node died or stopped answering; ``node`` names it (e.g. ``'server 1'``)."""
+
+    def __init__(self, node: str, detail: str) -> None:
+        super().__init__(f"{node} failed: {detail}")
+        self.node = node
+
+
+class RemoteError(KVStoreError, RuntimeError):
+    """A server rejected a request; ``remote_type`` is the server-side error class name."""
+
+    def __init__(self, node: str, remote_type: str, message: str) -> None:
+        super().__init__(f"{node} rejected the request: {remote_type}: {message}")
+        self.node = node
+        self.remote_type = remote_type

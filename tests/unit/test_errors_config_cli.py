@@ -25,6 +25,9 @@ BUILTIN_OF = {
     errors.StoreClosedError: RuntimeError,
     errors.NotSupportedError: NotImplementedError,
     errors.ProtocolError: ValueError,
+    errors.TransportError: ConnectionError,
+    errors.NodeFailedError: ConnectionError,
+    errors.RemoteError: RuntimeError,
 }
 
 
