@@ -1,7 +1,13 @@
 """pskv's settings: the only module that reads ``os.environ``.
 
-Precedence everywhere: an explicit argument, then the environment, then the default
-below. Every variable is listed in ``docs/env.md``; keep the two in step.
+Two frozen dataclasses:
+
+* :class:`Config` — settings of a store in this process (``PSKV_*``);
+* :class:`ClusterConfig` — the cluster contract between the launcher (or a cluster
+  manager) and each process, compatible with MXNet / ps-lite (``DMLC_*``, ``PS_*``).
+
+Precedence everywhere: an explicit argument, then the environment, then the default.
+Every variable is listed in ``docs/env.md``; a test keeps the two in step.
 """
 
 from __future__ import annotations
@@ -9,11 +15,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from pskv.errors import InvalidArgumentError
 
-__all__ = ["Config", "ENV_VARS"]
+__all__ = ["Config", "ClusterConfig", "ENV_VARS", "CLUSTER_ENV_VARS"]
+
+T = TypeVar("T")
 
 
 def _default_kernel_threads() -> int:
@@ -39,6 +47,44 @@ ENV_VARS: dict[str, tuple[str, str]] = {
         "seconds a blocking call waits for queued work before raising TimeoutError (default 300)",
     ),
 }
+
+CLUSTER_ENV_VARS: dict[str, tuple[str, str]] = {
+    "DMLC_ROLE": ("role", "worker, server or scheduler (default worker)"),
+    "DMLC_PS_ROOT_URI": ("root_uri", "the scheduler's host"),
+    "DMLC_PS_ROOT_PORT": ("root_port", "the scheduler's port"),
+    "DMLC_NUM_SERVER": ("num_servers", "number of server processes"),
+    "DMLC_NUM_WORKER": ("num_workers", "number of worker processes"),
+    "DMLC_NODE_HOST": ("node_host", "address this node binds and advertises (default: 127.0.0.1)"),
+    "DMLC_WORKER_ID": ("rank", "this worker's rank, if the launcher assigns it (else by arrival)"),
+    "PS_VERBOSE": ("verbose", "1 logs connections, 2 logs every message (default 0)"),
+    "PS_HEARTBEAT_INTERVAL": ("heartbeat_interval", "seconds between heartbeats; 0 disables (default 1)"),
+    "PS_HEARTBEAT_TIMEOUT": ("heartbeat_timeout", "seconds without a heartbeat before a node counts as dead (default 10)"),
+    "MXNET_KVSTORE_BIGARRAY_BOUND": ("bigarray_bound", "arrays with at least this many elements are split over all servers (default 1000000)"),
+    "PSKV_STARTUP_TIMEOUT": ("startup_timeout", "seconds to wait for every node to register (default 60)"),
+    "PSKV_REQUEST_TIMEOUT": ("request_timeout", "seconds a request waits for its reply before TimeoutError (default 300)"),
+}
+
+
+def _parse(cls: type[T], table: dict[str, tuple[str, str]], environ: Mapping[str, str] | None,
+           overrides: dict[str, Any]) -> T:
+    env = os.environ if environ is None else environ
+    types = {f.name: f.type for f in fields(cls)}  # type: ignore[arg-type]
+    values: dict[str, Any] = {}
+    for var, (name, _doc) in table.items():
+        raw = env.get(var)
+        if raw is None or raw == "":
+            continue
+        kind = str(types[name])
+        convert: Any = float if "float" in kind else int if "int" in kind else str
+        try:
+            values[name] = convert(raw)
+        except ValueError:
+            raise InvalidArgumentError(f"environment variable {var}={raw!r} is not a valid {convert.__name__}") from None
+    unknown = set(overrides) - set(types)
+    if unknown:
+        raise InvalidArgumentError(f"unknown setting(s) {sorted(unknown)}; known: {sorted(types)}")
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return replace(cls(), **values)  # type: ignore[type-var, no-any-return]
 
 
 @dataclass(frozen=True)
@@ -75,20 +121,85 @@ class Config:
             InvalidArgumentError: a variable holds a value of the wrong type or range,
                 or an override names an unknown setting.
         """
-        env = os.environ if environ is None else environ
-        types = {f.name: f.type for f in fields(cls)}
-        values: dict[str, Any] = {}
-        for var, (name, _doc) in ENV_VARS.items():
-            raw = env.get(var)
-            if raw is None or raw == "":
-                continue
-            convert = float if types[name] in ("float", float) else int
-            try:
-                values[name] = convert(raw)
-            except ValueError:
-                raise InvalidArgumentError(f"environment variable {var}={raw!r} is not a valid {convert.__name__}") from None
-        unknown = set(overrides) - set(types)
-        if unknown:
-            raise InvalidArgumentError(f"unknown setting(s) {sorted(unknown)}; known: {sorted(types)}")
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return replace(cls(), **values)
+        return _parse(cls, ENV_VARS, environ, overrides)
+
+
+ROLES = ("worker", "server", "scheduler")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """The cluster contract of one process (MXNet / ps-lite compatible).
+
+    Attributes:
+        role: ``'worker'``, ``'server'`` or ``'scheduler'``.
+        root_uri: the scheduler's host.
+        root_port: the scheduler's port (0: unset).
+        num_servers: number of servers.
+        num_workers: number of workers.
+        node_host: address this node binds and advertises.
+        rank: the worker rank the launcher assigned, or -1 (assigned at registration).
+        verbose: 0 quiet, 1 connections, 2 every message.
+        heartbeat_interval: seconds between heartbeats (0 disables liveness checks).
+        heartbeat_timeout: seconds of silence after which a node counts as dead.
+        bigarray_bound: element count from which arrays are split over all servers.
+        startup_timeout: seconds to wait for every node to register.
+        request_timeout: seconds a request waits for its reply.
+    """
+
+    role: str = "worker"
+    root_uri: str = ""
+    root_port: int = 0
+    num_servers: int = 0
+    num_workers: int = 0
+    node_host: str = "127.0.0.1"
+    rank: int = -1
+    verbose: int = 0
+    heartbeat_interval: float = 1.0
+    heartbeat_timeout: float = 10.0
+    bigarray_bound: int = 1_000_000
+    startup_timeout: float = 60.0
+    request_timeout: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise InvalidArgumentError(f"DMLC_ROLE must be one of {', '.join(ROLES)}, got {self.role!r}")
+        for name in ("heartbeat_interval", "heartbeat_timeout", "startup_timeout", "request_timeout"):
+            if getattr(self, name) < 0:
+                raise InvalidArgumentError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.bigarray_bound < 1:
+            raise InvalidArgumentError(f"bigarray_bound must be >= 1, got {self.bigarray_bound}")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> ClusterConfig:
+        """Build a ClusterConfig from ``DMLC_*`` / ``PS_*`` / ``PSKV_*`` variables.
+
+        Raises:
+            InvalidArgumentError: a variable holds a value of the wrong type or range.
+        """
+        return _parse(cls, CLUSTER_ENV_VARS, environ, overrides)
+
+    def require_cluster(self) -> None:
+        """Check that the variables a distributed store needs are set.
+
+        Raises:
+            InvalidArgumentError: naming every missing or invalid variable.
+        """
+        problems = []
+        if not self.root_uri:
+            problems.append("DMLC_PS_ROOT_URI (the scheduler's host) is not set")
+        if not 0 < self.root_port < 65536:
+            problems.append("DMLC_PS_ROOT_PORT (the scheduler's port) is not set or not a port")
+        if self.num_servers < 1:
+            problems.append("DMLC_NUM_SERVER must be >= 1")
+        if self.num_workers < 1:
+            problems.append("DMLC_NUM_WORKER must be >= 1")
+        if problems:
+            raise InvalidArgumentError(
+                "a distributed store needs the cluster environment (pskv launch sets it): " + "; ".join(problems)
+            )
+
+    @property
+    def scheduler_address(self) -> str:
+        """The scheduler's ZeroMQ endpoint."""
+        return f"tcp://{self.root_uri}:{self.root_port}"

@@ -1,0 +1,186 @@
+"""The node side of the scheduler protocol: register, heartbeats, barriers, shutdown.
+
+Servers and workers each own one :class:`Membership`. Its heartbeat timer runs on the
+node's reactor thread; every reply tells which nodes the scheduler considers dead and
+how long ago each node was last heard from. Deaths are reported to the owner through
+``on_dead`` (so it can fail requests waiting on that node), and a scheduler that stops
+answering for longer than the heartbeat timeout is itself reported dead.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from pskv.cluster.messages import json_body, request_frames
+from pskv.cluster.requests import Pending, RequestTracker
+from pskv.config import ClusterConfig
+from pskv.errors import OperationTimeoutError, ProtocolError
+from pskv.protocol import SCHEDULER_ID, Command, Role, decode, node_name, node_role_rank
+from pskv.transport import Reactor
+
+__all__ = ["Membership", "NodeInfo"]
+
+log = logging.getLogger("pskv.membership")
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """What registration tells a node about itself and the cluster."""
+
+    node_id: int
+    rank: int
+    servers: tuple[str, ...]
+    num_servers: int
+    num_workers: int
+
+
+class Membership:
+    """Registers a node with the scheduler and keeps it informed of the cluster.
+
+    Args:
+        cluster: the cluster contract.
+        reactor: the node's reactor (not yet started, or running).
+        tracker: the node's request tracker (shared with its data requests).
+        role: this node's role.
+        address: the address this node serves on (servers), else "".
+        on_dead: called on the reactor thread with each node id found dead.
+    """
+
+    def __init__(self, cluster: ClusterConfig, reactor: Reactor, tracker: RequestTracker, role: Role,
+                 address: str = "", on_dead: Callable[[int], None] | None = None) -> None:
+        self._cluster = cluster
+        self._reactor = reactor
+        self._tracker = tracker
+        self._role = role
+        self._address = address
+        self._on_dead = on_dead
+        self._sid = reactor.connect_dealer(cluster.scheduler_address, self._on_reply)
+        self.info: NodeInfo | None = None
+        self._dead: set[int] = set()
+        self._ages: dict[int, float] = {}
+        self._ages_at = time.monotonic()
+        self._last_reply = time.monotonic()
+        self._heartbeat_in_flight = False
+
+    # -- plumbing -----------------------------------------------------------------------
+    @property
+    def node_id(self) -> int:
+        """This node's id (0 before registration)."""
+        return self.info.node_id if self.info else 0
+
+    def _on_reply(self, frames: list[zmq.Frame]) -> None:
+        try:
+            header, buffers = decode(frames)
+        except ProtocolError as exc:
+            log.error("%s: malformed message from the scheduler dropped: %s", self._role.name.lower(), exc)
+            return
+        self._last_reply = time.monotonic()
+        self._tracker.complete(header, buffers)
+
+    def _request(self, command: Command, body: dict[str, Any] | None, what: str,
+                 callback: Callable[[Pending], None] | None = None) -> Pending:
+        pending = self._tracker.new(SCHEDULER_ID, what, callback)
+        frames = request_frames(command, pending.request, self.node_id, body)
+        if self._reactor.on_reactor_thread():
+            self._reactor.send_dealer(self._sid, frames)
+        else:
+            self._reactor.call_soon(lambda: self._reactor.send_dealer(self._sid, frames))
+        return pending
+
+    # -- registration -------------------------------------------------------------------
+    def register(self, rank: int = -1) -> NodeInfo:
+        """Register and wait until the whole cluster has (``startup_timeout``).
+
+        Raises:
+            OperationTimeoutError: the cluster did not assemble in time.
+            RemoteError: the scheduler refused (cluster full, wrong sizes).
+        """
+        role = "server" if self._role is Role.SERVER else "worker"
+        pending = self._request(Command.REGISTER, {"role": role, "address": self._address, "rank": rank},
+                                "registration")
+        try:
+            reply = pending.wait(self._cluster.startup_timeout)
+        except TimeoutError:
+            raise OperationTimeoutError(
+                f"{role} could not join the cluster within {self._cluster.startup_timeout} s: the scheduler at "
+                f"{self._cluster.scheduler_address} did not answer or not all "
+                f"{self._cluster.num_servers + self._cluster.num_workers} nodes registered"
+            ) from None
+        body = json_body(reply)
+        self.info = NodeInfo(int(body["node_id"]), int(body["rank"]), tuple(body["servers"]),
+                             int(body["num_servers"]), int(body["num_workers"]))
+        self._last_reply = time.monotonic()
+        if self._cluster.heartbeat_interval > 0:
+            self._reactor.call_soon(lambda: self._reactor.add_timer(self._cluster.heartbeat_interval, self._beat))
+        return self.info
+
+    # -- heartbeats ---------------------------------------------------------------------
+    def _beat(self) -> None:
+        if time.monotonic() - self._last_reply > self._cluster.heartbeat_timeout and SCHEDULER_ID not in self._dead:
+            self._mark_dead(SCHEDULER_ID, f"no answer for {self._cluster.heartbeat_timeout:.1f} s")
+        if self._heartbeat_in_flight or SCHEDULER_ID in self._dead:
+            return
+        self._heartbeat_in_flight = True
+        try:
+            self._request(Command.HEARTBEAT, None, "heartbeat", self._on_heartbeat)
+        except Exception:  # noqa: BLE001 - tracker closed: the node is shutting down
+            self._heartbeat_in_flight = False
+
+    def _on_heartbeat(self, pending: Pending) -> None:
+        self._heartbeat_in_flight = False
+        if pending.error is not None or pending.header is None:
+            return
+        try:
+            body = json_body(pending.header)
+        except ProtocolError:
+            return
+        self._ages = {int(k): float(v) for k, v in body.get("ages", {}).items()}
+        self._ages_at = time.monotonic()
+        for nid in body.get("dead", []):
+            if int(nid) not in self._dead:
+                self._mark_dead(int(nid), "the scheduler lost its heartbeats")
+
+    def _mark_dead(self, nid: int, detail: str) -> None:
+        self._dead.add(nid)
+        log.error("%s: %s is dead (%s)", self._role.name.lower(), node_name(nid), detail)
+        self._tracker.fail_node(nid, detail)
+        if self._on_dead is not None:
+            self._on_dead(nid)
+
+    def dead(self) -> set[int]:
+        """Node ids known to be dead."""
+        return set(self._dead)
+
+    def num_dead_node(self, group: int, timeout: float) -> int:
+        """Nodes of ``group`` (1 scheduler, 2 servers, 4 workers, sums) silent for > ``timeout`` s."""
+        count = 0
+        now = time.monotonic()
+        if group & Role.SCHEDULER and (SCHEDULER_ID in self._dead or now - self._last_reply > timeout):
+            count += 1
+        elapsed = now - self._ages_at
+        for nid, age in self._ages.items():
+            role, _ = node_role_rank(nid)
+            if role is not Role.SCHEDULER and int(role) & group and (nid in self._dead or age + elapsed > timeout):
+                count += 1
+        return count
+
+    # -- barrier / shutdown -------------------------------------------------------------
+    def barrier(self, group: int, timeout: float) -> None:
+        """Wait until every member of ``group`` reached the barrier.
+
+        Raises:
+            NodeFailedError: a member died (names it).
+            OperationTimeoutError: not complete within ``timeout``.
+        """
+        self._request(Command.BARRIER, {"group": group}, f"barrier (group {group})").wait(timeout)
+
+    def shutdown(self, wait: bool, timeout: float) -> dict[str, Any]:
+        """Tell the scheduler this node is done; with ``wait``, block until the job ends."""
+        reply = self._request(Command.SHUTDOWN, {"wait": wait}, "shutdown").wait(timeout)
+        return json_body(reply)

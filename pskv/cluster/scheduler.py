@@ -1,0 +1,258 @@
+"""The scheduler: rendezvous, rank assignment, barriers, liveness and orderly shutdown.
+
+It carries no array data. Every node connects to it and:
+
+1. sends ``REGISTER`` (role, the address it serves on); once all ``S + W`` nodes have
+   registered, each gets its rank, node id and the servers' addresses;
+2. sends ``HEARTBEAT`` every interval; the reply lists the nodes the scheduler considers
+   dead (silent for longer than the heartbeat timeout), so every survivor learns of a
+   death within about one timeout;
+3. sends ``BARRIER`` (group mask) — answered when every live member arrived, or with an
+   error naming the dead members;
+4. at the end: workers send ``SHUTDOWN``; servers send ``SHUTDOWN`` with ``wait`` and
+   are answered once every worker is done. Then the scheduler's :meth:`run` returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+
+from pskv.cluster.messages import error_frames, json_body, reply_frames
+from pskv.config import ClusterConfig
+from pskv.errors import OperationTimeoutError, ProtocolError
+from pskv.protocol import SCHEDULER_ID, Command, Header, Role, decode, node_id, node_name
+from pskv.transport import Reactor
+
+__all__ = ["Scheduler"]
+
+log = logging.getLogger("pskv.scheduler")
+
+
+@dataclass
+class _Node:
+    identity: bytes
+    role: Role
+    rank: int
+    address: str
+    last_seen: float
+    dead: bool = False
+
+
+class Scheduler:
+    """Runs the scheduler role on a reactor thread.
+
+    Args:
+        cluster: the cluster contract (sizes, heartbeat settings, bind address).
+        context: ZeroMQ context (a new one by default).
+        address: endpoint to bind; default ``tcp://<root_uri>:<root_port>``.
+    """
+
+    def __init__(self, cluster: ClusterConfig, context: zmq.Context[Any] | None = None,
+                 address: str | None = None) -> None:
+        self._cluster = cluster
+        self._own_context = context is None
+        self._ctx = zmq.Context() if context is None else context
+        self._reactor = Reactor(self._ctx, "pskv-scheduler")
+        self._sid, self.address = self._reactor.bind_router(address or cluster.scheduler_address, self._on_message)
+        self._pending: list[tuple[bytes, Header, dict[str, Any]]] = []  # registrations before all arrived
+        self._nodes: dict[int, _Node] = {}
+        self._by_identity: dict[bytes, int] = {}
+        self._barriers: dict[int, dict[int, tuple[bytes, Header]]] = {}
+        self._done_workers: set[int] = set()
+        self._waiting_servers: dict[int, tuple[bytes, Header]] = {}
+        self._finished = threading.Event()
+        self._started = time.monotonic()
+        if cluster.heartbeat_interval > 0:
+            self._reactor.add_timer(max(0.05, cluster.heartbeat_interval / 2), self._check_liveness)
+
+    # -- life cycle ---------------------------------------------------------------------
+    def start(self) -> str:
+        """Start serving; returns the bound address."""
+        self._reactor.start()
+        return self.address
+
+    def run(self, timeout: float | None = None) -> None:
+        """Start (if needed) and block until the job ends, then stop.
+
+        Raises:
+            OperationTimeoutError: the job did not end within ``timeout`` seconds.
+        """
+        if not self._reactor.on_reactor_thread() and self._reactor._thread is None:
+            self.start()
+        try:
+            if not self._finished.wait(timeout):
+                raise OperationTimeoutError(f"the job did not finish within {timeout} s")
+            time.sleep(0.05)  # let the last replies leave
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        """Stop serving and release the sockets (idempotent)."""
+        self._reactor.stop()
+        if self._own_context:
+            self._ctx.term()
+            self._own_context = False
+
+    @property
+    def finished(self) -> bool:
+        """True once every worker has shut down and every server was told."""
+        return self._finished.is_set()
+
+    # -- dispatch -----------------------------------------------------------------------
+    def _on_message(self, identity: bytes, frames: list[zmq.Frame]) -> None:
+        try:
+            header, _ = decode(frames)
+            body = json_body(header)
+        except ProtocolError as exc:
+            log.error("scheduler: rejected a malformed message from %r: %s", identity, exc)
+            return
+        if self._cluster.verbose >= 2:
+            log.info("scheduler: %s", header.command.name)
+        if header.command is Command.REGISTER:
+            self._register(identity, header, body)
+            return
+        nid = self._by_identity.get(identity)
+        if nid is None:
+            self._send(identity, error_frames(header, SCHEDULER_ID, "ProtocolError", "register first"))
+            return
+        self._nodes[nid].last_seen = time.monotonic()
+        if header.command is Command.HEARTBEAT:
+            now = time.monotonic()
+            ages = {str(n): round(now - node.last_seen, 3) for n, node in self._nodes.items()}
+            self._send(identity, reply_frames(header, SCHEDULER_ID, {"dead": self._dead_ids(), "ages": ages}))
+        elif header.command is Command.BARRIER:
+            self._barrier(identity, header, nid, int(body.get("group", Role.WORKER)))
+        elif header.command is Command.SHUTDOWN:
+            self._shutdown(identity, header, nid, bool(body.get("wait", False)))
+        else:
+            self._send(identity, error_frames(header, SCHEDULER_ID, "ProtocolError",
+                                              f"the scheduler does not handle {header.command.name}"))
+
+    def _send(self, identity: bytes, frames: list[Any]) -> None:
+        self._reactor.send_router(self._sid, identity, frames)
+
+    # -- registration -------------------------------------------------------------------
+    def _register(self, identity: bytes, header: Header, body: dict[str, Any]) -> None:
+        role = {"server": Role.SERVER, "worker": Role.WORKER}.get(str(body.get("role")))
+        expected = self._cluster.num_servers + self._cluster.num_workers
+        if role is None:
+            self._send(identity, error_frames(header, SCHEDULER_ID, "ProtocolError", "role must be server or worker"))
+            return
+        if self._nodes or len(self._pending) >= expected:
+            self._send(identity, error_frames(header, SCHEDULER_ID, "ProtocolError",
+                                              f"the cluster is already complete ({expected} nodes)"))
+            return
+        self._pending.append((identity, header, body))
+        if self._cluster.verbose:
+            log.info("scheduler: %s registered (%d of %d)", role.name.lower(), len(self._pending), expected)
+        if len(self._pending) == expected:
+            self._assign()
+
+    def _assign(self) -> None:
+        now = time.monotonic()
+        by_role: dict[Role, list[tuple[bytes, Header, dict[str, Any]]]] = {Role.SERVER: [], Role.WORKER: []}
+        for item in self._pending:
+            by_role[Role.SERVER if item[2]["role"] == "server" else Role.WORKER].append(item)
+        wanted = {Role.SERVER: self._cluster.num_servers, Role.WORKER: self._cluster.num_workers}
+        for role, items in by_role.items():
+            if len(items) != wanted[role]:
+                for identity, header, _ in self._pending:
+                    self._send(identity, error_frames(header, SCHEDULER_ID, "ProtocolError",
+                                                      f"expected {wanted[role]} {role.name.lower()}s, got {len(items)}"))
+                self._pending = []
+                return
+            ranks = _ranks([int(body.get("rank", -1)) for _, _, body in items])
+            for (identity, _, body), rank in zip(items, ranks):
+                nid = node_id(role, rank)
+                self._nodes[nid] = _Node(identity, role, rank, str(body.get("address", "")), now)
+                self._by_identity[identity] = nid
+        servers = [self._nodes[node_id(Role.SERVER, r)].address for r in range(self._cluster.num_servers)]
+        for identity, header, _ in self._pending:
+            nid = self._by_identity[identity]
+            node = self._nodes[nid]
+            self._send(identity, reply_frames(header, SCHEDULER_ID, {
+                "node_id": nid, "rank": node.rank, "servers": servers,
+                "num_servers": self._cluster.num_servers, "num_workers": self._cluster.num_workers,
+            }))
+        self._pending = []
+        log.info("scheduler: all %d nodes registered", len(self._nodes))
+
+    # -- barrier ------------------------------------------------------------------------
+    def _members(self, group: int) -> set[int]:
+        return {nid for nid, n in self._nodes.items() if int(n.role) & group}
+
+    def _barrier(self, identity: bytes, header: Header, nid: int, group: int) -> None:
+        if not 1 <= group <= 7 or not int(self._nodes[nid].role) & group:
+            self._send(identity, error_frames(header, SCHEDULER_ID, "InvalidArgumentError",
+                                              f"{node_name(nid)} is not in barrier group {group}"))
+            return
+        arrived = self._barriers.setdefault(group, {})
+        arrived[nid] = (identity, header)
+        self._settle_barrier(group)
+
+    def _settle_barrier(self, group: int) -> None:
+        arrived = self._barriers.get(group, {})
+        members = {m for m in self._members(group) if int(self._nodes[m].role) != Role.SCHEDULER}
+        dead = sorted(m for m in members if self._nodes[m].dead)
+        if dead and arrived:
+            names = ", ".join(node_name(m) for m in dead)
+            for identity, header in arrived.values():
+                self._send(identity, error_frames(header, SCHEDULER_ID, "NodeFailedError", f"barrier cannot complete: {names} dead"))
+            self._barriers[group] = {}
+        elif arrived and members <= set(arrived):
+            for identity, header in arrived.values():
+                self._send(identity, reply_frames(header, SCHEDULER_ID))
+            self._barriers[group] = {}
+
+    # -- liveness -----------------------------------------------------------------------
+    def _dead_ids(self) -> list[int]:
+        return sorted(nid for nid, n in self._nodes.items() if n.dead)
+
+    def _check_liveness(self) -> None:
+        if not self._nodes:
+            return
+        limit = time.monotonic() - self._cluster.heartbeat_timeout
+        newly = [nid for nid, n in self._nodes.items() if not n.dead and n.last_seen < limit
+                 and nid not in self._done_workers]
+        for nid in newly:
+            self._nodes[nid].dead = True
+            log.error("scheduler: %s missed heartbeats for %.1f s: marked dead", node_name(nid),
+                      self._cluster.heartbeat_timeout)
+        if newly:
+            for group in list(self._barriers):
+                self._settle_barrier(group)
+            self._settle_shutdown()
+
+    # -- shutdown -----------------------------------------------------------------------
+    def _shutdown(self, identity: bytes, header: Header, nid: int, wait: bool) -> None:
+        if self._nodes[nid].role is Role.WORKER:
+            self._done_workers.add(nid)
+            self._send(identity, reply_frames(header, SCHEDULER_ID))
+        elif wait:
+            self._waiting_servers[nid] = (identity, header)
+        self._settle_shutdown()
+
+    def _settle_shutdown(self) -> None:
+        workers = self._members(Role.WORKER)
+        if not workers or not workers <= self._done_workers | {w for w in workers if self._nodes[w].dead}:
+            return
+        servers = self._members(Role.SERVER)
+        for identity, header in self._waiting_servers.values():
+            self._send(identity, reply_frames(header, SCHEDULER_ID, {"dead": self._dead_ids()}))
+        told = set(self._waiting_servers)
+        if servers <= told | {s for s in servers if self._nodes[s].dead}:
+            self._finished.set()
+
+
+def _ranks(requested: list[int]) -> list[int]:
+    """Ranks for nodes in arrival order: requested ranks if they form 0..n-1, else arrival order."""
+    n = len(requested)
+    if sorted(requested) == list(range(n)):
+        return requested
+    return list(range(n))

@@ -1,0 +1,151 @@
+"""The scheduler and the node side of its protocol, in one process over loopback TCP."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import zmq
+
+import pskv
+from pskv.cluster import Membership, RequestTracker, Scheduler
+from pskv.config import ClusterConfig
+from pskv.protocol import Role
+from pskv.transport import Reactor
+
+WAIT = 20.0
+
+
+class Node:
+    def __init__(self, ctx, cluster: ClusterConfig, role: Role, address: str = "") -> None:
+        self.reactor = Reactor(ctx, f"test-{role.name.lower()}")
+        self.tracker = RequestTracker()
+        self.dead: list[int] = []
+        self.member = Membership(cluster, self.reactor, self.tracker, role, address, on_dead=self.dead.append)
+        self.reactor.start()
+
+    def stop(self) -> None:
+        self.reactor.stop()
+
+
+@pytest.fixture
+def ctx():
+    context = zmq.Context()
+    yield context
+    context.term()
+
+
+def start_cluster(ctx, servers: int, workers: int, **settings):
+    sched_cfg = ClusterConfig(num_servers=servers, num_workers=workers, **settings)
+    scheduler = Scheduler(sched_cfg, ctx, address="tcp://127.0.0.1:0")
+    scheduler.start()
+    port = int(scheduler.address.rsplit(":", 1)[1])
+    cfg = ClusterConfig(root_uri="127.0.0.1", root_port=port, num_servers=servers, num_workers=workers, **settings)
+    nodes = [Node(ctx, cfg, Role.SERVER, f"tcp://127.0.0.1:{5000 + i}") for i in range(servers)]
+    nodes += [Node(ctx, cfg, Role.WORKER) for _ in range(workers)]
+    with ThreadPoolExecutor(len(nodes)) as pool:
+        infos = list(pool.map(lambda n: n.member.register(), nodes))
+    return scheduler, nodes, infos
+
+
+def test_registration_assigns_ranks_ids_and_server_addresses(ctx):
+    scheduler, nodes, infos = start_cluster(ctx, 2, 3)
+    try:
+        servers, workers = infos[:2], infos[2:]
+        assert sorted(i.rank for i in servers) == [0, 1] and sorted(i.rank for i in workers) == [0, 1, 2]
+        assert sorted(i.node_id for i in servers) == [8, 10] and sorted(i.node_id for i in workers) == [9, 11, 13]
+        by_rank = {i.rank: n for i, n in zip(servers, nodes)}
+        assert infos[2].servers == tuple(by_rank[r].member._address for r in range(2))
+        assert all(i.num_workers == 3 and i.num_servers == 2 for i in infos)
+    finally:
+        for n in nodes:
+            n.stop()
+        scheduler.stop()
+
+
+def test_barrier_waits_for_every_worker(ctx):
+    scheduler, nodes, _ = start_cluster(ctx, 1, 2)
+    try:
+        workers = nodes[1:]
+        first_done = threading.Event()
+
+        def first() -> None:
+            workers[0].member.barrier(Role.WORKER, WAIT)
+            first_done.set()
+
+        t = threading.Thread(target=first)
+        t.start()
+        assert not first_done.wait(0.3)  # the second worker has not arrived
+        workers[1].member.barrier(Role.WORKER, WAIT)
+        assert first_done.wait(WAIT)
+        t.join(WAIT)
+        with pytest.raises(pskv.RemoteError, match="not in barrier group"):
+            nodes[0].member.barrier(Role.WORKER, WAIT)  # a server is no worker
+    finally:
+        for n in nodes:
+            n.stop()
+        scheduler.stop()
+
+
+def test_a_silent_node_is_declared_dead_and_a_barrier_fails_naming_it(ctx):
+    scheduler, nodes, infos = start_cluster(ctx, 1, 2, heartbeat_interval=0.05, heartbeat_timeout=0.5)
+    try:
+        victim = nodes[2]
+        victim_name = f"worker {infos[2].rank}"
+        victim.stop()  # no more heartbeats
+        start = time.monotonic()
+        with pytest.raises(pskv.NodeFailedError, match=f"{victim_name} dead"):
+            nodes[1].member.barrier(Role.WORKER, WAIT)
+        assert time.monotonic() - start < 5
+        deadline = time.monotonic() + WAIT
+        while infos[2].node_id not in nodes[0].dead and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert infos[2].node_id in nodes[0].dead  # the server heard it through its heartbeats
+        assert nodes[0].member.num_dead_node(Role.WORKER, timeout=0.4) >= 1
+        assert nodes[0].member.num_dead_node(Role.SCHEDULER, timeout=5) == 0
+    finally:
+        for n in nodes:
+            n.stop()
+        scheduler.stop()
+
+
+def test_scheduler_death_is_noticed(ctx):
+    scheduler, nodes, _ = start_cluster(ctx, 1, 1, heartbeat_interval=0.05, heartbeat_timeout=0.4)
+    try:
+        scheduler.stop()
+        with pytest.raises(pskv.NodeFailedError, match="scheduler failed"):
+            nodes[1].member.barrier(Role.WORKER, WAIT)
+    finally:
+        for n in nodes:
+            n.stop()
+
+
+def test_shutdown_ends_the_job(ctx):
+    scheduler, nodes, _ = start_cluster(ctx, 1, 2)
+    try:
+        server_told = threading.Event()
+        threading.Thread(target=lambda: (nodes[0].member.shutdown(True, WAIT), server_told.set())).start()
+        nodes[1].member.shutdown(False, WAIT)
+        assert not server_told.wait(0.2)
+        nodes[2].member.shutdown(False, WAIT)
+        assert server_told.wait(WAIT)
+        deadline = time.monotonic() + WAIT
+        while not scheduler.finished and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert scheduler.finished
+    finally:
+        for n in nodes:
+            n.stop()
+        scheduler.stop()
+
+
+def test_registration_timeout_names_the_scheduler(ctx):
+    cfg = ClusterConfig(root_uri="127.0.0.1", root_port=1, num_servers=1, num_workers=1, startup_timeout=0.3)
+    node = Node(ctx, cfg, Role.WORKER)
+    try:
+        with pytest.raises(pskv.OperationTimeoutError, match="could not join the cluster within 0.3 s: the scheduler at tcp://127.0.0.1:1"):
+            node.member.register()
+    finally:
+        node.stop()
