@@ -1,0 +1,222 @@
+"""The key-value state one server holds, and its sync / async aggregation rules. No I/O.
+
+A server holds *parts*: a whole small key, or one contiguous slice of a big key that is
+split over all servers. Each part is identified by ``(key, offset)``.
+
+Sync mode (``dist_sync``), per part:
+
+* a round collects exactly one push from each worker — distinct workers are counted,
+  not requests (MXNet counted requests, so one worker could complete a round alone);
+* a worker's second push before the round completes is queued for the next round;
+* when every worker has pushed, the updater runs once on the sum (or the sum becomes the
+  value), the round number advances, waiting pulls are answered, and queued pushes
+  start the next round;
+* a pull names the round it must see (the round its worker's last push joined) and is
+  parked until that round is complete — so consecutive pushes give every worker the
+  same values (MXNet's were undefined).
+
+Async mode (``dist_async``): each push is applied on arrival through the updater, which
+is required.
+
+Values are stored as NumPy arrays; bfloat16 parts are held as float32 (exact for
+bfloat16 values) and rounded back when sent.
+
+Replies are sent without copying, so a value array that may be in flight is never
+written again: without an updater a completed round *replaces* the value by the merge
+buffer (and the next round gets a fresh one); with an updater, which changes the value
+in place, :meth:`Part.wire_value` hands out a snapshot.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pskv.arrays.dtypes import numpy_dtype
+from pskv.errors import DTypeMismatchError, DuplicateKeyError, InvalidArgumentError, ShapeMismatchError, UnknownKeyError
+
+__all__ = ["Part", "ServerShard", "PartId", "bf16_bits_to_f32", "f32_to_bf16_bits"]
+
+PartId = tuple[int, int]  # (key, offset)
+Updater = Callable[[Any, Any, Any], None]
+
+
+def bf16_bits_to_f32(bits: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """bfloat16 bit patterns (uint16) to float32 values (exact)."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def f32_to_bf16_bits(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """float32 values to bfloat16 bit patterns, rounding to nearest even."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    rounded = u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))
+    return (rounded >> np.uint32(16)).astype(np.uint16)
+
+
+def storage_dtype(dtype: str) -> np.dtype[Any]:
+    """The NumPy dtype a part of ``dtype`` is stored in."""
+    return np.dtype(np.float32) if dtype == "bfloat16" else numpy_dtype(dtype)
+
+
+def to_storage(dtype: str, frame: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """A received frame as numbers of the storage dtype (a view when no conversion is needed)."""
+    return bf16_bits_to_f32(frame) if dtype == "bfloat16" else frame
+
+
+@dataclass
+class Part:
+    """One stored part and its aggregation state."""
+
+    key: int
+    offset: int
+    dtype: str
+    value: np.ndarray[Any, Any]
+    round: int = 0  # completed rounds (sync) / applied pushes (async)
+    merge: np.ndarray[Any, Any] | None = None
+    pushed: set[int] = field(default_factory=set)
+    queued: dict[int, deque[np.ndarray[Any, Any]]] = field(default_factory=dict)
+    waiting: list[tuple[int, Callable[[Part], None]]] = field(default_factory=list)
+
+    def wire_value(self, snapshot: bool) -> np.ndarray[Any, Any]:
+        """The value as it travels (bfloat16 as bits); ``snapshot`` copies it."""
+        if self.dtype == "bfloat16":
+            return f32_to_bf16_bits(self.value)
+        return self.value.copy() if snapshot else self.value
+
+
+class ServerShard:
+    """All parts of one server.
+
+    Args:
+        num_workers: workers whose pushes make up one sync round.
+        sync: sync (True) or async (False) aggregation.
+    """
+
+    def __init__(self, num_workers: int, sync: bool = True) -> None:
+        self.num_workers = num_workers
+        self.sync = sync
+        self.parts: dict[PartId, Part] = {}
+        self.updater: Updater | None = None
+
+    # -- init -------------------------------------------------------------------------
+    def init(self, key: int, offset: int, dtype: str, frame: np.ndarray[Any, Any]) -> None:
+        """Create a part from rank 0's value.
+
+        Raises:
+            DuplicateKeyError: the part exists.
+        """
+        pid = (key, offset)
+        if pid in self.parts:
+            raise DuplicateKeyError(key)
+        value = np.array(to_storage(dtype, frame), dtype=storage_dtype(dtype), copy=True).reshape(-1)
+        self.parts[pid] = Part(key, offset, dtype, value)
+
+    def part(self, key: int, offset: int, op: str) -> Part:
+        """The part ``(key, offset)``.
+
+        Raises:
+            UnknownKeyError: it was never initialised.
+        """
+        p = self.parts.get((key, offset))
+        if p is None:
+            raise UnknownKeyError(key, op)
+        return p
+
+    def check(self, key: int, offset: int, dtype: str, size: int, op: str) -> Part:
+        """The part, after checking that an incoming frame fits it.
+
+        Raises:
+            UnknownKeyError, DTypeMismatchError, ShapeMismatchError.
+        """
+        p = self.part(key, offset, op)
+        if dtype != p.dtype:
+            raise DTypeMismatchError(key, op, p.dtype, dtype)
+        if size != p.value.size:
+            raise ShapeMismatchError(key, op, (p.value.size,), (size,))
+        return p
+
+    # -- push -------------------------------------------------------------------------
+    def push(self, part: Part, worker: int, frame: np.ndarray[Any, Any]) -> int:
+        """Add ``worker``'s push to ``part``.
+
+        Returns:
+            The round this push belongs to (1-based): its effect is visible to a pull
+            that waits for this round.
+
+        Raises:
+            InvalidArgumentError: async mode without an updater.
+            Exception: the updater's own error (the part is unchanged in sync mode).
+        """
+        data = to_storage(part.dtype, frame.reshape(-1))
+        if not self.sync:
+            if self.updater is None:
+                raise InvalidArgumentError(
+                    "dist_async applies every push through the optimizer: call set_optimizer "
+                    "(or set an updater on the servers) before pushing"
+                )
+            self.updater(part.key, data, part.value)
+            part.round += 1
+            self._answer(part)
+            return part.round
+        if worker in part.pushed:
+            queue = part.queued.setdefault(worker, deque())
+            queue.append(np.array(data, copy=True))
+            return part.round + 1 + len(queue)
+        self._add(part, worker, data)
+        joined = part.round + 1
+        if len(part.pushed) == self.num_workers:
+            self._complete(part)
+        return joined
+
+    def _add(self, part: Part, worker: int, data: np.ndarray[Any, Any]) -> None:
+        if not part.pushed:
+            if part.merge is None:
+                part.merge = np.empty_like(part.value)
+            np.copyto(part.merge, data)
+        else:
+            assert part.merge is not None
+            np.add(part.merge, data, out=part.merge)
+        part.pushed.add(worker)
+
+    def _complete(self, part: Part) -> None:
+        """Apply a full round, answer pulls, and start queued pushes (possibly repeatedly)."""
+        while True:
+            assert part.merge is not None
+            if self.updater is None:
+                part.value, part.merge = part.merge, None  # the old value may be in flight
+            else:
+                self.updater(part.key, part.merge, part.value)
+            part.round += 1
+            part.pushed.clear()
+            self._answer(part)
+            for worker in list(part.queued):
+                queue = part.queued[worker]
+                self._add(part, worker, queue.popleft())
+                if not queue:
+                    del part.queued[worker]
+            if len(part.pushed) < self.num_workers:
+                return
+
+    # -- pull -------------------------------------------------------------------------
+    def pull(self, part: Part, min_round: int, ready: Callable[[Part], None]) -> None:
+        """Call ``ready(part)`` once ``part`` has completed ``min_round`` (now, or later)."""
+        if part.round >= min_round:
+            ready(part)
+        else:
+            part.waiting.append((min_round, ready))
+
+    def _answer(self, part: Part) -> None:
+        if not part.waiting:
+            return
+        now = [cb for r, cb in part.waiting if r <= part.round]
+        part.waiting = [(r, cb) for r, cb in part.waiting if r > part.round]
+        for cb in now:
+            cb(part)
+
+    def stalled(self) -> list[tuple[PartId, int, set[int]]]:
+        """Parts with an incomplete round: ``(part id, round, workers that pushed)``."""
+        return [(pid, p.round + 1, set(p.pushed)) for pid, p in self.parts.items() if p.pushed]
