@@ -13,6 +13,7 @@ from pskv.arrays.backend import (
     empty,
     fan_out,
     fan_out_many,
+    from_wire,
     is_array,
     is_torch,
     signature,
@@ -20,6 +21,7 @@ from pskv.arrays.backend import (
     sum_into_many,
     take_rows,
     to_numpy,
+    wire_view,
 )
 from pskv.arrays.dtypes import FLOAT_DTYPES, SUPPORTED_DTYPES, is_float, itemsize, numpy_dtype, torch_dtype
 from pskv.arrays.kernels import CpuKernels
@@ -46,5 +48,7 @@ __all__ = [
     "sum_into_many",
     "take_rows",
     "to_numpy",
+    "from_wire",
+    "wire_view",
     "torch_dtype",
 ]

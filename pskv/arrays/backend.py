@@ -37,6 +37,8 @@ __all__ = [
     "fan_out_many",
     "sum_into_many",
     "take_rows",
+    "wire_view",
+    "from_wire",
     "to_numpy",
 ]
 
@@ -266,6 +268,28 @@ def _torch_sum(dst: Array, srcs: Sequence[Array]) -> None:
         d.copy_(first)
     for s in srcs[1:]:
         d.add_(_as_torch(s, device))
+
+
+def wire_view(x: Array) -> np.ndarray[Any, Any]:
+    """A flat NumPy view of a CPU array's raw elements (bfloat16 tensors as uint16 bits)."""
+    v = _numpy_view(x)
+    if v is not None:
+        return v.reshape(-1)
+    torch = _torch_module()
+    t = x.detach()
+    if t.device.type != "cpu" or t.dtype is not torch.bfloat16:
+        raise UnsupportedValueError("wire_view needs a CPU array")
+    return t.reshape(-1).view(torch.int16).numpy().view(np.uint16)  # type: ignore[no-any-return]
+
+
+def from_wire(frame: np.ndarray[Any, Any], meta: ArrayMeta) -> Array:
+    """A CPU array of ``meta``'s kind viewing a received frame (bfloat16 from uint16 bits)."""
+    if meta.backend == "numpy":
+        return frame
+    torch = _torch_module()
+    if meta.dtype == "bfloat16":
+        return torch.from_numpy(frame.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(frame)
 
 
 def take_rows(src: Array, rows: np.ndarray[Any, Any], dst: Array) -> None:

@@ -180,7 +180,7 @@ class Membership:
         """
         self._request(Command.BARRIER, {"group": group}, f"barrier (group {group})").wait(timeout)
 
-    def shutdown(self, wait: bool, timeout: float) -> dict[str, Any]:
+    def shutdown(self, wait: bool, timeout: float | None) -> dict[str, Any]:
         """Tell the scheduler this node is done; with ``wait``, block until the job ends."""
         reply = self._request(Command.SHUTDOWN, {"wait": wait}, "shutdown").wait(timeout)
         return json_body(reply)

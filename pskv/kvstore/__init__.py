@@ -1,22 +1,25 @@
 """The key-value store API: ``create`` and the store classes.
 
-Layering: ``kvstore`` sits above ``arrays`` and ``optimizer``; the distributed stores
-(later) add their transport underneath without changing this surface.
+Layering: ``kvstore`` sits above ``arrays``, ``optimizer`` and (for the distributed
+stores) ``worker``; it is the surface users see.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable
 from typing import Any
 
-from pskv.config import Config
+from pskv.config import ClusterConfig, Config
 from pskv.errors import InvalidArgumentError, InvalidTypeError
 from pskv.kvstore.base import RESERVED_NAMES, KVStoreBase
 from pskv.kvstore.engine import OpHandle
 from pskv.kvstore.local import LocalStore
 
-__all__ = ["KVStoreBase", "LocalStore", "OpHandle", "create", "known_types"]
+DIST_TYPES = ("dist", "dist_sync", "dist_async", "dist_sync_device", "dist_device_sync", "dist_async_device")
+
+__all__ = ["DIST_TYPES", "KVStoreBase", "LocalStore", "OpHandle", "create", "known_types"]
 
 # name -> factory(name, config). MXNet's historical local names are aliases.
 _BUILTIN: dict[str, Callable[[str, Config | None], KVStoreBase]] = {
@@ -28,12 +31,30 @@ _BUILTIN: dict[str, Callable[[str, Config | None], KVStoreBase]] = {
 }
 
 
+def _run_role_or_connect(name: str, config: Config | None, cluster: ClusterConfig | None) -> KVStoreBase:
+    """A worker gets a DistStore; a server or scheduler process serves its role, then exits.
+
+    Cluster managers often start the same command for every role (MXNet did the same),
+    so ``create('dist_*')`` in a process whose ``DMLC_ROLE`` is ``server`` or
+    ``scheduler`` runs that role until the job ends and exits the process.
+    """
+    cluster = ClusterConfig.from_env() if cluster is None else cluster
+    if cluster.role == "worker":
+        from pskv.kvstore.dist import DistStore
+
+        return DistStore(name, config, cluster)
+    from pskv.roles import run_role
+
+    sys.exit(run_role(cluster))
+
+
 def known_types() -> list[str]:
     """Every name ``create`` accepts: pskv's store types and registered custom ones."""
-    return sorted(set(_BUILTIN) | set(KVStoreBase.kv_registry))
+    return sorted(set(_BUILTIN) | set(DIST_TYPES) | set(KVStoreBase.kv_registry))
 
 
-def create(name: str = "local", *, config: Config | None = None, **settings: Any) -> KVStoreBase:
+def create(name: str = "local", *, config: Config | None = None, cluster: ClusterConfig | None = None,
+           **settings: Any) -> KVStoreBase:
     """Create a key-value store.
 
     Args:
@@ -43,6 +64,8 @@ def create(name: str = "local", *, config: Config | None = None, **settings: Any
             ``'local_allreduce_device'``), or the lower-cased name of a class registered
             with :meth:`KVStoreBase.register`. Case-insensitive.
         config: settings for pskv's own stores (default: from the environment).
+        cluster: the cluster contract of a ``dist_*`` store (default: from the
+            ``DMLC_*`` environment that ``pskv launch`` sets).
         **settings: individual :class:`~pskv.config.Config` fields overriding the
             environment, e.g. ``engine_threads=4``.
 
@@ -54,13 +77,15 @@ def create(name: str = "local", *, config: Config | None = None, **settings: Any
     if not isinstance(name, str):
         raise InvalidTypeError(f"store type name must be a string, got {type(name).__qualname__}")
     lname = name.lower()
+    if settings:
+        config = Config.from_env(**settings) if config is None else _with(config, settings)
     if lname in _BUILTIN:
-        if settings:
-            config = Config.from_env(**settings) if config is None else _with(config, settings)
         return _BUILTIN[lname](lname, config)
+    if lname in DIST_TYPES:
+        return _run_role_or_connect(lname, config, cluster)
     if lname in KVStoreBase.kv_registry:
         return KVStoreBase.kv_registry[lname]()
-    hint = " (not available in this version of pskv)" if lname in RESERVED_NAMES else ""
+    hint = " (not available in this version of pskv)" if lname in RESERVED_NAMES else ""  # e.g. byteps
     raise InvalidArgumentError(f"unknown store type {name!r}{hint}; known types: {', '.join(known_types())}")
 
 

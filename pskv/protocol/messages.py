@@ -50,7 +50,7 @@ class Command(enum.IntEnum):
     # worker -> server: data
     INIT = 10
     PUSH = 11
-    PULL = 12
+    PULL = 12  # body: JSON {parts: [[key, offset, min_round], ...]}; no data frames
     PUSHPULL = 13
     ROW_SPARSE_PULL = 14
     # worker -> server: control
@@ -59,6 +59,7 @@ class Command(enum.IntEnum):
     SAVE_STATES = 22  # body: JSON {path}
     LOAD_STATES = 23
     STOP = 24
+    SET_MODE = 25  # body: JSON {sync: bool}; sent by worker 0 when a dist store is created
     # replies
     REPLY = 40
     ERROR = 41  # body: JSON {type, message}

@@ -1,0 +1,492 @@
+"""The distributed stores: ``dist_sync`` (alias ``dist``), ``dist_async``, ``dist_sync_device``.
+
+A worker process's store talks to the servers through a
+:class:`~pskv.worker.client.WorkerClient`. Each call first reduces the values of a key
+locally (the per-device list is summed in this process — on the values' device for the
+``_device`` types), then sends **one message per server** holding every part of every
+key of the call, and waits for the replies (each wait bounded by
+``PSKV_REQUEST_TIMEOUT``; a dead server or scheduler raises
+:class:`~pskv.errors.NodeFailedError` instead).
+
+Consistency (sync): a push returns once the servers have the data; a later pull waits
+for the round that push joined, so every worker sees the same values after the same
+pushes. Operations of this process run under the same engine as the local store:
+per-key issue order, priorities, ``block=False`` handles.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pskv.arrays import (
+    ArrayMeta,
+    CpuKernels,
+    describe,
+    empty,
+    fan_out_many,
+    from_wire,
+    signature,
+    sum_into_many,
+    wire_view,
+)
+from pskv.config import ClusterConfig, Config
+from pskv.errors import (
+    DTypeMismatchError,
+    DuplicateKeyError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    NotSupportedError,
+    ShapeMismatchError,
+    StoreClosedError,
+    UnknownKeyError,
+)
+from pskv.kvstore.base import KVStoreBase
+from pskv.kvstore.engine import Engine, OpHandle
+from pskv.kvstore.keys import Key, KeyKind, as_key_list, pair_up
+from pskv.partition import server_key, split
+from pskv.protocol import ArraySpec, Command, Role, frame_array
+from pskv.worker import WorkerClient
+
+__all__ = ["DistStore"]
+
+log = logging.getLogger("pskv.dist")
+
+
+
+@dataclass
+class _Key:
+    """What a worker knows about one key: its layout on the servers and its last rounds."""
+
+    key: Key
+    skey: int
+    meta: ArrayMeta  # of the value given to init (shape, dtype, kind, device)
+    parts: list[tuple[int, int, int]]  # (server, offset, length)
+    rounds: list[int]  # per part: the round this worker's last push joined
+    send: Any = None  # CPU buffer of the meta's kind: the locally reduced value
+    recv: Any = None  # CPU buffer assembling a split value
+
+
+class DistStore(KVStoreBase):
+    """A worker's handle on the parameter server.
+
+    Use :func:`pskv.create` with a ``dist_*`` name inside a process started by
+    ``pskv launch`` (or with the ``DMLC_*`` environment set).
+
+    Args:
+        name: the store type.
+        config: local settings (kernels, engine).
+        cluster: the cluster contract (default: from the environment).
+    """
+
+    def __init__(self, name: str = "dist_sync", config: Config | None = None,
+                 cluster: ClusterConfig | None = None, context: Any = None) -> None:
+        self._type = name
+        self._sync = "async" not in name
+        self._on_device = "device" in name
+        self._config = Config.from_env() if config is None else config
+        self._cluster = ClusterConfig.from_env() if cluster is None else cluster
+        self._cluster.require_cluster()
+        self._kernels = CpuKernels(self._config.kernel_threads, self._config.kernel_parallel_bytes)
+        self._engine = Engine(self._config.engine_threads, name=f"pskv-{name}")
+        self._keys: dict[Key, _Key] = {}
+        self._key_kind = KeyKind()
+        self._closed = False
+        self._barrier_before_exit = True
+        self._client = WorkerClient(self._cluster, context)
+        try:
+            info = self._client.connect()
+            self._rank = info.rank
+            self._num_workers = info.num_workers
+            self._num_servers = info.num_servers
+            if self._rank == 0:
+                body = json.dumps({"sync": self._sync})
+                self._wait_all([self._client.request(s, Command.SET_MODE, body=body, what="set mode")
+                                for s in range(self._num_servers)])
+            self.barrier()
+        except BaseException:
+            self._client.close()
+            raise
+
+    # -- properties ---------------------------------------------------------------------
+    @property
+    def type(self) -> str:
+        """The type name given to ``create``."""
+        return self._type
+
+    @property
+    def rank(self) -> int:
+        """This worker's rank."""
+        return self._rank
+
+    @property
+    def num_workers(self) -> int:
+        """Number of workers in the job."""
+        return self._num_workers
+
+    @classmethod
+    def is_capable(cls, capability: str) -> bool:
+        """``'optimizer'``: True (servers run it). ``'row_sparse_pull'``: not yet across processes.
+
+        Raises:
+            InvalidArgumentError: unknown capability.
+        """
+        return cls._capability(capability) == cls.OPTIMIZER
+
+    # -- plumbing -----------------------------------------------------------------------
+    def _check_open(self, op: str) -> None:
+        if self._closed:
+            raise StoreClosedError(f"cannot {op}: the store is closed")
+
+    def _timeout(self, timeout: float | None) -> float:
+        return self._cluster.request_timeout if timeout is None else timeout
+
+    def _wait_all(self, pendings: Sequence[Any], timeout: float | None = None) -> list[Any]:
+        limit = self._timeout(timeout)
+        return [p.wait(limit) for p in pendings]
+
+    def _key_list(self, key: Any, creates: bool = False) -> tuple[list[Key], bool]:
+        keys, single = as_key_list(key)
+        self._key_kind.check(keys, fix=creates)
+        return keys, single
+
+    def _record(self, key: Key, op: str) -> _Key:
+        rec = self._keys.get(key)
+        if rec is None:
+            raise UnknownKeyError(key, op)
+        return rec
+
+    @staticmethod
+    def _check_like(rec: _Key, arrays: Sequence[Any], op: str) -> None:
+        for a in arrays:
+            shape, dtype = signature(a)
+            if shape != rec.meta.shape:
+                raise ShapeMismatchError(rec.key, op, rec.meta.shape, shape)
+            if dtype != rec.meta.dtype:
+                raise DTypeMismatchError(rec.key, op, rec.meta.dtype, dtype)
+
+    def _submit(self, op: str, keys: Sequence[Key], priority: int, fn: Callable[[], Any], block: bool,
+                timeout: float | None) -> Any:
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise InvalidTypeError(f"priority must be an int, got {type(priority).__qualname__}")
+        return self._engine.submit(op, keys, priority, fn, block, self._timeout(timeout))
+
+    def _reduce(self, pairs: Sequence[tuple[_Key, list[Any]]]) -> None:
+        """Sum each key's device values into its CPU send buffer."""
+        for rec, _ in pairs:
+            if rec.send is None:
+                rec.send = empty(rec.meta, device="cpu")
+        if self._on_device:
+            # sum where the values live, then one transfer per key
+            staged = []
+            for rec, vals in pairs:
+                dev = describe(vals[0]).device
+                if dev != "cpu" and len(vals) > 1:
+                    acc = empty(rec.meta, device=dev)
+                    sum_into_many([(acc, vals)], self._kernels)
+                    vals = [acc]
+                staged.append((rec.send, vals))
+            sum_into_many(staged, self._kernels)
+        else:
+            sum_into_many([(rec.send, vals) for rec, vals in pairs], self._kernels)
+
+    def _by_server(self, recs: Sequence[_Key]) -> dict[int, list[tuple[_Key, int]]]:
+        groups: dict[int, list[tuple[_Key, int]]] = defaultdict(list)
+        for rec in recs:
+            for i, (server, _, _) in enumerate(rec.parts):
+                groups[server].append((rec, i))
+        return groups
+
+    @staticmethod
+    def _spec(rec: _Key, i: int) -> ArraySpec:
+        _, offset, length = rec.parts[i]
+        return ArraySpec(rec.skey, rec.meta.dtype, (length,), offset, rec.rounds[i])
+
+    @staticmethod
+    def _slice(rec: _Key, buffer: Any, i: int) -> np.ndarray[Any, Any]:
+        _, offset, length = rec.parts[i]
+        return wire_view(buffer)[offset: offset + length]
+
+    def _send_values(self, command: Command, recs: Sequence[_Key], priority: int, body: str = "") -> dict[int, Any]:
+        """One ``command`` message per server with every part of ``recs`` (from their send buffers)."""
+        pendings = {}
+        for server, items in self._by_server(recs).items():
+            specs = tuple(self._spec(rec, i) for rec, i in items)
+            data = [self._slice(rec, rec.send, i) for rec, i in items]
+            pendings[server] = (items, self._client.request(server, command, specs, data, body, priority))
+        return pendings
+
+    def _collect(self, pendings: dict[int, Any], timeout: float | None, track_rounds: bool = False) -> dict[int, Any]:
+        """Wait for replies; returns the received value of each key (a CPU array of its kind).
+
+        With ``track_rounds`` the rounds in the reply become the keys' last-push rounds.
+        """
+        limit = self._timeout(timeout)
+        values: dict[int, Any] = {}
+        for items, pending in pendings.values():
+            header = pending.wait(limit)
+            if len(header.arrays) != len(items):
+                continue
+            for (rec, i), spec, buf in zip(items, header.arrays, pending.buffers):
+                frame = frame_array(spec, buf)
+                if track_rounds:
+                    rec.rounds[i] = spec.round
+                if spec.offset != rec.parts[i][1] or frame.size != rec.parts[i][2]:
+                    raise InvalidArgumentError(f"server reply for key {rec.key!r} does not match its layout")
+                if len(rec.parts) == 1:
+                    values[id(rec)] = from_wire(frame, rec.meta).reshape(rec.meta.shape)
+                else:
+                    if rec.recv is None:
+                        rec.recv = empty(rec.meta, device="cpu")
+                    self._slice(rec, rec.recv, i)[...] = frame
+                    values[id(rec)] = rec.recv
+        return values
+
+    # -- init ---------------------------------------------------------------------------
+    def init(self, key: Any, value: Any) -> None:
+        """Initialise keys on every worker; rank 0's values are used.
+
+        Every worker must call ``init`` for the same keys; it returns when the keys are
+        initialised for everyone.
+
+        Raises:
+            DuplicateKeyError, KeyTypeError, UnsupportedValueError: as the local store.
+            NodeFailedError: a server or worker died meanwhile.
+        """
+        self._check_open("init")
+        keys, single = self._key_list(key)
+        pairs = pair_up(keys, single, value, "value")
+        recs = []
+        seen: set[Key] = set()
+        for k, vals in pairs:
+            if len(vals) != 1:
+                raise InvalidArgumentError(f"init of key {k!r} got {len(vals)} values; give exactly one")
+            if k in seen or k in self._keys:
+                raise DuplicateKeyError(k)
+            seen.add(k)
+            meta = describe(vals[0])
+            skey = server_key(k)
+            parts = split(skey, meta.size, self._num_servers, self._cluster.bigarray_bound)
+            recs.append((_Key(k, skey, meta, parts, [0] * len(parts)), vals))
+        self._key_kind.check(keys, fix=True)
+        if self._rank == 0:
+            self._reduce(recs)
+            self._collect(self._send_values(Command.INIT, [r for r, _ in recs], 0), None)
+        for rec, _ in recs:
+            self._keys[rec.key] = rec
+        self.barrier()
+
+    # -- push / pull --------------------------------------------------------------------
+    def _push_pairs(self, key: Any, value: Any, op: str) -> list[tuple[_Key, list[Any]]]:
+        keys, single = self._key_list(key)
+        merged: dict[Key, list[Any]] = {}
+        for k, vals in pair_up(keys, single, value, "value"):
+            merged.setdefault(k, []).extend(vals)
+        out = []
+        for k, vals in merged.items():
+            rec = self._record(k, op)
+            self._check_like(rec, vals, op)
+            out.append((rec, vals))
+        return out
+
+    def _do_push(self, pairs: list[tuple[_Key, list[Any]]], priority: int, timeout: float | None) -> None:
+        self._reduce(pairs)
+        recs = [rec for rec, _ in pairs]
+        pendings = self._send_values(Command.PUSH, recs, priority)
+        limit = self._timeout(timeout)
+        for items, pending in pendings.values():
+            header = pending.wait(limit)
+            rounds = json.loads(header.body).get("rounds", []) if header.body else []
+            for (rec, i), r in zip(items, rounds):
+                rec.rounds[i] = int(r)
+
+    def push(self, key: Any, value: Any, priority: int = 0, *, block: bool = True,
+             timeout: float | None = None) -> OpHandle | None:
+        """Push values: summed locally, then summed over workers on the servers.
+
+        Returns once the servers hold the data (not when the round completes).
+
+        Raises:
+            UnknownKeyError, ShapeMismatchError, DTypeMismatchError: as the local store.
+            RemoteError: a server refused (e.g. ``dist_async`` without an optimizer).
+            NodeFailedError: a server or the scheduler died.
+            OperationTimeoutError: no reply within the request timeout.
+        """
+        self._check_open("push")
+        pairs = self._push_pairs(key, value, "push")
+        keys = [rec.key for rec, _ in pairs]
+        result = self._submit("push", keys, priority, lambda: self._do_push(pairs, priority, timeout), block, timeout)
+        return result if not block else None
+
+    def _pull_requests(self, recs: Sequence[_Key], priority: int) -> dict[int, Any]:
+        pendings = {}
+        for server, items in self._by_server(recs).items():
+            body = json.dumps({"parts": [[rec.skey, rec.parts[i][1], rec.rounds[i]] for rec, i in items]})
+            pendings[server] = (items, self._client.request(server, Command.PULL, body=body, priority=priority))
+        return pendings
+
+    def pull(self, key: Any, out: Any = None, priority: int = 0, *, block: bool = True,
+             timeout: float | None = None) -> Any:
+        """Pull the values (at least as new as this worker's last push) into ``out``.
+
+        ``out=None`` returns new arrays of the kind and device each key was
+        initialised with.
+
+        Raises:
+            UnknownKeyError, ShapeMismatchError, DTypeMismatchError, NodeFailedError,
+            OperationTimeoutError: as :meth:`push`.
+        """
+        self._check_open("pull")
+        keys, single = self._key_list(key)
+        recs = [self._record(k, "pull") for k in keys]
+        outs = None if out is None else pair_up(keys, single, out, "out")
+        if outs is not None:
+            for rec, (_, o) in zip(recs, outs):
+                self._check_like(rec, o, "pull")
+
+        def run() -> Any:
+            values = self._collect(self._pull_requests(recs, priority), timeout)
+            return self._deliver(recs, values, outs, single)
+        result = self._submit("pull", keys, priority, run, block, timeout)
+        return result if (not block or out is None) else None
+
+    def _deliver(self, recs: Sequence[_Key], values: dict[int, Any], outs: Any, single: bool) -> Any:
+        if outs is None:
+            arrays = []
+            for rec in recs:
+                new = empty(rec.meta)
+                fan_out_many([([new], values[id(rec)])], self._kernels)
+                arrays.append(new)
+            return arrays[0] if single else arrays
+        fan_out_many([(o, values[id(rec)]) for rec, (_, o) in zip(recs, outs)], self._kernels)
+        return None
+
+    def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0, *, block: bool = True,
+                 timeout: float | None = None) -> OpHandle | None:
+        """Push, then receive the round's result in the same exchange.
+
+        ``out=None`` writes the result back into ``value``.
+        """
+        self._check_open("pushpull")
+        pairs = self._push_pairs(key, value, "pushpull")
+        recs = [rec for rec, _ in pairs]
+        if out is None:
+            targets = [vals for _, vals in pairs]
+        else:
+            keys, single = self._key_list(key)
+            out_pairs = dict(pair_up(keys, single, out, "out"))
+            targets = [out_pairs[rec.key] for rec in recs]
+            for rec, o in zip(recs, targets):
+                self._check_like(rec, o, "pushpull")
+
+        def run() -> None:
+            self._reduce(pairs)
+            values = self._collect(self._send_values(Command.PUSHPULL, recs, priority), timeout, track_rounds=True)
+            fan_out_many([(o, values[id(rec)]) for rec, o in zip(recs, targets)], self._kernels)
+        result = self._submit("pushpull", [r.key for r in recs], priority, run, block, timeout)
+        return result if not block else None
+
+    def broadcast(self, key: Any, value: Any, out: Any = None, priority: int = 0, *, block: bool = True,
+                  timeout: float | None = None) -> OpHandle | None:
+        """Rank 0's ``value`` into the store (new keys are created) and into every ``out``.
+
+        Collective: every worker calls it.
+        """
+        self._check_open("broadcast")
+        keys, single = self._key_list(key)
+        values = pair_up(keys, single, value, "value")
+        for k, vals in values:
+            if len(vals) != 1:
+                raise InvalidArgumentError(f"broadcast of key {k!r} got {len(vals)} values; give exactly one")
+        fresh = {k for k, _ in values if k not in self._keys}
+        if fresh:
+            self.init([k for k, _ in values if k in fresh], [v[0] for k, v in values if k in fresh])
+        existing = [(self._keys[k], v) for k, v in values if k not in fresh]
+        if existing:
+            for rec, vals in existing:
+                self._check_like(rec, vals, "broadcast")
+            if self._rank == 0:
+                self._reduce(existing)
+                recs = [rec for rec, _ in existing]
+                self._collect(self._send_values(Command.INIT, recs, priority, body='{"overwrite": true}'), timeout)
+            self.barrier()
+        if out is not None:
+            return self.pull(key, out=out, priority=priority, block=block, timeout=timeout)
+        return None
+
+    # -- optimizer / updater --------------------------------------------------------------
+    def set_optimizer(self, optimizer: Any) -> None:
+        """Install ``optimizer`` on every server (sent as its config, never pickled).
+
+        Collective: rank 0 sends it, everyone waits at a barrier. Calling it again
+        updates the hyperparameters and keeps the optimizer state.
+        """
+        from pskv.optimizer import Optimizer
+
+        self._check_open("set_optimizer")
+        if not isinstance(optimizer, Optimizer):
+            raise InvalidTypeError(f"set_optimizer needs a pskv.optimizer.Optimizer, got {type(optimizer).__qualname__}")
+        self.wait()
+        if self._rank == 0:
+            body = json.dumps(optimizer.to_config())
+            self._wait_all([self._client.request(s, Command.SET_OPTIMIZER, body=body, what="set_optimizer")
+                            for s in range(self._num_servers)])
+        self.barrier()
+
+    def set_updater(self, updater: Any) -> None:
+        """Not available: code never travels to the servers. Use :meth:`set_optimizer`."""
+        raise NotSupportedError(
+            "a distributed store cannot ship a Python function to its servers; use set_optimizer "
+            "with a pskv.optimizer optimizer"
+        )
+
+    def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
+        """Not yet available across processes."""
+        raise NotSupportedError("save_optimizer_states is not yet available for distributed stores")
+
+    def load_optimizer_states(self, fname: str) -> None:
+        """Not yet available across processes."""
+        raise NotSupportedError("load_optimizer_states is not yet available for distributed stores")
+
+    # -- cluster ------------------------------------------------------------------------
+    def barrier(self) -> None:
+        """Wait until every worker reached the barrier.
+
+        Raises:
+            NodeFailedError: a worker died (named).
+        """
+        self._check_open("barrier")
+        self._client.membership.barrier(Role.WORKER, self._cluster.request_timeout)
+
+    def num_dead_node(self, node_id: int, timeout: float = 60) -> int:
+        """Nodes of group ``node_id`` (1 scheduler, 2 servers, 4 workers, sums) silent for > ``timeout`` s."""
+        super().num_dead_node(node_id, timeout)  # validates
+        return self._client.membership.num_dead_node(node_id, timeout)
+
+    def wait(self, keys: Any = None, timeout: float | None = None) -> None:
+        """Wait for outstanding operations (on ``keys``, if given)."""
+        wanted = None if keys is None else as_key_list(keys)[0]
+        self._engine.wait_all(wanted, self._timeout(timeout))
+
+    def close(self) -> None:
+        """Finish queued work, meet the other workers (unless disabled), leave the job."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._engine.close(self._cluster.request_timeout)
+            if self._barrier_before_exit:
+                self._client.membership.barrier(Role.WORKER, self._cluster.request_timeout)
+            self._client.membership.shutdown(False, self._cluster.request_timeout)
+        finally:
+            self._kernels.close()
+            self._client.close()
+
+    def __enter__(self) -> DistStore:
+        return self

@@ -1,0 +1,59 @@
+"""Where keys live on the servers: key numbering and splitting of big arrays. Pure functions.
+
+* A store key becomes a *server key*, a signed 64-bit int: int keys are used as they
+  are; str keys are hashed (BLAKE2b, 63 bits) — the same on every worker whatever order
+  they were initialised in (MXNet numbered str keys by init order, so workers with
+  different orders silently swapped values).
+* Arrays with at least ``bigarray_bound`` elements are split into one contiguous slice
+  per server; smaller ones go whole to one server chosen by a stable hash of the key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from pskv.errors import KeyTypeError
+
+__all__ = ["server_key", "home_server", "split"]
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_MASK64 = (1 << 64) - 1
+
+
+def server_key(key: int | str) -> int:
+    """The server key of a store key.
+
+    Raises:
+        KeyTypeError: an int key outside the signed 64-bit range.
+    """
+    if isinstance(key, str):
+        digest = hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest()
+        return int.from_bytes(digest, "little") & _INT64_MAX
+    if not _INT64_MIN <= key <= _INT64_MAX:
+        raise KeyTypeError(f"int key {key} does not fit in 64 bits")
+    return key
+
+
+def _mix(x: int) -> int:
+    """SplitMix64 finaliser: spreads consecutive keys evenly."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def home_server(skey: int, num_servers: int) -> int:
+    """The server holding a small key."""
+    return _mix(skey & _MASK64) % num_servers
+
+
+def split(skey: int, size: int, num_servers: int, bound: int) -> list[tuple[int, int, int]]:
+    """``(server rank, element offset, element count)`` for each part of a key's value.
+
+    Big values (``size >= bound``) get one contiguous slice per server (boundaries
+    ``size * i // S``); smaller ones one part on :func:`home_server`.
+    """
+    if size >= bound and num_servers > 1:
+        cuts = [size * i // num_servers for i in range(num_servers + 1)]
+        return [(s, cuts[s], cuts[s + 1] - cuts[s]) for s in range(num_servers)]
+    return [(home_server(skey, num_servers), 0, size)]

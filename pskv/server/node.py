@@ -1,0 +1,208 @@
+"""The server node: registers with the scheduler, then serves its shard until the job ends.
+
+All work happens on the reactor thread: requests are decoded and validated there
+(:mod:`pskv.protocol.codec`), applied to the :class:`~pskv.server.shard.ServerShard`,
+and answered — at once, or later for pulls that wait for a sync round. A request that
+fails validation gets an ``ERROR`` reply naming the problem; the server keeps serving
+everyone else.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import zmq
+
+from pskv.cluster import Membership, RequestTracker
+from pskv.cluster.messages import error_frames, json_body, reply_frames
+from pskv.config import ClusterConfig
+from pskv.errors import InvalidArgumentError, KVStoreError, ProtocolError
+from pskv.protocol import ArraySpec, Command, Header, Role, decode, frame_array, node_role_rank
+from pskv.server.shard import Part, ServerShard, to_storage
+from pskv.transport import Reactor
+
+__all__ = ["ServerNode"]
+
+log = logging.getLogger("pskv.server")
+
+
+class ServerNode:
+    """One server process (or thread, in tests).
+
+    Args:
+        cluster: the cluster contract.
+        context: ZeroMQ context (a new one by default).
+    """
+
+    def __init__(self, cluster: ClusterConfig, context: zmq.Context[Any] | None = None) -> None:
+        self._cluster = cluster
+        self._own_context = context is None
+        self._ctx = zmq.Context() if context is None else context
+        self._reactor = Reactor(self._ctx, "pskv-server")
+        self._tracker = RequestTracker()
+        self._sid, self.address = self._reactor.bind_router(f"tcp://{cluster.node_host}:0", self._on_message)
+        self._membership = Membership(cluster, self._reactor, self._tracker, Role.SERVER, self.address)
+        self._shard = ServerShard(cluster.num_workers, sync=True)
+        self._rank = -1
+        self._handlers: dict[Command, Callable[[bytes, Header, list[memoryview]], None]] = {
+            Command.INIT: self._init,
+            Command.PUSH: self._push,
+            Command.PULL: self._pull,
+            Command.PUSHPULL: self._pushpull,
+            Command.SET_MODE: self._set_mode,
+            Command.SET_OPTIMIZER: self._set_optimizer,
+        }
+
+    @property
+    def name(self) -> str:
+        """``'server <rank>'``."""
+        return f"server {self._rank}"
+
+    # -- life cycle ---------------------------------------------------------------------
+    def run(self) -> None:
+        """Register, serve until every worker is done, then stop.
+
+        Raises:
+            NodeFailedError: the scheduler died.
+            OperationTimeoutError: the cluster did not assemble in time.
+        """
+        self._reactor.start()
+        try:
+            info = self._membership.register()
+            self._rank = info.rank
+            log.info("%s serving on %s", self.name, self.address)
+            # Wait for the end of the job. This wait has no deadline of its own: a job may
+            # run for days. It ends with NodeFailedError when the scheduler dies (the
+            # heartbeats notice within PS_HEARTBEAT_TIMEOUT).
+            self._membership.shutdown(wait=True, timeout=None)
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        """Stop serving and release the sockets (idempotent)."""
+        self._reactor.stop()
+        if self._own_context:
+            self._ctx.term()
+            self._own_context = False
+
+    # -- dispatch -----------------------------------------------------------------------
+    def _on_message(self, identity: bytes, frames: list[zmq.Frame]) -> None:
+        try:
+            header, buffers = decode(frames)
+        except ProtocolError as exc:
+            log.error("%s: rejected a malformed message from %r: %s", self.name, identity, exc)
+            return
+        handler = self._handlers.get(header.command)
+        try:
+            role, rank = node_role_rank(header.sender)
+            if role is not Role.WORKER or rank >= self._cluster.num_workers:
+                raise ProtocolError(f"sender {header.sender} is not a worker of this job")
+            if handler is None:
+                raise ProtocolError(f"a server does not handle {header.command.name}")
+            handler(identity, header, buffers)
+        except (KVStoreError, ValueError, TypeError) as exc:
+            if not isinstance(exc, KVStoreError):
+                log.exception("%s: %s failed", self.name, header.command.name)
+            self._reply(identity, error_frames(header, self._node_id(), type(exc).__name__, str(exc)))
+
+    def _node_id(self) -> int:
+        return self._membership.node_id
+
+    def _reply(self, identity: bytes, frames: list[Any]) -> None:
+        self._reactor.send_router(self._sid, identity, frames)
+
+    def _frames(self, header: Header, buffers: list[memoryview]) -> list[tuple[ArraySpec, np.ndarray[Any, Any]]]:
+        return [(spec, frame_array(spec, buf)) for spec, buf in zip(header.arrays, buffers)]
+
+    # -- handlers -----------------------------------------------------------------------
+    def _init(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
+        items = self._frames(header, buffers)
+        if json_body(header).get("overwrite") is True:  # broadcast to existing keys
+            parts = [(self._shard.check(spec.key, spec.offset, spec.dtype, data.size, "broadcast"), data)
+                     for spec, data in items]
+            for part, data in parts:
+                part.value = np.array(to_storage(part.dtype, data.reshape(-1)), dtype=part.value.dtype)
+            self._reply(identity, reply_frames(header, self._node_id()))
+            return
+        for spec, _ in items:
+            if (spec.key, spec.offset) in self._shard.parts:
+                raise KVStoreError(f"duplicate init of key {spec.key}")
+        for spec, data in items:
+            self._shard.init(spec.key, spec.offset, spec.dtype, data)
+        self._reply(identity, reply_frames(header, self._node_id()))
+
+    def _checked(self, header: Header, buffers: list[memoryview], op: str) -> list[tuple[Part, np.ndarray[Any, Any]]]:
+        items = self._frames(header, buffers)
+        return [(self._shard.check(spec.key, spec.offset, spec.dtype, data.size, op), data) for spec, data in items]
+
+    def _push(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
+        checked = self._checked(header, buffers, "push")
+        rounds = [self._shard.push(part, header.sender, data) for part, data in checked]
+        self._reply(identity, reply_frames(header, self._node_id(), {"rounds": rounds}))
+
+    def _pull(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
+        wanted = json_body(header).get("parts")
+        if not isinstance(wanted, list) or not all(
+            isinstance(w, list) and len(w) == 3 and all(type(v) is int for v in w) for w in wanted
+        ):
+            raise ProtocolError("PULL needs parts: [[key, offset, min_round], ...]")
+        parts = [(self._shard.part(k, o, "pull"), r) for k, o, r in wanted]
+        self._gather(identity, header, parts)
+
+    def _pushpull(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
+        checked = self._checked(header, buffers, "pushpull")
+        rounds = [self._shard.push(part, header.sender, data) for part, data in checked]
+        self._gather(identity, header, [(part, r) for (part, _), r in zip(checked, rounds)])
+
+    def _gather(self, identity: bytes, header: Header, parts: list[tuple[Part, int]]) -> None:
+        """Reply with every part's value once each has completed its round."""
+        results: list[Part | None] = [None] * len(parts)
+        remaining = [len(parts)]
+        snapshot = self._shard.updater is not None
+
+        def ready(i: int, part: Part) -> None:
+            results[i] = part
+            remaining[0] -= 1
+            if remaining[0] == 0:
+                specs, data = [], []
+                for p in results:
+                    assert p is not None
+                    value = p.wire_value(snapshot)
+                    specs.append(ArraySpec(p.key, p.dtype, (p.value.size,), p.offset, p.round))
+                    data.append(value)
+                self._reply(identity, reply_frames(header, self._node_id(), arrays=tuple(specs), data=data))
+
+        if not parts:
+            self._reply(identity, reply_frames(header, self._node_id()))
+            return
+        for i, (part, min_round) in enumerate(parts):
+            self._shard.pull(part, min_round, _bind(ready, i))
+
+    def _set_mode(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
+        sync = json_body(header).get("sync")
+        if not isinstance(sync, bool):
+            raise ProtocolError("SET_MODE needs {sync: bool}")
+        if self._shard.parts and sync != self._shard.sync:
+            raise InvalidArgumentError("the aggregation mode cannot change once keys exist")
+        self._shard.sync = sync
+        self._reply(identity, reply_frames(header, self._node_id()))
+
+    def _set_optimizer(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
+        from pskv.optimizer import Optimizer, Updater
+
+        optimizer = Optimizer.from_config(json_body(header))  # a config, never code
+        updater = self._shard.updater
+        if isinstance(updater, Updater):
+            updater.set_optimizer(optimizer)  # new hyperparameters, same state
+        else:
+            self._shard.updater = optimizer.get_updater()
+        self._reply(identity, reply_frames(header, self._node_id()))
+
+
+def _bind(fn: Callable[[int, Part], None], i: int) -> Callable[[Part], None]:
+    def call(part: Part) -> None:
+        fn(i, part)
+    return call
