@@ -31,9 +31,16 @@ def test_create_unknown_type_lists_known_types():
     assert isinstance(info.value, pskv.KVStoreError)
 
 
-def test_create_dist_type_is_refused_clearly():
-    with pytest.raises(pskv.InvalidArgumentError, match="dist_sync.*not available"):
+def test_dist_store_without_cluster_environment_says_what_is_missing(monkeypatch):
+    for var in ("DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER", "DMLC_NUM_WORKER"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(pskv.InvalidArgumentError, match="DMLC_PS_ROOT_URI.*DMLC_NUM_WORKER"):
         pskv.create("dist_sync")
+
+
+def test_reserved_but_unavailable_type_is_refused_clearly():
+    with pytest.raises(pskv.InvalidArgumentError, match="byteps.*not available"):
+        pskv.create("byteps")
 
 
 def test_create_name_must_be_str():
