@@ -58,6 +58,7 @@ class Scheduler:
         self._cluster = cluster
         self._own_context = context is None
         self._ctx = zmq.Context() if context is None else context
+        self._stop_lock = threading.Lock()
         self._reactor = Reactor(self._ctx, "pskv-scheduler")
         self._sid, self.address = self._reactor.bind_router(address or cluster.scheduler_address, self._on_message)
         self._pending: list[tuple[bytes, Header, dict[str, Any]]] = []  # registrations before all arrived
@@ -95,9 +96,10 @@ class Scheduler:
     def stop(self) -> None:
         """Stop serving and release the sockets (idempotent)."""
         self._reactor.stop()
-        if self._own_context:
-            self._ctx.term()
-            self._own_context = False
+        with self._stop_lock:  # run() and an outside stop() may both get here
+            if self._own_context:
+                self._own_context = False
+                self._ctx.term()
 
     @property
     def finished(self) -> bool:

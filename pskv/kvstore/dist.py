@@ -42,6 +42,7 @@ from pskv.errors import (
     DuplicateKeyError,
     InvalidArgumentError,
     InvalidTypeError,
+    NodeFailedError,
     NotSupportedError,
     ShapeMismatchError,
     StoreClosedError,
@@ -482,8 +483,14 @@ class DistStore(KVStoreBase):
         try:
             self._engine.close(self._cluster.request_timeout)
             if self._barrier_before_exit:
-                self._client.membership.barrier(Role.WORKER, self._cluster.request_timeout)
-            self._client.membership.shutdown(False, self._cluster.request_timeout)
+                try:
+                    self._client.membership.barrier(Role.WORKER, self._cluster.request_timeout)
+                except NodeFailedError as exc:  # the job is failing anyway: still leave cleanly
+                    log.error("worker %d: skipping the exit barrier: %s", self._rank, exc)
+            try:
+                self._client.membership.shutdown(False, self._cluster.request_timeout)
+            except NodeFailedError as exc:
+                log.error("worker %d: could not report shutdown: %s", self._rank, exc)
         finally:
             self._kernels.close()
             self._client.close()

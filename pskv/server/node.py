@@ -10,6 +10,7 @@ everyone else.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +20,7 @@ import zmq
 from pskv.cluster import Membership, RequestTracker
 from pskv.cluster.messages import error_frames, json_body, reply_frames
 from pskv.config import ClusterConfig
-from pskv.errors import InvalidArgumentError, KVStoreError, ProtocolError
+from pskv.errors import InvalidArgumentError, KVStoreError, ProtocolError, TransportError
 from pskv.protocol import ArraySpec, Command, Header, Role, decode, frame_array, node_role_rank
 from pskv.server.shard import Part, ServerShard, to_storage
 from pskv.transport import Reactor
@@ -41,8 +42,9 @@ class ServerNode:
         self._cluster = cluster
         self._own_context = context is None
         self._ctx = zmq.Context() if context is None else context
-        self._reactor = Reactor(self._ctx, "pskv-server")
+        self._stop_lock = threading.Lock()
         self._tracker = RequestTracker()
+        self._reactor = Reactor(self._ctx, "pskv-server", on_failure=self._on_reactor_failure)
         self._sid, self.address = self._reactor.bind_router(f"tcp://{cluster.node_host}:0", self._on_message)
         self._membership = Membership(cluster, self._reactor, self._tracker, Role.SERVER, self.address)
         self._shard = ServerShard(cluster.num_workers, sync=True)
@@ -82,11 +84,16 @@ class ServerNode:
             self.stop()
 
     def stop(self) -> None:
-        """Stop serving and release the sockets (idempotent)."""
+        """Stop serving and release the sockets (idempotent); unblocks :meth:`run`."""
+        self._tracker.fail_all(TransportError(f"{self.name} stopped"))
         self._reactor.stop()
-        if self._own_context:
-            self._ctx.term()
-            self._own_context = False
+        with self._stop_lock:  # run() and an outside stop() may both get here
+            if self._own_context:
+                self._own_context = False
+                self._ctx.term()
+
+    def _on_reactor_failure(self, exc: BaseException) -> None:
+        self._tracker.fail_all(TransportError(f"{self.name}'s network thread failed: {exc!r}"))
 
     # -- dispatch -----------------------------------------------------------------------
     def _on_message(self, identity: bytes, frames: list[zmq.Frame]) -> None:

@@ -85,11 +85,17 @@ class InProcessCluster:
             pool.shutdown(wait=False, cancel_futures=True)
 
     def close(self) -> None:
-        """Wait for the servers to finish (they end when every worker closed its store)."""
+        """Wait for the servers to finish (they end when every worker closed its store).
+
+        Servers still running after a short grace (e.g. because a test left a store
+        open) are stopped.
+        """
         for t in self._threads:
-            t.join(self.deadline)
+            t.join(2.0)
         for server in self.servers:
             server.stop()
+        for t in self._threads:
+            t.join(self.deadline)
         self.scheduler.stop()
 
     def __exit__(self, *exc: object) -> None:

@@ -39,6 +39,7 @@ class WorkerClient:
         self._cluster = cluster
         self._own_context = context is None
         self._ctx = zmq.Context() if context is None else context
+        self._stop_lock = threading.Lock()
         self.tracker = RequestTracker()
         self._reactor = Reactor(self._ctx, "pskv-worker", on_failure=self._on_reactor_failure)
         self.membership = Membership(cluster, self._reactor, self.tracker, Role.WORKER)
@@ -73,9 +74,10 @@ class WorkerClient:
         """Stop the reactor and release the sockets (idempotent)."""
         self.tracker.fail_all(TransportError("the worker's connection was closed"))
         self._reactor.stop()
-        if self._own_context:
-            self._ctx.term()
-            self._own_context = False
+        with self._stop_lock:  # run() and an outside stop() may both get here
+            if self._own_context:
+                self._own_context = False
+                self._ctx.term()
 
     def _on_reactor_failure(self, exc: BaseException) -> None:
         self.tracker.fail_all(TransportError(f"the worker's network thread failed: {exc!r}"))

@@ -1,0 +1,237 @@
+"""Distributed semantics with a whole cluster in this process (scheduler, servers, workers)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import pskv
+from pskv.optimizer import SGD
+from pskv.testing import InProcessCluster
+
+DEADLINE = 30.0
+
+
+def run(servers, workers, fn, store="dist_sync", **settings):
+    with InProcessCluster(servers, workers, deadline=DEADLINE, **settings) as cluster:
+        def body(cfg):
+            kv = pskv.create(store, cluster=cfg)
+            try:
+                return fn(kv)
+            finally:
+                kv.close()
+        return cluster.run_workers(body)
+
+
+@pytest.mark.parametrize("servers", [1, 2])
+def test_init_uses_rank0_value_and_push_sums_over_workers(servers):
+    def fn(kv):
+        kv.init(3, np.full((2, 3), 10.0 + kv.rank, np.float32))  # only rank 0's value counts
+        first = kv.pull(3)
+        kv.push(3, [np.ones((2, 3), np.float32) * (kv.rank + 1)] * 2)  # 2 devices per worker
+        return first, kv.pull(3)
+
+    for first, after in run(servers, 2, fn):
+        assert (first == 10).all()
+        assert (after == 2 * (1 + 2)).all()
+
+
+def test_big_arrays_are_split_over_servers_and_reassembled():
+    n = 3_000_001
+
+    def fn(kv):
+        kv.init(0, np.zeros(n, np.float32))
+        kv.push(0, np.arange(n, dtype=np.float32))
+        return kv.pull(0), kv.num_workers
+
+    for value, workers in run(3, 2, fn, bigarray_bound=1_000_000):
+        np.testing.assert_array_equal(value, 2 * np.arange(n, dtype=np.float32))
+
+
+def test_consecutive_pushes_give_every_worker_the_same_values():
+    def fn(kv):
+        kv.init(1, np.zeros(4))
+        for i in range(10):
+            kv.push(1, np.full(4, float(i * (kv.rank + 1))))  # no pulls in between
+        return kv.pull(1)
+
+    results = run(1, 3, fn)
+    for r in results:
+        np.testing.assert_array_equal(r, results[0])
+    np.testing.assert_array_equal(results[0], np.full(4, 9.0 * (1 + 2 + 3)))
+
+
+def test_string_keys_map_to_the_same_server_key_whatever_the_init_order():
+    def fn(kv):
+        names = ["w", "b", "gamma"] if kv.rank == 0 else ["gamma", "w", "b"]
+        for name in names:
+            kv.init(name, np.full(2, float(len(name)), np.float32) if kv.rank == 0 else np.zeros(2, np.float32))
+        return {name: kv.pull(name)[0] for name in names}
+
+    for got in run(2, 2, fn):
+        assert got == {"w": 1.0, "b": 1.0, "gamma": 5.0}
+
+
+def test_key_lists_per_device_lists_and_pushpull():
+    def fn(kv):
+        keys = [5, 7, 9]
+        kv.init(keys, [np.zeros(3, np.float32)] * 3)
+        kv.push(keys, [[np.ones(3, np.float32)] * 2, np.ones(3, np.float32), np.full(3, 3, np.float32)])
+        outs = [[np.zeros(3, np.float32) for _ in range(2)] for _ in keys]
+        kv.pull(keys, out=outs)
+        vals = [np.ones(3, np.float32), np.ones(3, np.float32)]
+        kv.pushpull(5, vals)  # in place
+        return [o[1][0] for o in outs], vals[1][0]
+
+    for pulled, pp in run(2, 2, fn):
+        assert pulled == [4.0, 2.0, 6.0] and pp == 4.0
+
+
+def test_pushing_keys_in_different_orders_does_not_deadlock():
+    def fn(kv):
+        keys = list(range(6))
+        kv.init(keys, [np.zeros(2)] * 6)
+        order = keys if kv.rank == 0 else keys[::-1]
+        for k in order:
+            kv.push(k, np.full(2, float(k)))
+        return kv.pull(keys)
+
+    for values in run(2, 2, fn):
+        assert [v[0] for v in values] == [2.0 * k for k in range(6)]
+
+
+def test_server_optimizer_and_new_hyperparameters_keep_state():
+    def fn(kv):
+        kv.set_optimizer(SGD(learning_rate=0.1, momentum=0.5))
+        kv.init(0, np.zeros(3))
+        kv.push(0, np.ones(3))  # summed grad 2 -> buf 2, w = -0.2
+        first = kv.pull(0)
+        kv.set_optimizer(SGD(learning_rate=0.01, momentum=0.5))
+        kv.push(0, np.ones(3))  # buf = 0.5*2 + 2 = 3 -> w = -0.2 - 0.03
+        return first, kv.pull(0)
+
+    for first, second in run(2, 2, fn):
+        np.testing.assert_allclose(first, -0.2)
+        np.testing.assert_allclose(second, -0.23)
+
+
+def test_async_needs_an_optimizer_and_applies_each_push():
+    def fn(kv):
+        kv.init(0, np.zeros(2))
+        with pytest.raises(pskv.RemoteError, match="dist_async.*set_optimizer"):
+            kv.push(0, np.ones(2))
+        kv.barrier()
+        kv.set_optimizer(SGD(learning_rate=1.0))
+        kv.push(0, np.ones(2))
+        kv.barrier()
+        return kv.pull(0)
+
+    for value in run(1, 2, fn, store="dist_async"):
+        np.testing.assert_allclose(value, -2.0)
+
+
+def test_broadcast_new_and_existing_keys_and_barrier():
+    def fn(kv):
+        out = np.zeros(3, np.float32)
+        kv.broadcast("p", np.full(3, 1.0 + kv.rank, np.float32), out=out)
+        first = out.copy()
+        kv.broadcast("p", np.full(3, 7.0 + kv.rank, np.float32), out=out)
+        kv.barrier()
+        return first, out
+
+    for first, second in run(2, 2, fn):
+        assert (first == 1).all() and (second == 7).all()
+
+
+def test_errors_are_typed_and_the_servers_survive():
+    def fn(kv):
+        kv.init(1, np.zeros(3, np.float32))
+        with pytest.raises(pskv.UnknownKeyError):
+            kv.push(2, np.zeros(3, np.float32))
+        with pytest.raises(pskv.ShapeMismatchError):
+            kv.push(1, np.zeros(4, np.float32))
+        with pytest.raises(pskv.NotSupportedError, match="set_optimizer"):
+            kv.set_updater(lambda *a: None)
+        kv.push(1, np.ones(3, np.float32))
+        return kv.pull(1)
+
+    for value in run(1, 2, fn):
+        assert (value == 2).all()
+
+
+def test_torch_tensors_and_bfloat16():
+    torch = pytest.importorskip("torch")
+
+    def fn(kv):
+        kv.init(0, torch.zeros(4, dtype=torch.bfloat16))
+        kv.push(0, torch.full((4,), 1.5, dtype=torch.bfloat16))
+        got = kv.pull(0)
+        out = torch.zeros(4, dtype=torch.bfloat16)
+        kv.pushpull(0, torch.ones(4, dtype=torch.bfloat16), out=out)
+        return got, out
+
+    for got, out in run(1, 2, fn):
+        assert got.dtype == torch.bfloat16 and float(got[0]) == 3.0 and float(out[0]) == 2.0
+
+
+def test_non_blocking_calls_and_priorities():
+    def fn(kv):
+        keys = list(range(4))
+        kv.init(keys, [np.zeros(2)] * 4)
+        handles = [kv.push(k, np.ones(2), priority=-k, block=False) for k in keys]
+        pulled = kv.pull(keys, block=False)
+        values = pulled.wait(DEADLINE)
+        assert all(h.done() for h in handles)
+        return [v[0] for v in values]
+
+    for values in run(2, 2, fn):
+        assert values == [2.0] * 4
+
+
+def test_num_dead_node_and_properties():
+    def fn(kv):
+        return kv.rank, kv.num_workers, kv.type, kv.num_dead_node(6, timeout=60), kv.is_capable("optimizer")
+
+    got = run(1, 2, fn)
+    assert sorted(g[0] for g in got) == [0, 1]
+    assert all(g[1:] == (2, "dist_sync", 0, True) for g in got)
+
+
+def test_a_dead_worker_fails_the_others_barrier_with_its_name():
+    with InProcessCluster(1, 2, deadline=DEADLINE, heartbeat_interval=0.05, heartbeat_timeout=0.6) as cluster:
+        def fn(cfg):
+            kv = pskv.create("dist_sync", cluster=cfg)
+            if kv.rank == 1:
+                kv._client.close()  # this worker "dies": no more heartbeats
+                return None
+            start = time.monotonic()
+            with pytest.raises(pskv.NodeFailedError, match="worker 1"):
+                kv.barrier()
+            elapsed = time.monotonic() - start
+            kv.close()  # leaves cleanly despite the dead peer
+            return elapsed
+
+        results = cluster.run_workers(fn)
+    assert results[0] < 10
+
+
+def test_a_dead_server_fails_blocked_pulls_with_its_name():
+    with InProcessCluster(2, 1, deadline=DEADLINE, heartbeat_interval=0.05, heartbeat_timeout=0.6) as cluster:
+        def fn(cfg):
+            kv = pskv.create("dist_sync", cluster=cfg)
+            kv.init(list(range(8)), [np.zeros(2)] * 8)
+            cluster.servers[1].stop()  # server 1 dies: no more answers, no more heartbeats
+            errors = []
+            for _ in range(2):
+                try:
+                    kv.pull(list(range(8)))
+                except pskv.NodeFailedError as exc:
+                    errors.append(str(exc))
+            kv.close()
+            return errors
+
+        errors = cluster.run_workers(fn)[0]
+    assert len(errors) == 2 and all("server 1 failed" in e for e in errors)
