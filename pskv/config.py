@@ -36,7 +36,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     ),
     "PSKV_KERNEL_PARALLEL_BYTES": (
         "kernel_parallel_bytes",
-        "arrays at least this many bytes are split over the kernel threads (default 1048576)",
+        "a sum/copy batch is split over the kernel threads when each thread gets at least this many bytes (default 1048576)",
     ),
     "PSKV_ENGINE_THREADS": (
         "engine_threads",

@@ -35,7 +35,8 @@ class CpuKernels:
 
     Args:
         threads: threads used for large batches (1 disables threading).
-        parallel_bytes: batches that write at least this many bytes use the threads.
+        parallel_bytes: a batch is split over the threads when each gets at least this
+            many bytes to write.
         block_elements: elements per cache block in the blocked sum.
     """
 
@@ -89,7 +90,9 @@ class CpuKernels:
             nbytes += dst.nbytes
         if not flat:
             return
-        if nbytes < self.parallel_bytes or self.threads == 1:
+        # Split only when every thread gets at least parallel_bytes: a hand-off to a pool
+        # thread costs tenths of a millisecond, more than copying a small share.
+        if nbytes < self.parallel_bytes * self.threads or self.threads == 1:
             for d, s in flat:
                 self._work(d, s, 0, d.shape[0])
             return
