@@ -1,7 +1,9 @@
 """The ``pskv`` console command.
 
 Subcommands:
-    pskv info      versions, optional backends (PyTorch, CUDA) and resolved settings
+    pskv info        versions, optional backends (PyTorch, CUDA) and resolved settings
+    pskv scheduler   run the scheduler role (cluster contract from the DMLC_* environment)
+    pskv server      run a server role (same)
 """
 
 from __future__ import annotations
@@ -9,9 +11,10 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import logging
 import platform
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -44,6 +47,17 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _role(role: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        from pskv.config import ClusterConfig
+        from pskv.roles import run_role
+
+        logging.basicConfig(level=logging.INFO, format=f"[{role}] %(levelname)s %(name)s: %(message)s")
+        cluster = ClusterConfig.from_env(role=role)
+        return run_role(cluster, port_file=args.port_file)
+    return run
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``pskv`` command."""
     parser = argparse.ArgumentParser(prog="pskv", description="pskv: parameter server and key-value store")
@@ -52,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_info = sub.add_parser("info", help="show versions, backends and resolved settings")
     p_info.add_argument("--json", action="store_true", help="print JSON")
     p_info.set_defaults(func=_info)
+    for role in ("scheduler", "server"):
+        p = sub.add_parser(role, help=f"run the {role} role until the job ends (DMLC_* environment)")
+        p.add_argument("--port-file", default=None,
+                       help="scheduler only: with DMLC_PS_ROOT_PORT=0, bind a free port and write it to this file")
+        p.set_defaults(func=_role(role))
     return parser
 
 

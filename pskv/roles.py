@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 import socket
 
 from pskv.config import ClusterConfig
@@ -20,20 +22,37 @@ def resolve_host(host: str) -> str:
         return host
 
 
-def run_role(cluster: ClusterConfig) -> int:
+def run_role(cluster: ClusterConfig, port_file: str | None = None) -> int:
     """Serve ``cluster.role`` (server or scheduler) until the job ends; returns an exit code.
+
+    Args:
+        cluster: the cluster contract.
+        port_file: scheduler only: when ``root_port`` is 0, bind a free port and write
+            it (decimal, then a newline) to this file atomically — a launcher's
+            readiness signal.
 
     Raises:
         InvalidArgumentError: the cluster environment is incomplete.
         NodeFailedError: a peer the role depends on died.
     """
-    cluster.require_cluster()
     if cluster.role == "scheduler":
         from pskv.cluster import Scheduler
 
-        address = f"tcp://{resolve_host(cluster.root_uri)}:{cluster.root_port}"
-        Scheduler(cluster, address=address).run()
+        if port_file is not None and cluster.root_port == 0:
+            cluster = dataclasses.replace(cluster, root_port=1)  # placeholder to pass the check
+            cluster.require_cluster()
+            scheduler = Scheduler(cluster, address=f"tcp://{resolve_host(cluster.root_uri)}:0")
+            port = scheduler.address.rsplit(":", 1)[1]
+            tmp = f"{port_file}.tmp"
+            with open(tmp, "w", encoding="ascii") as f:
+                f.write(f"{port}\n")
+            os.replace(tmp, port_file)
+        else:
+            cluster.require_cluster()
+            scheduler = Scheduler(cluster, address=f"tcp://{resolve_host(cluster.root_uri)}:{cluster.root_port}")
+        scheduler.run()
         return 0
+    cluster.require_cluster()
     if cluster.role == "server":
         from pskv.server.node import ServerNode
 
