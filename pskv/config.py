@@ -62,6 +62,7 @@ CLUSTER_ENV_VARS: dict[str, tuple[str, str]] = {
     "MXNET_KVSTORE_BIGARRAY_BOUND": ("bigarray_bound", "arrays with at least this many elements are split over all servers (default 1000000)"),
     "PSKV_STARTUP_TIMEOUT": ("startup_timeout", "seconds to wait for every node to register (default 60)"),
     "PSKV_REQUEST_TIMEOUT": ("request_timeout", "seconds a request waits for its reply before TimeoutError (default 300)"),
+    "PSKV_SERVER_MODULES": ("server_modules", "comma-separated modules a server imports at start (they register controllers)"),
 }
 
 
@@ -145,6 +146,7 @@ class ClusterConfig:
         bigarray_bound: element count from which arrays are split over all servers.
         startup_timeout: seconds to wait for every node to register.
         request_timeout: seconds a request waits for its reply.
+        server_modules: modules a server imports at start (controllers register there).
     """
 
     role: str = "worker"
@@ -160,6 +162,7 @@ class ClusterConfig:
     bigarray_bound: int = 1_000_000
     startup_timeout: float = 60.0
     request_timeout: float = 300.0
+    server_modules: str = ""
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:

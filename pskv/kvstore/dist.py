@@ -447,13 +447,57 @@ class DistStore(KVStoreBase):
             "with a pskv.optimizer optimizer"
         )
 
+    def _all_servers(self, command: Command, body: dict[str, Any], what: str) -> list[Any]:
+        """Send ``command`` to every server and wait for every answer."""
+        text = json.dumps(body)
+        pendings = [self._client.request(s, command, body=text, what=what) for s in range(self._num_servers)]
+        return self._wait_all(pendings)
+
     def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
-        """Not yet available across processes."""
-        raise NotSupportedError("save_optimizer_states is not yet available for distributed stores")
+        """Every server writes its shard's optimizer state to ``<fname>.server<rank>``.
+
+        Collective: rank 0 sends the request after a barrier (so every worker's pushes
+        are in), and everyone returns when all servers have written. Files are
+        written by the servers, on their hosts (use a shared file system across hosts).
+
+        Raises:
+            RemoteError: a server has no optimizer, or could not write.
+        """
+        self._check_open("save_optimizer_states")
+        self.wait()
+        self.barrier()
+        if self._rank == 0:
+            self._all_servers(Command.SAVE_STATES, {"path": str(fname), "dump_optimizer": bool(dump_optimizer)},
+                              "save_optimizer_states")
+        self.barrier()
 
     def load_optimizer_states(self, fname: str) -> None:
-        """Not yet available across processes."""
-        raise NotSupportedError("load_optimizer_states is not yet available for distributed stores")
+        """Every server loads ``<fname>.server<rank>`` (written by :meth:`save_optimizer_states`).
+
+        Raises:
+            RemoteError: a file is missing or not a pskv state file.
+        """
+        self._check_open("load_optimizer_states")
+        self.wait()
+        self.barrier()
+        if self._rank == 0:
+            self._all_servers(Command.LOAD_STATES, {"path": str(fname)}, "load_optimizer_states")
+        self.barrier()
+
+    def send_command_to_servers(self, head: int, body: str) -> None:
+        """Run the controller registered for ``head`` on every server; returns when all answered.
+
+        Controllers are registered on the servers (``@pskv.server.controller`` in a module
+        named by ``PSKV_SERVER_MODULES``); only ``head`` and ``body`` travel.
+
+        Raises:
+            InvalidTypeError: ``head`` is not an int or ``body`` not a str.
+            RemoteError: a server has no controller for ``head``, or it raised.
+        """
+        self._check_open("send_command_to_servers")
+        if isinstance(head, bool) or not isinstance(head, int) or not isinstance(body, str):
+            raise InvalidTypeError("send_command_to_servers needs an int head and a str body")
+        self._all_servers(Command.CONTROLLER, {"head": head, "body": body}, f"command {head}")
 
     # -- cluster ------------------------------------------------------------------------
     def barrier(self) -> None:

@@ -20,8 +20,9 @@ import zmq
 from pskv.cluster import Membership, RequestTracker
 from pskv.cluster.messages import error_frames, json_body, reply_frames
 from pskv.config import ClusterConfig
-from pskv.errors import InvalidArgumentError, KVStoreError, ProtocolError, TransportError
+from pskv.errors import InvalidArgumentError, KVStoreError, OptimizerStateError, ProtocolError, TransportError
 from pskv.protocol import ArraySpec, Command, Header, Role, decode, frame_array, node_role_rank
+from pskv.server.controllers import find_controller, import_modules
 from pskv.server.shard import Part, ServerShard, to_storage
 from pskv.transport import Reactor
 
@@ -56,7 +57,12 @@ class ServerNode:
             Command.PUSHPULL: self._pushpull,
             Command.SET_MODE: self._set_mode,
             Command.SET_OPTIMIZER: self._set_optimizer,
+            Command.CONTROLLER: self._controller,
+            Command.SAVE_STATES: self._save_states,
+            Command.LOAD_STATES: self._load_states,
         }
+        if cluster.server_modules:
+            import_modules(cluster.server_modules)
 
     @property
     def name(self) -> str:
@@ -110,7 +116,7 @@ class ServerNode:
             if handler is None:
                 raise ProtocolError(f"a server does not handle {header.command.name}")
             handler(identity, header, buffers)
-        except (KVStoreError, ValueError, TypeError) as exc:
+        except Exception as exc:  # noqa: BLE001 - every failure becomes an ERROR reply; the server lives on
             if not isinstance(exc, KVStoreError):
                 log.exception("%s: %s failed", self.name, header.command.name)
             self._reply(identity, error_frames(header, self._node_id(), type(exc).__name__, str(exc)))
@@ -207,6 +213,50 @@ class ServerNode:
         else:
             self._shard.updater = optimizer.get_updater()
         self._reply(identity, reply_frames(header, self._node_id()))
+
+    def _controller(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
+        body = json_body(header)
+        head, text = body.get("head"), body.get("body", "")
+        if type(head) is not int or not isinstance(text, str):
+            raise ProtocolError("CONTROLLER needs {head: int, body: str}")
+        fn = find_controller(head)
+        if fn is None:
+            raise InvalidArgumentError(
+                f"{self.name} has no controller for head {head} (register one with @pskv.server.controller "
+                "in a module named by PSKV_SERVER_MODULES)"
+            )
+        answer = fn(head, text)
+        self._reply(identity, reply_frames(header, self._node_id(), {"answer": "" if answer is None else str(answer)}))
+
+    def _states_path(self, header: Header) -> str:
+        path = json_body(header).get("path")
+        if not isinstance(path, str) or not path:
+            raise ProtocolError("state commands need {path: str}")
+        return f"{path}.server{self._rank}"
+
+    def _save_states(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
+        from pskv.optimizer import Updater
+
+        if not isinstance(self._shard.updater, Updater):
+            raise OptimizerStateError(f"{self.name} has no optimizer (call set_optimizer first)")
+        path = self._states_path(header)
+        self._shard.updater.save_states(path, dump_optimizer=bool(json_body(header).get("dump_optimizer")))
+        self._reply(identity, reply_frames(header, self._node_id(), {"file": path}))
+
+    def _load_states(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
+        from pskv.optimizer import Optimizer, Updater, states
+
+        path = self._states_path(header)
+        if isinstance(self._shard.updater, Updater):
+            self._shard.updater.load_states(path)
+        else:
+            document = states.load(path)
+            if document.optimizer is None:
+                raise OptimizerStateError(f"{self.name}: {path} holds no optimizer config and no optimizer is set")
+            updater = Optimizer.from_config(document.optimizer).get_updater()
+            updater.load_states(path)
+            self._shard.updater = updater
+        self._reply(identity, reply_frames(header, self._node_id(), {"file": path}))
 
 
 def _bind(fn: Callable[[int, Part], None], i: int) -> Callable[[Part], None]:

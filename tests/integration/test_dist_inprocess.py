@@ -235,3 +235,49 @@ def test_a_dead_server_fails_blocked_pulls_with_its_name():
 
         errors = cluster.run_workers(fn)[0]
     assert len(errors) == 2 and all("server 1 failed" in e for e in errors)
+
+
+def test_optimizer_states_are_saved_and_loaded_by_every_server(tmp_path):
+    base = str(tmp_path / "opt")
+
+    def fn(kv):
+        kv.set_optimizer(SGD(learning_rate=0.1, momentum=0.9))
+        kv.init(list(range(4)), [np.zeros(3)] * 4)
+        kv.push(list(range(4)), [np.ones(3)] * 4)
+        kv.save_optimizer_states(base, dump_optimizer=True)
+        before = kv.pull(0)
+        kv.push(list(range(4)), [np.ones(3)] * 4)  # momentum matters here
+        after_continuous = kv.pull(0)
+        kv.load_optimizer_states(base)  # momentum back to the saved state
+        return before, after_continuous
+
+    results = run(2, 2, fn)
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == ["opt.server0", "opt.server1"]
+    np.testing.assert_allclose(results[0][0], -0.2)
+    np.testing.assert_allclose(results[0][1], -0.2 - 0.1 * (0.9 * 2 + 2))
+
+
+def test_send_command_reaches_controllers_registered_on_the_servers():
+    from pskv.server import controller
+    from pskv.server.controllers import _CONTROLLERS
+
+    seen = []
+
+    @controller(7)
+    def record(head, body):
+        seen.append((head, body))
+        return "ok"
+
+    try:
+        def fn(kv):
+            if kv.rank == 0:
+                kv.send_command_to_servers(7, "hello")
+                with pytest.raises(pskv.RemoteError, match="no controller for head 8"):
+                    kv.send_command_to_servers(8, "x")
+            kv.barrier()
+
+        run(2, 2, fn)
+    finally:
+        _CONTROLLERS.pop(7, None)
+    assert seen == [(7, "hello"), (7, "hello")]  # once per server
