@@ -56,6 +56,7 @@ CLUSTER_ENV_VARS: dict[str, tuple[str, str]] = {
     "DMLC_NUM_WORKER": ("num_workers", "number of worker processes"),
     "DMLC_NODE_HOST": ("node_host", "address this node binds and advertises (default: 127.0.0.1)"),
     "DMLC_WORKER_ID": ("rank", "this worker's rank, if the launcher assigns it (else by arrival)"),
+    "PSKV_LOCAL_RANK": ("local_rank", "this worker's index among the workers on its host (default 0)"),
     "PS_VERBOSE": ("verbose", "1 logs connections, 2 logs every message (default 0)"),
     "PS_HEARTBEAT_INTERVAL": ("heartbeat_interval", "seconds between heartbeats; 0 disables (default 1)"),
     "PS_HEARTBEAT_TIMEOUT": ("heartbeat_timeout", "seconds without a heartbeat before a node counts as dead (default 10)"),
@@ -140,6 +141,8 @@ class ClusterConfig:
         num_workers: number of workers.
         node_host: address this node binds and advertises.
         rank: the worker rank the launcher assigned, or -1 (assigned at registration).
+        local_rank: this worker's index among the workers on its host (set by
+            ``pskv launch``; selects a device per worker).
         verbose: 0 quiet, 1 connections, 2 every message.
         heartbeat_interval: seconds between heartbeats (0 disables liveness checks).
         heartbeat_timeout: seconds of silence after which a node counts as dead.
@@ -156,6 +159,7 @@ class ClusterConfig:
     num_workers: int = 0
     node_host: str = "127.0.0.1"
     rank: int = -1
+    local_rank: int = 0
     verbose: int = 0
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 10.0
@@ -170,6 +174,8 @@ class ClusterConfig:
         for name in ("heartbeat_interval", "heartbeat_timeout", "startup_timeout", "request_timeout"):
             if getattr(self, name) < 0:
                 raise InvalidArgumentError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.local_rank < 0:
+            raise InvalidArgumentError(f"local_rank must be >= 0, got {self.local_rank}")
         if self.bigarray_bound < 1:
             raise InvalidArgumentError(f"bigarray_bound must be >= 1, got {self.bigarray_bound}")
 

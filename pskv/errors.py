@@ -23,6 +23,7 @@ class                          builtin             meaning
 ``NodeFailedError``            ``ConnectionError`` a peer node died or stopped answering
 ``RemoteError``                ``RuntimeError``    a server answered a request with an error
 ``OptimizerStateError``        ``ValueError``      an optimizer-state file is unusable
+``LaunchError``                ``RuntimeError``    ``pskv launch`` could not start or run the job
 =============================  ==================  ==========================================
 """
 
@@ -48,6 +49,7 @@ __all__ = [
     "TransportError",
     "NodeFailedError",
     "RemoteError",
+    "LaunchError",
 ]
 
 
@@ -162,3 +164,7 @@ class RemoteError(KVStoreError, RuntimeError):
         super().__init__(f"{node} rejected the request: {remote_type}: {message}")
         self.node = node
         self.remote_type = remote_type
+
+
+class LaunchError(KVStoreError, RuntimeError):
+    """``pskv launch`` could not start a process of the job, or the scheduler never became ready."""

@@ -13,7 +13,7 @@ from typing import Any
 
 from pskv.config import ClusterConfig, Config
 from pskv.errors import InvalidArgumentError, InvalidTypeError
-from pskv.kvstore.base import RESERVED_NAMES, KVStoreBase
+from pskv.kvstore.base import KVStoreBase
 from pskv.kvstore.engine import OpHandle
 from pskv.kvstore.local import LocalStore
 
@@ -40,6 +40,10 @@ def _run_role_or_connect(name: str, config: Config | None, cluster: ClusterConfi
     """
     cluster = ClusterConfig.from_env() if cluster is None else cluster
     if cluster.role == "worker":
+        if name == "byteps":
+            from pskv.kvstore.byteps import BytePSStore
+
+            return BytePSStore(name, config, cluster)
         from pskv.kvstore.dist import DistStore
 
         return DistStore(name, config, cluster)
@@ -50,7 +54,7 @@ def _run_role_or_connect(name: str, config: Config | None, cluster: ClusterConfi
 
 def known_types() -> list[str]:
     """Every name ``create`` accepts: pskv's store types and registered custom ones."""
-    return sorted(set(_BUILTIN) | set(DIST_TYPES) | set(KVStoreBase.kv_registry))
+    return sorted(set(_BUILTIN) | set(DIST_TYPES) | {"byteps"} | set(KVStoreBase.kv_registry))
 
 
 def create(name: str = "local", *, config: Config | None = None, cluster: ClusterConfig | None = None,
@@ -81,12 +85,11 @@ def create(name: str = "local", *, config: Config | None = None, cluster: Cluste
         config = Config.from_env(**settings) if config is None else _with(config, settings)
     if lname in _BUILTIN:
         return _BUILTIN[lname](lname, config)
-    if lname in DIST_TYPES:
+    if lname in DIST_TYPES or lname == "byteps":
         return _run_role_or_connect(lname, config, cluster)
     if lname in KVStoreBase.kv_registry:
         return KVStoreBase.kv_registry[lname]()
-    hint = " (not available in this version of pskv)" if lname in RESERVED_NAMES else ""  # e.g. byteps
-    raise InvalidArgumentError(f"unknown store type {name!r}{hint}; known types: {', '.join(known_types())}")
+    raise InvalidArgumentError(f"unknown store type {name!r}; known types: {', '.join(known_types())}")
 
 
 def _with(config: Config, settings: dict[str, Any]) -> Config:

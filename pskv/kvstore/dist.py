@@ -412,6 +412,9 @@ class DistStore(KVStoreBase):
         if existing:
             for rec, vals in existing:
                 self._check_like(rec, vals, "broadcast")
+            # Everyone must be done reading the old value before rank 0 overwrites it.
+            self.wait([rec.key for rec, _ in existing])
+            self.barrier()
             if self._rank == 0:
                 self._reduce(existing)
                 recs = [rec for rec, _ in existing]
@@ -434,6 +437,7 @@ class DistStore(KVStoreBase):
         if not isinstance(optimizer, Optimizer):
             raise InvalidTypeError(f"set_optimizer needs a pskv.optimizer.Optimizer, got {type(optimizer).__qualname__}")
         self.wait()
+        self.barrier()  # every worker's earlier pushes are in before the optimizer changes
         if self._rank == 0:
             body = json.dumps(optimizer.to_config())
             self._wait_all([self._client.request(s, Command.SET_OPTIMIZER, body=body, what="set_optimizer")

@@ -223,8 +223,9 @@ def test_a_dead_server_fails_blocked_pulls_with_its_name():
         def fn(cfg):
             kv = pskv.create("dist_sync", cluster=cfg)
             kv.init(list(range(8)), [np.zeros(2)] * 8)
-            cluster.servers[1].stop()  # server 1 dies: no more answers, no more heartbeats
-            errors = []
+            victim = cluster.servers[1]
+            victim.stop()  # a server dies: no more answers, no more heartbeats
+            errors = [victim.name]
             for _ in range(2):
                 try:
                     kv.pull(list(range(8)))
@@ -233,8 +234,9 @@ def test_a_dead_server_fails_blocked_pulls_with_its_name():
             kv.close()
             return errors
 
-        errors = cluster.run_workers(fn)[0]
-    assert len(errors) == 2 and all("server 1 failed" in e for e in errors)
+        victim_name, *errors = cluster.run_workers(fn)[0]
+    assert victim_name in ("server 0", "server 1")
+    assert len(errors) == 2 and all(f"{victim_name} failed" in e for e in errors)
 
 
 def test_optimizer_states_are_saved_and_loaded_by_every_server(tmp_path):
@@ -281,3 +283,22 @@ def test_send_command_reaches_controllers_registered_on_the_servers():
     finally:
         _CONTROLLERS.pop(7, None)
     assert seen == [(7, "hello"), (7, "hello")]  # once per server
+
+
+def test_byteps_store_sums_and_broadcasts():
+    def fn(kv):
+        assert kv.type == "byteps" and not kv.is_capable("optimizer") and kv.local_rank == 0
+        vals = [np.full(3, float(kv.rank + 1))]
+        kv.pushpull("g", vals)  # declared on first use, then summed over workers
+        out = np.zeros(3)
+        kv.pushpull("g", np.ones(3), out=out)
+        b = np.zeros(2)
+        kv.broadcast("w", np.full(2, 5.0 + kv.rank), out=b)
+        with pytest.raises(pskv.NotSupportedError):
+            kv.set_optimizer(SGD())
+        with pytest.raises(pskv.NotSupportedError):
+            kv.push("g", np.ones(3))
+        return vals[0][0], out[0], b[0]
+
+    for summed, again, bcast in run(2, 2, fn, store="byteps"):
+        assert (summed, again, bcast) == (3.0, 2.0, 5.0)

@@ -28,6 +28,7 @@ BUILTIN_OF = {
     errors.TransportError: ConnectionError,
     errors.NodeFailedError: ConnectionError,
     errors.RemoteError: RuntimeError,
+    errors.LaunchError: RuntimeError,
 }
 
 

@@ -38,8 +38,10 @@ def test_dist_store_without_cluster_environment_says_what_is_missing(monkeypatch
         pskv.create("dist_sync")
 
 
-def test_reserved_but_unavailable_type_is_refused_clearly():
-    with pytest.raises(pskv.InvalidArgumentError, match="byteps.*not available"):
+def test_byteps_without_cluster_environment_says_what_is_missing(monkeypatch):
+    for var in ("DMLC_ROLE", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_NUM_SERVER", "DMLC_NUM_WORKER"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(pskv.InvalidArgumentError, match="DMLC_PS_ROOT_URI"):
         pskv.create("byteps")
 
 

@@ -1,0 +1,121 @@
+"""The launch configuration: what ``pskv launch`` was asked to run, validated up front.
+
+Every check happens here, before any process starts, so a bad command line fails with
+one clear message and nothing to clean up.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from pskv.errors import InvalidArgumentError
+from pskv.launch.contract import CONTRACT
+
+__all__ = ["LAUNCHERS", "DEFAULT_SSH_PORT", "LaunchConfig", "parse_env_pairs"]
+
+LAUNCHERS = ("local", "ssh")
+DEFAULT_SSH_PORT = 9091  # the scheduler port of ssh jobs (ps-lite examples use 9091 too)
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def parse_env_pairs(pairs: Sequence[str]) -> dict[str, str]:
+    """``['K=V', ...]`` (the ``--env`` flags) as a dict; a later pair wins.
+
+    Raises:
+        InvalidArgumentError: a pair has no ``=``, or its name is not a valid variable name.
+    """
+    env: dict[str, str] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise InvalidArgumentError(f"--env {pair!r}: expected NAME=VALUE")
+        if not _ENV_NAME.match(name):
+            raise InvalidArgumentError(f"--env {pair!r}: {name!r} is not a valid environment variable name")
+        env[name] = value
+    return env
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """One ``pskv launch`` job.
+
+    Attributes:
+        num_workers: worker processes (each runs ``command``).
+        num_servers: server processes.
+        command: the worker command line (program and arguments).
+        launcher: ``'local'`` (every process on this machine, loopback only) or ``'ssh'``.
+        hostfile: ssh only: the file listing the hosts (``host [slots]`` per line).
+        env: extra variables for every process (``--env``); they may not name a
+            variable of the launch contract, which the launcher owns.
+        timeout: seconds the whole job may take (None: no limit).
+        port: ssh only: the scheduler's port on the first host.
+        startup_timeout: local only: seconds to wait for the scheduler to publish its port.
+        stop_grace: seconds between the stop signal (SIGTERM) and SIGKILL.
+        exit_grace: seconds servers and scheduler may take to exit after the last worker.
+        python: the interpreter that runs the server and scheduler roles.
+        cwd: ssh only: the directory remote processes start in (default: this one).
+
+    Raises:
+        InvalidArgumentError: any field is out of range or inconsistent with the others.
+    """
+
+    num_workers: int
+    num_servers: int
+    command: tuple[str, ...]
+    launcher: str = "local"
+    hostfile: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    timeout: float | None = None
+    port: int = DEFAULT_SSH_PORT
+    startup_timeout: float = 60.0
+    stop_grace: float = 5.0
+    exit_grace: float = 30.0
+    python: str = sys.executable
+    cwd: str = field(default_factory=os.getcwd)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "command", tuple(self.command))
+        object.__setattr__(self, "env", dict(self.env))
+        problems = list(self._problems())
+        if problems:
+            raise InvalidArgumentError("; ".join(problems))
+
+    def _problems(self) -> Sequence[str]:
+        out = []
+        if self.num_workers < 1:
+            out.append(f"-n/--num-workers must be >= 1, got {self.num_workers}")
+        if self.num_servers < 1:
+            out.append(f"-s/--num-servers must be >= 1, got {self.num_servers}")
+        if not self.command or not self.command[0]:
+            out.append("no worker command given (put it after --, e.g. pskv launch -n 2 -- python train.py)")
+        elif "=" in self.command[0]:
+            # env(1) starts every process and would take it for an assignment.
+            out.append(f"the command's program {self.command[0]!r} contains '='; name it by a path without '='")
+        if self.launcher not in LAUNCHERS:
+            out.append(f"--launcher must be one of {', '.join(LAUNCHERS)}, got {self.launcher!r}")
+        elif self.launcher == "ssh" and not self.hostfile:
+            out.append("--launcher ssh needs a hostfile (-H FILE)")
+        elif self.launcher == "local" and self.hostfile:
+            out.append("-H/--hostfile only applies to --launcher ssh")
+        for name in self.env:
+            if not _ENV_NAME.match(name):
+                out.append(f"--env: {name!r} is not a valid environment variable name")
+            elif name in CONTRACT:
+                out.append(f"--env: {name} is set by the launcher ({CONTRACT[name][1]})")
+        if self.timeout is not None and not self.timeout > 0:
+            out.append(f"--timeout must be > 0 seconds, got {self.timeout:g}")
+        if not 0 < self.port < 65536:
+            out.append(f"--port must be a TCP port (1-65535), got {self.port}")
+        if not self.startup_timeout > 0:
+            out.append(f"--startup-timeout must be > 0 seconds, got {self.startup_timeout:g}")
+        for name in ("stop_grace", "exit_grace"):
+            if getattr(self, name) < 0:
+                out.append(f"--{name.replace('_', '-')} must be >= 0 seconds, got {getattr(self, name):g}")
+        if not self.python:
+            out.append("--python must name an interpreter")
+        return out

@@ -1,0 +1,130 @@
+"""The launch contract: the environment ``pskv launch`` gives each process it starts.
+
+One table, :data:`CONTRACT`, lists every variable the launcher sets, who reads it and
+what it means; ``docs/launch.md`` mirrors it (a test keeps the two in step). The
+values themselves are read on the other side by :class:`pskv.config.ClusterConfig`.
+
+Every process is started as ``env [-u NAME]... NAME=VALUE... PROGRAM ARGS...``: it
+inherits the launcher's environment (locally; over ssh, the remote login's), gets the
+``--env`` pairs and the contract on top, and loses contract variables that do not
+apply to its role (a stray ``DMLC_WORKER_ID`` in the launcher's shell must not reach a
+server). This way the launcher never reads ``os.environ`` itself (``pskv.config`` is
+its only reader) and local and ssh processes are started the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+__all__ = ["CONTRACT", "ROLE_ORDER", "ProcessSpec", "JobLayout", "contract_env", "env_argv", "role_argv"]
+
+# variable -> (who reads it, meaning). docs/launch.md mirrors this table.
+CONTRACT: dict[str, tuple[str, str]] = {
+    "DMLC_ROLE": ("every process (ClusterConfig.role)", "scheduler, server or worker"),
+    "DMLC_PS_ROOT_URI": ("every process", "the scheduler's host (127.0.0.1 locally; the first host over ssh)"),
+    "DMLC_PS_ROOT_PORT": ("every process", "the scheduler's port (0 for a local scheduler, which picks a free one)"),
+    "DMLC_NUM_SERVER": ("every process", "number of servers (-s)"),
+    "DMLC_NUM_WORKER": ("every process", "number of workers (-n)"),
+    "DMLC_NODE_HOST": ("every process", "the address the process binds and advertises: its host"),
+    "DMLC_WORKER_ID": ("workers (the rank)", "the worker's rank, 0..n-1"),
+    "PSKV_LOCAL_RANK": ("workers (ClusterConfig.local_rank)", "the worker's index among the workers on its host"),
+    "PYTHONUNBUFFERED": ("Python", "1, so output reaches the launcher line by line (an --env pair may override it)"),
+}
+
+_WORKER_ONLY = ("DMLC_WORKER_ID", "PSKV_LOCAL_RANK")
+ROLE_ORDER = ("scheduler", "server", "worker")
+
+
+@dataclass(frozen=True)
+class JobLayout:
+    """What every process of one job is told about the job as a whole."""
+
+    root_uri: str
+    root_port: int
+    num_servers: int
+    num_workers: int
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    """One process to start.
+
+    Attributes:
+        role: ``'scheduler'``, ``'server'`` or ``'worker'``.
+        rank: the server or worker rank (None for the scheduler).
+        host: where it runs (reported in messages; ssh's target).
+        argv: the local command that starts it.
+    """
+
+    role: str
+    rank: int | None
+    host: str
+    argv: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        """``'worker 1'``, ``'server 0'`` or ``'scheduler'``."""
+        return self.role if self.rank is None else f"{self.role} {self.rank}"
+
+    @property
+    def is_worker(self) -> bool:
+        """True for workers (their exit codes decide the job's)."""
+        return self.role == "worker"
+
+
+def contract_env(layout: JobLayout, role: str, host: str, rank: int | None = None,
+                 local_rank: int | None = None) -> dict[str, str]:
+    """The contract variables of one process.
+
+    Args:
+        layout: the job's scheduler address and sizes.
+        role: ``'scheduler'``, ``'server'`` or ``'worker'``.
+        host: the process's host (its ``DMLC_NODE_HOST``).
+        rank: workers: the rank.
+        local_rank: workers: the index among the workers on ``host``.
+
+    Raises:
+        ValueError: a worker without rank and local rank, or an unknown role.
+    """
+    if role not in ROLE_ORDER:
+        raise ValueError(f"unknown role {role!r}")
+    env = {
+        "DMLC_ROLE": role,
+        "DMLC_PS_ROOT_URI": layout.root_uri,
+        "DMLC_PS_ROOT_PORT": str(layout.root_port),
+        "DMLC_NUM_SERVER": str(layout.num_servers),
+        "DMLC_NUM_WORKER": str(layout.num_workers),
+        "DMLC_NODE_HOST": host,
+        "PYTHONUNBUFFERED": "1",
+    }
+    if role == "worker":
+        if rank is None or local_rank is None:
+            raise ValueError("a worker needs a rank and a local rank")
+        env["DMLC_WORKER_ID"] = str(rank)
+        env["PSKV_LOCAL_RANK"] = str(local_rank)
+    return env
+
+
+def env_argv(contract: Mapping[str, str], extra: Mapping[str, str], command: Sequence[str]) -> list[str]:
+    """``env [-u NAME]... NAME=VALUE... COMMAND...``: ``command`` with this environment.
+
+    Args:
+        contract: the process's contract variables (from :func:`contract_env`).
+        extra: the ``--env`` pairs; they override ``PYTHONUNBUFFERED`` but (validated
+            by :class:`~pskv.launch.config.LaunchConfig`) no other contract variable.
+        command: the program and its arguments.
+    """
+    argv = ["env"]
+    for name in _WORKER_ONLY:
+        if name not in contract:
+            argv += ["-u", name]
+    merged = {**contract, **extra}
+    argv += [f"{name}={value}" for name, value in merged.items()]
+    return argv + list(command)
+
+
+def role_argv(python: str, role: str, port_file: str | None = None) -> list[str]:
+    """The command of a pskv role: ``PYTHON -m pskv ROLE [--port-file FILE]``."""
+    argv = [python, "-m", "pskv", role]
+    return argv + ["--port-file", port_file] if port_file else argv

@@ -1,0 +1,377 @@
+"""Process supervision for ``pskv launch``: start, stream output, find the root cause, stop.
+
+Each child runs in its own session (process group), so a Ctrl-C at the terminal reaches
+only the launcher, which then stops the job itself, and stopping a child also stops
+whatever it started. Two threads watch each child: one streams its merged
+stdout/stderr line by line with a ``[worker 1] `` prefix, one waits for its exit and
+posts it, time-stamped, to the queue the main thread reads. Signal handlers post to
+the same queue, so all decisions are taken on the main thread, in time order:
+
+* the first child to exit non-zero or by a signal is the root cause: one line names
+  it, every other child is stopped (SIGTERM, then SIGKILL after ``stop_grace``), and
+  the launcher exits with that child's code (128+N for signal N);
+* children that fail afterwards are reported as consequences, not causes;
+* SIGINT / SIGTERM to the launcher stop the job (exit 130 / 143), a second one kills
+  at once; the ``timeout`` stops it with exit 124;
+* when every worker has exited 0, servers and scheduler get ``exit_grace`` seconds
+  to exit by themselves (exit 0), else they are stopped (exit 1).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from types import FrameType, TracebackType
+from typing import IO, Any
+
+from pskv.errors import LaunchError
+from pskv.launch.contract import ProcessSpec
+
+__all__ = ["Console", "Supervisor", "describe_exit", "signal_name"]
+
+_READER_JOIN = 2.0  # seconds an exit notice waits for the child's last output lines
+_KILL_WAIT = 5.0  # seconds to wait for SIGKILLed children before giving up on them
+EXIT_TIMEOUT = 124  # as timeout(1)
+EXIT_LINGER = 1
+
+
+def signal_name(signum: int) -> str:
+    """``'SIGKILL'`` for 9; ``'signal 99'`` for numbers without a name."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def describe_exit(returncode: int, via_ssh: bool = False) -> str:
+    """How a process ended, e.g. ``'exited with code 3'`` or ``'was killed by SIGKILL'``.
+
+    Args:
+        returncode: ``Popen.returncode`` (negative: killed by that signal).
+        via_ssh: the process was an ssh client (255 is also ssh's own failure code).
+    """
+    if returncode < 0:
+        return f"was killed by {signal_name(-returncode)}"
+    text = f"exited with code {returncode}"
+    if returncode == 126:
+        return text + " (the command is not executable)"
+    if returncode == 127:
+        return text + " (command not found)"
+    if via_ssh and returncode == 255:
+        return text + " (255 is also ssh's own code for a failed connection or login)"
+    if 128 < returncode < 128 + 65 and not signal_name(returncode - 128).startswith("signal"):
+        return text + f" (128+{returncode - 128}: a shell's way of saying killed by {signal_name(returncode - 128)})"
+    return text
+
+
+def _exit_status(returncode: int) -> int:
+    """The launcher's exit code for a child's: its code, or 128+N for signal N."""
+    return 128 - returncode if returncode < 0 else min(returncode, 255)
+
+
+class Console:
+    """Where the children's lines (``out``) and the launcher's notes (``err``) go.
+
+    One lock keeps lines whole. A closed or broken output (``pskv launch ... | head``)
+    drops lines but never blocks a child: its pipe keeps being read.
+
+    Args:
+        out: binary stream for the children's prefixed lines.
+        err: text stream for the launcher's own messages (``pskv launch: ...``).
+    """
+
+    def __init__(self, out: IO[bytes], err: IO[str]) -> None:
+        self._out = out
+        self._err = err
+        self._lock = threading.Lock()
+
+    def child_line(self, prefix: bytes, line: bytes) -> None:
+        """Write one line of a child's output (``line`` ends with a newline)."""
+        with self._lock:
+            try:
+                self._out.write(prefix + line)
+                self._out.flush()
+            except (OSError, ValueError):
+                pass
+
+    def note(self, text: str) -> None:
+        """Write one launcher message: ``pskv launch: <text>``."""
+        with self._lock:
+            try:
+                self._out.flush()
+                self._err.write(f"pskv launch: {text}\n")
+                self._err.flush()
+            except (OSError, ValueError):
+                pass
+
+
+@dataclass(eq=False)
+class _Child:
+    spec: ProcessSpec
+    proc: subprocess.Popen[bytes]
+    reader: threading.Thread
+    returncode: int | None = None
+    stop_signal: int | None = None
+    abandoned: bool = False
+
+    @property
+    def running(self) -> bool:
+        return self.returncode is None and not self.abandoned
+
+    @property
+    def where(self) -> str:
+        return f"{self.spec.name} on {self.spec.host}"
+
+
+@dataclass(order=True)
+class _Event:
+    when: float
+    kind: str = field(compare=False)  # 'exit' or 'signal'
+    child: _Child | None = field(default=None, compare=False)
+    code: int = field(default=0, compare=False)  # returncode or signal number
+
+
+class Supervisor:
+    """Starts a job's processes and watches them until the job ends.
+
+    Use as a context manager (it installs SIGINT/SIGTERM handlers when on the main
+    thread, and on exit kills anything still running): :meth:`start` each process,
+    optionally :meth:`wait_for_port`, then :meth:`run` for the exit code.
+
+    Args:
+        console: where output and messages go.
+        stop_grace: seconds between the stop signal and SIGKILL.
+        exit_grace: seconds servers and scheduler may take to exit after the last worker.
+        timeout: seconds the whole job may take, counted from now (None: no limit).
+        via_ssh: the children are ssh clients (changes how exit code 255 is explained).
+    """
+
+    def __init__(self, console: Console, *, stop_grace: float = 5.0, exit_grace: float = 30.0,
+                 timeout: float | None = None, via_ssh: bool = False) -> None:
+        self._console = console
+        self._stop_grace = stop_grace
+        self._exit_grace = exit_grace
+        self._timeout = timeout
+        self._deadline = None if timeout is None else time.monotonic() + timeout
+        self._via_ssh = via_ssh
+        self._events: queue.SimpleQueue[_Event] = queue.SimpleQueue()  # put() is safe in signal handlers
+        self._children: list[_Child] = []
+        self._previous_handlers: dict[int, Any] = {}
+        self._outcome: int | None = None  # the launcher's exit code, once decided
+        self._cause = ""  # what ended the job, for consequence messages
+        self._grace_at: float | None = None
+        self._kill_at: float | None = None
+        self._abandon_at: float | None = None
+        self._stopped: list[str] = []
+
+    # -- life cycle ---------------------------------------------------------------------
+    def __enter__(self) -> Supervisor:
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Kill every child still running (only left after an error), restore signal handlers."""
+        for child in self._children:
+            if child.running:
+                _signal_group(child, signal.SIGKILL)
+        for child in self._children:
+            if child.running:
+                try:
+                    child.proc.wait(_KILL_WAIT)
+                except subprocess.TimeoutExpired:
+                    pass
+            child.reader.join(_READER_JOIN)
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        self._previous_handlers.clear()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._events.put(_Event(time.monotonic(), "signal", code=signum))
+
+    @property
+    def ended(self) -> bool:
+        """True once the job's outcome is decided (a failure, a signal, a timeout)."""
+        return self._outcome is not None
+
+    # -- starting -----------------------------------------------------------------------
+    def start(self, spec: ProcessSpec) -> None:
+        """Start one process; its output streams to the console from now on.
+
+        Raises:
+            LaunchError: the process could not be started.
+        """
+        try:
+            proc = subprocess.Popen(spec.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as exc:
+            raise LaunchError(f"could not start {spec.name} on {spec.host} ({spec.argv[0]}): {exc}") from exc
+        assert proc.stdout is not None
+        prefix = f"[{spec.name}] ".encode()
+        reader = threading.Thread(target=self._stream, args=(prefix, proc.stdout), daemon=True,
+                                  name=f"pskv-launch-output-{spec.name}")
+        child = _Child(spec, proc, reader)
+        self._children.append(child)
+        reader.start()
+        threading.Thread(target=self._wait, args=(child,), daemon=True, name=f"pskv-launch-wait-{spec.name}").start()
+
+    def _stream(self, prefix: bytes, stream: IO[bytes]) -> None:
+        with stream:
+            for line in iter(stream.readline, b""):
+                self._console.child_line(prefix, line if line.endswith(b"\n") else line + b"\n")
+
+    def _wait(self, child: _Child) -> None:
+        returncode = child.proc.wait()
+        when = time.monotonic()
+        child.reader.join(_READER_JOIN)  # its last lines come before the launcher's verdict
+        self._events.put(_Event(when, "exit", child, returncode))
+
+    def wait_for_port(self, path: str, timeout: float) -> int | None:
+        """Wait until the scheduler writes its port to ``path``, watching the job meanwhile.
+
+        Returns:
+            The port, or None when the job ended first (the scheduler died, a signal, the timeout).
+
+        Raises:
+            LaunchError: no port within ``timeout`` seconds.
+        """
+        limit = time.monotonic() + timeout
+        while self._outcome is None:
+            port = _read_port(path)
+            if port is not None:
+                return port
+            if time.monotonic() >= limit:
+                raise LaunchError(f"the scheduler did not publish its port within {timeout:g} s")
+            self._pump(0.02)  # the scheduler writes the file once: a cheap, bounded poll
+        return None
+
+    # -- supervising --------------------------------------------------------------------
+    def abort(self, reason: str) -> None:
+        """End the job because of the launcher itself (``reason`` is printed); exit code 1."""
+        if self._outcome is None:
+            self._decide(EXIT_LINGER, reason, "the launcher's error")
+
+    def run(self) -> int:
+        """Watch the children until all have exited; returns the launcher's exit code."""
+        while any(child.running for child in self._children):
+            self._pump(0.5)
+        for child in self._children:
+            child.reader.join(_READER_JOIN)
+        if self._stopped:
+            self._console.note(f"stopped {', '.join(self._stopped)}")
+        return 0 if self._outcome is None else self._outcome
+
+    def _pump(self, max_wait: float) -> None:
+        """Handle the events of the next ``max_wait`` seconds (at most), then the deadlines."""
+        wait = max(0.0, min([max_wait] + [t - time.monotonic() for t in self._deadlines()]))
+        batch = []
+        try:
+            batch.append(self._events.get(timeout=wait))
+            while True:
+                batch.append(self._events.get_nowait())
+        except queue.Empty:
+            pass
+        for event in sorted(batch):  # the earliest exit is the root cause
+            if event.kind == "signal":
+                self._on_launcher_signal(event.code)
+            elif event.child is not None:
+                self._on_exit(event.child, event.code)
+        self._check_deadlines()
+
+    def _deadlines(self) -> list[float]:
+        times = [self._deadline, self._grace_at] if self._outcome is None else [self._kill_at, self._abandon_at]
+        return [t for t in times if t is not None]
+
+    def _on_exit(self, child: _Child, returncode: int) -> None:
+        child.returncode = returncode
+        if self._outcome is None:
+            if returncode != 0:
+                self._decide(_exit_status(returncode), f"{child.where} {describe_exit(returncode, self._via_ssh)}; "
+                             "stopping the job", f"{child.spec.name}'s failure")
+            elif self._grace_at is None and all(c.returncode == 0 for c in self._children if c.spec.is_worker):
+                self._grace_at = time.monotonic() + self._exit_grace
+        elif child.stop_signal is not None and returncode in _deaths_by(child.stop_signal):
+            self._stopped.append(child.spec.name)
+        elif returncode != 0:
+            self._console.note(f"{child.where} {describe_exit(returncode, self._via_ssh)} "
+                               f"(a consequence of {self._cause}, not a cause)")
+
+    def _on_launcher_signal(self, signum: int) -> None:
+        name = signal_name(signum)
+        if self._outcome is None:
+            self._decide(128 + signum, f"received {name}; stopping the job", f"{name} to the launcher")
+        elif self._kill_at is not None and self._abandon_at is None:
+            self._console.note(f"received {name} again; killing every process now")
+            self._kill_at = time.monotonic()
+
+    def _check_deadlines(self) -> None:
+        now = time.monotonic()
+        if self._outcome is None:
+            if self._deadline is not None and now >= self._deadline:
+                self._decide(EXIT_TIMEOUT, f"the job did not finish within --timeout {self._timeout:g} s; "
+                             "stopping it", "the timeout")
+            elif self._grace_at is not None and now >= self._grace_at:
+                names = ", ".join(c.where for c in self._children if c.running)
+                self._decide(EXIT_LINGER, f"every worker exited 0, but {names} did not exit within "
+                             f"{self._exit_grace:g} s after the last worker; stopping them", "stopping them")
+            return
+        if self._kill_at is not None and now >= self._kill_at and self._abandon_at is None:
+            late = [c for c in self._children if c.running]
+            if late:
+                self._console.note(f"{', '.join(c.where for c in late)} did not stop within "
+                                   f"{self._stop_grace:g} s; killing (SIGKILL)")
+            for child in late:
+                child.stop_signal = signal.SIGKILL
+                _signal_group(child, signal.SIGKILL)
+            self._abandon_at = now + _KILL_WAIT
+        elif self._abandon_at is not None and now >= self._abandon_at:
+            for child in self._children:
+                if child.running:
+                    self._console.note(f"{child.where} (pid {child.proc.pid}) survived SIGKILL; giving up on it")
+                    child.abandoned = True
+
+    def _decide(self, exit_code: int, message: str, cause: str) -> None:
+        """Fix the job's outcome, say why, and stop every running child (SIGTERM)."""
+        self._outcome = exit_code
+        self._cause = cause
+        self._console.note(message)
+        for child in self._children:
+            if child.running:
+                child.stop_signal = signal.SIGTERM
+                _signal_group(child, signal.SIGTERM)
+        self._kill_at = time.monotonic() + self._stop_grace
+
+
+def _deaths_by(signum: int) -> set[int]:
+    """Exit codes of a process that died of ``signum`` (or of the SIGKILL that may follow)."""
+    return {-signum, 128 + signum, -signal.SIGKILL, 128 + signal.SIGKILL}
+
+
+def _signal_group(child: _Child, signum: int) -> None:
+    # start_new_session made the child a group leader: its group id is its pid. The
+    # group outlives the leader only while members remain, so this reaches exactly the
+    # processes the child started.
+    if child.proc.returncode is not None:
+        return
+    try:
+        os.killpg(child.proc.pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _read_port(path: str) -> int | None:
+    try:
+        with open(path, encoding="ascii") as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
