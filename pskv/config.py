@@ -63,6 +63,7 @@ CLUSTER_ENV_VARS: dict[str, tuple[str, str]] = {
     "MXNET_KVSTORE_BIGARRAY_BOUND": ("bigarray_bound", "arrays with at least this many elements are split over all servers (default 1000000)"),
     "PSKV_STARTUP_TIMEOUT": ("startup_timeout", "seconds to wait for every node to register (default 60)"),
     "PSKV_REQUEST_TIMEOUT": ("request_timeout", "seconds a request waits for its reply before TimeoutError (default 300)"),
+    "PSKV_STALL_REPORT": ("stall_report", "seconds a sync round may wait before its server logs which workers are missing (default 30; 0 off)"),
     "PSKV_SERVER_MODULES": ("server_modules", "comma-separated modules a server imports at start (they register controllers)"),
 }
 
@@ -150,6 +151,8 @@ class ClusterConfig:
         startup_timeout: seconds to wait for every node to register.
         request_timeout: seconds a request waits for its reply.
         server_modules: modules a server imports at start (controllers register there).
+        stall_report: seconds an open sync round may wait before its server logs which
+            workers have not pushed (0 disables).
     """
 
     role: str = "worker"
@@ -167,6 +170,7 @@ class ClusterConfig:
     startup_timeout: float = 60.0
     request_timeout: float = 300.0
     server_modules: str = ""
+    stall_report: float = 30.0
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:

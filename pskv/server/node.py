@@ -21,7 +21,7 @@ from pskv.cluster import Membership, RequestTracker
 from pskv.cluster.messages import error_frames, json_body, reply_frames
 from pskv.config import ClusterConfig
 from pskv.errors import InvalidArgumentError, KVStoreError, OptimizerStateError, ProtocolError, TransportError
-from pskv.protocol import ArraySpec, Command, Header, Role, decode, frame_array, node_role_rank
+from pskv.protocol import ArraySpec, Command, Header, Role, decode, frame_array, node_id, node_name, node_role_rank
 from pskv.server.controllers import find_controller, import_modules
 from pskv.server.shard import Part, ServerShard, to_storage
 from pskv.transport import Reactor
@@ -63,6 +63,9 @@ class ServerNode:
         }
         if cluster.server_modules:
             import_modules(cluster.server_modules)
+        if cluster.stall_report > 0:
+            self._reactor.add_timer(min(cluster.stall_report, 5.0), self._report_stalls)
+        self._reported: set[tuple[tuple[int, int], int]] = set()
 
     @property
     def name(self) -> str:
@@ -97,6 +100,18 @@ class ServerNode:
             if self._own_context:
                 self._own_context = False
                 self._ctx.term()
+
+    def _report_stalls(self) -> None:
+        """Log, once per round, sync rounds waiting longer than the stall limit."""
+        everyone = {node_id(Role.WORKER, r) for r in range(self._cluster.num_workers)}
+        for pid, rnd, pushed, age in self._shard.stalled(self._cluster.stall_report):
+            if (pid, rnd) in self._reported:
+                continue
+            self._reported.add((pid, rnd))
+            missing = ", ".join(node_name(n) for n in sorted(everyone - pushed))
+            have = ", ".join(node_name(n) for n in sorted(pushed))
+            log.warning("%s: round %d of key %d (offset %d) has waited %.0f s for %s (pushed: %s)",
+                        self.name, rnd, pid[0], pid[1], age, missing, have)
 
     def _on_reactor_failure(self, exc: BaseException) -> None:
         self._tracker.fail_all(TransportError(f"{self.name}'s network thread failed: {exc!r}"))

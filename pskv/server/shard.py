@@ -29,6 +29,7 @@ in place, :meth:`Part.wire_value` hands out a snapshot.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -80,6 +81,7 @@ class Part:
     pushed: set[int] = field(default_factory=set)
     queued: dict[int, deque[np.ndarray[Any, Any]]] = field(default_factory=dict)
     waiting: list[tuple[int, Callable[[Part], None]]] = field(default_factory=list)
+    round_started: float = 0.0  # monotonic time of the first push of the open round
 
     def wire_value(self, snapshot: bool) -> np.ndarray[Any, Any]:
         """The value as it travels (bfloat16 as bits); ``snapshot`` copies it."""
@@ -174,6 +176,7 @@ class ServerShard:
 
     def _add(self, part: Part, worker: int, data: np.ndarray[Any, Any]) -> None:
         if not part.pushed:
+            part.round_started = time.monotonic()
             if part.merge is None:
                 part.merge = np.empty_like(part.value)
             np.copyto(part.merge, data)
@@ -217,6 +220,8 @@ class ServerShard:
         for cb in now:
             cb(part)
 
-    def stalled(self) -> list[tuple[PartId, int, set[int]]]:
-        """Parts with an incomplete round: ``(part id, round, workers that pushed)``."""
-        return [(pid, p.round + 1, set(p.pushed)) for pid, p in self.parts.items() if p.pushed]
+    def stalled(self, older_than: float = 0.0) -> list[tuple[PartId, int, set[int], float]]:
+        """Open rounds older than ``older_than`` s: ``(part id, round, workers that pushed, age)``."""
+        now = time.monotonic()
+        return [(pid, p.round + 1, set(p.pushed), now - p.round_started)
+                for pid, p in self.parts.items() if p.pushed and now - p.round_started >= older_than]

@@ -302,3 +302,18 @@ def test_byteps_store_sums_and_broadcasts():
 
     for summed, again, bcast in run(2, 2, fn, store="byteps"):
         assert (summed, again, bcast) == (3.0, 2.0, 5.0)
+
+
+def test_a_stalled_round_is_reported_with_the_missing_workers(caplog):
+    def fn(kv):
+        kv.init(4, np.zeros(2))
+        if kv.rank == 1:
+            time.sleep(1.5)  # worker 1 is late
+        kv.push(4, np.ones(2))
+        return kv.pull(4)
+
+    with caplog.at_level("WARNING", logger="pskv.server"):
+        values = run(1, 2, fn, stall_report=0.3)
+    assert all((v == 2).all() for v in values)
+    reports = [r.getMessage() for r in caplog.records if "has waited" in r.getMessage()]
+    assert reports and "round 1 of key 4" in reports[0] and "for worker 1 (pushed: worker 0)" in reports[0]

@@ -90,7 +90,9 @@ def test_init_and_checks():
         s.check(7, 0, "float32", 5, "push")
     assert s.stalled() == []
     s.push(p, 9, f(1))
-    assert s.stalled() == [((7, 0), 1, {9})]
+    [(pid, rnd, pushed, age)] = s.stalled()
+    assert (pid, rnd, pushed) == ((7, 0), 1, {9}) and age >= 0
+    assert s.stalled(older_than=3600) == []
 
 
 def test_bfloat16_parts_are_summed_in_float32():
