@@ -44,6 +44,7 @@ from pskv.errors import (
     InvalidTypeError,
     NodeFailedError,
     NotSupportedError,
+    ProtocolError,
     ShapeMismatchError,
     StoreClosedError,
     UnknownKeyError,
@@ -52,7 +53,7 @@ from pskv.kvstore.base import KVStoreBase
 from pskv.kvstore.engine import Engine, OpHandle
 from pskv.kvstore.keys import Key, KeyKind, as_key_list, pair_up
 from pskv.partition import server_key, split
-from pskv.protocol import ArraySpec, Command, Role, frame_array
+from pskv.protocol import ArraySpec, Command, Role, frame_array, node_name
 from pskv.worker import WorkerClient
 
 __all__ = ["DistStore"]
@@ -232,14 +233,18 @@ class DistStore(KVStoreBase):
         values: dict[int, Any] = {}
         for items, pending in pendings.values():
             header = pending.wait(limit)
-            if len(header.arrays) != len(items):
+            if not header.arrays:  # an acknowledgement without data (init)
                 continue
+            if len(header.arrays) != len(items):
+                raise ProtocolError(
+                    f"{node_name(pending.node)} answered {len(header.arrays)} arrays for {len(items)} requested parts"
+                )
             for (rec, i), spec, buf in zip(items, header.arrays, pending.buffers):
                 frame = frame_array(spec, buf)
                 if track_rounds:
                     rec.rounds[i] = spec.round
                 if spec.offset != rec.parts[i][1] or frame.size != rec.parts[i][2]:
-                    raise InvalidArgumentError(f"server reply for key {rec.key!r} does not match its layout")
+                    raise ProtocolError(f"{node_name(pending.node)}'s reply for key {rec.key!r} does not match its layout")
                 if len(rec.parts) == 1:
                     values[id(rec)] = from_wire(frame, rec.meta).reshape(rec.meta.shape)
                 else:
