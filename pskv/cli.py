@@ -4,6 +4,7 @@ Subcommands:
     pskv info        versions, optional backends (PyTorch, CUDA) and resolved settings
     pskv scheduler   run the scheduler role (cluster contract from the DMLC_* environment)
     pskv server      run a server role (same)
+    pskv launch      start a job (scheduler, servers, workers) and supervise it (docs/launch.md)
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ import numpy as np
 from pskv import __version__
 from pskv.config import ENV_VARS, Config
 from pskv.kvstore import known_types
+from pskv.launch import DESCRIPTION as LAUNCH_DESCRIPTION
+from pskv.launch import add_arguments as add_launch_arguments
+from pskv.launch import run_args as run_launch
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -52,7 +56,8 @@ def _role(role: str) -> Callable[[argparse.Namespace], int]:
         from pskv.config import ClusterConfig
         from pskv.roles import run_role
 
-        logging.basicConfig(level=logging.INFO, format=f"[{role}] %(levelname)s %(name)s: %(message)s")
+        # no role prefix here: `pskv launch` prefixes every line with role and rank
+        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
         cluster = ClusterConfig.from_env(role=role)
         return run_role(cluster, port_file=args.port_file)
     return run
@@ -71,6 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--port-file", default=None,
                        help="scheduler only: with DMLC_PS_ROOT_PORT=0, bind a free port and write it to this file")
         p.set_defaults(func=_role(role))
+    p_launch = sub.add_parser("launch", help="start a job (scheduler, servers, workers) and supervise it",
+                              description=LAUNCH_DESCRIPTION)
+    add_launch_arguments(p_launch)
+    p_launch.set_defaults(func=run_launch)
     return parser
 
 

@@ -56,6 +56,7 @@ CLUSTER_ENV_VARS: dict[str, tuple[str, str]] = {
     "DMLC_NUM_WORKER": ("num_workers", "number of worker processes"),
     "DMLC_NODE_HOST": ("node_host", "address this node binds and advertises (default: 127.0.0.1)"),
     "DMLC_WORKER_ID": ("rank", "this worker's rank, if the launcher assigns it (else by arrival)"),
+    "PSKV_SERVER_RANK": ("server_rank", "this server's rank, if the launcher assigns it (else by arrival)"),
     "PSKV_LOCAL_RANK": ("local_rank", "this worker's index among the workers on its host (default 0)"),
     "PS_VERBOSE": ("verbose", "1 logs connections, 2 logs every message (default 0)"),
     "PS_HEARTBEAT_INTERVAL": ("heartbeat_interval", "seconds between heartbeats; 0 disables (default 1)"),
@@ -142,6 +143,7 @@ class ClusterConfig:
         num_workers: number of workers.
         node_host: address this node binds and advertises.
         rank: the worker rank the launcher assigned, or -1 (assigned at registration).
+        server_rank: the server rank the launcher assigned, or -1 (by arrival).
         local_rank: this worker's index among the workers on its host (set by
             ``pskv launch``; selects a device per worker).
         verbose: 0 quiet, 1 connections, 2 every message.
@@ -162,6 +164,7 @@ class ClusterConfig:
     num_workers: int = 0
     node_host: str = "127.0.0.1"
     rank: int = -1
+    server_rank: int = -1
     local_rank: int = 0
     verbose: int = 0
     heartbeat_interval: float = 1.0

@@ -72,6 +72,7 @@ class _Key:
     parts: list[tuple[int, int, int]]  # (server, offset, length)
     rounds: list[int]  # per part: the round this worker's last push joined
     send: Any = None  # CPU buffer of the meta's kind: the locally reduced value
+    outgoing: Any = None  # what the current operation sends: the caller's value or `send`
     recv: Any = None  # CPU buffer assembling a split value
 
 
@@ -180,23 +181,26 @@ class DistStore(KVStoreBase):
         return self._engine.submit(op, keys, priority, fn, block, self._timeout(timeout))
 
     def _reduce(self, pairs: Sequence[tuple[_Key, list[Any]]]) -> None:
-        """Sum each key's device values into its CPU send buffer."""
-        for rec, _ in pairs:
+        """Set each key's outgoing buffer: its one CPU value as is, else the sum of its values.
+
+        A single CPU value is sent without a copy (which is why a value given to a
+        non-blocking push must not change before its handle is done); several values,
+        or values on a GPU, are summed into the key's CPU send buffer.
+        """
+        to_sum = []
+        for rec, vals in pairs:
+            if len(vals) == 1 and describe(vals[0]).device == "cpu":
+                rec.outgoing = vals[0]
+                continue
             if rec.send is None:
                 rec.send = empty(rec.meta, device="cpu")
-        if self._on_device:
-            # sum where the values live, then one transfer per key
-            staged = []
-            for rec, vals in pairs:
-                dev = describe(vals[0]).device
-                if dev != "cpu" and len(vals) > 1:
-                    acc = empty(rec.meta, device=dev)
-                    sum_into_many([(acc, vals)], self._kernels)
-                    vals = [acc]
-                staged.append((rec.send, vals))
-            sum_into_many(staged, self._kernels)
-        else:
-            sum_into_many([(rec.send, vals) for rec, vals in pairs], self._kernels)
+            rec.outgoing = rec.send
+            if self._on_device and len(vals) > 1 and describe(vals[0]).device != "cpu":
+                acc = empty(rec.meta, device=describe(vals[0]).device)  # sum where the values live
+                sum_into_many([(acc, vals)], self._kernels)
+                vals = [acc]
+            to_sum.append((rec.send, vals))
+        sum_into_many(to_sum, self._kernels)
 
     def _by_server(self, recs: Sequence[_Key]) -> dict[int, list[tuple[_Key, int]]]:
         groups: dict[int, list[tuple[_Key, int]]] = defaultdict(list)
@@ -220,7 +224,7 @@ class DistStore(KVStoreBase):
         pendings = {}
         for server, items in self._by_server(recs).items():
             specs = tuple(self._spec(rec, i) for rec, i in items)
-            data = [self._slice(rec, rec.send, i) for rec, i in items]
+            data = [self._slice(rec, rec.outgoing, i) for rec, i in items]
             pendings[server] = (items, self._client.request(server, command, specs, data, body, priority))
         return pendings
 

@@ -29,10 +29,12 @@ CONTRACT: dict[str, tuple[str, str]] = {
     "DMLC_NODE_HOST": ("every process", "the address the process binds and advertises: its host"),
     "DMLC_WORKER_ID": ("workers (the rank)", "the worker's rank, 0..n-1"),
     "PSKV_LOCAL_RANK": ("workers (ClusterConfig.local_rank)", "the worker's index among the workers on its host"),
+    "PSKV_SERVER_RANK": ("servers (ClusterConfig.server_rank)", "the server's rank, 0..s-1, so output labels and ranks agree"),
     "PYTHONUNBUFFERED": ("Python", "1, so output reaches the launcher line by line (an --env pair may override it)"),
 }
 
-_WORKER_ONLY = ("DMLC_WORKER_ID", "PSKV_LOCAL_RANK")
+# Role-specific variables: unset (`env -u`) in the processes they do not belong to.
+_ROLE_ONLY = ("DMLC_WORKER_ID", "PSKV_LOCAL_RANK", "PSKV_SERVER_RANK")
 ROLE_ORDER = ("scheduler", "server", "worker")
 
 
@@ -81,7 +83,7 @@ def contract_env(layout: JobLayout, role: str, host: str, rank: int | None = Non
         layout: the job's scheduler address and sizes.
         role: ``'scheduler'``, ``'server'`` or ``'worker'``.
         host: the process's host (its ``DMLC_NODE_HOST``).
-        rank: workers: the rank.
+        rank: workers and servers: the rank.
         local_rank: workers: the index among the workers on ``host``.
 
     Raises:
@@ -98,6 +100,8 @@ def contract_env(layout: JobLayout, role: str, host: str, rank: int | None = Non
         "DMLC_NODE_HOST": host,
         "PYTHONUNBUFFERED": "1",
     }
+    if role == "server" and rank is not None:
+        env["PSKV_SERVER_RANK"] = str(rank)
     if role == "worker":
         if rank is None or local_rank is None:
             raise ValueError("a worker needs a rank and a local rank")
@@ -116,7 +120,7 @@ def env_argv(contract: Mapping[str, str], extra: Mapping[str, str], command: Seq
         command: the program and its arguments.
     """
     argv = ["env"]
-    for name in _WORKER_ONLY:
+    for name in _ROLE_ONLY:
         if name not in contract:
             argv += ["-u", name]
     merged = {**contract, **extra}

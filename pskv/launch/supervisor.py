@@ -37,7 +37,7 @@ __all__ = ["Console", "Supervisor", "describe_exit", "signal_name"]
 _READER_JOIN = 2.0  # seconds an exit notice waits for the child's last output lines
 _KILL_WAIT = 5.0  # seconds to wait for SIGKILLed children before giving up on them
 EXIT_TIMEOUT = 124  # as timeout(1)
-EXIT_LINGER = 1
+EXIT_FAILURE = 1  # lingering servers or scheduler, or the launcher's own error
 
 
 def signal_name(signum: int) -> str:
@@ -199,11 +199,6 @@ class Supervisor:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._events.put(_Event(time.monotonic(), "signal", code=signum))
 
-    @property
-    def ended(self) -> bool:
-        """True once the job's outcome is decided (a failure, a signal, a timeout)."""
-        return self._outcome is not None
-
     # -- starting -----------------------------------------------------------------------
     def start(self, spec: ProcessSpec) -> None:
         """Start one process; its output streams to the console from now on.
@@ -259,7 +254,7 @@ class Supervisor:
     def abort(self, reason: str) -> None:
         """End the job because of the launcher itself (``reason`` is printed); exit code 1."""
         if self._outcome is None:
-            self._decide(EXIT_LINGER, reason, "the launcher's error")
+            self._decide(EXIT_FAILURE, f"{reason}; stopping the job", "the launcher's error")
 
     def run(self) -> int:
         """Watch the children until all have exited; returns the launcher's exit code."""
@@ -267,8 +262,9 @@ class Supervisor:
             self._pump(0.5)
         for child in self._children:
             child.reader.join(_READER_JOIN)
-        if self._stopped:
-            self._console.note(f"stopped {', '.join(self._stopped)}")
+        if self._stopped:  # in start order: scheduler, servers, workers
+            names = [c.spec.name for c in self._children if c.spec.name in self._stopped]
+            self._console.note(f"stopped {', '.join(names)}")
         return 0 if self._outcome is None else self._outcome
 
     def _pump(self, max_wait: float) -> None:
@@ -289,7 +285,10 @@ class Supervisor:
         self._check_deadlines()
 
     def _deadlines(self) -> list[float]:
-        times = [self._deadline, self._grace_at] if self._outcome is None else [self._kill_at, self._abandon_at]
+        if self._outcome is None:
+            times = [self._deadline, self._grace_at]
+        else:  # stopping: first the SIGKILL, then giving up on survivors
+            times = [self._kill_at if self._abandon_at is None else self._abandon_at]
         return [t for t in times if t is not None]
 
     def _on_exit(self, child: _Child, returncode: int) -> None:
@@ -303,8 +302,8 @@ class Supervisor:
         elif child.stop_signal is not None and returncode in _deaths_by(child.stop_signal):
             self._stopped.append(child.spec.name)
         elif returncode != 0:
-            self._console.note(f"{child.where} {describe_exit(returncode, self._via_ssh)} "
-                               f"(a consequence of {self._cause}, not a cause)")
+            self._console.note(f"{child.where} {describe_exit(returncode, self._via_ssh)}"
+                               f"; a consequence of {self._cause}, not a cause")
 
     def _on_launcher_signal(self, signum: int) -> None:
         name = signal_name(signum)
@@ -322,8 +321,8 @@ class Supervisor:
                              "stopping it", "the timeout")
             elif self._grace_at is not None and now >= self._grace_at:
                 names = ", ".join(c.where for c in self._children if c.running)
-                self._decide(EXIT_LINGER, f"every worker exited 0, but {names} did not exit within "
-                             f"{self._exit_grace:g} s after the last worker; stopping them", "stopping them")
+                self._decide(EXIT_FAILURE, f"every worker exited 0, but {names} did not exit within "
+                             f"{self._exit_grace:g} s after the last worker; stopping them", "the launcher stopping them")
             return
         if self._kill_at is not None and now >= self._kill_at and self._abandon_at is None:
             late = [c for c in self._children if c.running]

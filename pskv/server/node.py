@@ -82,7 +82,7 @@ class ServerNode:
         """
         self._reactor.start()
         try:
-            info = self._membership.register()
+            info = self._membership.register(self._cluster.server_rank)
             self._rank = info.rank
             log.info("%s serving on %s", self.name, self.address)
             # Wait for the end of the job. This wait has no deadline of its own: a job may

@@ -1,0 +1,117 @@
+"""``pskv launch``: start a whole job (scheduler, servers, workers) and supervise it.
+
+::
+
+    pskv launch -n 2 -s 1 -- python train.py          # everything on this machine
+    pskv launch -n 8 -s 4 --launcher ssh -H hosts -- python train.py
+
+Modules, bottom up:
+
+* :mod:`~pskv.launch.contract` — the environment each process gets (the launch contract);
+* :mod:`~pskv.launch.config` — :class:`LaunchConfig`, the validated request;
+* :mod:`~pskv.launch.supervisor` — starting, output streaming, root cause, stopping;
+* :mod:`~pskv.launch.local` / :mod:`~pskv.launch.ssh` — where the processes run.
+
+The user guide is ``docs/launch.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from pskv.errors import InvalidArgumentError
+from pskv.launch.config import DEFAULT_SSH_PORT, LAUNCHERS, LaunchConfig, parse_env_pairs
+from pskv.launch.contract import CONTRACT
+from pskv.launch.local import run_local
+from pskv.launch.ssh import run_ssh
+from pskv.launch.supervisor import Console
+
+__all__ = ["CONTRACT", "DESCRIPTION", "LaunchConfig", "add_arguments", "config_from_args", "launch", "main", "run_args"]
+
+USAGE_ERROR = 2  # as argparse
+DESCRIPTION = "Start a pskv job (scheduler, servers, workers) and supervise it; see docs/launch.md."
+
+
+def launch(config: LaunchConfig, console: Console | None = None) -> int:
+    """Run the job ``config`` describes until it ends; returns the launcher's exit code.
+
+    Args:
+        config: the job.
+        console: where output and messages go (default: this process's stdout / stderr).
+
+    Raises:
+        InvalidArgumentError: the hostfile is unreadable or malformed (nothing was started).
+    """
+    console = Console(sys.stdout.buffer, sys.stderr) if console is None else console
+    if config.launcher == "ssh":
+        return run_ssh(config, console)
+    return run_local(config, console)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``pskv launch`` options and the command to ``parser``."""
+    parser.add_argument("-n", "--num-workers", type=int, required=True, metavar="W", help="number of workers")
+    parser.add_argument("-s", "--num-servers", type=int, default=None, metavar="S",
+                        help="number of servers (default: W, as MXNet's launcher)")
+    parser.add_argument("--launcher", choices=LAUNCHERS, default="local",
+                        help="local: everything on this machine, on 127.0.0.1 (default); ssh: on the hostfile's hosts")
+    parser.add_argument("-H", "--hostfile", default=None, metavar="FILE",
+                        help="ssh: hosts, one 'HOST [SLOTS]' per line")
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="set a variable in every process (repeatable)")
+    parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                        help="stop the job after this long (exit 124)")
+    parser.add_argument("--port", type=int, default=DEFAULT_SSH_PORT,
+                        help=f"ssh: the scheduler's port on the first host (default {DEFAULT_SSH_PORT})")
+    parser.add_argument("--startup-timeout", type=float, default=60.0, metavar="SECONDS",
+                        help="local: how long the scheduler may take to get ready (default 60)")
+    parser.add_argument("--stop-grace", type=float, default=5.0, metavar="SECONDS",
+                        help="between SIGTERM and SIGKILL when stopping the job (default 5)")
+    parser.add_argument("--exit-grace", type=float, default=30.0, metavar="SECONDS",
+                        help="how long servers and scheduler may take to exit after the last worker (default 30)")
+    parser.add_argument("--python", default=sys.executable, metavar="PATH",
+                        help="interpreter for the server and scheduler roles (default: this one)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the worker command, after --")
+
+
+def config_from_args(args: argparse.Namespace) -> LaunchConfig:
+    """The :class:`LaunchConfig` of parsed ``pskv launch`` arguments.
+
+    Raises:
+        InvalidArgumentError: a bad ``--env`` pair or an invalid combination of options.
+    """
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    return LaunchConfig(
+        num_workers=args.num_workers,
+        num_servers=args.num_workers if args.num_servers is None else args.num_servers,
+        command=tuple(command),
+        launcher=args.launcher,
+        hostfile=args.hostfile,
+        env=parse_env_pairs(args.env),
+        timeout=args.timeout,
+        port=args.port,
+        startup_timeout=args.startup_timeout,
+        stop_grace=args.stop_grace,
+        exit_grace=args.exit_grace,
+        python=args.python,
+    )
+
+
+def run_args(args: argparse.Namespace) -> int:
+    """Validate parsed arguments and run the job; a usage error prints one line and returns 2."""
+    try:
+        return launch(config_from_args(args))
+    except InvalidArgumentError as exc:
+        print(f"pskv launch: error: {exc}", file=sys.stderr)
+        return USAGE_ERROR
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m pskv.launch``: the same as ``pskv launch``; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="python -m pskv.launch", description=DESCRIPTION)
+    add_arguments(parser)
+    return run_args(parser.parse_args(argv))

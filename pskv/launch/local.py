@@ -1,0 +1,58 @@
+"""The local launcher: the whole job on this machine, on the loopback interface only.
+
+Order: the scheduler starts with ``DMLC_PS_ROOT_PORT=0 --port-file F``, binds a free
+port on 127.0.0.1 and writes it to ``F``; once the port is there (a readiness
+handshake, never a sleep), the servers and then the workers start with it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+from pskv.errors import LaunchError
+from pskv.launch.config import LaunchConfig
+from pskv.launch.contract import JobLayout, ProcessSpec, contract_env, env_argv, role_argv
+from pskv.launch.supervisor import Console, Supervisor
+
+__all__ = ["LOOPBACK", "run_local", "local_specs", "scheduler_spec"]
+
+LOOPBACK = "127.0.0.1"
+
+
+def scheduler_spec(config: LaunchConfig, port_file: str) -> ProcessSpec:
+    """The local scheduler, told to pick a free port and publish it in ``port_file``."""
+    layout = JobLayout(LOOPBACK, 0, config.num_servers, config.num_workers)
+    env = contract_env(layout, "scheduler", LOOPBACK)
+    return ProcessSpec("scheduler", None, LOOPBACK,
+                       tuple(env_argv(env, config.env, role_argv(config.python, "scheduler", port_file))))
+
+
+def local_specs(config: LaunchConfig, port: int) -> list[ProcessSpec]:
+    """Servers, then workers (rank = local rank), for a scheduler on ``127.0.0.1:port``."""
+    layout = JobLayout(LOOPBACK, port, config.num_servers, config.num_workers)
+    specs = []
+    for rank in range(config.num_servers):
+        env = contract_env(layout, "server", LOOPBACK, rank=rank)
+        specs.append(ProcessSpec("server", rank, LOOPBACK, tuple(env_argv(env, config.env,
+                                                                           role_argv(config.python, "server")))))
+    for rank in range(config.num_workers):
+        env = contract_env(layout, "worker", LOOPBACK, rank=rank, local_rank=rank)
+        specs.append(ProcessSpec("worker", rank, LOOPBACK, tuple(env_argv(env, config.env, config.command))))
+    return specs
+
+
+def run_local(config: LaunchConfig, console: Console) -> int:
+    """Run the job on this machine; returns the launcher's exit code (see :mod:`pskv.launch.supervisor`)."""
+    with tempfile.TemporaryDirectory(prefix="pskv-launch-") as tmp, \
+            Supervisor(console, stop_grace=config.stop_grace, exit_grace=config.exit_grace,
+                       timeout=config.timeout) as supervisor:
+        try:
+            supervisor.start(scheduler_spec(config, os.path.join(tmp, "scheduler.port")))
+            port = supervisor.wait_for_port(os.path.join(tmp, "scheduler.port"), config.startup_timeout)
+            if port is not None:
+                for spec in local_specs(config, port):
+                    supervisor.start(spec)
+        except LaunchError as exc:
+            supervisor.abort(str(exc))
+        return supervisor.run()

@@ -1,0 +1,165 @@
+"""The ssh launcher: each process runs on a host of a hostfile, through ``ssh``.
+
+Hostfile: one host per line, ``HOST [SLOTS]`` (``HOST slots=N`` works too); ``#``
+starts a comment; blank lines are ignored; SLOTS (default 1) is how many workers the
+host takes per round. Placement:
+
+* the scheduler runs on the first host, on ``--port`` (default 9091): over ssh the
+  launcher cannot learn a port the scheduler picked, so it picks it;
+* server ``i`` runs on host entry ``i mod H`` (file order);
+* workers fill the hosts round-robin by slots: round ``r`` visits, in file order,
+  every host with more than ``r`` slots; worker ``i`` takes the ``i``-th place of that
+  order, starting over when there are more workers than slots;
+* a worker's local rank counts the workers before it on the same host.
+
+Each process is ``ssh -o BatchMode=yes HOST 'cd CWD && env ... COMMAND'``; everything
+starts at once, and servers and workers wait for the scheduler through their own
+registration timeout (``PSKV_STARTUP_TIMEOUT``).
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pskv.errors import InvalidArgumentError, LaunchError
+from pskv.launch.config import LaunchConfig
+from pskv.launch.contract import JobLayout, ProcessSpec, contract_env, env_argv, role_argv
+from pskv.launch.supervisor import Console, Supervisor
+
+__all__ = ["Host", "Placement", "parse_hostfile", "read_hostfile", "place", "ssh_argv", "ssh_specs", "run_ssh"]
+
+
+@dataclass(frozen=True)
+class Host:
+    """One hostfile entry: ``name`` as ssh takes it (``[user@]host``) and its worker slots."""
+
+    name: str
+    slots: int = 1
+
+    @property
+    def address(self) -> str:
+        """The host without ``user@``: its ``DMLC_NODE_HOST``."""
+        return self.name.rsplit("@", 1)[-1]
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where every process of a job runs.
+
+    Attributes:
+        scheduler: the scheduler's host.
+        servers: server rank -> host.
+        workers: worker rank -> (host, local rank).
+    """
+
+    scheduler: Host
+    servers: tuple[Host, ...]
+    workers: tuple[tuple[Host, int], ...]
+
+
+def parse_hostfile(text: str, source: str = "hostfile") -> list[Host]:
+    """The hosts of a hostfile's text.
+
+    Raises:
+        InvalidArgumentError: a malformed line (``source:line`` named) or no host at all.
+    """
+    hosts = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        words = raw.split("#", 1)[0].split()
+        if not words:
+            continue
+        where = f"{source}:{number}"
+        if len(words) > 2:
+            raise InvalidArgumentError(f"{where}: expected 'HOST [SLOTS]', got {raw.strip()!r}")
+        name = words[0]
+        if name.startswith("-"):  # ssh would take it for an option
+            raise InvalidArgumentError(f"{where}: host {name!r} starts with '-'")
+        slots_text = words[1].removeprefix("slots=") if len(words) == 2 else "1"
+        try:
+            slots = int(slots_text)
+        except ValueError:
+            slots = 0
+        if slots < 1:
+            raise InvalidArgumentError(f"{where}: slots must be a positive integer, got {words[1]!r}")
+        hosts.append(Host(name, slots))
+    if not hosts:
+        raise InvalidArgumentError(f"{source} lists no host")
+    return hosts
+
+
+def read_hostfile(path: str) -> list[Host]:
+    """The hosts listed in the file ``path``.
+
+    Raises:
+        InvalidArgumentError: the file cannot be read, is malformed, or lists no host.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise InvalidArgumentError(f"cannot read the hostfile {path!r}: {exc.strerror or exc}") from None
+    return parse_hostfile(text, path)
+
+
+def place(hosts: Sequence[Host], num_servers: int, num_workers: int) -> Placement:
+    """Place the scheduler, servers and workers on ``hosts`` (policy: see the module doc).
+
+    Raises:
+        InvalidArgumentError: ``hosts`` is empty.
+    """
+    if not hosts:
+        raise InvalidArgumentError("no host to place the job on")
+    servers = tuple(hosts[i % len(hosts)] for i in range(num_servers))
+    order = [h for r in range(max(h.slots for h in hosts)) for h in hosts if h.slots > r]
+    per_host: dict[str, int] = {}
+    workers = []
+    for rank in range(num_workers):
+        host = order[rank % len(order)]
+        workers.append((host, per_host.get(host.address, 0)))
+        per_host[host.address] = per_host.get(host.address, 0) + 1
+    return Placement(hosts[0], servers, tuple(workers))
+
+
+def ssh_argv(host: Host, cwd: str, argv: Sequence[str]) -> list[str]:
+    """``ssh -o BatchMode=yes HOST 'cd CWD && ARGV'``, quoted for the remote shell."""
+    return ["ssh", "-o", "BatchMode=yes", host.name, f"cd {shlex.quote(cwd)} && {shlex.join(argv)}"]
+
+
+def ssh_specs(config: LaunchConfig, hosts: Sequence[Host]) -> list[ProcessSpec]:
+    """The scheduler, servers and workers of a job on ``hosts``, in start order."""
+    where = place(hosts, config.num_servers, config.num_workers)
+    layout = JobLayout(where.scheduler.address, config.port, config.num_servers, config.num_workers)
+
+    def spec(role: str, rank: int | None, host: Host, env: dict[str, str], command: Sequence[str]) -> ProcessSpec:
+        return ProcessSpec(role, rank, host.address, tuple(ssh_argv(host, config.cwd,
+                                                                   env_argv(env, config.env, command))))
+
+    specs = [spec("scheduler", None, where.scheduler, contract_env(layout, "scheduler", where.scheduler.address),
+                  role_argv(config.python, "scheduler"))]
+    for rank, host in enumerate(where.servers):
+        specs.append(spec("server", rank, host, contract_env(layout, "server", host.address, rank),
+                          role_argv(config.python, "server")))
+    for rank, (host, local_rank) in enumerate(where.workers):
+        specs.append(spec("worker", rank, host, contract_env(layout, "worker", host.address, rank, local_rank),
+                          config.command))
+    return specs
+
+
+def run_ssh(config: LaunchConfig, console: Console) -> int:
+    """Run the job on the hostfile's hosts; returns the launcher's exit code.
+
+    Raises:
+        InvalidArgumentError: the hostfile is unreadable or malformed (nothing started).
+    """
+    assert config.hostfile is not None  # LaunchConfig checks it
+    specs = ssh_specs(config, read_hostfile(config.hostfile))
+    with Supervisor(console, stop_grace=config.stop_grace, exit_grace=config.exit_grace,
+                    timeout=config.timeout, via_ssh=True) as supervisor:
+        try:
+            for spec in specs:
+                supervisor.start(spec)
+        except LaunchError as exc:
+            supervisor.abort(str(exc))
+        return supervisor.run()

@@ -1,0 +1,413 @@
+"""``pskv launch``: real jobs (local and through a fake ``ssh``), the env contract,
+root-cause reporting, signals, timeouts, and LaunchConfig validation.
+
+Every launched process gets ``PSKV_TEST_TAG=<unique>`` through ``--env``; the ``tag``
+fixture finds them through ``/proc`` to prove nobody is left running, and kills any
+straggler when the test ends. Launchers run in their own session and are killed with
+their group when a test runs out of time.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import pskv
+from pskv.cli import main as cli_main
+from pskv.launch import CONTRACT, LaunchConfig, parse_env_pairs
+from pskv.launch.contract import JobLayout, ProcessSpec, contract_env, env_argv
+from pskv.launch.ssh import Host, parse_hostfile, place
+from pskv.launch.supervisor import Console, Supervisor, describe_exit
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="finds leftover processes through /proc")
+
+REPO = Path(__file__).resolve().parents[2]
+JOB_DEADLINE = 40.0  # seconds a launched job may take before the test kills it
+
+WORKER = """
+import json, os, signal, sys, time
+import numpy as np
+import pskv
+from pskv.launch import CONTRACT
+
+mode = sys.argv[1]
+kv = pskv.create("dist_sync")
+n = kv.num_workers
+kv.init(7, np.zeros((2, 3), np.float32))
+kv.push(7, np.full((2, 3), kv.rank + 1, np.float32))
+total = kv.pull(7)
+assert (total == n * (n + 1) // 2).all(), total
+print(f"rank {kv.rank} of {n}: sum {total[0, 0]:g}")
+print("contract " + json.dumps({name: os.environ.get(name) for name in list(CONTRACT) + ["PSKV_TEST_EXTRA"]}))
+if kv.rank == 1 and mode == "exit3":
+    sys.exit(3)
+if kv.rank == 1 and mode == "sigkill":
+    os.kill(os.getpid(), signal.SIGKILL)
+if mode == "hang":
+    print("ready")
+    time.sleep(120)
+kv.close()
+"""
+
+FAKE_SSH = """#!/bin/bash
+# A stand-in for ssh: drop the options and the host, run the remote command here.
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -o|-p|-i|-l) shift 2 ;;
+    -*) shift ;;
+    *) break ;;
+  esac
+done
+host="$1"; shift
+echo "$host $*" >> "$FAKE_SSH_LOG"
+exec bash -c "$*"
+"""
+
+
+# -- helpers ------------------------------------------------------------------------------
+def tagged_pids(tag: str) -> list[int]:
+    """Live processes whose environment holds ``PSKV_TEST_TAG=tag``."""
+    needle = f"PSKV_TEST_TAG={tag}".encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.fixture
+def tag() -> Iterator[str]:
+    """A unique tag for the processes of one test; stragglers are killed at the end."""
+    value = uuid.uuid4().hex
+    yield value
+    for pid in tagged_pids(value):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture
+def worker_script(tmp_path: Path) -> Path:
+    path = tmp_path / "worker.py"
+    path.write_text(WORKER)
+    return path
+
+
+def start_launcher(args: list[str], tag: str, cwd: Path, env: dict[str, str] | None = None,
+                   module: tuple[str, ...] = ("pskv", "launch")) -> subprocess.Popen[str]:
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.Popen([sys.executable, "-m", *module, "--env", f"PSKV_TEST_TAG={tag}", *args],
+                            env=full_env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
+def kill_launcher(proc: subprocess.Popen[str]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def run_launcher(args: list[str], tag: str, cwd: Path, env: dict[str, str] | None = None,
+                 module: tuple[str, ...] = ("pskv", "launch")) -> tuple[int, str]:
+    """Run a launcher to its end; returns (exit code, merged output)."""
+    proc = start_launcher(args, tag, cwd, env, module)
+    try:
+        out, _ = proc.communicate(timeout=JOB_DEADLINE)
+    except subprocess.TimeoutExpired:
+        kill_launcher(proc)
+        pytest.fail(f"the launcher did not finish within {JOB_DEADLINE} s")
+    return proc.returncode, out
+
+
+def job(workers: int, servers: int, script: Path, mode: str, *extra: str) -> list[str]:
+    return ["-n", str(workers), "-s", str(servers), "--stop-grace", "2", *extra, "--",
+            sys.executable, str(script), mode]
+
+
+def launcher_notes(out: str) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith("pskv launch: ")]
+
+
+def contracts(out: str) -> dict[int, dict[str, str]]:
+    """worker rank -> the contract variables it printed."""
+    found = {}
+    for line in out.splitlines():
+        m = re.match(r"\[worker (\d+)\] contract (.*)", line)
+        if m:
+            found[int(m.group(1))] = json.loads(m.group(2))
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# -- real jobs ----------------------------------------------------------------------------
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("servers", [1, 2], ids=["1-server", "2-servers"])
+def test_a_job_succeeds_and_every_line_carries_its_prefix(servers, tag, tmp_path, worker_script):
+    code, out = run_launcher(job(2, servers, worker_script, "ok"), tag, tmp_path)
+    assert code == 0, out
+    lines = out.splitlines()
+    for rank in range(2):
+        assert f"[worker {rank}] rank {rank} of 2: sum 3" in lines, out
+    assert any(line.startswith("[scheduler] ") for line in lines), out
+    for rank in range(servers):
+        assert any(line.startswith(f"[server {rank}] ") for line in lines), out
+    assert launcher_notes(out) == [], out  # a successful job is quiet
+    assert tagged_pids(tag) == []
+
+
+@pytest.mark.timeout(60)
+def test_env_contract_reaches_every_worker(tag, tmp_path, worker_script):
+    # python -m pskv.launch is the same command as pskv launch
+    code, out = run_launcher(job(2, 1, worker_script, "ok", "--env", "PSKV_TEST_EXTRA=a b=c"), tag, tmp_path,
+                             module=("pskv.launch",))
+    assert code == 0, out
+    seen = contracts(out)
+    assert sorted(seen) == [0, 1], out
+    port = seen[0]["DMLC_PS_ROOT_PORT"]
+    assert port is not None and int(port) > 0
+    for rank, env in seen.items():
+        assert env == {
+            "DMLC_ROLE": "worker", "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": port,
+            "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "2", "DMLC_NODE_HOST": "127.0.0.1",
+            "DMLC_WORKER_ID": str(rank), "PSKV_LOCAL_RANK": str(rank), "PYTHONUNBUFFERED": "1",
+            "PSKV_TEST_EXTRA": "a b=c", "PSKV_SERVER_RANK": None,  # a server-only variable
+        }
+    assert pskv.config.ClusterConfig.from_env(seen[1]).local_rank == 1
+
+
+@pytest.mark.timeout(60)
+def test_a_failing_worker_is_named_as_the_root_cause(tag, tmp_path, worker_script):
+    code, out = run_launcher(job(2, 1, worker_script, "exit3"), tag, tmp_path)
+    assert code == 3, out
+    notes = launcher_notes(out)
+    assert notes[0] == "pskv launch: worker 1 on 127.0.0.1 exited with code 3; stopping the job", out
+    assert sum("stopping the job" in note for note in notes) == 1, out  # one root cause
+    assert "[worker 1] rank 1 of 2: sum 3" in out.splitlines()  # its output came before the verdict
+    assert tagged_pids(tag) == []
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_killed_by_a_signal_is_named_with_the_signal(tag, tmp_path, worker_script):
+    code, out = run_launcher(job(2, 2, worker_script, "sigkill"), tag, tmp_path)
+    assert code == 128 + signal.SIGKILL, out
+    assert launcher_notes(out)[0] == "pskv launch: worker 1 on 127.0.0.1 was killed by SIGKILL; stopping the job"
+    assert tagged_pids(tag) == []
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_to_the_launcher_stops_everything(signum, tag, tmp_path, worker_script):
+    proc = start_launcher(job(2, 1, worker_script, "hang"), tag, tmp_path)
+    lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        with proc.stdout:
+            for line in proc.stdout:
+                lines.put(line.rstrip("\n"))
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    seen: list[str] = []
+    try:
+        while not {"[worker 0] ready", "[worker 1] ready"} <= set(seen):  # readiness, not a sleep
+            line = lines.get(timeout=JOB_DEADLINE)
+            assert line is not None, "\n".join(seen)
+            seen.append(line)
+        proc.send_signal(signum)
+        assert proc.wait(timeout=JOB_DEADLINE) == 128 + signum
+    finally:
+        kill_launcher(proc)
+    while (line := lines.get(timeout=10)) is not None:
+        seen.append(line)
+    name = signal.Signals(signum).name
+    assert f"pskv launch: received {name}; stopping the job" in seen, seen
+    assert "pskv launch: stopped scheduler, server 0, worker 0, worker 1" in seen, seen
+    assert tagged_pids(tag) == []
+
+
+@pytest.mark.timeout(60)
+def test_timeout_stops_the_job(tag, tmp_path, worker_script):
+    code, out = run_launcher(job(2, 1, worker_script, "hang", "--timeout", "2"), tag, tmp_path)
+    assert code == 124, out
+    assert "pskv launch: the job did not finish within --timeout 2 s; stopping it" in out.splitlines(), out
+    assert tagged_pids(tag) == []
+
+
+@pytest.mark.timeout(60)
+def test_ssh_launcher_runs_each_role_through_ssh(tag, tmp_path, worker_script):
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "ssh").write_text(FAKE_SSH)
+    (bindir / "ssh").chmod(0o755)
+    (tmp_path / "hosts").write_text("# two entries, one machine\n127.0.0.1 2\n\n127.0.0.1   # one slot\n")
+    log = tmp_path / "ssh.log"
+    port = free_port()
+    args = ["--launcher", "ssh", "-H", str(tmp_path / "hosts"), "--port", str(port),
+            *job(3, 2, worker_script, "ok")]
+    code, out = run_launcher(args, tag, tmp_path, env={"PATH": f"{bindir}:{os.environ['PATH']}",
+                                                       "FAKE_SSH_LOG": str(log)})
+    assert code == 0, out
+    for rank in range(3):
+        assert f"[worker {rank}] rank {rank} of 3: sum 6" in out.splitlines(), out
+    calls = log.read_text().splitlines()
+    assert len(calls) == 1 + 2 + 3
+    assert all(call.startswith(f"127.0.0.1 cd {tmp_path} && env ") for call in calls), calls
+    seen = contracts(out)
+    assert [seen[r]["PSKV_LOCAL_RANK"] for r in range(3)] == ["0", "1", "2"]  # one address: 0, 1, 2
+    assert {seen[r]["DMLC_PS_ROOT_PORT"] for r in range(3)} == {str(port)}
+    assert {seen[r]["DMLC_NODE_HOST"] for r in range(3)} == {"127.0.0.1"}
+    assert tagged_pids(tag) == []
+
+
+# -- the supervisor with stand-in processes -----------------------------------------------
+def fake(role: str, rank: int | None, code: str) -> ProcessSpec:
+    return ProcessSpec(role, rank, "127.0.0.1", (sys.executable, "-c", code))
+
+
+def supervise(specs: list[ProcessSpec], stop_grace: float = 5.0, exit_grace: float = 30.0) -> tuple[int, str, str]:
+    out, err = io.BytesIO(), io.StringIO()
+    with Supervisor(Console(out, err), stop_grace=stop_grace, exit_grace=exit_grace) as supervisor:
+        for spec in specs:
+            supervisor.start(spec)
+        code = supervisor.run()
+    return code, out.getvalue().decode(), err.getvalue()
+
+
+@pytest.mark.timeout(30)
+def test_later_failures_are_consequences_and_stubborn_processes_get_sigkill(tmp_path):
+    b, c = tmp_path / "b-ready", tmp_path / "c-ready"
+    first = (f"import os, sys, time\nwhile not (os.path.exists({str(b)!r}) and os.path.exists({str(c)!r})):\n"
+             "    time.sleep(0.01)\nprint('failing')\nsys.exit(3)")
+    exits_1_on_term = (f"import signal, sys, time\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(1))\n"
+                       f"open({str(b)!r}, 'w').close()\ntime.sleep(60)")
+    ignores_term = (f"import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                    f"open({str(c)!r}, 'w').close()\ntime.sleep(60)")
+    code, out, err = supervise([fake("server", 0, ignores_term), fake("worker", 0, first),
+                                fake("worker", 1, exits_1_on_term)], stop_grace=1.0)
+    assert code == 3
+    assert out == "[worker 0] failing\n"
+    assert err.splitlines() == [
+        "pskv launch: worker 0 on 127.0.0.1 exited with code 3; stopping the job",
+        "pskv launch: worker 1 on 127.0.0.1 exited with code 1; a consequence of worker 0's failure, not a cause",
+        "pskv launch: server 0 on 127.0.0.1 did not stop within 1 s; killing (SIGKILL)",
+        "pskv launch: stopped server 0",
+    ]
+
+
+@pytest.mark.timeout(30)
+def test_servers_that_outlive_the_workers_are_stopped_and_reported():
+    code, out, err = supervise([fake("server", 0, "import time; time.sleep(60)"),
+                                fake("worker", 0, "print('done', end='')")], exit_grace=0.3)
+    assert code == 1
+    assert out == "[worker 0] done\n"  # a last line without newline is kept
+    assert err.splitlines() == [
+        "pskv launch: every worker exited 0, but server 0 on 127.0.0.1 did not exit within 0.3 s after "
+        "the last worker; stopping them",
+        "pskv launch: stopped server 0",
+    ]
+
+
+def test_exit_descriptions():
+    assert describe_exit(-9) == "was killed by SIGKILL"
+    assert describe_exit(3) == "exited with code 3"
+    assert describe_exit(127) == "exited with code 127 (command not found)"
+    assert "killed by SIGKILL" in describe_exit(137)
+    assert "ssh" in describe_exit(255, via_ssh=True) and "ssh" not in describe_exit(255)
+
+
+# -- contract, placement, validation (no processes) ---------------------------------------
+def test_contract_env_per_role_and_docs():
+    layout = JobLayout("10.0.0.1", 9091, 2, 4)
+    server = contract_env(layout, "server", "10.0.0.2", rank=1)
+    worker = contract_env(layout, "worker", "10.0.0.3", rank=3, local_rank=1)
+    assert "DMLC_WORKER_ID" not in server and server["DMLC_NODE_HOST"] == "10.0.0.2"
+    assert server["PSKV_SERVER_RANK"] == "1" and "PSKV_SERVER_RANK" not in worker
+    assert (worker["DMLC_WORKER_ID"], worker["PSKV_LOCAL_RANK"]) == ("3", "1")
+    argv = env_argv(server, {"PYTHONUNBUFFERED": "0", "X": "y z"}, ["prog", "arg"])
+    assert argv[:5] == ["env", "-u", "DMLC_WORKER_ID", "-u", "PSKV_LOCAL_RANK"]  # no stray worker ids
+    assert argv[-5:] == ["PYTHONUNBUFFERED=0", "PSKV_SERVER_RANK=1", "X=y z", "prog", "arg"]
+    text = (REPO / "docs" / "launch.md").read_text(encoding="utf-8")
+    for var in CONTRACT:
+        assert f"`{var}`" in text, var
+
+
+def test_hostfile_and_placement():
+    hosts = parse_hostfile("# cluster\nalice@a 2\nb slots=3 # trailing\n\nc\n")
+    assert hosts == [Host("alice@a", 2), Host("b", 3), Host("c", 1)]
+    where = place(hosts, num_servers=4, num_workers=8)
+    assert where.scheduler.address == "a"
+    assert [h.name for h in where.servers] == ["alice@a", "b", "c", "alice@a"]
+    assert [(h.address, lr) for h, lr in where.workers] == [
+        ("a", 0), ("b", 0), ("c", 0), ("a", 1), ("b", 1), ("b", 2),  # round 1, 2, 3 by slots
+        ("a", 2), ("b", 3),  # more workers than slots: start over
+    ]
+    for bad, match in [("", "lists no host"), ("a 0", "slots must be"), ("a b c", "expected 'HOST"),
+                       ("-oProxyCommand=x", "starts with '-'"), ("a many", "slots must be")]:
+        with pytest.raises(pskv.InvalidArgumentError, match=match):
+            parse_hostfile(bad)
+
+
+@pytest.mark.parametrize("change,match", [
+    ({"num_workers": 0}, "-n/--num-workers must be >= 1"),
+    ({"num_servers": 0}, "-s/--num-servers must be >= 1"),
+    ({"command": ()}, "no worker command given"),
+    ({"command": ("A=1", "prog")}, "contains '='"),
+    ({"launcher": "ssh"}, "--launcher ssh needs a hostfile"),
+    ({"hostfile": "hosts"}, "only applies to --launcher ssh"),
+    ({"launcher": "mpi"}, "--launcher must be one of local, ssh"),
+    ({"env": {"DMLC_NUM_WORKER": "3"}}, "DMLC_NUM_WORKER is set by the launcher"),
+    ({"timeout": 0}, "--timeout must be > 0"),
+    ({"port": 70000}, "--port must be a TCP port"),
+])
+def test_launch_config_rejects(change, match):
+    settings = {"num_workers": 2, "num_servers": 1, "command": ("python", "train.py"), **change}
+    with pytest.raises(pskv.InvalidArgumentError, match=re.escape(match)):
+        LaunchConfig(**settings)
+
+
+@pytest.mark.parametrize("pairs,match", [(["NOEQUALS"], "expected NAME=VALUE"),
+                                         (["1BAD=x"], "not a valid environment variable name")])
+def test_bad_env_pairs(pairs, match):
+    with pytest.raises(pskv.InvalidArgumentError, match=match):
+        parse_env_pairs(pairs)
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["-n", "0", "--", "prog"], "-n/--num-workers must be >= 1"),
+    (["-n", "2", "--env", "oops", "--", "prog"], "expected NAME=VALUE"),
+    (["-n", "2"], "no worker command given"),
+    (["-n", "2", "--launcher", "ssh", "--", "prog"], "needs a hostfile"),
+    (["-n", "2", "--launcher", "ssh", "-H", "/nonexistent/hosts", "--", "prog"], "cannot read the hostfile"),
+])
+def test_cli_usage_errors_start_nothing(argv, match, capsys):
+    assert cli_main(["launch", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pskv launch: error: ") and match in err, err
