@@ -55,6 +55,7 @@ CLUSTER_ENV_VARS: dict[str, tuple[str, str]] = {
     "DMLC_NUM_SERVER": ("num_servers", "number of server processes"),
     "DMLC_NUM_WORKER": ("num_workers", "number of worker processes"),
     "DMLC_NODE_HOST": ("node_host", "address this node binds and advertises (default: 127.0.0.1)"),
+    "DMLC_INTERFACE": ("interface", "network interface whose IPv4 address this node binds, if DMLC_NODE_HOST is unset"),
     "DMLC_WORKER_ID": ("rank", "this worker's rank, if the launcher assigns it (else by arrival)"),
     "PSKV_SERVER_RANK": ("server_rank", "this server's rank, if the launcher assigns it (else by arrival)"),
     "PSKV_LOCAL_RANK": ("local_rank", "this worker's index among the workers on its host (default 0)"),
@@ -141,7 +142,9 @@ class ClusterConfig:
         root_port: the scheduler's port (0: unset).
         num_servers: number of servers.
         num_workers: number of workers.
-        node_host: address this node binds and advertises.
+        node_host: address this node binds and advertises ("" = see ``interface``).
+        interface: network interface whose address is bound when ``node_host`` is
+            unset; with neither, nodes bind 127.0.0.1.
         rank: the worker rank the launcher assigned, or -1 (assigned at registration).
         server_rank: the server rank the launcher assigned, or -1 (by arrival).
         local_rank: this worker's index among the workers on its host (set by
@@ -162,7 +165,8 @@ class ClusterConfig:
     root_port: int = 0
     num_servers: int = 0
     num_workers: int = 0
-    node_host: str = "127.0.0.1"
+    node_host: str = ""
+    interface: str = ""
     rank: int = -1
     server_rank: int = -1
     local_rank: int = 0

@@ -45,16 +45,18 @@ def reply_frames(request: Header, sender: int, body: dict[str, Any] | None = Non
     return encode(header, data or [])
 
 
-def error_frames(request: Header, sender: int, error_type: str, message: str) -> list[Any]:
-    """Frames of an ERROR reply to ``request``."""
-    return encode(Header(Command.ERROR, request.request, sender,
-                         body=json.dumps({"type": error_type, "message": message})))
+def error_frames(request: Header, sender: int, error_type: str, message: str, node: str = "") -> list[Any]:
+    """Frames of an ERROR reply to ``request``; ``node`` names a failed node, if that is the error."""
+    body = {"type": error_type, "message": message}
+    if node:
+        body["node"] = node
+    return encode(Header(Command.ERROR, request.request, sender, body=json.dumps(body)))
 
 
-def parse_error(header: Header) -> tuple[str, str]:
-    """``(error type, message)`` of an ERROR reply (tolerates malformed bodies)."""
+def parse_error(header: Header) -> tuple[str, str, str]:
+    """``(error type, message, failed node or "")`` of an ERROR reply (tolerates malformed bodies)."""
     try:
         body = json_body(header)
-        return str(body.get("type", "Error")), str(body.get("message", ""))
+        return str(body.get("type", "Error")), str(body.get("message", "")), str(body.get("node", ""))
     except ProtocolError:
-        return "Error", header.body[:200]
+        return "Error", header.body[:200], ""

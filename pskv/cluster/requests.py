@@ -98,9 +98,11 @@ class RequestTracker:
         if header.command is Command.ERROR:
             from pskv.cluster.messages import parse_error
 
-            kind, message = parse_error(header)
-            p.error = NodeFailedError(node_name(p.node), message) if kind == "NodeFailedError" \
-                else RemoteError(node_name(p.node), kind, message)
+            kind, message, node = parse_error(header)
+            if kind == "NodeFailedError":
+                p.error = NodeFailedError(node or node_name(p.node), message)
+            else:
+                p.error = RemoteError(node_name(p.node), kind, message)
         p._finish()
         return True
 

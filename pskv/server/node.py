@@ -25,6 +25,7 @@ from pskv.protocol import ArraySpec, Command, Header, Role, decode, frame_array,
 from pskv.server.controllers import find_controller, import_modules
 from pskv.server.shard import Part, ServerShard, to_storage
 from pskv.transport import Reactor
+from pskv.transport.addresses import bind_host
 
 __all__ = ["ServerNode"]
 
@@ -46,8 +47,10 @@ class ServerNode:
         self._stop_lock = threading.Lock()
         self._tracker = RequestTracker()
         self._reactor = Reactor(self._ctx, "pskv-server", on_failure=self._on_reactor_failure)
-        self._sid, self.address = self._reactor.bind_router(f"tcp://{cluster.node_host}:0", self._on_message)
-        self._membership = Membership(cluster, self._reactor, self._tracker, Role.SERVER, self.address)
+        self._sid, self.address = self._reactor.bind_router(f"tcp://{bind_host(cluster)}:0", self._on_message)
+        self._membership = Membership(cluster, self._reactor, self._tracker, Role.SERVER, self.address,
+                                      on_dead=self._on_node_dead)
+        self._dead_workers: set[int] = set()
         self._shard = ServerShard(cluster.num_workers, sync=True)
         self._rank = -1
         self._handlers: dict[Command, Callable[[bytes, Header, list[memoryview]], None]] = {
@@ -186,28 +189,37 @@ class ServerNode:
         self._gather(identity, header, [(part, r) for (part, _), r in zip(checked, rounds)])
 
     def _gather(self, identity: bytes, header: Header, parts: list[tuple[Part, int]]) -> None:
-        """Reply with every part's value once each has completed its round."""
-        results: list[Part | None] = [None] * len(parts)
-        remaining = [len(parts)]
-        snapshot = self._shard.updater is not None
+        """Reply with every part's value once each has completed its round.
 
-        def ready(i: int, part: Part) -> None:
-            results[i] = part
-            remaining[0] -= 1
-            if remaining[0] == 0:
-                specs, data = [], []
-                for p in results:
-                    assert p is not None
-                    value = p.wire_value(snapshot)
-                    specs.append(ArraySpec(p.key, p.dtype, (p.value.size,), p.offset, p.round))
-                    data.append(value)
-                self._reply(identity, reply_frames(header, self._node_id(), arrays=tuple(specs), data=data))
-
+        If a worker has died, a round that still needs pushes can never complete: the
+        request fails at once with NodeFailedError naming the dead worker(s).
+        """
         if not parts:
             self._reply(identity, reply_frames(header, self._node_id()))
             return
+        gather = _Gather(len(parts), lambda frames: self._reply(identity, frames), header, self._node_id(),
+                         snapshot=self._shard.updater is not None)
+        if self._dead_workers and self._shard.sync and any(part.round < r for part, r in parts):
+            gather.fail(self._dead_reason(), self._dead_names())
+            return
         for i, (part, min_round) in enumerate(parts):
-            self._shard.pull(part, min_round, _bind(ready, i))
+            self._shard.pull(part, min_round, _bind(gather.ready, i),
+                             lambda reason: gather.fail(reason, self._dead_names()))
+
+    def _dead_names(self) -> str:
+        return ", ".join(node_name(n) for n in sorted(self._dead_workers))
+
+    def _dead_reason(self) -> str:
+        return f"{self._dead_names()} died, so the sync round this request waits for can never complete"
+
+    def _on_node_dead(self, nid: int) -> None:
+        """Membership callback (reactor thread): fail waits that a dead worker makes impossible."""
+        role, _ = node_role_rank(nid)
+        if role is Role.WORKER and self._shard.sync:
+            self._dead_workers.add(nid)
+            failed = self._shard.fail_waiting(self._dead_reason())
+            if failed:
+                log.error("%s: failed %d waiting pull(s): %s", self.name, failed, self._dead_reason())
 
     def _set_mode(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
         sync = json_body(header).get("sync")
@@ -278,3 +290,40 @@ def _bind(fn: Callable[[int, Part], None], i: int) -> Callable[[Part], None]:
     def call(part: Part) -> None:
         fn(i, part)
     return call
+
+
+class _Gather:
+    """Collects the parts of one pull / pushpull and sends one reply (or one error)."""
+
+    __slots__ = ("_results", "_remaining", "_send", "_header", "_sender", "_snapshot", "_done")
+
+    def __init__(self, n: int, send: Callable[[list[Any]], None], header: Header, sender: int,
+                 snapshot: bool) -> None:
+        self._results: list[Part | None] = [None] * n
+        self._remaining = n
+        self._send = send
+        self._header = header
+        self._sender = sender
+        self._snapshot = snapshot
+        self._done = False
+
+    def ready(self, i: int, part: Part) -> None:
+        if self._done:
+            return
+        self._results[i] = part
+        self._remaining -= 1
+        if self._remaining:
+            return
+        self._done = True
+        specs, data = [], []
+        for p in self._results:
+            assert p is not None
+            data.append(p.wire_value(self._snapshot))
+            specs.append(ArraySpec(p.key, p.dtype, (p.value.size,), p.offset, p.round))
+        self._send(reply_frames(self._header, self._sender, arrays=tuple(specs), data=data))
+
+    def fail(self, reason: str, node: str) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._send(error_frames(self._header, self._sender, "NodeFailedError", reason, node=node))

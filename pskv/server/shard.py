@@ -80,7 +80,7 @@ class Part:
     merge: np.ndarray[Any, Any] | None = None
     pushed: set[int] = field(default_factory=set)
     queued: dict[int, deque[np.ndarray[Any, Any]]] = field(default_factory=dict)
-    waiting: list[tuple[int, Callable[[Part], None]]] = field(default_factory=list)
+    waiting: list[tuple[int, Callable[[Part], None], Callable[[str], None] | None]] = field(default_factory=list)
     round_started: float = 0.0  # monotonic time of the first push of the open round
 
     def wire_value(self, snapshot: bool) -> np.ndarray[Any, Any]:
@@ -205,20 +205,36 @@ class ServerShard:
                 return
 
     # -- pull -------------------------------------------------------------------------
-    def pull(self, part: Part, min_round: int, ready: Callable[[Part], None]) -> None:
-        """Call ``ready(part)`` once ``part`` has completed ``min_round`` (now, or later)."""
+    def pull(self, part: Part, min_round: int, ready: Callable[[Part], None],
+             fail: Callable[[str], None] | None = None) -> None:
+        """Call ``ready(part)`` once ``part`` has completed ``min_round`` (now, or later).
+
+        ``fail(reason)`` is called instead if the round can never complete
+        (:meth:`fail_waiting`).
+        """
         if part.round >= min_round:
             ready(part)
         else:
-            part.waiting.append((min_round, ready))
+            part.waiting.append((min_round, ready, fail))
 
     def _answer(self, part: Part) -> None:
         if not part.waiting:
             return
-        now = [cb for r, cb in part.waiting if r <= part.round]
-        part.waiting = [(r, cb) for r, cb in part.waiting if r > part.round]
+        now = [cb for r, cb, _ in part.waiting if r <= part.round]
+        part.waiting = [w for w in part.waiting if w[0] > part.round]
         for cb in now:
             cb(part)
+
+    def fail_waiting(self, reason: str) -> int:
+        """Fail every parked pull (their rounds cannot complete); returns how many."""
+        failed = 0
+        for part in self.parts.values():
+            waiting, part.waiting = part.waiting, []
+            for _, _, fail in waiting:
+                if fail is not None:
+                    fail(reason)
+                    failed += 1
+        return failed
 
     def stalled(self, older_than: float = 0.0) -> list[tuple[PartId, int, set[int], float]]:
         """Open rounds older than ``older_than`` s: ``(part id, round, workers that pushed, age)``."""

@@ -317,3 +317,25 @@ def test_a_stalled_round_is_reported_with_the_missing_workers(caplog):
     assert all((v == 2).all() for v in values)
     reports = [r.getMessage() for r in caplog.records if "has waited" in r.getMessage()]
     assert reports and "round 1 of key 4" in reports[0] and "for worker 1 (pushed: worker 0)" in reports[0]
+
+
+def test_a_dead_worker_fails_pulls_waiting_for_its_push():
+    with InProcessCluster(1, 2, deadline=DEADLINE, heartbeat_interval=0.05, heartbeat_timeout=0.6) as cluster:
+        def fn(cfg):
+            kv = pskv.create("dist_sync", cluster=cfg)
+            kv.init(0, np.zeros(2))
+            if kv.rank == 1:
+                kv._client.close()  # dies before pushing
+                return None
+            kv.push(0, np.ones(2))  # accepted: the data is on the server
+            start = time.monotonic()
+            with pytest.raises(pskv.NodeFailedError, match="worker 1 failed: worker 1 died, so the sync round"):
+                kv.pull(0)  # waits for a round worker 1 will never complete
+            with pytest.raises(pskv.NodeFailedError, match="worker 1"):
+                kv.pull(0)  # and so does the next one, at once
+            elapsed = time.monotonic() - start
+            kv.close()
+            return elapsed
+
+        elapsed = cluster.run_workers(fn)[0]
+    assert elapsed < 10

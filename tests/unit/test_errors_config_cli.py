@@ -87,3 +87,24 @@ def test_cli_version(capsys):
         main(["--version"])
     assert exit_info.value.code == 0
     assert pskv.__version__ in capsys.readouterr().out
+
+
+def test_bind_host_precedence():
+    from pskv.config import ClusterConfig
+    from pskv.transport.addresses import bind_host, interface_address
+
+    assert bind_host(ClusterConfig()) == "127.0.0.1"
+    assert bind_host(ClusterConfig(node_host="10.1.2.3", interface="lo")) == "10.1.2.3"
+    assert bind_host(ClusterConfig(interface="lo")) == "127.0.0.1"
+    assert interface_address("lo") == "127.0.0.1"
+    with pytest.raises(pskv.InvalidArgumentError, match="DMLC_INTERFACE='nosuch0'.*interfaces here: .*lo"):
+        interface_address("nosuch0")
+
+
+def test_every_cluster_variable_is_documented():
+    from pskv.config import CLUSTER_ENV_VARS
+
+    with open("docs/env.md", encoding="utf-8") as f:
+        text = f.read()
+    for var in CLUSTER_ENV_VARS:
+        assert f"`{var}`" in text, var
