@@ -24,7 +24,7 @@ from pskv.errors import InvalidArgumentError, KVStoreError, OptimizerStateError,
 from pskv.protocol import ArraySpec, Command, Header, Role, decode, frame_array, node_id, node_name, node_role_rank
 from pskv.server.controllers import find_controller, import_modules
 from pskv.server.shard import Part, ServerShard, to_storage
-from pskv.transport import Reactor
+from pskv.transport import IO_THREADS, Reactor
 from pskv.transport.addresses import bind_host
 
 __all__ = ["ServerNode"]
@@ -43,7 +43,7 @@ class ServerNode:
     def __init__(self, cluster: ClusterConfig, context: zmq.Context[Any] | None = None) -> None:
         self._cluster = cluster
         self._own_context = context is None
-        self._ctx = zmq.Context() if context is None else context
+        self._ctx = zmq.Context(io_threads=IO_THREADS) if context is None else context
         self._stop_lock = threading.Lock()
         self._tracker = RequestTracker()
         self._reactor = Reactor(self._ctx, "pskv-server", on_failure=self._on_reactor_failure)

@@ -1,5 +1,5 @@
 """The transport: ZeroMQ sockets owned by one reactor thread per node."""
 
-from pskv.transport.reactor import DealerHandler, Reactor, RouterHandler
+from pskv.transport.reactor import IO_THREADS, DealerHandler, Reactor, RouterHandler
 
-__all__ = ["DealerHandler", "Reactor", "RouterHandler"]
+__all__ = ["IO_THREADS", "DealerHandler", "Reactor", "RouterHandler"]

@@ -29,9 +29,16 @@ import zmq
 
 from pskv.errors import OperationTimeoutError, TransportError
 
-__all__ = ["Reactor", "RouterHandler", "DealerHandler"]
+__all__ = ["IO_THREADS", "Reactor", "RouterHandler", "DealerHandler"]
 
 log = logging.getLogger("pskv.transport")
+
+# Kernel socket buffers for every data socket. The OS default (~200 KB on loopback)
+# throttles large messages; 8 MiB measured 1.5x the throughput of 100 MB messages here.
+SOCKET_BUFFER_BYTES = 8 << 20
+
+# ZeroMQ I/O threads per data node (server, worker): they move the bytes, outside the GIL.
+IO_THREADS = 2
 
 RouterHandler = Callable[[bytes, list[zmq.Frame]], None]  # (peer identity, frames)
 DealerHandler = Callable[[list[zmq.Frame]], None]
@@ -84,6 +91,8 @@ class Reactor:
         """
         sock = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDBUF, SOCKET_BUFFER_BYTES)
+        sock.setsockopt(zmq.RCVBUF, SOCKET_BUFFER_BYTES)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to a vanished peer raises, not drops
         try:
             if address.startswith("tcp://") and address.endswith(":0"):
@@ -112,6 +121,8 @@ class Reactor:
         """
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDBUF, SOCKET_BUFFER_BYTES)
+        sock.setsockopt(zmq.RCVBUF, SOCKET_BUFFER_BYTES)
         if self._identity is not None:
             sock.setsockopt(zmq.IDENTITY, self._identity)
         sock.connect(address)

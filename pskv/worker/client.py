@@ -20,7 +20,7 @@ from pskv.cluster import Membership, NodeInfo, Pending, RequestTracker
 from pskv.config import ClusterConfig
 from pskv.errors import OperationTimeoutError, ProtocolError, TransportError
 from pskv.protocol import ArraySpec, Command, Header, Role, decode, encode, node_id
-from pskv.transport import Reactor
+from pskv.transport import IO_THREADS, Reactor
 
 __all__ = ["WorkerClient"]
 
@@ -38,7 +38,7 @@ class WorkerClient:
     def __init__(self, cluster: ClusterConfig, context: zmq.Context[Any] | None = None) -> None:
         self._cluster = cluster
         self._own_context = context is None
-        self._ctx = zmq.Context() if context is None else context
+        self._ctx = zmq.Context(io_threads=IO_THREADS) if context is None else context
         self._stop_lock = threading.Lock()
         self.tracker = RequestTracker()
         self._reactor = Reactor(self._ctx, "pskv-worker", on_failure=self._on_reactor_failure)
