@@ -66,6 +66,8 @@ CLUSTER_ENV_VARS: dict[str, tuple[str, str]] = {
     "PSKV_STARTUP_TIMEOUT": ("startup_timeout", "seconds to wait for every node to register (default 60)"),
     "PSKV_REQUEST_TIMEOUT": ("request_timeout", "seconds a request waits for its reply before TimeoutError (default 300)"),
     "PSKV_STALL_REPORT": ("stall_report", "seconds a sync round may wait before its server logs which workers are missing (default 30; 0 off)"),
+    "PSKV_JOB_ID": ("job_id", "an id of this job (set by pskv launch); names the servers' shared-memory files"),
+    "PSKV_SHM": ("shm", "1: workers on a server's host exchange arrays through shared memory; 0: sockets only (default 1)"),
     "PSKV_SERVER_MODULES": ("server_modules", "comma-separated modules a server imports at start (they register controllers)"),
 }
 
@@ -158,6 +160,8 @@ class ClusterConfig:
         server_modules: modules a server imports at start (controllers register there).
         stall_report: seconds an open sync round may wait before its server logs which
             workers have not pushed (0 disables).
+        shm: 1 lets workers on a server's host use shared memory for array data.
+        job_id: an id of the job; names the servers' shared-memory directories.
     """
 
     role: str = "worker"
@@ -178,6 +182,8 @@ class ClusterConfig:
     request_timeout: float = 300.0
     server_modules: str = ""
     stall_report: float = 30.0
+    shm: int = 1
+    job_id: str = ""
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:

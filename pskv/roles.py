@@ -5,7 +5,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import signal
 import socket
+import sys
+import threading
 
 from pskv.config import ClusterConfig
 
@@ -22,6 +25,12 @@ def resolve_host(host: str) -> str:
         return host
 
 
+def _exit_on_sigterm() -> None:
+    """Turn SIGTERM into SystemExit, so a stopped role still removes its shared memory."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
 def run_role(cluster: ClusterConfig, port_file: str | None = None) -> int:
     """Serve ``cluster.role`` (server or scheduler) until the job ends; returns an exit code.
 
@@ -35,6 +44,7 @@ def run_role(cluster: ClusterConfig, port_file: str | None = None) -> int:
         InvalidArgumentError: the cluster environment is incomplete.
         NodeFailedError: a peer the role depends on died.
     """
+    _exit_on_sigterm()
     if cluster.role == "scheduler":
         from pskv.cluster import Scheduler
 

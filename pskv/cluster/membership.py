@@ -38,6 +38,7 @@ class NodeInfo:
     servers: tuple[str, ...]
     num_servers: int
     num_workers: int
+    server_shm: tuple[dict[str, str] | None, ...] = ()  # per server: shared-memory dir and host id
 
 
 class Membership:
@@ -53,12 +54,14 @@ class Membership:
     """
 
     def __init__(self, cluster: ClusterConfig, reactor: Reactor, tracker: RequestTracker, role: Role,
-                 address: str = "", on_dead: Callable[[int], None] | None = None) -> None:
+                 address: str = "", on_dead: Callable[[int], None] | None = None,
+                 shm: dict[str, str] | None = None) -> None:
         self._cluster = cluster
         self._reactor = reactor
         self._tracker = tracker
         self._role = role
         self._address = address
+        self._shm = shm
         self._on_dead = on_dead
         self._sid = reactor.connect_dealer(cluster.scheduler_address, self._on_reply)
         self.info: NodeInfo | None = None
@@ -102,8 +105,10 @@ class Membership:
             RemoteError: the scheduler refused (cluster full, wrong sizes).
         """
         role = "server" if self._role is Role.SERVER else "worker"
-        pending = self._request(Command.REGISTER, {"role": role, "address": self._address, "rank": rank},
-                                "registration")
+        body: dict[str, Any] = {"role": role, "address": self._address, "rank": rank}
+        if self._shm is not None:
+            body["shm"] = self._shm
+        pending = self._request(Command.REGISTER, body, "registration")
         try:
             reply = pending.wait(self._cluster.startup_timeout)
         except TimeoutError:
@@ -114,7 +119,8 @@ class Membership:
             ) from None
         body = json_body(reply)
         self.info = NodeInfo(int(body["node_id"]), int(body["rank"]), tuple(body["servers"]),
-                             int(body["num_servers"]), int(body["num_workers"]))
+                             int(body["num_servers"]), int(body["num_workers"]),
+                             tuple(body.get("server_shm") or [None] * int(body["num_servers"])))
         self._last_reply = time.monotonic()
         if self._cluster.heartbeat_interval > 0:
             self._reactor.call_soon(lambda: self._reactor.add_timer(self._cluster.heartbeat_interval, self._beat))

@@ -42,6 +42,7 @@ class _Node:
     address: str
     last_seen: float
     dead: bool = False
+    shm: dict[str, str] | None = None  # a server's shared-memory directory and host id
 
 
 class Scheduler:
@@ -172,14 +173,18 @@ class Scheduler:
             ranks = _ranks([int(body.get("rank", -1)) for _, _, body in items])
             for (identity, _, body), rank in zip(items, ranks):
                 nid = node_id(role, rank)
-                self._nodes[nid] = _Node(identity, role, rank, str(body.get("address", "")), now)
+                shm = body.get("shm")
+                shm_info = {"dir": str(shm["dir"]), "host": str(shm["host"])} if isinstance(shm, dict) and \
+                    {"dir", "host"} <= set(shm) else None
+                self._nodes[nid] = _Node(identity, role, rank, str(body.get("address", "")), now, shm=shm_info)
                 self._by_identity[identity] = nid
         servers = [self._nodes[node_id(Role.SERVER, r)].address for r in range(self._cluster.num_servers)]
+        server_shm = [self._nodes[node_id(Role.SERVER, r)].shm for r in range(self._cluster.num_servers)]
         for identity, header, _ in self._pending:
             nid = self._by_identity[identity]
             node = self._nodes[nid]
             self._send(identity, reply_frames(header, SCHEDULER_ID, {
-                "node_id": nid, "rank": node.rank, "servers": servers,
+                "node_id": nid, "rank": node.rank, "servers": servers, "server_shm": server_shm,
                 "num_servers": self._cluster.num_servers, "num_workers": self._cluster.num_workers,
             }))
         self._pending = []

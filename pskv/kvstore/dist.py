@@ -20,7 +20,7 @@ import json
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,7 @@ from pskv.arrays import (
     empty,
     fan_out_many,
     from_wire,
+    numpy_dtype,
     signature,
     sum_into_many,
     wire_view,
@@ -54,12 +55,21 @@ from pskv.kvstore.engine import Engine, OpHandle
 from pskv.kvstore.keys import Key, KeyKind, as_key_list, pair_up
 from pskv.partition import server_key, split
 from pskv.protocol import ArraySpec, Command, Role, frame_array, node_name
+from pskv.transport.shm import host_id, map_array, part_file
 from pskv.worker import WorkerClient
 
 __all__ = ["DistStore"]
 
 log = logging.getLogger("pskv.dist")
 
+
+
+@dataclass
+class _SharedPart:
+    """A part's shared buffers on this host: this worker's push slot and the two values."""
+
+    slot: np.ndarray[Any, Any]
+    values: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]
 
 
 @dataclass
@@ -71,6 +81,7 @@ class _Key:
     meta: ArrayMeta  # of the value given to init (shape, dtype, kind, device)
     parts: list[tuple[int, int, int]]  # (server, offset, length)
     rounds: list[int]  # per part: the round this worker's last push joined
+    shm: list[_SharedPart | None] = field(default_factory=list)  # per part, when shared with its server
     send: Any = None  # CPU buffer of the meta's kind: the locally reduced value
     outgoing: Any = None  # what the current operation sends: the caller's value or `send`
     recv: Any = None  # CPU buffer assembling a split value
@@ -106,6 +117,11 @@ class DistStore(KVStoreBase):
         try:
             info = self._client.connect()
             self._rank = info.rank
+            here = host_id()
+            self._shm_dirs: dict[int, str] = {}
+            if self._cluster.shm and self._sync:
+                self._shm_dirs = {s: shm["dir"] for s, shm in enumerate(info.server_shm)
+                                  if shm is not None and shm.get("host") == here}
             self._num_workers = info.num_workers
             self._num_servers = info.num_servers
             if self._rank == 0:
@@ -202,11 +218,13 @@ class DistStore(KVStoreBase):
             to_sum.append((rec.send, vals))
         sum_into_many(to_sum, self._kernels)
 
-    def _by_server(self, recs: Sequence[_Key]) -> dict[int, list[tuple[_Key, int]]]:
-        groups: dict[int, list[tuple[_Key, int]]] = defaultdict(list)
+    def _by_server(self, recs: Sequence[_Key], shared_ok: bool) -> dict[tuple[int, bool], list[tuple[_Key, int]]]:
+        """Parts grouped by (server, through shared memory?): one message per group."""
+        groups: dict[tuple[int, bool], list[tuple[_Key, int]]] = defaultdict(list)
         for rec in recs:
             for i, (server, _, _) in enumerate(rec.parts):
-                groups[server].append((rec, i))
+                shared = shared_ok and bool(rec.shm) and rec.shm[i] is not None
+                groups[(server, shared)].append((rec, i))
         return groups
 
     @staticmethod
@@ -219,16 +237,28 @@ class DistStore(KVStoreBase):
         _, offset, length = rec.parts[i]
         return wire_view(buffer)[offset: offset + length]
 
-    def _send_values(self, command: Command, recs: Sequence[_Key], priority: int, body: str = "") -> dict[int, Any]:
-        """One ``command`` message per server with every part of ``recs`` (from their send buffers)."""
+    def _send_values(self, command: Command, recs: Sequence[_Key], priority: int, body: str = "") -> dict[Any, Any]:
+        """One ``command`` message per server with every part of ``recs`` (from their outgoing buffers).
+
+        Parts a co-located server holds in shared memory (pushes only) are copied into
+        this worker's slot; the message then only names them.
+        """
         pendings = {}
-        for server, items in self._by_server(recs).items():
-            specs = tuple(self._spec(rec, i) for rec, i in items)
-            data = [self._slice(rec, rec.outgoing, i) for rec, i in items]
-            pendings[server] = (items, self._client.request(server, command, specs, data, body, priority))
+        shared_ok = command in (Command.PUSH, Command.PUSHPULL)
+        for (server, shared), items in self._by_server(recs, shared_ok).items():
+            if shared:
+                for rec, i in items:
+                    np.copyto(rec.shm[i].slot, self._slice(rec, rec.outgoing, i))  # type: ignore[union-attr]
+                text = json.dumps({"shm": [[rec.skey, rec.parts[i][1]] for rec, i in items]})
+                pending = self._client.request(server, command, body=text, priority=priority)
+            else:
+                specs = tuple(self._spec(rec, i) for rec, i in items)
+                data = [self._slice(rec, rec.outgoing, i) for rec, i in items]
+                pending = self._client.request(server, command, specs, data, body, priority)
+            pendings[(server, shared)] = (items, pending)
         return pendings
 
-    def _collect(self, pendings: dict[int, Any], timeout: float | None, track_rounds: bool = False) -> dict[int, Any]:
+    def _collect(self, pendings: dict[Any, Any], timeout: float | None, track_rounds: bool = False) -> dict[int, Any]:
         """Wait for replies; returns the received value of each key (a CPU array of its kind).
 
         With ``track_rounds`` the rounds in the reply become the keys' last-push rounds.
@@ -237,6 +267,11 @@ class DistStore(KVStoreBase):
         values: dict[int, Any] = {}
         for items, pending in pendings.values():
             header = pending.wait(limit)
+            if header.body and not header.arrays:
+                reply = json.loads(header.body)
+                if "buffers" in reply:  # the values are in shared memory
+                    self._read_shared(items, reply, values, track_rounds, pending.node)
+                continue
             if not header.arrays:  # an acknowledgement without data (init)
                 continue
             if len(header.arrays) != len(items):
@@ -249,14 +284,50 @@ class DistStore(KVStoreBase):
                     rec.rounds[i] = spec.round
                 if spec.offset != rec.parts[i][1] or frame.size != rec.parts[i][2]:
                     raise ProtocolError(f"{node_name(pending.node)}'s reply for key {rec.key!r} does not match its layout")
-                if len(rec.parts) == 1:
-                    values[id(rec)] = from_wire(frame, rec.meta).reshape(rec.meta.shape)
-                else:
-                    if rec.recv is None:
-                        rec.recv = empty(rec.meta, device="cpu")
-                    self._slice(rec, rec.recv, i)[...] = frame
-                    values[id(rec)] = rec.recv
+                self._place(rec, i, frame, values)
         return values
+
+    def _place(self, rec: _Key, i: int, frame: np.ndarray[Any, Any], values: dict[int, Any]) -> None:
+        """Record part ``i`` of ``rec``'s received value (assembling split keys)."""
+        if len(rec.parts) == 1:
+            values[id(rec)] = from_wire(frame, rec.meta).reshape(rec.meta.shape)
+            return
+        if rec.recv is None:
+            rec.recv = empty(rec.meta, device="cpu")
+        self._slice(rec, rec.recv, i)[...] = frame
+        values[id(rec)] = rec.recv
+
+    def _read_shared(self, items: list[tuple[_Key, int]], reply: dict[str, Any], values: dict[int, Any],
+                     track_rounds: bool, node: int) -> None:
+        buffers, rounds = reply.get("buffers"), reply.get("rounds")
+        if not isinstance(buffers, list) or not isinstance(rounds, list) or not len(buffers) == len(rounds) == len(items):
+            raise ProtocolError(f"{node_name(node)} sent a malformed shared-memory reply")
+        for (rec, i), b, r in zip(items, buffers, rounds):
+            if b not in (0, 1) or rec.shm[i] is None:
+                raise ProtocolError(f"{node_name(node)} named shared buffer {b!r} for key {rec.key!r}")
+            if track_rounds:
+                rec.rounds[i] = int(r)
+            self._place(rec, i, rec.shm[i].values[b], values)  # type: ignore[union-attr]
+
+    def _attach_shared(self, recs: Sequence[_Key]) -> None:
+        """Map the shared buffers of parts held by servers on this host (after init)."""
+        for rec in recs:
+            rec.shm = [None] * len(rec.parts)
+            if rec.meta.dtype == "bfloat16":
+                continue
+            dtype = numpy_dtype(rec.meta.dtype)
+            for i, (server, offset, length) in enumerate(rec.parts):
+                directory = self._shm_dirs.get(server)
+                if directory is None:
+                    continue
+                try:
+                    rec.shm[i] = _SharedPart(
+                        map_array(part_file(directory, rec.skey, offset, f"w{self._client.node_id}"), dtype, length),
+                        (map_array(part_file(directory, rec.skey, offset, "v0"), dtype, length),
+                         map_array(part_file(directory, rec.skey, offset, "v1"), dtype, length)),
+                    )
+                except OSError as exc:  # e.g. another mount namespace: use the socket path
+                    log.info("worker %d: key %r uses sockets, not shared memory: %s", self._rank, rec.key, exc)
 
     # -- init ---------------------------------------------------------------------------
     def init(self, key: Any, value: Any) -> None:
@@ -288,9 +359,10 @@ class DistStore(KVStoreBase):
         if self._rank == 0:
             self._reduce(recs)
             self._collect(self._send_values(Command.INIT, [r for r, _ in recs], 0), None)
+        self.barrier()  # rank 0's init (and the servers' shared buffers) exist for everyone now
+        self._attach_shared([rec for rec, _ in recs])
         for rec, _ in recs:
             self._keys[rec.key] = rec
-        self.barrier()
 
     # -- push / pull --------------------------------------------------------------------
     def _push_pairs(self, key: Any, value: Any, op: str) -> list[tuple[_Key, list[Any]]]:
@@ -334,11 +406,14 @@ class DistStore(KVStoreBase):
         result = self._submit("push", keys, priority, lambda: self._do_push(pairs, priority, timeout), block, timeout)
         return result if not block else None
 
-    def _pull_requests(self, recs: Sequence[_Key], priority: int) -> dict[int, Any]:
+    def _pull_requests(self, recs: Sequence[_Key], priority: int) -> dict[Any, Any]:
         pendings = {}
-        for server, items in self._by_server(recs).items():
-            body = json.dumps({"parts": [[rec.skey, rec.parts[i][1], rec.rounds[i]] for rec, i in items]})
-            pendings[server] = (items, self._client.request(server, Command.PULL, body=body, priority=priority))
+        for (server, shared), items in self._by_server(recs, True).items():
+            request: dict[str, Any] = {"parts": [[rec.skey, rec.parts[i][1], rec.rounds[i]] for rec, i in items]}
+            if shared:
+                request["shm"] = True
+            pending = self._client.request(server, Command.PULL, body=json.dumps(request), priority=priority)
+            pendings[(server, shared)] = (items, pending)
         return pendings
 
     def pull(self, key: Any, out: Any = None, priority: int = 0, *, block: bool = True,

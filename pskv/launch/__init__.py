@@ -27,6 +27,7 @@ from pskv.launch.contract import CONTRACT
 from pskv.launch.local import run_local
 from pskv.launch.ssh import run_ssh
 from pskv.launch.supervisor import Console
+from pskv.transport.shm import remove_job_files
 
 __all__ = ["CONTRACT", "DESCRIPTION", "LaunchConfig", "add_arguments", "config_from_args", "launch", "main", "run_args"]
 
@@ -45,9 +46,13 @@ def launch(config: LaunchConfig, console: Console | None = None) -> int:
         InvalidArgumentError: the hostfile is unreadable or malformed (nothing was started).
     """
     console = Console(sys.stdout.buffer, sys.stderr) if console is None else console
-    if config.launcher == "ssh":
-        return run_ssh(config, console)
-    return run_local(config, console)
+    try:
+        if config.launcher == "ssh":
+            return run_ssh(config, console)
+        return run_local(config, console)
+    finally:
+        # servers killed hard (SIGKILL, a crash) cannot remove their shared-memory files
+        remove_job_files(config.job_id)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -7,6 +7,7 @@ one clear message and nothing to clean up.
 from __future__ import annotations
 
 import os
+import uuid
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -77,6 +78,7 @@ class LaunchConfig:
     exit_grace: float = 30.0
     python: str = sys.executable
     cwd: str = field(default_factory=os.getcwd)
+    job_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "command", tuple(self.command))

@@ -30,6 +30,7 @@ CONTRACT: dict[str, tuple[str, str]] = {
     "DMLC_WORKER_ID": ("workers (the rank)", "the worker's rank, 0..n-1"),
     "PSKV_LOCAL_RANK": ("workers (ClusterConfig.local_rank)", "the worker's index among the workers on its host"),
     "PSKV_SERVER_RANK": ("servers (ClusterConfig.server_rank)", "the server's rank, 0..s-1, so output labels and ranks agree"),
+    "PSKV_JOB_ID": ("servers (ClusterConfig.job_id)", "a random id of this job: names its shared-memory files so the launcher can remove them"),
     "PYTHONUNBUFFERED": ("Python", "1, so output reaches the launcher line by line (an --env pair may override it)"),
 }
 
@@ -46,6 +47,7 @@ class JobLayout:
     root_port: int
     num_servers: int
     num_workers: int
+    job_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,8 @@ def contract_env(layout: JobLayout, role: str, host: str, rank: int | None = Non
         "DMLC_NODE_HOST": host,
         "PYTHONUNBUFFERED": "1",
     }
+    if layout.job_id:
+        env["PSKV_JOB_ID"] = layout.job_id
     if role == "server" and rank is not None:
         env["PSKV_SERVER_RANK"] = str(rank)
     if role == "worker":

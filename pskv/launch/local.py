@@ -22,7 +22,7 @@ LOOPBACK = "127.0.0.1"
 
 def scheduler_spec(config: LaunchConfig, port_file: str) -> ProcessSpec:
     """The local scheduler, told to pick a free port and publish it in ``port_file``."""
-    layout = JobLayout(LOOPBACK, 0, config.num_servers, config.num_workers)
+    layout = JobLayout(LOOPBACK, 0, config.num_servers, config.num_workers, config.job_id)
     env = contract_env(layout, "scheduler", LOOPBACK)
     return ProcessSpec("scheduler", None, LOOPBACK,
                        tuple(env_argv(env, config.env, role_argv(config.python, "scheduler", port_file))))
@@ -30,7 +30,7 @@ def scheduler_spec(config: LaunchConfig, port_file: str) -> ProcessSpec:
 
 def local_specs(config: LaunchConfig, port: int) -> list[ProcessSpec]:
     """Servers, then workers (rank = local rank), for a scheduler on ``127.0.0.1:port``."""
-    layout = JobLayout(LOOPBACK, port, config.num_servers, config.num_workers)
+    layout = JobLayout(LOOPBACK, port, config.num_servers, config.num_workers, config.job_id)
     specs = []
     for rank in range(config.num_servers):
         env = contract_env(layout, "server", LOOPBACK, rank=rank)

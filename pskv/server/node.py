@@ -26,6 +26,7 @@ from pskv.server.controllers import find_controller, import_modules
 from pskv.server.shard import Part, ServerShard, to_storage
 from pskv.transport import IO_THREADS, Reactor
 from pskv.transport.addresses import bind_host
+from pskv.transport.shm import ShmDirectory, host_id, job_prefix
 
 __all__ = ["ServerNode"]
 
@@ -48,10 +49,14 @@ class ServerNode:
         self._tracker = RequestTracker()
         self._reactor = Reactor(self._ctx, "pskv-server", on_failure=self._on_reactor_failure)
         self._sid, self.address = self._reactor.bind_router(f"tcp://{bind_host(cluster)}:0", self._on_message)
+        self._shm_dir = ShmDirectory(f"{job_prefix(cluster.job_id)}server-") if cluster.shm else None
+        shm_info = {"dir": self._shm_dir.path, "host": host_id()} if self._shm_dir else None
         self._membership = Membership(cluster, self._reactor, self._tracker, Role.SERVER, self.address,
-                                      on_dead=self._on_node_dead)
+                                      on_dead=self._on_node_dead, shm=shm_info)
         self._dead_workers: set[int] = set()
-        self._shard = ServerShard(cluster.num_workers, sync=True)
+        workers = tuple(node_id(Role.WORKER, r) for r in range(cluster.num_workers))
+        allocate = self._shm_dir.create if self._shm_dir is not None else None
+        self._shard = ServerShard(cluster.num_workers, sync=True, allocate=allocate, workers=workers)
         self._rank = -1
         self._handlers: dict[Command, Callable[[bytes, Header, list[memoryview]], None]] = {
             Command.INIT: self._init,
@@ -99,6 +104,8 @@ class ServerNode:
         """Stop serving and release the sockets (idempotent); unblocks :meth:`run`."""
         self._tracker.fail_all(TransportError(f"{self.name} stopped"))
         self._reactor.stop()
+        if self._shm_dir is not None:
+            self._shm_dir.remove()
         with self._stop_lock:  # run() and an outside stop() may both get here
             if self._own_context:
                 self._own_context = False
@@ -154,8 +161,8 @@ class ServerNode:
         if json_body(header).get("overwrite") is True:  # broadcast to existing keys
             parts = [(self._shard.check(spec.key, spec.offset, spec.dtype, data.size, "broadcast"), data)
                      for spec, data in items]
-            for part, data in parts:
-                part.value = np.array(to_storage(part.dtype, data.reshape(-1)), dtype=part.value.dtype)
+            for part, data in parts:  # in place: everyone finished reading at the barrier before
+                np.copyto(part.value, to_storage(part.dtype, data.reshape(-1)))
             self._reply(identity, reply_frames(header, self._node_id()))
             return
         for spec, _ in items:
@@ -169,8 +176,26 @@ class ServerNode:
         items = self._frames(header, buffers)
         return [(self._shard.check(spec.key, spec.offset, spec.dtype, data.size, op), data) for spec, data in items]
 
+    def _shm_pushes(self, header: Header, op: str) -> list[tuple[Part, np.ndarray[Any, Any]]]:
+        """The parts a co-located worker pushed through its shared slots (body ``shm``)."""
+        listed = json_body(header).get("shm")
+        if listed is None:
+            return []
+        if not isinstance(listed, list) or not all(
+            isinstance(w, list) and len(w) == 2 and all(type(v) is int for v in w) for w in listed
+        ):
+            raise ProtocolError(f"{op}: shm needs [[key, offset], ...]")
+        out = []
+        for key, offset in listed:
+            part = self._shard.part(key, offset, op)
+            slot = part.slots.get(header.sender)
+            if slot is None:
+                raise InvalidArgumentError(f"{op} of key {key}: the part has no shared slot for this worker")
+            out.append((part, slot))
+        return out
+
     def _push(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
-        checked = self._checked(header, buffers, "push")
+        checked = self._checked(header, buffers, "push") + self._shm_pushes(header, "push")
         rounds = [self._shard.push(part, header.sender, data) for part, data in checked]
         self._reply(identity, reply_frames(header, self._node_id(), {"rounds": rounds}))
 
@@ -181,14 +206,15 @@ class ServerNode:
         ):
             raise ProtocolError("PULL needs parts: [[key, offset, min_round], ...]")
         parts = [(self._shard.part(k, o, "pull"), r) for k, o, r in wanted]
-        self._gather(identity, header, parts)
+        self._gather(identity, header, parts, shared=json_body(header).get("shm") is True)
 
     def _pushpull(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
-        checked = self._checked(header, buffers, "pushpull")
+        shm = self._shm_pushes(header, "pushpull")
+        checked = shm or self._checked(header, buffers, "pushpull")
         rounds = [self._shard.push(part, header.sender, data) for part, data in checked]
-        self._gather(identity, header, [(part, r) for (part, _), r in zip(checked, rounds)])
+        self._gather(identity, header, [(part, r) for (part, _), r in zip(checked, rounds)], shared=bool(shm))
 
-    def _gather(self, identity: bytes, header: Header, parts: list[tuple[Part, int]]) -> None:
+    def _gather(self, identity: bytes, header: Header, parts: list[tuple[Part, int]], shared: bool = False) -> None:
         """Reply with every part's value once each has completed its round.
 
         If a worker has died, a round that still needs pushes can never complete: the
@@ -197,8 +223,10 @@ class ServerNode:
         if not parts:
             self._reply(identity, reply_frames(header, self._node_id()))
             return
+        if shared and any(part.buffers is None for part, _ in parts):
+            raise InvalidArgumentError("a shared-memory pull names a part that is not in shared memory")
         gather = _Gather(len(parts), lambda frames: self._reply(identity, frames), header, self._node_id(),
-                         snapshot=self._shard.updater is not None)
+                         snapshot=self._shard.updater is not None, shared=shared)
         if self._dead_workers and self._shard.sync and any(part.round < r for part, r in parts):
             gather.fail(self._dead_reason(), self._dead_names())
             return
@@ -295,10 +323,11 @@ def _bind(fn: Callable[[int, Part], None], i: int) -> Callable[[Part], None]:
 class _Gather:
     """Collects the parts of one pull / pushpull and sends one reply (or one error)."""
 
-    __slots__ = ("_results", "_remaining", "_send", "_header", "_sender", "_snapshot", "_done")
+    __slots__ = ("_results", "_remaining", "_send", "_header", "_sender", "_snapshot", "_shared", "_done")
 
     def __init__(self, n: int, send: Callable[[list[Any]], None], header: Header, sender: int,
-                 snapshot: bool) -> None:
+                 snapshot: bool, shared: bool = False) -> None:
+        self._shared = shared  # reply with shared-buffer indices instead of data
         self._results: list[Part | None] = [None] * n
         self._remaining = n
         self._send = send
@@ -315,6 +344,11 @@ class _Gather:
         if self._remaining:
             return
         self._done = True
+        if self._shared:
+            parts = [p for p in self._results if p is not None]
+            body = {"buffers": [p.buffer_index() for p in parts], "rounds": [p.round for p in parts]}
+            self._send(reply_frames(self._header, self._sender, body))
+            return
         specs, data = [], []
         for p in self._results:
             assert p is not None

@@ -43,6 +43,8 @@ from pskv.errors import DTypeMismatchError, DuplicateKeyError, InvalidArgumentEr
 __all__ = ["Part", "ServerShard", "PartId", "bf16_bits_to_f32", "f32_to_bf16_bits"]
 
 PartId = tuple[int, int]  # (key, offset)
+# allocate(key, offset, name, dtype, size) -> a shared 1-D array
+Allocator = Callable[[int, int, str, np.dtype[Any], int], np.ndarray[Any, Any]]
 Updater = Callable[[Any, Any, Any], None]
 
 
@@ -82,6 +84,18 @@ class Part:
     queued: dict[int, deque[np.ndarray[Any, Any]]] = field(default_factory=dict)
     waiting: list[tuple[int, Callable[[Part], None], Callable[[str], None] | None]] = field(default_factory=list)
     round_started: float = 0.0  # monotonic time of the first push of the open round
+    buffers: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None = None  # shared value/merge pair
+    slots: dict[int, np.ndarray[Any, Any]] = field(default_factory=dict)  # shared push slot per worker
+
+    def buffer_index(self) -> int:
+        """Which shared buffer holds the value (0 or 1)."""
+        assert self.buffers is not None
+        return 0 if self.value is self.buffers[0] else 1
+
+    def _fresh_merge(self) -> np.ndarray[Any, Any]:
+        if self.buffers is not None:  # the shared buffer that is not the value
+            return self.buffers[1] if self.value is self.buffers[0] else self.buffers[0]
+        return np.empty_like(self.value)
 
     def wire_value(self, snapshot: bool) -> np.ndarray[Any, Any]:
         """The value as it travels (bfloat16 as bits); ``snapshot`` copies it."""
@@ -98,9 +112,12 @@ class ServerShard:
         sync: sync (True) or async (False) aggregation.
     """
 
-    def __init__(self, num_workers: int, sync: bool = True) -> None:
+    def __init__(self, num_workers: int, sync: bool = True, allocate: Allocator | None = None,
+                 workers: tuple[int, ...] = ()) -> None:
         self.num_workers = num_workers
         self.sync = sync
+        self._allocate = allocate
+        self._workers = workers
         self.parts: dict[PartId, Part] = {}
         self.updater: Updater | None = None
 
@@ -114,7 +131,18 @@ class ServerShard:
         pid = (key, offset)
         if pid in self.parts:
             raise DuplicateKeyError(key)
-        value = np.array(to_storage(dtype, frame), dtype=storage_dtype(dtype), copy=True).reshape(-1)
+        data = to_storage(dtype, frame).reshape(-1)
+        if self._allocate is not None and self.sync and dtype != "bfloat16":
+            # shared buffers: co-located workers push into their slot and read the value in place
+            dt = storage_dtype(dtype)
+            a = self._allocate(key, offset, "v0", dt, data.size)
+            b = self._allocate(key, offset, "v1", dt, data.size)
+            np.copyto(a, data)
+            part = Part(key, offset, dtype, a, buffers=(a, b))
+            part.slots = {w: self._allocate(key, offset, f"w{w}", dt, data.size) for w in self._workers}
+            self.parts[pid] = part
+            return
+        value = np.array(data, dtype=storage_dtype(dtype), copy=True)
         self.parts[pid] = Part(key, offset, dtype, value)
 
     def part(self, key: int, offset: int, op: str) -> Part:
@@ -178,7 +206,7 @@ class ServerShard:
         if not part.pushed:
             part.round_started = time.monotonic()
             if part.merge is None:
-                part.merge = np.empty_like(part.value)
+                part.merge = part._fresh_merge()
             np.copyto(part.merge, data)
         else:
             assert part.merge is not None

@@ -339,3 +339,25 @@ def test_a_dead_worker_fails_pulls_waiting_for_its_push():
 
         elapsed = cluster.run_workers(fn)[0]
     assert elapsed < 10
+
+
+@pytest.mark.parametrize("shm", [0, 1])
+def test_socket_and_shared_memory_paths_give_the_same_results(shm):
+    n = 1_500_000  # split over both servers
+
+    def fn(kv):
+        kv.init([0, 1], [np.zeros(n, np.float32), np.zeros((3, 2))])
+        used = [part is not None for part in kv._keys[0].shm]
+        kv.push([0, 1], [[np.ones(n, np.float32)] * 2, np.full((3, 2), float(kv.rank))])
+        big, small = kv.pull([0, 1])
+        out = np.zeros((3, 2))
+        kv.pushpull(1, np.ones((3, 2)), out=out)
+        kv.set_optimizer(SGD(learning_rate=0.5))
+        kv.push(0, np.ones(n, np.float32))
+        after = kv.pull(0)
+        return used, big[[0, -1]], small[0, 0], out[0, 0], after[[0, -1]]
+
+    for used, big, small, pp, after in run(2, 2, fn, shm=shm):
+        assert used == [bool(shm)] * 2
+        assert big.tolist() == [4.0, 4.0] and small == 1.0 and pp == 2.0
+        assert after.tolist() == [4.0 - 0.5 * 2, 4.0 - 0.5 * 2]

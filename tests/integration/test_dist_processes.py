@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from pskv.transport.shm import SHM_ROOT, remove_job_files
+
 HEARTBEAT = {"PS_HEARTBEAT_INTERVAL": "0.2", "PS_HEARTBEAT_TIMEOUT": "2", "PSKV_STARTUP_TIMEOUT": "30"}
 
 WORKER = """
@@ -48,7 +50,8 @@ class Job:
     def __init__(self, tmp: Path, servers: int, workers: int) -> None:
         self.procs: dict[str, subprocess.Popen[str]] = {}
         self.lines: dict[str, queue.Queue[str]] = {}
-        base = {**os.environ, "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_NODE_HOST": "127.0.0.1",
+        self.job_id = f"test{os.getpid()}{int(time.monotonic() * 1000) % 100000}"
+        base = {**os.environ, "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_NODE_HOST": "127.0.0.1", "PSKV_JOB_ID": self.job_id,
                 "DMLC_NUM_SERVER": str(servers), "DMLC_NUM_WORKER": str(workers), **HEARTBEAT}
         port_file = tmp / "port"
         self._start("scheduler", [sys.executable, "-m", "pskv", "scheduler", "--port-file", str(port_file)],
@@ -109,6 +112,7 @@ class Job:
         for proc in self.procs.values():
             if proc.stdout is not None:
                 proc.stdout.close()
+        remove_job_files(self.job_id)  # a SIGKILLed server cannot remove its shared memory
 
 
 @pytest.mark.timeout(90)
@@ -129,5 +133,7 @@ def test_sigkill_ends_in_node_failed_error_on_every_survivor(tmp_path, victim, n
         codes = job.wait_all(30)  # everyone left ends by itself
         assert codes[victim] == -signal.SIGKILL
         assert all(code == 0 for name, code in codes.items() if name != victim), codes
+        leftovers = [n for n in os.listdir(SHM_ROOT) if n.startswith(f"pskv-{job.job_id}-")]
+        assert len(leftovers) == (1 if victim.startswith("server") else 0), leftovers  # only the killed one
     finally:
         job.reap()

@@ -192,6 +192,8 @@ def test_env_contract_reaches_every_worker(tag, tmp_path, worker_script):
     assert sorted(seen) == [0, 1], out
     port = seen[0]["DMLC_PS_ROOT_PORT"]
     assert port is not None and int(port) > 0
+    job_ids = {env.pop("PSKV_JOB_ID") for env in seen.values()}
+    assert len(job_ids) == 1 and len(job_ids.pop()) == 12  # one random id per job
     for rank, env in seen.items():
         assert env == {
             "DMLC_ROLE": "worker", "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": port,
