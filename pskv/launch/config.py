@@ -7,9 +7,9 @@ one clear message and nothing to clean up.
 from __future__ import annotations
 
 import os
-import uuid
 import re
 import sys
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
