@@ -53,6 +53,7 @@ from pskv.errors import (
 from pskv.kvstore.base import KVStoreBase
 from pskv.kvstore.engine import Engine, OpHandle
 from pskv.kvstore.keys import Key, KeyKind, as_key_list, pair_up
+from pskv.kvstore.rows import apply_row_plan, plan_row_pulls
 from pskv.partition import server_key, split
 from pskv.protocol import ArraySpec, Command, Role, frame_array, node_name
 from pskv.transport.shm import host_id, map_array, part_file
@@ -151,12 +152,13 @@ class DistStore(KVStoreBase):
 
     @classmethod
     def is_capable(cls, capability: str) -> bool:
-        """``'optimizer'``: True (servers run it). ``'row_sparse_pull'``: not yet across processes.
+        """True for ``'optimizer'`` (the servers run it) and ``'row_sparse_pull'``.
 
         Raises:
             InvalidArgumentError: unknown capability.
         """
-        return cls._capability(capability) == cls.OPTIMIZER
+        cls._capability(capability)
+        return True
 
     # -- plumbing -----------------------------------------------------------------------
     def _check_open(self, op: str) -> None:
@@ -451,6 +453,25 @@ class DistStore(KVStoreBase):
             return arrays[0] if single else arrays
         fan_out_many([(o, values[id(rec)]) for rec, (_, o) in zip(recs, outs)], self._kernels)
         return None
+
+    def row_sparse_pull(self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None, *,
+                        block: bool = True, timeout: float | None = None) -> Any:
+        """Pull the rows ``row_ids`` of 2-D+ values (same forms and checks as the local store).
+
+        The rows are taken from the value this worker receives; through shared memory
+        only the requested rows are copied, over sockets the whole value travels.
+        """
+        self._check_open("row_sparse_pull")
+        keys, single = self._key_list(key)
+        recs = [self._record(k, "row_sparse_pull") for k in keys]
+        metas = [rec.meta for rec in recs]
+        plan = plan_row_pulls(keys, single, metas, metas, out, row_ids)
+
+        def run() -> Any:
+            values = self._collect(self._pull_requests(recs, priority), timeout)
+            return apply_row_plan(plan, [values[id(rec)] for rec in recs], single, self._kernels)
+        result = self._submit("row_sparse_pull", keys, priority, run, block, timeout)
+        return result if (not block or plan.returns_new) else None
 
     def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0, *, block: bool = True,
                  timeout: float | None = None) -> OpHandle | None:

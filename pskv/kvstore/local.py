@@ -27,7 +27,6 @@ from pskv.arrays import (
     fan_out_many,
     signature,
     sum_into_many,
-    take_rows,
 )
 from pskv.config import Config
 from pskv.errors import (
@@ -43,7 +42,7 @@ from pskv.errors import (
 from pskv.kvstore.base import KVStoreBase
 from pskv.kvstore.engine import Engine, OpHandle
 from pskv.kvstore.keys import Key, KeyKind, as_key_list, pair_up
-from pskv.kvstore.rows import row_id_sets, unique_rows
+from pskv.kvstore.rows import apply_row_plan, plan_row_pulls
 
 __all__ = ["LocalStore"]
 
@@ -412,44 +411,12 @@ class LocalStore(KVStoreBase):
         self._check_open("row_sparse_pull")
         keys, single = self._keys(key)
         entries = [self._entry(k, "row_sparse_pull") for k in keys]
-        if single:
-            per_key_ids = [row_ids]
-        else:
-            if not isinstance(row_ids, (list, tuple)) or len(row_ids) != len(keys):
-                raise InvalidArgumentError(f"row_sparse_pull of {len(keys)} keys needs a list of {len(keys)} row_ids")
-            per_key_ids = list(row_ids)
-        return_new = out is None
-        if return_new:
-            out_pairs = [(k, [empty(e.origin)]) for k, e in zip(keys, entries)]
-        else:
-            out_pairs = pair_up(keys, single, out, "out")
-        plan = []
-        for (k, outs), entry, ids in zip(out_pairs, entries, per_key_ids):
-            shape = entry.meta.shape
-            if len(shape) < 2:
-                raise InvalidArgumentError(f"row_sparse_pull needs a stored array with >= 2 dimensions; key {k!r} has shape {shape}")
-            for o, rid in zip(outs, row_id_sets(k, ids, len(outs))):
-                rows = unique_rows(k, rid, shape[0])
-                m = describe(o)
-                if m.dtype != entry.meta.dtype:
-                    raise DTypeMismatchError(k, "row_sparse_pull", entry.meta.dtype, m.dtype)
-                compact = (len(rows),) + shape[1:]
-                if m.shape != shape and m.shape != compact:
-                    raise ShapeMismatchError(k, "row_sparse_pull", shape, m.shape)
-                plan.append((entry, o, rows, m.shape != shape))
+        plan = plan_row_pulls(keys, single, [e.meta for e in entries], [e.origin for e in entries], out, row_ids)
 
         def run() -> Any:
-            for entry, o, rows, is_compact in plan:
-                if is_compact:
-                    _copy_rows(entry.value, rows, o, self._kernels)
-                else:
-                    take_rows(entry.value, rows, o)
-            if return_new:
-                arrays = [outs[0] for _, outs in out_pairs]
-                return arrays[0] if single else arrays
-            return None
+            return apply_row_plan(plan, [e.value for e in entries], single, self._kernels)
         result = self._submit("row_sparse_pull", keys, priority, run, block, timeout)
-        return result if (not block or return_new) else None
+        return result if (not block or plan.returns_new) else None
 
     # -- updater / optimizer ---------------------------------------------------------------
     def set_updater(self, updater: Updater) -> None:
@@ -577,16 +544,3 @@ class LocalStore(KVStoreBase):
         state = "closed" if self._closed else f"{len(self._entries)} keys"
         return f"<pskv.LocalStore type={self._type!r} {state}>"
 
-
-def _copy_rows(src: Any, rows: Any, dst: Any, kernels: CpuKernels) -> None:
-    """Write ``src[rows]`` into the compact ``dst`` (one row per id)."""
-    from pskv.arrays import is_torch
-
-    if is_torch(src):
-        import sys
-
-        torch = sys.modules["torch"]
-        index = torch.from_numpy(rows).to(src.device)
-        copy_into(dst, src.detach().index_select(0, index), kernels)
-    else:
-        copy_into(dst, src[rows], kernels)

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from pskv.arrays import is_array, to_numpy
-from pskv.errors import InvalidArgumentError, InvalidTypeError
+from pskv.arrays import ArrayMeta, CpuKernels, copy_into, describe, empty, is_array, is_torch, take_rows, to_numpy
+from pskv.errors import DTypeMismatchError, InvalidArgumentError, InvalidTypeError, ShapeMismatchError
+from pskv.kvstore.keys import Key, pair_up
 
-__all__ = ["unique_rows", "row_id_sets"]
+__all__ = ["unique_rows", "row_id_sets", "RowPlan", "plan_row_pulls", "apply_row_plan"]
 
 
 def unique_rows(key: Any, row_ids: Any, num_rows: int) -> np.ndarray[Any, Any]:
@@ -63,3 +67,67 @@ def row_id_sets(key: Any, row_ids: Any, n_outs: int) -> list[Any]:
             )
         return list(row_ids)
     return [row_ids] * n_outs
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """What one ``row_sparse_pull`` call does: per out, the key index, rows and layout."""
+
+    outs: list[tuple[Key, list[Any]]]  # per key: its outs (new arrays when the caller gave none)
+    steps: list[tuple[int, Any, np.ndarray[Any, Any], bool]]  # (key index, out, rows, compact?)
+    returns_new: bool
+
+
+def plan_row_pulls(keys: Sequence[Key], single: bool, metas: Sequence[ArrayMeta], origins: Sequence[ArrayMeta],
+                   out: Any, row_ids: Any) -> RowPlan:
+    """Validate a ``row_sparse_pull`` call and plan it (no data is touched).
+
+    Args:
+        keys, single: the normalised keys.
+        metas: per key, the stored value's description (shape, dtype).
+        origins: per key, what ``pull(out=None)`` returns (kind, device).
+        out, row_ids: the caller's arguments.
+
+    Raises:
+        InvalidArgumentError, ShapeMismatchError, DTypeMismatchError: see the stores.
+    """
+    if single:
+        per_key_ids = [row_ids]
+    else:
+        if not isinstance(row_ids, (list, tuple)) or len(row_ids) != len(keys):
+            raise InvalidArgumentError(f"row_sparse_pull of {len(keys)} keys needs a list of {len(keys)} row_ids")
+        per_key_ids = list(row_ids)
+    returns_new = out is None
+    outs = [(k, [empty(o)]) for k, o in zip(keys, origins)] if returns_new else pair_up(keys, single, out, "out")
+    steps = []
+    for index, ((k, k_outs), meta, ids) in enumerate(zip(outs, metas, per_key_ids)):
+        shape = meta.shape
+        if len(shape) < 2:
+            raise InvalidArgumentError(f"row_sparse_pull needs a stored array with >= 2 dimensions; key {k!r} has shape {shape}")
+        for o, rid in zip(k_outs, row_id_sets(k, ids, len(k_outs))):
+            rows = unique_rows(k, rid, shape[0])
+            m = describe(o)
+            if m.dtype != meta.dtype:
+                raise DTypeMismatchError(k, "row_sparse_pull", meta.dtype, m.dtype)
+            compact = (len(rows),) + shape[1:]
+            if m.shape != shape and m.shape != compact:
+                raise ShapeMismatchError(k, "row_sparse_pull", shape, m.shape)
+            steps.append((index, o, rows, m.shape != shape))
+    return RowPlan(outs, steps, returns_new)
+
+
+def apply_row_plan(plan: RowPlan, values: Sequence[Any], single: bool, kernels: CpuKernels) -> Any:
+    """Copy the planned rows of ``values`` (one per key) into the outs; returns new arrays if planned."""
+    for index, o, rows, compact in plan.steps:
+        src = values[index]
+        if not compact:
+            take_rows(src, rows, o)
+        elif is_torch(src):
+            torch = sys.modules["torch"]
+            copy_into(o, src.detach().index_select(0, torch.from_numpy(rows).to(src.device)), kernels)
+        else:
+            copy_into(o, src[rows], kernels)
+    if plan.returns_new:
+        arrays = [k_outs[0] for _, k_outs in plan.outs]
+        return arrays[0] if single else arrays
+    return None

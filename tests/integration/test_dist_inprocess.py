@@ -193,7 +193,7 @@ def test_non_blocking_calls_and_priorities():
 
 def test_num_dead_node_and_properties():
     def fn(kv):
-        return kv.rank, kv.num_workers, kv.type, kv.num_dead_node(6, timeout=60), kv.is_capable("optimizer")
+        return kv.rank, kv.num_workers, kv.type, kv.num_dead_node(6, timeout=60), kv.is_capable("row_sparse_pull")
 
     got = run(1, 2, fn)
     assert sorted(g[0] for g in got) == [0, 1]
@@ -361,3 +361,24 @@ def test_socket_and_shared_memory_paths_give_the_same_results(shm):
         assert used == [bool(shm)] * 2
         assert big.tolist() == [4.0, 4.0] and small == 1.0 and pp == 2.0
         assert after.tolist() == [4.0 - 0.5 * 2, 4.0 - 0.5 * 2]
+
+
+@pytest.mark.parametrize("shm", [0, 1])
+def test_row_sparse_pull_across_processes(shm):
+    def fn(kv):
+        table = np.arange(20, dtype=np.float32).reshape(5, 4)
+        kv.init("emb", table if kv.rank == 0 else np.zeros((5, 4), np.float32))
+        full = kv.row_sparse_pull("emb", row_ids=[3, 1, 3])
+        compact = np.zeros((2, 4), np.float32)
+        kv.row_sparse_pull("emb", out=compact, row_ids=np.array([4, 0]))
+        with pytest.raises(pskv.InvalidArgumentError, match="out of range"):
+            kv.row_sparse_pull("emb", row_ids=[5])
+        return full, compact, kv.is_capable("row_sparse_pull")
+
+    table = np.arange(20, dtype=np.float32).reshape(5, 4)
+    for full, compact, capable in run(1, 2, fn, shm=shm):
+        want = np.zeros((5, 4), np.float32)
+        want[[1, 3]] = table[[1, 3]]
+        np.testing.assert_array_equal(full, want)
+        np.testing.assert_array_equal(compact, table[[0, 4]])
+        assert capable
