@@ -47,7 +47,7 @@ sys.exit(1)
 class Job:
     """Scheduler, servers and workers as child processes with line readers."""
 
-    def __init__(self, tmp: Path, servers: int, workers: int) -> None:
+    def __init__(self, tmp: Path, servers: int, workers: int, servers_run_script: bool = False) -> None:
         self.procs: dict[str, subprocess.Popen[str]] = {}
         self.lines: dict[str, queue.Queue[str]] = {}
         self.job_id = f"test{os.getpid()}{int(time.monotonic() * 1000) % 100000}"
@@ -64,8 +64,9 @@ class Job:
         script = tmp / "worker.py"
         script.write_text(WORKER)
         for s in range(servers):
-            self._start(f"server {s}", [sys.executable, "-m", "pskv", "server"],
-                        {**base, "DMLC_ROLE": "server", "PSKV_SERVER_RANK": str(s)})
+            # a cluster manager may start the user's script for every role: create() then serves
+            argv = [sys.executable, str(script)] if servers_run_script else [sys.executable, "-m", "pskv", "server"]
+            self._start(f"server {s}", argv, {**base, "DMLC_ROLE": "server", "PSKV_SERVER_RANK": str(s)})
         for w in range(workers):
             self._start(f"worker {w}", [sys.executable, str(script)],
                         {**base, "DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(w)})
@@ -135,5 +136,23 @@ def test_sigkill_ends_in_node_failed_error_on_every_survivor(tmp_path, victim, n
         assert all(code == 0 for name, code in codes.items() if name != victim), codes
         leftovers = [n for n in os.listdir(SHM_ROOT) if n.startswith(f"pskv-{job.job_id}-")]
         assert len(leftovers) == (1 if victim.startswith("server") else 0), leftovers  # only the killed one
+    finally:
+        job.reap()
+
+
+@pytest.mark.timeout(90)
+def test_the_users_script_started_as_a_server_serves_and_exits(tmp_path):
+    job = Job(tmp_path, servers=1, workers=2, servers_run_script=True)
+    try:
+        job.expect("worker 0", "ready", 40)
+        job.expect("worker 1", "ready", 40)
+        job.procs["worker 0"].send_signal(signal.SIGKILL)  # end the job: worker 1 sees it die
+        job.expect("worker 1", "caught after", 30)
+        codes = job.wait_all(30)
+        assert codes["server 0"] == 0 and codes["scheduler"] == 0
+        server_output = []
+        while not job.lines["server 0"].empty():
+            server_output.append(job.lines["server 0"].get())
+        assert not any("ready" in line for line in server_output)  # the script's worker part never ran
     finally:
         job.reap()
