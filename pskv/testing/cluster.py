@@ -10,6 +10,7 @@ daemons and the sockets are closed on exit.
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -80,6 +81,7 @@ class InProcessCluster:
         try:
             return [f.result(timeout=limit) for f in futures]
         except FutureTimeout:
+            faulthandler.dump_traceback(all_threads=True)  # where is everyone stuck?
             raise OperationTimeoutError(f"a worker did not finish within {limit} s") from None
         finally:
             pool.shutdown(wait=False, cancel_futures=True)

@@ -166,8 +166,17 @@ class Reactor:
         if self._stopping:
             raise TransportError(f"{self._name} is stopped")
         self._calls.append(fn)
+        self._wake()
+
+    def _wake(self) -> None:
+        """Interrupt the reactor's poll. Never blocks: a PUSH socket whose peer is gone (the
+        reactor closed it) or full (wake-ups already pending) would block a plain send —
+        which once deadlocked stop() against the closing reactor thread."""
         with self._wake_lock:
-            self._wake_send.send(b"", copy=True)
+            try:
+                self._wake_send.send(b"", zmq.NOBLOCK, copy=True)
+            except zmq.ZMQError:
+                pass  # Again: a wake-up is already pending, or the reactor is closing
 
     def on_reactor_thread(self) -> bool:
         """True when called from the reactor thread."""
@@ -190,11 +199,7 @@ class Reactor:
             return
         if not self._stopping:
             self._stopping = True
-            with self._wake_lock:
-                try:
-                    self._wake_send.send(b"", copy=True)
-                except zmq.ZMQError:
-                    pass
+            self._wake()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout)
             if self._thread.is_alive():
