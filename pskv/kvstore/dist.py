@@ -33,24 +33,22 @@ from pskv.arrays import (
     fan_out_many,
     from_wire,
     numpy_dtype,
-    signature,
     sum_into_many,
     wire_view,
 )
 from pskv.config import ClusterConfig, Config
 from pskv.errors import (
-    DTypeMismatchError,
     DuplicateKeyError,
     InvalidArgumentError,
     InvalidTypeError,
     NodeFailedError,
     NotSupportedError,
     ProtocolError,
-    ShapeMismatchError,
     StoreClosedError,
     UnknownKeyError,
 )
 from pskv.kvstore.base import KVStoreBase
+from pskv.kvstore.checks import check_like, check_priority
 from pskv.kvstore.engine import Engine, OpHandle
 from pskv.kvstore.keys import Key, KeyKind, as_key_list, pair_up
 from pskv.kvstore.rows import apply_row_plan, plan_row_pulls
@@ -185,18 +183,11 @@ class DistStore(KVStoreBase):
 
     @staticmethod
     def _check_like(rec: _Key, arrays: Sequence[Any], op: str) -> None:
-        for a in arrays:
-            shape, dtype = signature(a)
-            if shape != rec.meta.shape:
-                raise ShapeMismatchError(rec.key, op, rec.meta.shape, shape)
-            if dtype != rec.meta.dtype:
-                raise DTypeMismatchError(rec.key, op, rec.meta.dtype, dtype)
+        check_like(rec.key, rec.meta, arrays, op)
 
     def _submit(self, op: str, keys: Sequence[Key], priority: int, fn: Callable[[], Any], block: bool,
                 timeout: float | None) -> Any:
-        if not isinstance(priority, int) or isinstance(priority, bool):
-            raise InvalidTypeError(f"priority must be an int, got {type(priority).__qualname__}")
-        return self._engine.submit(op, keys, priority, fn, block, self._timeout(timeout))
+        return self._engine.submit(op, keys, check_priority(priority), fn, block, self._timeout(timeout))
 
     def _reduce(self, pairs: Sequence[tuple[_Key, list[Any]]]) -> None:
         """Set each key's outgoing buffer: its one CPU value as is, else the sum of its values.

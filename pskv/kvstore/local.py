@@ -25,21 +25,19 @@ from pskv.arrays import (
     describe,
     empty,
     fan_out_many,
-    signature,
     sum_into_many,
 )
 from pskv.config import Config
 from pskv.errors import (
-    DTypeMismatchError,
     DuplicateKeyError,
     InvalidArgumentError,
     InvalidTypeError,
     OptimizerStateError,
-    ShapeMismatchError,
     StoreClosedError,
     UnknownKeyError,
 )
 from pskv.kvstore.base import KVStoreBase
+from pskv.kvstore.checks import check_like, check_priority
 from pskv.kvstore.engine import Engine, OpHandle
 from pskv.kvstore.keys import Key, KeyKind, as_key_list, pair_up
 from pskv.kvstore.rows import apply_row_plan, plan_row_pulls
@@ -132,22 +130,14 @@ class LocalStore(KVStoreBase):
 
     @staticmethod
     def _check_like(key: Key, entry: _Entry, arrays: Sequence[Any], op: str) -> None:
-        want_shape, want_dtype = entry.meta.shape, entry.meta.dtype
-        for a in arrays:
-            shape, dtype = signature(a)
-            if shape != want_shape:
-                raise ShapeMismatchError(key, op, want_shape, shape)
-            if dtype != want_dtype:
-                raise DTypeMismatchError(key, op, want_dtype, dtype)
+        check_like(key, entry.meta, arrays, op)
 
     def _timeout(self, timeout: float | None) -> float:
         return self._config.default_timeout if timeout is None else timeout
 
     def _submit(self, op: str, keys: Sequence[Key], priority: int, fn: Callable[[], Any],
                 block: bool, timeout: float | None) -> Any:
-        if not isinstance(priority, int) or isinstance(priority, bool):
-            raise InvalidTypeError(f"priority must be an int, got {type(priority).__qualname__}")
-        return self._engine.submit(op, keys, priority, fn, block, self._timeout(timeout))
+        return self._engine.submit(op, keys, check_priority(priority), fn, block, self._timeout(timeout))
 
     # -- init ----------------------------------------------------------------------------
     def init(self, key: Any, value: Any) -> None:
