@@ -1,0 +1,439 @@
+"""Trainer: ties a data-parallel group (or a plain module) to a pskv store and an optimizer.
+
+Each parameter is a store key named after it. The first forward broadcasts rank 0's
+parameters to every worker and device; then each step sends every gradient with
+``pushpull(names, grads, out=..., priority=-index)``:
+
+* ``update_on_kvstore=True``: the optimizer runs in the store (on the servers for the
+  ``dist_*`` stores) and the new weights come back into every device's parameters;
+* ``update_on_kvstore=False``: the store only sums gradients; the optimizer runs here.
+
+MXNet's rules pick the mode: ``dist_async`` forces True (an explicit False raises), a
+store without optimizer capability (``byteps``) forces False (an explicit True raises),
+and no store (one device, a non-distributed store name) means False.
+
+Communication overlaps the backward pass: gradients are grouped into buckets in reverse
+parameter order (roughly the order autograd produces them) and a bucket is sent — one
+non-blocking list ``pushpull``, one message per server — as soon as every device has
+produced all its gradients. :meth:`Trainer.step` sends what is left, waits, and (without
+``update_on_kvstore``) runs the optimizer. ``rescale_grad`` is 1 / global batch size:
+the per-worker batch times the number of workers for the synchronous distributed stores.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from pskv.errors import InvalidArgumentError, InvalidTypeError
+from pskv.kvstore import KVStoreBase, create
+from pskv.optimizer import Optimizer
+from pskv.optimizer import create as create_optimizer
+from pskv.parallel.executor_group import DataParallelExecutorGroup
+
+__all__ = ["Trainer", "SYNC_TYPES"]
+
+# Stores whose pushes of one round are summed over all workers before the update.
+SYNC_TYPES = frozenset({"dist_sync", "dist", "dist_sync_device", "dist_device_sync", "byteps"})
+DEFAULT_BUCKET_BYTES = 1 << 20
+
+
+class Trainer:
+    """Trains a :class:`DataParallelExecutorGroup` (or a plain ``torch.nn.Module``) through a store.
+
+    Args:
+        target: the group, or a module whose trainable parameters are used (one device;
+            call ``loss.backward()`` yourself, then :meth:`step` with the batch size).
+        optimizer: an optimizer name (``'sgd'``, ``'adam'``...) or an
+            :class:`~pskv.optimizer.Optimizer`.
+        optimizer_params: hyperparameters when ``optimizer`` is a name.
+        kvstore: a store, a store name, or None. A name with one device and no
+            ``dist`` in it means no store (nothing to sum), as in MXNet.
+        update_on_kvstore: run the optimizer in the store (None: decide by MXNet's rules).
+        overlap: send gradients during backward (groups whose parameters all have
+            ``grad_req='write'``; plain modules only with ``update_on_kvstore=False``).
+        bucket_bytes: gradients are sent in groups of about this many bytes (0: one
+            key per send).
+
+    Raises:
+        InvalidArgumentError: an impossible ``update_on_kvstore``, or several devices
+            without a store.
+    """
+
+    def __init__(self, target: DataParallelExecutorGroup | torch.nn.Module, optimizer: str | Optimizer = "sgd",
+                 optimizer_params: Mapping[str, Any] | None = None, kvstore: str | KVStoreBase | None = "device",
+                 update_on_kvstore: bool | None = None, overlap: bool = True,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+        if isinstance(target, DataParallelExecutorGroup):
+            self._group: DataParallelExecutorGroup | None = target
+            names = [n for n in target.param_names if target.grad_req[n] != "null"]
+            index = {n: i for i, n in enumerate(target.param_names)}
+            self._params = [[p.detach() for p in target.param_arrays[index[n]]] for n in names]
+            self._grads = [target.grad_arrays[index[n]] for n in names]
+            self._num_devices = len(target.devices)
+        elif isinstance(target, torch.nn.Module):
+            self._group = None
+            named = [(n, p) for n, p in target.named_parameters() if p.requires_grad]
+            names = [n for n, _ in named]
+            self._params = [[p.detach()] for _, p in named]
+            self._module_params = [p for _, p in named]
+            self._grads = []  # a plain module's .grad tensors appear with its first backward
+            self._num_devices = 1
+        else:
+            raise InvalidTypeError(f"Trainer needs a DataParallelExecutorGroup or a torch.nn.Module, "
+                                   f"got {type(target).__name__}")
+        if not names:
+            raise InvalidArgumentError("the model has no trainable parameters")
+        self.names = names
+        self._target = target
+        if isinstance(optimizer, Optimizer):
+            if optimizer_params:
+                raise InvalidArgumentError("optimizer_params only go with an optimizer name")
+            self._optimizer = optimizer
+        elif isinstance(optimizer, str):
+            self._optimizer = create_optimizer(optimizer, **dict(optimizer_params or {}))
+        else:
+            raise InvalidTypeError(f"optimizer must be a name or a pskv Optimizer, got {type(optimizer).__name__}")
+        self._kv, self._owns_kv = self._make_store(kvstore)
+        self.update_on_kvstore = self._resolve_update_on_kvstore(update_on_kvstore)
+        self._updater = None if self.update_on_kvstore else self._optimizer.get_updater()
+        workers = self._kv.num_workers if self._kv is not None and self._kv.type in SYNC_TYPES else 1
+        self._worker_factor = workers
+        if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 0:
+            raise InvalidArgumentError(f"bucket_bytes must be an int >= 0, got {bucket_bytes!r}")
+        self._buckets = self._make_buckets(bucket_bytes)
+        self._bucket_of = {i: b for b, members in enumerate(self._buckets) for i in members}
+        if self._group is not None:
+            self.overlap = bool(overlap) and all(self._group.grad_req[n] == "write" for n in names)
+        else:
+            self.overlap = bool(overlap) and not self.update_on_kvstore
+        self.overlap = self.overlap and self._kv is not None
+        self._lock = threading.Lock()
+        self._counts = [0] * len(names)
+        self._bucket_ready = [0] * len(self._buckets)
+        self._sent = [False] * len(self._buckets)
+        self._handles: list[Any] = []
+        self._expected = self._num_devices
+        self._params_ready = False
+        self._optimizer_batch: int | None = None  # batch size the store's rescale_grad was set for
+        self._batch_size: int | None = None
+        self._errors: list[BaseException] = []
+        self._hooks: list[Any] = []
+        if self._group is not None:
+            self._group.add_forward_listener(self._on_forward)
+        elif isinstance(target, torch.nn.Module):
+            self._hooks.append(target.register_forward_pre_hook(lambda *_: self._ensure_params()))
+        if self.overlap:
+            self._install_grad_hooks()
+
+    # -- set-up ---------------------------------------------------------------------------
+    def _make_store(self, kvstore: str | KVStoreBase | None) -> tuple[KVStoreBase | None, bool]:
+        if kvstore is None:
+            if self._num_devices > 1:
+                raise InvalidArgumentError(f"{self._num_devices} devices need a store to sum their gradients "
+                                           "(kvstore='device' or 'local')")
+            return None, False
+        if isinstance(kvstore, KVStoreBase):
+            return kvstore, False
+        if not isinstance(kvstore, str):
+            raise InvalidTypeError(f"kvstore must be a store, a store name or None, got {type(kvstore).__name__}")
+        if self._num_devices == 1 and "dist" not in kvstore and kvstore != "byteps":
+            return None, False
+        return create(kvstore), True
+
+    def _resolve_update_on_kvstore(self, requested: bool | None) -> bool:
+        kv = self._kv
+        if kv is None:
+            if requested:
+                raise InvalidArgumentError("update_on_kvstore=True needs a store (kvstore is None or not needed)")
+            return False
+        capable = kv.is_capable("optimizer")
+        if "async" in kv.type:
+            if requested is False:
+                raise InvalidArgumentError("Please set update_on_kvstore=True when training in async mode "
+                                           f"(store {kv.type!r} applies every push as it arrives)")
+            if not capable:
+                raise InvalidArgumentError(f"store {kv.type!r} is asynchronous but cannot run an optimizer")
+            return True
+        if not capable:
+            if requested:
+                raise InvalidArgumentError(f"update_on_kvstore=True, but store {kv.type!r} cannot run an optimizer")
+            return False
+        return True if requested is None else bool(requested)
+
+    def _make_buckets(self, cap: int) -> list[list[int]]:
+        """Parameter indices in reverse order, grouped into buckets of at most ``cap`` bytes."""
+        buckets: list[list[int]] = []
+        size = 0
+        for i in reversed(range(len(self.names))):
+            p = self._params[i][0]
+            nbytes = p.numel() * p.element_size()
+            if not buckets or size + nbytes > cap:
+                buckets.append([])
+                size = 0
+            buckets[-1].append(i)
+            size += nbytes
+        return buckets
+
+    def _install_grad_hooks(self) -> None:
+        if self._group is not None:
+            leaves = [[dict(r.named_parameters())[n] for r in self._group.replicas] for n in self.names]
+        else:
+            leaves = [[p] for p in self._module_params]
+        for i, copies in enumerate(leaves):
+            for p in copies:
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_hook(i)))
+
+    def _grad_hook(self, i: int) -> Callable[[torch.Tensor], None]:
+        def ready(_param: torch.Tensor) -> None:
+            with self._lock:
+                self._counts[i] += 1
+                if self._counts[i] != self._expected:
+                    return
+                b = self._bucket_of[i]
+                self._bucket_ready[b] += 1
+                if self._bucket_ready[b] != len(self._buckets[b]) or self._sent[b]:
+                    return
+                self._sent[b] = True
+            try:
+                self._send_bucket(b)
+            except BaseException as exc:  # raised again by step(): never lost, never kills autograd silently
+                self._errors.append(exc)
+        return ready
+
+    @property
+    def kvstore(self) -> KVStoreBase | None:
+        """The store (None when there is nothing to sum)."""
+        return self._kv
+
+    @property
+    def optimizer(self) -> Optimizer:
+        """The optimizer (a copy of it runs in the store with ``update_on_kvstore``)."""
+        return self._optimizer
+
+    @property
+    def learning_rate(self) -> float:
+        """The optimizer's current learning rate."""
+        return self._optimizer.learning_rate
+
+    def set_learning_rate(self, lr: float) -> None:
+        """Change the learning rate (in the store too; state is kept). Collective in distributed mode."""
+        self._optimizer.set_learning_rate(lr)
+        if self.update_on_kvstore and self._optimizer_batch is not None and self._kv is not None:
+            self._kv.set_optimizer(self._optimizer)
+
+    # -- initialisation ---------------------------------------------------------------------
+    def _on_forward(self, group: DataParallelExecutorGroup) -> None:
+        self._finish_sends()  # outs of the last step's pushpulls must be in before this forward reads them
+        self._ensure_params()
+        if self.update_on_kvstore:
+            self._ensure_optimizer(group.batch_size)
+        with self._lock:
+            self._expected = len(group.active_devices)
+            self._reset_counts()
+
+    def _reset_counts(self) -> None:
+        self._counts = [0] * len(self.names)
+        self._bucket_ready = [0] * len(self._buckets)
+        self._sent = [False] * len(self._buckets)
+
+    def init_params(self) -> None:
+        """Broadcast rank 0's parameters to every worker and device (done by the first forward)."""
+        self._ensure_params()
+
+    def sync_params(self) -> None:
+        """Broadcast rank 0's current parameters again (after loading new ones). Collective."""
+        self._finish_sends()
+        self._params_ready = False
+        self._ensure_params()
+
+    def _ensure_params(self) -> None:
+        if self._params_ready:
+            return
+        self._params_ready = True
+        if self._kv is None:
+            return
+        with torch.no_grad():
+            if self.update_on_kvstore and self._optimizer_batch is None and self._group is not None:
+                self._ensure_optimizer(self._group.batch_size or 1)
+            self._kv.broadcast(self.names, [c[0] for c in self._params], out=[list(c) for c in self._params])
+
+    def _ensure_optimizer(self, batch_size: int) -> None:
+        """Install the optimizer in the store with ``rescale_grad`` for ``batch_size`` (once)."""
+        if self._optimizer_batch is not None or self._kv is None:
+            return
+        self._optimizer.rescale_grad = 1.0 / (batch_size * self._worker_factor)
+        self._kv.set_optimizer(self._optimizer)
+        self._optimizer_batch = batch_size
+
+    # -- communication ------------------------------------------------------------------------
+    def _grad_lists(self, members: Sequence[int]) -> list[list[torch.Tensor]]:
+        if self._group is None:
+            grads = []
+            for i in members:
+                p = self._module_params[i]
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                grads.append([p.grad])
+            return grads
+        return [[g for g in self._grads[i] if g is not None] for i in members]
+
+    def _send_bucket(self, b: int) -> None:
+        assert self._kv is not None
+        members = self._buckets[b]
+        grads = self._grad_lists(members)
+        if self.update_on_kvstore:
+            current = self._group.batch_size if self._group is not None else self._batch_size
+            if self._optimizer_batch and current and current != self._optimizer_batch:
+                factor = self._optimizer_batch / current  # the store's rescale_grad is for _optimizer_batch
+                for gs in grads:
+                    for g in gs:
+                        g.mul_(factor)
+            out = [list(self._params[i]) for i in members]
+        else:
+            out = None
+        keys = [self.names[i] for i in members]
+        handle = self._kv.pushpull(keys, grads, out=out, priority=-min(members), block=False)  # type: ignore[call-arg]
+        with self._lock:
+            self._handles.append(handle)
+
+    def _finish_sends(self) -> None:
+        with self._lock:
+            handles, self._handles = self._handles, []
+            errors, self._errors = self._errors, []
+        failure: BaseException | None = errors[0] if errors else None
+        for h in handles:
+            try:
+                h.wait()
+            except BaseException as exc:
+                failure = failure or exc
+        if failure is not None:
+            raise failure
+
+    def allreduce_grads(self) -> None:
+        """Sum the gradients over devices and workers, in place (``update_on_kvstore=False`` only)."""
+        if self.update_on_kvstore:
+            raise InvalidArgumentError("allreduce_grads() is for update_on_kvstore=False; use step()")
+        self._ensure_params()
+        self._communicate()
+
+    def _communicate(self) -> None:
+        if self._kv is None:
+            return
+        with self._lock:
+            todo = [b for b, sent in enumerate(self._sent) if not sent]
+            for b in todo:
+                self._sent[b] = True
+        for b in todo:
+            self._send_bucket(b)
+        self._finish_sends()
+        with self._lock:
+            self._reset_counts()
+
+    # -- the step -----------------------------------------------------------------------------
+    def step(self, batch_size: int | None = None) -> None:
+        """Finish this step: send the gradients not sent yet, wait, and update the parameters.
+
+        Args:
+            batch_size: samples this worker processed (default: the group's batch).
+                ``rescale_grad`` becomes 1 / (batch_size x workers) for synchronous
+                distributed stores, 1 / batch_size otherwise.
+
+        Raises:
+            InvalidArgumentError: no batch size for a plain module.
+            Errors of the store (NodeFailedError, OperationTimeoutError...) and of the optimizer.
+        """
+        batch = self._batch(batch_size)
+        self._ensure_params()
+        if self.update_on_kvstore:
+            self._ensure_optimizer(batch)
+        self._communicate()
+        if not self.update_on_kvstore:
+            self.update(batch)
+
+    def _batch(self, batch_size: int | None) -> int:
+        if batch_size is None:
+            if self._group is None:
+                raise InvalidArgumentError("step() of a Trainer over a plain module needs the batch size")
+            batch_size = self._group.batch_size
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise InvalidArgumentError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        self._batch_size = batch_size
+        return batch_size
+
+    def update(self, batch_size: int | None = None) -> None:
+        """Run the optimizer on the (already summed) gradients (``update_on_kvstore=False`` only).
+
+        Device 0's parameters are updated and copied to the other devices.
+        """
+        if self.update_on_kvstore or self._updater is None:
+            raise InvalidArgumentError("update() is for update_on_kvstore=False; use step()")
+        batch = self._batch(batch_size)
+        self._optimizer.rescale_grad = 1.0 / (batch * self._worker_factor)
+        grads = self._grad_lists(range(len(self.names)))
+        with torch.no_grad():
+            self._updater(list(self.names), [g[0] for g in grads], [c[0] for c in self._params])
+            for copies in self._params:
+                for other in copies[1:]:
+                    other.copy_(copies[0])
+
+    # -- optimizer states ---------------------------------------------------------------------
+    def save_states(self, fname: str) -> None:
+        """Save the optimizer state (with its config): the store's (servers write
+        ``<fname>.server<rank>`` in distributed mode; collective) or this process's."""
+        self._finish_sends()
+        if self.update_on_kvstore:
+            assert self._kv is not None
+            self._ensure_params()
+            if self._optimizer_batch is None:
+                self._ensure_optimizer(self._batch_size or (self._group.batch_size if self._group else 1) or 1)
+            self._kv.save_optimizer_states(fname, dump_optimizer=True)
+        else:
+            assert self._updater is not None
+            self._updater.save_states(fname, dump_optimizer=True)
+
+    def load_states(self, fname: str) -> None:
+        """Load what :meth:`save_states` wrote (collective in distributed mode)."""
+        self._finish_sends()
+        if self.update_on_kvstore:
+            assert self._kv is not None
+            self._ensure_params()
+            if self._optimizer_batch is None:
+                self._ensure_optimizer(self._batch_size or (self._group.batch_size if self._group else 1) or 1)
+            self._kv.load_optimizer_states(fname)
+        else:
+            assert self._updater is not None
+            self._updater.load_states(fname)
+            self._optimizer = self._updater.optimizer
+
+    # -- fit ----------------------------------------------------------------------------------
+    def fit(self, train_data: Iterable[Any], eval_data: Iterable[Any] | None = None, **kwargs: Any) -> list[dict[str, Any]]:
+        """Train for ``num_epoch`` epochs; see :func:`pskv.parallel.fit.fit` for the arguments."""
+        from pskv.parallel.fit import fit
+
+        return fit(self, train_data, eval_data, **kwargs)
+
+    @property
+    def group(self) -> DataParallelExecutorGroup | None:
+        """The group this trainer drives (None for a plain module)."""
+        return self._group
+
+    def close(self) -> None:
+        """Finish pending sends, remove hooks, and close the store if this trainer created it."""
+        try:
+            self._finish_sends()
+        finally:
+            for h in self._hooks:
+                h.remove()
+            self._hooks = []
+            if self._owns_kv and self._kv is not None:
+                self._kv.close()
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
