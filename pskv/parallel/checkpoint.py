@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from pskv.errors import InvalidArgumentError
@@ -68,7 +69,7 @@ def load_params(fname: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor],
     """
     try:
         tensors = load_file(str(fname))
-    except (OSError, ValueError, RuntimeError) as exc:
+    except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
         raise InvalidArgumentError(f"cannot read parameters from {fname}: {exc}") from exc
     arg, aux = {}, {}
     for name, value in tensors.items():

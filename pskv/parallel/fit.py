@@ -8,7 +8,6 @@ part_index=kv.rank)``) and every worker must run the same number of steps per ep
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -19,7 +18,9 @@ from pskv.errors import InvalidArgumentError
 from pskv.parallel.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from pskv.parallel.executor_group import _batch_parts
 
-__all__ = ["fit", "evaluate"]
+__all__ = ["fit", "evaluate", "LINE_SECONDS"]
+
+LINE_SECONDS = 10.0  # without a terminal, a progress line at most this often (plus one per epoch)
 
 
 def _metric(spec: Any) -> Any:
@@ -43,14 +44,14 @@ def _bind_from(group: Any, batch: Any) -> None:
 
 
 class _Progress:
-    """A tqdm bar on a terminal, else a plain line every ~10 % of an epoch (log-friendly)."""
+    """A tqdm bar on a terminal, else a plain line at most every ``LINE_SECONDS`` (log-friendly)."""
 
     def __init__(self, mode: bool | str, total: int | None, desc: str, show: bool) -> None:
         self.show = show
         self.total = total
         self.desc = desc
         self.bar = None
-        self.next_line = 0.1
+        self.next_line = time.monotonic() + LINE_SECONDS
         if show and (mode is True or (mode == "auto" and sys.stderr.isatty())):
             from tqdm.auto import tqdm
 
@@ -63,11 +64,11 @@ class _Progress:
             self.bar.update(1)
             self.bar.set_postfix({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in stats.items()},
                                  refresh=False)
-        elif self.total:
-            if done / self.total >= self.next_line or done == self.total:
-                self.next_line = (math.floor(done / self.total * 10) + 1) / 10
-                text = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in stats.items())
-                print(f"{self.desc} [{done}/{self.total}] {text}", flush=True)
+        elif time.monotonic() >= self.next_line:
+            self.next_line = time.monotonic() + LINE_SECONDS
+            text = "  ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in stats.items())
+            of = f"/{self.total}" if self.total else ""
+            print(f"{self.desc} [{done}{of}] {text}", flush=True)
 
     def close(self) -> None:
         if self.bar is not None:

@@ -57,6 +57,8 @@ class Trainer:
             ``grad_req='write'``; plain modules only with ``update_on_kvstore=False``).
         bucket_bytes: gradients are sent in groups of about this many bytes (0: one
             key per send).
+        prefix: prepended to parameter names to make the store keys (several models
+            in one store need distinct prefixes).
 
     Raises:
         InvalidArgumentError: an impossible ``update_on_kvstore``, or several devices
@@ -66,7 +68,7 @@ class Trainer:
     def __init__(self, target: DataParallelExecutorGroup | torch.nn.Module, optimizer: str | Optimizer = "sgd",
                  optimizer_params: Mapping[str, Any] | None = None, kvstore: str | KVStoreBase | None = "device",
                  update_on_kvstore: bool | None = None, overlap: bool = True,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, prefix: str = "") -> None:
         if isinstance(target, DataParallelExecutorGroup):
             self._group: DataParallelExecutorGroup | None = target
             names = [n for n in target.param_names if target.grad_req[n] != "null"]
@@ -87,7 +89,10 @@ class Trainer:
                                    f"got {type(target).__name__}")
         if not names:
             raise InvalidArgumentError("the model has no trainable parameters")
+        if not isinstance(prefix, str):
+            raise InvalidTypeError(f"prefix must be a str, got {type(prefix).__name__}")
         self.names = names
+        self.keys = [prefix + n for n in names]
         self._target = target
         if isinstance(optimizer, Optimizer):
             if optimizer_params:
@@ -259,7 +264,7 @@ class Trainer:
         with torch.no_grad():
             if self.update_on_kvstore and self._optimizer_batch is None and self._group is not None:
                 self._ensure_optimizer(self._group.batch_size or 1)
-            self._kv.broadcast(self.names, [c[0] for c in self._params], out=[list(c) for c in self._params])
+            self._kv.broadcast(self.keys, [c[0] for c in self._params], out=[list(c) for c in self._params])
 
     def _ensure_optimizer(self, batch_size: int) -> None:
         """Install the optimizer in the store with ``rescale_grad`` for ``batch_size`` (once)."""
@@ -295,7 +300,7 @@ class Trainer:
             out = [list(self._params[i]) for i in members]
         else:
             out = None
-        keys = [self.names[i] for i in members]
+        keys = [self.keys[i] for i in members]
         handle = self._kv.pushpull(keys, grads, out=out, priority=-min(members), block=False)  # type: ignore[call-arg]
         with self._lock:
             self._handles.append(handle)
@@ -375,7 +380,7 @@ class Trainer:
         self._optimizer.rescale_grad = 1.0 / (batch * self._worker_factor)
         grads = self._grad_lists(range(len(self.names)))
         with torch.no_grad():
-            self._updater(list(self.names), [g[0] for g in grads], [c[0] for c in self._params])
+            self._updater(list(self.keys), [g[0] for g in grads], [c[0] for c in self._params])
             for copies in self._params:
                 for other in copies[1:]:
                     other.copy_(copies[0])

@@ -1,0 +1,135 @@
+"""Data-parallel training of real models on scikit-learn's handwritten digits through pskv.
+
+The main job of the README:
+
+    pskv launch -n 2 -s 2 -- python examples/train_digits.py
+
+The launcher starts a scheduler, 2 servers and 2 workers on this machine. Every worker
+builds the same model (each with its own random initialisation: the Trainer's first
+forward broadcasts rank 0's parameters), trains on its own half of every global batch
+(``NDArrayIter(..., num_parts=2, part_index=rank)``), and sends its gradients to the
+servers during backward; the servers sum both workers' gradients and run the optimizer
+(``update_on_kvstore``), and the new weights come back to both workers. Two models are
+trained one after the other: an MLP (SGD with momentum) and a small CNN (Adam). Each
+must reach the test accuracy given by ``--min-accuracy`` (default 95 %), or the job fails.
+
+Without the launcher (no ``DMLC_ROLE`` in the environment) it trains in one process on
+the ``local`` store, with ``--devices`` CPU replicas.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+from sklearn.datasets import load_digits
+from sklearn.model_selection import train_test_split
+
+import pskv
+from pskv.parallel import DataParallelExecutorGroup, NDArrayIter, Trainer
+
+
+def load_data() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The 1,797 8x8 digits, scaled to [0, 1], split 80/20 (stratified, fixed seed)."""
+    digits = load_digits()
+    x = (digits.images / 16.0).astype(np.float32)[:, None, :, :]  # N, 1, 8, 8
+    y = digits.target.astype(np.int64)
+    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.2, random_state=0, stratify=y)
+    return x_train, y_train, x_test, y_test
+
+
+def mlp() -> torch.nn.Module:
+    return torch.nn.Sequential(
+        torch.nn.Flatten(),
+        torch.nn.Linear(64, 128), torch.nn.ReLU(),
+        torch.nn.Linear(128, 64), torch.nn.ReLU(),
+        torch.nn.Linear(64, 10),
+    )
+
+
+def cnn() -> torch.nn.Module:
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(),
+        torch.nn.Linear(32 * 4 * 4, 64), torch.nn.ReLU(),
+        torch.nn.Linear(64, 10),
+    )
+
+
+MODELS = {
+    "mlp": (mlp, "sgd", {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-4}, 20),
+    "cnn": (cnn, "adam", {"learning_rate": 2e-3}, 15),
+}
+
+
+def train(name: str, kv: pskv.KVStoreBase | None, args: argparse.Namespace,
+          data: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> float:
+    """Train one model; returns its test accuracy."""
+    factory, optimizer, params, default_epochs = MODELS[name]
+    rank, workers = (kv.rank, kv.num_workers) if kv is not None else (0, 1)
+    x_train, y_train, x_test, y_test = data
+    torch.manual_seed(1000 + rank)  # deliberately different on every worker
+    devices = ["cpu"] * args.devices
+    group = DataParallelExecutorGroup(factory(), devices, loss=torch.nn.CrossEntropyLoss())
+    trainer = Trainer(group, optimizer, params, kvstore=kv if kv is not None else "local", prefix=f"{name}.")
+    train_iter = NDArrayIter(x_train, y_train, batch_size=args.batch, shuffle=True, seed=7,
+                             num_parts=workers, part_index=rank)
+    test_iter = NDArrayIter(x_test, y_test, batch_size=len(x_test))  # the whole test set, every worker
+    if rank == 0:
+        print(f"[{name}] {sum(p.numel() for p in group.replicas[0].parameters()):,} parameters, "
+              f"{optimizer} {params}, {workers} worker(s) x {args.batch} samples per step, "
+              f"store {kv.type if kv is not None else 'local'}, update_on_kvstore={trainer.update_on_kvstore}",
+              flush=True)
+    checkpoints = os.path.join(args.checkpoint_dir, name) if args.checkpoint_dir else None
+    history = trainer.fit(train_iter, test_iter, num_epoch=args.epochs or default_epochs, eval_metric="acc",
+                          checkpoint_dir=checkpoints, resume=args.resume)
+    trainer.close()
+    group.close()
+    return float(history[-1]["eval"]["accuracy"]) if history else float("nan")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=["mlp", "cnn", "both"], default="both")
+    parser.add_argument("--epochs", type=int, default=0, help="epochs per model (default: 20 MLP, 15 CNN)")
+    parser.add_argument("--batch", type=int, default=32, help="samples per worker per step")
+    parser.add_argument("--store", default=None, help="store type (default: dist_sync under the launcher, else local)")
+    parser.add_argument("--devices", type=int, default=1, help="CPU replicas per worker")
+    parser.add_argument("--checkpoint-dir", default=None, help="save a checkpoint every epoch there")
+    parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    parser.add_argument("--min-accuracy", type=float, default=0.95)
+    args = parser.parse_args()
+    torch.set_num_threads(1)  # the launcher runs several processes on this machine
+
+    store = args.store or ("dist_sync" if os.environ.get("DMLC_ROLE") else None)
+    kv = pskv.create(store) if store else None
+    rank = kv.rank if kv is not None else 0
+    data = load_data()
+    if rank == 0:
+        print(f"pskv {pskv.__version__}: digits, {len(data[0])} training / {len(data[2])} test images", flush=True)
+    start = time.perf_counter()
+    results = {}
+    try:
+        for name in (["mlp", "cnn"] if args.model == "both" else [args.model]):
+            results[name] = train(name, kv, args, data)
+    finally:
+        if kv is not None:
+            kv.close()
+    failed = {k: v for k, v in results.items() if not v >= args.min_accuracy}
+    if rank == 0:
+        summary = ", ".join(f"{k} {v:.2%}" for k, v in results.items())
+        print(f"test accuracy: {summary} (needed {args.min_accuracy:.0%}) in {time.perf_counter() - start:.1f} s",
+              flush=True)
+        if failed:
+            print(f"FAILED: {sorted(failed)} below {args.min_accuracy:.0%}", file=sys.stderr, flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

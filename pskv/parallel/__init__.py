@@ -1,0 +1,41 @@
+"""Data-parallel training of PyTorch models through a pskv store (needs the ``torch`` extra).
+
+* :class:`DataParallelExecutorGroup` — a module replicated over devices; each batch is
+  split over them by workload (MXNet's executor group, with ``torch.nn.Module`` replicas);
+* :class:`Trainer` — parameters as store keys, gradients sent during backward,
+  optimizer in the store (``update_on_kvstore``) or here; :meth:`Trainer.fit` runs epochs
+  with progress, evaluation and checkpoints;
+* :mod:`~pskv.parallel.metrics` (MXNet's ``EvalMetric``), :mod:`~pskv.parallel.data`
+  (``NDArrayIter`` with ``num_parts`` / ``part_index`` sharding), :class:`Monitor`,
+  :mod:`~pskv.parallel.checkpoint`.
+
+Layering: this package sits above :mod:`pskv.kvstore` and :mod:`pskv.optimizer`; nothing
+below imports it.
+"""
+
+from pskv.parallel import metrics
+from pskv.parallel.checkpoint import latest_checkpoint, load_checkpoint, load_params, save_checkpoint, save_params
+from pskv.parallel.data import DataBatch, DataDesc, NDArrayIter
+from pskv.parallel.executor_group import DataParallelExecutorGroup
+from pskv.parallel.fit import evaluate, fit
+from pskv.parallel.monitor import Monitor
+from pskv.parallel.split import split_batch
+from pskv.parallel.trainer import Trainer
+
+__all__ = [
+    "DataBatch",
+    "DataDesc",
+    "DataParallelExecutorGroup",
+    "Monitor",
+    "NDArrayIter",
+    "Trainer",
+    "evaluate",
+    "fit",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "load_params",
+    "metrics",
+    "save_checkpoint",
+    "save_params",
+    "split_batch",
+]

@@ -1,0 +1,44 @@
+"""The README's main job: digits under ``pskv launch`` (2 workers, 2 servers), with checkpoint and resume."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("sklearn")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def launch(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pskv", "launch", "-n", "2", "-s", "2", "--timeout", "150", "--",
+         sys.executable, str(ROOT / "examples" / "train_digits.py"), *args],
+        capture_output=True, text=True, timeout=180, cwd=ROOT,
+    )
+
+
+def test_digits_example_trains_under_the_launcher_and_resumes_from_its_checkpoint(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    first = launch("--model", "mlp", "--epochs", "2", "--checkpoint-dir", str(ckpt), "--min-accuracy", "0.8")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "[worker 0] epoch 2/2" in first.stdout and "[worker 1] epoch" not in first.stdout
+    assert sorted(p.name for p in (ckpt / "mlp" / "epoch-0001").iterdir()) == [
+        "meta.json", "optimizer.safetensors.server0", "optimizer.safetensors.server1", "params.safetensors"]
+
+    second = launch("--model", "mlp", "--epochs", "8", "--checkpoint-dir", str(ckpt), "--resume", "--min-accuracy", "0.9")
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "resumed from" in second.stdout and "epoch-0001" in second.stdout
+    assert "epoch 1/8" not in second.stdout and "epoch 3/8" in second.stdout and "epoch 8/8" in second.stdout
+    accuracy = float(second.stdout.split("test accuracy: mlp ")[1].split("%")[0]) / 100
+    assert accuracy >= 0.9
+
+
+def test_digits_example_fails_when_the_accuracy_target_is_missed():
+    proc = launch("--model", "mlp", "--epochs", "1", "--min-accuracy", "0.999")
+    assert proc.returncode != 0
+    assert "FAILED" in proc.stderr or "FAILED" in proc.stdout

@@ -1,0 +1,143 @@
+"""fit(): epochs, evaluation, progress lines, checkpoints (atomic, no pickle) and exact resume."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import pskv  # noqa: E402
+from pskv.parallel import (  # noqa: E402
+    DataParallelExecutorGroup,
+    NDArrayIter,
+    Trainer,
+    latest_checkpoint,
+    load_checkpoint,
+    load_params,
+)
+
+
+def make_model() -> torch.nn.Module:
+    model = torch.nn.Sequential(torch.nn.Linear(5, 12), torch.nn.ReLU(), torch.nn.Linear(12, 3)).double()
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) * 0.4)
+    return model
+
+
+def dataset(n: int = 90) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, n)
+    x = rng.normal(size=(n, 5)) + np.eye(3, 5)[y] * 2.5
+    return x, y
+
+
+def setup(update_on_kvstore: bool, opt: str = "sgd") -> tuple[DataParallelExecutorGroup, Trainer]:
+    group = DataParallelExecutorGroup(make_model(), ["cpu", "cpu"], loss=torch.nn.CrossEntropyLoss())
+    params = {"learning_rate": 0.05, "momentum": 0.9} if opt == "sgd" else {"learning_rate": 0.01}
+    return group, Trainer(group, opt, params, kvstore="local", update_on_kvstore=update_on_kvstore)
+
+
+def iters() -> tuple[NDArrayIter, NDArrayIter]:
+    x, y = dataset()
+    return NDArrayIter(x, y, batch_size=16, shuffle=True, seed=11), NDArrayIter(x[:40], y[:40], batch_size=40)
+
+
+def test_fit_trains_evaluates_and_reports(capsys):
+    group, trainer = setup(True)
+    train, test = iters()
+    seen = []
+    history = trainer.fit(train, test, num_epoch=3, eval_metric=["acc", "f1"], progress=False,
+                          batch_end_callback=seen.append)
+    assert [h["epoch"] for h in history] == [0, 1, 2]
+    assert history[-1]["loss"] < history[0]["loss"]
+    assert history[-1]["eval"]["accuracy"] >= 0.8
+    assert set(history[-1]["train"]) == {"accuracy", "f1"}
+    assert len(seen) == 3 * len(train) and seen[0]["step"] == 1
+    out = capsys.readouterr().out
+    assert "epoch 3/3  loss" in out and "eval-accuracy" in out and "samples/s" in out
+
+
+def test_fit_binds_from_the_first_batch_and_checks_its_arguments():
+    group, trainer = setup(False)
+    train, _ = iters()
+    with pytest.raises(pskv.InvalidArgumentError, match="checkpoint_dir"):
+        trainer.fit(train, resume=True)
+    with pytest.raises(pskv.InvalidArgumentError, match="num_epoch"):
+        trainer.fit(train, num_epoch=0)
+    trainer.fit(train, num_epoch=1, progress=False)
+    assert group.batch_size == 16 or group.batch_size == len(dataset()[0]) % 16
+    no_loss = DataParallelExecutorGroup(make_model(), ["cpu"])
+    with pytest.raises(pskv.InvalidArgumentError, match="loss"):
+        Trainer(no_loss, "sgd", kvstore=None).fit(train)
+
+
+@pytest.mark.parametrize("update_on_kvstore", [True, False])
+@pytest.mark.parametrize("opt", ["sgd", "adam"])
+def test_resume_from_a_checkpoint_gives_the_uninterrupted_result(tmp_path, update_on_kvstore, opt):
+    group, trainer = setup(update_on_kvstore, opt)
+    train, _ = iters()
+    trainer.fit(train, num_epoch=4, progress=False)
+    straight = group.get_params()[0]
+
+    ckpt = tmp_path / "ckpt"
+    first, first_trainer = setup(update_on_kvstore, opt)
+    train, _ = iters()
+    first_trainer.fit(train, num_epoch=2, checkpoint_dir=ckpt, progress=False)
+    assert latest_checkpoint(ckpt) == ckpt / "epoch-0001"
+    assert sorted(p.name for p in ckpt.iterdir()) == ["epoch-0000", "epoch-0001", "latest"]  # no temporaries
+
+    resumed, resumed_trainer = setup(update_on_kvstore, opt)  # a fresh process would start like this
+    train, _ = iters()
+    history = resumed_trainer.fit(train, num_epoch=4, checkpoint_dir=ckpt, resume=True, progress=False)
+    assert [h["epoch"] for h in history] == [2, 3]
+    got = resumed.get_params()[0]
+    for name in straight:
+        torch.testing.assert_close(got[name], straight[name], rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_checkpoint_files_are_safetensors_and_json(tmp_path):
+    group, trainer = setup(True)
+    train, _ = iters()
+    trainer.fit(train, num_epoch=1, checkpoint_dir=tmp_path, progress=False)
+    path = latest_checkpoint(tmp_path)
+    meta = json.loads((path / "meta.json").read_text())
+    assert meta["epoch"] == 0 and meta["format"] == "pskv-checkpoint-1" and meta["update_on_kvstore"] is True
+    arg, aux = load_params(path / "params.safetensors")
+    assert set(arg) == set(group.param_names)
+    header = (path / "optimizer.safetensors").read_bytes()[:8]
+    assert int.from_bytes(header, "little") > 0  # a safetensors header length, not a pickle opcode
+    for name, value in arg.items():
+        torch.testing.assert_close(value, group.get_params()[0][name])
+
+
+def test_an_interrupted_save_leaves_the_previous_checkpoint(tmp_path):
+    group, trainer = setup(False)
+    train, _ = iters()
+    trainer.fit(train, num_epoch=1, checkpoint_dir=tmp_path, progress=False)
+    (tmp_path / ".epoch-0001.tmp").mkdir()  # a crash in the middle of saving epoch 1
+    (tmp_path / ".epoch-0001.tmp" / "params.safetensors").write_bytes(b"half")
+    assert latest_checkpoint(tmp_path) == tmp_path / "epoch-0000"
+    (tmp_path / "latest").unlink()  # even without the pointer, only complete ones count
+    (tmp_path / "epoch-0007").mkdir()
+    assert latest_checkpoint(tmp_path) == tmp_path / "epoch-0000"
+
+
+def test_loading_a_checkpoint_of_the_other_mode_or_garbage_is_refused(tmp_path):
+    group, trainer = setup(True)
+    train, _ = iters()
+    trainer.fit(train, num_epoch=1, checkpoint_dir=tmp_path, progress=False)
+    other_group, other = setup(False)
+    other_group.bind_exec([("data", (16, 5))], [("label", (16,))])
+    with pytest.raises(pskv.InvalidArgumentError, match="update_on_kvstore"):
+        load_checkpoint(other, tmp_path / "epoch-0000")
+    with pytest.raises(pskv.InvalidArgumentError, match="not a pskv checkpoint"):
+        load_checkpoint(other, tmp_path)
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x80\x04garbage")
+    with pytest.raises(pskv.InvalidArgumentError, match="cannot read parameters"):
+        load_params(bad)
