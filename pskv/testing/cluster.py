@@ -79,10 +79,16 @@ class InProcessCluster:
         pool = ThreadPoolExecutor(self.config.num_workers, thread_name_prefix="pskv-test-worker")
         futures = [pool.submit(fn, self.worker_config(r)) for r in range(self.config.num_workers)]
         try:
-            return [f.result(timeout=limit) for f in futures]
-        except FutureTimeout:
-            faulthandler.dump_traceback(all_threads=True)  # where is everyone stuck?
-            raise OperationTimeoutError(f"a worker did not finish within {limit} s") from None
+            results = []
+            for f in futures:
+                try:
+                    results.append(f.result(timeout=limit))
+                except FutureTimeout:
+                    if f.done():  # the worker itself raised a TimeoutError (e.g. OperationTimeoutError)
+                        raise
+                    faulthandler.dump_traceback(all_threads=True)  # where is everyone stuck?
+                    raise OperationTimeoutError(f"a worker did not finish within {limit} s") from None
+            return results
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
 
