@@ -12,11 +12,13 @@ Whether two nodes share a host is decided by :func:`host_id` (host name + boot i
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import shutil
 import socket
 import tempfile
+import weakref
 from typing import Any
 
 import numpy as np
@@ -37,8 +39,43 @@ def host_id() -> str:
     return f"{socket.gethostname()}/{boot}"
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.munmap.restype = ctypes.c_int
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+class _Mapping:
+    """One shared mapping, unmapped when the last array using it is gone.
+
+    ``mmap.mmap`` keeps a duplicate of the file descriptor open for as long as the map
+    lives, so a server with thousands of keys would run out of descriptors; mapping
+    through libc directly lets the descriptor be closed right after ``mmap(2)``.
+    """
+
+    __slots__ = ("address", "nbytes", "__weakref__")
+
+    def __init__(self, fd: int, nbytes: int) -> None:
+        address = _libc.mmap(None, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+        if address is None or address == _MAP_FAILED:
+            err = ctypes.get_errno()
+            raise OSError(err, f"mmap of {nbytes} bytes failed: {os.strerror(err)}")
+        self.address = address
+        self.nbytes = nbytes
+
+    def array(self, dtype: np.dtype[Any], size: int) -> np.ndarray[Any, Any]:
+        raw = (ctypes.c_char * self.nbytes).from_address(self.address)
+        arr = np.frombuffer(raw, dtype=dtype, count=size)
+        weakref.finalize(raw, _libc.munmap, self.address, self.nbytes)  # when the buffer is gone
+        return arr
+
+
 def map_array(path: str, dtype: np.dtype[Any], size: int, create: bool = False) -> np.ndarray[Any, Any]:
     """A 1-D array of ``size`` elements backed by the file ``path`` (created if asked).
+
+    The file descriptor is closed before returning: a mapping holds none.
 
     Raises:
         OSError: the file cannot be created or opened, or has the wrong size.
@@ -53,10 +90,10 @@ def map_array(path: str, dtype: np.dtype[Any], size: int, create: bool = False) 
             raise OSError(f"{path} has {os.fstat(fd).st_size} bytes, expected {nbytes}")
         if nbytes == 0:
             return np.zeros(0, dtype=dtype)
-        mem = mmap.mmap(fd, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        mapping = _Mapping(fd, nbytes)
     finally:
         os.close(fd)
-    return np.frombuffer(mem, dtype=dtype, count=size)
+    return mapping.array(dtype, size)
 
 
 class ShmDirectory:

@@ -1,0 +1,82 @@
+"""Load and soak: 10,000 keys, many small keys per call, and thousands of iterations with flat memory and fds."""
+
+from __future__ import annotations
+
+import os
+import resource
+
+import numpy as np
+
+import pskv
+from pskv.testing import InProcessCluster
+
+DEADLINE = 120.0
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def run(servers: int, workers: int, fn, store: str = "dist_sync"):
+    with InProcessCluster(servers, workers, deadline=DEADLINE) as cluster:
+        def body(cfg):
+            kv = pskv.create(store, cluster=cfg)
+            try:
+                return fn(kv)
+            finally:
+                kv.close()
+        return cluster.run_workers(body)
+
+
+def test_ten_thousand_keys_in_one_call_and_key_by_key():
+    keys = list(range(10_000))
+
+    def fn(kv):
+        kv.init(keys, [np.full(3, float(k), np.float32) for k in keys])
+        kv.push(keys, [np.full(3, kv.rank + 1.0, np.float32) for _ in keys])
+        outs = [np.empty(3, np.float32) for _ in keys]
+        kv.pull(keys, out=outs)
+        assert all(np.all(o == 3.0) for o in outs)  # 1 + 2 from the two workers
+        for k in keys[:200]:  # and one at a time
+            kv.push(k, np.full(3, 1.0, np.float32))
+            assert np.all(kv.pull(k) == 2.0)
+        many = keys[:5_000]  # many small keys in one fused call
+        outs = [np.empty(3, np.float32) for _ in many]
+        kv.pushpull(many, [np.ones(3, np.float32)] * len(many), out=outs)
+        assert all(np.all(o == 2.0) for o in outs)
+        return True
+
+    assert run(2, 2, fn) == [True, True]
+
+
+def test_soak_memory_and_file_descriptors_stay_flat():
+    keys = list(range(32))
+    iterations, warmup = 2000, 200
+
+    def fn(kv):
+        kv.init(keys, [np.zeros(256, np.float32) for _ in keys])
+        vals = [np.full(256, 1.0, np.float32) for _ in keys]
+        outs = [np.empty(256, np.float32) for _ in keys]
+        samples = []
+        for i in range(iterations):
+            if i % 2:
+                kv.push(keys, vals)
+                kv.pull(keys, out=outs)
+            else:
+                kv.pushpull(keys, vals, out=outs)
+            assert outs[-1][0] == 2.0
+            if i == warmup or i == iterations - 1:
+                kv.barrier()  # both workers at the same point: measure the whole process
+                samples.append((rss_bytes(), open_fds()))
+        return samples
+
+    results = run(2, 2, fn)
+    (rss0, fd0), (rss1, fd1) = results[0]
+    assert fd1 <= fd0, f"file descriptors grew from {fd0} to {fd1} over {iterations} iterations"
+    growth = rss1 - rss0
+    assert growth < 16 * 2**20, f"RSS grew by {growth / 2**20:.1f} MiB over {iterations - warmup} iterations"
