@@ -23,7 +23,7 @@ the per-worker batch times the number of workers for the synchronous distributed
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
@@ -73,16 +73,13 @@ class Trainer:
             self._group: DataParallelExecutorGroup | None = target
             names = [n for n in target.param_names if target.grad_req[n] != "null"]
             index = {n: i for i, n in enumerate(target.param_names)}
-            self._params = [[p.detach() for p in target.param_arrays[index[n]]] for n in names]
-            self._grads = [target.grad_arrays[index[n]] for n in names]
+            leaves = [list(target.param_arrays[index[n]]) for n in names]
             self._num_devices = len(target.devices)
         elif isinstance(target, torch.nn.Module):
             self._group = None
             named = [(n, p) for n, p in target.named_parameters() if p.requires_grad]
             names = [n for n, _ in named]
-            self._params = [[p.detach()] for _, p in named]
-            self._module_params = [p for _, p in named]
-            self._grads = []  # a plain module's .grad tensors appear with its first backward
+            leaves = [[p] for _, p in named]
             self._num_devices = 1
         else:
             raise InvalidTypeError(f"Trainer needs a DataParallelExecutorGroup or a torch.nn.Module, "
@@ -92,7 +89,8 @@ class Trainer:
         if not isinstance(prefix, str):
             raise InvalidTypeError(f"prefix must be a str, got {type(prefix).__name__}")
         self.names = names
-        self.keys = [prefix + n for n in names]
+        self._prefix = prefix
+        self._leaves = leaves  # [param][device] -> the torch Parameter
         self._target = target
         if isinstance(optimizer, Optimizer):
             if optimizer_params:
@@ -109,8 +107,13 @@ class Trainer:
         self._worker_factor = workers
         if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 0:
             raise InvalidArgumentError(f"bucket_bytes must be an int >= 0, got {bucket_bytes!r}")
-        self._buckets = self._make_buckets(bucket_bytes)
+        # Per-key multipliers are keyed by parameter: then every parameter is its own bucket.
+        per_param = bool(self._optimizer.lr_mult or self._optimizer.wd_mult)
+        self._buckets = self._make_buckets(0 if per_param else bucket_bytes)
         self._bucket_of = {i: b for b, members in enumerate(self._buckets) for i in members}
+        self.keys = [prefix + names[m[0]] if len(m) == 1 else f"{prefix}bucket{b}"
+                     for b, m in enumerate(self._buckets)]
+        self._flatten()
         if self._group is not None:
             self.overlap = bool(overlap) and all(self._group.grad_req[n] == "write" for n in names)
         else:
@@ -170,25 +173,74 @@ class Trainer:
         return True if requested is None else bool(requested)
 
     def _make_buckets(self, cap: int) -> list[list[int]]:
-        """Parameter indices in reverse order, grouped into buckets of at most ``cap`` bytes."""
+        """Parameter indices in reverse order, grouped into buckets of at most ``cap`` bytes
+        (one dtype and device per bucket)."""
         buckets: list[list[int]] = []
-        size = 0
+        size, kind = 0, None
         for i in reversed(range(len(self.names))):
-            p = self._params[i][0]
+            p = self._leaves[i][0]
             nbytes = p.numel() * p.element_size()
-            if not buckets or size + nbytes > cap:
+            this = (p.dtype, tuple(str(c.device) for c in self._leaves[i]))
+            if not buckets or size + nbytes > cap or this != kind:
                 buckets.append([])
-                size = 0
+                size, kind = 0, this
             buckets[-1].append(i)
             size += nbytes
         return buckets
 
+    def _flatten(self) -> None:
+        """Give every bucket one flat weight and one flat gradient buffer per device, and make
+        the parameters and their ``.grad`` views into them (no copies when sending)."""
+        self._weights: list[list[torch.Tensor]] = []  # [bucket][device]
+        self._grads: list[list[torch.Tensor]] = []
+        self._spans: list[list[tuple[int, int]]] = []  # [bucket][member] -> (offset, numel)
+        with torch.no_grad():
+            for members in self._buckets:
+                spans, offset = [], 0
+                for i in members:
+                    n = self._leaves[i][0].numel()
+                    spans.append((offset, n))
+                    offset += n
+                self._spans.append(spans)
+                weights, grads = [], []
+                for d in range(self._num_devices):
+                    first = self._leaves[members[0]][d]
+                    flat_w = torch.empty(offset, dtype=first.dtype, device=first.device)
+                    flat_g = torch.zeros(offset, dtype=first.dtype, device=first.device)
+                    for i, (off, n) in zip(members, spans):
+                        p = self._leaves[i][d]
+                        flat_w[off:off + n].copy_(p.detach().reshape(-1))
+                        if p.grad is not None:
+                            flat_g[off:off + n].copy_(p.grad.reshape(-1))
+                        p.data = flat_w[off:off + n].view(p.shape)
+                        p.grad = flat_g[off:off + n].view(p.shape)
+                    weights.append(flat_w)
+                    grads.append(flat_g)
+                self._weights.append(weights)
+                self._grads.append(grads)
+        if self._group is not None:  # the group's gradient buffers are now the views
+            index = {n: k for k, n in enumerate(self._group.param_names)}
+            for i, name in enumerate(self.names):
+                self._group.grad_arrays[index[name]] = [p.grad for p in self._leaves[i]]
+
+    def _adopt_grads(self, b: int) -> None:
+        """Copy gradients that left the bucket's buffer (e.g. after ``zero_grad(set_to_none=True)``)
+        back into it, and point ``.grad`` at it again."""
+        for i, (off, n) in zip(self._buckets[b], self._spans[b]):
+            for d, p in enumerate(self._leaves[i]):
+                view = self._grads[b][d][off:off + n]
+                g = p.grad
+                if g is not None and g.data_ptr() == view.data_ptr():
+                    continue
+                with torch.no_grad():
+                    if g is None:
+                        view.zero_()
+                    else:
+                        view.copy_(g.reshape(-1))
+                    p.grad = view.view(p.shape)
+
     def _install_grad_hooks(self) -> None:
-        if self._group is not None:
-            leaves = [[dict(r.named_parameters())[n] for r in self._group.replicas] for n in self.names]
-        else:
-            leaves = [[p] for p in self._module_params]
-        for i, copies in enumerate(leaves):
+        for i, copies in enumerate(self._leaves):
             for p in copies:
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_hook(i)))
 
@@ -264,7 +316,7 @@ class Trainer:
         with torch.no_grad():
             if self.update_on_kvstore and self._optimizer_batch is None and self._group is not None:
                 self._ensure_optimizer(self._group.batch_size or 1)
-            self._kv.broadcast(self.keys, [c[0] for c in self._params], out=[list(c) for c in self._params])
+            self._kv.broadcast(self.keys, [w[0] for w in self._weights], out=[list(w) for w in self._weights])
 
     def _ensure_optimizer(self, batch_size: int) -> None:
         """Install the optimizer in the store with ``rescale_grad`` for ``batch_size`` (once)."""
@@ -275,33 +327,21 @@ class Trainer:
         self._optimizer_batch = batch_size
 
     # -- communication ------------------------------------------------------------------------
-    def _grad_lists(self, members: Sequence[int]) -> list[list[torch.Tensor]]:
-        if self._group is None:
-            grads = []
-            for i in members:
-                p = self._module_params[i]
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                grads.append([p.grad])
-            return grads
-        return [[g for g in self._grads[i] if g is not None] for i in members]
-
     def _send_bucket(self, b: int) -> None:
         assert self._kv is not None
-        members = self._buckets[b]
-        grads = self._grad_lists(members)
+        self._adopt_grads(b)
+        grads = self._grads[b]
         if self.update_on_kvstore:
             current = self._group.batch_size if self._group is not None else self._batch_size
             if self._optimizer_batch and current and current != self._optimizer_batch:
                 factor = self._optimizer_batch / current  # the store's rescale_grad is for _optimizer_batch
-                for gs in grads:
-                    for g in gs:
-                        g.mul_(factor)
-            out = [list(self._params[i]) for i in members]
+                for g in grads:
+                    g.mul_(factor)
+            out: Any = list(self._weights[b])
         else:
             out = None
-        keys = [self.keys[i] for i in members]
-        handle = self._kv.pushpull(keys, grads, out=out, priority=-min(members), block=False)  # type: ignore[call-arg]
+        handle = self._kv.pushpull(self.keys[b], list(grads), out=out,  # type: ignore[call-arg]
+                                   priority=-min(self._buckets[b]), block=False)
         with self._lock:
             self._handles.append(handle)
 
@@ -378,10 +418,11 @@ class Trainer:
             raise InvalidArgumentError("update() is for update_on_kvstore=False; use step()")
         batch = self._batch(batch_size)
         self._optimizer.rescale_grad = 1.0 / (batch * self._worker_factor)
-        grads = self._grad_lists(range(len(self.names)))
+        for b in range(len(self._buckets)):
+            self._adopt_grads(b)
         with torch.no_grad():
-            self._updater(list(self.keys), [g[0] for g in grads], [c[0] for c in self._params])
-            for copies in self._params:
+            self._updater(list(self.keys), [g[0] for g in self._grads], [w[0] for w in self._weights])
+            for copies in self._weights:
                 for other in copies[1:]:
                     other.copy_(copies[0])
 

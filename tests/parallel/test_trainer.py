@@ -215,3 +215,25 @@ def test_set_learning_rate_reaches_the_store():
     for name in before:
         torch.testing.assert_close(after[name], before[name])
     assert t.learning_rate == 0.0
+
+
+def test_buckets_are_flat_keys_and_per_parameter_multipliers_keep_one_key_per_parameter():
+    x, y = dataset()
+    g = make_group(["cpu", "cpu"], 2 * B)
+    t = Trainer(g, "sgd", {"learning_rate": 0.1}, kvstore="local", prefix="net.")
+    assert t.keys == ["net.bucket0"]  # the whole small model in one flat key
+    flat = t._weights[0][1]
+    p = g.param_arrays[0][1]
+    assert flat.data_ptr() <= p.data_ptr() < flat.data_ptr() + flat.numel() * flat.element_size()
+
+    opt = pskv.optimizer.SGD(learning_rate=0.1)
+    opt.set_lr_mult({"net.0.weight": 0.0})  # multipliers are keyed by parameter
+    g2 = make_group(["cpu", "cpu"], 2 * B)
+    t2 = Trainer(g2, opt, kvstore="local", prefix="net.")
+    assert sorted(t2.keys) == ["net.0.bias", "net.0.weight", "net.2.bias", "net.2.weight"]
+    frozen = g2.param_arrays[0][0].detach().clone()
+    g2.forward((x[:2 * B], y[:2 * B]))
+    g2.backward()
+    t2.step()
+    assert torch.equal(g2.param_arrays[0][0].detach(), frozen)
+    assert not torch.equal(g2.param_arrays[2][0].detach(), make_model().state_dict()["2.weight"])
