@@ -28,6 +28,10 @@ __all__ = [
     "assign",
     "to_backend",
     "copy_cast",
+    "torch_ops",
+    "mul_into",
+    "sqrt_into",
+    "clamp_",
 ]
 
 Array = Any  # numpy.ndarray or torch.Tensor
@@ -116,3 +120,48 @@ def copy_cast(dst: Array, src: Array) -> None:
         np.copyto(dst, src, casting="unsafe")
     else:
         dst.copy_(_torch().from_numpy(np.ascontiguousarray(src)))
+
+
+# ---------------------------------------------------------------------------------------
+# In-place helpers for lists of torch tensors (one device and dtype per list). Lists of
+# one tensor use the plain tensor ops (one kernel, no list overhead); longer lists use
+# ``torch._foreach_*``, which loop in C++ (and launch few kernels on CUDA).
+
+
+def torch_ops() -> Any:
+    """The ``torch`` module (for ``torch._foreach_*``); only call it with tensors at hand."""
+    return _torch()
+
+
+def mul_into(dst: list[Array], src: list[Array], scalar: float) -> None:
+    """``dst[i][...] = src[i] * scalar`` (``dst`` may be ``src``)."""
+    torch = _torch()
+    if dst is src or (len(dst) == 1 and dst[0] is src[0]):
+        if scalar != 1.0:
+            torch._foreach_mul_(dst, scalar)
+    elif len(dst) == 1:
+        torch.mul(src[0], scalar, out=dst[0])
+    else:
+        torch._foreach_copy_(dst, src)
+        if scalar != 1.0:
+            torch._foreach_mul_(dst, scalar)
+
+
+def sqrt_into(dst: list[Array], src: list[Array]) -> None:
+    """``dst[i][...] = sqrt(src[i])``."""
+    torch = _torch()
+    if len(dst) == 1:
+        torch.sqrt(src[0], out=dst[0])
+    else:
+        torch._foreach_copy_(dst, src)
+        torch._foreach_sqrt_(dst)
+
+
+def clamp_(xs: list[Array], lo: float, hi: float) -> None:
+    """``xs[i].clamp_(lo, hi)`` (NaN stays NaN, as ``clamp``)."""
+    if len(xs) == 1:
+        xs[0].clamp_(lo, hi)
+    else:
+        torch = _torch()
+        torch._foreach_clamp_min_(xs, lo)
+        torch._foreach_clamp_max_(xs, hi)

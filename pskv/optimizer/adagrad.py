@@ -15,8 +15,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from pskv.errors import InvalidArgumentError
 from pskv.optimizer import _math
+from pskv.optimizer._scratch import NumpyScratch, TorchScratch
 from pskv.optimizer._validate import as_float
 from pskv.optimizer.base import Array, Optimizer
 from pskv.optimizer.registry import register
@@ -40,6 +43,7 @@ class AdaGrad(Optimizer):
             ``epsilon`` are given.
     """
 
+    _rule_uses_count = False
     default_learning_rate = 0.01
     aliases = ("epsilon",)
 
@@ -56,8 +60,44 @@ class AdaGrad(Optimizer):
     def _params(self) -> dict[str, Any]:
         return {"eps": self.eps}
 
-    def _step(self, weight: Array, grad: Array, state: tuple[Array, ...], lr: float, wd: float, t: int) -> None:
-        g = grad + wd * weight if wd != 0.0 else grad
+    def _numpy_rule(
+        self, weight: Array, g: Array, state: tuple[Array, ...], lr: float, wd: float, t: int, scratch: NumpyScratch
+    ) -> None:
+        s1 = scratch(1)
+        if wd != 0.0:  # g + wd * weight, into slot 0
+            s0 = scratch(0)
+            np.multiply(weight, wd, out=s1)
+            np.add(g, s1, out=s0)
+            g = s0
         history = state[0]
-        history += g * g
-        weight -= lr * (g / (_math.sqrt(history) + self.eps))
+        np.multiply(g, g, out=s1)
+        history += s1
+        np.sqrt(history, out=s1)
+        np.add(s1, self.eps, out=s1)
+        np.divide(g, s1, out=s1)
+        np.multiply(s1, lr, out=s1)
+        weight -= s1
+
+    def _torch_rule(
+        self,
+        weights: list[Array],
+        g: list[Array],
+        scale: float,
+        states: list[tuple[Array, ...]],
+        lr: float,
+        wd: float,
+        t: int,
+        scratch: TorchScratch,
+    ) -> None:
+        torch = _math.torch_ops()
+        if wd != 0.0:  # scale * g + wd * w, into slot 0
+            s0 = scratch(0)
+            _math.mul_into(s0, g, scale)
+            torch._foreach_add_(s0, weights, alpha=wd)
+            g, scale = s0, 1.0
+        history = [st[0] for st in states]
+        torch._foreach_addcmul_(history, g, g, value=scale * scale)
+        denom = scratch(1)
+        _math.sqrt_into(denom, history)
+        torch._foreach_add_(denom, self.eps)
+        torch._foreach_addcdiv_(weights, g, denom, value=-lr * scale)

@@ -9,16 +9,29 @@ Gradient preprocessing (as MXNet): ``g = rescale_grad * grad``, then, if
 decay is applied by each rule. Each key has its own update count ``t`` (Adam's
 bias correction uses it); ``num_update`` is the largest count and drives the
 learning-rate scheduler.
+
+Performance: the built-in rules make no full-size temporary per update. Each has a
+NumPy form (:meth:`Optimizer._numpy_rule`, in-place ufuncs with ``out=``, in the same
+order of operations as the plain formulas, so results are bit for bit those of the
+formulas) and a torch form (:meth:`Optimizer._torch_rule`, fused in-place tensor ops
+such as ``add_(x, alpha=)`` / ``addcmul_`` / ``addcdiv_``, on lists of tensors with
+``torch._foreach_*``, so a list of keys updated together costs a few kernel calls).
+What temporaries remain (a scaled gradient, ``sqrt(v) + eps``) live in scratch buffers
+reused across calls (:mod:`pskv.optimizer._scratch`), never in the saved state. The
+gradient is only read; rescaling and clipping write to scratch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
 
 from pskv.arrays import FLOAT_DTYPES, ArrayMeta, describe
 from pskv.errors import InvalidArgumentError, UnsupportedValueError
 from pskv.optimizer import _math
+from pskv.optimizer._scratch import NumpyScratch, TorchScratch, Workspace
 from pskv.optimizer._validate import as_bool, as_float, as_int, as_optional_float, check_key, check_mult, construct
 from pskv.optimizer.lr_scheduler import LRScheduler
 from pskv.optimizer.registry import create, lookup, register, registered_class
@@ -33,6 +46,10 @@ Array = Any
 State = tuple[Array, ...] | None
 
 _LOW_PRECISION = frozenset({"float16", "bfloat16"})
+# NumPy rules run over large arrays in blocks of this many bytes (of the compute dtype)
+# per array, so that the rule's several passes find each block in the CPU cache: each
+# array then travels through memory once per update instead of once per operation.
+_BLOCK_BYTES = 512 * 1024
 
 
 def _mult_to_json(mult: Mapping[Key, float]) -> list[list[Any]]:
@@ -72,6 +89,25 @@ class Optimizer:
     name: ClassVar[str] = ""
     default_learning_rate: ClassVar[float] = 0.01
     aliases: ClassVar[tuple[str, ...]] = ()  # accepted constructor names not written to configs
+    # True when the class's _numpy_rule / _torch_rule are in effect (see __init_subclass__)
+    _fast_rules: ClassVar[bool] = False
+    # whether _torch_rule reads the update count t: tensors of one list call are grouped
+    # by t only if it does (a subclass whose rule starts reading t must set it to True)
+    _rule_uses_count: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+
+        def owner(attr: str) -> type:
+            return next(c for c in cls.__mro__ if attr in c.__dict__)
+
+        # The in-place rules are used unless a subclass overrides _step or _preprocess
+        # below the class that defines them (the documented way to write a custom rule):
+        # then the generic path (_preprocess, then _step) runs, as it always did.
+        rules = [owner("_numpy_rule"), owner("_torch_rule")]
+        cls._fast_rules = Optimizer not in rules and all(
+            issubclass(r, owner(attr)) for r in rules for attr in ("_step", "_preprocess")
+        )
 
     def __init__(
         self,
@@ -104,6 +140,7 @@ class Optimizer:
         self._index_update_count: dict[Key, int] = {}
         self.lr_mult: dict[Key, float] = {}
         self.wd_mult: dict[Key, float] = {}
+        self._workspace = Workspace()  # scratch buffers of the rules (never saved)
 
     # ----------------------------------------------------------- hyperparameters
     @property
@@ -264,28 +301,194 @@ class Optimizer:
             raise InvalidArgumentError(
                 f"key {key!r}: {type(self).__name__} expects state arrays {names}, got {len(arrays)} array(s)"
             )
-        w, g = _math.detach(weight), _math.detach(grad)
-        self._update_count(key)
-        lr, wd, t = self._get_lr(key), self._get_wd(key), self._index_update_count[key]
-        if self._uses_master(meta.dtype):
-            master = arrays[0]
-            self._step(master, self._preprocess(_math.cast(g, "float32")), arrays[1:], lr, wd, t)
-            _math.assign(w, master)
-        else:
-            self._step(w, self._preprocess(g), arrays, lr, wd, t)
+        self._apply([(key, weight, grad, arrays, self._uses_master(meta.dtype))])
 
     update_multi_precision = update
 
+    # ----------------------------------------------------------- the update engine
+    def _apply(self, items: Sequence[tuple[Key, Array, Array, tuple[Array, ...], bool]]) -> None:
+        """Update already validated keys (the work behind :meth:`update` and the Updater).
+
+        ``items`` holds ``(key, weight, grad, state, master)``: ``grad`` has the shape,
+        dtype, backend and device of ``weight``; ``state`` is the key's state tuple
+        (``()`` for none) and ``master`` says whether it starts with a float32 master
+        copy. Counts are taken key by key, in order, and each key's rate is read after
+        its own count (as one ``update`` call per key would). Torch tensors that share
+        device, dtype, master use, rate, decay and (if the rule reads it, see
+        ``_rule_uses_count``) count are updated together, with ``torch._foreach_*`` ops.
+        """
+        groups: dict[Any, list[tuple[Array, Array, tuple[Array, ...], int]]] | None = None
+        for key, w, g, st, master in items:
+            self._update_count(key)
+            lr, wd, t = self._get_lr(key), self._get_wd(key), self._index_update_count[key]
+            if isinstance(w, np.ndarray):
+                self._apply_numpy(w, g, st, master, lr, wd, t)
+            else:
+                if groups is None:
+                    groups = {}
+                tkey = t if self._rule_uses_count else None
+                groups.setdefault((w.device, w.dtype, master, lr, wd, tkey), []).append((w, g, st, t))
+        if groups:
+            torch = _math.torch_ops()
+            with torch.no_grad():
+                for (_, _, master, lr, wd, _), group in groups.items():
+                    self._apply_torch(group, master, lr, wd, group[0][3])
+
+    def _apply_numpy(
+        self, w: Array, g: Array, st: tuple[Array, ...], master: bool, lr: float, wd: float, t: int
+    ) -> None:
+        if not self._fast_rules:
+            self._apply_generic(w, g, st, master, lr, wd, t)
+            return
+        block = _BLOCK_BYTES // (4 if master else w.itemsize)
+        n = w.size
+        if n >= 2 * block and w.flags.c_contiguous and g.flags.c_contiguous and all(a.flags.c_contiguous for a in st):
+            # The rules are element-wise: running them block by block gives the same bits.
+            wf, gf, sf = w.reshape(-1), g.reshape(-1), [a.reshape(-1) for a in st]
+            for i in range(0, n, block):
+                j = i + block
+                self._numpy_block(wf[i:j], gf[i:j], tuple(a[i:j] for a in sf), master, lr, wd, t)
+        else:
+            self._numpy_block(w, g, st, master, lr, wd, t)
+
+    def _numpy_block(
+        self, w: Array, g: Array, st: tuple[Array, ...], master: bool, lr: float, wd: float, t: int
+    ) -> None:
+        if master:
+            target = st[0]
+            scratch = self._workspace.numpy(target)
+            g32 = scratch(0)
+            np.copyto(g32, g, casting="unsafe")  # float16 -> float32 is exact
+            self._numpy_rule(target, self._numpy_preprocess(g32, scratch), st[1:], lr, wd, t, scratch)
+            np.copyto(w, target, casting="unsafe")
+        else:
+            scratch = self._workspace.numpy(w)
+            self._numpy_rule(w, self._numpy_preprocess(g, scratch), st, lr, wd, t, scratch)
+
+    def _apply_torch(
+        self, items: list[tuple[Array, Array, tuple[Array, ...], int]], master: bool, lr: float, wd: float, t: int
+    ) -> None:
+        """Update a group of tensors (one device and dtype; called under ``torch.no_grad()``).
+
+        ``t`` is the first item's count: the items share it when the rule reads it.
+        """
+        if not self._fast_rules:
+            for w, g, st, count in items:
+                self._apply_generic(w.detach(), g.detach(), st, master, lr, wd, count)
+            return
+        ws = [it[0] for it in items]
+        gs = [it[1] for it in items]
+        sts = [it[2] for it in items]
+        if master:
+            targets = [st[0] for st in sts]
+            scratch = self._workspace.torch(targets)
+            g32 = scratch(0)
+            _math.torch_ops()._foreach_copy_(g32, gs)
+            g, scale = self._torch_preprocess(g32, scratch)
+            self._torch_rule(targets, g, scale, [st[1:] for st in sts], lr, wd, t, scratch)
+            _math.torch_ops()._foreach_copy_(ws, targets)
+        else:
+            scratch = self._workspace.torch(ws)
+            g, scale = self._torch_preprocess(gs, scratch)
+            self._torch_rule(ws, g, scale, sts, lr, wd, t, scratch)
+
+    def _apply_generic(
+        self, w: Array, g: Array, st: tuple[Array, ...], master: bool, lr: float, wd: float, t: int
+    ) -> None:
+        """The plain path for custom rules: ``_step(weight, _preprocess(grad), ...)``."""
+        if master:
+            target = st[0]
+            self._step(target, self._preprocess(_math.cast(g, "float32")), st[1:], lr, wd, t)
+            _math.assign(w, target)
+        else:
+            self._step(w, self._preprocess(g), st, lr, wd, t)
+
+    def _numpy_preprocess(self, g: Array, scratch: NumpyScratch) -> Array:
+        """``clip(rescale_grad * g)`` in scratch slot 0, or ``g`` itself when that is a no-op."""
+        if self.rescale_grad != 1.0:
+            s0 = scratch(0)
+            np.multiply(g, self.rescale_grad, out=s0)
+            g = s0
+        if self.clip_gradient is not None:
+            s0 = scratch(0)
+            np.clip(g, -self.clip_gradient, self.clip_gradient, out=s0)
+            g = s0
+        return g
+
+    def _torch_preprocess(self, gs: list[Array], scratch: TorchScratch) -> tuple[list[Array], float]:
+        """``(g, scale)`` with ``scale * g`` the preprocessed gradient.
+
+        Without clipping the rescale factor is returned as ``scale`` (the rules fold it
+        into their coefficients); with clipping ``clip(rescale_grad * g)`` is written to
+        scratch slot 0 (unless ``gs`` already is slot 0, e.g. a master-weight cast).
+        """
+        if self.clip_gradient is None:
+            return gs, self.rescale_grad
+        s0 = scratch(0)
+        _math.mul_into(s0, gs, self.rescale_grad)
+        _math.clamp_(s0, -self.clip_gradient, self.clip_gradient)
+        return s0, 1.0
+
     def _preprocess(self, g: Array) -> Array:
+        """``clip(rescale_grad * g)`` as a new array (or ``g`` itself); the generic path's preprocessing."""
         if self.rescale_grad != 1.0:
             g = g * self.rescale_grad
         if self.clip_gradient is not None:
             g = _math.clip(g, -self.clip_gradient, self.clip_gradient)
         return g
 
-    def _step(self, weight: Array, grad: Array, state: tuple[Array, ...], lr: float, wd: float, t: int) -> None:
-        """The rule: update ``weight`` and ``state`` in place (``grad`` is preprocessed, read-only)."""
+    # ------------------------------------------------------------------ rules
+    def _numpy_rule(
+        self,
+        weight: Array,
+        g: Array,
+        state: tuple[Array, ...],
+        lr: float,
+        wd: float,
+        t: int,
+        scratch: NumpyScratch,
+    ) -> None:
+        """The rule on NumPy arrays, in place, without new full-size arrays.
+
+        ``g`` is the preprocessed gradient: read-only, except that it may *be*
+        ``scratch(0)``, so the rule may write slot 0 once it no longer reads ``g`` (or
+        element by element while reading it). ``scratch(i)`` for ``i >= 1`` is free.
+        """
         raise NotImplementedError
+
+    def _torch_rule(
+        self,
+        weights: list[Array],
+        g: list[Array],
+        scale: float,
+        states: list[tuple[Array, ...]],
+        lr: float,
+        wd: float,
+        t: int,
+        scratch: TorchScratch,
+    ) -> None:
+        """The rule on a list of tensors (one device and dtype), in place.
+
+        The preprocessed gradient of ``weights[i]`` is ``scale * g[i]``; ``g`` is
+        read-only except that it may be ``scratch(0)`` (as in :meth:`_numpy_rule`).
+        Runs under ``torch.no_grad()``.
+        """
+        raise NotImplementedError
+
+    def _step(self, weight: Array, grad: Array, state: tuple[Array, ...], lr: float, wd: float, t: int) -> None:
+        """The rule: update ``weight`` and ``state`` in place (``grad`` is preprocessed, read-only).
+
+        Custom optimizers override this (and :meth:`_state_names`); built-in ones
+        implement :meth:`_numpy_rule` / :meth:`_torch_rule`, which this runs.
+        """
+        if type(self)._numpy_rule is Optimizer._numpy_rule:
+            raise NotImplementedError(f"{type(self).__name__} implements no update rule (_step)")
+        state = tuple(state)
+        if isinstance(weight, np.ndarray):
+            self._numpy_rule(weight, grad, state, lr, wd, t, self._workspace.numpy(weight))
+        else:
+            with _math.torch_ops().no_grad():
+                self._torch_rule([weight], [grad], 1.0, [state], lr, wd, t, self._workspace.torch([weight]))
 
     # --------------------------------------------------------------- config
     def _params(self) -> dict[str, Any]:

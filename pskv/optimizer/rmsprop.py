@@ -20,8 +20,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from pskv.errors import InvalidArgumentError
 from pskv.optimizer import _math
+from pskv.optimizer._scratch import NumpyScratch, TorchScratch
 from pskv.optimizer._validate import as_bool, as_float, as_optional_float
 from pskv.optimizer.base import Array, Optimizer
 from pskv.optimizer.registry import register
@@ -56,6 +59,7 @@ class RMSProp(Optimizer):
             given together with its alias.
     """
 
+    _rule_uses_count = False
     default_learning_rate = 0.001
     aliases = ("gamma1", "gamma2")
 
@@ -96,24 +100,82 @@ class RMSProp(Optimizer):
             "clip_weights": self.clip_weights,
         }
 
-    def _step(self, weight: Array, grad: Array, state: tuple[Array, ...], lr: float, wd: float, t: int) -> None:
-        g = grad + wd * weight if wd != 0.0 else grad
+    def _numpy_rule(
+        self, weight: Array, g: Array, state: tuple[Array, ...], lr: float, wd: float, t: int, scratch: NumpyScratch
+    ) -> None:
+        s1 = scratch(1)
+        if wd != 0.0:  # g + wd * weight, into slot 0
+            s0 = scratch(0)
+            np.multiply(weight, wd, out=s1)
+            np.add(g, s1, out=s0)
+            g = s0
+        rho = self.rho
         var = state[0]
-        var *= self.rho
-        var += (1.0 - self.rho) * (g * g)
+        var *= rho
+        np.multiply(g, g, out=s1)
+        np.multiply(s1, 1.0 - rho, out=s1)
+        var += s1
         if self.centered:
             mean = state[1]
-            mean *= self.rho
-            mean += (1.0 - self.rho) * g
-            denom = _math.sqrt(var - mean * mean) + self.epsilon
+            mean *= rho
+            np.multiply(g, 1.0 - rho, out=s1)
+            mean += s1
+            np.multiply(mean, mean, out=s1)
+            np.subtract(var, s1, out=s1)
+            np.sqrt(s1, out=s1)
         else:
-            denom = _math.sqrt(var) + self.epsilon
+            np.sqrt(var, out=s1)
+        np.add(s1, self.epsilon, out=s1)  # s1 = denom
+        np.divide(g, s1, out=s1)
         if self.momentum > 0.0:
             mom = state[-1]
             mom *= self.momentum
-            mom += g / denom
-            weight -= lr * mom
+            mom += s1
+            np.multiply(mom, lr, out=s1)
         else:
-            weight -= lr * (g / denom)
+            np.multiply(s1, lr, out=s1)
+        weight -= s1
         if self.clip_weights is not None:
-            _math.assign(weight, _math.clip(weight, -self.clip_weights, self.clip_weights))
+            np.clip(weight, -self.clip_weights, self.clip_weights, out=weight)
+
+    def _torch_rule(
+        self,
+        weights: list[Array],
+        g: list[Array],
+        scale: float,
+        states: list[tuple[Array, ...]],
+        lr: float,
+        wd: float,
+        t: int,
+        scratch: TorchScratch,
+    ) -> None:
+        torch = _math.torch_ops()
+        if wd != 0.0:  # scale * g + wd * w, into slot 0
+            s0 = scratch(0)
+            _math.mul_into(s0, g, scale)
+            torch._foreach_add_(s0, weights, alpha=wd)
+            g, scale = s0, 1.0
+        rho = self.rho
+        var = [st[0] for st in states]
+        torch._foreach_mul_(var, rho)
+        torch._foreach_addcmul_(var, g, g, value=(1.0 - rho) * scale * scale)
+        denom = scratch(1)
+        if self.centered:
+            mean = [st[1] for st in states]
+            torch._foreach_mul_(mean, rho)
+            torch._foreach_add_(mean, g, alpha=(1.0 - rho) * scale)
+            torch._foreach_copy_(denom, var)
+            torch._foreach_addcmul_(denom, mean, mean, value=-1.0)
+            torch._foreach_sqrt_(denom)
+        else:
+            _math.sqrt_into(denom, var)
+        torch._foreach_add_(denom, self.epsilon)
+        if self.momentum > 0.0:
+            mom = [st[-1] for st in states]
+            torch._foreach_mul_(mom, self.momentum)
+            torch._foreach_addcdiv_(mom, g, denom, value=scale)
+            torch._foreach_add_(weights, mom, alpha=-lr)
+        else:
+            torch._foreach_addcdiv_(weights, g, denom, value=-lr * scale)
+        if self.clip_weights is not None:
+            _math.clamp_(weights, -self.clip_weights, self.clip_weights)

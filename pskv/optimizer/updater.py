@@ -16,9 +16,12 @@ state (zeros, or a float32 copy of the weight for ``"weight32"``).
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
+
+import numpy as np
 
 from pskv.arrays import FLOAT_DTYPES, ArrayMeta, describe
 from pskv.errors import (
@@ -47,6 +50,16 @@ class _Plan:
     fresh: bool
 
 
+def _signature(x: Any) -> tuple[Any, ...] | None:
+    """A cheap identity of an array's kind, shape, dtype and device (``None``: use the full checks)."""
+    if type(x) is np.ndarray:
+        return (None, x.shape, x.dtype)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, torch.Tensor):
+        return (x.device, x.shape, x.dtype)
+    return None
+
+
 def _describe(key: Key, what: str, x: Any) -> ArrayMeta:
     try:
         return describe(x)
@@ -71,6 +84,8 @@ class Updater:
         self.states: dict[Key, State] = {}
         self._layout: dict[Key, tuple[tuple[str, ...], ArrayMeta]] = {}
         self._pending: dict[Key, states.KeyStates] = {}
+        # key -> signature of the weight (and gradient) its last update was validated for
+        self._checked: dict[Key, tuple[Any, ...]] = {}
 
     # ------------------------------------------------------------------ update
     def __call__(self, key: Key | Sequence[Key], grad: Any, weight: Any) -> None:
@@ -107,14 +122,27 @@ class Updater:
             plans = [self._prepare(k, g, w) for k, g, w in zip(keys, grad, weight, strict=True)]
         else:
             plans = [self._prepare(check_key(key), grad, weight)]
+        opt = self.optimizer
         for plan in plans:
             if plan.fresh:
                 self.states[plan.key] = plan.state
                 self._layout[plan.key] = plan.layout
                 self._pending.pop(plan.key, None)
-            self.optimizer.update(plan.key, plan.weight, plan.grad, plan.state)
+                self._remember(plan.key, plan.weight, plan.grad)
+        if type(opt).update is not Optimizer.update:  # a custom optimizer with its own update()
+            for plan in plans:
+                opt.update(plan.key, plan.weight, plan.grad, plan.state)
+            return
+        opt._apply([(p.key, p.weight, p.grad, p.state or (), opt._uses_master(p.layout[1].dtype)) for p in plans])
 
     def _prepare(self, key: Key, grad: Any, weight: Any) -> _Plan:
+        checked = self._checked.get(key)
+        if checked is not None:  # fast path: same kind, shape, dtype and device as last time
+            sig = _signature(weight)
+            if sig == checked and _signature(grad) == sig:
+                layout = self._layout[key]
+                if self.optimizer.state_names(layout[1]) == layout[0]:
+                    return _Plan(key, weight, grad, self.states[key], layout, False)
         wmeta = _describe(key, "weight", weight)
         gmeta = _describe(key, "gradient", grad)
         if wmeta.dtype not in FLOAT_DTYPES:
@@ -128,9 +156,22 @@ class Updater:
             raise DTypeMismatchError(key, _OP, wmeta.dtype, gmeta.dtype)
         layout = (self.optimizer.state_names(wmeta), wmeta)
         if key not in self._pending and self._layout.get(key) == layout:
-            return _Plan(key, weight, _math.to_backend(grad, wmeta), self.states[key], layout, False)
+            grad = _math.to_backend(grad, wmeta)
+            self._remember(key, weight, grad)
+            return _Plan(key, weight, grad, self.states[key], layout, False)
         state = self._rebuild(key, weight, wmeta, layout[0])
         return _Plan(key, weight, _math.to_backend(grad, wmeta), state, layout, True)
+
+    def _remember(self, key: Key, weight: Any, grad: Any) -> None:
+        """Let the next update of ``key`` skip the checks if it brings arrays like these.
+
+        Only called once ``key``'s state and layout are those of ``weight``.
+        """
+        sig = _signature(weight)
+        if sig is None or _signature(grad) != sig:
+            self._checked.pop(key, None)
+        else:
+            self._checked[key] = sig
 
     def _rebuild(self, key: Key, weight: Any, wmeta: ArrayMeta, names: tuple[str, ...]) -> State:
         """A state in the current layout for ``weight``, carrying over same-named arrays."""
@@ -201,6 +242,7 @@ class Updater:
         self.optimizer = opt
         self.states = {}
         self._layout = {}
+        self._checked = {}
         self._pending = {ks.key: ks for ks in doc.keys if ks.names}
 
     def get_states(self, dump_optimizer: bool = False) -> bytes:

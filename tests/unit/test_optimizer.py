@@ -9,9 +9,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pskv.errors import InvalidArgumentError, KeyTypeError, UnsupportedValueError
+from pskv.errors import (
+    DTypeMismatchError,
+    InvalidArgumentError,
+    KeyTypeError,
+    ShapeMismatchError,
+    UnsupportedValueError,
+)
 from pskv.optimizer import (
+    NAG,
     SGD,
+    AdaGrad,
     Adam,
     AdamW,
     FactorScheduler,
@@ -524,3 +532,420 @@ def test_cuda_multi_precision_float16() -> None:
     ref = torch.ones(6, dtype=torch.float32, device="cuda")
     _run("sgd", ref, [g.float() for g in grads], {"learning_rate": 0.01})
     assert mp.is_cuda and torch.equal(mp, ref.half())
+
+
+# --------------------------------------------------------------------------- in-place rules
+# The rules as plain (allocating) formulas: pskv's update rules before they were made
+# allocation-free. A subclass that overrides _step runs the generic path (_preprocess,
+# then _step), so these classes are also custom optimizers as users write them.
+def _l2(grad: Any, weight: Any, wd: float) -> Any:
+    return grad + wd * weight if wd != 0.0 else grad
+
+
+def _plain_adam(weight: Any, g: Any, m: Any, v: Any, lr: float, t: int, opt: Any, correct_bias: bool) -> None:
+    from pskv.optimizer import _math
+
+    m *= opt.beta1
+    m += (1.0 - opt.beta1) * g
+    v *= opt.beta2
+    v += (1.0 - opt.beta2) * (g * g)
+    if correct_bias:
+        step_size = lr / (1.0 - opt.beta1**t)
+        denom = _math.sqrt(v) / (1.0 - opt.beta2**t) ** 0.5 + opt.epsilon
+    else:
+        step_size = lr
+        denom = _math.sqrt(v) + opt.epsilon
+    weight -= step_size * (m / denom)
+
+
+class PlainSGD(SGD):
+    def _step(self, weight: Any, grad: Any, state: Any, lr: float, wd: float, t: int) -> None:
+        g = _l2(grad, weight, wd)
+        if state:
+            buf = state[0]
+            buf *= self.momentum
+            buf += g
+            g = buf
+        weight -= lr * g
+
+
+class PlainNAG(NAG):
+    def _step(self, weight: Any, grad: Any, state: Any, lr: float, wd: float, t: int) -> None:
+        g = _l2(grad, weight, wd)
+        if state:
+            buf = state[0]
+            buf *= self.momentum
+            buf += g
+            g = g + self.momentum * buf
+        weight -= lr * g
+
+
+class PlainAdam(Adam):
+    def _step(self, weight: Any, grad: Any, state: Any, lr: float, wd: float, t: int) -> None:
+        _plain_adam(weight, _l2(grad, weight, wd), state[0], state[1], lr, t, self, True)
+
+
+class PlainAdamW(AdamW):
+    def _step(self, weight: Any, grad: Any, state: Any, lr: float, wd: float, t: int) -> None:
+        if wd != 0.0:
+            weight *= 1.0 - lr * wd
+        _plain_adam(weight, grad, state[0], state[1], lr, t, self, self.correct_bias)
+
+
+class PlainAdaGrad(AdaGrad):
+    def _step(self, weight: Any, grad: Any, state: Any, lr: float, wd: float, t: int) -> None:
+        from pskv.optimizer import _math
+
+        g = _l2(grad, weight, wd)
+        history = state[0]
+        history += g * g
+        weight -= lr * (g / (_math.sqrt(history) + self.eps))
+
+
+class PlainRMSProp(RMSProp):
+    def _step(self, weight: Any, grad: Any, state: Any, lr: float, wd: float, t: int) -> None:
+        from pskv.optimizer import _math
+
+        g = _l2(grad, weight, wd)
+        var = state[0]
+        var *= self.rho
+        var += (1.0 - self.rho) * (g * g)
+        if self.centered:
+            mean = state[1]
+            mean *= self.rho
+            mean += (1.0 - self.rho) * g
+            denom = _math.sqrt(var - mean * mean) + self.epsilon
+        else:
+            denom = _math.sqrt(var) + self.epsilon
+        if self.momentum > 0.0:
+            mom = state[-1]
+            mom *= self.momentum
+            mom += g / denom
+            weight -= lr * mom
+        else:
+            weight -= lr * (g / denom)
+        if self.clip_weights is not None:
+            _math.assign(weight, _math.clip(weight, -self.clip_weights, self.clip_weights))
+
+
+class PlainFtrl(Ftrl):
+    def _step(self, weight: Any, grad: Any, state: Any, lr: float, wd: float, t: int) -> None:
+        from pskv.optimizer import _math
+
+        z, n = state
+        g2 = grad * grad
+        z += grad - (_math.sqrt(n + g2) - _math.sqrt(n)) * weight / lr
+        n += g2
+        new = (_math.sign(z) * self.lamda1 - z) / ((self.beta + _math.sqrt(n)) / lr + wd)
+        _math.assign(weight, _math.where(abs(z) > self.lamda1, new, 0.0))
+
+
+_COMMON = {"rescale_grad": 0.5, "wd": 0.01}
+PLAIN_CASES: list[tuple[str, type, type, dict[str, Any]]] = [
+    ("sgd", SGD, PlainSGD, {"learning_rate": 0.1}),
+    ("sgd-mom-clip", SGD, PlainSGD, {"learning_rate": 0.1, "momentum": 0.9, "clip_gradient": 0.7}),
+    ("sgd-mom-nowd", SGD, PlainSGD, {"learning_rate": 0.1, "momentum": 0.9, "wd": 0.0, "rescale_grad": 1.0}),
+    ("nag", NAG, PlainNAG, {"learning_rate": 0.1, "momentum": 0.9}),
+    ("nag-nomom", NAG, PlainNAG, {"learning_rate": 0.1, "clip_gradient": 0.5}),
+    ("adam", Adam, PlainAdam, {"learning_rate": 0.01}),
+    ("adam-clip-nowd", Adam, PlainAdam, {"learning_rate": 0.01, "wd": 0.0, "clip_gradient": 0.3}),
+    ("adamw", AdamW, PlainAdamW, {"learning_rate": 0.01, "wd": 0.1}),
+    ("adamw-nobias", AdamW, PlainAdamW, {"learning_rate": 0.01, "correct_bias": False, "clip_gradient": 1.0}),
+    ("adagrad", AdaGrad, PlainAdaGrad, {"learning_rate": 0.1}),
+    ("adagrad-nowd", AdaGrad, PlainAdaGrad, {"learning_rate": 0.1, "wd": 0.0, "rescale_grad": 1.0}),
+    ("rmsprop", RMSProp, PlainRMSProp, {"learning_rate": 0.01}),
+    ("rmsprop-mom-clipw", RMSProp, PlainRMSProp, {"learning_rate": 0.05, "momentum": 0.5, "clip_weights": 0.9}),
+    ("rmsprop-centered", RMSProp, PlainRMSProp, {"learning_rate": 0.01, "centered": True, "clip_gradient": 0.4}),
+    ("rmsprop-centered-nomom", RMSProp, PlainRMSProp, {"learning_rate": 0.01, "centered": True, "momentum": 0.0}),
+    ("ftrl", Ftrl, PlainFtrl, {"learning_rate": 0.2, "lamda1": 0.3, "beta": 0.5}),
+    ("ftrl-clip", Ftrl, PlainFtrl, {"learning_rate": 0.2, "lamda1": 0.1, "clip_gradient": 0.8, "wd": 0.0}),
+]
+
+
+def _plain_pair(case: tuple[str, type, type, dict[str, Any]], **extra: Any) -> tuple[Optimizer, Optimizer]:
+    _, fast_cls, plain_cls, kwargs = case
+    kw = {**_COMMON, **kwargs, **extra}
+    fast, plain = fast_cls(**kw), plain_cls(**kw)
+    assert type(fast)._fast_rules and not type(plain)._fast_rules
+    return fast, plain
+
+
+def _np_data(shape: tuple[int, ...], dtype: Any, steps: int, seed: int = 0) -> tuple[np.ndarray, list[np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    w0 = rng.standard_normal(shape).astype(dtype)
+    return w0, [rng.standard_normal(shape).astype(dtype) for _ in range(steps)]
+
+
+@pytest.mark.parametrize("blocks", [False, True], ids=["whole", "blocks"])
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "float16-mp"])
+@pytest.mark.parametrize("case", PLAIN_CASES, ids=[c[0] for c in PLAIN_CASES])
+def test_numpy_rules_equal_plain_formulas_bit_for_bit(
+    case: tuple, dtype: str, blocks: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In-place NumPy rules do the plain formulas' operations in the same order: same bits."""
+    from pskv.optimizer import base
+
+    if blocks:
+        monkeypatch.setattr(base, "_BLOCK_BYTES", 512)  # 64..256 elements a block, a partial last one
+    mp = dtype.endswith("-mp")
+    fast, plain = _plain_pair(case, multi_precision=mp)
+    w0, grads = _np_data((37, 29), np.dtype(dtype.removesuffix("-mp")), 4)
+    results = []
+    for opt in (fast, plain):
+        upd, w = get_updater(opt), w0.copy()
+        with np.errstate(all="ignore"):  # float16 overflow / 0 / 0 are part of the comparison
+            for g in grads:
+                before = g.copy()
+                upd("k", g, w)
+                np.testing.assert_array_equal(g, before)  # the gradient is never written
+        results.append((w, upd.states["k"] or ()))
+    (w_fast, st_fast), (w_plain, st_plain) = results
+    assert w_fast.dtype == w0.dtype
+    np.testing.assert_array_equal(w_fast, w_plain)
+    assert len(st_fast) == len(st_plain)
+    for a, b in zip(st_fast, st_plain, strict=True):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
+
+
+def test_numpy_blocked_update_of_a_large_key_and_non_contiguous_weights() -> None:
+    fast, plain = _plain_pair(PLAIN_CASES[5])  # adam
+    w0, grads = _np_data((700, 800), np.dtype(np.float32), 2, seed=5)  # 560,000 elements: several blocks
+    out = []
+    for opt in (fast, plain):
+        upd = get_updater(opt)
+        big, strided = w0.copy(), w0.copy()
+        for g in grads:
+            upd(["big", "strided"], [g, g[:, ::2]], [big, strided[:, ::2]])
+        out.append((big, strided))
+    np.testing.assert_array_equal(out[0][0], out[1][0])
+    np.testing.assert_array_equal(out[0][1], out[1][1])
+    np.testing.assert_array_equal(out[0][1][:, 1::2], w0[:, 1::2])  # untouched columns
+
+
+def _torch_tolerance(dtype: str) -> dict[str, float]:
+    return {
+        "float64": {"rtol": 1e-12, "atol": 1e-14},
+        "float32": {"rtol": 2e-5, "atol": 1e-6},
+        "float16": {"rtol": 1e-2, "atol": 2e-3},
+        "bfloat16": {"rtol": 5e-2, "atol": 2e-2},
+    }[dtype]
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16-mp", "bfloat16-mp", "bfloat16"])
+@pytest.mark.parametrize("case", PLAIN_CASES, ids=[c[0] for c in PLAIN_CASES])
+def test_torch_rules_match_plain_formulas(case: tuple, dtype: str) -> None:
+    """Fused torch rules over a list of keys (foreach) agree with the plain formulas key by key."""
+    torch = pytest.importorskip("torch")
+    mp = dtype.endswith("-mp")
+    name = dtype.removesuffix("-mp")
+    tdt = getattr(torch, name)
+    fast, plain = _plain_pair(case, multi_precision=mp)
+    shapes = [(7, 5), (3,), (40,), (2, 2, 2)]
+    rng = np.random.default_rng(1)
+    w0 = [torch.from_numpy(rng.standard_normal(s)).to(tdt) for s in shapes]
+    grads = [[torch.from_numpy(rng.standard_normal(s)).to(tdt) for s in shapes] for _ in range(4)]
+    keys = ["a", 1, "b", 2]
+    fast_w = [torch.nn.Parameter(w.clone()) for w in w0]  # leaves that require grad
+    plain_w = [w.clone() for w in w0]
+    fast_upd, plain_upd = get_updater(fast), get_updater(plain)
+    for gs in grads:
+        copies = [g.clone() for g in gs]
+        fast_upd(keys, gs, fast_w)  # one list call: torch._foreach_* over the 4 tensors
+        for k, g, w in zip(keys, gs, plain_w, strict=True):
+            plain_upd(k, g, w)
+        assert all(torch.equal(g, c) for g, c in zip(gs, copies, strict=True))  # gradients never written
+    tol = _torch_tolerance("float32" if mp else name)
+    for k, fw, pw in zip(keys, fast_w, plain_w, strict=True):
+        assert fw.dtype == tdt and fw.requires_grad
+        np.testing.assert_allclose(fw.detach().double().numpy(), pw.double().numpy(), **tol)
+        for a, b in zip(fast_upd.states[k] or (), plain_upd.states[k] or (), strict=True):
+            assert a.dtype == b.dtype and a.shape == b.shape
+            np.testing.assert_allclose(a.double().numpy(), b.double().numpy(), **tol)
+
+
+def test_torch_list_call_groups_by_dtype_rate_and_count() -> None:
+    """Keys with different dtypes, lr_mult, master copies and counts in one call each get their own update."""
+    torch = pytest.importorskip("torch")
+    kw = {"learning_rate": 0.01, "wd": 0.01, "rescale_grad": 0.5}
+    fast, plain = Adam(**kw, multi_precision=True), PlainAdam(**kw, multi_precision=True)
+    for opt in (fast, plain):
+        opt.set_lr_mult({"slow": 0.1})
+    rng = np.random.default_rng(2)
+    dtypes = {"a": torch.float32, "slow": torch.float32, "d": torch.float64, "h": torch.float16, "old": torch.float32}
+    w0 = {k: torch.from_numpy(rng.standard_normal(6)).to(dt) for k, dt in dtypes.items()}
+    fw = {k: w.clone() for k, w in w0.items()}
+    pw = {k: w.clone() for k, w in w0.items()}
+    fu, pu = get_updater(fast), get_updater(plain)
+    for u, ws in ((fu, fw), (pu, pw)):
+        u("old", torch.ones(6), ws["old"])  # "old" is one update ahead: another bias correction
+    for _ in range(3):
+        gs = {k: torch.from_numpy(rng.standard_normal(6)).to(dt) for k, dt in dtypes.items()}
+        fu(list(gs), list(gs.values()), [fw[k] for k in gs])
+        for k, g in gs.items():
+            pu(k, g, pw[k])
+    for k in dtypes:
+        np.testing.assert_allclose(fw[k].double().numpy(), pw[k].double().numpy(), rtol=1e-5, atol=1e-6)
+    assert fast.get_update_count("old") == 4 and fast.get_update_count("a") == 3
+
+
+@pytest.mark.parametrize("name", ["sgd", "nag", "adam", "adamw", "adagrad", "rmsprop", "ftrl"])
+def test_numpy_update_allocates_no_full_size_array(name: str) -> None:
+    import tracemalloc
+
+    kwargs = {"learning_rate": 0.01, "wd": 0.01, "rescale_grad": 0.5, "clip_gradient": 1.0}
+    if name in ("sgd", "nag"):
+        kwargs["momentum"] = 0.9
+    upd = get_updater(create(name, **kwargs))
+    n = 300_000  # 2.4 MB in float64: blocked
+    rng = np.random.default_rng(0)
+    w, g = rng.standard_normal(n), rng.standard_normal(n)
+    small_w, small_g = rng.standard_normal(1000), rng.standard_normal(1000)
+    upd([0, 1], [g, small_g], [w, small_w])  # states and scratch buffers come into being
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        for _ in range(3):
+            upd([0, 1], [g, small_g], [w, small_w])
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 1024, f"{name}: {peak} bytes allocated at peak by an update of {w.nbytes}-byte weights"
+
+
+def test_scratch_buffers_are_not_state_and_not_saved(tmp_path: Any) -> None:
+    torch = pytest.importorskip("torch")
+    upd = get_updater(Adam(learning_rate=0.01, wd=0.01, clip_gradient=1.0))
+    w, tw = np.ones(100), torch.ones(10)
+    for _ in range(2):
+        upd(["n", "t"], [np.full(100, 0.5), torch.full((10,), 0.5)], [w, tw])
+    assert [len(upd.states[k] or ()) for k in ("n", "t")] == [2, 2]
+    upd.save_states(tmp_path / "s.safetensors", dump_optimizer=True)
+    from safetensors.numpy import load_file
+
+    assert sorted(load_file(tmp_path / "s.safetensors")) == ["0/mean", "0/var", "1/mean", "1/var"]
+    resumed = get_updater(SGD())
+    resumed.load_states(tmp_path / "s.safetensors")
+    w2, tw2 = w.copy(), tw.clone()
+    for u, a, b in ((upd, w, tw), (resumed, w2, tw2)):
+        u(["n", "t"], [np.full(100, 0.25), torch.full((10,), 0.25)], [a, b])
+    np.testing.assert_array_equal(w, w2)
+    assert torch.equal(tw, tw2)
+
+
+def test_scratch_is_per_thread() -> None:
+    """Threads sharing one optimizer (each with its own keys) do not share scratch buffers."""
+    import threading
+
+    kwargs = {"learning_rate": 0.01, "wd": 0.01, "rescale_grad": 0.5}
+    opt = Adam(**kwargs)
+    w0, grads = _np_data((200_000,), np.dtype(np.float32), 20, seed=7)
+    weights = {k: w0.copy() for k in ("x", "y")}
+    barrier = threading.Barrier(2)
+
+    def work(key: str) -> None:
+        upd = get_updater(opt)  # own states, the optimizer (and its workspace) shared
+        barrier.wait()
+        for g in grads:
+            upd(key, g * (2.0 if key == "y" else 1.0), weights[key])
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in weights]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    for key, scale in (("x", 1.0), ("y", 2.0)):
+        ref, alone = w0.copy(), get_updater(Adam(**kwargs))
+        for g in grads:
+            alone(key, g * scale, ref)
+        np.testing.assert_array_equal(weights[key], ref)
+
+
+def test_custom_rule_overriding_step_still_works() -> None:
+    class Halve(SGD):
+        def _step(self, weight: Any, grad: Any, state: Any, lr: float, wd: float, t: int) -> None:
+            weight *= 0.5
+
+    assert not Halve._fast_rules and SGD._fast_rules
+    w = np.ones(3)
+    get_updater(Halve(momentum=0.9))(0, np.ones(3), w)
+    np.testing.assert_array_equal(w, 0.5)
+    with pytest.raises(NotImplementedError):
+        Optimizer()._step(np.ones(1), np.ones(1), (), 0.1, 0.0, 1)
+
+
+@pytest.mark.parametrize("mp", [False, True])
+@pytest.mark.parametrize("name", ["sgd", "nag", "adam", "adamw", "adagrad", "rmsprop", "ftrl"])
+def test_torch_update_runs_only_in_place_ops(name: str, mp: bool) -> None:
+    """After the first update, every aten op of an update writes into an existing tensor."""
+    torch = pytest.importorskip("torch")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: set[str] = set()
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self.ops.add(str(func))
+            return func(*args, **(kwargs or {}))
+
+    kwargs: dict[str, Any] = {"learning_rate": 0.01, "wd": 0.01, "rescale_grad": 0.5, "multi_precision": mp}
+    if name in ("sgd", "nag"):
+        kwargs["momentum"] = 0.9
+    dt = torch.float16 if mp else torch.float32
+    ws = [torch.randn(1000).to(dt), torch.randn(5, 10).to(dt)]
+    gs = [torch.randn(1000).to(dt), torch.randn(5, 10).to(dt)]
+    for clip in (None, 1.0):
+        upd = get_updater(create(name, clip_gradient=clip, **kwargs))
+        for _ in range(2):  # states and scratch views come into being
+            upd([0, 1], gs, ws)
+            upd(0, gs[0], ws[0])
+        record = Record()
+        with record:
+            upd([0, 1], gs, ws)
+            upd(0, gs[0], ws[0])
+        allocating = sorted(op for op in record.ops if not (op.split(".")[1].endswith("_") or op.endswith("out")))
+        assert allocating == [], f"{name} (clip={clip}, mp={mp}) ran allocating ops {allocating}"
+
+
+def test_updater_rechecks_a_key_whose_arrays_or_layout_change() -> None:
+    """The updater skips re-validating a key only while its arrays look as last time."""
+    torch = pytest.importorskip("torch")
+    opt = SGD(learning_rate=0.5)
+    upd = get_updater(opt)
+    w = np.ones(3)
+    upd(0, np.ones(3), w)
+    upd(0, np.ones(3), w)  # the cached path
+    np.testing.assert_array_equal(w, 0.0)
+    opt.momentum = 0.5  # the layout changes under the updater: a momentum buffer appears
+    upd(0, np.ones(3), w)
+    assert len(upd.states[0] or ()) == 1
+    np.testing.assert_array_equal(w, -0.5)
+    w32 = np.ones(3, dtype=np.float32)  # dtype change: the state is converted
+    upd(0, np.ones(3, dtype=np.float32), w32)
+    assert upd.states[0] is not None and upd.states[0][0].dtype == np.float32
+    np.testing.assert_array_equal(w32, 1.0 - 0.5 * (0.5 * 1.0 + 1.0))
+    tw = torch.ones(3, dtype=torch.float32)  # backend change
+    upd(0, torch.ones(3, dtype=torch.float32), tw)
+    upd(0, np.ones(3, dtype=np.float32), tw)  # a NumPy gradient for a tensor weight: converted
+    assert isinstance(upd.states[0][0], torch.Tensor)
+    with pytest.raises(DTypeMismatchError):
+        upd(0, torch.ones(3, dtype=torch.float64), tw)
+    with pytest.raises(ShapeMismatchError):
+        upd(0, torch.ones(4, dtype=torch.float32), torch.ones(4, dtype=torch.float32))
+
+
+def test_optimizer_copies_get_their_own_scratch() -> None:
+    import copy
+    import pickle
+
+    opt = Adam(learning_rate=0.1, rescale_grad=0.5)
+    w = np.ones(4)
+    get_updater(opt)(0, np.ones(4), w)
+    for twin in (copy.deepcopy(opt), pickle.loads(pickle.dumps(opt)), copy.copy(opt)):
+        assert twin.to_config() == opt.to_config() and twin.get_update_count(0) == 1
+        w2 = np.ones(4)
+        get_updater(twin)(1, np.ones(4), w2)
+        np.testing.assert_array_equal(w2, w)  # count 1 for the new key: the same first step
