@@ -7,11 +7,21 @@ Usage (started by ``bench_dist.py`` with the cluster environment ``DMLC_*`` set)
 Per workload: ``kv.init`` of fresh keys (rank 0's zeros, or ``init`` for the optimizer
 workload), then worker rank ``r`` pushes arrays filled with ``r + 1``. Modes:
 
-* ``push_pull``: ``kv.push(key(s), vals)`` then ``kv.pull(key(s), out=outs)``;
+* ``push_pull``: ``kv.push(key(s), vals, block=False)`` then ``kv.pull(key(s), out=outs)``
+  — the equivalent of MXNet's ``kv.push`` (asynchronous: it returns at once) followed by
+  ``kv.pull`` and ``waitall``. pskv sends the pull right behind the push without waiting
+  for the push's acknowledgement (the server makes the pull see that push's round), so
+  an iteration is about one round trip, as in MXNet. The push is complete when the pull
+  returns: a server acknowledges a push before it answers any pull that includes it, so
+  its handle is done by then (and a push error would surface at the next ``kv.wait()``
+  or ``kv.close()``);
+* ``push_pull_blocking``: ``kv.push(key(s), vals)`` (blocking: returns once the servers
+  hold the data, i.e. after a round trip) then ``kv.pull(key(s), out=outs)`` — two round
+  trips per iteration;
 * ``pushpull``: ``kv.pushpull(key(s), vals, out=outs)``.
 
-Both return when complete (blocking calls), so an iteration ends with the pulled values in
-``outs``. One iteration of each mode is checked before the warm-up: every out must hold
+Each returns when complete (the pull, or pushpull, blocks), so an iteration ends with
+the pulled values in ``outs``. One iteration of each mode is checked before the warm-up: every out must hold
 the spec's ``expect`` value. A workload with ``optimizer`` first installs
 ``pskv.optimizer.SGD`` on the servers (collective); that applies to all keys from then on,
 so the driver puts it last.
@@ -55,7 +65,14 @@ class PskvBench:
             self.key, self.val, self.out = keys[0], self.vals[0], self.outs[0]
 
     def push_pull(self, n: int) -> None:
-        """``n`` iterations of push then pull."""
+        """``n`` iterations of a non-blocking push then a (blocking) pull, as MXNet's push + pull."""
+        kv, key, val, out = self.kv, self.key, self.val, self.out
+        for _ in range(n):
+            kv.push(key, val, block=False)
+            kv.pull(key, out=out)
+
+    def push_pull_blocking(self, n: int) -> None:
+        """``n`` iterations of a blocking push then a pull."""
         kv, key, val, out = self.kv, self.key, self.val, self.out
         for _ in range(n):
             kv.push(key, val)

@@ -25,9 +25,13 @@ one column. Workloads (float32; worker rank ``r`` pushes arrays filled with ``r 
 1. ResNet-50's 161 parameter arrays (25.5M elements) as one key list: push + pull, it/s
    (pskv also ``pushpull``; Gloo: DDP-style bucketed ``all_reduce``);
 2. one 64 MB key: push + pull, GB/s (= bytes of ONE value / iteration time);
-3. one 4 KB key: push + pull, ms per iteration;
+3. one 4 KB key: push + pull, ms per iteration (pskv also a blocking push + pull, and
+   ``pushpull``);
 4. the ResNet-50 list with SGD (momentum 0.9) run by the servers (``set_optimizer``):
    push + pull, it/s (Gloo: all_reduce + a local ``torch.optim.SGD`` step).
+
+pskv's push + pull is ``push(block=False)`` then ``pull()``: MXNet's ``push`` is
+asynchronous, so that is the same program (see ``_dist_worker_pskv.py``).
 
 Workers meet at a barrier before every timed sample; per worker the median over all its
 samples is taken and the slower worker's median is reported. Every result is checked
@@ -97,8 +101,9 @@ SGD = {"learning_rate": 0.1, "momentum": 0.9}
 ITERATION_DEFINITION = ("one iteration = every worker pushes its value(s) and pulls the sum over workers into "
                         "out(s), complete (MXNet: after mx.nd.waitall())")
 SYSTEMS = ("pskv", "pskv_tcp", "mxnet", "gloo")
-CALL_LABEL = {("pskv", "push_pull"): "push+pull", ("pskv", "pushpull"): "pushpull",
-              ("pskv_tcp", "push_pull"): "push+pull, sockets only (PSKV_SHM=0)"}
+CALL_LABEL = {("pskv", "push_pull"): "push(block=False)+pull", ("pskv", "push_pull_blocking"): "push+pull, blocking push",
+              ("pskv", "pushpull"): "pushpull",
+              ("pskv_tcp", "push_pull"): "push(block=False)+pull, sockets only (PSKV_SHM=0)"}
 
 Shape = tuple[int, ...]
 
@@ -170,7 +175,8 @@ def make_workloads(quick: bool) -> list[DistWorkload]:
     return [
         DistWorkload("resnet50", "ResNet-50 (161 keys)", resnet, True, "it/s", *big),
         DistWorkload("64mb", "64 MB key", ((16 << 20,),), False, "GB/s", *big),
-        DistWorkload("4kb", "4 KB key", ((1024,),), False, "ms", *latency),
+        DistWorkload("4kb", "4 KB key", ((1024,),), False, "ms", *latency,
+                     pskv_modes=("push_pull", "push_pull_blocking", "pushpull")),
         DistWorkload("resnet50_sgd", "ResNet-50 + SGD(momentum) on servers", resnet, True, "it/s", *big,
                      pskv_modes=("push_pull",), optimizer=dict(SGD)),
     ]
@@ -749,6 +755,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "DDP-style 25 MiB buckets (reverse order, async all_reduce per bucket, copy in/out); "
                     "with SGD: plus a local torch.optim.SGD(foreach) step on every worker",
             "mxnet_pushpull": "not measured: MXNet 1.9.1 dist_sync pushpull(key, value, out) left out unchanged",
+            "pskv_push_pull": "push(key, value, block=False) then pull(key, out=out), the equivalent of MXNet's "
+                              "asynchronous push + pull (push_pull_blocking: a blocking push, returning once the "
+                              "servers hold the data, then the pull)",
         },
         "settings": {"quick": args.quick, "rounds": args.rounds, "repeats_per_round": args.repeats,
                      "workers": WORKERS, "servers": args.server_counts, "dtype": np.dtype(DTYPE).name,

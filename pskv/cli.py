@@ -5,6 +5,7 @@ Subcommands:
     pskv scheduler   run the scheduler role (cluster contract from the DMLC_* environment)
     pskv server      run a server role (same)
     pskv launch      start a job (scheduler, servers, workers) and supervise it (docs/launch.md)
+    pskv keygen      write a CURVE cluster key file for authenticated, encrypted jobs (docs/security.md)
 """
 
 from __future__ import annotations
@@ -63,6 +64,21 @@ def _role(role: str) -> Callable[[argparse.Namespace], int]:
     return run
 
 
+def _keygen(args: argparse.Namespace) -> int:
+    from pskv.errors import InvalidArgumentError
+    from pskv.transport.security import generate_keys, write_key_file
+
+    try:
+        keys = generate_keys()
+        path = write_key_file(args.output, keys, overwrite=args.force)
+    except InvalidArgumentError as exc:
+        print(f"pskv keygen: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {path} (mode 600), public key {keys.public.decode()}")
+    print(f"use it with: pskv launch --curve-key {path} ...  (or PSKV_CURVE_KEY_FILE={path})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``pskv`` command."""
     parser = argparse.ArgumentParser(prog="pskv", description="pskv: parameter server and key-value store")
@@ -76,6 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--port-file", default=None,
                        help="scheduler only: with DMLC_PS_ROOT_PORT=0, bind a free port and write it to this file")
         p.set_defaults(func=_role(role))
+    p_keygen = sub.add_parser("keygen", help="write a CURVE cluster key file (authenticated, encrypted jobs)")
+    p_keygen.add_argument("-o", "--output", default="pskv-cluster.key", metavar="FILE",
+                          help="the key file to write (default: pskv-cluster.key; never overwritten without --force)")
+    p_keygen.add_argument("--force", action="store_true", help="overwrite an existing file")
+    p_keygen.set_defaults(func=_keygen)
     p_launch = sub.add_parser("launch", help="start a job (scheduler, servers, workers) and supervise it",
                               description=LAUNCH_DESCRIPTION)
     add_launch_arguments(p_launch)

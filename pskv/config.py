@@ -67,6 +67,7 @@ CLUSTER_ENV_VARS: dict[str, tuple[str, str]] = {
     "PSKV_REQUEST_TIMEOUT": ("request_timeout", "seconds a request waits for its reply before TimeoutError (default 300)"),
     "PSKV_STALL_REPORT": ("stall_report", "seconds a sync round may wait before its server logs which workers are missing (default 30; 0 off)"),
     "PSKV_JOB_ID": ("job_id", "an id of this job (set by pskv launch); names the servers' shared-memory files"),
+    "PSKV_CURVE_KEY_FILE": ("curve_key_file", "a CURVE cluster key file (pskv keygen): authenticate and encrypt all traffic with it (default: off)"),
     "PSKV_SHM": ("shm", "1: workers on a server's host exchange arrays through shared memory; 0: sockets only (default 1)"),
     "PSKV_SERVER_MODULES": ("server_modules", "comma-separated modules a server imports at start (they register controllers)"),
 }
@@ -162,6 +163,8 @@ class ClusterConfig:
             workers have not pushed (0 disables).
         shm: 1 lets workers on a server's host use shared memory for array data.
         job_id: an id of the job; names the servers' shared-memory directories.
+        curve_key_file: a CURVE cluster key file; every socket then authenticates and
+            encrypts with it (docs/security.md). Empty: plain TCP.
     """
 
     role: str = "worker"
@@ -184,6 +187,7 @@ class ClusterConfig:
     stall_report: float = 30.0
     shm: int = 1
     job_id: str = ""
+    curve_key_file: str = ""
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:

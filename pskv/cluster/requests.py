@@ -2,14 +2,20 @@
 
 Every outgoing request gets an id and a :class:`Pending` record naming the node it went
 to. The reactor thread completes records as replies arrive; callers wait on them with a
-timeout. When a node is declared dead, every record waiting on it fails with
-:class:`~pskv.errors.NodeFailedError` — so no caller waits forever on a dead peer.
+timeout, or register callbacks (:meth:`Pending.add_done_callback`) that run when the
+record completes. A request may carry a deadline: :meth:`RequestTracker.expire` (run
+periodically by the owner's reactor) fails it with
+:class:`~pskv.errors.OperationTimeoutError` once that passes, so nothing relying on
+callbacks waits forever either. When a node is declared dead, every record waiting on
+it fails with :class:`~pskv.errors.NodeFailedError` — so no caller waits forever on a
+dead peer.
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -19,25 +25,38 @@ from pskv.protocol import Command, Header, node_name
 __all__ = ["Pending", "RequestTracker"]
 
 
+# Guards the hand-over between waiters / add_done_callback and completion (held for a few instructions).
+_CALLBACKS_LOCK = threading.Lock()
+
+
 class Pending:
     """One outstanding request."""
 
-    __slots__ = ("request", "node", "what", "_event", "header", "buffers", "error", "callback")
+    __slots__ = ("request", "node", "what", "_done", "_waiter", "header", "buffers", "error", "callback",
+                 "_callbacks", "deadline", "timeout", "quiet", "sent")
 
     def __init__(self, request: int, node: int, what: str,
-                 callback: Callable[[Pending], None] | None = None) -> None:
+                 callback: Callable[[Pending], None] | None = None, timeout: float | None = None) -> None:
         self.request = request
         self.node = node
         self.what = what
-        self._event = threading.Event()
+        self._done = False
+        # A lock held until completion, made when someone waits first (most requests of a
+        # pipelined worker are never waited on, and a lock is much cheaper than an Event).
+        self._waiter: threading.Lock | None = None
         self.header: Header | None = None
         self.buffers: list[Any] = []
         self.error: BaseException | None = None
         self.callback = callback
+        self._callbacks: list[Callable[[Pending], None]] = []
+        self.timeout = timeout
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.quiet = False  # answered only on failure: a later reply from the node confirms it
+        self.sent: int | None = None  # the sender's sequence number of the message, once sent
 
     def done(self) -> bool:
         """True once the reply (or a failure) arrived."""
-        return self._event.is_set()
+        return self._done
 
     def wait(self, timeout: float | None) -> Header:
         """Wait for the reply.
@@ -47,19 +66,48 @@ class Pending:
             NodeFailedError: the peer died.
             RemoteError: the peer answered with an error.
         """
-        if not self._event.wait(timeout):
-            raise OperationTimeoutError(
-                f"{self.what} to {node_name(self.node)} got no reply within {timeout} s"
-            )
+        if not self._done:
+            with _CALLBACKS_LOCK:
+                waiter = None
+                if not self._done:
+                    waiter = self._waiter
+                    if waiter is None:
+                        waiter = self._waiter = threading.Lock()
+                        waiter.acquire()
+            if waiter is not None:
+                if not waiter.acquire(True, -1 if timeout is None else max(0.0, timeout)):
+                    raise OperationTimeoutError(
+                        f"{self.what} to {node_name(self.node)} got no reply within {timeout} s"
+                    )
+                waiter.release()  # the next waiter, if any
         if self.error is not None:
             raise self.error
         assert self.header is not None
         return self.header
 
+    def add_done_callback(self, fn: Callable[[Pending], None]) -> None:
+        """Call ``fn(self)`` once the reply (or a failure) arrived — at once if it already has.
+
+        ``fn`` runs on the thread that completes the request (usually the reactor's), so it
+        must be quick and must not block or raise.
+        """
+        with _CALLBACKS_LOCK:
+            if not self._done:
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
     def _finish(self) -> None:
-        self._event.set()
+        with _CALLBACKS_LOCK:
+            self._done = True
+            waiter = self._waiter
+            callbacks, self._callbacks = self._callbacks, []
+        if waiter is not None:
+            waiter.release()
         if self.callback is not None:
             self.callback(self)
+        for fn in callbacks:
+            fn(self)
 
 
 class RequestTracker:
@@ -72,8 +120,12 @@ class RequestTracker:
         self._failed_nodes: dict[int, str] = {}
         self._closed: BaseException | None = None
 
-    def new(self, node: int, what: str, callback: Callable[[Pending], None] | None = None) -> Pending:
+    def new(self, node: int, what: str, callback: Callable[[Pending], None] | None = None,
+            timeout: float | None = None) -> Pending:
         """Register a request to ``node``; fails at once if the node is known dead.
+
+        With ``timeout``, :meth:`expire` fails the request once that many seconds passed
+        without a reply.
 
         Raises:
             NodeFailedError: ``node`` was already declared dead.
@@ -83,16 +135,38 @@ class RequestTracker:
                 raise self._closed
             if node in self._failed_nodes:
                 raise NodeFailedError(node_name(node), self._failed_nodes[node])
-            p = Pending(next(self._ids), node, what, callback)
+            p = Pending(next(self._ids), node, what, callback, timeout)
             self._pending[p.request] = p
             return p
 
     def complete(self, header: Header, buffers: list[Any]) -> bool:
         """Deliver a reply; returns False for an unknown (late or duplicate) request id."""
-        with self._lock:
-            p = self._pending.pop(header.request, None)
+        p = self.take(header.request)
         if p is None:
             return False
+        self.deliver(p, header, buffers)
+        return True
+
+    def take(self, request: int) -> Pending | None:
+        """Remove and return the outstanding request ``request`` (None if unknown); :meth:`deliver` it next."""
+        with self._lock:
+            return self._pending.pop(request, None)
+
+    def resolve(self, p: Pending, header: Header, error: BaseException | None = None) -> None:
+        """Complete ``p`` without a reply of its own (``header`` stands for it), or fail it with ``error``.
+
+        Does nothing if ``p`` is no longer outstanding (it completed or failed already).
+        """
+        with self._lock:
+            if self._pending.pop(p.request, None) is None:
+                return
+        p.header = header
+        p.error = error
+        p._finish()
+
+    @staticmethod
+    def deliver(p: Pending, header: Header, buffers: list[Any]) -> None:
+        """Complete ``p`` (taken with :meth:`take`) with its reply."""
         p.header = header
         p.buffers = buffers
         if header.command is Command.ERROR:
@@ -104,7 +178,6 @@ class RequestTracker:
             else:
                 p.error = RemoteError(node_name(p.node), kind, message)
         p._finish()
-        return True
 
     def fail_node(self, node: int, detail: str) -> None:
         """Fail every request waiting on ``node`` and every later one to it."""
@@ -126,6 +199,18 @@ class RequestTracker:
         for p in victims:
             p.error = error
             p._finish()
+
+    def expire(self, now: float | None = None) -> int:
+        """Fail every request whose deadline has passed; returns how many."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            victims = [p for p in self._pending.values() if p.deadline is not None and p.deadline <= now]
+            for p in victims:
+                del self._pending[p.request]
+        for p in victims:
+            p.error = OperationTimeoutError(f"{p.what} to {node_name(p.node)} got no reply within {p.timeout} s")
+            p._finish()
+        return len(victims)
 
     def outstanding(self) -> list[Pending]:
         """The requests still waiting (a snapshot)."""

@@ -12,6 +12,24 @@ Consistency (sync): a push returns once the servers have the data; a later pull 
 for the round that push joined, so every worker sees the same values after the same
 pushes. Operations of this process run under the same engine as the local store:
 per-key issue order, priorities, ``block=False`` handles.
+
+Pipelining: a pull names "the round of this worker's ``n``-th push of the part" (``n``
+counted here, per part) rather than a round number learnt from a push's reply, and the
+server resolves it (parking the pull if that push has not even arrived yet). So a pull
+need not wait for the previous push's acknowledgement: a push hands its keys on to the
+next operation as soon as it is sent (its handle still completes only when the servers
+hold the data), and ``push(block=False)`` followed by ``pull()`` costs one round trip,
+like MXNet's asynchronous push. A push reuses a key's buffers (its shared-memory slot,
+its reduce buffer) only after the previous push of that key was acknowledged. A
+non-blocking push is *quiet*: the server answers it only if it fails, and the next
+reply from that server (usually the pull's) confirms it — its handle is done once
+confirmed; waiting on it, or ``wait()``, asks the server (``SYNC``) if nothing follows.
+
+Threads: small CPU calls (up to ``_QUICK_BYTES``) made with ``block=False`` send their
+requests from the caller's thread when their keys are idle, and finish (copy the reply
+out, record the acknowledgement) on the network thread when the reply arrives; blocking
+calls on idle keys send and wait in the caller's thread. Only bigger calls, and calls
+queued behind earlier work on their keys, use the engine's worker threads.
 """
 
 from __future__ import annotations
@@ -32,6 +50,7 @@ from pskv.arrays import (
     empty,
     fan_out_many,
     from_wire,
+    itemsize,
     numpy_dtype,
     sum_into_many,
     wire_view,
@@ -49,7 +68,7 @@ from pskv.errors import (
 )
 from pskv.kvstore.base import KVStoreBase
 from pskv.kvstore.checks import check_like, check_priority
-from pskv.kvstore.engine import Engine, OpHandle
+from pskv.kvstore.engine import Deferred, Engine, OpHandle
 from pskv.kvstore.keys import Key, KeyKind, as_key_list, pair_up
 from pskv.kvstore.rows import apply_row_plan, plan_row_pulls
 from pskv.partition import server_key, split
@@ -61,6 +80,11 @@ __all__ = ["DistStore"]
 
 log = logging.getLogger("pskv.dist")
 
+# Calls on CPU values of at most this many bytes are "quick": with block=False they send
+# from the caller's thread, and their replies are handled on the network thread — a
+# thread hand-off (~0.1-0.4 ms) costs more than their copies.
+_QUICK_BYTES = 256 << 10
+_QUIET = json.dumps({"quiet": True})  # the body of a socket push answered only if it fails
 
 
 @dataclass
@@ -73,17 +97,25 @@ class _SharedPart:
 
 @dataclass
 class _Key:
-    """What a worker knows about one key: its layout on the servers and its last rounds."""
+    """What a worker knows about one key: its layout on the servers and its pushes so far."""
 
     key: Key
     skey: int
     meta: ArrayMeta  # of the value given to init (shape, dtype, kind, device)
     parts: list[tuple[int, int, int]]  # (server, offset, length)
-    rounds: list[int]  # per part: the round this worker's last push joined
+    pushes: list[int]  # per part: pushes (and pushpulls) this worker sent; a pull names the last
+    acks: list[Any] = field(default_factory=list)  # replies of the key's last push (maybe outstanding)
     shm: list[_SharedPart | None] = field(default_factory=list)  # per part, when shared with its server
     send: Any = None  # CPU buffer of the meta's kind: the locally reduced value
     outgoing: Any = None  # what the current operation sends: the caller's value or `send`
     recv: Any = None  # CPU buffer assembling a split value
+    groups: dict[bool, Any] = field(default_factory=dict)  # _by_server of this key alone, per shared_ok
+    nbytes: int = 0  # of one value; set with the layout
+
+    @property
+    def shared(self) -> bool:
+        """True if some part of the key goes through shared memory."""
+        return any(p is not None for p in self.shm)
 
 
 class DistStore(KVStoreBase):
@@ -186,8 +218,8 @@ class DistStore(KVStoreBase):
         check_like(rec.key, rec.meta, arrays, op)
 
     def _submit(self, op: str, keys: Sequence[Key], priority: int, fn: Callable[[], Any], block: bool,
-                timeout: float | None) -> Any:
-        return self._engine.submit(op, keys, check_priority(priority), fn, block, self._timeout(timeout))
+                timeout: float | None, quick: bool = False) -> Any:
+        return self._engine.submit(op, keys, check_priority(priority), fn, block, self._timeout(timeout), quick)
 
     def _reduce(self, pairs: Sequence[tuple[_Key, list[Any]]]) -> None:
         """Set each key's outgoing buffer: its one CPU value as is, else the sum of its values.
@@ -212,50 +244,67 @@ class DistStore(KVStoreBase):
         sum_into_many(to_sum, self._kernels)
 
     def _by_server(self, recs: Sequence[_Key], shared_ok: bool) -> dict[tuple[int, bool], list[tuple[_Key, int]]]:
-        """Parts grouped by (server, through shared memory?): one message per group."""
+        """Parts grouped by (server, through shared memory?): one message per group (do not modify)."""
+        if len(recs) == 1:  # a key's own grouping never changes: computed once
+            cached = recs[0].groups.get(shared_ok)
+            if cached is None:
+                cached = recs[0].groups[shared_ok] = self._group(recs, shared_ok)
+            return cached  # type: ignore[no-any-return]
+        return self._group(recs, shared_ok)
+
+    @staticmethod
+    def _group(recs: Sequence[_Key], shared_ok: bool) -> dict[tuple[int, bool], list[tuple[_Key, int]]]:
         groups: dict[tuple[int, bool], list[tuple[_Key, int]]] = defaultdict(list)
         for rec in recs:
             for i, (server, _, _) in enumerate(rec.parts):
                 shared = shared_ok and bool(rec.shm) and rec.shm[i] is not None
                 groups[(server, shared)].append((rec, i))
-        return groups
+        return dict(groups)
 
     @staticmethod
     def _spec(rec: _Key, i: int) -> ArraySpec:
         _, offset, length = rec.parts[i]
-        return ArraySpec(rec.skey, rec.meta.dtype, (length,), offset, rec.rounds[i])
+        return ArraySpec(rec.skey, rec.meta.dtype, (length,), offset)
 
     @staticmethod
     def _slice(rec: _Key, buffer: Any, i: int) -> np.ndarray[Any, Any]:
         _, offset, length = rec.parts[i]
         return wire_view(buffer)[offset: offset + length]
 
-    def _send_values(self, command: Command, recs: Sequence[_Key], priority: int, body: str = "") -> dict[Any, Any]:
+    def _send_values(self, command: Command, recs: Sequence[_Key], priority: int, body: str = "",
+                     timeout: float | None = None, quiet: bool = False) -> dict[Any, Any]:
         """One ``command`` message per server with every part of ``recs`` (from their outgoing buffers).
 
         Parts a co-located server holds in shared memory (pushes only) are copied into
-        this worker's slot; the message then only names them.
+        this worker's slot; the message then only names them. Pushes and pushpulls are
+        counted per part as they are queued (pulls name them by number). A ``quiet``
+        push is answered only if it fails (see :meth:`WorkerClient.confirm`).
         """
         pendings = {}
-        shared_ok = command in (Command.PUSH, Command.PUSHPULL)
-        for (server, shared), items in self._by_server(recs, shared_ok).items():
+        pushes = command in (Command.PUSH, Command.PUSHPULL)
+        limit = self._timeout(timeout)
+        for (server, shared), items in self._by_server(recs, pushes).items():
             if shared:
                 for rec, i in items:
                     np.copyto(rec.shm[i].slot, self._slice(rec, rec.outgoing, i))  # type: ignore[union-attr]
-                text = json.dumps({"shm": [[rec.skey, rec.parts[i][1]] for rec, i in items]})
-                pending = self._client.request(server, command, body=text, priority=priority)
+                # {"shm": [[key, offset], ...], "quiet": true}, formatted directly (every push)
+                listed = ",".join(f"[{rec.skey},{rec.parts[i][1]}]" for rec, i in items)
+                text = f'{{"shm":[{listed}],"quiet":true}}' if quiet else f'{{"shm":[{listed}]}}'
+                pending = self._client.request(server, command, body=text, priority=priority, timeout=limit,
+                                               quiet=quiet)
             else:
                 specs = tuple(self._spec(rec, i) for rec, i in items)
                 data = [self._slice(rec, rec.outgoing, i) for rec, i in items]
-                pending = self._client.request(server, command, specs, data, body, priority)
+                pending = self._client.request(server, command, specs, data, _QUIET if quiet else body, priority,
+                                               timeout=limit, quiet=quiet)
+            if pushes:
+                for rec, i in items:
+                    rec.pushes[i] += 1
             pendings[(server, shared)] = (items, pending)
         return pendings
 
-    def _collect(self, pendings: dict[Any, Any], timeout: float | None, track_rounds: bool = False) -> dict[int, Any]:
-        """Wait for replies; returns the received value of each key (a CPU array of its kind).
-
-        With ``track_rounds`` the rounds in the reply become the keys' last-push rounds.
-        """
+    def _collect(self, pendings: dict[Any, Any], timeout: float | None) -> dict[int, Any]:
+        """Wait for replies; returns the received value of each key (a CPU array of its kind)."""
         limit = self._timeout(timeout)
         values: dict[int, Any] = {}
         for items, pending in pendings.values():
@@ -263,7 +312,7 @@ class DistStore(KVStoreBase):
             if header.body and not header.arrays:
                 reply = json.loads(header.body)
                 if "buffers" in reply:  # the values are in shared memory
-                    self._read_shared(items, reply, values, track_rounds, pending.node)
+                    self._read_shared(items, reply, values, pending.node)
                 continue
             if not header.arrays:  # an acknowledgement without data (init)
                 continue
@@ -273,8 +322,6 @@ class DistStore(KVStoreBase):
                 )
             for (rec, i), spec, buf in zip(items, header.arrays, pending.buffers):
                 frame = frame_array(spec, buf)
-                if track_rounds:
-                    rec.rounds[i] = spec.round
                 if spec.offset != rec.parts[i][1] or frame.size != rec.parts[i][2]:
                     raise ProtocolError(f"{node_name(pending.node)}'s reply for key {rec.key!r} does not match its layout")
                 self._place(rec, i, frame, values)
@@ -291,15 +338,13 @@ class DistStore(KVStoreBase):
         values[id(rec)] = rec.recv
 
     def _read_shared(self, items: list[tuple[_Key, int]], reply: dict[str, Any], values: dict[int, Any],
-                     track_rounds: bool, node: int) -> None:
+                     node: int) -> None:
         buffers, rounds = reply.get("buffers"), reply.get("rounds")
         if not isinstance(buffers, list) or not isinstance(rounds, list) or not len(buffers) == len(rounds) == len(items):
             raise ProtocolError(f"{node_name(node)} sent a malformed shared-memory reply")
-        for (rec, i), b, r in zip(items, buffers, rounds):
+        for (rec, i), b in zip(items, buffers):
             if b not in (0, 1) or rec.shm[i] is None:
                 raise ProtocolError(f"{node_name(node)} named shared buffer {b!r} for key {rec.key!r}")
-            if track_rounds:
-                rec.rounds[i] = int(r)
             self._place(rec, i, rec.shm[i].values[b], values)  # type: ignore[union-attr]
 
     def _attach_shared(self, recs: Sequence[_Key]) -> None:
@@ -347,7 +392,7 @@ class DistStore(KVStoreBase):
             meta = describe(vals[0])
             skey = server_key(k)
             parts = split(skey, meta.size, self._num_servers, self._cluster.bigarray_bound)
-            recs.append((_Key(k, skey, meta, parts, [0] * len(parts)), vals))
+            recs.append((_Key(k, skey, meta, parts, [0] * len(parts), nbytes=meta.size * itemsize(meta.dtype)), vals))
         self._key_kind.check(keys, fix=True)
         if self._rank == 0:
             self._reduce(recs)
@@ -370,22 +415,77 @@ class DistStore(KVStoreBase):
             out.append((rec, vals))
         return out
 
-    def _do_push(self, pairs: list[tuple[_Key, list[Any]]], priority: int, timeout: float | None) -> None:
-        self._reduce(pairs)
-        recs = [rec for rec, _ in pairs]
-        pendings = self._send_values(Command.PUSH, recs, priority)
-        limit = self._timeout(timeout)
-        for items, pending in pendings.values():
-            header = pending.wait(limit)
-            rounds = json.loads(header.body).get("rounds", []) if header.body else []
-            for (rec, i), r in zip(items, rounds):
-                rec.rounds[i] = int(r)
+    # -- quick calls and acknowledgements ---------------------------------------------------
+    @staticmethod
+    def _quick(recs: Sequence[_Key], arrays: Sequence[Any] = ()) -> bool:
+        """True if a call on ``recs`` (with these values / outs) is small and all on the CPU."""
+        total = 0
+        for rec in recs:
+            if rec.meta.device != "cpu":
+                return False
+            total += rec.nbytes
+        if total > _QUICK_BYTES:
+            return False
+        for a in arrays:
+            if not isinstance(a, np.ndarray) and describe(a).device != "cpu":
+                return False
+        return True
 
+    @staticmethod
+    def _acked(recs: Sequence[_Key]) -> bool:
+        """True if the last push of every key of ``recs`` has been answered."""
+        return all(p.done() for rec in recs for p in rec.acks)
+
+    @staticmethod
+    def _reuses_buffers(pairs: Sequence[tuple[_Key, list[Any]]]) -> bool:
+        """True if pushing ``pairs`` writes a key's own buffers (shared slot, reduce buffer).
+
+        Those must not change before the key's previous push was answered. A single CPU
+        value over sockets is sent from the caller's array itself.
+        """
+        for rec, vals in pairs:
+            if rec.shared or len(vals) != 1 or not (isinstance(vals[0], np.ndarray)
+                                                     or describe(vals[0]).device == "cpu"):
+                return True
+        return False
+
+    def _await_acks(self, recs: Sequence[_Key], timeout: float | None) -> None:
+        """Wait until the last push of each key was answered, so its buffers may be reused.
+
+        That push's own error (if any) belongs to its handle, not to the caller here.
+
+        Raises:
+            OperationTimeoutError: no answer within the timeout.
+        """
+        limit = self._timeout(timeout)
+        acks = list({id(p): p for rec in recs for p in rec.acks}.values())
+        if acks and not all(p.done() for p in acks):
+            self._client.confirm(acks, limit)  # quiet pushes are answered only when asked
+        for p in acks:
+            if not p.done():
+                try:
+                    p.wait(limit)
+                except Exception:
+                    if not p.done():
+                        raise
+        for rec in recs:
+            rec.acks = []
+
+    def _check_pushes(self, pendings: dict[Any, Any], timeout: float | None) -> None:
+        """Wait for the servers to acknowledge a push (raises the first error)."""
+        limit = self._timeout(timeout)
+        for _, pending in pendings.values():
+            pending.wait(limit)
+
+    # -- push / pull --------------------------------------------------------------------
     def push(self, key: Any, value: Any, priority: int = 0, *, block: bool = True,
              timeout: float | None = None) -> OpHandle | None:
         """Push values: summed locally, then summed over workers on the servers.
 
-        Returns once the servers hold the data (not when the round completes).
+        Returns once the servers hold the data (not when the round completes). With
+        ``block=False`` the handle completes then; the keys are handed on to later
+        calls as soon as the push is sent, so a pull issued right after it is sent
+        without waiting (the servers make it see this push's round).
 
         Raises:
             UnknownKeyError, ShapeMismatchError, DTypeMismatchError: as the local store.
@@ -395,19 +495,42 @@ class DistStore(KVStoreBase):
         """
         self._check_open("push")
         pairs = self._push_pairs(key, value, "push")
-        keys = [rec.key for rec, _ in pairs]
-        result = self._submit("push", keys, priority, lambda: self._do_push(pairs, priority, timeout), block, timeout)
+        recs = [rec for rec, _ in pairs]
+        reuses = self._reuses_buffers(pairs)
+        quick = (not block and self._quick(recs, [v for _, vals in pairs for v in vals])
+                 and (not reuses or self._acked(recs)))
+        quiet = not block  # nobody waits for the answer now: the next reply from the server confirms it
+
+        def start() -> Deferred:
+            if reuses:
+                self._await_acks(recs, timeout)
+            self._reduce(pairs)
+            pendings = self._send_values(Command.PUSH, recs, priority, timeout=timeout, quiet=quiet)
+            replies = self._replies(pendings)
+            for rec in recs:
+                rec.acks = replies
+
+            def confirm() -> None:
+                self._client.confirm(replies, self._timeout(timeout))
+            return Deferred(replies, lambda: self._check_pushes(pendings, timeout), release=True, inline=True,
+                            poke=confirm if quiet else None)
+        result = self._submit("push", [rec.key for rec in recs], priority, start, block, timeout, quick)
         return result if not block else None
 
-    def _pull_requests(self, recs: Sequence[_Key], priority: int) -> dict[Any, Any]:
+    def _pull_requests(self, recs: Sequence[_Key], priority: int, timeout: float | None) -> dict[Any, Any]:
         pendings = {}
+        limit = self._timeout(timeout)
         for (server, shared), items in self._by_server(recs, True).items():
-            request: dict[str, Any] = {"parts": [[rec.skey, rec.parts[i][1], rec.rounds[i]] for rec, i in items]}
-            if shared:
-                request["shm"] = True
-            pending = self._client.request(server, Command.PULL, body=json.dumps(request), priority=priority)
+            # {"parts": [[key, offset, push number], ...], "shm": true}, formatted directly (every pull)
+            listed = ",".join(f"[{rec.skey},{rec.parts[i][1]},{rec.pushes[i]}]" for rec, i in items)
+            text = f'{{"parts":[{listed}],"shm":true}}' if shared else f'{{"parts":[{listed}]}}'
+            pending = self._client.request(server, Command.PULL, body=text, priority=priority, timeout=limit)
             pendings[(server, shared)] = (items, pending)
         return pendings
+
+    @staticmethod
+    def _replies(pendings: dict[Any, Any]) -> list[Any]:
+        return [p for _, p in pendings.values()]
 
     def pull(self, key: Any, out: Any = None, priority: int = 0, *, block: bool = True,
              timeout: float | None = None) -> Any:
@@ -427,11 +550,13 @@ class DistStore(KVStoreBase):
         if outs is not None:
             for rec, (_, o) in zip(recs, outs):
                 self._check_like(rec, o, "pull")
+        quick = self._quick(recs, [a for _, o in outs or () for a in o])
 
-        def run() -> Any:
-            values = self._collect(self._pull_requests(recs, priority), timeout)
-            return self._deliver(recs, values, outs, single)
-        result = self._submit("pull", keys, priority, run, block, timeout)
+        def start() -> Deferred:
+            pendings = self._pull_requests(recs, priority, timeout)
+            return Deferred(self._replies(pendings),
+                            lambda: self._deliver(recs, self._collect(pendings, timeout), outs, single), inline=quick)
+        result = self._submit("pull", keys, priority, start, block, timeout, quick)
         return result if (not block or out is None) else None
 
     def _deliver(self, recs: Sequence[_Key], values: dict[int, Any], outs: Any, single: bool) -> Any:
@@ -442,6 +567,9 @@ class DistStore(KVStoreBase):
                 fan_out_many([([new], values[id(rec)])], self._kernels)
                 arrays.append(new)
             return arrays[0] if single else arrays
+        if len(outs) == 1 and len(outs[0][1]) == 1 and type(outs[0][1][0]) is np.ndarray and recs[0].nbytes <= _QUICK_BYTES:
+            np.copyto(outs[0][1][0], values[id(recs[0])])  # the usual small case, directly
+            return None
         fan_out_many([(o, values[id(rec)]) for rec, (_, o) in zip(recs, outs)], self._kernels)
         return None
 
@@ -458,10 +586,16 @@ class DistStore(KVStoreBase):
         metas = [rec.meta for rec in recs]
         plan = plan_row_pulls(keys, single, metas, metas, out, row_ids)
 
-        def run() -> Any:
-            values = self._collect(self._pull_requests(recs, priority), timeout)
-            return apply_row_plan(plan, [values[id(rec)] for rec in recs], single, self._kernels)
-        result = self._submit("row_sparse_pull", keys, priority, run, block, timeout)
+        quick = self._quick(recs, [a for _, k_outs in plan.outs for a in k_outs])
+
+        def start() -> Deferred:
+            pendings = self._pull_requests(recs, priority, timeout)
+
+            def finish() -> Any:
+                values = self._collect(pendings, timeout)
+                return apply_row_plan(plan, [values[id(rec)] for rec in recs], single, self._kernels)
+            return Deferred(self._replies(pendings), finish, inline=quick)
+        result = self._submit("row_sparse_pull", keys, priority, start, block, timeout, quick)
         return result if (not block or plan.returns_new) else None
 
     def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0, *, block: bool = True,
@@ -482,11 +616,21 @@ class DistStore(KVStoreBase):
             for rec, o in zip(recs, targets):
                 self._check_like(rec, o, "pushpull")
 
-        def run() -> None:
+        reuses = self._reuses_buffers(pairs)
+        quick = (not block and self._quick(recs, [a for _, vals in pairs for a in vals] + [a for o in targets for a in o])
+                 and (not reuses or self._acked(recs)))
+
+        def start() -> Deferred:
+            if reuses:
+                self._await_acks(recs, timeout)
             self._reduce(pairs)
-            values = self._collect(self._send_values(Command.PUSHPULL, recs, priority), timeout, track_rounds=True)
-            fan_out_many([(o, values[id(rec)]) for rec, o in zip(recs, targets)], self._kernels)
-        result = self._submit("pushpull", [r.key for r in recs], priority, run, block, timeout)
+            pendings = self._send_values(Command.PUSHPULL, recs, priority, timeout=timeout)
+
+            def finish() -> None:
+                values = self._collect(pendings, timeout)
+                fan_out_many([(o, values[id(rec)]) for rec, o in zip(recs, targets)], self._kernels)
+            return Deferred(self._replies(pendings), finish, inline=quick)
+        result = self._submit("pushpull", [r.key for r in recs], priority, start, block, timeout, quick)
         return result if not block else None
 
     def broadcast(self, key: Any, value: Any, out: Any = None, priority: int = 0, *, block: bool = True,

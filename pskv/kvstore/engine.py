@@ -9,20 +9,80 @@ Blocking calls whose keys are idle run directly in the caller's thread (no hand-
 cost); otherwise they queue like non-blocking calls and the caller waits on the
 handle. Errors are never dropped: they surface from :meth:`OpHandle.wait` or, if no
 one waited on the handle, from the next :meth:`Engine.wait_all`.
+
+Network operations need not hold a thread while their replies travel: an operation's
+function may send its requests and return a :class:`Deferred` naming what it waits for
+and how to finish. The engine then finishes it when the last reply is in — on the
+thread that delivered it when the finish is cheap (``inline``), else in the thread
+waiting on the handle, else on a worker thread. A deferred operation may also
+``release`` its keys as soon as it has sent (later operations on them start at once,
+and the operation itself still completes only when its replies are in): that is how a
+pull is sent right behind a non-blocking push. Non-blocking submissions marked
+``inline`` start in the caller's thread when their keys are idle, so a quick send costs
+no hand-off to a worker thread either.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from functools import partial
+from typing import Any, Protocol
 
 from pskv.errors import OperationTimeoutError, StoreClosedError
 
-__all__ = ["Engine", "OpHandle"]
+log = logging.getLogger("pskv.engine")
+
+__all__ = ["Deferred", "Engine", "OpHandle"]
+
+
+class Waitable(Protocol):
+    """What a :class:`Deferred` waits for (e.g. :class:`pskv.cluster.requests.Pending`)."""
+
+    def done(self) -> bool: ...
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None: ...
+
+
+class Deferred:
+    """Returned by an operation's function that has sent requests and finishes later.
+
+    Args:
+        pendings: what the operation waits for; each must call its done-callbacks exactly
+            once, also when it fails or times out (the engine adds no timeout of its own).
+        finish: run once every pending is done (successfully or not); its return value
+            becomes the operation's result, its exception the operation's error. When
+            the operation was started by a blocking call in the caller's thread, the
+            caller runs ``finish`` at once instead, and it must then wait (with a
+            timeout) for the pendings itself.
+        release: let later operations on the same keys start now, before ``finish``.
+        inline: ``finish`` is cheap and never blocks: it may run on the thread that
+            completes the last pending (a network thread).
+        poke: called (without blocking) when a thread starts waiting for the operation,
+            for pendings that complete only when asked (e.g. unacknowledged requests).
+    """
+
+    __slots__ = ("pendings", "finish", "release", "inline", "poke")
+
+    def __init__(self, pendings: Sequence[Waitable], finish: Callable[[], Any], *, release: bool = False,
+                 inline: bool = False, poke: Callable[[], None] | None = None) -> None:
+        self.pendings = list(pendings)
+        self.finish = finish
+        self.release = release
+        self.inline = inline
+        self.poke = poke
+
+
+# OpHandle states
+_QUEUED = 0  # waiting for its keys, or for a worker to start it
+_STARTED = 1  # its function runs, or its replies are on their way
+_REPLIES_IN = 2  # deferred: every reply is in, nobody finishes it yet
+_FINISHING = 3  # deferred: claimed by the thread that runs its finish
+_DONE = 4
 
 
 class OpHandle:
@@ -32,11 +92,12 @@ class OpHandle:
     arrays) or raises the error it ended with.
     """
 
-    __slots__ = ("name", "keys", "priority", "seq", "_fn", "_deps", "_dependents", "_done", "_event",
-                 "_lock", "_result", "_error", "_observed")
+    __slots__ = ("name", "keys", "priority", "seq", "_fn", "_deps", "_dependents", "_done", "_engine",
+                 "_lock", "_cond", "_waiters", "_state", "_deferred", "_left", "_released",
+                 "_result", "_error", "_observed")
 
     def __init__(self, name: str, keys: tuple[Hashable, ...], priority: int, seq: int, fn: Callable[[], Any],
-                 lock: threading.Lock) -> None:
+                 engine: Engine) -> None:
         self.name = name
         self.keys = keys
         self.priority = priority
@@ -45,9 +106,15 @@ class OpHandle:
         self._deps = 0
         self._dependents: list[OpHandle] = []
         self._done = False
-        # Created only when someone waits: most operations run inline and are never waited on.
-        self._event: threading.Event | None = None
-        self._lock = lock  # the engine's lock, guarding _done / _event
+        self._engine = engine
+        self._lock = engine._lock  # guards everything below
+        # Created only when someone waits: most operations are never waited on.
+        self._cond: threading.Condition | None = None
+        self._waiters = 0
+        self._state = _QUEUED
+        self._deferred: Deferred | None = None
+        self._left = 0  # pendings of the deferred still outstanding
+        self._released = False  # later operations on its keys no longer wait for it
         self._result: Any = None
         self._error: BaseException | None = None
         self._observed = False
@@ -77,16 +144,37 @@ class OpHandle:
             OperationTimeoutError: the operation did not finish in time (it stays queued).
             Exception: whatever the operation raised.
         """
-        with self._lock:
-            event = None
-            if not self._done:
-                if self._event is None:
-                    self._event = threading.Event()
-                event = self._event
-        if event is not None and not event.wait(timeout):
-            raise OperationTimeoutError(
-                f"{self.name} on key(s) {list(self.keys)!r} did not finish within {timeout} s"
-            )
+        deadline = None if timeout is None else time.monotonic() + timeout
+        claimed = poked = False
+        lock = self._lock
+        with lock:
+            self._waiters += 1  # from now on _replies_in hands the finish to us, _start pokes
+            if self._cond is None:
+                self._cond = threading.Condition(lock)
+            try:
+                while not self._done:
+                    if self._state == _REPLIES_IN:  # its replies are in: finish it in this thread
+                        self._state = _FINISHING
+                        claimed = True
+                        break
+                    if not poked and self._deferred is not None and self._deferred.poke is not None:
+                        poked = True
+                        lock.release()
+                        try:
+                            _poke([self])
+                        finally:
+                            lock.acquire()
+                        continue
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        raise OperationTimeoutError(
+                            f"{self.name} on key(s) {list(self.keys)!r} did not finish within {timeout} s"
+                        )
+                    self._cond.wait(remaining)
+            finally:
+                self._waiters -= 1
+        if claimed:
+            self._engine._finish(self)
         self._observed = True
         if self._error is not None:
             raise self._error
@@ -118,8 +206,12 @@ class Engine:
 
     # -- submission --------------------------------------------------------------------
     def submit(self, name: str, keys: Iterable[Hashable], priority: int, fn: Callable[[], Any],
-               block: bool, timeout: float | None) -> Any:
-        """Run ``fn`` once every earlier operation on ``keys`` has finished.
+               block: bool, timeout: float | None, inline: bool = False) -> Any:
+        """Run ``fn`` once every earlier operation on ``keys`` has finished (or released them).
+
+        ``fn`` may return a :class:`Deferred` to finish later. With ``inline`` (and
+        ``block=False``) ``fn`` starts in the caller's thread when no earlier operation
+        holds its keys; it should then be quick (e.g. only send requests).
 
         Returns:
             With ``block=True`` the result of ``fn``; otherwise an :class:`OpHandle`.
@@ -130,7 +222,7 @@ class Engine:
                 finish within ``timeout`` seconds.
             Exception: with ``block=True``, whatever ``fn`` raised.
         """
-        op = OpHandle(name, tuple(dict.fromkeys(keys)), int(priority), next(self._seq), fn, self._lock)
+        op = OpHandle(name, tuple(dict.fromkeys(keys)), int(priority), next(self._seq), fn, self)
         with self._lock:
             if self._closed:
                 raise StoreClosedError(f"cannot {name}: the store is closed")
@@ -143,12 +235,17 @@ class Engine:
                 self._last[k] = op
             op._deps = len(before)
             self._pending.add(op)
-            run_here = block and op._deps == 0
-            if not run_here and op._deps == 0:
+            start_here = op._deps == 0 and (block or inline)
+            if start_here:
+                op._state = _STARTED
+            elif op._deps == 0:
                 self._enqueue(op)
-        if run_here:
+        if start_here:
+            if not block:
+                self._start(op, direct=False)
+                return op
             op._observed = True  # the caller gets the error directly
-            self._run(op)
+            self._start(op, direct=True)
             if op._error is not None:
                 raise op._error
             return op._result
@@ -165,28 +262,99 @@ class Engine:
         self._work.notify()
 
     # -- execution ---------------------------------------------------------------------
-    def _run(self, op: OpHandle) -> None:
+    def _start(self, op: OpHandle, direct: bool) -> None:
+        """Run ``op``'s function; ``direct``: the (blocking) caller finishes a deferred op itself."""
         fn, op._fn = op._fn, None
         try:
             assert fn is not None
-            op._result = fn()
+            result = fn()
         except BaseException as exc:  # noqa: BLE001 - handed to the waiter, never dropped
-            op._error = exc
+            self._complete(op, None, exc)
+            return
+        if not isinstance(result, Deferred):
+            self._complete(op, result, None)
+            return
+        op._deferred = result
+        if result.release:
+            with self._lock:
+                self._release(op)
+        if direct:
+            op._state = _FINISHING
+            self._finish(op)
+            return
+        pendings = result.pendings
         with self._lock:
-            for dep in op._dependents:
-                dep._deps -= 1
-                if dep._deps == 0:
-                    self._enqueue(dep)
-            op._dependents = []
-            for k in op.keys:
-                if self._last.get(k) is op:
-                    del self._last[k]
+            op._left = len(pendings)
+            waited_on = op._waiters > 0 or self._waiters > 0
+        if not pendings:
+            self._replies_in(op)
+            return
+        on_reply = partial(self._one_reply_in, op)
+        for p in pendings:
+            p.add_done_callback(on_reply)
+        if waited_on and result.poke is not None:  # someone waits already: they may have poked too early
+            _poke([op])
+
+    def _one_reply_in(self, op: OpHandle, _pending: Any = None) -> None:
+        """Done-callback of a deferred op's pendings (any thread, often the network thread)."""
+        with self._lock:
+            op._left -= 1
+            if op._left:
+                return
+        self._replies_in(op)
+
+    def _replies_in(self, op: OpHandle) -> None:
+        """Every reply of ``op`` is in: finish it here, in its waiter's thread or on a worker."""
+        assert op._deferred is not None
+        with self._lock:
+            if op._waiters:  # a thread waits on the handle: it runs the finish (no hand-off)
+                op._state = _REPLIES_IN
+                assert op._cond is not None
+                op._cond.notify_all()
+                return
+            if not op._deferred.inline:
+                op._state = _REPLIES_IN
+                self._enqueue(op)
+                return
+            op._state = _FINISHING
+        self._finish(op)
+
+    def _finish(self, op: OpHandle) -> None:
+        """Run a deferred op's finish (the calling thread claimed it) and complete the op."""
+        assert op._deferred is not None
+        finish, op._deferred.finish = op._deferred.finish, _finished
+        try:
+            result = finish()
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiter, never dropped
+            self._complete(op, None, exc)
+            return
+        self._complete(op, result, None)
+
+    def _release(self, op: OpHandle) -> None:  # lock held
+        if op._released:
+            return
+        op._released = True
+        for dep in op._dependents:
+            dep._deps -= 1
+            if dep._deps == 0:
+                self._enqueue(dep)
+        op._dependents = []
+        for k in op.keys:
+            if self._last.get(k) is op:
+                del self._last[k]
+
+    def _complete(self, op: OpHandle, result: Any, error: BaseException | None) -> None:
+        op._result = result
+        op._error = error
+        with self._lock:
+            self._release(op)
             self._pending.discard(op)
-            if op._error is not None:
+            if error is not None:
                 self._failed.append(op)
             op._done = True
-            if op._event is not None:
-                op._event.set()
+            op._state = _DONE
+            if op._cond is not None:
+                op._cond.notify_all()
             if self._waiters:
                 self._cond.notify_all()
 
@@ -198,7 +366,17 @@ class Engine:
                 if not self._ready:  # closed and drained
                     return
                 op = heapq.heappop(self._ready)
-            self._run(op)
+                state = op._state
+                if state == _QUEUED:
+                    op._state = _STARTED
+                elif state == _REPLIES_IN:
+                    op._state = _FINISHING
+                else:  # a waiter claimed its finish meanwhile
+                    continue
+            if state == _QUEUED:
+                self._start(op, direct=False)
+            else:
+                self._finish(op)
 
     # -- waiting -----------------------------------------------------------------------
     def wait_all(self, keys: Iterable[Hashable] | None = None, timeout: float | None = None) -> None:
@@ -213,23 +391,28 @@ class Engine:
         wanted = None if keys is None else set(keys)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            while True:
-                busy = [op for op in self._pending if wanted is None or wanted.intersection(op.keys)]
-                if not busy:
-                    break
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    shown = ", ".join(repr(op) for op in sorted(busy)[:5])
-                    raise OperationTimeoutError(
-                        f"{len(busy)} operation(s) still pending after {timeout} s: {shown}"
-                    )
-                self._waiters += 1
-                try:
+            self._waiters += 1  # notified per finished op; deferred ops starting from now are poked
+            poked = [op for op in self._pending if wanted is None or wanted.intersection(op.keys)]
+        try:
+            _poke(poked)
+            with self._lock:
+                while True:
+                    busy = [op for op in self._pending if wanted is None or wanted.intersection(op.keys)]
+                    if not busy:
+                        break
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        shown = ", ".join(repr(op) for op in sorted(busy)[:5])
+                        raise OperationTimeoutError(
+                            f"{len(busy)} operation(s) still pending after {timeout} s: {shown}"
+                        )
                     self._cond.wait(remaining)
-                finally:
-                    self._waiters -= 1
-            failed = [op for op in self._failed if not op._observed and (wanted is None or wanted.intersection(op.keys))]
-            self._failed = [op for op in self._failed if not op._observed and op not in failed]
+                failed = [op for op in self._failed
+                          if not op._observed and (wanted is None or wanted.intersection(op.keys))]
+                self._failed = [op for op in self._failed if not op._observed and op not in failed]
+        finally:
+            with self._lock:
+                self._waiters -= 1
         for op in failed:
             op._observed = True
         if failed:
@@ -260,3 +443,18 @@ class Engine:
             t.join(timeout=5.0)
         if error is not None:
             raise error
+
+
+def _finished() -> Any:
+    raise AssertionError("a deferred operation was finished twice")
+
+
+def _poke(ops: Iterable[OpHandle]) -> None:
+    """Ask the started deferred operations among ``ops`` to get their answers (see Deferred.poke)."""
+    for op in ops:
+        d = op._deferred
+        if d is not None and d.poke is not None and not op._done:
+            try:
+                d.poke()
+            except Exception:  # noqa: BLE001 - then the pendings fail on their own (closed, dead node)
+                log.debug("poking %r failed", op, exc_info=True)

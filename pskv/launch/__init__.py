@@ -18,6 +18,7 @@ The user guide is ``docs/launch.md``.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -78,6 +79,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how long servers and scheduler may take to exit after the last worker (default 30)")
     parser.add_argument("--python", default=sys.executable, metavar="PATH",
                         help="interpreter for the server and scheduler roles (default: this one)")
+    parser.add_argument("--curve-key", default=None, metavar="FILE",
+                        help="authenticate and encrypt all traffic with this CURVE cluster key (pskv keygen); "
+                             "over ssh the file must exist at the same path on every host")
+    parser.add_argument("--secure", action="store_true",
+                        help="local only: authenticate and encrypt with a fresh CURVE key made for this job")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the worker command, after --")
 
 
@@ -103,6 +109,8 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         stop_grace=args.stop_grace,
         exit_grace=args.exit_grace,
         python=args.python,
+        curve_key_file=os.path.abspath(args.curve_key) if args.curve_key else "",
+        secure=args.secure,
     )
 
 

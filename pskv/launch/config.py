@@ -60,6 +60,9 @@ class LaunchConfig:
         exit_grace: seconds servers and scheduler may take to exit after the last worker.
         python: the interpreter that runs the server and scheduler roles.
         cwd: ssh only: the directory remote processes start in (default: this one).
+        curve_key_file: a CURVE cluster key file every process uses (``--curve-key``;
+            over ssh it must exist at the same path on every host).
+        secure: local only: make a fresh cluster key for this job (``--secure``).
 
     Raises:
         InvalidArgumentError: any field is out of range or inconsistent with the others.
@@ -79,6 +82,8 @@ class LaunchConfig:
     python: str = sys.executable
     cwd: str = field(default_factory=os.getcwd)
     job_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    curve_key_file: str = ""
+    secure: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "command", tuple(self.command))
@@ -120,4 +125,8 @@ class LaunchConfig:
                 out.append(f"--{name.replace('_', '-')} must be >= 0 seconds, got {getattr(self, name):g}")
         if not self.python:
             out.append("--python must name an interpreter")
+        if self.secure and self.curve_key_file:
+            out.append("give --secure (a fresh key) or --curve-key FILE, not both")
+        if self.secure and self.launcher != "local":
+            out.append("--secure makes a key on this machine only; over ssh use --curve-key FILE (see docs/security.md)")
         return out

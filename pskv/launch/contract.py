@@ -30,6 +30,7 @@ CONTRACT: dict[str, tuple[str, str]] = {
     "DMLC_WORKER_ID": ("workers (the rank)", "the worker's rank, 0..n-1"),
     "PSKV_LOCAL_RANK": ("workers (ClusterConfig.local_rank)", "the worker's index among the workers on its host"),
     "PSKV_SERVER_RANK": ("servers (ClusterConfig.server_rank)", "the server's rank, 0..s-1, so output labels and ranks agree"),
+    "PSKV_CURVE_KEY_FILE": ("every process (ClusterConfig.curve_key_file)", "the CURVE cluster key file (--curve-key / --secure); absent: plain TCP"),
     "PSKV_JOB_ID": ("servers (ClusterConfig.job_id)", "a random id of this job: names its shared-memory files so the launcher can remove them"),
     "PYTHONUNBUFFERED": ("Python", "1, so output reaches the launcher line by line (an --env pair may override it)"),
 }
@@ -48,6 +49,7 @@ class JobLayout:
     num_servers: int
     num_workers: int
     job_id: str = ""
+    curve_key_file: str = ""
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,8 @@ def contract_env(layout: JobLayout, role: str, host: str, rank: int | None = Non
     }
     if layout.job_id:
         env["PSKV_JOB_ID"] = layout.job_id
+    if layout.curve_key_file:
+        env["PSKV_CURVE_KEY_FILE"] = layout.curve_key_file
     if role == "server" and rank is not None:
         env["PSKV_SERVER_RANK"] = str(rank)
     if role == "worker":

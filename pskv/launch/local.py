@@ -7,6 +7,7 @@ handshake, never a sleep), the servers and then the workers start with it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 
@@ -14,6 +15,7 @@ from pskv.errors import LaunchError
 from pskv.launch.config import LaunchConfig
 from pskv.launch.contract import JobLayout, ProcessSpec, contract_env, env_argv, role_argv
 from pskv.launch.supervisor import Console, Supervisor
+from pskv.transport.security import generate_keys, write_key_file
 
 __all__ = ["LOOPBACK", "run_local", "local_specs", "scheduler_spec"]
 
@@ -22,7 +24,7 @@ LOOPBACK = "127.0.0.1"
 
 def scheduler_spec(config: LaunchConfig, port_file: str) -> ProcessSpec:
     """The local scheduler, told to pick a free port and publish it in ``port_file``."""
-    layout = JobLayout(LOOPBACK, 0, config.num_servers, config.num_workers, config.job_id)
+    layout = JobLayout(LOOPBACK, 0, config.num_servers, config.num_workers, config.job_id, config.curve_key_file)
     env = contract_env(layout, "scheduler", LOOPBACK)
     return ProcessSpec("scheduler", None, LOOPBACK,
                        tuple(env_argv(env, config.env, role_argv(config.python, "scheduler", port_file))))
@@ -30,7 +32,8 @@ def scheduler_spec(config: LaunchConfig, port_file: str) -> ProcessSpec:
 
 def local_specs(config: LaunchConfig, port: int) -> list[ProcessSpec]:
     """Servers, then workers (rank = local rank), for a scheduler on ``127.0.0.1:port``."""
-    layout = JobLayout(LOOPBACK, port, config.num_servers, config.num_workers, config.job_id)
+    layout = JobLayout(LOOPBACK, port, config.num_servers, config.num_workers, config.job_id,
+                       config.curve_key_file)
     specs = []
     for rank in range(config.num_servers):
         env = contract_env(layout, "server", LOOPBACK, rank=rank)
@@ -47,6 +50,9 @@ def run_local(config: LaunchConfig, console: Console) -> int:
     with tempfile.TemporaryDirectory(prefix="pskv-launch-") as tmp, \
             Supervisor(console, stop_grace=config.stop_grace, exit_grace=config.exit_grace,
                        timeout=config.timeout) as supervisor:
+        if config.secure:  # a fresh cluster key, private to this job (the directory is mode 0700)
+            key_file = write_key_file(os.path.join(tmp, "cluster.key"), generate_keys())
+            config = dataclasses.replace(config, curve_key_file=str(key_file), secure=False)
         try:
             supervisor.start(scheduler_spec(config, os.path.join(tmp, "scheduler.port")))
             port = supervisor.wait_for_port(os.path.join(tmp, "scheduler.port"), config.startup_timeout)

@@ -130,7 +130,8 @@ def ssh_argv(host: Host, cwd: str, argv: Sequence[str]) -> list[str]:
 def ssh_specs(config: LaunchConfig, hosts: Sequence[Host]) -> list[ProcessSpec]:
     """The scheduler, servers and workers of a job on ``hosts``, in start order."""
     where = place(hosts, config.num_servers, config.num_workers)
-    layout = JobLayout(where.scheduler.address, config.port, config.num_servers, config.num_workers, config.job_id)
+    layout = JobLayout(where.scheduler.address, config.port, config.num_servers, config.num_workers, config.job_id,
+                       config.curve_key_file)
 
     def spec(role: str, rank: int | None, host: Host, env: dict[str, str], command: Sequence[str]) -> ProcessSpec:
         return ProcessSpec(role, rank, host.address, tuple(ssh_argv(host, config.cwd,

@@ -4,6 +4,7 @@ from pskv.protocol.codec import DEFAULT_LIMITS, Limits, decode, encode, frame_ar
 from pskv.protocol.messages import (
     PROTOCOL_VERSION,
     SCHEDULER_ID,
+    TX_PREFIX,
     ArraySpec,
     Command,
     Header,
@@ -23,6 +24,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "Role",
     "SCHEDULER_ID",
+    "TX_PREFIX",
     "decode",
     "describe",
     "encode",

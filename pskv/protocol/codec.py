@@ -115,16 +115,22 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> tuple[Head
     cmd = _COMMANDS.get(command) if type(command) is int else None
     if cmd is None:
         raise ProtocolError(f"unknown command {command!r}")
-    for name, value in (("request", request), ("sender", sender), ("priority", priority)):
-        if type(value) is not int or not _INT64[0] <= value <= _INT64[1]:
-            raise ProtocolError(f"field {name} must be a 64-bit int, got {value!r}")
+    lo, hi = _INT64
+    # one expression for the usual case (every message passes here); details on failure
+    if not (type(request) is int and type(sender) is int and type(priority) is int
+            and lo <= request <= hi and lo <= sender <= hi and lo <= priority <= hi):
+        for name, value in (("request", request), ("sender", sender), ("priority", priority)):
+            if type(value) is not int or not lo <= value <= hi:
+                raise ProtocolError(f"field {name} must be a 64-bit int, got {value!r}")
     if type(body) is not str or len(body) > limits.max_body_chars:
         raise ProtocolError("body must be a string within the size limit")
     if type(specs) is not list or len(specs) > limits.max_arrays:
         raise ProtocolError("array list missing or too long")
+    if len(frames) - 1 != len(specs):
+        raise ProtocolError(f"header describes {len(specs)} arrays but {len(frames) - 1} data frames arrived")
+    if not specs:
+        return Header(cmd, request, sender, (), priority, body), []
     buffers = [_bytes_of(f) for f in frames[1:]]
-    if len(buffers) != len(specs):
-        raise ProtocolError(f"header describes {len(specs)} arrays but {len(buffers)} data frames arrived")
     parsed = tuple(_spec(i, s, buf, limits) for i, (s, buf) in enumerate(zip(specs, buffers)))
     return Header(cmd, request, sender, parsed, priority, body), buffers
 
@@ -137,15 +143,18 @@ def _spec(i: int, s: Any, buf: memoryview, limits: Limits) -> ArraySpec:
         raise ProtocolError(f"array {i}: key must be a 64-bit int")
     if type(code) is not int or not 0 <= code < len(SUPPORTED_DTYPES):
         raise ProtocolError(f"array {i} (key {key}): dtype code {code!r} not in the allow-list")
-    if type(shape) is not list or len(shape) > limits.max_dims or any(type(d) is not int or d < 0 for d in shape):
+    if type(shape) is not list or len(shape) > limits.max_dims:
         raise ProtocolError(f"array {i} (key {key}): bad shape {shape!r}")
-    for name, v in (("offset", offset), ("round", rnd)):
-        if type(v) is not int or not 0 <= v <= _INT64[1]:
-            raise ProtocolError(f"array {i} (key {key}): {name} must be a non-negative 64-bit int")
-    dtype = SUPPORTED_DTYPES[code]
     n = 1
     for d in shape:
+        if type(d) is not int or d < 0:
+            raise ProtocolError(f"array {i} (key {key}): bad shape {shape!r}")
         n *= d
+    if not (type(offset) is int and type(rnd) is int and 0 <= offset <= _INT64[1] and 0 <= rnd <= _INT64[1]):
+        for name, v in (("offset", offset), ("round", rnd)):
+            if type(v) is not int or not 0 <= v <= _INT64[1]:
+                raise ProtocolError(f"array {i} (key {key}): {name} must be a non-negative 64-bit int")
+    dtype = SUPPORTED_DTYPES[code]
     expected = n * itemsize(dtype)
     if expected > limits.max_frame_bytes:
         raise ProtocolError(f"array {i} (key {key}): {expected} bytes exceeds the frame limit")

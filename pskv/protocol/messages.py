@@ -12,7 +12,7 @@ rank ``r`` is ``9 + 2r``; node groups are bit masks (1 scheduler, 2 servers, 4 w
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 __all__ = [
     "ArraySpec",
@@ -21,6 +21,7 @@ __all__ = [
     "Role",
     "PROTOCOL_VERSION",
     "SCHEDULER_ID",
+    "TX_PREFIX",
     "node_id",
     "node_name",
     "node_role_rank",
@@ -29,6 +30,8 @@ __all__ = [
 
 PROTOCOL_VERSION = 1
 SCHEDULER_ID = 1
+# Routing identities of workers' send-only sockets: this prefix and 16 hex digits (see HELLO).
+TX_PREFIX = b"pskv-tx-"
 
 
 class Role(enum.IntEnum):
@@ -50,7 +53,9 @@ class Command(enum.IntEnum):
     # worker -> server: data
     INIT = 10
     PUSH = 11
-    PULL = 12  # body: JSON {parts: [[key, offset, min_round], ...]}; no data frames
+    # body: JSON {parts: [[key, offset, n], ...]}: the value including the round of the sender's
+    # n-th push (or pushpull) of that part (n = 0: any); no data frames
+    PULL = 12
     PUSHPULL = 13
     ROW_SPARSE_PULL = 14
     # worker -> server: control
@@ -60,14 +65,23 @@ class Command(enum.IntEnum):
     LOAD_STATES = 23
     STOP = 24
     SET_MODE = 25  # body: JSON {sync: bool}; sent by worker 0 when a dist store is created
+    # body: JSON {tx: "<16 hex digits>"}. A worker sends HELLO to each server (over ZeroMQ)
+    # on its polled DEALER when it connects, naming its send-only socket (routing identity
+    # "pskv-tx-" + tx); the server then answers requests that arrive from that socket on
+    # the DEALER the HELLO came from (workers send from the calling thread).
+    HELLO = 26
+    # Answered at once: its reply tells the worker that every message it sent to this
+    # server before was handled (a quiet push — body {"quiet": true} — is answered only
+    # when it fails).
+    SYNC = 27
     # replies
     REPLY = 40
     ERROR = 41  # body: JSON {type, message}
 
 
-@dataclass(frozen=True, slots=True)
-class ArraySpec:
-    """Describes one data frame.
+class ArraySpec(NamedTuple):
+    """Describes one data frame (immutable; a named tuple because one is built per array
+    of every message, and that is several times cheaper than a frozen dataclass).
 
     Attributes:
         key: the server key (a signed 64-bit int).
@@ -75,8 +89,8 @@ class ArraySpec:
         shape: shape of the data in this frame.
         offset: element offset of this frame inside the key's whole (flattened) value;
             0 for a key held by one server.
-        round: sync round: in a push reply, the round the push joined; in a pull, the
-            round the result must include.
+        round: sync round: in a reply with values, the round they include (0 in
+            requests).
     """
 
     key: int
@@ -94,9 +108,8 @@ class ArraySpec:
         return n
 
 
-@dataclass(frozen=True, slots=True)
-class Header:
-    """The header frame of a message.
+class Header(NamedTuple):
+    """The header frame of a message (immutable; a named tuple, built for every message).
 
     Attributes:
         command: what the message is.
@@ -110,7 +123,7 @@ class Header:
     command: Command
     request: int
     sender: int
-    arrays: tuple[ArraySpec, ...] = field(default_factory=tuple)
+    arrays: tuple[ArraySpec, ...] = ()
     priority: int = 0
     body: str = ""
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from functools import partial
+from typing import Any, TypeGuard
 
 import numpy as np
 import zmq
@@ -21,11 +22,24 @@ from pskv.cluster import Membership, RequestTracker
 from pskv.cluster.messages import error_frames, json_body, reply_frames
 from pskv.config import ClusterConfig
 from pskv.errors import InvalidArgumentError, KVStoreError, OptimizerStateError, ProtocolError, TransportError
-from pskv.protocol import ArraySpec, Command, Header, Role, decode, frame_array, node_id, node_name, node_role_rank
+from pskv.protocol import (
+    TX_PREFIX,
+    ArraySpec,
+    Command,
+    Header,
+    Role,
+    decode,
+    encode,
+    frame_array,
+    node_id,
+    node_name,
+    node_role_rank,
+)
 from pskv.server.controllers import find_controller, import_modules
 from pskv.server.shard import Part, ServerShard, to_storage
 from pskv.transport import IO_THREADS, Reactor
 from pskv.transport.addresses import bind_host
+from pskv.transport.local import local_path
 from pskv.transport.shm import ShmDirectory, host_id, job_prefix
 
 __all__ = ["ServerNode"]
@@ -51,6 +65,11 @@ class ServerNode:
         self._sid, self.address = self._reactor.bind_router(f"tcp://{bind_host(cluster)}:0", self._on_message)
         self._shm_dir = ShmDirectory(f"{job_prefix(cluster.job_id)}server-") if cluster.shm else None
         shm_info = {"dir": self._shm_dir.path, "host": host_id()} if self._shm_dir else None
+        if self._shm_dir is not None:
+            try:  # workers on this host send their requests here (see WorkerClient.connect)
+                self._reactor.bind_local(self._sid, local_path(self._shm_dir.path))
+            except TransportError as exc:
+                log.info("no local socket, workers on this host use TCP: %s", exc)
         self._membership = Membership(cluster, self._reactor, self._tracker, Role.SERVER, self.address,
                                       on_dead=self._on_node_dead, shm=shm_info)
         self._dead_workers: set[int] = set()
@@ -64,6 +83,8 @@ class ServerNode:
             Command.PULL: self._pull,
             Command.PUSHPULL: self._pushpull,
             Command.SET_MODE: self._set_mode,
+            Command.HELLO: self._hello,
+            Command.SYNC: self._sync,
             Command.SET_OPTIMIZER: self._set_optimizer,
             Command.CONTROLLER: self._controller,
             Command.SAVE_STATES: self._save_states,
@@ -74,6 +95,8 @@ class ServerNode:
         if cluster.stall_report > 0:
             self._reactor.add_timer(min(cluster.stall_report, 5.0), self._report_stalls)
         self._reported: set[tuple[tuple[int, int], int]] = set()
+        self._held: list[tuple[bytes, list[Any]]] | None = None  # value replies held while a message is handled
+        self._routes: dict[bytes, bytes] = {}  # a worker's send-only socket -> where its replies go (HELLO)
 
     @property
     def name(self) -> str:
@@ -134,6 +157,8 @@ class ServerNode:
             log.error("%s: rejected a malformed message from %r: %s", self.name, identity, exc)
             return
         handler = self._handlers.get(header.command)
+        identity = self._routes.get(identity, identity)  # from a send-only socket: answer where its HELLO came from
+        self._held = []
         try:
             role, rank = node_role_rank(header.sender)
             if role is not Role.WORKER or rank >= self._cluster.num_workers:
@@ -145,12 +170,29 @@ class ServerNode:
             if not isinstance(exc, KVStoreError):
                 log.exception("%s: %s failed", self.name, header.command.name)
             self._reply(identity, error_frames(header, self._node_id(), type(exc).__name__, str(exc)))
+        finally:
+            held, self._held = self._held, None
+            for peer, reply in held:
+                self._reactor.send_router(self._sid, peer, reply)
 
     def _node_id(self) -> int:
         return self._membership.node_id
 
     def _reply(self, identity: bytes, frames: list[Any]) -> None:
+        """Send the reply to the message being handled (at once)."""
         self._reactor.send_router(self._sid, identity, frames)
+
+    def _answer(self, identity: bytes, frames: list[Any]) -> None:
+        """Send a reply with values (pull, pushpull) — after the reply to the message being handled.
+
+        A push that completes a round answers the pulls waiting for it; its own
+        acknowledgement goes first, so a worker sees a push acknowledged before any pull
+        that includes it returns.
+        """
+        if self._held is not None:
+            self._held.append((identity, frames))
+        else:
+            self._reactor.send_router(self._sid, identity, frames)
 
     def _frames(self, header: Header, buffers: list[memoryview]) -> list[tuple[ArraySpec, np.ndarray[Any, Any]]]:
         return [(spec, frame_array(spec, buf)) for spec, buf in zip(header.arrays, buffers)]
@@ -176,14 +218,12 @@ class ServerNode:
         items = self._frames(header, buffers)
         return [(self._shard.check(spec.key, spec.offset, spec.dtype, data.size, op), data) for spec, data in items]
 
-    def _shm_pushes(self, header: Header, op: str) -> list[tuple[Part, np.ndarray[Any, Any]]]:
+    def _shm_pushes(self, header: Header, body: dict[str, Any], op: str) -> list[tuple[Part, np.ndarray[Any, Any]]]:
         """The parts a co-located worker pushed through its shared slots (body ``shm``)."""
-        listed = json_body(header).get("shm")
+        listed = body.get("shm")
         if listed is None:
             return []
-        if not isinstance(listed, list) or not all(
-            isinstance(w, list) and len(w) == 2 and all(type(v) is int for v in w) for w in listed
-        ):
+        if not _int_lists(listed, 2):
             raise ProtocolError(f"{op}: shm needs [[key, offset], ...]")
         out = []
         for key, offset in listed:
@@ -194,28 +234,70 @@ class ServerNode:
             out.append((part, slot))
         return out
 
+    def _apply_pushes(self, header: Header, buffers: list[memoryview],
+                      op: str) -> tuple[list[tuple[Part, int]], bool, dict[str, Any]]:
+        """Validate and apply every push of a PUSH / PUSHPULL message: ``([(part, round joined)], shared, body)``.
+
+        Each part the message names counts as the sender's next push of that part even
+        when the message is refused (:meth:`ServerShard.skip_push`): the worker counted
+        it when sending, and its pulls name pushes by number.
+        """
+        try:
+            body = json_body(header)
+            shm = self._shm_pushes(header, body, op)
+            checked = shm + self._checked(header, buffers, op)
+        except Exception:
+            self._skip_pushes(header)
+            raise
+        joined = []
+        for n, (part, data) in enumerate(checked):
+            try:
+                joined.append((part, self._shard.push(part, header.sender, data)))
+            except Exception:  # that push counted itself; the rest of the message never runs
+                for later, _ in checked[n + 1:]:
+                    self._shard.skip_push(later, header.sender)
+                raise
+        return joined, bool(shm), body
+
+    def _skip_pushes(self, header: Header) -> None:
+        """Count every existing part a refused push message names (see :meth:`_apply_pushes`)."""
+        named = [(a.key, a.offset) for a in header.arrays]
+        try:
+            listed = json_body(header).get("shm")
+        except ProtocolError:
+            listed = None
+        if _int_lists(listed, 2):
+            named += [(w[0], w[1]) for w in listed]
+        for pid in dict.fromkeys(named):
+            part = self._shard.parts.get(pid)
+            if part is not None:
+                self._shard.skip_push(part, header.sender)
+
     def _push(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
-        checked = self._checked(header, buffers, "push") + self._shm_pushes(header, "push")
-        rounds = [self._shard.push(part, header.sender, data) for part, data in checked]
-        self._reply(identity, reply_frames(header, self._node_id(), {"rounds": rounds}))
+        _, _, body = self._apply_pushes(header, buffers, "push")
+        if body.get("quiet") is not True:
+            self._reply(identity, reply_frames(header, self._node_id()))  # a bare acknowledgement
+        # else the worker learns it succeeded from its next reply (a failure is answered)
 
     def _pull(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
-        wanted = json_body(header).get("parts")
-        if not isinstance(wanted, list) or not all(
-            isinstance(w, list) and len(w) == 3 and all(type(v) is int for v in w) for w in wanted
-        ):
-            raise ProtocolError("PULL needs parts: [[key, offset, min_round], ...]")
-        parts = [(self._shard.part(k, o, "pull"), r) for k, o, r in wanted]
-        self._gather(identity, header, parts, shared=json_body(header).get("shm") is True)
+        body = json_body(header)
+        wanted = body.get("parts")
+        if not _int_lists(wanted, 3):
+            raise ProtocolError("PULL needs parts: [[key, offset, push number], ...]")
+        parts = [(self._shard.part(k, o, "pull"), n) for k, o, n in wanted]
+        self._gather(identity, header, parts, shared=body.get("shm") is True, by_push=True)
 
     def _pushpull(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
-        shm = self._shm_pushes(header, "pushpull")
-        checked = shm or self._checked(header, buffers, "pushpull")
-        rounds = [self._shard.push(part, header.sender, data) for part, data in checked]
-        self._gather(identity, header, [(part, r) for (part, _), r in zip(checked, rounds)], shared=bool(shm))
+        joined, shared, _ = self._apply_pushes(header, buffers, "pushpull")
+        self._gather(identity, header, joined, shared=shared)
 
-    def _gather(self, identity: bytes, header: Header, parts: list[tuple[Part, int]], shared: bool = False) -> None:
+    def _gather(self, identity: bytes, header: Header, parts: list[tuple[Part, int]], shared: bool = False,
+                by_push: bool = False) -> None:
         """Reply with every part's value once each has completed its round.
+
+        Each part comes with the round it must include or, with ``by_push``, the number
+        of the sender's push of that part whose round it must include (a push that has
+        not arrived yet is waited for).
 
         If a worker has died, a round that still needs pushes can never complete: the
         request fails at once with NodeFailedError naming the dead worker(s).
@@ -225,14 +307,19 @@ class ServerNode:
             return
         if shared and any(part.buffers is None for part, _ in parts):
             raise InvalidArgumentError("a shared-memory pull names a part that is not in shared memory")
-        gather = _Gather(len(parts), lambda frames: self._reply(identity, frames), header, self._node_id(),
-                         snapshot=self._shard.updater is not None, shared=shared)
-        if self._dead_workers and self._shard.sync and any(part.round < r for part, r in parts):
-            gather.fail(self._dead_reason(), self._dead_names())
+        gather = _Gather(self, identity, header, len(parts), snapshot=self._shard.updater is not None, shared=shared)
+        sender = header.sender
+        if self._dead_workers and self._shard.sync and any(
+            _must_wait(part, self._shard.round_of_push(part, sender, r) if by_push else r) for part, r in parts
+        ):
+            gather.fail(self._dead_reason())
             return
-        for i, (part, min_round) in enumerate(parts):
-            self._shard.pull(part, min_round, _bind(gather.ready, i),
-                             lambda reason: gather.fail(reason, self._dead_names()))
+        for i, (part, r) in enumerate(parts):
+            ready = partial(gather.ready, i)
+            if by_push:
+                self._shard.pull_after_push(part, sender, r, ready, gather.fail)
+            else:
+                self._shard.pull(part, r, ready, gather.fail)
 
     def _dead_names(self) -> str:
         return ", ".join(node_name(n) for n in sorted(self._dead_workers))
@@ -248,6 +335,22 @@ class ServerNode:
             failed = self._shard.fail_waiting(self._dead_reason())
             if failed:
                 log.error("%s: failed %d waiting pull(s): %s", self.name, failed, self._dead_reason())
+
+    def _hello(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
+        """A worker's send-only socket gets its replies on this (the HELLO's) socket.
+
+        Only messages arriving from that socket are rerouted: a peer can redirect the
+        answers to its own requests, no one else's.
+        """
+        tx = json_body(header).get("tx")
+        if not isinstance(tx, str) or len(tx) != 16 or any(c not in "0123456789abcdef" for c in tx):
+            raise ProtocolError("HELLO needs {tx: 16 lowercase hex digits}")
+        self._routes[TX_PREFIX + tx.encode()] = identity
+        self._reply(identity, reply_frames(header, self._node_id()))
+
+    def _sync(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
+        """Answered at once: confirms the worker's earlier (quiet) messages were handled."""
+        self._reply(identity, reply_frames(header, self._node_id()))
 
     def _set_mode(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
         sync = json_body(header).get("sync")
@@ -314,27 +417,46 @@ class ServerNode:
         self._reply(identity, reply_frames(header, self._node_id(), {"file": path}))
 
 
-def _bind(fn: Callable[[int, Part], None], i: int) -> Callable[[Part], None]:
-    def call(part: Part) -> None:
-        fn(i, part)
-    return call
+def _must_wait(part: Part, min_round: int | None) -> bool:
+    """True if a pull for ``min_round`` (None: its push has not arrived) cannot be answered now."""
+    return min_round is None or part.round < min_round
+
+
+def _int_lists(value: Any, n: int) -> TypeGuard[list[list[int]]]:
+    """True if ``value`` is a list of lists of ``n`` ints (JSON from a worker)."""
+    if type(value) is not list:
+        return False
+    for w in value:
+        if type(w) is not list or len(w) != n:
+            return False
+        for v in w:
+            if type(v) is not int:
+                return False
+    return True
+
+
+def _ints(values: Any) -> str:
+    return ",".join(map(str, values))
 
 
 class _Gather:
     """Collects the parts of one pull / pushpull and sends one reply (or one error)."""
 
-    __slots__ = ("_results", "_remaining", "_send", "_header", "_sender", "_snapshot", "_shared", "_done")
+    __slots__ = ("_node", "_identity", "_results", "_remaining", "_header", "_snapshot", "_shared", "_done")
 
-    def __init__(self, n: int, send: Callable[[list[Any]], None], header: Header, sender: int,
-                 snapshot: bool, shared: bool = False) -> None:
+    def __init__(self, node: ServerNode, identity: bytes, header: Header, n: int, snapshot: bool,
+                 shared: bool = False) -> None:
+        self._node = node
+        self._identity = identity
         self._shared = shared  # reply with shared-buffer indices instead of data
         self._results: list[Part | None] = [None] * n
         self._remaining = n
-        self._send = send
         self._header = header
-        self._sender = sender
         self._snapshot = snapshot
         self._done = False
+
+    def _send(self, frames: list[Any]) -> None:
+        self._node._answer(self._identity, frames)
 
     def ready(self, i: int, part: Part) -> None:
         if self._done:
@@ -344,20 +466,24 @@ class _Gather:
         if self._remaining:
             return
         self._done = True
+        sender = self._node._node_id()
         if self._shared:
             parts = [p for p in self._results if p is not None]
-            body = {"buffers": [p.buffer_index() for p in parts], "rounds": [p.round for p in parts]}
-            self._send(reply_frames(self._header, self._sender, body))
+            # {"buffers": [...], "rounds": [...]}, formatted directly: this runs for every pull
+            body = f'{{"buffers":[{_ints(p.buffer_index() for p in parts)}],"rounds":[{_ints(p.round for p in parts)}]}}'
+            self._send(encode(Header(Command.REPLY, self._header.request, sender, (), 0, body)))
             return
         specs, data = [], []
         for p in self._results:
             assert p is not None
             data.append(p.wire_value(self._snapshot))
             specs.append(ArraySpec(p.key, p.dtype, (p.value.size,), p.offset, p.round))
-        self._send(reply_frames(self._header, self._sender, arrays=tuple(specs), data=data))
+        self._send(reply_frames(self._header, sender, arrays=tuple(specs), data=data))
 
-    def fail(self, reason: str, node: str) -> None:
+    def fail(self, reason: str) -> None:
+        """Answer with NodeFailedError naming the dead worker(s) (the round cannot complete)."""
         if self._done:
             return
         self._done = True
-        self._send(error_frames(self._header, self._sender, "NodeFailedError", reason, node=node))
+        self._send(error_frames(self._header, self._node._node_id(), "NodeFailedError", reason,
+                                node=self._node._dead_names()))

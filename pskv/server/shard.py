@@ -11,12 +11,16 @@ Sync mode (``dist_sync``), per part:
 * when every worker has pushed, the updater runs once on the sum (or the sum becomes the
   value), the round number advances, waiting pulls are answered, and queued pushes
   start the next round;
-* a pull names the round it must see (the round its worker's last push joined) and is
-  parked until that round is complete — so consecutive pushes give every worker the
-  same values (MXNet's were undefined).
+* a pull names the push it must see — "this worker's ``n``-th push of this part" — and
+  is parked until the round that push joined is complete — so consecutive pushes give
+  every worker the same values (MXNet's were undefined). Naming the push by number
+  lets a worker send the pull right behind the push, without waiting for the push's
+  reply; a pull that overtook its push on the way waits for the push to arrive. Every
+  push a worker sends counts, also one that failed (its "round" is that of the
+  worker's previous push), so worker and server always agree on the numbers.
 
 Async mode (``dist_async``): each push is applied on arrival through the updater, which
-is required.
+is required; a pull waits only for the push it names to have arrived.
 
 Values are stored as NumPy arrays; bfloat16 parts are held as float32 (exact for
 bfloat16 values) and rounded back when sent.
@@ -71,6 +75,14 @@ def to_storage(dtype: str, frame: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
 
 
 @dataclass
+class PushLog:
+    """One worker's pushes of one part: how many arrived, and those whose round is open."""
+
+    count: int = 0  # pushes that arrived (applied or failed)
+    open: deque[tuple[int, int]] = field(default_factory=deque)  # (push number, round), rounds not complete
+
+
+@dataclass
 class Part:
     """One stored part and its aggregation state."""
 
@@ -86,6 +98,9 @@ class Part:
     round_started: float = 0.0  # monotonic time of the first push of the open round
     buffers: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None = None  # shared value/merge pair
     slots: dict[int, np.ndarray[Any, Any]] = field(default_factory=dict)  # shared push slot per worker
+    pushes: dict[int, PushLog] = field(default_factory=dict)  # per worker
+    # pulls that arrived before the push they must see: (worker, push number, ready, fail)
+    early: list[tuple[int, int, Callable[[Part], None], Callable[[str], None] | None]] = field(default_factory=list)
 
     def buffer_index(self) -> int:
         """Which shared buffer holds the value (0 or 1)."""
@@ -171,7 +186,7 @@ class ServerShard:
 
     # -- push -------------------------------------------------------------------------
     def push(self, part: Part, worker: int, frame: np.ndarray[Any, Any]) -> int:
-        """Add ``worker``'s push to ``part``.
+        """Add ``worker``'s push to ``part`` (it counts as the worker's next push, also if it fails).
 
         Returns:
             The round this push belongs to (1-based): its effect is visible to a pull
@@ -181,7 +196,70 @@ class ServerShard:
             InvalidArgumentError: async mode without an updater.
             Exception: the updater's own error (the part is unchanged in sync mode).
         """
-        data = to_storage(part.dtype, frame.reshape(-1))
+        try:
+            joined = self._push(part, worker, to_storage(part.dtype, frame.reshape(-1)))
+        except Exception:
+            self.skip_push(part, worker)
+            raise
+        log = part.pushes.setdefault(worker, PushLog())
+        log.count += 1
+        if joined > part.round:
+            log.open.append((log.count, joined))
+        if part.early:
+            self._resolve_early(part, worker)
+        return joined
+
+    def skip_push(self, part: Part, worker: int) -> None:
+        """Count a push of ``worker`` that was refused: it has no effect, but its number is used.
+
+        A pull naming it waits for what the worker's previous push joined.
+        """
+        part.pushes.setdefault(worker, PushLog()).count += 1
+        if part.early:
+            self._resolve_early(part, worker)
+
+    def round_of_push(self, part: Part, worker: int, number: int) -> int | None:
+        """The round a pull naming ``worker``'s push ``number`` must wait for.
+
+        0 when nothing to wait for (no such push yet asked for, or its round is complete,
+        or async mode); None when that push has not arrived yet.
+        """
+        if number <= 0:
+            return 0
+        log = part.pushes.get(worker)
+        if log is None or log.count < number:
+            return None
+        while log.open and log.open[0][1] <= part.round:
+            log.open.popleft()
+        wanted = 0
+        for n, r in log.open:  # the last applied push up to `number` whose round is open
+            if n > number:
+                break
+            wanted = r
+        return wanted
+
+    def pull_after_push(self, part: Part, worker: int, number: int, ready: Callable[[Part], None],
+                        fail: Callable[[str], None] | None = None) -> None:
+        """Like :meth:`pull`, for the round of ``worker``'s push ``number`` of ``part``.
+
+        If that push has not arrived yet (the pull overtook it), the pull waits for it.
+        """
+        min_round = self.round_of_push(part, worker, number)
+        if min_round is None:
+            part.early.append((worker, number, ready, fail))
+        else:
+            self.pull(part, min_round, ready, fail)
+
+    def _resolve_early(self, part: Part, worker: int) -> None:
+        count = part.pushes[worker].count
+        due = [e for e in part.early if e[0] == worker and e[1] <= count]
+        if not due:
+            return
+        part.early = [e for e in part.early if not (e[0] == worker and e[1] <= count)]
+        for _, number, ready, fail in due:
+            self.pull_after_push(part, worker, number, ready, fail)
+
+    def _push(self, part: Part, worker: int, data: np.ndarray[Any, Any]) -> int:
         if not self.sync:
             if self.updater is None:
                 raise InvalidArgumentError(
@@ -258,7 +336,8 @@ class ServerShard:
         failed = 0
         for part in self.parts.values():
             waiting, part.waiting = part.waiting, []
-            for _, _, fail in waiting:
+            early, part.early = part.early, []
+            for fail in [w[2] for w in waiting] + [e[3] for e in early]:
                 if fail is not None:
                     fail(reason)
                     failed += 1

@@ -9,7 +9,15 @@ Socket patterns (as in ps-lite's ZMQ van):
 
 * a *service* (scheduler, server) binds one ROUTER socket; every message it receives
   comes with the sender's routing identity, and replies go back to that identity;
-* a *client* connects one DEALER socket per service it talks to.
+* a *client* connects one DEALER socket per service it talks to;
+* a *sender* (:meth:`Reactor.connect_sender`) is a send-only DEALER that any thread may
+  use (its lock serialises them; nobody polls it): a worker sends its requests from the
+  calling thread — no hand-off to the reactor — and the service routes the replies to
+  the worker's polled DEALER instead (see ``HELLO`` in :mod:`pskv.protocol.messages`);
+* between nodes of one host, a service may also listen on a Unix-domain packet socket
+  (:meth:`Reactor.bind_local`, :mod:`pskv.transport.local`); its connections look like
+  ROUTER peers to the handler, and a client's connection (:meth:`Reactor.connect_local`)
+  carries its requests (sent from any thread) and its replies.
 
 Addresses are ZeroMQ endpoints: ``tcp://127.0.0.1:0`` (port chosen by the OS — the
 real address is returned), ``ipc://...`` or ``inproc://...`` (one process).
@@ -20,16 +28,18 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import zmq
 
 from pskv.errors import OperationTimeoutError, TransportError
+from pskv.transport.local import LocalConnection, listen
 
-__all__ = ["IO_THREADS", "Reactor", "RouterHandler", "DealerHandler"]
+__all__ = ["IO_THREADS", "Reactor", "RouterHandler", "DealerHandler", "Sender"]
 
 log = logging.getLogger("pskv.transport")
 
@@ -37,11 +47,74 @@ log = logging.getLogger("pskv.transport")
 # throttles large messages; 8 MiB measured 1.5x the throughput of 100 MB messages here.
 SOCKET_BUFFER_BYTES = 8 << 20
 
+# Seconds a service's reply may wait on a local connection whose peer reads nothing.
+LOCAL_REPLY_TIMEOUT = 10.0
+
 # ZeroMQ I/O threads per data node (server, worker): they move the bytes, outside the GIL.
 IO_THREADS = 2
 
 RouterHandler = Callable[[bytes, list[zmq.Frame]], None]  # (peer identity, frames)
 DealerHandler = Callable[[list[zmq.Frame]], None]
+
+# Frames from this size up are sent without a copy; smaller ones are copied (cheaper than
+# ZeroMQ's zero-copy bookkeeping, as pyzmq itself decides).
+ZERO_COPY_BYTES = zmq.COPY_THRESHOLD
+# Plain ints: combining pyzmq's enum flags (e.g. EVENTS & POLLIN) runs Python-level enum code.
+_SNDMORE, _NOBLOCK, _POLLIN, _EVENTS = int(zmq.SNDMORE), int(zmq.NOBLOCK), int(zmq.POLLIN), int(zmq.EVENTS)
+
+
+def send_frames(sock: zmq.Socket[Any], frames: list[Any]) -> None:
+    """``sock.send_multipart(frames)``, for less: one ``send`` per frame, big ones not copied.
+
+    pyzmq's ``send_multipart`` checks and wraps every frame first, which costs more than
+    the send itself for the small messages of a parameter server.
+    """
+    last = len(frames) - 1
+    for i, f in enumerate(frames):
+        big = isinstance(f, zmq.Frame) or (isinstance(f, memoryview) and f.nbytes >= ZERO_COPY_BYTES)
+        sock.send(f, _SNDMORE if i < last else 0, copy=not big)
+
+
+def recv_frames(sock: zmq.Socket[Any]) -> list[zmq.Frame]:
+    """``sock.recv_multipart(zmq.NOBLOCK, copy=False)``, for less (a message must be waiting)."""
+    frames = [sock.recv(_NOBLOCK, copy=False)]
+    while frames[-1].more:
+        frames.append(sock.recv(copy=False))
+    return frames
+
+
+class Sender:
+    """A send-only DEALER socket that any thread may use (made by :meth:`Reactor.connect_sender`).
+
+    ZeroMQ sockets are not thread-safe, but may be used by several threads one at a time
+    with a memory barrier in between: the lock is both. Nothing ever polls or reads the
+    socket, and its send queue is unbounded, so a send never blocks on the peer.
+    """
+
+    __slots__ = ("_sock", "_lock", "_name")
+
+    def __init__(self, sock: zmq.Socket[Any], name: str) -> None:
+        self._sock: zmq.Socket[Any] | None = sock
+        self._lock = threading.Lock()
+        self._name = name
+
+    def send(self, frames: list[Any]) -> None:
+        """Send one message (frames are not copied: keep their buffers unchanged until answered).
+
+        Raises:
+            TransportError: the sender was closed (its reactor stopped).
+        """
+        with self._lock:
+            if self._sock is None:
+                raise TransportError(f"{self._name} is stopped")
+            send_frames(self._sock, frames)
+
+    def close(self) -> None:
+        """Close the socket (idempotent); later sends raise TransportError."""
+        with self._lock:
+            if self._sock is not None:
+                self._sock.close(0)
+                self._sock = None
 
 
 class Reactor:
@@ -65,6 +138,12 @@ class Reactor:
         self._handlers: dict[zmq.Socket[Any], Callable[[list[zmq.Frame]], None]] = {}
         self._routers: dict[int, zmq.Socket[Any]] = {}
         self._dealers: dict[int, zmq.Socket[Any]] = {}
+        self._senders: list[Sender] = []
+        self._router_handlers: dict[int, RouterHandler] = {}
+        self._fd_handlers: dict[int, Callable[[], None]] = {}  # raw descriptors polled with the sockets
+        self._listeners: list[socket.socket] = []
+        self._locals: dict[int, tuple[LocalConnection, bytes | None]] = {}  # by descriptor
+        self._local_peers: dict[bytes, LocalConnection] = {}  # accepted connections by identity
         self._ids = itertools.count(1)
         self._calls: collections.deque[Callable[[], None]] = collections.deque()
         self._timers: list[tuple[float, float, Callable[[], None]]] = []
@@ -109,9 +188,91 @@ class Reactor:
 
         sid = next(self._ids)
         self._routers[sid] = sock
+        self._router_handlers[sid] = handler
         self._handlers[sock] = on_frames
         self._poller.register(sock, zmq.POLLIN)
         return sid, address
+
+    def bind_local(self, sid: int, path: str) -> None:
+        """Also accept local connections at ``path`` for ROUTER ``sid``.
+
+        Their messages reach the ROUTER's handler with identities of their own, and
+        :meth:`send_router` answers them on their connection.
+
+        Raises:
+            TransportError: the path cannot be bound.
+        """
+        try:
+            listener = listen(path)
+        except OSError as exc:
+            raise TransportError(f"cannot listen on {path}: {exc}") from None
+        handler = self._router_handlers[sid]
+        self._listeners.append(listener)
+        self._fd_handlers[listener.fileno()] = lambda: self._accept(listener, sid, handler)
+        self._poller.register(listener.fileno(), zmq.POLLIN)
+
+    def _accept(self, listener: socket.socket, sid: int, handler: RouterHandler) -> None:
+        try:
+            sock, _ = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        identity = b"\x00local-%d" % next(self._ids)
+        # A reply may wait this long for a peer that reads nothing (stopped process); then
+        # the connection is dropped rather than the whole reactor stalled any longer.
+        conn = LocalConnection(sock, f"{self._name} local connection", send_timeout=LOCAL_REPLY_TIMEOUT)
+        self._local_peers[identity] = conn
+
+        def on_packet() -> None:
+            frames = self._receive_local(conn)
+            if frames is not None:
+                handler(identity, frames)  # type: ignore[arg-type]
+        self._watch_local(conn, on_packet, identity)
+
+    def connect_local(self, path: str, handler: DealerHandler, send_timeout: float = 60.0) -> LocalConnection:
+        """Connect to a service's local socket; ``handler(frames)`` gets what it sends back.
+
+        The connection's :meth:`~LocalConnection.send` may be called from any thread and
+        waits at most ``send_timeout`` seconds for a service that takes nothing.
+        Call before :meth:`start` or on the reactor thread.
+
+        Raises:
+            OSError: nobody listens at ``path``.
+        """
+        conn = LocalConnection.connect(path, f"{self._name} local connection to {path}", send_timeout)
+
+        def on_packet() -> None:
+            frames = self._receive_local(conn)
+            if frames is not None:
+                handler(frames)  # type: ignore[arg-type]
+        self._watch_local(conn, on_packet, None)
+        return conn
+
+    def _watch_local(self, conn: LocalConnection, on_packet: Callable[[], None], identity: bytes | None) -> None:
+        self._locals[conn.fd] = (conn, identity)
+        self._fd_handlers[conn.fd] = on_packet
+        self._poller.register(conn.fd, zmq.POLLIN)
+
+    def _receive_local(self, conn: LocalConnection) -> list[memoryview] | None:
+        """One packet from ``conn``; a closed or failed connection is dropped (its peer is gone)."""
+        try:
+            return conn.receive()
+        except (BlockingIOError, InterruptedError):
+            return None
+        except (EOFError, OSError) as exc:
+            log.info("%s: %s", self._name, exc)
+            self._drop_local(conn)
+            return None
+
+    def _drop_local(self, conn: LocalConnection) -> None:
+        _, identity = self._locals.pop(conn.fd, (None, None))
+        self._fd_handlers.pop(conn.fd, None)
+        if identity is not None:
+            self._local_peers.pop(identity, None)
+        try:
+            self._poller.unregister(conn.fd)
+        except KeyError:
+            pass
+        conn.close()
 
     def connect_dealer(self, address: str, handler: DealerHandler) -> int:
         """Connect a DEALER socket to a service; ``handler(frames)`` gets its replies.
@@ -119,18 +280,36 @@ class Reactor:
         Returns:
             the socket id used with :meth:`send_dealer`.
         """
-        sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDBUF, SOCKET_BUFFER_BYTES)
-        sock.setsockopt(zmq.RCVBUF, SOCKET_BUFFER_BYTES)
-        if self._identity is not None:
-            sock.setsockopt(zmq.IDENTITY, self._identity)
-        sock.connect(address)
+        sock = self._dealer_socket(address)
         sid = next(self._ids)
         self._dealers[sid] = sock
         self._handlers[sock] = handler
         self._poller.register(sock, zmq.POLLIN)
         return sid
+
+    def connect_sender(self, address: str, identity: bytes | None = None) -> Sender:
+        """Connect a send-only DEALER socket (routing identity ``identity``) to a service, for any thread.
+
+        Its replies go wherever the service routes them (they are never read here).
+        Call before :meth:`start` or on the reactor thread; the reactor closes it when it
+        stops.
+        """
+        sock = self._dealer_socket(address, identity)
+        sock.setsockopt(zmq.SNDHWM, 0)  # never block a caller: requests are bounded by their callers
+        sender = Sender(sock, f"{self._name} sender")
+        self._senders.append(sender)
+        return sender
+
+    def _dealer_socket(self, address: str, identity: bytes | None = None) -> zmq.Socket[Any]:
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDBUF, SOCKET_BUFFER_BYTES)
+        sock.setsockopt(zmq.RCVBUF, SOCKET_BUFFER_BYTES)
+        identity = self._identity if identity is None else identity
+        if identity is not None:
+            sock.setsockopt(zmq.IDENTITY, identity)
+        sock.connect(address)
+        return sock
 
     def add_timer(self, interval: float, callback: Callable[[], None]) -> None:
         """Run ``callback`` on the reactor thread every ``interval`` seconds."""
@@ -143,8 +322,16 @@ class Reactor:
         Returns:
             False if the peer is gone (the message is dropped), True otherwise.
         """
+        conn = self._local_peers.get(identity)
+        if conn is not None:
+            try:
+                conn.send(frames)
+                return True
+            except ConnectionError as exc:  # the peer is gone (its end is closed)
+                log.warning("%s: reply to vanished local peer dropped: %s", self._name, exc)
+                return False
         try:
-            self._routers[sid].send_multipart([identity, *frames], copy=False)
+            send_frames(self._routers[sid], [identity, *frames])
             return True
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
@@ -154,7 +341,7 @@ class Reactor:
 
     def send_dealer(self, sid: int, frames: list[Any]) -> None:
         """Send ``frames`` through DEALER ``sid`` (queued by ZeroMQ until connected)."""
-        self._dealers[sid].send_multipart(frames, copy=False)
+        send_frames(self._dealers[sid], frames)
 
     # -- cross-thread -------------------------------------------------------------------
     def call_soon(self, fn: Callable[[], None]) -> None:
@@ -226,6 +413,10 @@ class Reactor:
                 for sock, handler in list(self._handlers.items()):
                     if sock in events:
                         self._drain(sock, handler)
+                if self._fd_handlers:
+                    for fd, on_ready in list(self._fd_handlers.items()):
+                        if fd in events:
+                            on_ready()
         except BaseException as exc:  # noqa: BLE001 - handed to the owner; the node fails loudly
             self._error = exc
             log.exception("%s: reactor thread failed", self._name)
@@ -236,12 +427,18 @@ class Reactor:
             self._close_sockets()
 
     def _drain(self, sock: zmq.Socket[Any], handler: Callable[[list[zmq.Frame]], None]) -> None:
-        for _ in range(256):  # bounded, so timers and other sockets get their turn
-            try:
-                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
+        """Handle the messages waiting on ``sock`` (the poll said at least one is)."""
+        try:
+            frames = recv_frames(sock)
+        except zmq.Again:
+            return
+        handler(frames)
+        # Then asks the socket whether more are waiting instead of reading until zmq.Again:
+        # raising that exception costs more than the check.
+        for _ in range(255):  # bounded, so timers and other sockets get their turn
+            if not cast(int, sock.getsockopt(_EVENTS)) & _POLLIN:
                 return
-            handler(frames)
+            handler(recv_frames(sock))
 
     def _run_timers(self) -> int:
         if not self._timers:
@@ -257,6 +454,15 @@ class Reactor:
         return max(0, int((nearest - time.monotonic()) * 1000))
 
     def _close_sockets(self) -> None:
+        for sender in self._senders:
+            sender.close()
+        for conn, _ in list(self._locals.values()):
+            conn.close()
+        for listener in self._listeners:
+            listener.close()
+        self._locals.clear()
+        self._local_peers.clear()
+        self._fd_handlers.clear()
         for sock in [*self._routers.values(), *self._dealers.values(), self._wake_recv]:
             sock.close(0)
         with self._wake_lock:

@@ -67,7 +67,7 @@ class _Mapping:
 
     def array(self, dtype: np.dtype[Any], size: int) -> np.ndarray[Any, Any]:
         raw = (ctypes.c_char * self.nbytes).from_address(self.address)
-        arr = np.frombuffer(raw, dtype=dtype, count=size)
+        arr = np.frombuffer(raw, dtype=dtype, count=size)  # type: ignore[call-overload]
         weakref.finalize(raw, _libc.munmap, self.address, self.nbytes)  # when the buffer is gone
         return arr
 

@@ -1,17 +1,41 @@
 """The worker's connection to the cluster: registration, liveness, requests to servers.
 
-Requests are queued by priority and sent by the reactor thread (higher priority first
-among those waiting); each returns a :class:`~pskv.cluster.requests.Pending` that the
-caller waits on with a timeout. A server or the scheduler found dead fails every
+Requests are sent from the calling thread — no hand-off to the reactor thread; requests
+queued while another thread is sending go out by priority (higher first). Per server:
+
+* on the same host (shared memory on): one local connection
+  (:mod:`pskv.transport.local`, a Unix-domain packet socket in the server's
+  shared-memory directory) carries the requests and their replies — no ZeroMQ I/O
+  threads on the way, which roughly halves the cost of a small message;
+* otherwise ZeroMQ: requests leave on a send-only socket (a
+  :class:`~pskv.transport.reactor.Sender`) and replies arrive on a DEALER the reactor
+  polls; the server learns that pairing from the ``HELLO`` sent when connecting.
+
+Each request returns a :class:`~pskv.cluster.requests.Pending` that the caller waits on
+with a timeout, or that completes callbacks. A request made with a timeout fails with
+:class:`~pskv.errors.OperationTimeoutError` once it passed (checked every
+``EXPIRY_INTERVAL`` s on the reactor). A server or the scheduler found dead fails every
 request waiting on it with :class:`~pskv.errors.NodeFailedError`.
+
+*Quiet* requests (non-blocking pushes) get no reply when they succeed: a server handles
+one worker's messages in the order they were sent and answers a failure at once, so
+any later reply from that server confirms every quiet request sent to it before. When
+nothing follows, :meth:`WorkerClient.confirm` sends a ``SYNC`` whose reply does it. This
+saves a message each way per push (per-message costs dominate small keys).
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import json
 import logging
+import math
+import os
 import threading
+from collections import deque
+from collections.abc import Iterable
+from functools import partial
 from typing import Any
 
 import zmq
@@ -19,12 +43,29 @@ import zmq
 from pskv.cluster import Membership, NodeInfo, Pending, RequestTracker
 from pskv.config import ClusterConfig
 from pskv.errors import OperationTimeoutError, ProtocolError, TransportError
-from pskv.protocol import ArraySpec, Command, Header, Role, decode, encode, node_id
+from pskv.protocol import (
+    TX_PREFIX,
+    ArraySpec,
+    Command,
+    Header,
+    Role,
+    decode,
+    encode,
+    node_id,
+    node_name,
+    node_role_rank,
+)
 from pskv.transport import IO_THREADS, Reactor
+from pskv.transport.local import LocalConnection, local_path
+from pskv.transport.reactor import Sender
+from pskv.transport.shm import host_id
 
 __all__ = ["WorkerClient"]
 
 log = logging.getLogger("pskv.worker")
+
+# How often the reactor fails requests whose timeout passed (seconds).
+EXPIRY_INTERVAL = 0.1
 
 
 class WorkerClient:
@@ -43,11 +84,18 @@ class WorkerClient:
         self.tracker = RequestTracker()
         self._reactor = Reactor(self._ctx, "pskv-worker", on_failure=self._on_reactor_failure)
         self.membership = Membership(cluster, self._reactor, self.tracker, Role.WORKER)
-        self._servers: list[int] = []  # dealer socket id per server rank
-        self._queue: list[tuple[int, int, int, list[Any]]] = []  # (-priority, seq, server, frames)
+        self._servers: list[int | None] = []  # polled dealer socket id per server rank (replies arrive there)
+        self._senders: list[Sender | LocalConnection] = []  # where requests to each server rank leave
+        self._queue: list[tuple[float, int, int, list[Any], Pending]] = []  # (-priority, seq, server, frames, pending)
         self._queue_lock = threading.Lock()
+        self._send_lock = threading.Lock()  # held by the thread emptying the queue
+        self._sent: list[itertools.count[int]] = []  # per server: sequence numbers of the messages sent there
+        self._quiet: dict[int, deque[Pending]] = {}  # per server node: quiet requests sent, in order
+        self._quiet_lock = threading.Lock()
         self._seq = itertools.count()
+        self._tx = os.urandom(8).hex()  # names this worker's send-only sockets (HELLO)
         self.info: NodeInfo | None = None
+        self._reactor.add_timer(EXPIRY_INTERVAL, self._expire)
 
     # -- life cycle ---------------------------------------------------------------------
     def connect(self) -> NodeInfo:
@@ -60,15 +108,57 @@ class WorkerClient:
         info = self.membership.register(self._cluster.rank)
         connected = threading.Event()
 
+        paths = [self._local_path(s, info) for s in range(len(info.servers))]
+
         def connect_all() -> None:
-            self._servers = [self._reactor.connect_dealer(addr, self._on_reply) for addr in info.servers]
+            for server, address in enumerate(info.servers):
+                self._senders.append(self._connect(server, address, paths[server]))
+            self._sent = [itertools.count(1) for _ in info.servers]
             connected.set()
 
         self._reactor.call_soon(connect_all)
         if not connected.wait(self._cluster.startup_timeout):
             raise OperationTimeoutError("could not connect to the servers")
         self.info = info
+        # Each server learns where this worker's replies go before any request reaches it.
+        hellos = []
+        for server, sid in enumerate(self._servers):
+            if sid is None:  # a local connection: replies come back on it
+                continue
+            pending = self.tracker.new(node_id(Role.SERVER, server), "hello")
+            frames = encode(Header(Command.HELLO, pending.request, info.node_id, body=json.dumps({"tx": self._tx})))
+            self._reactor.call_soon(partial(self._reactor.send_dealer, sid, frames))
+            hellos.append(pending)
+        for pending in hellos:
+            try:
+                pending.wait(self._cluster.startup_timeout)
+            except OperationTimeoutError:
+                raise OperationTimeoutError(f"could not connect to the servers: {pending.what} to "
+                                            f"{node_name(pending.node)} got no answer") from None
         return info
+
+    def _local_path(self, server: int, info: NodeInfo) -> str | None:
+        """The local socket of ``server`` if it runs on this host (and shared memory is on)."""
+        shm = info.server_shm[server] if server < len(info.server_shm) else None
+        if not self._cluster.shm or not shm or shm.get("host") != host_id():
+            return None
+        return local_path(shm["dir"])
+
+    def _connect(self, server: int, address: str, path: str | None) -> Sender | LocalConnection:
+        """The request channel to ``server`` (on the reactor thread): its local socket, else ZeroMQ.
+
+        Over ZeroMQ, requests leave on a send-only socket and replies arrive on a polled
+        DEALER (``self._servers``; None for local connections, which carry both ways).
+        """
+        if path is not None:
+            try:
+                conn = self._reactor.connect_local(path, self._on_reply, self._cluster.request_timeout)
+                self._servers.append(None)
+                return conn
+            except OSError as exc:  # e.g. another mount namespace: ZeroMQ then
+                log.info("worker: server %d's local socket %s is unusable, using %s: %s", server, path, address, exc)
+        self._servers.append(self._reactor.connect_dealer(address, self._on_reply))
+        return self._reactor.connect_sender(address, TX_PREFIX + self._tx.encode())
 
     def close(self) -> None:
         """Stop the reactor and release the sockets (idempotent)."""
@@ -78,6 +168,9 @@ class WorkerClient:
             if self._own_context:
                 self._own_context = False
                 self._ctx.term()
+
+    def _expire(self) -> None:
+        self.tracker.expire()
 
     def _on_reactor_failure(self, exc: BaseException) -> None:
         self.tracker.fail_all(TransportError(f"the worker's network thread failed: {exc!r}"))
@@ -90,28 +183,97 @@ class WorkerClient:
 
     # -- requests -----------------------------------------------------------------------
     def request(self, server: int, command: Command, arrays: tuple[ArraySpec, ...] = (),
-                data: list[Any] | None = None, body: str = "", priority: int = 0, what: str = "") -> Pending:
+                data: list[Any] | None = None, body: str = "", priority: int = 0, what: str = "",
+                timeout: float | None = None, quiet: bool = False) -> Pending:
         """Queue a request to server ``server`` (rank); returns its pending reply.
 
-        ``data`` buffers must stay unchanged until the reply arrives.
+        ``data`` buffers must stay unchanged until the reply arrives. With ``timeout``
+        the request fails with OperationTimeoutError if no reply came in that many
+        seconds (also for callers that never wait on it). A ``quiet`` request (the
+        server must know it: a PUSH with ``quiet`` in its body) completes when a later
+        reply from the server confirms it (:meth:`confirm`); it has no timeout of its
+        own.
 
         Raises:
             NodeFailedError: that server is already known dead.
         """
-        pending = self.tracker.new(node_id(Role.SERVER, server), what or command.name.lower())
+        pending = self.tracker.new(node_id(Role.SERVER, server), what or command.name.lower(),
+                                   timeout=None if quiet else timeout)
+        pending.quiet = quiet
         frames = encode(Header(command, pending.request, self.node_id, arrays, priority, body), data or [])
-        with self._queue_lock:
-            heapq.heappush(self._queue, (-priority, next(self._seq), server, frames))
-        self._reactor.call_soon(self._flush)
+        self._queue_and_send(-priority, server, frames, pending)
         return pending
 
+    def _queue_and_send(self, key: float, server: int, frames: list[Any], pending: Pending) -> None:
+        with self._queue_lock:
+            heapq.heappush(self._queue, (key, next(self._seq), server, frames, pending))
+        self._flush()
+
+    def confirm(self, pendings: Iterable[Pending], timeout: float | None = None) -> None:
+        """Get the quiet requests among ``pendings`` answered: a ``SYNC`` to each of their servers.
+
+        Its reply (it is sent after everything queued now) confirms them; if it fails,
+        they fail with its error.
+        """
+        nodes = {p.node for p in pendings if p.quiet and not p.done()}
+        for node in nodes:
+            _, server = node_role_rank(node)
+            sync = self.tracker.new(node, "sync", timeout=timeout)
+            sync.add_done_callback(self._on_sync_done)
+            frames = encode(Header(Command.SYNC, sync.request, self.node_id))
+            self._queue_and_send(math.inf, server, frames, sync)  # after everything queued
+
+    def _on_sync_done(self, sync: Pending) -> None:
+        if sync.error is None:
+            return  # its reply settled the quiet requests before it
+        with self._quiet_lock:
+            queue = self._quiet.get(sync.node)
+            victims = []
+            while queue and (sync.sent is None or queue[0].sent < sync.sent):  # type: ignore[operator]
+                victims.append(queue.popleft())
+        for p in victims:
+            self.tracker.resolve(p, _confirmed(p), sync.error)
+
+    def _settle(self, node: int, sent: int) -> None:
+        """A reply to message ``sent`` came from ``node``: every quiet request sent there before succeeded."""
+        with self._quiet_lock:
+            queue = self._quiet.get(node)
+            if not queue or queue[0].sent >= sent:  # type: ignore[operator]
+                return
+            done = []
+            while queue and queue[0].sent < sent:  # type: ignore[operator]
+                done.append(queue.popleft())
+        for p in done:
+            self.tracker.resolve(p, _confirmed(p))
+
     def _flush(self) -> None:
-        while True:
+        """Send queued requests, highest priority first, from this thread.
+
+        If another thread is sending, it sends ours too: it looks at the queue again
+        after letting go of the send lock.
+        """
+        while self._send_lock.acquire(blocking=False):
+            try:
+                while True:
+                    with self._queue_lock:
+                        if not self._queue:
+                            break
+                        _, _, server, frames, pending = heapq.heappop(self._queue)
+                    pending.sent = next(self._sent[server])
+                    if pending.quiet:
+                        with self._quiet_lock:
+                            self._quiet.setdefault(pending.node, deque()).append(pending)
+                    try:
+                        self._senders[server].send(frames)
+                    except ConnectionError as exc:  # a local connection whose server is gone: as ZeroMQ does
+                        # with a vanished peer, the request waits (membership declares the server
+                        # dead and fails it with NodeFailedError, or its timeout passes)
+                        log.warning("worker: request to server %d not sent: %s", server, exc)
+            finally:
+                self._send_lock.release()
             with self._queue_lock:
                 if not self._queue:
                     return
-                _, _, server, frames = heapq.heappop(self._queue)
-            self._reactor.send_dealer(self._servers[server], frames)
 
     def _on_reply(self, frames: list[zmq.Frame]) -> None:
         try:
@@ -119,5 +281,15 @@ class WorkerClient:
         except ProtocolError as exc:
             log.error("worker: malformed reply dropped: %s", exc)
             return
-        if not self.tracker.complete(header, buffers):
+        pending = self.tracker.take(header.request)
+        if pending is None:
             log.warning("worker: reply to unknown request %d dropped", header.request)
+            return
+        if pending.sent is not None:
+            self._settle(pending.node, pending.sent)  # before this reply's own completion
+        self.tracker.deliver(pending, header, buffers)
+
+
+def _confirmed(p: Pending) -> Header:
+    """What stands for the reply of a quiet request that a later reply confirmed."""
+    return Header(Command.REPLY, p.request, p.node)

@@ -382,3 +382,113 @@ def test_row_sparse_pull_across_processes(shm):
         np.testing.assert_array_equal(full, want)
         np.testing.assert_array_equal(compact, table[[0, 4]])
         assert capable
+
+
+# -- pipelining: pulls sent right behind non-blocking pushes ---------------------------------
+@pytest.mark.parametrize("shm", [0, 1])
+def test_a_pull_right_after_a_non_blocking_push_sees_that_push(shm):
+    def fn(kv):
+        kv.init([0, 1], [np.zeros(3), np.zeros(3)])
+        seen = []
+        for step in range(1, 6):
+            h = kv.push([0, 1], [np.full(3, float(step)), np.full(3, 10.0 * step)], block=False)
+            seen.append((kv.pull(0)[0], kv.pull(1)[0]))
+            assert h.done() and h.exception() is None  # acknowledged before any pull that includes it returns
+        return seen
+
+    for seen in run(2, 2, fn, shm=shm):
+        assert seen == [(2.0 * s, 20.0 * s) for s in range(1, 6)]
+
+
+@pytest.mark.parametrize("shm", [0, 1])
+def test_a_pull_that_overtakes_its_push_waits_for_it(shm):
+    def fn(kv):
+        kv.init(0, np.zeros(3))
+        client = kv._client
+        got = []
+        for step in range(1, 4):
+            with client._send_lock:  # another thread is sending: both requests queue up ...
+                h = kv.push(0, np.full(3, float(step)), priority=-5, block=False)
+                pulled = kv.pull(0, priority=5, block=False)  # ... and the pull leaves first
+                assert [entry[-1].what for entry in sorted(client._queue)] == ["pull", "push"]
+            client._flush()
+            got.append(pulled.wait(DEADLINE)[0])
+            h.wait(DEADLINE)
+        return got
+
+    for got in run(1, 2, fn, shm=shm):
+        assert got == [2.0, 4.0, 6.0]
+
+
+@pytest.mark.parametrize("shm", [0, 1])
+def test_many_pipelined_pushes_then_one_pull(shm):
+    def fn(kv):
+        kv.init([0, 1], [np.zeros(4, np.float32), np.zeros((2, 2))])
+        handles = []
+        for step in range(1, 21):
+            handles.append(kv.push(0, np.full(4, step * (kv.rank + 1.0), np.float32), block=False))
+            handles.append(kv.push([1], [[np.full((2, 2), float(step))] * 2], block=False))  # reduced locally
+        first, second = kv.pull([0, 1])
+        assert all(h.done() and h.exception() is None for h in handles)
+        return first[0], second[0, 0]
+
+    for first, second in run(2, 2, fn, shm=shm):
+        assert (first, second) == (20.0 * 3, 20.0 * 2 * 2)  # the 20th round: every worker's 20th push
+
+
+def test_per_key_order_and_priorities_with_non_blocking_calls():
+    def fn(kv):
+        kv.init(0, np.zeros(2))
+        out = np.zeros(2)
+        ops = [
+            kv.push(0, np.full(2, 1.0), priority=-1, block=False),
+            kv.pull(0, priority=10, block=False),
+            kv.push(0, np.full(2, 2.0), priority=5, block=False),
+            kv.pull(0, out=out, priority=-10, block=False),
+            kv.pushpull(0, np.full(2, 3.0), priority=0, block=False),
+            kv.pull(0, block=False),
+        ]
+        results = [h.wait(DEADLINE) for h in ops]
+        return results[1][0], out[0], results[5][0]
+
+    for first, second, third in run(1, 2, fn):
+        assert (first, second, third) == (2.0, 4.0, 6.0)  # each pull sees the rounds issued before it
+
+
+@pytest.mark.parametrize("shm", [0, 1])
+def test_a_lone_non_blocking_push_is_confirmed_when_waited_on(shm):
+    def fn(kv):
+        kv.init([0, 1], [np.zeros(2), np.zeros(2)])
+        h = kv.push(0, np.ones(2), block=False)  # answered only if it fails: nothing else follows
+        h.wait(DEADLINE)
+        kv.push(1, np.ones(2), block=False)
+        kv.wait(timeout=DEADLINE)  # waits for (and confirms) it too
+        kv.push(1, np.ones(2), block=False)
+        kv.push(1, np.full(2, 2.0), block=False)  # reuses the key's buffers: waits for the previous one
+        kv.push(0, np.ones(2), block=False)  # left outstanding: close() confirms it
+        return kv.pull(1)[0]
+
+    for value in run(1, 2, fn, shm=shm):
+        assert value == 4.0
+
+
+def test_a_failed_non_blocking_push_then_pull():
+    def fn(kv):
+        kv.init(0, np.full(2, 5.0))
+        h = kv.push(0, np.ones(2), block=False)  # dist_async without an optimizer: refused
+        value = kv.pull(0)[0]  # not stuck waiting for it: it counts as this worker's push
+        with pytest.raises(pskv.RemoteError, match="set_optimizer"):
+            h.wait(DEADLINE)
+        kv.wait(timeout=DEADLINE)  # observed through the handle: not raised again
+        kv.push(0, np.ones(2), block=False)  # nobody looks at this one ...
+        with pytest.raises(pskv.RemoteError, match="set_optimizer"):
+            kv.wait(timeout=DEADLINE)  # ... so the next wait reports it
+        kv.push(0, np.ones(2), block=False)
+        pulled = kv.pull(0)[0]
+        kv.barrier()
+        with pytest.raises(pskv.RemoteError):
+            kv.wait(timeout=DEADLINE)
+        return value, pulled
+
+    for value, pulled in run(1, 2, fn, store="dist_async"):
+        assert value == pulled == 5.0

@@ -200,6 +200,7 @@ def test_env_contract_reaches_every_worker(tag, tmp_path, worker_script):
             "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "2", "DMLC_NODE_HOST": "127.0.0.1",
             "DMLC_WORKER_ID": str(rank), "PSKV_LOCAL_RANK": str(rank), "PYTHONUNBUFFERED": "1",
             "PSKV_TEST_EXTRA": "a b=c", "PSKV_SERVER_RANK": None,  # a server-only variable
+            "PSKV_CURVE_KEY_FILE": None,  # only with --curve-key / --secure
         }
     assert pskv.config.ClusterConfig.from_env(seen[1]).local_rank == 1
 

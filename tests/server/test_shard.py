@@ -110,3 +110,79 @@ def test_bfloat16_rounding_is_to_nearest_even():
     x = np.array([1.0, 1.00390625, 1.01171875, -2.0], np.float32)  # 1 + 2^-8 is a tie
     back = bf16_bits_to_f32(f32_to_bf16_bits(x))
     assert back.tolist() == [1.0, 1.0, 1.015625, -2.0]
+
+
+# -- pulls that name pushes by number (pipelining) ------------------------------------------
+def test_a_pull_may_overtake_the_push_it_must_see():
+    s, p = shard()
+    got = []
+    s.pull_after_push(p, 9, 1, lambda part: got.append(part.value.tolist()))  # worker 9's push 1 is not here yet
+    assert got == [] and p.early
+    s.push(p, 9, f(1))
+    assert got == []  # it arrived, but its round is open
+    s.push(p, 11, f(2))
+    assert got == [[3] * 4] and not p.early
+    s.pull_after_push(p, 9, 1, lambda part: got.append(("again", part.round)))  # complete: answered at once
+    assert got[-1] == ("again", 1)
+
+
+def test_consecutive_pushes_of_a_worker_join_consecutive_rounds():
+    s, p = shard()
+    for v in (1, 2, 3):
+        s.push(p, 9, f(v))  # rounds 1, 2, 3 (2 and 3 queued)
+    assert [s.round_of_push(p, 9, n) for n in (0, 1, 2, 3, 4)] == [0, 1, 2, 3, None]
+    assert s.round_of_push(p, 11, 0) == 0 and s.round_of_push(p, 11, 1) is None
+    got = []
+    for n in (3, 1, 2):  # pulls for each of them, in any order
+        s.pull_after_push(p, 9, n, lambda part, n=n: got.append((n, part.round, part.value[0])))
+    s.push(p, 11, f(10))
+    assert got == [(1, 1, 11)]
+    s.push(p, 11, f(20))
+    s.push(p, 11, f(30))
+    assert got == [(1, 1, 11), (2, 2, 22), (3, 3, 33)]
+    assert [s.round_of_push(p, 9, n) for n in (1, 2, 3)] == [0, 0, 0]  # all complete now
+
+
+def test_a_refused_push_still_counts_and_waits_like_the_previous_one():
+    s, p = shard()
+    s.push(p, 9, f(1))  # push 1: round 1, open
+    s.skip_push(p, 9)  # push 2 was refused before reaching the shard
+    assert s.round_of_push(p, 9, 2) == 1  # a pull after it sees what push 1 joined
+    got = []
+    s.pull_after_push(p, 9, 2, lambda part: got.append(part.value.tolist()))
+    s.pull_after_push(p, 9, 3, lambda part: got.append("push 3"))  # not arrived
+    assert got == []
+    s.push(p, 11, f(2))
+    assert got == [[3] * 4]
+    s.skip_push(p, 9)  # push 3 refused too: nothing open, answered at once
+    assert got == [[3] * 4, "push 3"]
+
+
+def test_a_failed_push_is_counted_and_answers_early_pulls():
+    s, p = shard(sync=False)  # async without an updater: every push fails
+    got = []
+    s.pull_after_push(p, 9, 1, lambda part: got.append(part.round))
+    with pytest.raises(pskv.InvalidArgumentError):
+        s.push(p, 9, f(1))
+    assert got == [0] and p.pushes[9].count == 1  # answered instead of waiting forever
+
+
+def test_async_pulls_wait_only_for_their_push_to_arrive():
+    s, p = shard(sync=False)
+    s.updater = lambda key, grad, weight: np.add(weight, grad, out=weight)
+    got = []
+    s.pull_after_push(p, 9, 2, lambda part: got.append(part.value[0]))
+    s.push(p, 9, f(1))
+    assert got == []
+    s.push(p, 9, f(2))
+    assert got == [3.0]
+
+
+def test_fail_waiting_also_fails_early_pulls():
+    s, p = shard()
+    reasons = []
+    s.pull_after_push(p, 9, 1, lambda part: reasons.append("answered"), reasons.append)
+    s.push(p, 11, f(1))
+    s.pull_after_push(p, 11, 1, lambda part: reasons.append("answered"), reasons.append)
+    assert s.fail_waiting("worker 9 died") == 2
+    assert reasons == ["worker 9 died", "worker 9 died"] and not p.early and not p.waiting

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 import zmq
 
 from pskv.errors import TransportError
 from pskv.transport import Reactor
+from pskv.transport.local import PACKET_BYTES, local_path
+from pskv.transport.reactor import ZERO_COPY_BYTES, recv_frames, send_frames
 
 WAIT = 10.0
 
@@ -109,3 +112,123 @@ def test_reply_to_vanished_peer_is_dropped_not_fatal(context):
     assert done.wait(WAIT)
     assert result == [False] and r.error is None
     r.stop()
+
+
+def test_senders_are_shared_by_threads_and_replies_reach_the_polled_socket(context):
+    server = Reactor(context, "server")
+    client = Reactor(context, "client")
+    got: list[bytes] = []
+    done = threading.Event()
+    big = np.arange(100_000, dtype=np.float32)  # sent without a copy (above ZERO_COPY_BYTES)
+    rx_identity: list[bytes] = []
+
+    def handle(identity: bytes, frames: list[zmq.Frame]) -> None:
+        if frames[0].bytes == b"hello":
+            rx_identity.append(identity)
+            return
+        assert np.frombuffer(frames[1].buffer, np.float32)[-1] == big[-1]
+        server.send_router(sid, rx_identity[0], [frames[0], b"ok"])  # reply to the other socket
+
+    def on_reply(frames: list[zmq.Frame]) -> None:
+        got.append(frames[0].bytes)
+        if len(got) == 40:
+            done.set()
+
+    sid, address = server.bind_router("tcp://127.0.0.1:0", handle)
+    rx = client.connect_dealer(address, on_reply)
+    sender = client.connect_sender(address)
+    server.start()
+    client.start()
+    client.call_soon(lambda: client.send_dealer(rx, [b"hello"]))
+    while not rx_identity:
+        threading.Event().wait(0.01)
+
+    def send_some(t: int) -> None:
+        for i in range(10):
+            sender.send([b"%d-%d" % (t, i), memoryview(big).cast("B")])
+
+    threads = [threading.Thread(target=send_some, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert done.wait(WAIT)
+    assert sorted(got) == sorted(b"%d-%d" % (t, i) for t in range(4) for i in range(10))
+    for t in range(4):  # one thread's messages stay in order
+        mine = [g for g in got if g.startswith(b"%d-" % t)]
+        assert mine == [b"%d-%d" % (t, i) for i in range(10)]
+    client.stop()
+    with pytest.raises(TransportError, match="stopped"):
+        sender.send([b"late"])
+    server.stop()
+
+
+def test_local_connections_carry_messages_both_ways_like_router_peers(context, tmp_path):
+    server = Reactor(context, "server")
+    client = Reactor(context, "client")
+    seen: list[tuple[bytes, list[bytes]]] = []
+    got: list[list[bytes]] = []
+    done = threading.Event()
+    huge = np.arange(3 * PACKET_BYTES // 4 + 5, dtype=np.float32)  # spans several packets
+
+    def handle(identity: bytes, frames: list[memoryview]) -> None:
+        seen.append((identity, [bytes(f) for f in frames[:1]]))
+        server.send_router(sid, identity, [b"re:" + bytes(frames[0]), *frames[1:]])
+
+    def on_reply(frames: list[memoryview]) -> None:
+        got.append([bytes(f) for f in frames])
+        if len(got) == 42:
+            done.set()
+
+    sid, _ = server.bind_router("tcp://127.0.0.1:0", handle)
+    path = local_path(str(tmp_path))
+    server.bind_local(sid, path)
+    server.start()
+    conn = client.connect_local(path, on_reply)
+    client.start()
+
+    def send_some(t: int) -> None:
+        for i in range(10):
+            conn.send([b"%d-%d" % (t, i), b"", memoryview(np.full(3, i, np.int64)).cast("B")])
+
+    threads = [threading.Thread(target=send_some, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    conn.send([b"big", memoryview(huge).cast("B")])
+    conn.send([b"after"])
+    assert done.wait(WAIT)
+    assert len({identity for identity, _ in seen}) == 1  # one peer, its own identity
+    by_name = {m[0]: m for m in got}
+    assert by_name[b"re:2-7"] == [b"re:2-7", b"", np.full(3, 7, np.int64).tobytes()]
+    assert np.array_equal(np.frombuffer(by_name[b"re:big"][1], np.float32), huge)
+    assert got[-1] == [b"re:after"]  # order kept across a multi-packet message
+    for t in range(4):
+        mine = [m[0] for m in got if m[0].startswith(b"re:%d-" % t)]
+        assert mine == [b"re:%d-%d" % (t, i) for i in range(10)]
+    client.stop()  # the server notices the closed connection and drops it
+    for _ in range(100):
+        if not server._local_peers:
+            break
+        threading.Event().wait(0.02)
+    assert not server._local_peers and server.error is None
+    with pytest.raises(ConnectionError):
+        conn.send([b"late"])
+    server.stop()
+
+
+def test_send_and_recv_frames_keep_frames_and_copy_only_small_ones(context):
+    a, b = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
+    a.bind("inproc://pskv-test-frames")
+    b.connect("inproc://pskv-test-frames")
+    small = np.ones(4, np.float32)
+    large = np.ones(ZERO_COPY_BYTES, np.uint8)
+    send_frames(a, [b"head", memoryview(small).cast("B"), memoryview(large).cast("B")])
+    small[:] = 7  # copied at send: the receiver still sees ones
+    assert b.poll(WAIT * 1000)
+    frames = recv_frames(b)
+    assert [len(f.buffer) for f in frames] == [4, 16, ZERO_COPY_BYTES]
+    assert np.frombuffer(frames[1].buffer, np.float32).tolist() == [1.0] * 4
+    a.close(0)
+    b.close(0)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import threading
+import time
+from typing import Any
 
 import numpy as np
 import pytest
 
 import pskv
-from pskv.kvstore.engine import Engine
+from pskv.kvstore.engine import Deferred, Engine
 
 WAIT = 10.0  # generous bound for anything that should finish at once
 
@@ -99,6 +101,160 @@ def test_errors_reach_the_handle_or_the_next_wait_all():
         engine.close(WAIT)  # close reports it too
     with pytest.raises(pskv.StoreClosedError):
         engine.submit("op", ["k"], 0, fail, block=False, timeout=None)
+
+
+# -- deferred operations (network calls that finish when their replies are in) ---------------
+class Reply:
+    """A stand-in for a pending request: completed by ``arrive``, on the calling thread."""
+
+    def __init__(self) -> None:
+        self._done = False
+        self._callbacks: list = []
+        self._lock = threading.Lock()
+
+    def done(self) -> bool:
+        return self._done
+
+    def add_done_callback(self, fn) -> None:
+        with self._lock:
+            if not self._done:
+                self._callbacks.append(fn)
+                return
+        fn(self)
+
+    def arrive(self) -> None:
+        with self._lock:
+            self._done = True
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            fn(self)
+
+
+def test_a_released_deferred_op_lets_the_next_op_start_and_completes_on_its_reply():
+    engine = Engine(threads=1)
+    reply = Reply()
+    order: list[str] = []
+    first = engine.submit("push", ["k"], 0, lambda: Deferred([reply], lambda: order.append("acked") or "push",
+                                                             release=True, inline=True),
+                          block=False, timeout=None, inline=True)
+    second = engine.submit("pull", ["k"], 0, lambda: order.append("pull started") or "pull",
+                           block=False, timeout=None)
+    assert second.wait(WAIT) == "pull" and not first.done()  # the pull did not wait for the push's reply
+    with pytest.raises(pskv.OperationTimeoutError):
+        engine.wait_all(timeout=0.05)  # the push is still pending
+    reply.arrive()
+    assert first.done() and first.wait(WAIT) == "push"
+    assert order == ["pull started", "acked"]
+    engine.close(WAIT)
+
+
+def test_an_unreleased_deferred_op_holds_its_keys_until_finished():
+    engine = Engine(threads=1)
+    reply = Reply()
+    first = engine.submit("pull", ["k"], 0, lambda: Deferred([reply], lambda: 1, inline=True),
+                          block=False, timeout=None, inline=True)
+    second = engine.submit("push", ["k"], 0, lambda: 2, block=False, timeout=None, inline=True)
+    assert not second.done()  # queued behind the pull
+    reply.arrive()
+    assert first.wait(WAIT) == 1 and second.wait(WAIT) == 2
+    engine.close(WAIT)
+
+
+def test_who_runs_the_finish_of_a_deferred_op():
+    engine = Engine(threads=1)
+    here = threading.current_thread().name
+    ran: dict[str, str] = {}
+
+    def op(name: str, reply: Reply, inline: bool):
+        def finish() -> str:
+            ran[name] = threading.current_thread().name
+            return name
+        return engine.submit(name, [name], 0, lambda: Deferred([reply], finish, inline=inline),
+                             block=False, timeout=None, inline=True)
+
+    started: dict[str, str] = {}
+
+    def start_thread(name: str) -> Any:
+        started[name] = threading.current_thread().name
+        return Deferred([], lambda: name)
+    assert engine.submit("idle", ["i"], 0, lambda: start_thread("idle"), block=False, timeout=None,
+                         inline=True).wait(WAIT) == "idle"
+    assert started["idle"] == here  # an inline submit on idle keys starts in the caller's thread
+
+    cheap, heavy, waited = Reply(), Reply(), Reply()
+    h_cheap, h_heavy, h_waited = op("cheap", cheap, True), op("heavy", heavy, False), op("waited", waited, False)
+    arrival = threading.Thread(target=cheap.arrive, name="network")
+    arrival.start()
+    arrival.join()
+    assert h_cheap.wait(WAIT) == "cheap" and ran["cheap"] == "network"  # inline: where the reply arrived
+    heavy.arrive()
+    deadline = time.monotonic() + WAIT
+    while not h_heavy.done() and time.monotonic() < deadline:  # not waiting on it: a worker finishes it
+        time.sleep(0.01)
+    assert h_heavy.wait(WAIT) == "heavy" and ran["heavy"].startswith("pskv-engine")
+    threading.Timer(0.1, waited.arrive).start()
+    assert h_waited.wait(WAIT) == "waited" and ran["waited"] == here  # the waiter finishes it itself
+    engine.close(WAIT)
+
+
+def test_a_blocking_deferred_op_on_idle_keys_finishes_in_the_caller():
+    engine = Engine(threads=1)
+    seen: list[str] = []
+
+    def finish() -> str:
+        seen.append(threading.current_thread().name)
+        return "done"
+    assert engine.submit("pull", ["k"], 0, lambda: Deferred([Reply()], finish), block=True, timeout=WAIT) == "done"
+    assert seen == [threading.current_thread().name]  # no reply callback involved: the caller waits itself
+    engine.close(WAIT)
+
+
+def test_deferred_errors_reach_the_handle_or_the_next_wait_all():
+    engine = Engine(threads=1)
+
+    def fail() -> None:
+        raise RuntimeError("refused")
+
+    r1, r2 = Reply(), Reply()
+    h = engine.submit("push", ["a"], 0, lambda: Deferred([r1], fail, release=True, inline=True),
+                      block=False, timeout=None, inline=True)
+    r1.arrive()
+    with pytest.raises(RuntimeError, match="refused"):
+        h.wait(WAIT)
+    engine.submit("push", ["b"], 0, lambda: Deferred([r2], fail, release=True, inline=True),
+                  block=False, timeout=None, inline=True)
+    r2.arrive()
+    with pytest.raises(RuntimeError, match="refused"):
+        engine.wait_all(timeout=WAIT)
+    engine.wait_all(timeout=WAIT)  # reported once
+    engine.close(WAIT)
+
+
+def test_waiting_pokes_deferred_ops_that_complete_only_when_asked():
+    engine = Engine(threads=1)
+    replies = [Reply(), Reply(), Reply()]
+    pokes: list[int] = []
+
+    def deferred(i: int) -> Deferred:
+        def poke() -> None:
+            pokes.append(i)
+            replies[i].arrive()  # e.g. a SYNC whose reply confirms the quiet request
+        return Deferred([replies[i]], lambda: i, release=True, inline=True, poke=poke)
+
+    h0 = engine.submit("push", ["k"], 0, lambda: deferred(0), block=False, timeout=None, inline=True)
+    assert not h0.done() and pokes == []
+    assert h0.wait(WAIT) == 0 and pokes == [0]
+    engine.submit("push", ["k"], 0, lambda: deferred(1), block=False, timeout=None, inline=True)
+    engine.wait_all(timeout=WAIT)
+    assert pokes == [0, 1]
+    # a waiter that came before the op started is poked when it starts
+    started, release = threading.Event(), threading.Event()
+    gate_op(engine, "g", started, release)
+    assert started.wait(WAIT)
+    h2 = engine.submit("push", ["g"], 0, lambda: deferred(2), block=False, timeout=None, inline=True)
+    threading.Timer(0.1, release.set).start()
+    assert h2.wait(WAIT) == 2 and pokes == [0, 1, 2]
+    engine.close(WAIT)
 
 
 # -- through the store --------------------------------------------------------------------

@@ -57,6 +57,15 @@ def test_bfloat16_travels_as_raw_bits():
     np.testing.assert_array_equal(frame_array(got.arrays[0], buffers[0]), bits)
 
 
+@pytest.mark.parametrize("command", list(Command))
+def test_every_command_round_trips_and_headers_are_immutable(command):
+    header = Header(command, 7, 9, body='{"quiet": true}' if command is Command.PUSH else "")
+    got, buffers = decode(encode(header))
+    assert got == header and got.command is command and buffers == []
+    with pytest.raises(AttributeError):
+        got.request = 8  # type: ignore[misc]
+
+
 def test_node_ids_follow_ps_lite():
     assert node_id(Role.SCHEDULER, 0) == 1
     assert [node_id(Role.SERVER, r) for r in range(3)] == [8, 10, 12]

@@ -1,0 +1,172 @@
+"""Authenticated, encrypted transport with ZeroMQ CURVE (optional).
+
+Model: one **cluster key** per job — a CURVE key pair that every legitimate node holds
+(``pskv keygen`` writes it; the launcher points every process at the file through
+``PSKV_CURVE_KEY_FILE``). Every binding socket (scheduler, servers) is a CURVE server
+with that secret key; every connecting socket is a CURVE client that presents the same
+key pair and expects the same server key. A ZAP handler on each binding node admits a
+client only if its public key is the cluster key's, so only a holder of the secret key
+can talk to the job; all traffic is encrypted (Curve25519, XSalsa20-Poly1305). A refused
+peer is logged with its address and the public key it presented. See
+``docs/security.md`` for the threat model.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import zmq
+
+from pskv.errors import InvalidArgumentError, TransportError
+
+__all__ = ["CurveKeys", "CurveSecurity", "generate_keys", "write_key_file", "read_key_file"]
+
+log = logging.getLogger("pskv.security")
+KEY_FILE_HEADER = "# pskv CURVE cluster key (keep secret: anyone holding this file can join the job)"
+Z85_KEY_LENGTH = 40
+ZAP_DOMAIN = "pskv"
+
+
+@dataclass(frozen=True)
+class CurveKeys:
+    """A CURVE key pair, Z85-encoded (40 ASCII bytes each)."""
+
+    public: bytes
+    secret: bytes
+
+    def __repr__(self) -> str:  # never print the secret
+        return f"CurveKeys(public={self.public.decode()!r}, secret=<hidden>)"
+
+
+def _require_curve() -> None:
+    if not zmq.has("curve"):
+        raise TransportError("this libzmq was built without CURVE support; reinstall pyzmq from its wheels")
+
+
+def generate_keys() -> CurveKeys:
+    """A new random key pair."""
+    _require_curve()
+    public, secret = zmq.curve_keypair()
+    return CurveKeys(public, secret)
+
+
+def write_key_file(path: str | os.PathLike[str], keys: CurveKeys, overwrite: bool = False) -> Path:
+    """Write ``keys`` to ``path`` readable by its owner only (mode 0600), atomically.
+
+    Raises:
+        InvalidArgumentError: the file exists and ``overwrite`` is False.
+    """
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise InvalidArgumentError(f"{path} exists; refusing to overwrite a key file (remove it first)")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as f:
+        f.write(f"{KEY_FILE_HEADER}\npublic = {keys.public.decode()}\nsecret = {keys.secret.decode()}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def read_key_file(path: str | os.PathLike[str]) -> CurveKeys:
+    """Read and check a key file written by :func:`write_key_file` / ``pskv keygen``.
+
+    Raises:
+        InvalidArgumentError: missing or unreadable, malformed, a public key that does not
+            belong to the secret key, or readable by other users (group/other bits set).
+    """
+    _require_curve()
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+        text = path.read_text(encoding="ascii")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidArgumentError(f"cannot read CURVE key file {path}: {exc}") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise InvalidArgumentError(f"CURVE key file {path} is accessible by other users (mode {mode & 0o777:o}); "
+                                   f"run: chmod 600 {path}")
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, value = line.partition("=")
+        if not sep:
+            raise InvalidArgumentError(f"CURVE key file {path}: malformed line {line[:20]!r}...")
+        fields[name.strip()] = value.strip()
+    public, secret = fields.get("public", "").encode(), fields.get("secret", "").encode()
+    if len(public) != Z85_KEY_LENGTH or len(secret) != Z85_KEY_LENGTH:
+        raise InvalidArgumentError(f"CURVE key file {path} needs 'public' and 'secret' Z85 keys of 40 characters")
+    try:
+        derived = zmq.curve_public(secret)
+    except (zmq.ZMQError, ValueError) as exc:
+        raise InvalidArgumentError(f"CURVE key file {path}: the secret key is not valid Z85 ({exc})") from None
+    if derived != public:
+        raise InvalidArgumentError(f"CURVE key file {path}: the public key does not belong to the secret key")
+    return CurveKeys(public, secret)
+
+
+class CurveSecurity:
+    """Applies the cluster key to sockets and runs the ZAP handler that admits peers.
+
+    Args:
+        keys: the cluster key pair.
+        node: this node's name, for log messages.
+    """
+
+    def __init__(self, keys: CurveKeys, node: str = "") -> None:
+        _require_curve()
+        self.keys = keys
+        self.node = node
+        self._auth: Any = None
+        self.refused = 0  # peers refused so far (for tests and diagnostics)
+
+    def start(self, context: zmq.Context[Any]) -> None:
+        """Start the ZAP handler on ``context`` (needed before binding server sockets)."""
+        if self._auth is not None:
+            return
+        from zmq.auth.thread import ThreadAuthenticator
+
+        auth = ThreadAuthenticator(context, log=logging.getLogger("pskv.security.zap"))
+        auth.start()
+        auth.configure_curve_callback(domain=ZAP_DOMAIN, credentials_provider=self)
+        self._auth = auth
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        """ZAP credentials check: admit only the cluster's public key (called by pyzmq)."""
+        ok = key == self.keys.public
+        if not ok:
+            self.refused += 1
+            log.error("%s refused a peer presenting CURVE public key %s (not the cluster key)",
+                      self.node or "node", key.decode(errors="replace"))
+        return ok
+
+    def server(self, sock: zmq.Socket[Any]) -> None:
+        """Make a binding socket a CURVE server with the cluster key."""
+        sock.curve_secretkey = self.keys.secret
+        sock.curve_publickey = self.keys.public
+        sock.curve_server = True
+        sock.zap_domain = ZAP_DOMAIN.encode()
+
+    def client(self, sock: zmq.Socket[Any]) -> None:
+        """Make a connecting socket a CURVE client presenting the cluster key."""
+        sock.curve_secretkey = self.keys.secret
+        sock.curve_publickey = self.keys.public
+        sock.curve_serverkey = self.keys.public
+
+    def stop(self) -> None:
+        """Stop the ZAP handler."""
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
+
+    @classmethod
+    def from_file(cls, path: str, node: str = "") -> CurveSecurity | None:
+        """The security for key file ``path``, or None when ``path`` is empty (no CURVE)."""
+        return cls(read_key_file(path), node) if path else None

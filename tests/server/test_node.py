@@ -1,0 +1,109 @@
+"""A server node's wire behaviour, driven by raw sockets (no scheduler, no worker library)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import zmq
+
+from pskv.config import ClusterConfig
+from pskv.protocol import TX_PREFIX, ArraySpec, Command, Header, decode, encode
+from pskv.server.node import ServerNode
+
+WAIT_MS = 10_000
+W0, W1 = 9, 11  # node ids of workers 0 and 1
+
+
+@pytest.fixture
+def node():
+    ctx = zmq.Context()
+    cfg = ClusterConfig(num_servers=1, num_workers=2, role="server", root_uri="127.0.0.1", root_port=1, shm=0)
+    server = ServerNode(cfg, ctx)
+    server._reactor.start()  # serving without registering: enough for the data commands
+    sockets = []
+
+    def dealer(identity=None):
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        if identity is not None:
+            sock.setsockopt(zmq.IDENTITY, identity)
+        sock.connect(server.address)
+        sockets.append(sock)
+        return sock
+
+    yield server, dealer
+    for sock in sockets:
+        sock.close(0)
+    server.stop()
+    ctx.term()
+
+
+def send(sock, command, request, sender, body=None, arrays=(), data=()):
+    text = json.dumps(body) if body is not None else ""
+    sock.send_multipart(encode(Header(command, request, sender, tuple(arrays), 0, text), list(data)), copy=True)
+
+
+def recv(sock, timeout_ms=WAIT_MS):
+    assert sock.poll(timeout_ms), "no reply"
+    return decode(sock.recv_multipart())
+
+
+def push(sock, request, sender, value, quiet=True):
+    spec = ArraySpec(0, "float32", (value.size,))
+    send(sock, Command.PUSH, request, sender, {"quiet": True} if quiet else None, [spec], [value])
+
+
+def test_replies_go_where_the_hello_came_from_and_quiet_pushes_are_answered_only_on_failure(node):
+    server, dealer = node
+    rx0, tx0, rx1 = dealer(), dealer(TX_PREFIX + b"0123456789abcdef"), dealer()
+    send(rx0, Command.HELLO, 1, W0, {"tx": "0123456789abcdef"})
+    assert recv(rx0)[0].command is Command.REPLY
+    send(rx1, Command.HELLO, 1, W1, {"tx": "../not-hex-digits"})  # refused: names no send-only socket
+    assert recv(rx1)[0].command is Command.ERROR
+    send(tx0, Command.INIT, 2, W0, arrays=[ArraySpec(0, "float32", (3,))], data=[np.zeros(3, np.float32)])
+    assert recv(rx0)[0].request == 2 and not tx0.poll(50)  # sent on tx0, answered on rx0
+    push(tx0, 3, W0, np.ones(3, np.float32))  # quiet: no answer
+    send(tx0, Command.PULL, 4, W0, {"parts": [[0, 0, 1]]})  # waits for the round of push 1
+    assert not rx0.poll(100)
+    push(rx1, 5, W1, np.ones(4, np.float32))  # wrong size: refused, and answered at once
+    header, _ = recv(rx1)
+    assert (header.command, header.request) == (Command.ERROR, 5) and "ShapeMismatchError" in header.body
+    push(rx1, 6, W1, np.full(3, 2.0, np.float32))  # completes round 1
+    header, buffers = recv(rx0)
+    assert header.request == 4 and np.frombuffer(buffers[0], np.float32).tolist() == [3.0] * 3
+    send(tx0, Command.SYNC, 7, W0)
+    assert recv(rx0)[0].request == 7  # a SYNC is answered at once
+    assert not tx0.poll(50) and not rx1.poll(50)
+
+
+def test_a_pull_sent_before_its_push_waits_for_it_and_refused_pushes_count(node):
+    server, dealer = node
+    s0, s1 = dealer(), dealer()
+    send(s0, Command.INIT, 1, W0, arrays=[ArraySpec(0, "float32", (3,))], data=[np.zeros(3, np.float32)])
+    recv(s0)
+    send(s1, Command.PULL, 2, W1, {"parts": [[0, 0, 2]]})  # worker 1's push 2 has not arrived
+    push(s1, 3, W1, np.ones(4, np.float32))  # push 1: refused (counted)
+    assert recv(s1)[0].command is Command.ERROR
+    assert not s1.poll(100)
+    push(s1, 4, W1, np.ones(3, np.float32))  # push 2 arrives; its round waits for worker 0
+    assert not s1.poll(100)
+    push(s0, 5, W0, np.full(3, 5.0, np.float32), quiet=False)  # an acknowledged push
+    header, _ = recv(s0)
+    assert header.request == 5 and header.command is Command.REPLY and not header.arrays
+    header, buffers = recv(s1)
+    assert header.request == 2 and np.frombuffer(buffers[0], np.float32).tolist() == [6.0] * 3
+
+
+def test_a_push_is_acknowledged_before_the_pulls_its_round_answers(node):
+    server, dealer = node
+    s0, s1 = dealer(), dealer()
+    send(s0, Command.INIT, 1, W0, arrays=[ArraySpec(0, "float32", (3,))], data=[np.zeros(3, np.float32)])
+    recv(s0)
+    push(s1, 2, W1, np.ones(3, np.float32))
+    send(s1, Command.PULL, 3, W1, {"parts": [[0, 0, 1]]})
+    send(s0, Command.PULL, 4, W0, {"parts": [[0, 0, 1]]})  # overtakes worker 0's own push
+    push(s0, 5, W0, np.ones(3, np.float32), quiet=False)  # completes the round: answers both pulls
+    assert [recv(s0)[0].request for _ in range(2)] == [5, 4]  # the push's acknowledgement first
+    assert recv(s1)[0].request == 3

@@ -1,0 +1,108 @@
+"""CURVE key files, `pskv keygen` and the launcher's security options."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+import zmq
+
+import pskv
+from pskv.cli import main as cli_main
+from pskv.launch.config import LaunchConfig
+from pskv.transport.security import CurveSecurity, generate_keys, read_key_file, write_key_file
+
+pytestmark = pytest.mark.skipif(not zmq.has("curve"), reason="libzmq without CURVE")
+
+
+def test_key_file_round_trip_is_private_and_atomic(tmp_path):
+    keys = generate_keys()
+    path = write_key_file(tmp_path / "k", keys)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert read_key_file(path) == keys
+    assert "secret" not in repr(keys).lower().replace("secret=<hidden>", "")
+    with pytest.raises(pskv.InvalidArgumentError, match="refusing to overwrite"):
+        write_key_file(path, generate_keys())
+    write_key_file(path, generate_keys(), overwrite=True)
+    assert read_key_file(path) != keys
+    assert sorted(os.listdir(tmp_path)) == ["k"]  # no temporaries left
+
+
+@pytest.mark.parametrize(("mutate", "match"), [
+    (lambda t: t.replace("public = ", "public = x"), "40 characters"),
+    (lambda t: "\n".join(line for line in t.splitlines() if not line.startswith("secret")), "'secret'"),
+    (lambda t: t + "garbage line\n", "malformed"),
+])
+def test_bad_key_files_are_refused_with_the_reason(tmp_path, mutate, match):
+    path = write_key_file(tmp_path / "k", generate_keys())
+    path.write_text(mutate(path.read_text()))
+    with pytest.raises(pskv.InvalidArgumentError, match=match):
+        read_key_file(path)
+
+
+def test_a_public_key_of_another_pair_or_a_shared_file_is_refused(tmp_path):
+    a, b = generate_keys(), generate_keys()
+    path = tmp_path / "k"
+    path.write_text(f"public = {a.public.decode()}\nsecret = {b.secret.decode()}\n")
+    path.chmod(0o600)
+    with pytest.raises(pskv.InvalidArgumentError, match="does not belong"):
+        read_key_file(path)
+    good = write_key_file(tmp_path / "g", a)
+    good.chmod(0o644)
+    with pytest.raises(pskv.InvalidArgumentError, match="chmod 600"):
+        read_key_file(good)
+    with pytest.raises(pskv.InvalidArgumentError, match="cannot read"):
+        read_key_file(tmp_path / "missing")
+
+
+def test_zap_admits_only_the_cluster_key_and_logs_refusals(caplog):
+    keys, intruder = generate_keys(), generate_keys()
+    ctx = zmq.Context()
+    sec = CurveSecurity(keys, "server 0")
+    sec.start(ctx)
+    router = ctx.socket(zmq.ROUTER)
+    sec.server(router)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+
+    def send(mode: str) -> bool:
+        dealer = ctx.socket(zmq.DEALER)
+        dealer.linger = 0
+        if mode == "member":
+            sec.client(dealer)
+        elif mode == "intruder":
+            CurveSecurity(intruder).client(dealer)
+            dealer.curve_serverkey = keys.public  # knows the public key, not the secret
+        dealer.connect(f"tcp://127.0.0.1:{port}")
+        dealer.send(mode.encode())
+        got = router.poll(1000) and router.recv_multipart()[-1] == mode.encode()
+        dealer.close()
+        return bool(got)
+
+    try:
+        with caplog.at_level("ERROR", logger="pskv.security"):
+            assert send("member")
+            assert not send("intruder")
+            assert not send("plain")
+        assert sec.refused == 1
+        assert intruder.public.decode() in caplog.text and "server 0 refused" in caplog.text
+    finally:
+        sec.stop()
+        router.close(0)
+        ctx.term()
+
+
+def test_keygen_command(tmp_path, capsys):
+    out = tmp_path / "cluster.key"
+    assert cli_main(["keygen", "-o", str(out)]) == 0
+    assert read_key_file(out).public.decode() in capsys.readouterr().out
+    assert cli_main(["keygen", "-o", str(out)]) == 2
+    assert "refusing to overwrite" in capsys.readouterr().err
+    assert cli_main(["keygen", "-o", str(out), "--force"]) == 0
+
+
+def test_launcher_security_options_are_checked():
+    with pytest.raises(pskv.InvalidArgumentError, match="not both"):
+        LaunchConfig(1, 1, ("true",), curve_key_file="/k", secure=True)
+    with pytest.raises(pskv.InvalidArgumentError, match="--secure makes a key on this machine only"):
+        LaunchConfig(1, 1, ("true",), launcher="ssh", hostfile="h", secure=True)
