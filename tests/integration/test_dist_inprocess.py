@@ -492,3 +492,39 @@ def test_a_failed_non_blocking_push_then_pull():
 
     for value, pulled in run(1, 2, fn, store="dist_async"):
         assert value == pulled == 5.0
+
+
+# -- no deadlock with more in-flight operations than engine threads ----------------------------
+@pytest.mark.parametrize("shm", [0, 1])
+def test_more_non_blocking_pushpulls_than_engine_threads_in_opposite_orders(shm):
+    # A pushpull waits for its round, i.e. for the other worker's push of that key. If a
+    # waiting operation held an engine thread, worker 0 could fill both of its threads
+    # with keys 0, 1 while worker 1 fills its own with keys 7, 6, and neither would ever
+    # send the pushes the other waits for (the hang CI once saw in the trainer test).
+    n = 8
+
+    def fn(kv):
+        kv.init(list(range(n)), [np.zeros(16, np.float32)] * n)
+        order = list(range(n)) if kv.rank == 0 else list(reversed(range(n)))
+        results = []
+        for step in range(5):
+            outs = {k: np.empty(16, np.float32) for k in order}
+            handles = [kv.pushpull(k, np.full(16, float(k + kv.rank + step), np.float32), out=outs[k],
+                                   priority=(k if kv.rank == 0 else -k), block=False) for k in order]
+            for h in handles:
+                h.wait(timeout=20)
+            results.append({k: float(outs[k][0]) for k in range(n)})
+        return results
+
+    config = pskv.config.Config(engine_threads=2)
+    with InProcessCluster(2, 2, deadline=DEADLINE, shm=shm) as cluster:
+        def body(cfg):
+            kv = pskv.create("dist_sync", cluster=cfg, config=config)
+            try:
+                return fn(kv)
+            finally:
+                kv.close()
+        per_worker = cluster.run_workers(body)
+    for step in range(5):
+        expect = {k: float(2 * (k + step) + 1) for k in range(n)}
+        assert per_worker[0][step] == expect and per_worker[1][step] == expect
