@@ -176,6 +176,17 @@ class KVStoreBase(abc.ABC):
         """MXNet's name for :meth:`barrier`."""
         self.barrier()
 
+    def join(self, timeout: float | None = None) -> None:
+        """Declare that this worker has no more data for now (uneven data across workers).
+
+        In a distributed sync store, sync rounds then complete without this worker (it
+        contributes nothing to the sums) while the others go on pushing; the call
+        returns when every worker has joined, after which rounds need everyone again.
+        Call it at the end of every epoch whose batch counts may differ between workers.
+        In one process it waits for this store's outstanding operations only.
+        """
+        self.wait(timeout=timeout)
+
     def send_command_to_servers(self, head: int, body: str) -> None:
         """Send a command to every server's controller; a store without servers ignores it."""
         return None

@@ -58,7 +58,7 @@ class BytePSStore(DistStore):
         self._declare(key, value)
         return super().pushpull(key, value, out, priority, block=block, timeout=timeout)
 
-    def init(self, key: Any, value: Any) -> None:
+    def init(self, key: Any, value: Any, *, summed: bool = False) -> None:
         """Not part of the BytePS API: keys are declared by their first pushpull/broadcast."""
         raise NotSupportedError("the byteps store declares keys on first use; call pushpull or broadcast")
 

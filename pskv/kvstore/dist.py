@@ -368,11 +368,13 @@ class DistStore(KVStoreBase):
                     log.info("worker %d: key %r uses sockets, not shared memory: %s", self._rank, rec.key, exc)
 
     # -- init ---------------------------------------------------------------------------
-    def init(self, key: Any, value: Any) -> None:
+    def init(self, key: Any, value: Any, *, summed: bool = False) -> None:
         """Initialise keys on every worker; rank 0's values are used.
 
         Every worker must call ``init`` for the same keys; it returns when the keys are
-        initialised for everyone.
+        initialised for everyone. ``summed=True`` makes keys whose sync rounds always
+        store the plain sum of the pushes, even when an optimizer runs on the servers
+        (counters and flags next to model weights; async: pushes are added).
 
         Raises:
             DuplicateKeyError, KeyTypeError, UnsupportedValueError: as the local store.
@@ -396,7 +398,8 @@ class DistStore(KVStoreBase):
         self._key_kind.check(keys, fix=True)
         if self._rank == 0:
             self._reduce(recs)
-            self._collect(self._send_values(Command.INIT, [r for r, _ in recs], 0), None)
+            body = '{"summed": true}' if summed else ""
+            self._collect(self._send_values(Command.INIT, [r for r, _ in recs], 0, body=body), None)
         self.barrier()  # rank 0's init (and the servers' shared buffers) exist for everyone now
         self._attach_shared([rec for rec, _ in recs])
         for rec, _ in recs:
@@ -752,6 +755,28 @@ class DistStore(KVStoreBase):
         """
         self._check_open("barrier")
         self._client.membership.barrier(Role.WORKER, self._cluster.request_timeout)
+
+    def join(self, timeout: float | None = None) -> None:
+        """This worker has no more data: rounds go on without it until every worker joined.
+
+        Finishes this worker's outstanding operations, tells every server (sync rounds
+        that only waited for this worker complete at once, and later ones do not wait
+        for it), then waits at a barrier for the other workers to join too. When it
+        returns, every server has seen every worker's join, so rounds need everyone
+        again. Collective: every worker calls it (e.g. at the end of each epoch).
+        ``timeout`` bounds each wait, the wait for the slowest worker included
+        (default ``PSKV_DEFAULT_TIMEOUT``).
+
+        Raises:
+            NodeFailedError: a worker or server died.
+            OperationTimeoutError: a server did not answer within the timeout.
+        """
+        self._check_open("join")
+        limit = self._timeout(timeout)
+        self.wait(timeout=limit)
+        self._wait_all([self._client.request(s, Command.JOIN, what="join", timeout=limit)
+                        for s in range(self._num_servers)], limit)
+        self._client.membership.barrier(Role.WORKER, limit)
 
     def num_dead_node(self, node_id: int, timeout: float = 60) -> int:
         """Nodes of group ``node_id`` (1 scheduler, 2 servers, 4 workers, sums) silent for > ``timeout`` s."""

@@ -17,6 +17,7 @@ from typing import Any
 from pskv.errors import InvalidArgumentError
 from pskv.parallel.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from pskv.parallel.executor_group import _batch_parts
+from pskv.parallel.trainer import SYNC_TYPES
 
 __all__ = ["fit", "evaluate", "LINE_SECONDS"]
 
@@ -88,7 +89,7 @@ def evaluate(group: Any, eval_data: Iterable[Any], eval_metric: Any = "acc") -> 
 def fit(trainer: Any, train_data: Iterable[Any], eval_data: Iterable[Any] | None = None, *, num_epoch: int = 1,
         eval_metric: Any = "acc", begin_epoch: int = 0, checkpoint_dir: str | Path | None = None,
         checkpoint_period: int = 1, resume: bool = False, progress: bool | str = "auto",
-        log_all_ranks: bool = False, batch_end_callback: Callable[[dict[str, Any]], None] | None = None,
+        log_all_ranks: bool = False, uneven: bool = False, batch_end_callback: Callable[[dict[str, Any]], None] | None = None,
         epoch_end_callback: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Train ``trainer``'s group for epochs ``begin_epoch .. num_epoch - 1``.
 
@@ -108,6 +109,12 @@ def fit(trainer: Any, train_data: Iterable[Any], eval_data: Iterable[Any] | None
         progress: ``'auto'`` (a bar on a terminal, periodic lines otherwise), True
             (always a bar) or False.
         log_all_ranks: print progress on every worker (default: rank 0 only).
+        uneven: workers may have different numbers of batches per epoch (synchronous
+            distributed stores): a worker out of data takes part in the others' last
+            steps with zero gradients, so no one waits forever and every worker ends
+            the epoch with the same parameters (:mod:`pskv.parallel.uneven`; costs one
+            tiny ``pushpull`` per step). Without it, a worker with fewer batches leaves
+            the others waiting until their timeout.
         batch_end_callback, epoch_end_callback: called with a dict of statistics.
 
     Returns:
@@ -135,6 +142,11 @@ def fit(trainer: Any, train_data: Iterable[Any], eval_data: Iterable[Any] | None
             begin_epoch = int(meta["epoch"]) + 1
             if show:
                 print(f"resumed from {found} (epoch {meta['epoch'] + 1} done)", flush=True)
+    shadow = None
+    if uneven and kv is not None and workers > 1 and kv.type in SYNC_TYPES:
+        from pskv.parallel.uneven import UnevenSteps
+
+        shadow = UnevenSteps(trainer)
     history = []
     for epoch in range(begin_epoch, num_epoch):
         _begin_epoch(train_data, epoch)
@@ -149,6 +161,8 @@ def fit(trainer: Any, train_data: Iterable[Any], eval_data: Iterable[Any] | None
                     _bind_from(group, batch)
                 group.forward(batch, is_train=True)
                 group.backward()
+                if shadow is not None:
+                    shadow.before_step(group.batch_size)
                 trainer.step()
                 _, labels = _batch_parts(batch)
                 group.update_metric(metric, labels)
@@ -161,6 +175,8 @@ def fit(trainer: Any, train_data: Iterable[Any], eval_data: Iterable[Any] | None
                 bar.update(steps, stats)
                 if batch_end_callback is not None:
                     batch_end_callback({"epoch": epoch, "step": steps, **stats})
+            if shadow is not None:
+                shadow.finish()  # the other workers' remaining steps, with zero gradients
         finally:
             bar.close()
         if steps == 0:

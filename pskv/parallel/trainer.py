@@ -426,6 +426,30 @@ class Trainer:
                 for other in copies[1:]:
                     other.copy_(copies[0])
 
+    def shadow_step(self, batch_size: int | None = None) -> None:
+        """Take part in a step without data: exchange zero gradients and update like the others.
+
+        For uneven data (:class:`pskv.parallel.uneven.UnevenSteps`): a worker that ran out
+        of batches keeps joining the other workers' sync rounds, contributing nothing to
+        the sums, and applies the same update, so every worker keeps the same parameters
+        (and, with a local optimizer, the same optimizer state).
+        """
+        batch = self._batch(batch_size)
+        self._ensure_params()
+        self._finish_sends()
+        with torch.no_grad():
+            for b in range(len(self._buckets)):
+                self._adopt_grads(b)
+                for g in self._grads[b]:
+                    g.zero_()
+        with self._lock:
+            self._reset_counts()
+        if self.update_on_kvstore:
+            self._ensure_optimizer(batch)
+        self._communicate()
+        if not self.update_on_kvstore:
+            self.update(batch)
+
     # -- optimizer states ---------------------------------------------------------------------
     def save_states(self, fname: str) -> None:
         """Save the optimizer state (with its config): the store's (servers write

@@ -74,6 +74,9 @@ class Command(enum.IntEnum):
     # server before was handled (a quiet push — body {"quiet": true} — is answered only
     # when it fails).
     SYNC = 27
+    # The sender has no more data (uneven data, ``kv.join()``): sync rounds complete
+    # without it until every worker has joined. No body.
+    JOIN = 28
     # replies
     REPLY = 40
     ERROR = 41  # body: JSON {type, message}

@@ -85,6 +85,7 @@ class ServerNode:
             Command.SET_MODE: self._set_mode,
             Command.HELLO: self._hello,
             Command.SYNC: self._sync,
+            Command.JOIN: self._join,
             Command.SET_OPTIMIZER: self._set_optimizer,
             Command.CONTROLLER: self._controller,
             Command.SAVE_STATES: self._save_states,
@@ -210,8 +211,9 @@ class ServerNode:
         for spec, _ in items:
             if (spec.key, spec.offset) in self._shard.parts:
                 raise KVStoreError(f"duplicate init of key {spec.key}")
+        summed = json_body(header).get("summed") is True
         for spec, data in items:
-            self._shard.init(spec.key, spec.offset, spec.dtype, data)
+            self._shard.init(spec.key, spec.offset, spec.dtype, data, summed=summed)
         self._reply(identity, reply_frames(header, self._node_id()))
 
     def _checked(self, header: Header, buffers: list[memoryview], op: str) -> list[tuple[Part, np.ndarray[Any, Any]]]:
@@ -350,6 +352,14 @@ class ServerNode:
 
     def _sync(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
         """Answered at once: confirms the worker's earlier (quiet) messages were handled."""
+        self._reply(identity, reply_frames(header, self._node_id()))
+
+    def _join(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
+        """The sender ran out of data: rounds that only waited for it complete (ServerShard.join)."""
+        completed = self._shard.join(header.sender)
+        if completed:
+            log.info("%s: %s joined; %d round(s) completed without it", self.name, node_name(header.sender),
+                     len(completed))
         self._reply(identity, reply_frames(header, self._node_id()))
 
     def _set_mode(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:

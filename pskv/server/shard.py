@@ -95,6 +95,7 @@ class Part:
     pushed: set[int] = field(default_factory=set)
     queued: dict[int, deque[np.ndarray[Any, Any]]] = field(default_factory=dict)
     waiting: list[tuple[int, Callable[[Part], None], Callable[[str], None] | None]] = field(default_factory=list)
+    summed: bool = False  # rounds store the plain sum even when an updater is set (counters)
     round_started: float = 0.0  # monotonic time of the first push of the open round
     buffers: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None = None  # shared value/merge pair
     slots: dict[int, np.ndarray[Any, Any]] = field(default_factory=dict)  # shared push slot per worker
@@ -135,10 +136,41 @@ class ServerShard:
         self._workers = workers
         self.parts: dict[PartId, Part] = {}
         self.updater: Updater | None = None
+        # Workers that joined (ran out of data, see :meth:`join`): sync rounds complete
+        # without them until every worker has joined.
+        self.joined: set[int] = set()
+
+    def _full(self, part: Part) -> bool:
+        """True if the open round of ``part`` has a push from every worker that has not joined."""
+        if not self.joined:
+            return len(part.pushed) == self.num_workers
+        return bool(part.pushed) and len(part.pushed | self.joined) >= self.num_workers
+
+    # -- uneven data --------------------------------------------------------------------
+    def join(self, worker: int) -> list[Part]:
+        """``worker`` has no more data: complete every open round that only waited for it.
+
+        From now on, sync rounds need pushes only from the workers that have not joined
+        (a joined worker contributes nothing to the sum). When every worker has joined,
+        the joined set is cleared and rounds need everyone again (the next epoch).
+
+        Returns:
+            The parts whose rounds completed.
+        """
+        self.joined.add(worker)
+        completed = []
+        if len(self.joined) >= self.num_workers:
+            self.joined.clear()
+        elif self.sync:
+            for part in self.parts.values():
+                if part.pushed and self._full(part):
+                    self._complete(part)
+                    completed.append(part)
+        return completed
 
     # -- init -------------------------------------------------------------------------
-    def init(self, key: int, offset: int, dtype: str, frame: np.ndarray[Any, Any]) -> None:
-        """Create a part from rank 0's value.
+    def init(self, key: int, offset: int, dtype: str, frame: np.ndarray[Any, Any], summed: bool = False) -> None:
+        """Create a part from rank 0's value (``summed``: rounds bypass the updater).
 
         Raises:
             DuplicateKeyError: the part exists.
@@ -155,10 +187,11 @@ class ServerShard:
             np.copyto(a, data)
             part = Part(key, offset, dtype, a, buffers=(a, b))
             part.slots = {w: self._allocate(key, offset, f"w{w}", dt, data.size) for w in self._workers}
+            part.summed = summed
             self.parts[pid] = part
             return
         value = np.array(data, dtype=storage_dtype(dtype), copy=True)
-        self.parts[pid] = Part(key, offset, dtype, value)
+        self.parts[pid] = Part(key, offset, dtype, value, summed=summed)
 
     def part(self, key: int, offset: int, op: str) -> Part:
         """The part ``(key, offset)``.
@@ -261,6 +294,11 @@ class ServerShard:
 
     def _push(self, part: Part, worker: int, data: np.ndarray[Any, Any]) -> int:
         if not self.sync:
+            if part.summed:
+                np.add(part.value, data, out=part.value)
+                part.round += 1
+                self._answer(part)
+                return part.round
             if self.updater is None:
                 raise InvalidArgumentError(
                     "dist_async applies every push through the optimizer: call set_optimizer "
@@ -276,7 +314,7 @@ class ServerShard:
             return part.round + 1 + len(queue)
         self._add(part, worker, data)
         joined = part.round + 1
-        if len(part.pushed) == self.num_workers:
+        if self._full(part):
             self._complete(part)
         return joined
 
@@ -295,7 +333,7 @@ class ServerShard:
         """Apply a full round, answer pulls, and start queued pushes (possibly repeatedly)."""
         while True:
             assert part.merge is not None
-            if self.updater is None:
+            if self.updater is None or part.summed:
                 part.value, part.merge = part.merge, None  # the old value may be in flight
             else:
                 self.updater(part.key, part.merge, part.value)
@@ -307,7 +345,7 @@ class ServerShard:
                 self._add(part, worker, queue.popleft())
                 if not queue:
                     del part.queued[worker]
-            if len(part.pushed) < self.num_workers:
+            if not self._full(part):
                 return
 
     # -- pull -------------------------------------------------------------------------

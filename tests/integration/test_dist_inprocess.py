@@ -528,3 +528,38 @@ def test_more_non_blocking_pushpulls_than_engine_threads_in_opposite_orders(shm)
     for step in range(5):
         expect = {k: float(2 * (k + step) + 1) for k in range(n)}
         assert per_worker[0][step] == expect and per_worker[1][step] == expect
+
+
+# -- uneven data: join ----------------------------------------------------------------------
+@pytest.mark.parametrize("shm", [0, 1])
+def test_join_lets_workers_with_uneven_batch_counts_finish_each_epoch(shm):
+    # worker 0 has 3 batches per epoch, worker 1 has 5: without join, worker 1's 4th
+    # pushpull would wait for a push that never comes.
+    def fn(kv):
+        kv.init("w", np.zeros(2, np.float32))
+        seen = []
+        for _epoch in range(2):
+            for _step in range(3 if kv.rank == 0 else 5):
+                out = np.empty(2, np.float32)
+                kv.pushpull("w", np.full(2, float(kv.rank + 1), np.float32), out=out)
+                seen.append(float(out[0]))
+            kv.join(timeout=20)
+        return seen, kv.pull("w")
+
+    (seen0, final0), (seen1, final1) = run(1, 2, fn, shm=shm)
+    assert seen0 == [3.0] * 6  # rounds with both workers: 1 + 2
+    assert seen1 == [3.0, 3.0, 3.0, 2.0, 2.0] * 2  # after worker 0 joined: worker 1 alone
+    assert final0.tolist() == final1.tolist() == [2.0, 2.0]  # no updater: the last round's sum
+
+
+def test_a_summed_key_keeps_plain_sums_while_an_optimizer_updates_the_others():
+    def fn(kv):
+        kv.set_optimizer(SGD(learning_rate=0.5))
+        kv.init("w", np.ones(3, np.float32))
+        kv.init("count", np.zeros(2, np.float32), summed=True)
+        kv.push(["w", "count"], [np.ones(3, np.float32), np.array([1, 10], np.float32)])
+        return kv.pull("w"), kv.pull("count")
+
+    for w, count in run(2, 2, fn):
+        np.testing.assert_allclose(w, 1 - 0.5 * 2)  # SGD on the sum of two pushes of 1
+        assert count.tolist() == [2, 20]  # the plain sum, not an SGD step

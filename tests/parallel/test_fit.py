@@ -141,3 +141,35 @@ def test_loading_a_checkpoint_of_the_other_mode_or_garbage_is_refused(tmp_path):
     bad.write_bytes(b"\x80\x04garbage")
     with pytest.raises(pskv.InvalidArgumentError, match="cannot read parameters"):
         load_params(bad)
+
+
+@pytest.mark.parametrize("update_on_kvstore", [True, False])
+def test_dist_fit_with_uneven_batch_counts_per_worker_finishes_every_epoch(update_on_kvstore):
+    # worker 0 gets 3 batches per epoch, worker 1 gets 5: with uneven=True worker 0 takes
+    # part in worker 1's last 2 steps with zero gradients instead of leaving it waiting.
+    from pskv.testing import InProcessCluster
+
+    x, y = dataset(128)
+
+    def worker(cfg):
+        kv = pskv.create("dist_sync", cluster=cfg)
+        try:
+            group = DataParallelExecutorGroup(make_model(), ["cpu"], loss=torch.nn.CrossEntropyLoss())
+            trainer = Trainer(group, "sgd", {"learning_rate": 0.05, "momentum": 0.9}, kvstore=kv,
+                              update_on_kvstore=update_on_kvstore)
+            n = 48 if kv.rank == 0 else 80
+            data = NDArrayIter(x[:n] if kv.rank == 0 else x[48:], y[:n] if kv.rank == 0 else y[48:], batch_size=16)
+            steps = []
+            history = trainer.fit(data, num_epoch=3, progress=False, uneven=True,
+                                  batch_end_callback=lambda s: steps.append((s["epoch"], s["step"])))
+            trainer.close()
+            return [h["epoch"] for h in history], steps, group.get_params()[0]
+        finally:
+            kv.close()
+
+    with InProcessCluster(1, 2, deadline=60) as cluster:
+        (epochs0, steps0, params0), (epochs1, steps1, params1) = cluster.run_workers(worker)
+    assert epochs0 == epochs1 == [0, 1, 2]
+    assert len(steps0) == 3 * 3 and len(steps1) == 3 * 5
+    for name in params0:  # every update was applied on both workers
+        torch.testing.assert_close(params0[name], params1[name], rtol=0, atol=0)

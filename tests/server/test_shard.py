@@ -186,3 +186,51 @@ def test_fail_waiting_also_fails_early_pulls():
     s.pull_after_push(p, 11, 1, lambda part: reasons.append("answered"), reasons.append)
     assert s.fail_waiting("worker 9 died") == 2
     assert reasons == ["worker 9 died", "worker 9 died"] and not p.early and not p.waiting
+
+
+# -- uneven data: join ------------------------------------------------------------------------
+def test_join_completes_the_open_round_and_later_rounds_skip_the_joined_worker():
+    s, p = shard(workers=3)
+    got = []
+    s.pull(p, 1, lambda part: got.append(part.value.tolist()))
+    s.push(p, 1, f(1))
+    s.push(p, 2, f(2))
+    assert p.round == 0 and not got  # waits for worker 3
+    assert s.join(3) == [p]  # worker 3 has no more data: round 1 = 1 + 2
+    assert p.round == 1 and got == [[3] * 4]
+    s.push(p, 1, f(10))
+    assert p.round == 1  # still needs worker 2
+    s.push(p, 2, f(20))
+    assert p.round == 2 and p.value.tolist() == [30] * 4
+
+
+def test_a_worker_that_pushed_then_joined_still_counts_in_that_round():
+    s, p = shard(workers=2)
+    s.push(p, 1, f(1))
+    assert s.join(1) == []  # its push is in round 1, which still needs worker 2
+    s.push(p, 2, f(2))
+    assert p.round == 1 and p.value.tolist() == [3] * 4
+    s.push(p, 2, f(5))  # round 2: worker 2 alone
+    assert p.round == 2 and p.value.tolist() == [5] * 4
+
+
+def test_when_every_worker_joined_rounds_need_everyone_again():
+    s, p = shard(workers=2)
+    s.join(1)
+    s.push(p, 2, f(2))
+    assert p.round == 1
+    s.join(2)
+    assert s.joined == set()
+    s.push(p, 1, f(1))
+    assert p.round == 1  # waits for worker 2 again
+    s.push(p, 2, f(2))
+    assert p.round == 2 and p.value.tolist() == [3] * 4
+
+
+def test_queued_pushes_of_the_remaining_worker_complete_after_a_join():
+    s, p = shard(workers=2)
+    s.push(p, 1, f(1))
+    s.push(p, 1, f(10))  # queued for round 2
+    s.push(p, 1, f(100))  # queued for round 3
+    s.join(2)
+    assert p.round == 3 and p.value.tolist() == [100] * 4 and not p.queued
