@@ -16,6 +16,7 @@ The public surface is re-exported here; implementation modules are layered
 from pskv import optimizer
 from pskv.config import Config
 from pskv.errors import (
+    CheckpointError,
     DTypeMismatchError,
     DuplicateKeyError,
     InvalidArgumentError,
@@ -40,6 +41,7 @@ from pskv.kvstore import KVStoreBase, LocalStore, OpHandle, create, known_types
 __version__ = "0.1.0"
 
 __all__ = [
+    "CheckpointError",
     "Config",
     "DTypeMismatchError",
     "DuplicateKeyError",

@@ -68,6 +68,9 @@ CLUSTER_ENV_VARS: dict[str, tuple[str, str]] = {
     "PSKV_STALL_REPORT": ("stall_report", "seconds a sync round may wait before its server logs which workers are missing (default 30; 0 off)"),
     "PSKV_JOB_ID": ("job_id", "an id of this job (set by pskv launch); names the servers' shared-memory files"),
     "PSKV_CURVE_KEY_FILE": ("curve_key_file", "a CURVE cluster key file (pskv keygen): authenticate and encrypt all traffic with it (default: off)"),
+    "PSKV_CHECKPOINT_DIR": ("checkpoint_dir", "where kv.save_checkpoint() without a path writes ckpt-<n> directories (pskv launch --checkpoint-dir)"),
+    "PSKV_RESUME_FROM": ("resume_from", "a checkpoint directory: servers load their shards from it at start, workers' init keeps the saved values (set by pskv launch on a restart)"),
+    "PSKV_RESTART_COUNT": ("restart_count", "how many times pskv launch has restarted this job (0: first run)"),
     "PSKV_SHM": ("shm", "1: workers on a server's host exchange arrays through shared memory; 0: sockets only (default 1)"),
     "PSKV_SERVER_MODULES": ("server_modules", "comma-separated modules a server imports at start (they register controllers)"),
 }
@@ -165,6 +168,10 @@ class ClusterConfig:
         job_id: an id of the job; names the servers' shared-memory directories.
         curve_key_file: a CURVE cluster key file; every socket then authenticates and
             encrypts with it (docs/security.md). Empty: plain TCP.
+        checkpoint_dir: where ``kv.save_checkpoint()`` without a path writes ``ckpt-<n>``.
+        resume_from: a checkpoint directory the job resumes from (servers load their
+            shards at start; workers' ``init`` keeps the saved values). Empty: fresh start.
+        restart_count: how many times the launcher has restarted the job.
     """
 
     role: str = "worker"
@@ -188,6 +195,9 @@ class ClusterConfig:
     shm: int = 1
     job_id: str = ""
     curve_key_file: str = ""
+    checkpoint_dir: str = ""
+    resume_from: str = ""
+    restart_count: int = 0
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:

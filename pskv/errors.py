@@ -23,6 +23,7 @@ class                          builtin             meaning
 ``NodeFailedError``            ``ConnectionError`` a peer node died or stopped answering
 ``RemoteError``                ``RuntimeError``    a server answered a request with an error
 ``OptimizerStateError``        ``ValueError``      an optimizer-state file is unusable
+``CheckpointError``            ``ValueError``      a server checkpoint is missing, incomplete or unusable
 ``LaunchError``                ``RuntimeError``    ``pskv launch`` could not start or run the job
 =============================  ==================  ==========================================
 """
@@ -45,6 +46,7 @@ __all__ = [
     "StoreClosedError",
     "NotSupportedError",
     "OptimizerStateError",
+    "CheckpointError",
     "ProtocolError",
     "TransportError",
     "NodeFailedError",
@@ -139,6 +141,10 @@ class NotSupportedError(KVStoreError, NotImplementedError):
 
 class OptimizerStateError(KVStoreError, ValueError):
     """An optimizer-state file is malformed or does not match the store."""
+
+
+class CheckpointError(KVStoreError, ValueError):
+    """A server checkpoint is missing, incomplete (no manifest), damaged or does not fit the job."""
 
 
 class ProtocolError(KVStoreError, ValueError):

@@ -176,6 +176,23 @@ class KVStoreBase(abc.ABC):
         """MXNet's name for :meth:`barrier`."""
         self.barrier()
 
+    def save_checkpoint(self, path: str | None = None, meta: Any = None) -> str:
+        """Save the servers' state (values, optimizer state, rounds) as a checkpoint directory.
+
+        Only distributed stores have servers to save; see :meth:`DistStore.save_checkpoint`.
+
+        Raises:
+            NotSupportedError: this store has no servers (save your arrays and
+                ``save_optimizer_states`` instead).
+        """
+        raise NotSupportedError(f"the {self.type!r} store has no servers to checkpoint; save the values you pull "
+                                "and use save_optimizer_states")
+
+    @property
+    def resumed(self) -> dict[str, Any] | None:
+        """The manifest of the checkpoint this job resumed from (its ``meta`` included), or None."""
+        return None
+
     def join(self, timeout: float | None = None) -> None:
         """Declare that this worker has no more data for now (uneven data across workers).
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -731,6 +732,74 @@ class DistStore(KVStoreBase):
             self._all_servers(Command.LOAD_STATES, {"path": str(fname)}, "load_optimizer_states")
         self.barrier()
 
+    # -- checkpoints ----------------------------------------------------------------------
+    def save_checkpoint(self, path: str | None = None, meta: Any = None) -> str:
+        """Save every server's shard — values, rounds, optimizer state and config — as a checkpoint.
+
+        Collective: every worker calls it at the same point (e.g. every N steps). After a
+        barrier (every worker's earlier operations are done), worker 0 has each server
+        write ``server-<rank>.safetensors`` into the directory, then writes
+        ``manifest.json`` (with ``meta``, any JSON-serialisable value, e.g. the step),
+        which makes the directory a checkpoint; everyone returns after a second
+        barrier. Files are written atomically on the servers' hosts (use a shared file
+        system across hosts). A job started with ``PSKV_RESUME_FROM`` set to such a
+        directory (``pskv launch --max-restarts`` does it after a failure) continues from
+        it: see :attr:`resumed`.
+
+        Args:
+            path: the checkpoint directory; default ``<PSKV_CHECKPOINT_DIR>/ckpt-<n>``
+                with ``n`` one more than the highest existing one.
+            meta: stored in the manifest and returned by :attr:`resumed` after a restart.
+
+        Returns:
+            The checkpoint directory.
+
+        Raises:
+            InvalidArgumentError: no ``path`` and no ``PSKV_CHECKPOINT_DIR``, or ``meta``
+                is not JSON-serialisable.
+            RemoteError: a server could not write its file (CheckpointError there).
+        """
+        from pskv.server.snapshot import write_manifest
+
+        self._check_open("save_checkpoint")
+        try:
+            meta_json = json.loads(json.dumps(meta))
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgumentError(f"save_checkpoint: meta must be JSON-serialisable: {exc}") from None
+        if path is None:
+            if not self._cluster.checkpoint_dir:
+                raise InvalidArgumentError("save_checkpoint() needs a path or PSKV_CHECKPOINT_DIR "
+                                           "(pskv launch --checkpoint-dir)")
+            path = os.path.join(self._cluster.checkpoint_dir, f"ckpt-{_next_checkpoint(self._cluster.checkpoint_dir)}")
+        directory = os.path.abspath(path)
+        self.wait()
+        self.barrier()  # every worker's pushes are in
+        if self._rank == 0:
+            os.makedirs(directory, exist_ok=True)
+            replies = self._all_servers(Command.SAVE_CHECKPOINT, {"dir": directory}, "save_checkpoint")
+            bodies = [json.loads(h.body) for h in replies]
+            write_manifest(directory, {
+                "store": self._type, "num_servers": self._num_servers, "num_workers": self._cluster.num_workers,
+                "files": [b.get("file") for b in bodies], "bytes": sum(int(b.get("bytes", 0)) for b in bodies),
+                "open_rounds": sum(int(b.get("open_rounds", 0)) for b in bodies), "meta": meta_json,
+            })
+        self.barrier()
+        return directory
+
+    @property
+    def resumed(self) -> dict[str, Any] | None:
+        """The manifest of the checkpoint this job resumed from (``PSKV_RESUME_FROM``), or None.
+
+        Its ``"meta"`` is what :meth:`save_checkpoint` was given (e.g. the step to go on
+        from); ``"path"`` is the directory. The keys it holds keep their saved values
+        (and optimizer state) when the workers ``init`` them again.
+        """
+        if not self._cluster.resume_from:
+            return None
+        from pskv.server.snapshot import read_manifest
+
+        return {**read_manifest(self._cluster.resume_from), "path": self._cluster.resume_from}
+
     def send_command_to_servers(self, head: int, body: str) -> None:
         """Run the controller registered for ``head`` on every server; returns when all answered.
 
@@ -810,3 +879,13 @@ class DistStore(KVStoreBase):
 
     def __enter__(self) -> DistStore:
         return self
+
+
+def _next_checkpoint(root: str) -> int:
+    """One more than the highest ``n`` of the ``ckpt-<n>`` entries in ``root`` (1 if none)."""
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return 1
+    numbers = [int(n[5:]) for n in names if n.startswith("ckpt-") and n[5:].isdigit()]
+    return max(numbers, default=0) + 1

@@ -18,8 +18,10 @@ The user guide is ``docs/launch.md``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
+import uuid
 from collections.abc import Sequence
 
 from pskv.errors import InvalidArgumentError
@@ -28,6 +30,7 @@ from pskv.launch.contract import CONTRACT
 from pskv.launch.local import run_local
 from pskv.launch.ssh import run_ssh
 from pskv.launch.supervisor import Console
+from pskv.server.snapshot import latest_checkpoint
 from pskv.transport.shm import remove_job_files
 
 __all__ = ["CONTRACT", "DESCRIPTION", "LaunchConfig", "add_arguments", "config_from_args", "launch", "main", "run_args"]
@@ -47,13 +50,23 @@ def launch(config: LaunchConfig, console: Console | None = None) -> int:
         InvalidArgumentError: the hostfile is unreadable or malformed (nothing was started).
     """
     console = Console(sys.stdout.buffer, sys.stderr) if console is None else console
-    try:
-        if config.launcher == "ssh":
-            return run_ssh(config, console)
-        return run_local(config, console)
-    finally:
-        # servers killed hard (SIGKILL, a crash) cannot remove their shared-memory files
-        remove_job_files(config.job_id)
+    attempt = config
+    while True:
+        try:
+            code = run_ssh(attempt, console) if attempt.launcher == "ssh" else run_local(attempt, console)
+        finally:
+            # servers killed hard (SIGKILL, a crash) cannot remove their shared-memory files
+            remove_job_files(attempt.job_id)
+        restarts = attempt.restart_count
+        if code == 0 or console.stop_requested or restarts >= config.max_restarts:
+            if code != 0 and restarts and not console.stop_requested:
+                console.note(f"giving up after {restarts} restart(s) (--max-restarts {config.max_restarts})")
+            return code
+        found = latest_checkpoint(config.checkpoint_dir) if config.checkpoint_dir else None
+        console.note(f"restarting the job ({restarts + 1} of at most {config.max_restarts}) "
+                     + (f"from checkpoint {found}" if found else "from the beginning (no complete checkpoint)"))
+        attempt = dataclasses.replace(config, job_id=uuid.uuid4().hex[:12], restart_count=restarts + 1,
+                                      resume_from=str(found) if found else "")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -84,6 +97,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "over ssh the file must exist at the same path on every host")
     parser.add_argument("--secure", action="store_true",
                         help="local only: authenticate and encrypt with a fresh CURVE key made for this job")
+    parser.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                        help="where kv.save_checkpoint() writes ckpt-<n> directories (PSKV_CHECKPOINT_DIR); "
+                             "a restart resumes from the latest complete one")
+    parser.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                        help="after a failure, start the whole job again, at most N times, from the latest "
+                             "checkpoint in --checkpoint-dir (default 0: no restarts)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the worker command, after --")
 
 
@@ -111,6 +130,8 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         python=args.python,
         curve_key_file=os.path.abspath(args.curve_key) if args.curve_key else "",
         secure=args.secure,
+        checkpoint_dir=os.path.abspath(args.checkpoint_dir) if args.checkpoint_dir else "",
+        max_restarts=args.max_restarts,
     )
 
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pskv.errors import InvalidArgumentError
-from pskv.launch.contract import CONTRACT
+from pskv.launch.contract import CONTRACT, JobLayout
 
 __all__ = ["LAUNCHERS", "DEFAULT_SSH_PORT", "LaunchConfig", "parse_env_pairs"]
 
@@ -63,6 +63,13 @@ class LaunchConfig:
         curve_key_file: a CURVE cluster key file every process uses (``--curve-key``;
             over ssh it must exist at the same path on every host).
         secure: local only: make a fresh cluster key for this job (``--secure``).
+        checkpoint_dir: ``--checkpoint-dir``: where ``kv.save_checkpoint()`` writes and
+            where a restart looks for the latest complete checkpoint (a shared file
+            system across hosts).
+        max_restarts: ``--max-restarts``: after a failure, start the whole job again (at
+            most this many times), resuming from the latest checkpoint if there is one.
+        resume_from: the checkpoint this run resumes from (set for restarts).
+        restart_count: how many times the job has been restarted (set for restarts).
 
     Raises:
         InvalidArgumentError: any field is out of range or inconsistent with the others.
@@ -84,6 +91,10 @@ class LaunchConfig:
     job_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     curve_key_file: str = ""
     secure: bool = False
+    checkpoint_dir: str = ""
+    max_restarts: int = 0
+    resume_from: str = ""
+    restart_count: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "command", tuple(self.command))
@@ -91,6 +102,11 @@ class LaunchConfig:
         problems = list(self._problems())
         if problems:
             raise InvalidArgumentError("; ".join(problems))
+
+    def layout(self, root_uri: str, root_port: int) -> JobLayout:
+        """What every process of this job is told about it, for a scheduler at ``root_uri:root_port``."""
+        return JobLayout(root_uri, root_port, self.num_servers, self.num_workers, self.job_id, self.curve_key_file,
+                         self.checkpoint_dir, self.resume_from, self.restart_count)
 
     def _problems(self) -> Sequence[str]:
         out = []
@@ -127,6 +143,8 @@ class LaunchConfig:
             out.append("--python must name an interpreter")
         if self.secure and self.curve_key_file:
             out.append("give --secure (a fresh key) or --curve-key FILE, not both")
+        if self.max_restarts < 0:
+            out.append(f"--max-restarts must be >= 0, got {self.max_restarts}")
         if self.secure and self.launcher != "local":
             out.append("--secure makes a key on this machine only; over ssh use --curve-key FILE (see docs/security.md)")
         return out

@@ -31,6 +31,9 @@ CONTRACT: dict[str, tuple[str, str]] = {
     "PSKV_LOCAL_RANK": ("workers (ClusterConfig.local_rank)", "the worker's index among the workers on its host"),
     "PSKV_SERVER_RANK": ("servers (ClusterConfig.server_rank)", "the server's rank, 0..s-1, so output labels and ranks agree"),
     "PSKV_CURVE_KEY_FILE": ("every process (ClusterConfig.curve_key_file)", "the CURVE cluster key file (--curve-key / --secure); absent: plain TCP"),
+    "PSKV_CHECKPOINT_DIR": ("every process (ClusterConfig.checkpoint_dir)", "--checkpoint-dir: where kv.save_checkpoint() writes ckpt-<n> and where a restart looks for the latest"),
+    "PSKV_RESUME_FROM": ("every process (ClusterConfig.resume_from)", "after a restart (--max-restarts): the latest complete checkpoint under --checkpoint-dir, if any"),
+    "PSKV_RESTART_COUNT": ("every process (ClusterConfig.restart_count)", "after a restart: how many times the job was restarted (1, 2, ...)"),
     "PSKV_JOB_ID": ("servers (ClusterConfig.job_id)", "a random id of this job: names its shared-memory files so the launcher can remove them"),
     "PYTHONUNBUFFERED": ("Python", "1, so output reaches the launcher line by line (an --env pair may override it)"),
 }
@@ -50,6 +53,9 @@ class JobLayout:
     num_workers: int
     job_id: str = ""
     curve_key_file: str = ""
+    checkpoint_dir: str = ""
+    resume_from: str = ""
+    restart_count: int = 0
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,12 @@ def contract_env(layout: JobLayout, role: str, host: str, rank: int | None = Non
         env["PSKV_JOB_ID"] = layout.job_id
     if layout.curve_key_file:
         env["PSKV_CURVE_KEY_FILE"] = layout.curve_key_file
+    if layout.checkpoint_dir:
+        env["PSKV_CHECKPOINT_DIR"] = layout.checkpoint_dir
+    if layout.resume_from:
+        env["PSKV_RESUME_FROM"] = layout.resume_from
+    if layout.restart_count:
+        env["PSKV_RESTART_COUNT"] = str(layout.restart_count)
     if role == "server" and rank is not None:
         env["PSKV_SERVER_RANK"] = str(rank)
     if role == "worker":

@@ -13,7 +13,7 @@ import tempfile
 
 from pskv.errors import LaunchError
 from pskv.launch.config import LaunchConfig
-from pskv.launch.contract import JobLayout, ProcessSpec, contract_env, env_argv, role_argv
+from pskv.launch.contract import ProcessSpec, contract_env, env_argv, role_argv
 from pskv.launch.supervisor import Console, Supervisor
 from pskv.transport.security import generate_keys, write_key_file
 
@@ -24,7 +24,7 @@ LOOPBACK = "127.0.0.1"
 
 def scheduler_spec(config: LaunchConfig, port_file: str) -> ProcessSpec:
     """The local scheduler, told to pick a free port and publish it in ``port_file``."""
-    layout = JobLayout(LOOPBACK, 0, config.num_servers, config.num_workers, config.job_id, config.curve_key_file)
+    layout = config.layout(LOOPBACK, 0)
     env = contract_env(layout, "scheduler", LOOPBACK)
     return ProcessSpec("scheduler", None, LOOPBACK,
                        tuple(env_argv(env, config.env, role_argv(config.python, "scheduler", port_file))))
@@ -32,8 +32,7 @@ def scheduler_spec(config: LaunchConfig, port_file: str) -> ProcessSpec:
 
 def local_specs(config: LaunchConfig, port: int) -> list[ProcessSpec]:
     """Servers, then workers (rank = local rank), for a scheduler on ``127.0.0.1:port``."""
-    layout = JobLayout(LOOPBACK, port, config.num_servers, config.num_workers, config.job_id,
-                       config.curve_key_file)
+    layout = config.layout(LOOPBACK, port)
     specs = []
     for rank in range(config.num_servers):
         env = contract_env(layout, "server", LOOPBACK, rank=rank)

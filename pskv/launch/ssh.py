@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from pskv.errors import InvalidArgumentError, LaunchError
 from pskv.launch.config import LaunchConfig
-from pskv.launch.contract import JobLayout, ProcessSpec, contract_env, env_argv, role_argv
+from pskv.launch.contract import ProcessSpec, contract_env, env_argv, role_argv
 from pskv.launch.supervisor import Console, Supervisor
 
 __all__ = ["Host", "Placement", "parse_hostfile", "read_hostfile", "place", "ssh_argv", "ssh_specs", "run_ssh"]
@@ -130,8 +130,7 @@ def ssh_argv(host: Host, cwd: str, argv: Sequence[str]) -> list[str]:
 def ssh_specs(config: LaunchConfig, hosts: Sequence[Host]) -> list[ProcessSpec]:
     """The scheduler, servers and workers of a job on ``hosts``, in start order."""
     where = place(hosts, config.num_servers, config.num_workers)
-    layout = JobLayout(where.scheduler.address, config.port, config.num_servers, config.num_workers, config.job_id,
-                       config.curve_key_file)
+    layout = config.layout(where.scheduler.address, config.port)
 
     def spec(role: str, rank: int | None, host: Host, env: dict[str, str], command: Sequence[str]) -> ProcessSpec:
         return ProcessSpec(role, rank, host.address, tuple(ssh_argv(host, config.cwd,

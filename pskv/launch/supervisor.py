@@ -89,6 +89,9 @@ class Console:
         self._out = out
         self._err = err
         self._lock = threading.Lock()
+        # Set when the launcher itself was told to stop (a signal, --timeout): a job that
+        # ended that way is not restarted (--max-restarts).
+        self.stop_requested = False
 
     def child_line(self, prefix: bytes, line: bytes) -> None:
         """Write one line of a child's output (``line`` ends with a newline)."""
@@ -307,6 +310,7 @@ class Supervisor:
 
     def _on_launcher_signal(self, signum: int) -> None:
         name = signal_name(signum)
+        self._console.stop_requested = True
         if self._outcome is None:
             self._decide(128 + signum, f"received {name}; stopping the job", f"{name} to the launcher")
         elif self._kill_at is not None and self._abandon_at is None:
@@ -317,6 +321,7 @@ class Supervisor:
         now = time.monotonic()
         if self._outcome is None:
             if self._deadline is not None and now >= self._deadline:
+                self._console.stop_requested = True
                 self._decide(EXIT_TIMEOUT, f"the job did not finish within --timeout {self._timeout:g} s; "
                              "stopping it", "the timeout")
             elif self._grace_at is not None and now >= self._grace_at:

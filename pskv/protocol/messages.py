@@ -77,6 +77,9 @@ class Command(enum.IntEnum):
     # The sender has no more data (uneven data, ``kv.join()``): sync rounds complete
     # without it until every worker has joined. No body.
     JOIN = 28
+    # body: JSON {dir}: write this server's shard to <dir>/server-<rank>.safetensors
+    # (pskv.server.snapshot); reply body {file, bytes, open_rounds}
+    SAVE_CHECKPOINT = 29
     # replies
     REPLY = 40
     ERROR = 41  # body: JSON {type, message}

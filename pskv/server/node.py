@@ -21,7 +21,14 @@ import zmq
 from pskv.cluster import Membership, RequestTracker
 from pskv.cluster.messages import error_frames, json_body, reply_frames
 from pskv.config import ClusterConfig
-from pskv.errors import InvalidArgumentError, KVStoreError, OptimizerStateError, ProtocolError, TransportError
+from pskv.errors import (
+    CheckpointError,
+    InvalidArgumentError,
+    KVStoreError,
+    OptimizerStateError,
+    ProtocolError,
+    TransportError,
+)
 from pskv.protocol import (
     TX_PREFIX,
     ArraySpec,
@@ -37,6 +44,7 @@ from pskv.protocol import (
 )
 from pskv.server.controllers import find_controller, import_modules
 from pskv.server.shard import Part, ServerShard, to_storage
+from pskv.server.snapshot import PartState, ShardState, read_manifest, read_shard, write_shard
 from pskv.transport import IO_THREADS, Reactor
 from pskv.transport.addresses import bind_host
 from pskv.transport.local import local_path
@@ -86,6 +94,7 @@ class ServerNode:
             Command.HELLO: self._hello,
             Command.SYNC: self._sync,
             Command.JOIN: self._join,
+            Command.SAVE_CHECKPOINT: self._save_checkpoint,
             Command.SET_OPTIMIZER: self._set_optimizer,
             Command.CONTROLLER: self._controller,
             Command.SAVE_STATES: self._save_states,
@@ -112,6 +121,8 @@ class ServerNode:
             NodeFailedError: the scheduler died.
             OperationTimeoutError: the cluster did not assemble in time.
         """
+        if self._cluster.resume_from:
+            self._restore(self._cluster.resume_from)
         self._reactor.start()
         try:
             info = self._membership.register(self._cluster.server_rank)
@@ -146,6 +157,60 @@ class ServerNode:
             have = ", ".join(node_name(n) for n in sorted(pushed))
             log.warning("%s: round %d of key %d (offset %d) has waited %.0f s for %s (pushed: %s)",
                         self.name, rnd, pid[0], pid[1], age, missing, have)
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def _restore(self, directory: str) -> None:
+        """Load this server's shard of the checkpoint ``directory`` (before serving).
+
+        Raises:
+            CheckpointError: no complete checkpoint there, or it does not fit this job.
+        """
+        from pskv.optimizer import Optimizer, states
+
+        rank = self._cluster.server_rank
+        if rank < 0:
+            raise CheckpointError("resuming from a checkpoint needs the server's rank (PSKV_SERVER_RANK; "
+                                  "pskv launch sets it)")
+        manifest = read_manifest(directory)
+        if manifest.get("num_servers") != self._cluster.num_servers:
+            raise CheckpointError(f"{directory} was written by {manifest.get('num_servers')} servers; this job has "
+                                  f"{self._cluster.num_servers}")
+        state = read_shard(directory, rank)
+        self._shard.sync = state.sync
+        for p in state.parts:
+            self._shard.restore(p.key, p.offset, p.dtype, p.value, p.round, p.summed)
+        if state.optimizer is not None:
+            document = states.loads(state.optimizer)
+            if document.optimizer is None:
+                raise CheckpointError(f"{directory}: server {rank}'s optimizer state has no optimizer config")
+            updater = Optimizer.from_config(document.optimizer).get_updater()
+            updater.set_states(state.optimizer)
+            self._shard.updater = updater
+        log.info("server %d: restored %d part(s)%s from %s", rank, len(state.parts),
+                 " and the optimizer state" if state.optimizer is not None else "", directory)
+
+    def _save_checkpoint(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
+        """Write this server's shard into the checkpoint directory the request names."""
+        from pskv.optimizer import Updater
+
+        directory = json_body(header).get("dir")
+        if not isinstance(directory, str) or not directory:
+            raise ProtocolError("SAVE_CHECKPOINT needs {dir: str}")
+        updater = self._shard.updater
+        optimizer = updater.get_states(dump_optimizer=True) if isinstance(updater, Updater) else None
+        if updater is not None and optimizer is None:
+            raise CheckpointError(f"{self.name}: its updater is not a pskv optimizer; it cannot be saved")
+        saved = self._shard.snapshot()
+        open_rounds = sum(1 for part, _ in saved if part.pushed)
+        if open_rounds:
+            log.warning("%s: checkpoint %s: %d part(s) have an open sync round; their pending pushes are not "
+                        "saved", self.name, directory, open_rounds)
+        state = ShardState(self._rank, self._cluster.num_servers, self._cluster.num_workers, self._shard.sync,
+                           tuple(PartState(p.key, p.offset, p.dtype, value, p.round, p.summed) for p, value in saved),
+                           optimizer)
+        path = write_shard(directory, state)
+        self._reply(identity, reply_frames(header, self._node_id(), {
+            "file": str(path), "bytes": path.stat().st_size, "open_rounds": open_rounds}))
 
     def _on_reactor_failure(self, exc: BaseException) -> None:
         self._tracker.fail_all(TransportError(f"{self.name}'s network thread failed: {exc!r}"))
@@ -209,11 +274,13 @@ class ServerNode:
             self._reply(identity, reply_frames(header, self._node_id()))
             return
         for spec, _ in items:
-            if (spec.key, spec.offset) in self._shard.parts:
+            existing = self._shard.parts.get((spec.key, spec.offset))
+            if existing is not None and not existing.restored:
                 raise KVStoreError(f"duplicate init of key {spec.key}")
         summed = json_body(header).get("summed") is True
         for spec, data in items:
-            self._shard.init(spec.key, spec.offset, spec.dtype, data, summed=summed)
+            if not self._shard.accept_init(spec.key, spec.offset, spec.dtype, data.size):  # restored: kept
+                self._shard.init(spec.key, spec.offset, spec.dtype, data, summed=summed)
         self._reply(identity, reply_frames(header, self._node_id()))
 
     def _checked(self, header: Header, buffers: list[memoryview], op: str) -> list[tuple[Part, np.ndarray[Any, Any]]]:

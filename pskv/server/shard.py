@@ -96,6 +96,7 @@ class Part:
     queued: dict[int, deque[np.ndarray[Any, Any]]] = field(default_factory=dict)
     waiting: list[tuple[int, Callable[[Part], None], Callable[[str], None] | None]] = field(default_factory=list)
     summed: bool = False  # rounds store the plain sum even when an updater is set (counters)
+    restored: bool = False  # loaded from a checkpoint; the workers' first init of it is a no-op
     round_started: float = 0.0  # monotonic time of the first push of the open round
     buffers: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]] | None = None  # shared value/merge pair
     slots: dict[int, np.ndarray[Any, Any]] = field(default_factory=dict)  # shared push slot per worker
@@ -178,7 +179,40 @@ class ServerShard:
         pid = (key, offset)
         if pid in self.parts:
             raise DuplicateKeyError(key)
-        data = to_storage(dtype, frame).reshape(-1)
+        self._create(key, offset, dtype, to_storage(dtype, frame).reshape(-1), summed)
+
+    def restore(self, key: int, offset: int, dtype: str, stored: np.ndarray[Any, Any], rounds: int,
+                summed: bool = False) -> None:
+        """Create a part from a checkpoint: ``stored`` is the value as stored (storage dtype).
+
+        The workers' first ``init`` of it is accepted and ignored (:meth:`accept_init`).
+        """
+        if stored.dtype != storage_dtype(dtype):
+            raise InvalidArgumentError(f"key {key}: a {dtype} part stored as {stored.dtype}")
+        self._create(key, offset, dtype, stored.reshape(-1), summed)
+        part = self.parts[(key, offset)]
+        part.round = rounds
+        part.restored = True
+
+    def accept_init(self, key: int, offset: int, dtype: str, size: int) -> bool:
+        """True if an init of ``(key, offset)`` meets a part restored from a checkpoint (then a no-op).
+
+        Raises:
+            DTypeMismatchError, ShapeMismatchError: the init does not fit the restored part.
+        """
+        part = self.parts.get((key, offset))
+        if part is None or not part.restored:
+            return False
+        self.check(key, offset, dtype, size, "init (of a key restored from a checkpoint)")
+        part.restored = False
+        return True
+
+    def snapshot(self) -> list[tuple[Part, np.ndarray[Any, Any]]]:
+        """Every part with a copy of its value (as stored), for a checkpoint."""
+        return [(p, p.value.copy()) for p in self.parts.values()]
+
+    def _create(self, key: int, offset: int, dtype: str, data: np.ndarray[Any, Any], summed: bool) -> None:
+        pid = (key, offset)
         if self._allocate is not None and self.sync and dtype != "bfloat16":
             # shared buffers: co-located workers push into their slot and read the value in place
             dt = storage_dtype(dtype)

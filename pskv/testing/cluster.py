@@ -51,7 +51,7 @@ class InProcessCluster:
     def __enter__(self) -> InProcessCluster:
         self.scheduler.start()
         for i in range(self.config.num_servers):
-            server = ServerNode(dataclasses.replace(self.config, role="server"))
+            server = ServerNode(dataclasses.replace(self.config, role="server", server_rank=i))
             self.servers.append(server)
             t = threading.Thread(target=self._serve, args=(server,), name=f"pskv-test-server-{i}", daemon=True)
             t.start()

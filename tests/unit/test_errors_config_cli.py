@@ -18,6 +18,7 @@ BUILTIN_OF = {
     errors.DTypeMismatchError: ValueError,
     errors.InvalidArgumentError: ValueError,
     errors.OptimizerStateError: ValueError,
+    errors.CheckpointError: ValueError,
     errors.InvalidTypeError: TypeError,
     errors.KeyTypeError: TypeError,
     errors.UnsupportedValueError: TypeError,
