@@ -42,8 +42,9 @@ import zmq
 
 from pskv.cluster import Membership, NodeInfo, Pending, RequestTracker
 from pskv.config import ClusterConfig
-from pskv.errors import OperationTimeoutError, ProtocolError, TransportError
+from pskv.errors import NodeFailedError, OperationTimeoutError, ProtocolError, TransportError
 from pskv.protocol import (
+    SCHEDULER_ID,
     TX_PREFIX,
     ArraySpec,
     Command,
@@ -83,7 +84,7 @@ class WorkerClient:
         self._stop_lock = threading.Lock()
         self.tracker = RequestTracker()
         self._reactor = Reactor(self._ctx, "pskv-worker", on_failure=self._on_reactor_failure)
-        self.membership = Membership(cluster, self._reactor, self.tracker, Role.WORKER)
+        self.membership = Membership(cluster, self._reactor, self.tracker, Role.WORKER, on_dead=self._on_node_dead)
         self._servers: list[int | None] = []  # polled dealer socket id per server rank (replies arrive there)
         self._senders: list[Sender | LocalConnection] = []  # where requests to each server rank leave
         self._queue: list[tuple[float, int, int, list[Any], Pending]] = []  # (-priority, seq, server, frames, pending)
@@ -171,6 +172,24 @@ class WorkerClient:
 
     def _expire(self) -> None:
         self.tracker.expire()
+
+    def _on_node_dead(self, nid: int) -> None:
+        """Membership callback (reactor thread): a dead scheduler fails everything.
+
+        A worker learns of a server's death only from the scheduler's heartbeat replies,
+        so without the scheduler a request to a server that is gone or cut off would wait
+        for its full request timeout (servers stop too when they lose the scheduler).
+        Every outstanding request, and every later one, fails with NodeFailedError naming
+        the scheduler.
+        """
+        if nid != SCHEDULER_ID:
+            return  # its requests were failed by the membership already
+        timeout = self._cluster.heartbeat_timeout
+        self.tracker.fail_all(NodeFailedError(
+            node_name(SCHEDULER_ID),
+            f"no answer for {timeout:.1f} s; without it this worker cannot tell whether the servers live, "
+            "so no request can be waited for",
+        ))
 
     def _on_reactor_failure(self, exc: BaseException) -> None:
         self.tracker.fail_all(TransportError(f"the worker's network thread failed: {exc!r}"))

@@ -96,8 +96,9 @@ def test_random_and_mutated_messages_do_not_hurt_the_server(cluster, seed, mutat
 
 def test_after_the_fuzzing_real_workers_get_exact_results(cluster):
     c, sock = cluster
-    while sock.poll(200):
-        sock.recv_multipart()
+    while sock.poll(500):  # replies that came after their test's drain (a loaded machine) count too
+        reply = sock.recv_multipart()
+        REPLIES["error" if b"Error" in reply[0] else "other"] += 1
     assert REPLIES["error"] > 10, REPLIES  # the fuzzer reached the handlers, not only the decoder
     keys = list(range(10_000, 10_020))
 
