@@ -71,6 +71,7 @@ CLUSTER_ENV_VARS: dict[str, tuple[str, str]] = {
     "PSKV_CHECKPOINT_DIR": ("checkpoint_dir", "where kv.save_checkpoint() without a path writes ckpt-<n> directories (pskv launch --checkpoint-dir)"),
     "PSKV_RESUME_FROM": ("resume_from", "a checkpoint directory: servers load their shards from it at start, workers' init keeps the saved values (set by pskv launch on a restart)"),
     "PSKV_RESTART_COUNT": ("restart_count", "how many times pskv launch has restarted this job (0: first run)"),
+    "PSKV_RECOVERY_TIMEOUT": ("recovery_timeout", "seconds a dead worker's rank stays open for a replacement process (pskv launch --restart-workers); 0: a dead worker fails the job (default 0)"),
     "PSKV_SHM": ("shm", "1: workers on a server's host exchange arrays through shared memory; 0: sockets only (default 1)"),
     "PSKV_SERVER_MODULES": ("server_modules", "comma-separated modules a server imports at start (they register controllers)"),
 }
@@ -172,6 +173,9 @@ class ClusterConfig:
         resume_from: a checkpoint directory the job resumes from (servers load their
             shards at start; workers' ``init`` keeps the saved values). Empty: fresh start.
         restart_count: how many times the launcher has restarted the job.
+        recovery_timeout: seconds a dead worker's rank stays open for a replacement
+            (``is_recovery``): meanwhile servers keep its sync rounds waiting and
+            barriers wait. 0: a dead worker fails the waits that need it at once.
     """
 
     role: str = "worker"
@@ -198,11 +202,13 @@ class ClusterConfig:
     checkpoint_dir: str = ""
     resume_from: str = ""
     restart_count: int = 0
+    recovery_timeout: float = 0.0
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise InvalidArgumentError(f"DMLC_ROLE must be one of {', '.join(ROLES)}, got {self.role!r}")
-        for name in ("heartbeat_interval", "heartbeat_timeout", "startup_timeout", "request_timeout"):
+        for name in ("heartbeat_interval", "heartbeat_timeout", "startup_timeout", "request_timeout",
+                     "recovery_timeout"):
             if getattr(self, name) < 0:
                 raise InvalidArgumentError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.local_rank < 0:

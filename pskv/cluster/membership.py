@@ -39,6 +39,7 @@ class NodeInfo:
     num_servers: int
     num_workers: int
     server_shm: tuple[dict[str, str] | None, ...] = ()  # per server: shared-memory dir and host id
+    recovery: bool = False  # this process replaces a dead worker of a running job (is_recovery)
 
 
 class Membership:
@@ -51,11 +52,13 @@ class Membership:
         role: this node's role.
         address: the address this node serves on (servers), else "".
         on_dead: called on the reactor thread with each node id found dead.
+        on_alive: called on the reactor thread with each node id that was dead and is
+            no longer (a worker replaced under ``PSKV_RECOVERY_TIMEOUT``).
     """
 
     def __init__(self, cluster: ClusterConfig, reactor: Reactor, tracker: RequestTracker, role: Role,
                  address: str = "", on_dead: Callable[[int], None] | None = None,
-                 shm: dict[str, str] | None = None) -> None:
+                 shm: dict[str, str] | None = None, on_alive: Callable[[int], None] | None = None) -> None:
         self._cluster = cluster
         self._reactor = reactor
         self._tracker = tracker
@@ -63,6 +66,7 @@ class Membership:
         self._address = address
         self._shm = shm
         self._on_dead = on_dead
+        self._on_alive = on_alive
         self._sid = reactor.connect_dealer(cluster.scheduler_address, self._on_reply)
         self.info: NodeInfo | None = None
         self._dead: set[int] = set()
@@ -120,7 +124,8 @@ class Membership:
         body = json_body(reply)
         self.info = NodeInfo(int(body["node_id"]), int(body["rank"]), tuple(body["servers"]),
                              int(body["num_servers"]), int(body["num_workers"]),
-                             tuple(body.get("server_shm") or [None] * int(body["num_servers"])))
+                             tuple(body.get("server_shm") or [None] * int(body["num_servers"])),
+                             body.get("recovery") is True)
         self._last_reply = time.monotonic()
         if self._cluster.heartbeat_interval > 0:
             self._reactor.call_soon(lambda: self._reactor.add_timer(self._cluster.heartbeat_interval, self._beat))
@@ -148,9 +153,15 @@ class Membership:
             return
         self._ages = {int(k): float(v) for k, v in body.get("ages", {}).items()}
         self._ages_at = time.monotonic()
-        for nid in body.get("dead", []):
-            if int(nid) not in self._dead:
-                self._mark_dead(int(nid), "the scheduler lost its heartbeats")
+        dead = {int(nid) for nid in body.get("dead", [])}
+        for nid in dead - self._dead:
+            self._mark_dead(nid, "the scheduler lost its heartbeats")
+        for nid in self._dead - dead - {SCHEDULER_ID}:  # replaced (a recovered worker)
+            self._dead.discard(nid)
+            self._tracker.revive_node(nid)
+            log.warning("%s: %s is back (a replacement process)", self._role.name.lower(), node_name(nid))
+            if self._on_alive is not None:
+                self._on_alive(nid)
 
     def _mark_dead(self, nid: int, detail: str) -> None:
         self._dead.add(nid)

@@ -179,6 +179,11 @@ class RequestTracker:
                 p.error = RemoteError(node_name(p.node), kind, message)
         p._finish()
 
+    def revive_node(self, node: int) -> None:
+        """``node`` is alive again (a replacement process): new requests to it are allowed."""
+        with self._lock:
+            self._failed_nodes.pop(node, None)
+
     def fail_node(self, node: int, detail: str) -> None:
         """Fail every request waiting on ``node`` and every later one to it."""
         with self._lock:

@@ -43,6 +43,8 @@ class _Node:
     last_seen: float
     dead: bool = False
     shm: dict[str, str] | None = None  # a server's shared-memory directory and host id
+    dead_since: float = 0.0  # monotonic time it was marked dead
+    given_up: bool = False  # dead, and its recovery window (PSKV_RECOVERY_TIMEOUT) has passed
 
 
 class Scheduler:
@@ -147,6 +149,9 @@ class Scheduler:
         if role is None:
             self._send(identity, error_frames(header, SCHEDULER_ID, "ProtocolError", "role must be server or worker"))
             return
+        if self._nodes and role is Role.WORKER and self._cluster.recovery_timeout > 0:
+            self._rejoin(identity, header, body)
+            return
         if self._nodes or len(self._pending) >= expected:
             self._send(identity, error_frames(header, SCHEDULER_ID, "ProtocolError",
                                               f"the cluster is already complete ({expected} nodes)"))
@@ -178,17 +183,50 @@ class Scheduler:
                     {"dir", "host"} <= set(shm) else None
                 self._nodes[nid] = _Node(identity, role, rank, str(body.get("address", "")), now, shm=shm_info)
                 self._by_identity[identity] = nid
-        servers = [self._nodes[node_id(Role.SERVER, r)].address for r in range(self._cluster.num_servers)]
-        server_shm = [self._nodes[node_id(Role.SERVER, r)].shm for r in range(self._cluster.num_servers)]
         for identity, header, _ in self._pending:
-            nid = self._by_identity[identity]
-            node = self._nodes[nid]
-            self._send(identity, reply_frames(header, SCHEDULER_ID, {
-                "node_id": nid, "rank": node.rank, "servers": servers, "server_shm": server_shm,
-                "num_servers": self._cluster.num_servers, "num_workers": self._cluster.num_workers,
-            }))
+            self._send(identity, reply_frames(header, SCHEDULER_ID, self._table(self._by_identity[identity])))
         self._pending = []
         log.info("scheduler: all %d nodes registered", len(self._nodes))
+
+    def _table(self, nid: int, recovery: bool = False) -> dict[str, Any]:
+        """The registration reply of node ``nid``: its rank and the servers."""
+        servers = [self._nodes[node_id(Role.SERVER, r)].address for r in range(self._cluster.num_servers)]
+        server_shm = [self._nodes[node_id(Role.SERVER, r)].shm for r in range(self._cluster.num_servers)]
+        return {"node_id": nid, "rank": self._nodes[nid].rank, "servers": servers, "server_shm": server_shm,
+                "num_servers": self._cluster.num_servers, "num_workers": self._cluster.num_workers,
+                "recovery": recovery}
+
+    def _rejoin(self, identity: bytes, header: Header, body: dict[str, Any]) -> None:
+        """A replacement worker process takes over its rank (``PSKV_RECOVERY_TIMEOUT`` > 0).
+
+        It names its rank (``DMLC_WORKER_ID``); without one it takes the only dead worker's.
+        Registering again means the old process is gone (a launcher restarts a worker only
+        after it exited), so the old one counts as replaced at once, dead or not.
+        """
+        rank = int(body.get("rank", -1))
+        if rank < 0:
+            dead = [n.rank for n in self._nodes.values() if n.role is Role.WORKER and n.dead]
+            rank = dead[0] if len(dead) == 1 else -1
+        nid = node_id(Role.WORKER, rank) if 0 <= rank < self._cluster.num_workers else -1
+        node = self._nodes.get(nid)
+        if node is None or nid in self._done_workers:
+            self._send(identity, error_frames(header, SCHEDULER_ID, "ProtocolError",
+                                              "the cluster is complete and no worker rank is open for a replacement "
+                                              "(give DMLC_WORKER_ID)"))
+            return
+        if node.dead and time.monotonic() - node.dead_since > self._cluster.recovery_timeout:
+            self._send(identity, error_frames(header, SCHEDULER_ID, "NodeFailedError",
+                                              f"{node_name(nid)} has been dead for longer than "
+                                              f"PSKV_RECOVERY_TIMEOUT={self._cluster.recovery_timeout:g} s"))
+            return
+        self._by_identity.pop(node.identity, None)
+        for arrived in self._barriers.values():  # the old process may have died inside a barrier
+            arrived.pop(nid, None)
+        node.identity, node.address, node.dead, node.given_up = identity, str(body.get("address", "")), False, False
+        node.last_seen = time.monotonic()
+        self._by_identity[identity] = nid
+        log.warning("scheduler: %s rejoined (a replacement process)", node_name(nid))
+        self._send(identity, reply_frames(header, SCHEDULER_ID, self._table(nid, recovery=True)))
 
     # -- barrier ------------------------------------------------------------------------
     def _members(self, group: int) -> set[int]:
@@ -206,7 +244,7 @@ class Scheduler:
     def _settle_barrier(self, group: int) -> None:
         arrived = self._barriers.get(group, {})
         members = {m for m in self._members(group) if int(self._nodes[m].role) != Role.SCHEDULER}
-        dead = sorted(m for m in members if self._nodes[m].dead)
+        dead = sorted(m for m in members if self._nodes[m].dead and not self._may_return(m))
         if dead and arrived:
             names = ", ".join(node_name(m) for m in dead)
             for identity, header in arrived.values():
@@ -218,6 +256,12 @@ class Scheduler:
             self._barriers[group] = {}
 
     # -- liveness -----------------------------------------------------------------------
+    def _may_return(self, nid: int) -> bool:
+        """True while a dead worker may still be replaced (``PSKV_RECOVERY_TIMEOUT``)."""
+        node = self._nodes[nid]
+        return (node.role is Role.WORKER and self._cluster.recovery_timeout > 0
+                and time.monotonic() - node.dead_since <= self._cluster.recovery_timeout)
+
     def _dead_ids(self) -> list[int]:
         return sorted(nid for nid, n in self._nodes.items() if n.dead)
 
@@ -227,11 +271,20 @@ class Scheduler:
         limit = time.monotonic() - self._cluster.heartbeat_timeout
         newly = [nid for nid, n in self._nodes.items() if not n.dead and n.last_seen < limit
                  and nid not in self._done_workers]
+        now = time.monotonic()
         for nid in newly:
             self._nodes[nid].dead = True
+            self._nodes[nid].dead_since = now
             log.error("scheduler: %s missed heartbeats for %.1f s: marked dead", node_name(nid),
                       self._cluster.heartbeat_timeout)
-        if newly:
+        # workers whose recovery window just closed: the barriers waiting for them fail now
+        expired = [nid for nid, n in self._nodes.items() if n.dead and n.role is Role.WORKER
+                   and self._cluster.recovery_timeout > 0 and not n.given_up
+                   and not self._may_return(nid)]
+        for nid in expired:
+            self._nodes[nid].given_up = True
+            log.error("scheduler: %s was not replaced within %.1f s", node_name(nid), self._cluster.recovery_timeout)
+        if newly or expired:
             for group in list(self._barriers):
                 self._settle_barrier(group)
             self._settle_shutdown()
@@ -247,7 +300,8 @@ class Scheduler:
 
     def _settle_shutdown(self) -> None:
         workers = self._members(Role.WORKER)
-        if not workers or not workers <= self._done_workers | {w for w in workers if self._nodes[w].dead}:
+        if not workers or not workers <= self._done_workers | {w for w in workers if self._nodes[w].dead
+                                                               and not self._may_return(w)}:
             return
         servers = self._members(Role.SERVER)
         for identity, header in self._waiting_servers.values():

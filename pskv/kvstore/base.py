@@ -189,6 +189,11 @@ class KVStoreBase(abc.ABC):
                                 "and use save_optimizer_states")
 
     @property
+    def is_recovery(self) -> bool:
+        """True in a process that replaced a dead worker of a running distributed job."""
+        return False
+
+    @property
     def resumed(self) -> dict[str, Any] | None:
         """The manifest of the checkpoint this job resumed from (its ``meta`` included), or None."""
         return None

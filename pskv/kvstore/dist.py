@@ -149,6 +149,7 @@ class DistStore(KVStoreBase):
         try:
             info = self._client.connect()
             self._rank = info.rank
+            self._recovery = info.recovery
             here = host_id()
             self._shm_dirs: dict[int, str] = {}
             if self._cluster.shm and self._sync:
@@ -156,11 +157,14 @@ class DistStore(KVStoreBase):
                                   if shm is not None and shm.get("host") == here}
             self._num_workers = info.num_workers
             self._num_servers = info.num_servers
-            if self._rank == 0:
-                body = json.dumps({"sync": self._sync})
-                self._wait_all([self._client.request(s, Command.SET_MODE, body=body, what="set mode")
-                                for s in range(self._num_servers)])
-            self.barrier()
+            if self._recovery:  # the job runs already: nobody else is at a creation barrier
+                log.warning("worker %d: a replacement process joins the running job (is_recovery)", self._rank)
+            else:
+                if self._rank == 0:
+                    body = json.dumps({"sync": self._sync})
+                    self._wait_all([self._client.request(s, Command.SET_MODE, body=body, what="set mode")
+                                    for s in range(self._num_servers)])
+                self.barrier()
         except BaseException:
             self._client.close()
             raise
@@ -180,6 +184,19 @@ class DistStore(KVStoreBase):
     def num_workers(self) -> int:
         """Number of workers in the job."""
         return self._num_workers
+
+    @property
+    def is_recovery(self) -> bool:
+        """True in a process that replaced a dead worker of a running job (``PSKV_RECOVERY_TIMEOUT``).
+
+        Such a process skips the collective steps the others did long ago: ``init``
+        registers the keys without sending values or meeting at a barrier (pulls return
+        the servers' current values), ``set_optimizer`` keeps the servers' optimizer, and
+        ``broadcast`` of existing keys pulls them. Its pushes join the current rounds.
+        Explicit ``barrier()`` calls are not skipped: guard the ones the others have
+        passed with ``if not kv.is_recovery`` (as with MXNet).
+        """
+        return self._recovery
 
     @classmethod
     def is_capable(cls, capability: str) -> bool:
@@ -397,6 +414,11 @@ class DistStore(KVStoreBase):
             parts = split(skey, meta.size, self._num_servers, self._cluster.bigarray_bound)
             recs.append((_Key(k, skey, meta, parts, [0] * len(parts), nbytes=meta.size * itemsize(meta.dtype)), vals))
         self._key_kind.check(keys, fix=True)
+        if self._recovery:  # the keys exist on the servers (created by the job before this process)
+            self._attach_shared([rec for rec, _ in recs])
+            for rec, _ in recs:
+                self._keys[rec.key] = rec
+            return
         if self._rank == 0:
             self._reduce(recs)
             body = '{"summed": true}' if summed else ""
@@ -653,7 +675,7 @@ class DistStore(KVStoreBase):
         if fresh:
             self.init([k for k, _ in values if k in fresh], [v[0] for k, v in values if k in fresh])
         existing = [(self._keys[k], v) for k, v in values if k not in fresh]
-        if existing:
+        if existing and not self._recovery:  # a replacement process only reads the current values
             for rec, vals in existing:
                 self._check_like(rec, vals, "broadcast")
             # Everyone must be done reading the old value before rank 0 overwrites it.
@@ -680,6 +702,8 @@ class DistStore(KVStoreBase):
         self._check_open("set_optimizer")
         if not isinstance(optimizer, Optimizer):
             raise InvalidTypeError(f"set_optimizer needs a pskv.optimizer.Optimizer, got {type(optimizer).__qualname__}")
+        if self._recovery:  # the servers run the job's optimizer already (with its state)
+            return
         self.wait()
         self.barrier()  # every worker's earlier pushes are in before the optimizer changes
         if self._rank == 0:

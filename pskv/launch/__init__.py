@@ -103,6 +103,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-restarts", type=int, default=0, metavar="N",
                         help="after a failure, start the whole job again, at most N times, from the latest "
                              "checkpoint in --checkpoint-dir (default 0: no restarts)")
+    parser.add_argument("--restart-workers", type=int, default=0, metavar="N",
+                        help="start a failed worker again alone, at most N times in all; it rejoins the running "
+                             "job (kv.is_recovery) while the others wait for it (default 0)")
+    parser.add_argument("--recovery-timeout", type=float, default=60.0, metavar="SECONDS",
+                        help="with --restart-workers: how long the others wait for a dead worker's replacement "
+                             "(default 60)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the worker command, after --")
 
 
@@ -132,6 +138,8 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         secure=args.secure,
         checkpoint_dir=os.path.abspath(args.checkpoint_dir) if args.checkpoint_dir else "",
         max_restarts=args.max_restarts,
+        worker_restarts=args.restart_workers,
+        recovery_timeout=args.recovery_timeout,
     )
 
 

@@ -68,6 +68,11 @@ class LaunchConfig:
             system across hosts).
         max_restarts: ``--max-restarts``: after a failure, start the whole job again (at
             most this many times), resuming from the latest checkpoint if there is one.
+        worker_restarts: ``--restart-workers``: a failed worker is started again alone (at
+            most this many times in all) and rejoins the running job; every process
+            then gets ``PSKV_RECOVERY_TIMEOUT``.
+        recovery_timeout: ``--recovery-timeout``: seconds a dead worker's rank stays open
+            for its replacement.
         resume_from: the checkpoint this run resumes from (set for restarts).
         restart_count: how many times the job has been restarted (set for restarts).
 
@@ -93,6 +98,8 @@ class LaunchConfig:
     secure: bool = False
     checkpoint_dir: str = ""
     max_restarts: int = 0
+    worker_restarts: int = 0
+    recovery_timeout: float = 60.0
     resume_from: str = ""
     restart_count: int = 0
 
@@ -106,7 +113,8 @@ class LaunchConfig:
     def layout(self, root_uri: str, root_port: int) -> JobLayout:
         """What every process of this job is told about it, for a scheduler at ``root_uri:root_port``."""
         return JobLayout(root_uri, root_port, self.num_servers, self.num_workers, self.job_id, self.curve_key_file,
-                         self.checkpoint_dir, self.resume_from, self.restart_count)
+                         self.checkpoint_dir, self.resume_from, self.restart_count,
+                         self.recovery_timeout if self.worker_restarts > 0 else 0.0)
 
     def _problems(self) -> Sequence[str]:
         out = []
@@ -143,6 +151,10 @@ class LaunchConfig:
             out.append("--python must name an interpreter")
         if self.secure and self.curve_key_file:
             out.append("give --secure (a fresh key) or --curve-key FILE, not both")
+        if self.worker_restarts < 0:
+            out.append(f"--restart-workers must be >= 0, got {self.worker_restarts}")
+        if not self.recovery_timeout > 0:
+            out.append(f"--recovery-timeout must be > 0 seconds, got {self.recovery_timeout:g}")
         if self.max_restarts < 0:
             out.append(f"--max-restarts must be >= 0, got {self.max_restarts}")
         if self.secure and self.launcher != "local":

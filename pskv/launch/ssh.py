@@ -156,7 +156,7 @@ def run_ssh(config: LaunchConfig, console: Console) -> int:
     assert config.hostfile is not None  # LaunchConfig checks it
     specs = ssh_specs(config, read_hostfile(config.hostfile))
     with Supervisor(console, stop_grace=config.stop_grace, exit_grace=config.exit_grace,
-                    timeout=config.timeout, via_ssh=True) as supervisor:
+                    timeout=config.timeout, via_ssh=True, worker_restarts=config.worker_restarts) as supervisor:
         try:
             for spec in specs:
                 supervisor.start(spec)

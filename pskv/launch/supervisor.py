@@ -121,6 +121,7 @@ class _Child:
     returncode: int | None = None
     stop_signal: int | None = None
     abandoned: bool = False
+    replaced: bool = False  # a failed worker that was started again (--restart-workers)
 
     @property
     def running(self) -> bool:
@@ -152,10 +153,12 @@ class Supervisor:
         exit_grace: seconds servers and scheduler may take to exit after the last worker.
         timeout: seconds the whole job may take, counted from now (None: no limit).
         via_ssh: the children are ssh clients (changes how exit code 255 is explained).
+        worker_restarts: failed workers started again (alone, with the same rank) before a
+            failure ends the job; the job must run with ``PSKV_RECOVERY_TIMEOUT``.
     """
 
     def __init__(self, console: Console, *, stop_grace: float = 5.0, exit_grace: float = 30.0,
-                 timeout: float | None = None, via_ssh: bool = False) -> None:
+                 timeout: float | None = None, via_ssh: bool = False, worker_restarts: int = 0) -> None:
         self._console = console
         self._stop_grace = stop_grace
         self._exit_grace = exit_grace
@@ -171,6 +174,8 @@ class Supervisor:
         self._kill_at: float | None = None
         self._abandon_at: float | None = None
         self._stopped: list[str] = []
+        self._worker_restarts = worker_restarts
+        self._workers_restarted = 0
 
     # -- life cycle ---------------------------------------------------------------------
     def __enter__(self) -> Supervisor:
@@ -296,11 +301,23 @@ class Supervisor:
 
     def _on_exit(self, child: _Child, returncode: int) -> None:
         child.returncode = returncode
+        if self._outcome is None and returncode != 0 and child.spec.is_worker \
+                and self._workers_restarted < self._worker_restarts:
+            self._workers_restarted += 1
+            self._console.note(f"{child.where} {describe_exit(returncode, self._via_ssh)}; starting it again "
+                               f"({self._workers_restarted} of at most {self._worker_restarts} worker restarts)")
+            child.replaced = True
+            try:
+                self.start(child.spec)
+            except LaunchError as exc:
+                self._decide(EXIT_FAILURE, f"{exc}; stopping the job", "the launcher's error")
+            return
         if self._outcome is None:
             if returncode != 0:
                 self._decide(_exit_status(returncode), f"{child.where} {describe_exit(returncode, self._via_ssh)}; "
                              "stopping the job", f"{child.spec.name}'s failure")
-            elif self._grace_at is None and all(c.returncode == 0 for c in self._children if c.spec.is_worker):
+            elif self._grace_at is None and all(c.returncode == 0 for c in self._children
+                                                if c.spec.is_worker and not c.replaced):
                 self._grace_at = time.monotonic() + self._exit_grace
         elif child.stop_signal is not None and returncode in _deaths_by(child.stop_signal):
             self._stopped.append(child.spec.name)

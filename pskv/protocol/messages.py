@@ -80,6 +80,9 @@ class Command(enum.IntEnum):
     # body: JSON {dir}: write this server's shard to <dir>/server-<rank>.safetensors
     # (pskv.server.snapshot); reply body {file, bytes, open_rounds}
     SAVE_CHECKPOINT = 29
+    # A replacement process of a dead worker (PSKV_RECOVERY_TIMEOUT) announces itself: the
+    # server restarts its push numbering and stops waiting for the old process. No body.
+    REJOIN = 30
     # replies
     REPLY = 40
     ERROR = 41  # body: JSON {type, message}

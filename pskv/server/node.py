@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any, TypeGuard
@@ -79,8 +80,11 @@ class ServerNode:
             except TransportError as exc:
                 log.info("no local socket, workers on this host use TCP: %s", exc)
         self._membership = Membership(cluster, self._reactor, self._tracker, Role.SERVER, self.address,
-                                      on_dead=self._on_node_dead, shm=shm_info)
+                                      on_dead=self._on_node_dead, shm=shm_info, on_alive=self._on_node_alive)
         self._dead_workers: set[int] = set()
+        self._recovering: dict[int, float] = {}  # dead workers that may be replaced -> when they died
+        if cluster.recovery_timeout > 0:
+            self._reactor.add_timer(max(0.05, min(1.0, cluster.recovery_timeout / 4)), self._check_recovery)
         workers = tuple(node_id(Role.WORKER, r) for r in range(cluster.num_workers))
         allocate = self._shm_dir.create if self._shm_dir is not None else None
         self._shard = ServerShard(cluster.num_workers, sync=True, allocate=allocate, workers=workers)
@@ -95,6 +99,7 @@ class ServerNode:
             Command.SYNC: self._sync,
             Command.JOIN: self._join,
             Command.SAVE_CHECKPOINT: self._save_checkpoint,
+            Command.REJOIN: self._rejoin,
             Command.SET_OPTIMIZER: self._set_optimizer,
             Command.CONTROLLER: self._controller,
             Command.SAVE_STATES: self._save_states,
@@ -399,11 +404,40 @@ class ServerNode:
     def _on_node_dead(self, nid: int) -> None:
         """Membership callback (reactor thread): fail waits that a dead worker makes impossible."""
         role, _ = node_role_rank(nid)
+        if role is Role.WORKER and self._shard.sync and self._cluster.recovery_timeout > 0:
+            # its rounds keep waiting: a replacement may take over (the stall report names it)
+            self._recovering[nid] = time.monotonic()
+            log.warning("%s: %s died; waiting up to %g s for a replacement", self.name, node_name(nid),
+                        self._cluster.recovery_timeout)
+            return
         if role is Role.WORKER and self._shard.sync:
             self._dead_workers.add(nid)
             failed = self._shard.fail_waiting(self._dead_reason())
             if failed:
                 log.error("%s: failed %d waiting pull(s): %s", self.name, failed, self._dead_reason())
+
+    def _check_recovery(self) -> None:
+        """Timer: dead workers not replaced within the recovery timeout fail the waits that need them."""
+        limit = time.monotonic() - self._cluster.recovery_timeout
+        for nid in [n for n, since in self._recovering.items() if since < limit]:
+            del self._recovering[nid]
+            self._dead_workers.add(nid)
+            failed = self._shard.fail_waiting(self._dead_reason())
+            log.error("%s: %s was not replaced in time; failed %d waiting pull(s)", self.name, node_name(nid), failed)
+
+    def _on_node_alive(self, nid: int) -> None:
+        """Membership callback: a dead worker was replaced (the REJOIN does the rest)."""
+        self._recovering.pop(nid, None)
+        self._dead_workers.discard(nid)
+
+    def _rejoin(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
+        """A replacement process of a dead worker: its push numbering restarts (ServerShard.forget_pushes)."""
+        worker = header.sender
+        self._recovering.pop(worker, None)
+        self._dead_workers.discard(worker)
+        self._shard.forget_pushes(worker)
+        log.warning("%s: %s rejoined (a replacement process)", self.name, node_name(worker))
+        self._reply(identity, reply_frames(header, self._node_id()))
 
     def _hello(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
         """A worker's send-only socket gets its replies on this (the HELLO's) socket.

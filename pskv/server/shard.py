@@ -285,6 +285,17 @@ class ServerShard:
         if part.early:
             self._resolve_early(part, worker)
 
+    def forget_pushes(self, worker: int) -> None:
+        """A replacement process took over ``worker``'s rank: its push numbering starts again.
+
+        Pushes the old process made stay in their rounds (their data is in the sums);
+        pulls of the old process that waited for a push of its that never came are dropped.
+        """
+        for part in self.parts.values():
+            part.pushes.pop(worker, None)
+            if part.early:
+                part.early = [e for e in part.early if e[0] != worker]
+
     def round_of_push(self, part: Part, worker: int, number: int) -> int | None:
         """The round a pull naming ``worker``'s push ``number`` must wait for.
 

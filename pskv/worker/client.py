@@ -136,6 +136,10 @@ class WorkerClient:
             except OperationTimeoutError:
                 raise OperationTimeoutError(f"could not connect to the servers: {pending.what} to "
                                             f"{node_name(pending.node)} got no answer") from None
+        if info.recovery:  # a replacement of a dead worker: the servers restart its push numbering
+            for pending in [self.request(s, Command.REJOIN, what="rejoin", timeout=self._cluster.startup_timeout)
+                            for s in range(len(info.servers))]:
+                pending.wait(self._cluster.startup_timeout)
         return info
 
     def _local_path(self, server: int, info: NodeInfo) -> str | None:

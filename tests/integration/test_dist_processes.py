@@ -47,12 +47,13 @@ sys.exit(1)
 class Job:
     """Scheduler, servers and workers as child processes with line readers."""
 
-    def __init__(self, tmp: Path, servers: int, workers: int, servers_run_script: bool = False) -> None:
+    def __init__(self, tmp: Path, servers: int, workers: int, servers_run_script: bool = False,
+                 env: dict[str, str] | None = None) -> None:
         self.procs: dict[str, subprocess.Popen[str]] = {}
         self.lines: dict[str, queue.Queue[str]] = {}
         self.job_id = f"test{os.getpid()}{int(time.monotonic() * 1000) % 100000}"
         base = {**os.environ, "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_NODE_HOST": "127.0.0.1", "PSKV_JOB_ID": self.job_id,
-                "DMLC_NUM_SERVER": str(servers), "DMLC_NUM_WORKER": str(workers), **HEARTBEAT}
+                "DMLC_NUM_SERVER": str(servers), "DMLC_NUM_WORKER": str(workers), **HEARTBEAT, **(env or {})}
         port_file = tmp / "port"
         self._start("scheduler", [sys.executable, "-m", "pskv", "scheduler", "--port-file", str(port_file)],
                     {**base, "DMLC_ROLE": "scheduler", "DMLC_PS_ROOT_PORT": "0"})
@@ -154,5 +155,24 @@ def test_the_users_script_started_as_a_server_serves_and_exits(tmp_path):
         while not job.lines["server 0"].empty():
             server_output.append(job.lines["server 0"].get())
         assert not any("ready" in line for line in server_output)  # the script's worker part never ran
+    finally:
+        job.reap()
+
+
+@pytest.mark.timeout(90)
+def test_with_a_recovery_window_a_worker_never_replaced_still_ends_in_node_failed_error(tmp_path):
+    # PSKV_RECOVERY_TIMEOUT=3: the survivors wait that long for a replacement of the dead
+    # worker (none comes), then the waits that need it fail naming it, as without recovery.
+    job = Job(tmp_path, servers=1, workers=2, env={"PSKV_RECOVERY_TIMEOUT": "3"})
+    try:
+        job.expect("worker 0", "ready", 40)
+        job.expect("worker 1", "ready", 40)
+        job.procs["worker 1"].send_signal(signal.SIGKILL)
+        line = job.expect("worker 0", "caught after", 40)
+        assert "worker 1" in line, line
+        seconds = float(line.split("caught after ")[1].split("s:")[0])
+        assert 3 <= seconds < 30  # heartbeat timeout (2 s) + the recovery window (3 s) + slack
+        codes = job.wait_all(30)
+        assert codes["worker 1"] == -signal.SIGKILL and codes["worker 0"] == 0, codes
     finally:
         job.reap()
