@@ -72,6 +72,7 @@ CLUSTER_ENV_VARS: dict[str, tuple[str, str]] = {
     "PSKV_RESUME_FROM": ("resume_from", "a checkpoint directory: servers load their shards from it at start, workers' init keeps the saved values (set by pskv launch on a restart)"),
     "PSKV_RESTART_COUNT": ("restart_count", "how many times pskv launch has restarted this job (0: first run)"),
     "PSKV_RECOVERY_TIMEOUT": ("recovery_timeout", "seconds a dead worker's rank stays open for a replacement process (pskv launch --restart-workers); 0: a dead worker fails the job (default 0)"),
+    "PSKV_SERVER_RECOVERY": ("server_recovery", "1: a dead server may be replaced by a new process that loads the newest checkpoint; workers keep every push since it to send again (pskv launch --restart-servers; default 0)"),
     "PSKV_SHM": ("shm", "1: workers on a server's host exchange arrays through shared memory; 0: sockets only (default 1)"),
     "PSKV_SERVER_MODULES": ("server_modules", "comma-separated modules a server imports at start (they register controllers)"),
 }
@@ -173,6 +174,10 @@ class ClusterConfig:
         resume_from: a checkpoint directory the job resumes from (servers load their
             shards at start; workers' ``init`` keeps the saved values). Empty: fresh start.
         restart_count: how many times the launcher has restarted the job.
+        server_recovery: 1: a dead server may be replaced (``--restart-servers``): its
+            rank stays open for ``recovery_timeout`` seconds, workers keep every push
+            since the newest checkpoint to send again, and array data goes through
+            sockets (no shared memory).
         recovery_timeout: seconds a dead worker's rank stays open for a replacement
             (``is_recovery``): meanwhile servers keep its sync rounds waiting and
             barriers wait. 0: a dead worker fails the waits that need it at once.
@@ -203,6 +208,7 @@ class ClusterConfig:
     resume_from: str = ""
     restart_count: int = 0
     recovery_timeout: float = 0.0
+    server_recovery: int = 0
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -244,6 +250,14 @@ class ClusterConfig:
             raise InvalidArgumentError(
                 "a distributed store needs the cluster environment (pskv launch sets it): " + "; ".join(problems)
             )
+
+    @property
+    def uses_shm(self) -> bool:
+        """True if co-located workers and servers exchange arrays through shared memory.
+
+        Off with ``server_recovery``: a replacement server's pushes are replayed over sockets.
+        """
+        return bool(self.shm) and not self.server_recovery
 
     @property
     def scheduler_address(self) -> str:

@@ -21,7 +21,7 @@ from pskv.cluster.messages import json_body, request_frames
 from pskv.cluster.requests import Pending, RequestTracker
 from pskv.config import ClusterConfig
 from pskv.errors import OperationTimeoutError, ProtocolError
-from pskv.protocol import SCHEDULER_ID, Command, Role, decode, node_name, node_role_rank
+from pskv.protocol import SCHEDULER_ID, Command, Role, decode, node_id, node_name, node_role_rank
 from pskv.transport import Reactor
 
 __all__ = ["Membership", "NodeInfo"]
@@ -54,11 +54,14 @@ class Membership:
         on_dead: called on the reactor thread with each node id found dead.
         on_alive: called on the reactor thread with each node id that was dead and is
             no longer (a worker replaced under ``PSKV_RECOVERY_TIMEOUT``).
+        on_servers: called on the reactor thread with the ranks of servers that were
+            replaced (``PSKV_SERVER_RECOVERY``); :attr:`info` has their new addresses.
     """
 
     def __init__(self, cluster: ClusterConfig, reactor: Reactor, tracker: RequestTracker, role: Role,
                  address: str = "", on_dead: Callable[[int], None] | None = None,
-                 shm: dict[str, str] | None = None, on_alive: Callable[[int], None] | None = None) -> None:
+                 shm: dict[str, str] | None = None, on_alive: Callable[[int], None] | None = None,
+                 on_servers: Callable[[list[int]], None] | None = None) -> None:
         self._cluster = cluster
         self._reactor = reactor
         self._tracker = tracker
@@ -67,6 +70,9 @@ class Membership:
         self._shm = shm
         self._on_dead = on_dead
         self._on_alive = on_alive
+        self._on_servers = on_servers
+        self._servers_version = 0
+        self._dead_since: dict[int, float] = {}  # replaceable dead nodes whose requests still wait
         self._sid = reactor.connect_dealer(cluster.scheduler_address, self._on_reply)
         self.info: NodeInfo | None = None
         self._dead: set[int] = set()
@@ -133,6 +139,10 @@ class Membership:
 
     # -- heartbeats ---------------------------------------------------------------------
     def _beat(self) -> None:
+        limit = time.monotonic() - self._cluster.recovery_timeout
+        for nid in [n for n, since in self._dead_since.items() if since < limit]:
+            del self._dead_since[nid]  # not replaced in time: its requests fail now
+            self._tracker.fail_node(nid, f"dead and not replaced within {self._cluster.recovery_timeout:g} s")
         if time.monotonic() - self._last_reply > self._cluster.heartbeat_timeout and SCHEDULER_ID not in self._dead:
             self._mark_dead(SCHEDULER_ID, f"no answer for {self._cluster.heartbeat_timeout:.1f} s")
         if self._heartbeat_in_flight or SCHEDULER_ID in self._dead:
@@ -153,20 +163,47 @@ class Membership:
             return
         self._ages = {int(k): float(v) for k, v in body.get("ages", {}).items()}
         self._ages_at = time.monotonic()
+        version = body.get("servers_version")
+        if type(version) is int and version > self._servers_version and self.info is not None:
+            self._servers_version = version
+            servers = tuple(str(a) for a in body.get("servers", ()))
+            shm = tuple(body.get("server_shm") or [None] * len(servers))
+            changed = [r for r, a in enumerate(servers) if r < len(self.info.servers) and a != self.info.servers[r]]
+            self.info = NodeInfo(self.info.node_id, self.info.rank, servers, self.info.num_servers,
+                                 self.info.num_workers, shm, self.info.recovery)
+            for r in changed:
+                self._revive(node_id(Role.SERVER, r))
+            if changed and self._on_servers is not None:
+                self._on_servers(changed)
         dead = {int(nid) for nid in body.get("dead", [])}
         for nid in dead - self._dead:
             self._mark_dead(nid, "the scheduler lost its heartbeats")
         for nid in self._dead - dead - {SCHEDULER_ID}:  # replaced (a recovered worker)
-            self._dead.discard(nid)
-            self._tracker.revive_node(nid)
-            log.warning("%s: %s is back (a replacement process)", self._role.name.lower(), node_name(nid))
-            if self._on_alive is not None:
-                self._on_alive(nid)
+            self._revive(nid)
+
+    def _revive(self, nid: int) -> None:
+        """``nid`` was dead and a replacement process took over."""
+        self._dead_since.pop(nid, None)
+        if nid not in self._dead:
+            return
+        self._dead.discard(nid)
+        self._tracker.revive_node(nid)
+        log.warning("%s: %s is back (a replacement process)", self._role.name.lower(), node_name(nid))
+        if self._on_alive is not None:
+            self._on_alive(nid)
+
+    def _replaceable(self, nid: int) -> bool:
+        role, _ = node_role_rank(nid)
+        return self._cluster.recovery_timeout > 0 and (
+            role is Role.WORKER or (role is Role.SERVER and bool(self._cluster.server_recovery)))
 
     def _mark_dead(self, nid: int, detail: str) -> None:
         self._dead.add(nid)
         log.error("%s: %s is dead (%s)", self._role.name.lower(), node_name(nid), detail)
-        self._tracker.fail_node(nid, detail)
+        if self._replaceable(nid):  # its requests wait for a replacement (or the recovery timeout)
+            self._dead_since[nid] = time.monotonic()
+        else:
+            self._tracker.fail_node(nid, detail)
         if self._on_dead is not None:
             self._on_dead(nid)
 

@@ -32,7 +32,8 @@ _CALLBACKS_LOCK = threading.Lock()
 class Pending:
     """One outstanding request."""
 
-    __slots__ = ("request", "node", "what", "_done", "_waiter", "header", "buffers", "error", "callback",
+    __slots__ = ("request", "node", "what", "_done", "_waiter", "header", "buffers", "error", "callback", "frames",
+                 "epoch",
                  "_callbacks", "deadline", "timeout", "quiet", "sent")
 
     def __init__(self, request: int, node: int, what: str,
@@ -53,6 +54,8 @@ class Pending:
         self.deadline = None if timeout is None else time.monotonic() + timeout
         self.quiet = False  # answered only on failure: a later reply from the node confirms it
         self.sent: int | None = None  # the sender's sequence number of the message, once sent
+        self.frames: list[Any] | None = None  # the message, kept to send it again (PSKV_SERVER_RECOVERY)
+        self.epoch: int | None = None  # which incarnation of the server it was sent to (None: not sent yet)
 
     def done(self) -> bool:
         """True once the reply (or a failure) arrived."""
@@ -138,6 +141,11 @@ class RequestTracker:
             p = Pending(next(self._ids), node, what, callback, timeout)
             self._pending[p.request] = p
             return p
+
+    def outstanding_to(self, node: int) -> list[Pending]:
+        """The requests to ``node`` still waiting for their replies, oldest first."""
+        with self._lock:
+            return sorted((p for p in self._pending.values() if p.node == node), key=lambda p: p.request)
 
     def complete(self, header: Header, buffers: list[Any]) -> bool:
         """Deliver a reply; returns False for an unknown (late or duplicate) request id."""

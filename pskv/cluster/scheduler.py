@@ -71,6 +71,7 @@ class Scheduler:
         self._done_workers: set[int] = set()
         self._waiting_servers: dict[int, tuple[bytes, Header]] = {}
         self._finished = threading.Event()
+        self._servers_version = 0  # counts server replacements (heartbeat replies carry the table)
         self._started = time.monotonic()
         if cluster.heartbeat_interval > 0:
             self._reactor.add_timer(max(0.05, cluster.heartbeat_interval / 2), self._check_liveness)
@@ -130,7 +131,12 @@ class Scheduler:
         if header.command is Command.HEARTBEAT:
             now = time.monotonic()
             ages = {str(n): round(now - node.last_seen, 3) for n, node in self._nodes.items()}
-            self._send(identity, reply_frames(header, SCHEDULER_ID, {"dead": self._dead_ids(), "ages": ages}))
+            reply: dict[str, Any] = {"dead": self._dead_ids(), "ages": ages}
+            if self._servers_version:  # a server was replaced: where the servers are now
+                table = self._table(nid)
+                reply.update(servers_version=self._servers_version, servers=table["servers"],
+                             server_shm=table["server_shm"])
+            self._send(identity, reply_frames(header, SCHEDULER_ID, reply))
         elif header.command is Command.BARRIER:
             self._barrier(identity, header, nid, int(body.get("group", Role.WORKER)))
         elif header.command is Command.SHUTDOWN:
@@ -149,8 +155,9 @@ class Scheduler:
         if role is None:
             self._send(identity, error_frames(header, SCHEDULER_ID, "ProtocolError", "role must be server or worker"))
             return
-        if self._nodes and role is Role.WORKER and self._cluster.recovery_timeout > 0:
-            self._rejoin(identity, header, body)
+        if self._nodes and self._cluster.recovery_timeout > 0 and (
+                role is Role.WORKER or self._cluster.server_recovery):
+            self._rejoin(identity, header, body, role)
             return
         if self._nodes or len(self._pending) >= expected:
             self._send(identity, error_frames(header, SCHEDULER_ID, "ProtocolError",
@@ -196,23 +203,26 @@ class Scheduler:
                 "num_servers": self._cluster.num_servers, "num_workers": self._cluster.num_workers,
                 "recovery": recovery}
 
-    def _rejoin(self, identity: bytes, header: Header, body: dict[str, Any]) -> None:
-        """A replacement worker process takes over its rank (``PSKV_RECOVERY_TIMEOUT`` > 0).
+    def _rejoin(self, identity: bytes, header: Header, body: dict[str, Any], role: Role) -> None:
+        """A replacement process takes over a worker's or server's rank (``PSKV_RECOVERY_TIMEOUT`` > 0).
 
-        It names its rank (``DMLC_WORKER_ID``); without one it takes the only dead worker's.
-        Registering again means the old process is gone (a launcher restarts a worker only
-        after it exited), so the old one counts as replaced at once, dead or not.
+        It names its rank (``DMLC_WORKER_ID`` / ``PSKV_SERVER_RANK``); without one it takes
+        the only dead node's of its role. Registering again means the old process is gone
+        (a launcher restarts a process only after it exited), so the old one counts as
+        replaced at once, dead or not. A new server's address reaches every node with
+        the next heartbeat replies (``servers_version``).
         """
         rank = int(body.get("rank", -1))
+        count = self._cluster.num_workers if role is Role.WORKER else self._cluster.num_servers
         if rank < 0:
-            dead = [n.rank for n in self._nodes.values() if n.role is Role.WORKER and n.dead]
+            dead = [n.rank for n in self._nodes.values() if n.role is role and n.dead]
             rank = dead[0] if len(dead) == 1 else -1
-        nid = node_id(Role.WORKER, rank) if 0 <= rank < self._cluster.num_workers else -1
+        nid = node_id(role, rank) if 0 <= rank < count else -1
         node = self._nodes.get(nid)
         if node is None or nid in self._done_workers:
             self._send(identity, error_frames(header, SCHEDULER_ID, "ProtocolError",
-                                              "the cluster is complete and no worker rank is open for a replacement "
-                                              "(give DMLC_WORKER_ID)"))
+                                              f"the cluster is complete and no {role.name.lower()} rank is open "
+                                              "for a replacement (give DMLC_WORKER_ID / PSKV_SERVER_RANK)"))
             return
         if node.dead and time.monotonic() - node.dead_since > self._cluster.recovery_timeout:
             self._send(identity, error_frames(header, SCHEDULER_ID, "NodeFailedError",
@@ -225,6 +235,11 @@ class Scheduler:
         node.identity, node.address, node.dead, node.given_up = identity, str(body.get("address", "")), False, False
         node.last_seen = time.monotonic()
         self._by_identity[identity] = nid
+        if role is Role.SERVER:
+            shm = body.get("shm")
+            node.shm = {"dir": str(shm["dir"]), "host": str(shm["host"])} if isinstance(shm, dict) and \
+                {"dir", "host"} <= set(shm) else None
+            self._servers_version += 1
         log.warning("scheduler: %s rejoined (a replacement process)", node_name(nid))
         self._send(identity, reply_frames(header, SCHEDULER_ID, self._table(nid, recovery=True)))
 
@@ -259,7 +274,8 @@ class Scheduler:
     def _may_return(self, nid: int) -> bool:
         """True while a dead worker may still be replaced (``PSKV_RECOVERY_TIMEOUT``)."""
         node = self._nodes[nid]
-        return (node.role is Role.WORKER and self._cluster.recovery_timeout > 0
+        replaceable = node.role is Role.WORKER or (node.role is Role.SERVER and bool(self._cluster.server_recovery))
+        return (replaceable and self._cluster.recovery_timeout > 0
                 and time.monotonic() - node.dead_since <= self._cluster.recovery_timeout)
 
     def _dead_ids(self) -> list[int]:
@@ -278,9 +294,9 @@ class Scheduler:
             log.error("scheduler: %s missed heartbeats for %.1f s: marked dead", node_name(nid),
                       self._cluster.heartbeat_timeout)
         # workers whose recovery window just closed: the barriers waiting for them fail now
-        expired = [nid for nid, n in self._nodes.items() if n.dead and n.role is Role.WORKER
-                   and self._cluster.recovery_timeout > 0 and not n.given_up
-                   and not self._may_return(nid)]
+        expired = [nid for nid, n in self._nodes.items() if n.dead and self._cluster.recovery_timeout > 0
+                   and (n.role is Role.WORKER or self._cluster.server_recovery)
+                   and not n.given_up and not self._may_return(nid)]
         for nid in expired:
             self._nodes[nid].given_up = True
             log.error("scheduler: %s was not replaced within %.1f s", node_name(nid), self._cluster.recovery_timeout)

@@ -37,6 +37,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
+import weakref
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -73,7 +75,7 @@ from pskv.kvstore.engine import Deferred, Engine, OpHandle
 from pskv.kvstore.keys import Key, KeyKind, as_key_list, pair_up
 from pskv.kvstore.rows import apply_row_plan, plan_row_pulls
 from pskv.partition import server_key, split
-from pskv.protocol import ArraySpec, Command, Role, frame_array, node_name
+from pskv.protocol import ArraySpec, Command, Header, Role, encode, frame_array, node_id, node_name
 from pskv.transport.shm import host_id, map_array, part_file
 from pskv.worker import WorkerClient
 
@@ -145,14 +147,28 @@ class DistStore(KVStoreBase):
         self._key_kind = KeyKind()
         self._closed = False
         self._barrier_before_exit = True
-        self._client = WorkerClient(self._cluster, context)
+        # With PSKV_SERVER_RECOVERY every push since the newest checkpoint is kept (copied)
+        # per server, to be sent again to a replacement server: (command, pending, specs, data, body).
+        self._replay: dict[int, list[tuple[Command, Any, tuple[ArraySpec, ...], list[Any], str]]] | None = (
+            defaultdict(list) if self._cluster.server_recovery else None)
+        self._replay_lock = threading.Lock()
+        # A weak reference: a bound method would make store and client a reference cycle, and
+        # the store's shared-memory maps would then live until the garbage collector runs.
+        recover = weakref.WeakMethod(self._recover_server)
+
+        def on_server_replaced(server: int) -> None:
+            method = recover()
+            if method is not None:
+                method(server)
+        self._client = WorkerClient(self._cluster, context,
+                                    on_server_replaced=on_server_replaced if self._cluster.server_recovery else None)
         try:
             info = self._client.connect()
             self._rank = info.rank
             self._recovery = info.recovery
             here = host_id()
             self._shm_dirs: dict[int, str] = {}
-            if self._cluster.shm and self._sync:
+            if self._cluster.uses_shm and self._sync:
                 self._shm_dirs = {s: shm["dir"] for s, shm in enumerate(info.server_shm)
                                   if shm is not None and shm.get("host") == here}
             self._num_workers = info.num_workers
@@ -315,6 +331,10 @@ class DistStore(KVStoreBase):
                 data = [self._slice(rec, rec.outgoing, i) for rec, i in items]
                 pending = self._client.request(server, command, specs, data, _QUIET if quiet else body, priority,
                                                timeout=limit, quiet=quiet)
+                if pushes and self._replay is not None:  # kept until the next checkpoint
+                    with self._replay_lock:
+                        self._replay[server].append((command, pending, specs, [np.array(d, copy=True) for d in data],
+                                                     body))
             if pushes:
                 for rec, i in items:
                     rec.pushes[i] += 1
@@ -808,7 +828,55 @@ class DistStore(KVStoreBase):
                 "open_rounds": sum(int(b.get("open_rounds", 0)) for b in bodies), "meta": meta_json,
             })
         self.barrier()
+        if self._replay is not None:  # a replacement server will load this checkpoint
+            with self._replay_lock:
+                self._replay.clear()
         return directory
+
+    def _recover_server(self, server: int) -> None:
+        """A replacement of ``server`` joined (``PSKV_SERVER_RECOVERY``; its own thread).
+
+        It loaded the newest checkpoint, whose push counts it goes on from. This worker
+        sends it every push made since that checkpoint (kept with their data; a push
+        whose request still waits gets its reply), then every other request the old
+        process never answered — in that order, before anything new reaches it.
+        """
+        node = node_id(Role.SERVER, server)
+        tracker = self._client.tracker
+        limit = self._cluster.request_timeout
+
+        def replay(epoch: int) -> list[tuple[Any, list[Any]]]:
+            messages: list[tuple[Any, list[Any]]] = []
+            with self._replay_lock:
+                entries = list(self._replay.get(server, ())) if self._replay is not None else []
+            replayed = set()
+            for command, pending, specs, data, body in entries:
+                if pending.epoch is None or pending.epoch >= epoch:
+                    continue  # not sent yet, or sent to the new process already
+                replayed.add(pending.request)
+                target = pending
+                if pending.done():  # answered by the old process: send it again under a new request
+                    target = tracker.new(node, "replayed push", timeout=limit)
+                    target.add_done_callback(self._replayed)
+                messages.append((target, encode(Header(command, target.request, self._client.node_id, specs, 0, body),
+                                                data)))
+            for p in tracker.outstanding_to(node):
+                if p.request not in replayed and p.frames is not None and p.epoch is not None and p.epoch < epoch:
+                    messages.append((p, p.frames))
+            log.warning("worker %d: server %d replaced: sending it %d push(es) since the checkpoint and %d other "
+                        "request(s)", self._rank, server, len(replayed), len(messages) - len(replayed))
+            return messages
+
+        try:
+            self._client.reconnect(server, limit, replay)
+        except Exception as exc:  # noqa: BLE001 - fail what waits on it rather than hang
+            log.error("worker %d: could not switch to server %d's replacement: %s", self._rank, server, exc)
+            tracker.fail_node(node, f"its replacement could not be reached: {exc}")
+
+    @staticmethod
+    def _replayed(pending: Any) -> None:
+        if pending.error is not None:
+            log.error("a push sent again to a replacement server failed: %s", pending.error)
 
     @property
     def resumed(self) -> dict[str, Any] | None:

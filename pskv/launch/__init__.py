@@ -106,6 +106,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--restart-workers", type=int, default=0, metavar="N",
                         help="start a failed worker again alone, at most N times in all; it rejoins the running "
                              "job (kv.is_recovery) while the others wait for it (default 0)")
+    parser.add_argument("--restart-servers", type=int, default=0, metavar="N",
+                        help="local: start a failed server again alone, at most N times in all; it loads the newest "
+                             "checkpoint in --checkpoint-dir and the workers send it their pushes since (default 0)")
     parser.add_argument("--recovery-timeout", type=float, default=60.0, metavar="SECONDS",
                         help="with --restart-workers: how long the others wait for a dead worker's replacement "
                              "(default 60)")
@@ -139,6 +142,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         checkpoint_dir=os.path.abspath(args.checkpoint_dir) if args.checkpoint_dir else "",
         max_restarts=args.max_restarts,
         worker_restarts=args.restart_workers,
+        server_restarts=args.restart_servers,
         recovery_timeout=args.recovery_timeout,
     )
 

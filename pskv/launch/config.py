@@ -71,8 +71,12 @@ class LaunchConfig:
         worker_restarts: ``--restart-workers``: a failed worker is started again alone (at
             most this many times in all) and rejoins the running job; every process
             then gets ``PSKV_RECOVERY_TIMEOUT``.
-        recovery_timeout: ``--recovery-timeout``: seconds a dead worker's rank stays open
-            for its replacement.
+        server_restarts: ``--restart-servers``: a failed server is started again alone (at
+            most this many times in all), loads the newest checkpoint and rejoins; every
+            process then gets ``PSKV_SERVER_RECOVERY=1`` (workers keep their pushes since
+            the newest checkpoint; no shared memory). Local launcher only.
+        recovery_timeout: ``--recovery-timeout``: seconds a dead worker's or server's rank
+            stays open for its replacement.
         resume_from: the checkpoint this run resumes from (set for restarts).
         restart_count: how many times the job has been restarted (set for restarts).
 
@@ -99,6 +103,7 @@ class LaunchConfig:
     checkpoint_dir: str = ""
     max_restarts: int = 0
     worker_restarts: int = 0
+    server_restarts: int = 0
     recovery_timeout: float = 60.0
     resume_from: str = ""
     restart_count: int = 0
@@ -114,7 +119,8 @@ class LaunchConfig:
         """What every process of this job is told about it, for a scheduler at ``root_uri:root_port``."""
         return JobLayout(root_uri, root_port, self.num_servers, self.num_workers, self.job_id, self.curve_key_file,
                          self.checkpoint_dir, self.resume_from, self.restart_count,
-                         self.recovery_timeout if self.worker_restarts > 0 else 0.0)
+                         self.recovery_timeout if self.worker_restarts > 0 or self.server_restarts > 0 else 0.0,
+                         self.server_restarts > 0)
 
     def _problems(self) -> Sequence[str]:
         out = []
@@ -151,6 +157,12 @@ class LaunchConfig:
             out.append("--python must name an interpreter")
         if self.secure and self.curve_key_file:
             out.append("give --secure (a fresh key) or --curve-key FILE, not both")
+        if self.server_restarts < 0:
+            out.append(f"--restart-servers must be >= 0, got {self.server_restarts}")
+        elif self.server_restarts and not self.checkpoint_dir:
+            out.append("--restart-servers needs --checkpoint-dir (a replacement server loads the newest checkpoint)")
+        elif self.server_restarts and self.launcher != "local":
+            out.append("--restart-servers works with the local launcher only")
         if self.worker_restarts < 0:
             out.append(f"--restart-workers must be >= 0, got {self.worker_restarts}")
         if not self.recovery_timeout > 0:

@@ -35,6 +35,7 @@ CONTRACT: dict[str, tuple[str, str]] = {
     "PSKV_RESUME_FROM": ("every process (ClusterConfig.resume_from)", "after a restart (--max-restarts): the latest complete checkpoint under --checkpoint-dir, if any"),
     "PSKV_RESTART_COUNT": ("every process (ClusterConfig.restart_count)", "after a restart: how many times the job was restarted (1, 2, ...)"),
     "PSKV_RECOVERY_TIMEOUT": ("every process (ClusterConfig.recovery_timeout)", "with --restart-workers: seconds a dead worker's rank stays open for its replacement (--recovery-timeout)"),
+    "PSKV_SERVER_RECOVERY": ("every process (ClusterConfig.server_recovery)", "with --restart-servers: 1 (a dead server may be replaced; workers keep their pushes since the newest checkpoint)"),
     "PSKV_JOB_ID": ("servers (ClusterConfig.job_id)", "a random id of this job: names its shared-memory files so the launcher can remove them"),
     "PYTHONUNBUFFERED": ("Python", "1, so output reaches the launcher line by line (an --env pair may override it)"),
 }
@@ -58,6 +59,7 @@ class JobLayout:
     resume_from: str = ""
     restart_count: int = 0
     recovery_timeout: float = 0.0
+    server_recovery: bool = False
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,8 @@ def contract_env(layout: JobLayout, role: str, host: str, rank: int | None = Non
         env["PSKV_RESTART_COUNT"] = str(layout.restart_count)
     if layout.recovery_timeout > 0:
         env["PSKV_RECOVERY_TIMEOUT"] = f"{layout.recovery_timeout:g}"
+    if layout.server_recovery:
+        env["PSKV_SERVER_RECOVERY"] = "1"
     if role == "server" and rank is not None:
         env["PSKV_SERVER_RANK"] = str(rank)
     if role == "worker":

@@ -48,7 +48,8 @@ def run_local(config: LaunchConfig, console: Console) -> int:
     """Run the job on this machine; returns the launcher's exit code (see :mod:`pskv.launch.supervisor`)."""
     with tempfile.TemporaryDirectory(prefix="pskv-launch-") as tmp, \
             Supervisor(console, stop_grace=config.stop_grace, exit_grace=config.exit_grace,
-                       timeout=config.timeout, worker_restarts=config.worker_restarts) as supervisor:
+                       timeout=config.timeout, worker_restarts=config.worker_restarts,
+                       server_restarts=config.server_restarts, checkpoint_dir=config.checkpoint_dir) as supervisor:
         if config.secure:  # a fresh cluster key, private to this job (the directory is mode 0700)
             key_file = write_key_file(os.path.join(tmp, "cluster.key"), generate_keys())
             config = dataclasses.replace(config, curve_key_file=str(key_file), secure=False)

@@ -19,6 +19,7 @@ the same queue, so all decisions are taken on the main thread, in time order:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import signal
@@ -155,10 +156,15 @@ class Supervisor:
         via_ssh: the children are ssh clients (changes how exit code 255 is explained).
         worker_restarts: failed workers started again (alone, with the same rank) before a
             failure ends the job; the job must run with ``PSKV_RECOVERY_TIMEOUT``.
+        server_restarts: failed servers started again (alone, same rank, loading the
+            newest checkpoint in ``checkpoint_dir``); the job must run with
+            ``PSKV_SERVER_RECOVERY``. Local processes only (``env`` argv).
+        checkpoint_dir: where the checkpoints for ``server_restarts`` are.
     """
 
     def __init__(self, console: Console, *, stop_grace: float = 5.0, exit_grace: float = 30.0,
-                 timeout: float | None = None, via_ssh: bool = False, worker_restarts: int = 0) -> None:
+                 timeout: float | None = None, via_ssh: bool = False, worker_restarts: int = 0,
+                 server_restarts: int = 0, checkpoint_dir: str = "") -> None:
         self._console = console
         self._stop_grace = stop_grace
         self._exit_grace = exit_grace
@@ -176,6 +182,9 @@ class Supervisor:
         self._stopped: list[str] = []
         self._worker_restarts = worker_restarts
         self._workers_restarted = 0
+        self._server_restarts = server_restarts
+        self._servers_restarted = 0
+        self._checkpoint_dir = checkpoint_dir
 
     # -- life cycle ---------------------------------------------------------------------
     def __enter__(self) -> Supervisor:
@@ -301,6 +310,9 @@ class Supervisor:
 
     def _on_exit(self, child: _Child, returncode: int) -> None:
         child.returncode = returncode
+        if self._outcome is None and returncode != 0 and child.spec.role == "server" \
+                and self._servers_restarted < self._server_restarts and self._restart_server(child, returncode):
+            return
         if self._outcome is None and returncode != 0 and child.spec.is_worker \
                 and self._workers_restarted < self._worker_restarts:
             self._workers_restarted += 1
@@ -324,6 +336,29 @@ class Supervisor:
         elif returncode != 0:
             self._console.note(f"{child.where} {describe_exit(returncode, self._via_ssh)}"
                                f"; a consequence of {self._cause}, not a cause")
+
+    def _restart_server(self, child: _Child, returncode: int) -> bool:
+        """Start a failed server again from the newest checkpoint; False if there is none."""
+        from pskv.server.snapshot import latest_checkpoint
+
+        found = latest_checkpoint(self._checkpoint_dir) if self._checkpoint_dir else None
+        what = f"{child.where} {describe_exit(returncode, self._via_ssh)}"
+        if found is None:
+            self._console.note(f"{what}; no complete checkpoint in {self._checkpoint_dir or '(no --checkpoint-dir)'} "
+                               "to start it again from")
+            return False
+        argv = list(child.spec.argv)
+        at = next((i for i, a in enumerate(argv) if i > 0 and "=" in a and argv[i - 1] != "-u"), 1)
+        argv.insert(at, f"PSKV_RESUME_FROM={found}")  # env(1): NAME=VALUE pairs after its options
+        self._servers_restarted += 1
+        self._console.note(f"{what}; starting it again from checkpoint {found} "
+                           f"({self._servers_restarted} of at most {self._server_restarts} server restarts)")
+        child.replaced = True
+        try:
+            self.start(dataclasses.replace(child.spec, argv=tuple(argv)))
+        except LaunchError as exc:
+            self._decide(EXIT_FAILURE, f"{exc}; stopping the job", "the launcher's error")
+        return True
 
     def _on_launcher_signal(self, signum: int) -> None:
         name = signal_name(signum)

@@ -44,7 +44,7 @@ from pskv.protocol import (
     node_role_rank,
 )
 from pskv.server.controllers import find_controller, import_modules
-from pskv.server.shard import Part, ServerShard, to_storage
+from pskv.server.shard import Part, PushLog, ServerShard, to_storage
 from pskv.server.snapshot import PartState, ShardState, read_manifest, read_shard, write_shard
 from pskv.transport import IO_THREADS, Reactor
 from pskv.transport.addresses import bind_host
@@ -72,7 +72,7 @@ class ServerNode:
         self._tracker = RequestTracker()
         self._reactor = Reactor(self._ctx, "pskv-server", on_failure=self._on_reactor_failure)
         self._sid, self.address = self._reactor.bind_router(f"tcp://{bind_host(cluster)}:0", self._on_message)
-        self._shm_dir = ShmDirectory(f"{job_prefix(cluster.job_id)}server-") if cluster.shm else None
+        self._shm_dir = ShmDirectory(f"{job_prefix(cluster.job_id)}server-") if cluster.uses_shm else None
         shm_info = {"dir": self._shm_dir.path, "host": host_id()} if self._shm_dir else None
         if self._shm_dir is not None:
             try:  # workers on this host send their requests here (see WorkerClient.connect)
@@ -83,6 +83,7 @@ class ServerNode:
                                       on_dead=self._on_node_dead, shm=shm_info, on_alive=self._on_node_alive)
         self._dead_workers: set[int] = set()
         self._recovering: dict[int, float] = {}  # dead workers that may be replaced -> when they died
+        self._saved_counts: dict[tuple[int, int], dict[int, int]] = {}  # of a loaded checkpoint
         if cluster.recovery_timeout > 0:
             self._reactor.add_timer(max(0.05, min(1.0, cluster.recovery_timeout / 4)), self._check_recovery)
         workers = tuple(node_id(Role.WORKER, r) for r in range(cluster.num_workers))
@@ -132,6 +133,8 @@ class ServerNode:
         try:
             info = self._membership.register(self._cluster.server_rank)
             self._rank = info.rank
+            if info.recovery:  # a replacement in a running job: the workers go on numbering their pushes
+                self._reactor.call_soon(self._apply_saved_counts)
             log.info("%s serving on %s", self.name, self.address)
             # Wait for the end of the job. This wait has no deadline of its own: a job may
             # run for days. It ends with NodeFailedError when the scheduler dies (the
@@ -184,6 +187,7 @@ class ServerNode:
         self._shard.sync = state.sync
         for p in state.parts:
             self._shard.restore(p.key, p.offset, p.dtype, p.value, p.round, p.summed)
+        self._saved_counts = {(p.key, p.offset): dict(p.counts or {}) for p in state.parts}
         if state.optimizer is not None:
             document = states.loads(state.optimizer)
             if document.optimizer is None:
@@ -193,6 +197,19 @@ class ServerNode:
             self._shard.updater = updater
         log.info("server %d: restored %d part(s)%s from %s", rank, len(state.parts),
                  " and the optimizer state" if state.optimizer is not None else "", directory)
+
+    def _apply_saved_counts(self) -> None:
+        """Reactor thread: the push counts of the checkpoint this replacement server loaded.
+
+        The workers replay every push they made since that checkpoint, numbered on from
+        these counts (a whole-job restart, whose workers start again, does not get them).
+        """
+        for (key, offset), counts in self._saved_counts.items():
+            part = self._shard.parts.get((key, offset))
+            if part is not None:
+                part.restored = False  # the workers will not init it again
+                part.pushes = {w: PushLog(count=c) for w, c in counts.items()}
+        log.warning("%s: replacement server; push counts of %d part(s) restored", self.name, len(self._saved_counts))
 
     def _save_checkpoint(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
         """Write this server's shard into the checkpoint directory the request names."""
@@ -211,7 +228,8 @@ class ServerNode:
             log.warning("%s: checkpoint %s: %d part(s) have an open sync round; their pending pushes are not "
                         "saved", self.name, directory, open_rounds)
         state = ShardState(self._rank, self._cluster.num_servers, self._cluster.num_workers, self._shard.sync,
-                           tuple(PartState(p.key, p.offset, p.dtype, value, p.round, p.summed) for p, value in saved),
+                           tuple(PartState(p.key, p.offset, p.dtype, value, p.round, p.summed,
+                                           {w: log_.count for w, log_ in p.pushes.items()}) for p, value in saved),
                            optimizer)
         path = write_shard(directory, state)
         self._reply(identity, reply_frames(header, self._node_id(), {

@@ -44,7 +44,7 @@ import numpy as np
 from pskv.arrays.dtypes import numpy_dtype
 from pskv.errors import DTypeMismatchError, DuplicateKeyError, InvalidArgumentError, ShapeMismatchError, UnknownKeyError
 
-__all__ = ["Part", "ServerShard", "PartId", "bf16_bits_to_f32", "f32_to_bf16_bits"]
+__all__ = ["Part", "PushLog", "ServerShard", "PartId", "bf16_bits_to_f32", "f32_to_bf16_bits"]
 
 PartId = tuple[int, int]  # (key, offset)
 # allocate(key, offset, name, dtype, size) -> a shared 1-D array

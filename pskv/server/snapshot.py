@@ -55,6 +55,7 @@ class PartState:
     value: np.ndarray[Any, Any]  # 1-D, storage dtype
     round: int
     summed: bool = False
+    counts: Mapping[int, int] | None = None  # worker node id -> pushes of this part so far
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,8 @@ def write_shard(directory: str | os.PathLike[str], state: ShardState) -> Path:
     parts = []
     for i, p in enumerate(state.parts):
         tensors[f"p{i}"] = np.ascontiguousarray(p.value)
-        parts.append({"key": p.key, "offset": p.offset, "dtype": p.dtype, "round": p.round, "summed": p.summed})
+        parts.append({"key": p.key, "offset": p.offset, "dtype": p.dtype, "round": p.round, "summed": p.summed,
+                      "counts": {str(w): c for w, c in (p.counts or {}).items()}})
     if state.optimizer is not None:
         tensors["optimizer"] = np.frombuffer(state.optimizer, dtype=np.uint8)
     doc = {"format": FORMAT, "version": VERSION, "rank": state.rank, "num_servers": state.num_servers,
@@ -146,7 +148,8 @@ def read_shard(directory: str | os.PathLike[str], rank: int) -> ShardState:
         raise CheckpointError(f"{path} is not a pskv server checkpoint (format {doc.get('format')!r})")
     try:
         parts = tuple(PartState(int(p["key"]), int(p["offset"]), str(p["dtype"]), tensors[f"p{i}"],
-                                int(p["round"]), bool(p.get("summed", False)))
+                                int(p["round"]), bool(p.get("summed", False)),
+                                {int(w): int(c) for w, c in dict(p.get("counts") or {}).items()})
                       for i, p in enumerate(doc["parts"]))
         optimizer = tensors["optimizer"].tobytes() if doc.get("optimizer") else None
         return ShardState(int(doc["rank"]), int(doc["num_servers"]), int(doc["num_workers"]), bool(doc["sync"]),

@@ -287,6 +287,15 @@ class Reactor:
         self._poller.register(sock, zmq.POLLIN)
         return sid
 
+    def close_dealer(self, sid: int) -> None:
+        """Close a DEALER made by :meth:`connect_dealer` (on the reactor thread)."""
+        sock = self._dealers.pop(sid, None)
+        if sock is None:
+            return
+        self._handlers.pop(sock, None)
+        self._poller.unregister(sock)
+        sock.close(linger=0)
+
     def connect_sender(self, address: str, identity: bytes | None = None) -> Sender:
         """Connect a send-only DEALER socket (routing identity ``identity``) to a service, for any thread.
 

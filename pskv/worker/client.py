@@ -34,7 +34,7 @@ import math
 import os
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any
 
@@ -77,20 +77,25 @@ class WorkerClient:
         context: ZeroMQ context (a new one by default).
     """
 
-    def __init__(self, cluster: ClusterConfig, context: zmq.Context[Any] | None = None) -> None:
+    def __init__(self, cluster: ClusterConfig, context: zmq.Context[Any] | None = None,
+                 on_server_replaced: Callable[[int], None] | None = None) -> None:
         self._cluster = cluster
+        self._on_server_replaced = on_server_replaced
         self._own_context = context is None
         self._ctx = zmq.Context(io_threads=IO_THREADS) if context is None else context
         self._stop_lock = threading.Lock()
         self.tracker = RequestTracker()
         self._reactor = Reactor(self._ctx, "pskv-worker", on_failure=self._on_reactor_failure)
-        self.membership = Membership(cluster, self._reactor, self.tracker, Role.WORKER, on_dead=self._on_node_dead)
+        self.membership = Membership(cluster, self._reactor, self.tracker, Role.WORKER, on_dead=self._on_node_dead,
+                                     on_servers=self._on_servers_replaced)
         self._servers: list[int | None] = []  # polled dealer socket id per server rank (replies arrive there)
         self._senders: list[Sender | LocalConnection] = []  # where requests to each server rank leave
         self._queue: list[tuple[float, int, int, list[Any], Pending]] = []  # (-priority, seq, server, frames, pending)
         self._queue_lock = threading.Lock()
         self._send_lock = threading.Lock()  # held by the thread emptying the queue
         self._sent: list[itertools.count[int]] = []  # per server: sequence numbers of the messages sent there
+        self._epoch: list[int] = []  # per server: replacements so far (PSKV_SERVER_RECOVERY)
+        self._paused: set[int] = set()  # servers being replaced: their requests wait in the queue
         self._quiet: dict[int, deque[Pending]] = {}  # per server node: quiet requests sent, in order
         self._quiet_lock = threading.Lock()
         self._seq = itertools.count()
@@ -115,6 +120,7 @@ class WorkerClient:
             for server, address in enumerate(info.servers):
                 self._senders.append(self._connect(server, address, paths[server]))
             self._sent = [itertools.count(1) for _ in info.servers]
+            self._epoch = [0] * len(info.servers)
             connected.set()
 
         self._reactor.call_soon(connect_all)
@@ -145,7 +151,7 @@ class WorkerClient:
     def _local_path(self, server: int, info: NodeInfo) -> str | None:
         """The local socket of ``server`` if it runs on this host (and shared memory is on)."""
         shm = info.server_shm[server] if server < len(info.server_shm) else None
-        if not self._cluster.shm or not shm or shm.get("host") != host_id():
+        if not self._cluster.uses_shm or not shm or shm.get("host") != host_id():
             return None
         return local_path(shm["dir"])
 
@@ -173,6 +179,74 @@ class WorkerClient:
             if self._own_context:
                 self._own_context = False
                 self._ctx.term()
+
+    # -- server replacement (PSKV_SERVER_RECOVERY) ------------------------------------------
+    def _on_servers_replaced(self, ranks: list[int]) -> None:
+        """Membership callback (reactor thread): the owner reconnects and replays, off this thread."""
+        if self._on_server_replaced is None:
+            return
+        for rank in ranks:
+            log.warning("worker: server %d was replaced; reconnecting to %s", rank,
+                        self.membership.info.servers[rank] if self.membership.info else "?")
+            threading.Thread(target=self._on_server_replaced, args=(rank,), daemon=True,
+                             name=f"pskv-worker-recover-{rank}").start()
+
+    def reconnect(self, server: int, timeout: float,
+                  replay: Callable[[int], list[tuple[Pending, list[Any]]]]) -> None:
+        """Switch to the replacement of server ``server`` (its address from the membership).
+
+        Requests to it wait meanwhile. After the new process answered HELLO, ``replay(epoch)``
+        gives the messages to send it first, in order — each ``(pending, frames)``, the
+        pending completed by the reply — typically every push since the checkpoint it
+        loaded (those sent to an older incarnation: ``pending.epoch < epoch``), then the
+        outstanding pulls; then the waiting requests go out.
+
+        Raises:
+            OperationTimeoutError: no connection or no HELLO answer within ``timeout``.
+        """
+        info = self.membership.info
+        assert info is not None and self.info is not None
+        address = info.servers[server]
+        swapped = threading.Event()
+        with self._queue_lock:
+            self._paused.add(server)
+
+        def swap() -> None:
+            old_sid, old_sender = self._servers[server], self._senders[server]
+            sid = self._reactor.connect_dealer(address, self._on_reply)
+            with self._send_lock:
+                self._servers[server] = sid
+                self._senders[server] = self._reactor.connect_sender(address, TX_PREFIX + self._tx.encode())
+                self._sent[server] = itertools.count(1)
+                self._epoch[server] += 1
+            with self._quiet_lock:
+                self._quiet.pop(node_id(Role.SERVER, server), None)  # they are sent again, answered
+            if old_sid is not None:
+                self._reactor.close_dealer(old_sid)
+            old_sender.close()
+            swapped.set()
+
+        try:
+            self._reactor.call_soon(swap)
+            if not swapped.wait(timeout):
+                raise OperationTimeoutError(f"could not reconnect to server {server} within {timeout} s")
+            self.info = info
+            hello = self.tracker.new(node_id(Role.SERVER, server), "hello", timeout=timeout)
+            frames = encode(Header(Command.HELLO, hello.request, info.node_id, body=json.dumps({"tx": self._tx})))
+            sid = self._servers[server]
+            assert sid is not None
+            self._reactor.call_soon(partial(self._reactor.send_dealer, sid, frames))
+            hello.wait(timeout)
+            with self._send_lock:  # nothing goes to this server while the replay is queued
+                messages = replay(self._epoch[server])
+                with self._queue_lock:
+                    for pending, message in messages:
+                        pending.quiet = False
+                        heapq.heappush(self._queue, (-math.inf, next(self._seq), server, message, pending))
+        finally:
+            with self._queue_lock:
+                self._paused.discard(server)
+            self._flush()
 
     def _expire(self) -> None:
         self.tracker.expire()
@@ -224,6 +298,8 @@ class WorkerClient:
                                    timeout=None if quiet else timeout)
         pending.quiet = quiet
         frames = encode(Header(command, pending.request, self.node_id, arrays, priority, body), data or [])
+        if self._cluster.server_recovery:
+            pending.frames = frames  # sent again to a replacement server
         self._queue_and_send(-priority, server, frames, pending)
         return pending
 
@@ -276,13 +352,19 @@ class WorkerClient:
         after letting go of the send lock.
         """
         while self._send_lock.acquire(blocking=False):
+            held: list[tuple[float, int, int, list[Any], Pending]] = []
             try:
                 while True:
                     with self._queue_lock:
                         if not self._queue:
                             break
-                        _, _, server, frames, pending = heapq.heappop(self._queue)
+                        item = heapq.heappop(self._queue)
+                    _, _, server, frames, pending = item
+                    if server in self._paused:  # being replaced: sent after the replay
+                        held.append(item)
+                        continue
                     pending.sent = next(self._sent[server])
+                    pending.epoch = self._epoch[server]
                     if pending.quiet:
                         with self._quiet_lock:
                             self._quiet.setdefault(pending.node, deque()).append(pending)
@@ -293,9 +375,13 @@ class WorkerClient:
                         # dead and fails it with NodeFailedError, or its timeout passes)
                         log.warning("worker: request to server %d not sent: %s", server, exc)
             finally:
+                if held:
+                    with self._queue_lock:
+                        for item in held:
+                            heapq.heappush(self._queue, item)
                 self._send_lock.release()
             with self._queue_lock:
-                if not self._queue:
+                if len(self._queue) == len(held):  # nothing new, or only held requests
                     return
 
     def _on_reply(self, frames: list[zmq.Frame]) -> None:

@@ -202,7 +202,7 @@ def test_env_contract_reaches_every_worker(tag, tmp_path, worker_script):
             "PSKV_TEST_EXTRA": "a b=c", "PSKV_SERVER_RANK": None,  # a server-only variable
             "PSKV_CURVE_KEY_FILE": None,  # only with --curve-key / --secure
             "PSKV_CHECKPOINT_DIR": None, "PSKV_RESUME_FROM": None, "PSKV_RESTART_COUNT": None,  # restarts only
-            "PSKV_RECOVERY_TIMEOUT": None,  # only with --restart-workers
+            "PSKV_RECOVERY_TIMEOUT": None, "PSKV_SERVER_RECOVERY": None,  # only with --restart-workers/-servers
         }
     assert pskv.config.ClusterConfig.from_env(seen[1]).local_rank == 1
 

@@ -1,0 +1,99 @@
+"""pskv launch --restart-servers: a server SIGKILLed mid-training is started again alone,
+loads the newest checkpoint, and the workers send it every push they made since; the
+other server and the workers never stop, and the job ends with the values of a run
+without the crash."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DEADLINE = 120.0
+
+WORKER = """
+import os, sys
+import numpy as np
+import pskv
+from pskv.optimizer import SGD
+
+steps, crash_at = 14, int(sys.argv[1])
+kv = pskv.create("dist_sync")
+kv.set_optimizer(SGD(learning_rate=0.1, momentum=0.9, wd=0.01))
+# "w" is split over both servers (bigarray bound 1e6); "b" lives on one of them
+kv.init(["w", "b"], [np.linspace(-1, 1, 1_200_000, dtype=np.float32), np.zeros(7)])
+kv.save_checkpoint(meta={"step": -1})
+for step in range(steps):
+    grads = [np.cos(np.arange(1_200_000, dtype=np.float32) * 1e-3 * (step + 1) + kv.rank), np.full(7, step + 1.0)]
+    if step % 2:
+        kv.push(["w", "b"], grads)  # blocking push then pull
+        w, b = kv.pull("w"), kv.pull("b")
+    else:
+        w, b = np.empty(1_200_000, np.float32), np.empty(7)
+        kv.pushpull(["w", "b"], grads, out=[w, b])
+    if step % 5 == 4:
+        kv.save_checkpoint(meta={"step": step})
+    if step == crash_at and kv.rank == 0:
+        print("crashing server 0", flush=True)
+        kv.send_command_to_servers(99, "")  # server 0 SIGKILLs itself; its replacement answers
+print(f"final {kv.rank} {float(w.astype(np.float64).sum())!r} {float(b.sum())!r}", flush=True)
+kv.close()
+"""
+
+CRASH = """
+import os, signal
+from pskv.server import controller
+
+@controller(99)
+def crash(head, body):
+    if os.environ.get("PSKV_SERVER_RANK") == "0" and not os.environ.get("PSKV_RESUME_FROM"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return "ok"
+"""
+
+
+def launch(tmp: Path, crash_at: int, *extra: str) -> tuple[int, str]:
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "worker.py").write_text(WORKER)
+    (tmp / "pskv_test_crash2.py").write_text(CRASH)
+    env = {**os.environ, "PYTHONPATH": f"{REPO}:{tmp}"}
+    args = [sys.executable, "-m", "pskv", "launch", "-n", "2", "-s", "2", "--stop-grace", "2",
+            "--env", "PSKV_SERVER_MODULES=pskv_test_crash2", "--env", "PS_HEARTBEAT_TIMEOUT=3",
+            "--env", "PS_HEARTBEAT_INTERVAL=0.3", "--checkpoint-dir", str(tmp / "ckpts"), *extra, "--",
+            sys.executable, str(tmp / "worker.py"), str(crash_at)]
+    proc = subprocess.Popen(args, env=env, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=DEADLINE)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out = proc.communicate()[0]
+        pytest.fail(f"the launcher did not finish within {DEADLINE} s:\n{out}")
+    return proc.returncode, out
+
+
+def finals(out: str) -> dict[int, str]:
+    return {int(m.group(1)): m.group(2) for m in re.finditer(r"\[worker \d\] final (\d) (.+)", out)}
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_server_is_replaced_and_training_ends_as_without_the_crash(tmp_path):
+    code, clean = launch(tmp_path / "a", -1, "--restart-servers", "1")
+    assert code == 0, clean
+    reference = finals(clean)
+    assert len(reference) == 2 and reference[0] == reference[1]
+
+    code, out = launch(tmp_path / "b", 7, "--restart-servers", "1", "--recovery-timeout", "30")
+    assert code == 0, out
+    assert "crashing server 0" in out
+    assert re.search(r"server 0 on 127.0.0.1 was killed by SIGKILL; starting it again from checkpoint "
+                     r".*ckpt-2 \(1 of at most 1 server restarts\)", out), out
+    assert "server 0: restored" in out and "replacement server; push counts" in out, out
+    assert out.count("server 0 replaced: sending it") == 2, out  # both workers replay
+    assert finals(out) == reference, out  # the same floats as without the crash
