@@ -26,8 +26,8 @@ def json_body(header: Header) -> dict[str, Any]:
         return {}
     try:
         value = json.loads(header.body)
-    except ValueError as exc:
-        raise ProtocolError(f"{header.command.name} body is not JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # RecursionError: hostile nesting ("[[[[...")
+        raise ProtocolError(f"{header.command.name} body is not JSON: {type(exc).__name__}") from None
     if not isinstance(value, dict):
         raise ProtocolError(f"{header.command.name} body must be a JSON object")
     return value

@@ -103,8 +103,12 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> tuple[Head
     if len(head) > limits.max_header_bytes:
         raise ProtocolError(f"header of {len(head)} bytes exceeds the limit of {limits.max_header_bytes}")
     try:
+        # the length limits stop a hostile header before it is built (a 14 MB header
+        # declaring millions of arrays would otherwise hold the decoding thread for seconds)
         fields = msgpack.unpackb(head, raw=False, strict_map_key=True, use_list=True,
-                                 max_bin_len=0, max_ext_len=0, max_map_len=0)
+                                 max_bin_len=0, max_ext_len=0, max_map_len=0,
+                                 max_array_len=max(limits.max_arrays, limits.max_dims, 8),
+                                 max_str_len=limits.max_body_chars)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise ProtocolError(f"undecodable header: {type(exc).__name__}: {exc}") from None
     if not isinstance(fields, list) or len(fields) != 7:

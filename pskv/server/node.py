@@ -109,7 +109,7 @@ class ServerNode:
         if cluster.server_modules:
             import_modules(cluster.server_modules)
         if cluster.stall_report > 0:
-            self._reactor.add_timer(min(cluster.stall_report, 5.0), self._report_stalls)
+            self._reactor.add_timer(min(cluster.stall_report / 4, 5.0), self._report_stalls)
         self._reported: set[tuple[tuple[int, int], int]] = set()
         self._held: list[tuple[bytes, list[Any]]] | None = None  # value replies held while a message is handled
         self._routes: dict[bytes, bytes] = {}  # a worker's send-only socket -> where its replies go (HELLO)
@@ -249,7 +249,10 @@ class ServerNode:
         identity = self._routes.get(identity, identity)  # from a send-only socket: answer where its HELLO came from
         self._held = []
         try:
-            role, rank = node_role_rank(header.sender)
+            try:
+                role, rank = node_role_rank(header.sender)
+            except ValueError:
+                raise ProtocolError(f"sender {header.sender} is not a node id") from None
             if role is not Role.WORKER or rank >= self._cluster.num_workers:
                 raise ProtocolError(f"sender {header.sender} is not a worker of this job")
             if handler is None:

@@ -107,3 +107,14 @@ def test_a_push_is_acknowledged_before_the_pulls_its_round_answers(node):
     push(s0, 5, W0, np.ones(3, np.float32), quiet=False)  # completes the round: answers both pulls
     assert [recv(s0)[0].request for _ in range(2)] == [5, 4]  # the push's acknowledgement first
     assert recv(s1)[0].request == 3
+
+
+@pytest.mark.parametrize("sender", [-1, 2, 8, 2**40])
+def test_a_sender_that_is_no_worker_of_the_job_gets_a_protocol_error(node, sender):
+    server, dealer = node
+    sock = dealer()
+    send(sock, Command.SYNC, 7, sender)
+    header, _ = recv(sock)
+    assert header.command is Command.ERROR and "ProtocolError" in header.body, header.body
+    send(sock, Command.SYNC, 8, W0)  # the server serves on
+    assert recv(sock)[0].command is Command.REPLY

@@ -145,3 +145,19 @@ def test_mutated_valid_messages_are_decoded_or_rejected(position, new_byte, data
         return
     for spec, buf in zip(got.arrays, buffers):  # whatever decodes is self-consistent
         assert frame_array(spec, buf).size == spec.size
+
+
+def test_a_header_declaring_too_many_arrays_is_refused_before_it_is_built():
+    # a hostile header listing more entries than max_arrays: msgpack stops at the length
+    # prefix instead of building a huge list first
+    head = msgpack.packb([1, int(Command.PULL), 1, 9, 0, "", [0] * 300_000])
+    with pytest.raises(ProtocolError, match="undecodable header"):
+        decode([head])
+
+
+def test_a_deeply_nested_json_body_is_a_protocol_error():
+    from pskv.cluster.messages import json_body
+    from pskv.protocol import Header
+
+    with pytest.raises(ProtocolError, match="not JSON"):
+        json_body(Header(Command.PULL, 1, 9, body="[" * 100_000))
