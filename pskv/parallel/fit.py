@@ -89,7 +89,8 @@ def evaluate(group: Any, eval_data: Iterable[Any], eval_metric: Any = "acc") -> 
 def fit(trainer: Any, train_data: Iterable[Any], eval_data: Iterable[Any] | None = None, *, num_epoch: int = 1,
         eval_metric: Any = "acc", begin_epoch: int = 0, checkpoint_dir: str | Path | None = None,
         checkpoint_period: int = 1, resume: bool = False, progress: bool | str = "auto",
-        log_all_ranks: bool = False, uneven: bool = False, batch_end_callback: Callable[[dict[str, Any]], None] | None = None,
+        log_all_ranks: bool = False, uneven: bool = False, server_checkpoint_steps: int = 0,
+        batch_end_callback: Callable[[dict[str, Any]], None] | None = None,
         epoch_end_callback: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
     """Train ``trainer``'s group for epochs ``begin_epoch .. num_epoch - 1``.
 
@@ -115,6 +116,10 @@ def fit(trainer: Any, train_data: Iterable[Any], eval_data: Iterable[Any] | None
             the epoch with the same parameters (:mod:`pskv.parallel.uneven`; costs one
             tiny ``pushpull`` per step). Without it, a worker with fewer batches leaves
             the others waiting until their timeout.
+        server_checkpoint_steps: distributed stores: every this many steps (counted over
+            the whole run), ``kv.save_checkpoint(meta={"epoch", "step"})`` snapshots the
+            servers into ``PSKV_CHECKPOINT_DIR`` — what a replacement server loads
+            (``pskv launch --restart-servers``); 0: never.
         batch_end_callback, epoch_end_callback: called with a dict of statistics.
 
     Returns:
@@ -142,6 +147,13 @@ def fit(trainer: Any, train_data: Iterable[Any], eval_data: Iterable[Any] | None
             begin_epoch = int(meta["epoch"]) + 1
             if show:
                 print(f"resumed from {found} (epoch {meta['epoch'] + 1} done)", flush=True)
+    if server_checkpoint_steps and (isinstance(server_checkpoint_steps, bool) or not isinstance(
+            server_checkpoint_steps, int) or server_checkpoint_steps < 0):
+        raise InvalidArgumentError(f"server_checkpoint_steps must be an int >= 0, got {server_checkpoint_steps!r}")
+    snapshots = server_checkpoint_steps if kv is not None and kv.type.startswith("dist") else 0
+    if snapshots and uneven:
+        raise InvalidArgumentError("server_checkpoint_steps needs the same steps on every worker; not with uneven=True")
+    total_steps = 0
     shadow = None
     if uneven and kv is not None and workers > 1 and kv.type in SYNC_TYPES:
         from pskv.parallel.uneven import UnevenSteps
@@ -169,6 +181,9 @@ def fit(trainer: Any, train_data: Iterable[Any], eval_data: Iterable[Any] | None
                 loss_sum += group.get_loss()
                 samples += group.batch_size
                 steps += 1
+                total_steps += 1
+                if snapshots and total_steps % snapshots == 0:
+                    kv.save_checkpoint(meta={"epoch": epoch, "step": steps})  # collective: every worker steps alike
                 seconds = time.perf_counter() - start
                 stats = {"loss": loss_sum / samples, **dict(metric.get_name_value()),
                          "samples/s": round(samples * workers / max(seconds, 1e-9))}

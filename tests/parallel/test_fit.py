@@ -173,3 +173,29 @@ def test_dist_fit_with_uneven_batch_counts_per_worker_finishes_every_epoch(updat
     assert len(steps0) == 3 * 3 and len(steps1) == 3 * 5
     for name in params0:  # every update was applied on both workers
         torch.testing.assert_close(params0[name], params1[name], rtol=0, atol=0)
+
+
+def test_dist_fit_snapshots_the_servers_every_n_steps(tmp_path):
+    from pskv.server.snapshot import latest_checkpoint, read_manifest
+    from pskv.testing import InProcessCluster
+
+    x, y = dataset(96)
+
+    def worker(cfg):
+        kv = pskv.create("dist_sync", cluster=cfg)
+        try:
+            group = DataParallelExecutorGroup(make_model(), ["cpu"], loss=torch.nn.CrossEntropyLoss())
+            trainer = Trainer(group, "sgd", {"learning_rate": 0.05, "momentum": 0.9}, kvstore=kv)
+            data = NDArrayIter(x, y, batch_size=16, num_parts=2, part_index=kv.rank)  # 3 steps per epoch
+            trainer.fit(data, num_epoch=2, progress=False, server_checkpoint_steps=2)
+            with pytest.raises(pskv.InvalidArgumentError, match="uneven"):
+                trainer.fit(data, num_epoch=1, progress=False, server_checkpoint_steps=2, uneven=True)
+            trainer.close()
+            return True
+        finally:
+            kv.close()
+
+    with InProcessCluster(1, 2, deadline=60, checkpoint_dir=str(tmp_path)) as cluster:
+        assert cluster.run_workers(worker) == [True, True]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-1", "ckpt-2", "ckpt-3"]  # steps 2, 4, 6
+    assert read_manifest(latest_checkpoint(tmp_path))["meta"] == {"epoch": 1, "step": 3}
