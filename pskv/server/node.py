@@ -126,11 +126,12 @@ class ServerNode:
         Raises:
             NodeFailedError: the scheduler died.
             OperationTimeoutError: the cluster did not assemble in time.
+            CheckpointError: ``resume_from`` names no usable checkpoint for this server.
         """
-        if self._cluster.resume_from:
-            self._restore(self._cluster.resume_from)
-        self._reactor.start()
         try:
+            if self._cluster.resume_from:
+                self._restore(self._cluster.resume_from)
+            self._reactor.start()
             info = self._membership.register(self._cluster.server_rank)
             self._rank = info.rank
             if info.recovery:  # a replacement in a running job: the workers go on numbering their pushes
