@@ -258,7 +258,11 @@ class Reactor:
             return conn.receive()
         except (BlockingIOError, InterruptedError):
             return None
-        except (EOFError, OSError) as exc:
+        except EOFError as exc:  # an orderly close (a worker leaving): not worth a line at the end of every job
+            log.debug("%s: %s", self._name, exc)
+            self._drop_local(conn)
+            return None
+        except OSError as exc:
             log.info("%s: %s", self._name, exc)
             self._drop_local(conn)
             return None
