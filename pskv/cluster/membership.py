@@ -10,6 +10,7 @@ answering for longer than the heartbeat timeout is itself reported dead.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -73,7 +74,12 @@ class Membership:
         self._on_servers = on_servers
         self._servers_version = 0
         self._dead_since: dict[int, float] = {}  # replaceable dead nodes whose requests still wait
-        self._sid = reactor.connect_dealer(cluster.scheduler_address, self._on_reply)
+        # a fixed routing identity: after a reset connection ZeroMQ reconnects under it, and
+        # the scheduler's table (identity -> node) stays valid
+        self._sid = reactor.connect_dealer(cluster.scheduler_address, self._on_reply,
+                                           identity=b"pskv-node-" + os.urandom(8).hex().encode())
+        self._link_down = False
+        reactor.watch_connection(self._sid, self._on_link)
         self.info: NodeInfo | None = None
         self._dead: set[int] = set()
         self._ages: dict[int, float] = {}
@@ -97,14 +103,31 @@ class Membership:
         self._tracker.complete(header, buffers)
 
     def _request(self, command: Command, body: dict[str, Any] | None, what: str,
-                 callback: Callable[[Pending], None] | None = None) -> Pending:
-        pending = self._tracker.new(SCHEDULER_ID, what, callback)
+                 callback: Callable[[Pending], None] | None = None, timeout: float | None = None) -> Pending:
+        pending = self._tracker.new(SCHEDULER_ID, what, callback, timeout=timeout)
         frames = request_frames(command, pending.request, self.node_id, body)
+        pending.frames = frames  # sent again if the connection is reset before the answer
         if self._reactor.on_reactor_thread():
             self._reactor.send_dealer(self._sid, frames)
         else:
             self._reactor.call_soon(lambda: self._reactor.send_dealer(self._sid, frames))
         return pending
+
+    def _on_link(self, up: bool) -> None:
+        """Reactor thread: the connection to the scheduler went down, or came back.
+
+        Back after a reset: the requests still unanswered (a barrier, a shutdown) may have
+        been lost with it, so they go out again (the scheduler answers repeats once).
+        """
+        if not up:
+            self._link_down = True
+            return
+        if not self._link_down:
+            return
+        self._link_down = False
+        for p in self._tracker.outstanding_to(SCHEDULER_ID):
+            if p.frames is not None and p.what != "heartbeat":
+                self._reactor.send_dealer(self._sid, p.frames)
 
     # -- registration -------------------------------------------------------------------
     def register(self, rank: int = -1) -> NodeInfo:
@@ -149,7 +172,10 @@ class Membership:
             return
         self._heartbeat_in_flight = True
         try:
-            self._request(Command.HEARTBEAT, None, "heartbeat", self._on_heartbeat)
+            # a heartbeat lost in a reset connection times out, and the next one goes out
+            self._tracker.expire()
+            self._request(Command.HEARTBEAT, None, "heartbeat", self._on_heartbeat,
+                          timeout=max(2 * self._cluster.heartbeat_interval, 0.5))
         except Exception:  # noqa: BLE001 - tracker closed: the node is shutting down
             self._heartbeat_in_flight = False
 

@@ -72,6 +72,7 @@ class Scheduler:
         self._waiting_servers: dict[int, tuple[bytes, Header]] = {}
         self._finished = threading.Event()
         self._servers_version = 0  # counts server replacements (heartbeat replies carry the table)
+        self._released: dict[int, int] = {}  # node -> request id of its last barrier released
         self._started = time.monotonic()
         if cluster.heartbeat_interval > 0:
             self._reactor.add_timer(max(0.05, cluster.heartbeat_interval / 2), self._check_liveness)
@@ -248,6 +249,9 @@ class Scheduler:
         return {nid for nid, n in self._nodes.items() if int(n.role) & group}
 
     def _barrier(self, identity: bytes, header: Header, nid: int, group: int) -> None:
+        if self._released.get(nid) == header.request:  # a repeat (reset connection) of one released
+            self._send(identity, reply_frames(header, SCHEDULER_ID))
+            return
         if not 1 <= group <= 7 or not int(self._nodes[nid].role) & group:
             self._send(identity, error_frames(header, SCHEDULER_ID, "InvalidArgumentError",
                                               f"{node_name(nid)} is not in barrier group {group}"))
@@ -266,7 +270,8 @@ class Scheduler:
                 self._send(identity, error_frames(header, SCHEDULER_ID, "NodeFailedError", f"barrier cannot complete: {names} dead"))
             self._barriers[group] = {}
         elif arrived and members <= set(arrived):
-            for identity, header in arrived.values():
+            for nid, (identity, header) in arrived.items():
+                self._released[nid] = header.request
                 self._send(identity, reply_frames(header, SCHEDULER_ID))
             self._barriers[group] = {}
 

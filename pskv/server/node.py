@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from functools import partial
 from typing import Any, TypeGuard
@@ -84,6 +85,10 @@ class ServerNode:
         self._dead_workers: set[int] = set()
         self._recovering: dict[int, float] = {}  # dead workers that may be replaced -> when they died
         self._saved_counts: dict[tuple[int, int], dict[int, int]] = {}  # of a loaded checkpoint
+        # per socket requests come from: recent request ids -> _IN_FLIGHT, the short reply, or
+        # what a repeat gets
+        self._seen: dict[bytes, OrderedDict[int, Any]] = {}
+        self._current: tuple[OrderedDict[int, Any], int] | None = None  # the request being handled
         if cluster.recovery_timeout > 0:
             self._reactor.add_timer(max(0.05, min(1.0, cluster.recovery_timeout / 4)), self._check_recovery)
         workers = tuple(node_id(Role.WORKER, r) for r in range(cluster.num_workers))
@@ -247,6 +252,7 @@ class ServerNode:
             log.error("%s: rejected a malformed message from %r: %s", self.name, identity, exc)
             return
         handler = self._handlers.get(header.command)
+        origin = identity  # the socket it came from: one process's (fixed across reconnects)
         identity = self._routes.get(identity, identity)  # from a send-only socket: answer where its HELLO came from
         self._held = []
         try:
@@ -258,21 +264,64 @@ class ServerNode:
                 raise ProtocolError(f"sender {header.sender} is not a worker of this job")
             if handler is None:
                 raise ProtocolError(f"a server does not handle {header.command.name}")
+            if self._repeat(origin, identity, header):
+                return
             handler(identity, header, buffers)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an ERROR reply; the server lives on
             if not isinstance(exc, KVStoreError):
                 log.exception("%s: %s failed", self.name, header.command.name)
             self._reply(identity, error_frames(header, self._node_id(), type(exc).__name__, str(exc)))
         finally:
+            self._current = None
             held, self._held = self._held, None
             for peer, reply in held:
                 self._reactor.send_router(self._sid, peer, reply)
+
+    # -- repeated requests (a worker resends after a reset connection) -------------------------
+    def _repeat(self, origin: bytes, identity: bytes, header: Header) -> bool:
+        """True if ``header`` repeats a request of its sender that was handled: answered again here.
+
+        A worker resends every unanswered request when a reset connection comes back;
+        some of them had arrived. The recent request ids of each socket requests come from
+        are remembered (``_SEEN_PER_WORKER``; a socket belongs to one process, so a
+        replacement process starts afresh): a repeat of one still being answered (a parked pull, a
+        quiet push) is dropped; a short answer (acknowledgement, error) is sent again; a
+        pushpull's values are gathered again for the rounds its pushes joined, without
+        applying them twice; a pull is simply served again.
+        """
+        seen = self._seen.get(origin)
+        if seen is None:
+            seen = self._seen[origin] = OrderedDict()
+        state = seen.get(header.request)
+        if state is None:
+            seen[header.request] = _IN_FLIGHT
+            if len(seen) > _SEEN_PER_WORKER:
+                seen.popitem(last=False)
+            self._current = (seen, header.request)
+            return False
+        if state is _IN_FLIGHT:
+            log.debug("%s: dropped a repeat of request %d of %s (being answered)", self.name, header.request,
+                      node_name(header.sender))
+            return True
+        if type(state) is list:  # a short answer: the same again
+            self._reactor.send_router(self._sid, identity, state)
+            return True
+        if state[0] is Command.PUSHPULL:
+            self._current = None
+            self._gather(identity, header, state[1], shared=state[2])
+            return True
+        self._current = (seen, header.request)  # a pull: served again
+        seen[header.request] = _IN_FLIGHT
+        return False
 
     def _node_id(self) -> int:
         return self._membership.node_id
 
     def _reply(self, identity: bytes, frames: list[Any]) -> None:
         """Send the reply to the message being handled (at once)."""
+        if self._current is not None and len(frames) == 1:  # kept for a repeat of the request
+            seen, request = self._current
+            seen[request] = frames
         self._reactor.send_router(self._sid, identity, frames)
 
     def _answer(self, identity: bytes, frames: list[Any]) -> None:
@@ -404,6 +453,11 @@ class ServerNode:
         if shared and any(part.buffers is None for part, _ in parts):
             raise InvalidArgumentError("a shared-memory pull names a part that is not in shared memory")
         gather = _Gather(self, identity, header, len(parts), snapshot=self._shard.updater is not None, shared=shared)
+        if self._current is not None:  # what a repeat of this request gets (see _repeat)
+            gather.record = (self._current[0], header.request,
+                             (Command.PUSHPULL, list(parts), shared) if header.command is Command.PUSHPULL
+                             else (Command.PULL,))
+            self._current = None
         sender = header.sender
         if self._dead_workers and self._shard.sync and any(
             _must_wait(part, self._shard.round_of_push(part, sender, r) if by_push else r) for part, r in parts
@@ -550,6 +604,10 @@ class ServerNode:
         self._reply(identity, reply_frames(header, self._node_id(), {"file": path}))
 
 
+_IN_FLIGHT = object()  # a request being handled (or a quiet push: answered only if it failed)
+_SEEN_PER_WORKER = 8192  # request ids remembered per worker, for repeats after a reset connection
+
+
 def _must_wait(part: Part, min_round: int | None) -> bool:
     """True if a pull for ``min_round`` (None: its push has not arrived) cannot be answered now."""
     return min_round is None or part.round < min_round
@@ -575,7 +633,8 @@ def _ints(values: Any) -> str:
 class _Gather:
     """Collects the parts of one pull / pushpull and sends one reply (or one error)."""
 
-    __slots__ = ("_node", "_identity", "_results", "_remaining", "_header", "_snapshot", "_shared", "_done")
+    __slots__ = ("_node", "_identity", "_results", "_remaining", "_header", "_snapshot", "_shared", "_done",
+                 "record")
 
     def __init__(self, node: ServerNode, identity: bytes, header: Header, n: int, snapshot: bool,
                  shared: bool = False) -> None:
@@ -587,8 +646,12 @@ class _Gather:
         self._header = header
         self._snapshot = snapshot
         self._done = False
+        self.record: tuple[Any, int, Any] | None = None  # (seen, request id, state once answered)
 
     def _send(self, frames: list[Any]) -> None:
+        if self.record is not None:
+            seen, request, state = self.record
+            seen[request] = state
         self._node._answer(self._identity, frames)
 
     def ready(self, i: int, part: Part) -> None:

@@ -29,6 +29,7 @@ import collections
 import itertools
 import logging
 import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -155,6 +156,7 @@ class Reactor:
         self._wake_lock = threading.Lock()
         self._poller.register(self._wake_recv, zmq.POLLIN)
         self._stopping = False
+        self._monitors: dict[int, zmq.Socket[Any]] = {}  # socket-event monitors (watch_connection)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
@@ -173,6 +175,9 @@ class Reactor:
         sock.setsockopt(zmq.SNDBUF, SOCKET_BUFFER_BYTES)
         sock.setsockopt(zmq.RCVBUF, SOCKET_BUFFER_BYTES)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to a vanished peer raises, not drops
+        # A peer that reconnects (its TCP connection was reset) under its fixed routing
+        # identity takes over the old route instead of being refused as a duplicate.
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         try:
             if address.startswith("tcp://") and address.endswith(":0"):
                 port = sock.bind_to_random_port(address[: -len(":0")])
@@ -278,13 +283,16 @@ class Reactor:
             pass
         conn.close()
 
-    def connect_dealer(self, address: str, handler: DealerHandler) -> int:
+    def connect_dealer(self, address: str, handler: DealerHandler, identity: bytes | None = None) -> int:
         """Connect a DEALER socket to a service; ``handler(frames)`` gets its replies.
+
+        A fixed ``identity`` keeps the service's route to this socket valid across a
+        reconnect (ZeroMQ reconnects a reset connection by itself).
 
         Returns:
             the socket id used with :meth:`send_dealer`.
         """
-        sock = self._dealer_socket(address)
+        sock = self._dealer_socket(address, identity)
         sid = next(self._ids)
         self._dealers[sid] = sock
         self._handlers[sock] = handler
@@ -293,12 +301,43 @@ class Reactor:
 
     def close_dealer(self, sid: int) -> None:
         """Close a DEALER made by :meth:`connect_dealer` (on the reactor thread)."""
+        self.unwatch(sid)
         sock = self._dealers.pop(sid, None)
         if sock is None:
             return
         self._handlers.pop(sock, None)
         self._poller.unregister(sock)
         sock.close(linger=0)
+
+    def watch_connection(self, target: int | Sender, callback: Callable[[bool], None]) -> None:
+        """Call ``callback(up)`` on the reactor thread when the connection of a DEALER (its
+        socket id) or a :class:`Sender` goes down (False) or is back up after ZeroMQ
+        reconnected it (True, once the handshake is done). On the reactor thread.
+        """
+        events = zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+        if isinstance(target, int):
+            monitor = self._dealers[target].get_monitor_socket(events)
+        else:
+            with target._lock:  # other threads send on it
+                if target._sock is None:
+                    return
+                monitor = target._sock.get_monitor_socket(events)
+        self._monitors[id(target) if not isinstance(target, int) else target] = monitor
+
+        def on_event(frames: list[zmq.Frame]) -> None:
+            event = struct.unpack("=hi", frames[0].bytes[:6])[0]
+            callback(event == zmq.EVENT_HANDSHAKE_SUCCEEDED)
+
+        self._handlers[monitor] = on_event
+        self._poller.register(monitor, zmq.POLLIN)
+
+    def unwatch(self, target: int | Sender) -> None:
+        """Stop :meth:`watch_connection` of ``target`` (on the reactor thread)."""
+        monitor = self._monitors.pop(id(target) if not isinstance(target, int) else target, None)
+        if monitor is not None:
+            self._handlers.pop(monitor, None)
+            self._poller.unregister(monitor)
+            monitor.close(0)
 
     def connect_sender(self, address: str, identity: bytes | None = None) -> Sender:
         """Connect a send-only DEALER socket (routing identity ``identity``) to a service, for any thread.
@@ -476,8 +515,9 @@ class Reactor:
         self._locals.clear()
         self._local_peers.clear()
         self._fd_handlers.clear()
-        for sock in [*self._routers.values(), *self._dealers.values(), self._wake_recv]:
+        for sock in [*self._monitors.values(), *self._routers.values(), *self._dealers.values(), self._wake_recv]:
             sock.close(0)
+        self._monitors.clear()
         with self._wake_lock:
             self._wake_send.close(0)
         self._routers.clear()

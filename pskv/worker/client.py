@@ -63,6 +63,10 @@ from pskv.transport.shm import host_id
 
 __all__ = ["WorkerClient"]
 
+# Routing identity prefix of a worker's reply socket: fixed, so the server's route to it
+# (from HELLO) survives a reconnect after a reset connection.
+RX_PREFIX = b"pskv-rx-"
+
 log = logging.getLogger("pskv.worker")
 
 # How often the reactor fails requests whose timeout passed (seconds).
@@ -168,8 +172,48 @@ class WorkerClient:
                 return conn
             except OSError as exc:  # e.g. another mount namespace: ZeroMQ then
                 log.info("worker: server %d's local socket %s is unusable, using %s: %s", server, path, address, exc)
-        self._servers.append(self._reactor.connect_dealer(address, self._on_reply))
-        return self._reactor.connect_sender(address, TX_PREFIX + self._tx.encode())
+        sid = self._reactor.connect_dealer(address, self._on_reply, identity=RX_PREFIX + self._tx.encode())
+        self._servers.append(sid)
+        sender = self._reactor.connect_sender(address, TX_PREFIX + self._tx.encode())
+        self._watch(server, sid, sender)
+        return sender
+
+    # -- reset connections -------------------------------------------------------------------
+    def _watch(self, server: int, sid: int, sender: Sender) -> None:
+        """Resend what a reset connection to ``server`` may have lost, once both sockets are back.
+
+        ZeroMQ reconnects a reset TCP connection by itself (same routing identities, so the
+        server's routes stay valid), but messages in flight in the dead connection are
+        gone. When the reply socket and the request socket are both connected again, every
+        request still waiting for its answer (unconfirmed quiet pushes included) is sent
+        again under its request id; the server answers a repeat without applying it twice.
+        """
+        down: set[str] = set()
+        state = {"was_down": False}
+
+        def on_change(which: str, up: bool) -> None:
+            if not up:
+                if not down:
+                    log.warning("worker: connection to server %d lost; waiting for ZeroMQ to reconnect", server)
+                down.add(which)
+                state["was_down"] = True
+                return
+            down.discard(which)
+            if not down and state["was_down"]:
+                state["was_down"] = False
+                self._resend_outstanding(server)
+
+        self._reactor.watch_connection(sid, lambda up: on_change("rx", up))
+        self._reactor.watch_connection(sender, lambda up: on_change("tx", up))
+
+    def _resend_outstanding(self, server: int) -> None:
+        node = node_id(Role.SERVER, server)
+        waiting = [(p, p.frames) for p in self.tracker.outstanding_to(node) if p.frames is not None and p.sent is not None]
+        log.warning("worker: reconnected to server %d; sending %d unanswered request(s) again", server, len(waiting))
+        with self._queue_lock:
+            for p, frames in waiting:
+                heapq.heappush(self._queue, (-math.inf, next(self._seq), server, frames, p))
+        self._flush()
 
     def close(self) -> None:
         """Stop the reactor and release the sockets (idempotent)."""
@@ -213,17 +257,21 @@ class WorkerClient:
 
         def swap() -> None:
             old_sid, old_sender = self._servers[server], self._senders[server]
-            sid = self._reactor.connect_dealer(address, self._on_reply)
+            sid = self._reactor.connect_dealer(address, self._on_reply, identity=RX_PREFIX + self._tx.encode())
+            sender = self._reactor.connect_sender(address, TX_PREFIX + self._tx.encode())
             with self._send_lock:
                 self._servers[server] = sid
-                self._senders[server] = self._reactor.connect_sender(address, TX_PREFIX + self._tx.encode())
+                self._senders[server] = sender
                 self._sent[server] = itertools.count(1)
                 self._epoch[server] += 1
             with self._quiet_lock:
                 self._quiet.pop(node_id(Role.SERVER, server), None)  # they are sent again, answered
             if old_sid is not None:
                 self._reactor.close_dealer(old_sid)
+            if isinstance(old_sender, Sender):
+                self._reactor.unwatch(old_sender)
             old_sender.close()
+            self._watch(server, sid, sender)
             swapped.set()
 
         try:
@@ -298,8 +346,7 @@ class WorkerClient:
                                    timeout=None if quiet else timeout)
         pending.quiet = quiet
         frames = encode(Header(command, pending.request, self.node_id, arrays, priority, body), data or [])
-        if self._cluster.server_recovery:
-            pending.frames = frames  # sent again to a replacement server
+        pending.frames = frames  # sent again after a reset connection, or to a replacement server
         self._queue_and_send(-priority, server, frames, pending)
         return pending
 
