@@ -118,3 +118,45 @@ def test_a_sender_that_is_no_worker_of_the_job_gets_a_protocol_error(node, sende
     assert header.command is Command.ERROR and "ProtocolError" in header.body, header.body
     send(sock, Command.SYNC, 8, W0)  # the server serves on
     assert recv(sock)[0].command is Command.REPLY
+
+
+# -- repeats after a reset connection ---------------------------------------------------------
+def test_repeated_requests_are_answered_again_but_applied_once(node):
+    server, dealer = node
+    s0, s1 = dealer(), dealer()
+    send(s0, Command.INIT, 1, W0, arrays=[ArraySpec(0, "float32", (3,))], data=[np.zeros(3, np.float32)])
+    recv(s0)
+    send(s0, Command.INIT, 1, W0, arrays=[ArraySpec(0, "float32", (3,))], data=[np.zeros(3, np.float32)])
+    assert recv(s0)[0].command is Command.REPLY  # the same answer, not "duplicate init"
+    push(s0, 2, W0, np.ones(3, np.float32), quiet=False)
+    assert recv(s0)[0].request == 2
+    push(s0, 2, W0, np.ones(3, np.float32), quiet=False)  # a repeat: acknowledged again, not counted
+    assert recv(s0)[0].request == 2
+    push(s0, 3, W0, np.full(3, 7.0, np.float32))  # quiet, then its repeat: dropped
+    push(s0, 3, W0, np.full(3, 7.0, np.float32))
+    send(s1, Command.PUSHPULL, 1, W1, arrays=[ArraySpec(0, "float32", (3,))], data=[np.full(3, 10.0, np.float32)])
+    send(s1, Command.PUSHPULL, 1, W1, arrays=[ArraySpec(0, "float32", (3,))], data=[np.full(3, 10.0, np.float32)])
+    for _ in range(2):  # round 1 = 1 + 10 (worker 0's repeat not counted); the repeat, answered
+        header, buffers = recv(s1)  # after the first: the same round again, its push not applied
+        assert header.request == 1 and np.frombuffer(buffers[0], np.float32).tolist() == [11.0] * 3
+    send(s1, Command.PULL, 9, W1, {"parts": [[0, 0, 3]]})  # waits for worker 1's push 3
+    send(s1, Command.PULL, 9, W1, {"parts": [[0, 0, 3]]})  # its repeat while it waits: dropped
+    send(s1, Command.PUSHPULL, 2, W1, arrays=[ArraySpec(0, "float32", (3,))], data=[np.full(3, 1.0, np.float32)])
+    header, buffers = recv(s1)  # round 2 = worker 0's quiet push (7, once) + 1
+    assert header.request == 2 and np.frombuffer(buffers[0], np.float32).tolist() == [8.0] * 3
+    push(s1, 10, W1, np.full(3, 2.0, np.float32))  # worker 1's push 3: round 3 waits for worker 0
+    push(s0, 11, W0, np.full(3, 3.0, np.float32))  # round 3 = 5: answers the pull, once
+    header, buffers = recv(s1)
+    assert header.request == 9 and np.frombuffer(buffers[0], np.float32).tolist() == [5.0] * 3
+    assert not s1.poll(200)
+
+
+def test_each_socket_has_its_own_request_ids(node):
+    # a replacement process starts its request ids again, on new sockets: not a repeat
+    server, dealer = node
+    old, new = dealer(), dealer()
+    send(old, Command.INIT, 1, W0, arrays=[ArraySpec(0, "float32", (3,))], data=[np.zeros(3, np.float32)])
+    recv(old)
+    send(new, Command.INIT, 1, W0, arrays=[ArraySpec(5, "float32", (3,))], data=[np.zeros(3, np.float32)])
+    assert recv(new)[0].command is Command.REPLY
+    assert (5, 0) in server._shard.parts  # handled, not answered from the other socket's record
