@@ -6,6 +6,7 @@ Subcommands:
     pskv server      run a server role (same)
     pskv launch      start a job (scheduler, servers, workers) and supervise it (docs/launch.md)
     pskv keygen      write a CURVE cluster key file for authenticated, encrypted jobs (docs/security.md)
+    pskv checkpoint  list the server checkpoints of a directory, or verify one (docs/distributed.md)
 """
 
 from __future__ import annotations
@@ -79,6 +80,42 @@ def _keygen(args: argparse.Namespace) -> int:
     return 0
 
 
+def _checkpoint(args: argparse.Namespace) -> int:
+    """``pskv checkpoint DIR``: the checkpoints under DIR (or DIR itself), each verified."""
+    from pathlib import Path
+
+    from pskv.errors import CheckpointError
+    from pskv.server.snapshot import MANIFEST, latest_checkpoint, read_manifest, read_shard
+
+    root = Path(args.directory)
+    if (root / MANIFEST).exists() or root.name.startswith("ckpt-"):
+        candidates = [root]  # one checkpoint
+    elif root.is_dir():  # a directory of them
+        candidates = sorted((d for d in root.iterdir() if d.is_dir()), key=lambda d: d.name)
+    else:
+        candidates = []
+    if not candidates:
+        print(f"pskv checkpoint: error: {root} holds no checkpoint", file=sys.stderr)
+        return 2
+    newest = latest_checkpoint(root)
+    bad = 0
+    for d in candidates:
+        try:
+            manifest = read_manifest(d)
+            parts = 0
+            for rank in range(int(manifest["num_servers"])):
+                parts += len(read_shard(d, rank).parts)
+        except (CheckpointError, KeyError, ValueError) as exc:
+            bad += 1
+            print(f"{d}: NOT usable: {exc}")
+            continue
+        mark = "  (newest: a restart resumes from it)" if newest is not None and d == newest else ""
+        print(f"{d}: ok, {manifest.get('store')} with {manifest['num_servers']} server(s), {parts} part(s), "
+              f"{int(manifest.get('bytes', 0)):,} bytes, open rounds {manifest.get('open_rounds', 0)}, "
+              f"meta {json.dumps(manifest.get('meta'))}{mark}")
+    return 1 if bad else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``pskv`` command."""
     parser = argparse.ArgumentParser(prog="pskv", description="pskv: parameter server and key-value store")
@@ -97,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="the key file to write (default: pskv-cluster.key; never overwritten without --force)")
     p_keygen.add_argument("--force", action="store_true", help="overwrite an existing file")
     p_keygen.set_defaults(func=_keygen)
+    p_ckpt = sub.add_parser("checkpoint", help="list and verify server checkpoints (kv.save_checkpoint)")
+    p_ckpt.add_argument("directory", help="a checkpoint directory, or a --checkpoint-dir holding ckpt-<n> ones")
+    p_ckpt.set_defaults(func=_checkpoint)
     p_launch = sub.add_parser("launch", help="start a job (scheduler, servers, workers) and supervise it",
                               description=LAUNCH_DESCRIPTION)
     add_launch_arguments(p_launch)

@@ -188,7 +188,10 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
-    """The complete checkpoint ``<root>/ckpt-<n>`` with the highest ``n``, or None."""
+    """The complete checkpoint ``<root>/ckpt-<n>`` with the highest ``n``, or None.
+
+    Complete: its manifest reads, and every server's file it names is there.
+    """
     base = Path(root)
     if not base.is_dir():
         return None
@@ -196,8 +199,9 @@ def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
                     if (m := _NAME.match(d.name)) and (d / MANIFEST).is_file()), reverse=True)
     for _, d in found:
         try:
-            read_manifest(d)
-            return d
-        except CheckpointError:
+            servers = int(read_manifest(d).get("num_servers", -1))
+        except (CheckpointError, TypeError, ValueError):
             continue
+        if servers > 0 and all(shard_file(d, r).is_file() for r in range(servers)):
+            return d
     return None

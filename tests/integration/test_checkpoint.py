@@ -117,3 +117,18 @@ def test_save_checkpoint_needs_a_path_or_a_checkpoint_dir_and_json_meta():
     assert run(fn) == [None, None]
     with pskv.create("local") as kv, pytest.raises(pskv.NotSupportedError):
         kv.save_checkpoint("/tmp/x")
+
+
+def test_the_checkpoint_command_lists_verifies_and_names_the_newest(tmp_path, capsys):
+    from pskv.cli import main
+
+    root = tmp_path / "ckpts"
+    run(lambda kv: train(kv, range(4), save_at={1, 3}), checkpoint_dir=str(root))
+    assert main(["checkpoint", str(root)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and all(": ok, dist_sync with 2 server(s)" in line for line in out), out
+    assert '"step": 3' in out[1] and "newest" in out[1] and "newest" not in out[0]
+    (root / "ckpt-2" / "server-1.safetensors").unlink()  # damaged: the older one is the newest usable now
+    assert main(["checkpoint", str(root)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert "NOT usable" in out[1] and "newest" in out[0], out
