@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import queue
+import re
 import signal
 import subprocess
 import threading
@@ -39,6 +40,8 @@ _READER_JOIN = 2.0  # seconds an exit notice waits for the child's last output l
 _KILL_WAIT = 5.0  # seconds to wait for SIGKILLed children before giving up on them
 EXIT_TIMEOUT = 124  # as timeout(1)
 EXIT_FAILURE = 1  # lingering servers or scheduler, or the launcher's own error
+# "NodeFailedError: worker 1 failed: ..." in a child's output: the peer it saw fail
+_BLAMED = re.compile(rb"NodeFailedError: ((?:worker|server) \d+|scheduler) failed")
 
 
 def signal_name(signum: int) -> str:
@@ -123,6 +126,7 @@ class _Child:
     stop_signal: int | None = None
     abandoned: bool = False
     replaced: bool = False  # a failed worker that was started again (--restart-workers)
+    blamed: str | None = None  # the node its last NodeFailedError named (a peer it saw die or hang)
 
     @property
     def running(self) -> bool:
@@ -230,16 +234,21 @@ class Supervisor:
             raise LaunchError(f"could not start {spec.name} on {spec.host} ({spec.argv[0]}): {exc}") from exc
         assert proc.stdout is not None
         prefix = f"[{spec.name}] ".encode()
-        reader = threading.Thread(target=self._stream, args=(prefix, proc.stdout), daemon=True,
+        child = _Child(spec, proc, threading.Thread())
+        reader = threading.Thread(target=self._stream, args=(prefix, proc.stdout, child), daemon=True,
                                   name=f"pskv-launch-output-{spec.name}")
-        child = _Child(spec, proc, reader)
+        child.reader = reader
         self._children.append(child)
         reader.start()
         threading.Thread(target=self._wait, args=(child,), daemon=True, name=f"pskv-launch-wait-{spec.name}").start()
 
-    def _stream(self, prefix: bytes, stream: IO[bytes]) -> None:
+    def _stream(self, prefix: bytes, stream: IO[bytes], child: _Child) -> None:
         with stream:
             for line in iter(stream.readline, b""):
+                if b"NodeFailedError" in line:  # which peer it saw fail: named with the root cause
+                    m = _BLAMED.search(line)
+                    if m is not None:
+                        child.blamed = m.group(1).decode(errors="replace")
                 self._console.child_line(prefix, line if line.endswith(b"\n") else line + b"\n")
 
     def _wait(self, child: _Child) -> None:
@@ -326,8 +335,11 @@ class Supervisor:
             return
         if self._outcome is None:
             if returncode != 0:
-                self._decide(_exit_status(returncode), f"{child.where} {describe_exit(returncode, self._via_ssh)}; "
-                             "stopping the job", f"{child.spec.name}'s failure")
+                hint = ""
+                if child.blamed and child.blamed != child.spec.name:  # e.g. a peer that hung, not died
+                    hint = f" after its NodeFailedError named {child.blamed} (look there first)"
+                self._decide(_exit_status(returncode), f"{child.where} {describe_exit(returncode, self._via_ssh)}"
+                             f"{hint}; stopping the job", f"{child.spec.name}'s failure")
             elif self._grace_at is None and all(c.returncode == 0 for c in self._children
                                                 if c.spec.is_worker and not c.replaced):
                 self._grace_at = time.monotonic() + self._exit_grace

@@ -59,6 +59,12 @@ if kv.rank == 1 and mode == "sigkill":
 if mode == "hang":
     print("ready")
     time.sleep(120)
+if mode == "stop":  # worker 1 hangs (stopped, not dead); worker 0 keeps training until it notices
+    if kv.rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    for _ in range(10_000):
+        kv.push(7, np.ones((2, 3), np.float32))
+        kv.pull(7)
 kv.close()
 """
 
@@ -416,3 +422,12 @@ def test_cli_usage_errors_start_nothing(argv, match, capsys):
     assert cli_main(["launch", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("pskv launch: error: ") and match in err, err
+
+
+@pytest.mark.timeout(60)
+def test_a_hung_worker_is_named_next_to_the_survivor_that_noticed_it(tag, tmp_path, worker_script):
+    code, out = run_launcher(job(2, 1, worker_script, "stop", "--env", "PS_HEARTBEAT_TIMEOUT=2",
+                                 "--env", "PS_HEARTBEAT_INTERVAL=0.2"), tag, tmp_path)
+    assert code == 1, out
+    assert ("pskv launch: worker 0 on 127.0.0.1 exited with code 1 after its NodeFailedError named worker 1 "
+            "(look there first); stopping the job") in out, out
