@@ -27,6 +27,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from pskv.atomic import fsync_dir, write_text_atomic
 from pskv.errors import InvalidArgumentError
 
 __all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "save_params", "load_params", "FORMAT"]
@@ -35,23 +36,6 @@ FORMAT = "pskv-checkpoint-1"
 PARAMS = "params.safetensors"
 OPTIMIZER = "optimizer.safetensors"
 META = "meta.json"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def save_params(fname: str | os.PathLike[str], arg_params: dict[str, Any], aux_params: dict[str, Any]) -> None:
@@ -128,12 +112,12 @@ def save_checkpoint(trainer: Any, root: str | os.PathLike[str], epoch: int, extr
         meta = {"format": FORMAT, "epoch": epoch, "store": kv.type if kv is not None else None,
                 "num_workers": kv.num_workers if kv is not None else 1,
                 "update_on_kvstore": trainer.update_on_kvstore, **(extra or {})}
-        _write_atomic(tmp / META, json.dumps(meta, indent=1))
-        _fsync_dir(tmp)
+        write_text_atomic(tmp / META, json.dumps(meta, indent=1))
+        fsync_dir(tmp)
         shutil.rmtree(final, ignore_errors=True)
         os.rename(tmp, final)
-        _write_atomic(root / "latest", final.name + "\n")
-        _fsync_dir(root)
+        write_text_atomic(root / "latest", final.name + "\n")
+        fsync_dir(root)
     if distributed:
         kv.barrier()
     return final

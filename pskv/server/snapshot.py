@@ -32,11 +32,12 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
+from pskv.atomic import write_atomic, write_text_atomic
 from pskv.errors import CheckpointError
 
 __all__ = [
     "FORMAT", "MANIFEST", "PartState", "ShardState", "latest_checkpoint", "read_manifest", "read_shard",
-    "shard_file", "write_atomic", "write_manifest", "write_shard",
+    "shard_file", "write_manifest", "write_shard",
 ]
 
 FORMAT = "pskv.server-checkpoint"
@@ -73,32 +74,6 @@ class ShardState:
 def shard_file(directory: str | os.PathLike[str], rank: int) -> Path:
     """The file server ``rank`` writes in a checkpoint directory."""
     return Path(directory) / f"server-{rank}.safetensors"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, write: Any) -> None:
-    """Call ``write(tmp_path)``, flush it to disk, rename it to ``path`` (and sync the directory)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        write(tmp)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    _fsync_dir(path.parent)
 
 
 def write_shard(directory: str | os.PathLike[str], state: ShardState) -> Path:
@@ -162,10 +137,7 @@ def write_manifest(directory: str | os.PathLike[str], manifest: Mapping[str, Any
     """Write ``manifest.json`` (the commit point of a checkpoint) atomically."""
     doc = {"format": FORMAT, "version": VERSION, "time": time.time(), **manifest}
     path = Path(directory) / MANIFEST
-
-    def write(tmp: Path) -> None:
-        tmp.write_text(json.dumps(doc, indent=1, sort_keys=True), encoding="utf-8")
-    write_atomic(path, write)
+    write_text_atomic(path, json.dumps(doc, indent=1, sort_keys=True))
     return path
 
 

@@ -5,17 +5,12 @@ without the crash."""
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-DEADLINE = 120.0
+from tests.fault.launched import finals, launch_job
 
 WORKER = """
 import os, sys
@@ -59,27 +54,10 @@ def crash(head, body):
 
 
 def launch(tmp: Path, crash_at: int, *extra: str) -> tuple[int, str]:
-    tmp.mkdir(parents=True, exist_ok=True)
-    (tmp / "worker.py").write_text(WORKER)
-    (tmp / "pskv_test_crash2.py").write_text(CRASH)
-    env = {**os.environ, "PYTHONPATH": f"{REPO}:{tmp}"}
-    args = [sys.executable, "-m", "pskv", "launch", "-n", "2", "-s", "2", "--stop-grace", "2",
-            "--env", "PSKV_SERVER_MODULES=pskv_test_crash2", "--env", "PS_HEARTBEAT_TIMEOUT=3",
-            "--env", "PS_HEARTBEAT_INTERVAL=0.3", "--checkpoint-dir", str(tmp / "ckpts"), *extra, "--",
-            sys.executable, str(tmp / "worker.py"), str(crash_at)]
-    proc = subprocess.Popen(args, env=env, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=DEADLINE)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out = proc.communicate()[0]
-        pytest.fail(f"the launcher did not finish within {DEADLINE} s:\n{out}")
-    return proc.returncode, out
-
-
-def finals(out: str) -> dict[int, str]:
-    return {int(m.group(1)): m.group(2) for m in re.finditer(r"\[worker \d\] final (\d) (.+)", out)}
+    return launch_job(tmp, WORKER, [str(crash_at)], [
+        "--env", "PSKV_SERVER_MODULES=pskv_test_crash2", "--env", "PS_HEARTBEAT_TIMEOUT=3",
+        "--env", "PS_HEARTBEAT_INTERVAL=0.3", "--checkpoint-dir", str(tmp / "ckpts"), *extra],
+        modules={"pskv_test_crash2": CRASH})
 
 
 @pytest.mark.timeout(300)

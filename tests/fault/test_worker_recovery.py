@@ -4,17 +4,11 @@ the job ends with the values of a run without the crash."""
 
 from __future__ import annotations
 
-import os
-import re
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-DEADLINE = 90.0
+from tests.fault.launched import finals, launch_job
 
 WORKER = """
 import os, sys
@@ -43,24 +37,7 @@ kv.close()
 
 
 def launch(tmp: Path, crash_at: int, *extra: str) -> tuple[int, str]:
-    tmp.mkdir(parents=True, exist_ok=True)
-    (tmp / "worker.py").write_text(WORKER)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    args = [sys.executable, "-m", "pskv", "launch", "-n", "2", "-s", "2", "--stop-grace", "2", *extra, "--",
-            sys.executable, str(tmp / "worker.py"), str(crash_at), str(tmp / "crashed-at")]
-    proc = subprocess.Popen(args, env=env, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=DEADLINE)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        pytest.fail(f"the launcher did not finish within {DEADLINE} s")
-    return proc.returncode, out
-
-
-def finals(out: str) -> dict[int, str]:
-    return {int(m.group(1)): m.group(2) for m in re.finditer(r"\[worker \d\] final (\d) (.+)", out)}
+    return launch_job(tmp, WORKER, [str(crash_at), str(tmp / "crashed-at")], extra, deadline=90.0)
 
 
 @pytest.mark.timeout(200)
