@@ -157,7 +157,12 @@ class Membership:
                              body.get("recovery") is True)
         self._last_reply = time.monotonic()
         if self._cluster.heartbeat_interval > 0:
-            self._reactor.call_soon(lambda: self._reactor.add_timer(self._cluster.heartbeat_interval, self._beat))
+            interval = self._cluster.heartbeat_interval
+            if self._cluster.server_recovery and self._role is Role.WORKER:
+                # a replacement server's address comes with a heartbeat reply: ask 5x as
+                # often, so the workers find it within a fifth of an interval
+                interval = max(0.05, interval / 5)
+            self._reactor.call_soon(lambda: self._reactor.add_timer(interval, self._beat))
         return self.info
 
     # -- heartbeats ---------------------------------------------------------------------
