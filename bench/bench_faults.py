@@ -10,7 +10,7 @@ as a HANG in the table, never as a hung benchmark.
     python bench/bench_faults.py                    # all faults, 3 runs each: ~3 min on 2 cores
     python bench/bench_faults.py --pskv-commit HEAD # pskv/ as committed, not the working tree
     python bench/bench_faults.py --only kill_server,fuzz --repeats 1
-    python bench/bench_faults.py --only replace_worker,replace_server --json /tmp/faults_new.json
+    python bench/bench_faults.py --only replace_worker,replace_server --json bench/results/faults_replacement.json
 
 Rows (see docs/reliability.md for the discussion):
 

@@ -178,7 +178,9 @@ class Membership:
         self._heartbeat_in_flight = True
         try:
             # a heartbeat lost in a reset connection times out, and the next one goes out
-            self._tracker.expire()
+            # (a worker's client expires requests on its own, more often)
+            if self._role is not Role.WORKER:
+                self._tracker.expire()
             self._request(Command.HEARTBEAT, None, "heartbeat", self._on_heartbeat,
                           timeout=max(2 * self._cluster.heartbeat_interval, 0.5))
         except Exception:  # noqa: BLE001 - tracker closed: the node is shutting down

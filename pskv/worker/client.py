@@ -210,10 +210,15 @@ class WorkerClient:
         node = node_id(Role.SERVER, server)
         waiting = [(p, p.frames) for p in self.tracker.outstanding_to(node) if p.frames is not None and p.sent is not None]
         log.warning("worker: reconnected to server %d; sending %d unanswered request(s) again", server, len(waiting))
-        with self._queue_lock:
-            for p, frames in waiting:
-                heapq.heappush(self._queue, (-math.inf, next(self._seq), server, frames, p))
+        self._queue_first(server, waiting)
         self._flush()
+
+    def _queue_first(self, server: int, messages: list[tuple[Pending, list[Any]]]) -> None:
+        """Queue ``messages`` to ``server`` ahead of everything else, in their order (sent again:
+        each ``(pending, frames)`` is answered under the pending's request id)."""
+        with self._queue_lock:
+            for pending, frames in messages:
+                heapq.heappush(self._queue, (-math.inf, next(self._seq), server, frames, pending))
 
     def close(self) -> None:
         """Stop the reactor and release the sockets (idempotent)."""
@@ -287,10 +292,9 @@ class WorkerClient:
             hello.wait(timeout)
             with self._send_lock:  # nothing goes to this server while the replay is queued
                 messages = replay(self._epoch[server])
-                with self._queue_lock:
-                    for pending, message in messages:
-                        pending.quiet = False
-                        heapq.heappush(self._queue, (-math.inf, next(self._seq), server, message, pending))
+                for pending, _ in messages:
+                    pending.quiet = False  # answered now: its old confirmation queue is gone
+                self._queue_first(server, messages)
         finally:
             with self._queue_lock:
                 self._paused.discard(server)

@@ -107,16 +107,17 @@ def test_init_that_does_not_fit_the_restored_value_fails_naming_the_key(tmp_path
     assert run(fn, workers=1, resume_from=str(tmp_path / "s0")) == [True]
 
 
-def test_save_checkpoint_needs_a_path_or_a_checkpoint_dir_and_json_meta():
+def test_save_checkpoint_needs_a_path_or_a_checkpoint_dir_and_json_meta(tmp_path):
     def fn(kv):
         with pytest.raises(pskv.InvalidArgumentError, match="PSKV_CHECKPOINT_DIR"):
             kv.save_checkpoint()
         with pytest.raises(pskv.InvalidArgumentError, match="JSON"):
-            kv.save_checkpoint("/tmp/x", meta=object())
+            kv.save_checkpoint(str(tmp_path / "x"), meta=object())
         return kv.resumed
     assert run(fn) == [None, None]
     with pskv.create("local") as kv, pytest.raises(pskv.NotSupportedError):
-        kv.save_checkpoint("/tmp/x")
+        kv.save_checkpoint(str(tmp_path / "y"))
+    assert not list(tmp_path.iterdir())  # refused before anything was written
 
 
 def test_the_checkpoint_command_lists_verifies_and_names_the_newest(tmp_path, capsys):
