@@ -506,7 +506,7 @@ class DistStore(KVStoreBase):
         limit = self._timeout(timeout)
         acks = list({id(p): p for rec in recs for p in rec.acks}.values())
         if acks and not all(p.done() for p in acks):
-            self._client.confirm(acks, limit)  # quiet pushes are answered only when asked
+            self._client.quiet.confirm(acks, limit)  # quiet pushes are answered only when asked
         for p in acks:
             if not p.done():
                 try:
@@ -557,7 +557,7 @@ class DistStore(KVStoreBase):
                 rec.acks = replies
 
             def confirm() -> None:
-                self._client.confirm(replies, self._timeout(timeout))
+                self._client.quiet.confirm(replies, self._timeout(timeout))
             return Deferred(replies, lambda: self._check_pushes(pendings, timeout), release=True, inline=True,
                             poke=confirm if quiet else None)
         result = self._submit("push", [rec.key for rec in recs], priority, start, block, timeout, quick)

@@ -17,11 +17,12 @@ with a timeout, or that completes callbacks. A request made with a timeout fails
 ``EXPIRY_INTERVAL`` s on the reactor). A server or the scheduler found dead fails every
 request waiting on it with :class:`~pskv.errors.NodeFailedError`.
 
-*Quiet* requests (non-blocking pushes) get no reply when they succeed: a server handles
-one worker's messages in the order they were sent and answers a failure at once, so
-any later reply from that server confirms every quiet request sent to it before. When
-nothing follows, :meth:`WorkerClient.confirm` sends a ``SYNC`` whose reply does it. This
-saves a message each way per push (per-message costs dominate small keys).
+*Quiet* requests (non-blocking pushes) get no reply when they succeed; the client tells
+:class:`~pskv.worker.quiet.QuietPushes` (``client.quiet``) what it sent and which replies
+came, and that confirms them. Server replacement (``PSKV_SERVER_RECOVERY``):
+:meth:`WorkerClient.reconnect` switches the connection and sends first what the owner's
+:class:`~pskv.worker.replay.ReplayLog` gives it. Key-value requests are built by
+:class:`~pskv.worker.kv_worker.KVWorker`, which owns this client.
 """
 
 from __future__ import annotations
@@ -33,8 +34,7 @@ import logging
 import math
 import os
 import threading
-from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -60,6 +60,7 @@ from pskv.transport import IO_THREADS, Reactor
 from pskv.transport.local import LocalConnection, local_path
 from pskv.transport.reactor import Sender
 from pskv.transport.shm import host_id
+from pskv.worker.quiet import QuietPushes
 
 __all__ = ["WorkerClient"]
 
@@ -100,8 +101,7 @@ class WorkerClient:
         self._sent: list[itertools.count[int]] = []  # per server: sequence numbers of the messages sent there
         self._epoch: list[int] = []  # per server: replacements so far (PSKV_SERVER_RECOVERY)
         self._paused: set[int] = set()  # servers being replaced: their requests wait in the queue
-        self._quiet: dict[int, deque[Pending]] = {}  # per server node: quiet requests sent, in order
-        self._quiet_lock = threading.Lock()
+        self.quiet = QuietPushes(self.tracker, self._sync)  # quiet requests sent, not yet confirmed
         self._seq = itertools.count()
         self._tx = os.urandom(8).hex()  # names this worker's send-only sockets (HELLO)
         self.info: NodeInfo | None = None
@@ -269,8 +269,7 @@ class WorkerClient:
                 self._senders[server] = sender
                 self._sent[server] = itertools.count(1)
                 self._epoch[server] += 1
-            with self._quiet_lock:
-                self._quiet.pop(node_id(Role.SERVER, server), None)  # they are sent again, answered
+            self.quiet.forget(node_id(Role.SERVER, server))  # they are sent again, answered
             if old_sid is not None:
                 self._reactor.close_dealer(old_sid)
             if isinstance(old_sender, Sender):
@@ -340,7 +339,7 @@ class WorkerClient:
         the request fails with OperationTimeoutError if no reply came in that many
         seconds (also for callers that never wait on it). A ``quiet`` request (the
         server must know it: a PUSH with ``quiet`` in its body) completes when a later
-        reply from the server confirms it (:meth:`confirm`); it has no timeout of its
+        reply from the server confirms it (:meth:`QuietPushes.confirm`); it has no timeout of its
         own.
 
         Raises:
@@ -359,42 +358,14 @@ class WorkerClient:
             heapq.heappush(self._queue, (key, next(self._seq), server, frames, pending))
         self._flush()
 
-    def confirm(self, pendings: Iterable[Pending], timeout: float | None = None) -> None:
-        """Get the quiet requests among ``pendings`` answered: a ``SYNC`` to each of their servers.
-
-        Its reply (it is sent after everything queued now) confirms them; if it fails,
-        they fail with its error.
-        """
-        nodes = {p.node for p in pendings if p.quiet and not p.done()}
-        for node in nodes:
-            _, server = node_role_rank(node)
-            sync = self.tracker.new(node, "sync", timeout=timeout)
-            sync.add_done_callback(self._on_sync_done)
-            frames = encode(Header(Command.SYNC, sync.request, self.node_id))
-            self._queue_and_send(math.inf, server, frames, sync)  # after everything queued
-
-    def _on_sync_done(self, sync: Pending) -> None:
-        if sync.error is None:
-            return  # its reply settled the quiet requests before it
-        with self._quiet_lock:
-            queue = self._quiet.get(sync.node)
-            victims = []
-            while queue and (sync.sent is None or queue[0].sent < sync.sent):  # type: ignore[operator]
-                victims.append(queue.popleft())
-        for p in victims:
-            self.tracker.resolve(p, _confirmed(p), sync.error)
-
-    def _settle(self, node: int, sent: int) -> None:
-        """A reply to message ``sent`` came from ``node``: every quiet request sent there before succeeded."""
-        with self._quiet_lock:
-            queue = self._quiet.get(node)
-            if not queue or queue[0].sent >= sent:  # type: ignore[operator]
-                return
-            done = []
-            while queue and queue[0].sent < sent:  # type: ignore[operator]
-                done.append(queue.popleft())
-        for p in done:
-            self.tracker.resolve(p, _confirmed(p))
+    def _sync(self, node: int, timeout: float | None, on_done: Callable[[Pending], None]) -> Pending:
+        """Queue a ``SYNC`` to server ``node`` after everything queued now (for :class:`QuietPushes`)."""
+        _, server = node_role_rank(node)
+        sync = self.tracker.new(node, "sync", timeout=timeout)
+        sync.add_done_callback(on_done)
+        frames = encode(Header(Command.SYNC, sync.request, self.node_id))
+        self._queue_and_send(math.inf, server, frames, sync)  # after everything queued
+        return sync
 
     def _flush(self) -> None:
         """Send queued requests, highest priority first, from this thread.
@@ -417,8 +388,7 @@ class WorkerClient:
                     pending.sent = next(self._sent[server])
                     pending.epoch = self._epoch[server]
                     if pending.quiet:
-                        with self._quiet_lock:
-                            self._quiet.setdefault(pending.node, deque()).append(pending)
+                        self.quiet.sent(pending)
                     try:
                         self._senders[server].send(frames)
                     except ConnectionError as exc:  # a local connection whose server is gone: as ZeroMQ does
@@ -446,10 +416,6 @@ class WorkerClient:
             log.warning("worker: reply to unknown request %d dropped", header.request)
             return
         if pending.sent is not None:
-            self._settle(pending.node, pending.sent)  # before this reply's own completion
+            self.quiet.settle(pending.node, pending.sent)  # before this reply's own completion
         self.tracker.deliver(pending, header, buffers)
 
-
-def _confirmed(p: Pending) -> Header:
-    """What stands for the reply of a quiet request that a later reply confirmed."""
-    return Header(Command.REPLY, p.request, p.node)
