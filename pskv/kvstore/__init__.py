@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Callable
 from typing import Any
 
 from pskv.config import ClusterConfig, Config
@@ -16,22 +15,15 @@ from pskv.errors import InvalidArgumentError, InvalidTypeError
 from pskv.kvstore.base import KVStoreBase
 from pskv.kvstore.engine import OpHandle
 from pskv.kvstore.local import LocalStore
+from pskv.kvstore.types import BUILTIN_TYPES, StoreType
 
-DIST_TYPES = ("dist", "dist_sync", "dist_async", "dist_sync_device", "dist_device_sync", "dist_async_device")
+#: The distributed store type names (aliases included).
+DIST_TYPES = tuple(sorted(n for n in BUILTIN_TYPES if StoreType.parse(n).distributed))
 
-__all__ = ["DIST_TYPES", "KVStoreBase", "LocalStore", "OpHandle", "create", "known_types"]
-
-# name -> factory(name, config). MXNet's historical local names are aliases.
-_BUILTIN: dict[str, Callable[[str, Config | None], KVStoreBase]] = {
-    "local": LocalStore,
-    "local_update_cpu": LocalStore,
-    "local_allreduce_cpu": LocalStore,
-    "device": LocalStore,
-    "local_allreduce_device": LocalStore,
-}
+__all__ = ["DIST_TYPES", "KVStoreBase", "LocalStore", "OpHandle", "StoreType", "create", "known_types"]
 
 
-def _run_role_or_connect(name: str, config: Config | None, cluster: ClusterConfig | None) -> KVStoreBase:
+def _run_role_or_connect(store_type: StoreType, config: Config | None, cluster: ClusterConfig | None) -> KVStoreBase:
     """A worker gets a DistStore; a server or scheduler process serves its role, then exits.
 
     Cluster managers often start the same command for every role (MXNet did the same),
@@ -39,8 +31,9 @@ def _run_role_or_connect(name: str, config: Config | None, cluster: ClusterConfi
     ``scheduler`` runs that role until the job ends and exits the process.
     """
     cluster = ClusterConfig.from_env() if cluster is None else cluster
+    name = store_type.name
     if cluster.role == "worker":
-        if name == "byteps":
+        if store_type.summation_only:
             from pskv.kvstore.byteps import BytePSStore
 
             return BytePSStore(name, config, cluster)
@@ -54,7 +47,7 @@ def _run_role_or_connect(name: str, config: Config | None, cluster: ClusterConfi
 
 def known_types() -> list[str]:
     """Every name ``create`` accepts: pskv's store types and registered custom ones."""
-    return sorted(set(_BUILTIN) | set(DIST_TYPES) | {"byteps"} | set(KVStoreBase.kv_registry))
+    return sorted(BUILTIN_TYPES | set(KVStoreBase.kv_registry))
 
 
 def create(name: str = "local", *, config: Config | None = None, cluster: ClusterConfig | None = None,
@@ -83,10 +76,11 @@ def create(name: str = "local", *, config: Config | None = None, cluster: Cluste
     lname = name.lower()
     if settings:
         config = Config.from_env(**settings) if config is None else _with(config, settings)
-    if lname in _BUILTIN:
-        return _BUILTIN[lname](lname, config)
-    if lname in DIST_TYPES or lname == "byteps":
-        return _run_role_or_connect(lname, config, cluster)
+    if lname in BUILTIN_TYPES:
+        store_type = StoreType.parse(lname)
+        if not store_type.distributed:
+            return LocalStore(lname, config)
+        return _run_role_or_connect(store_type, config, cluster)
     if lname in KVStoreBase.kv_registry:
         return KVStoreBase.kv_registry[lname]()
     raise InvalidArgumentError(f"unknown store type {name!r}; known types: {', '.join(known_types())}")

@@ -15,28 +15,14 @@ from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
 from pskv.errors import InvalidArgumentError, NotSupportedError
+from pskv.kvstore.types import BUILTIN_TYPES, StoreType
 
 __all__ = ["KVStoreBase", "RESERVED_NAMES"]
 
 T = TypeVar("T", bound=type)
 
 #: Store type names that pskv itself provides; a custom class may not take them.
-RESERVED_NAMES: frozenset[str] = frozenset(
-    {
-        "local",
-        "device",
-        "local_update_cpu",
-        "local_allreduce_cpu",
-        "local_allreduce_device",
-        "dist",
-        "dist_sync",
-        "dist_async",
-        "dist_sync_device",
-        "dist_device_sync",
-        "dist_async_device",
-        "byteps",
-    }
-)
+RESERVED_NAMES: frozenset[str] = BUILTIN_TYPES
 
 #: MXNet's node-group ids for num_dead_node: 1 scheduler, 2 servers, 4 workers (and sums).
 NODE_GROUPS: frozenset[int] = frozenset(range(1, 8))
@@ -95,11 +81,13 @@ class KVStoreBase(abc.ABC):
 
     # -- MXNet's abstract interface -----------------------------------------------------
     @abc.abstractmethod
-    def broadcast(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> Any:
+    def broadcast(self, key: Any, value: Any, out: Any = None, priority: int = 0, *, block: bool = True,
+                  timeout: float | None = None) -> Any:
         """Write ``value`` (rank 0's, in a cluster) into the store and into every ``out``."""
 
     @abc.abstractmethod
-    def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0) -> Any:
+    def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0, *, block: bool = True,
+                 timeout: float | None = None) -> Any:
         """Push ``value`` and pull the result into ``out`` (into ``value`` if out is None)."""
 
     @abc.abstractmethod
@@ -125,6 +113,19 @@ class KVStoreBase(abc.ABC):
         """The store's type name (as given to ``create``, lower-cased)."""
 
     @property
+    def store_type(self) -> StoreType:
+        """What the type means (distributed? sync? reduced on device? servers optimize?).
+
+        pskv's stores return their parsed :class:`StoreType`; a custom store is
+        :meth:`StoreType.custom` (one process, synchronous, no optimizer) unless it
+        overrides this.
+        """
+        try:
+            return StoreType.parse(self.type)
+        except InvalidArgumentError:
+            return StoreType.custom(self.type)
+
+    @property
     @abc.abstractmethod
     def rank(self) -> int:
         """This worker's rank in ``[0, num_workers)``."""
@@ -138,19 +139,25 @@ class KVStoreBase(abc.ABC):
     def _unsupported(self, op: str) -> NotSupportedError:
         return NotSupportedError(f"store type {self.type!r} does not support {op}")
 
-    def init(self, key: Any, value: Any) -> None:
-        """Create keys with initial values (see the concrete store)."""
+    def init(self, key: Any, value: Any, *, summed: bool = False) -> None:
+        """Create keys with initial values (see the concrete store).
+
+        ``summed=True``: pushes to these keys store their sum even when an optimizer runs.
+        """
         raise self._unsupported("init")
 
-    def push(self, key: Any, value: Any, priority: int = 0) -> Any:
+    def push(self, key: Any, value: Any, priority: int = 0, *, block: bool = True,
+             timeout: float | None = None) -> Any:
         """Push values into the store (see the concrete store)."""
         raise self._unsupported("push")
 
-    def pull(self, key: Any, out: Any = None, priority: int = 0) -> Any:
+    def pull(self, key: Any, out: Any = None, priority: int = 0, *, block: bool = True,
+             timeout: float | None = None) -> Any:
         """Pull values out of the store (see the concrete store)."""
         raise self._unsupported("pull")
 
-    def row_sparse_pull(self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None) -> Any:
+    def row_sparse_pull(self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None, *,
+                        block: bool = True, timeout: float | None = None) -> Any:
         """Pull selected rows (see the concrete store)."""
         raise self._unsupported("row_sparse_pull")
 

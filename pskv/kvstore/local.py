@@ -41,6 +41,7 @@ from pskv.kvstore.checks import check_like, check_priority
 from pskv.kvstore.engine import Engine, OpHandle
 from pskv.kvstore.keys import Key, KeyKind, as_key_list, pair_up
 from pskv.kvstore.rows import apply_row_plan, plan_row_pulls
+from pskv.kvstore.types import StoreType
 
 __all__ = ["LocalStore"]
 
@@ -57,6 +58,7 @@ class _Entry:
     merge: Any = None  # merge buffer for updater pushes
     spare: Any = None  # second copy for transactional user updaters
     lock: threading.Lock = field(default_factory=threading.Lock)
+    summed: bool = False  # init(summed=True): pushes store their sum, the updater never runs
 
 
 class LocalStore(KVStoreBase):
@@ -71,7 +73,7 @@ class LocalStore(KVStoreBase):
 
     def __init__(self, name: str = "local", config: Config | None = None) -> None:
         self._type = name
-        self._on_device = "device" in name
+        self._on_device = StoreType.parse(name).on_device
         self._config = Config.from_env() if config is None else config
         self._kernels = CpuKernels(self._config.kernel_threads, self._config.kernel_parallel_bytes)
         self._engine = Engine(self._config.engine_threads, name=f"pskv-{name}")
@@ -140,13 +142,15 @@ class LocalStore(KVStoreBase):
         return self._engine.submit(op, keys, check_priority(priority), fn, block, self._timeout(timeout))
 
     # -- init ----------------------------------------------------------------------------
-    def init(self, key: Any, value: Any) -> None:
+    def init(self, key: Any, value: Any, *, summed: bool = False) -> None:
         """Create keys holding copies of ``value``.
 
         Args:
             key: a key or a list of keys (int or str; one kind per store).
             value: an array per key (a one-element list is accepted too). Later changes
                 to the caller's arrays never change the store.
+            summed: pushes to these keys store the sum of the pushed values even when
+                an updater or optimizer is set (counters and flags next to weights).
 
         Raises:
             DuplicateKeyError: a key already exists (or appears twice in the list).
@@ -165,7 +169,7 @@ class LocalStore(KVStoreBase):
                 raise DuplicateKeyError(k)
             seen.add(k)
             staged.append((k, vals[0]))
-        entries = [(k, self._new_entry(v)) for k, v in staged]
+        entries = [(k, self._new_entry(v, summed)) for k, v in staged]
         self._key_kind.check(keys, fix=True)
         with self._table_lock:
             for k, _ in entries:
@@ -173,12 +177,12 @@ class LocalStore(KVStoreBase):
                     raise DuplicateKeyError(k)
             self._entries.update(entries)
 
-    def _new_entry(self, value: Any) -> _Entry:
+    def _new_entry(self, value: Any, summed: bool = False) -> _Entry:
         origin = describe(value)
         device = origin.device if self._on_device else "cpu"
         stored = empty(origin, device=device, pin=not self._on_device and origin.device != "cpu")
         copy_into(stored, value, self._kernels)
-        return _Entry(stored, describe(stored), origin)
+        return _Entry(stored, describe(stored), origin, summed=summed)
 
     # -- push ----------------------------------------------------------------------------
     def push(self, key: Any, value: Any, priority: int = 0, *, block: bool = True,
@@ -219,11 +223,15 @@ class LocalStore(KVStoreBase):
 
     def _apply_pushes(self, pairs: Sequence[tuple[Key, _Entry, list[Any]]]) -> None:
         updater = self._updater
-        if updater is None:
-            for _, entry, vals in pairs:
-                self._settle_device(entry, vals)
-            sum_into_many([(entry.value, vals) for _, entry, vals in pairs], self._kernels)
-            return
+        stored = pairs if updater is None else [p for p in pairs if p[1].summed]
+        if updater is not None and len(stored) < len(pairs):  # first: a failing updater changes nothing
+            self._apply_updater(updater, [p for p in pairs if not p[1].summed])
+        for _, entry, vals in stored:
+            self._settle_device(entry, vals)
+        sum_into_many([(entry.value, vals) for _, entry, vals in stored], self._kernels)
+
+    def _apply_updater(self, updater: Updater, pairs: Sequence[tuple[Key, _Entry, list[Any]]]) -> None:
+        """Give each key's merged pushes to the updater; if it fails, no stored value changed."""
         for _, entry, vals in pairs:
             self._settle_device(entry, vals)
         merged = self._merge_all(pairs)

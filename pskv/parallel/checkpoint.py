@@ -21,7 +21,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import SafetensorError
@@ -29,6 +29,9 @@ from safetensors.torch import load_file, save_file
 
 from pskv.atomic import fsync_dir, write_text_atomic
 from pskv.errors import InvalidArgumentError
+
+if TYPE_CHECKING:  # the trainer's fit() uses these; they only need its type
+    from pskv.parallel.trainer import Trainer
 
 __all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "save_params", "load_params", "FORMAT"]
 
@@ -83,7 +86,7 @@ def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
     return done[-1] if done else None
 
 
-def save_checkpoint(trainer: Any, root: str | os.PathLike[str], epoch: int, extra: dict[str, Any] | None = None) -> Path:
+def save_checkpoint(trainer: Trainer, root: str | os.PathLike[str], epoch: int, extra: dict[str, Any] | None = None) -> Path:
     """Save the trainer's parameters and optimizer state as checkpoint ``epoch`` (collective).
 
     Every worker calls it; rank 0 writes the parameters and commits the directory.
@@ -94,7 +97,7 @@ def save_checkpoint(trainer: Any, root: str | os.PathLike[str], epoch: int, extr
         raise InvalidArgumentError("checkpoints need a Trainer over a DataParallelExecutorGroup")
     kv = trainer.kvstore
     rank = kv.rank if kv is not None else 0
-    distributed = kv is not None and kv.type.startswith("dist")
+    distributed = kv is not None and kv.store_type.distributed
     root = Path(root)
     final = _epoch_dir(root, epoch)
     tmp = root / f".epoch-{epoch:04d}.tmp"
@@ -102,7 +105,7 @@ def save_checkpoint(trainer: Any, root: str | os.PathLike[str], epoch: int, extr
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-    if distributed:
+    if kv is not None and distributed:
         kv.barrier()
     if trainer.update_on_kvstore or rank == 0:
         trainer.save_states(str(tmp / OPTIMIZER))  # collective on a distributed store
@@ -118,12 +121,12 @@ def save_checkpoint(trainer: Any, root: str | os.PathLike[str], epoch: int, extr
         os.rename(tmp, final)
         write_text_atomic(root / "latest", final.name + "\n")
         fsync_dir(root)
-    if distributed:
+    if kv is not None and distributed:
         kv.barrier()
     return final
 
 
-def load_checkpoint(trainer: Any, path: str | os.PathLike[str]) -> dict[str, Any]:
+def load_checkpoint(trainer: Trainer, path: str | os.PathLike[str]) -> dict[str, Any]:
     """Load a checkpoint directory into the trainer's group and optimizer (collective).
 
     Parameters go into every device, then into the store (broadcast), then the

@@ -33,7 +33,7 @@ import numpy as np
 from pskv.arrays import is_torch
 from pskv.errors import InvalidArgumentError, InvalidTypeError
 
-__all__ = ["DataDesc", "DataBatch", "NDArrayIter"]
+__all__ = ["DataDesc", "DataBatch", "NDArrayIter", "batch_arrays"]
 
 NDArray = np.ndarray[Any, Any]
 
@@ -350,3 +350,28 @@ class NDArrayIter:
             StopIteration: the epoch is over; call :meth:`reset`.
         """
         return self.__next__()
+
+
+def batch_arrays(batch: Any) -> tuple[list[Any], list[Any]]:
+    """(data arrays, label arrays) of a DataBatch, a ``(data, label)`` pair, a dict or one array.
+
+    Raises:
+        InvalidArgumentError: a sequence that is not a ``(data, label)`` pair.
+    """
+    if hasattr(batch, "data"):
+        return _as_list(batch.data), _as_list(getattr(batch, "label", None))
+    if isinstance(batch, Mapping):
+        return _as_list(batch.get("data")), _as_list(batch.get("label"))
+    if isinstance(batch, (list, tuple)):
+        if len(batch) != 2:
+            raise InvalidArgumentError(f"a batch given as a sequence must be (data, label), got {len(batch)} items")
+        return _as_list(batch[0]), _as_list(batch[1])
+    return [batch], []
+
+
+def _as_list(x: Any) -> list[Any]:
+    if x is None:
+        return []
+    if isinstance(x, (list, tuple)):
+        return list(x)
+    return [x]

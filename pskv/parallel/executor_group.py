@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from pskv.errors import InvalidArgumentError, InvalidTypeError, ShapeMismatchError
+from pskv.parallel.data import batch_arrays
 from pskv.parallel.split import check_workload, split_batch
 
 __all__ = ["DataParallelExecutorGroup", "GRAD_REQS"]
@@ -82,19 +83,6 @@ def _as_list(x: Any) -> list[Any]:
     if isinstance(x, (list, tuple)):
         return list(x)
     return [x]
-
-
-def _batch_parts(batch: Any) -> tuple[list[Any], list[Any]]:
-    """(data arrays, label arrays) of a DataBatch, a ``(data, label)`` pair, a dict or one array."""
-    if hasattr(batch, "data"):
-        return _as_list(batch.data), _as_list(getattr(batch, "label", None))
-    if isinstance(batch, Mapping):
-        return _as_list(batch.get("data")), _as_list(batch.get("label"))
-    if isinstance(batch, (list, tuple)):
-        if len(batch) != 2:
-            raise InvalidArgumentError(f"a batch given as a sequence must be (data, label), got {len(batch)} items")
-        return _as_list(batch[0]), _as_list(batch[1])
-    return [batch], []
 
 
 class DataParallelExecutorGroup:
@@ -340,7 +328,7 @@ class DataParallelExecutorGroup:
         train = self.for_training if is_train is None else bool(is_train)
         if train and not self.for_training:
             raise InvalidArgumentError("forward(is_train=True) on a group bound with for_training=False")
-        data, labels = _batch_parts(data_batch)
+        data, labels = batch_arrays(data_batch)
         self._inputs_for(data, self.data_shapes, "data")
         if labels and self.label_shapes:
             self._inputs_for(labels, self.label_shapes, "label")

@@ -12,12 +12,16 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pskv.errors import InvalidArgumentError
 from pskv.parallel.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from pskv.parallel.executor_group import _batch_parts
-from pskv.parallel.trainer import SYNC_TYPES
+from pskv.parallel.data import batch_arrays
+from pskv.parallel.metrics import create as create_metric
+from pskv.parallel.uneven import UnevenSteps
+
+if TYPE_CHECKING:  # the trainer calls fit(); fit only needs its type
+    from pskv.parallel.trainer import Trainer
 
 __all__ = ["fit", "evaluate", "LINE_SECONDS"]
 
@@ -25,9 +29,7 @@ LINE_SECONDS = 10.0  # without a terminal, a progress line at most this often (p
 
 
 def _metric(spec: Any) -> Any:
-    from pskv.parallel.metrics import create
-
-    return create(spec)
+    return create_metric(spec)
 
 
 def _begin_epoch(data: Any, epoch: int) -> None:
@@ -39,7 +41,7 @@ def _begin_epoch(data: Any, epoch: int) -> None:
 
 
 def _bind_from(group: Any, batch: Any) -> None:
-    data, labels = _batch_parts(batch)
+    data, labels = batch_arrays(batch)
     group.bind_exec([(f"data{k}", tuple(x.shape)) for k, x in enumerate(data)],
                     [(f"label{k}", tuple(y.shape)) for k, y in enumerate(labels)] or None)
 
@@ -81,12 +83,12 @@ def evaluate(group: Any, eval_data: Iterable[Any], eval_metric: Any = "acc") -> 
     metric = _metric(eval_metric)
     for batch in eval_data:
         group.forward(batch, is_train=False)
-        _, labels = _batch_parts(batch)
+        _, labels = batch_arrays(batch)
         group.update_metric(metric, labels)
     return dict(metric.get_name_value())
 
 
-def fit(trainer: Any, train_data: Iterable[Any], eval_data: Iterable[Any] | None = None, *, num_epoch: int = 1,
+def fit(trainer: Trainer, train_data: Iterable[Any], eval_data: Iterable[Any] | None = None, *, num_epoch: int = 1,
         eval_metric: Any = "acc", begin_epoch: int = 0, checkpoint_dir: str | Path | None = None,
         checkpoint_period: int = 1, resume: bool = False, progress: bool | str = "auto",
         log_all_ranks: bool = False, uneven: bool = False, server_checkpoint_steps: int = 0,
@@ -150,14 +152,12 @@ def fit(trainer: Any, train_data: Iterable[Any], eval_data: Iterable[Any] | None
     if server_checkpoint_steps and (isinstance(server_checkpoint_steps, bool) or not isinstance(
             server_checkpoint_steps, int) or server_checkpoint_steps < 0):
         raise InvalidArgumentError(f"server_checkpoint_steps must be an int >= 0, got {server_checkpoint_steps!r}")
-    snapshots = server_checkpoint_steps if kv is not None and kv.type.startswith("dist") else 0
+    snapshots = server_checkpoint_steps if kv is not None and kv.store_type.distributed else 0
     if snapshots and uneven:
         raise InvalidArgumentError("server_checkpoint_steps needs the same steps on every worker; not with uneven=True")
     total_steps = 0
     shadow = None
-    if uneven and kv is not None and workers > 1 and kv.type in SYNC_TYPES:
-        from pskv.parallel.uneven import UnevenSteps
-
+    if uneven and kv is not None and workers > 1 and kv.store_type.distributed and kv.store_type.sync:
         shadow = UnevenSteps(trainer)
     history = []
     for epoch in range(begin_epoch, num_epoch):
@@ -176,13 +176,13 @@ def fit(trainer: Any, train_data: Iterable[Any], eval_data: Iterable[Any] | None
                 if shadow is not None:
                     shadow.before_step(group.batch_size)
                 trainer.step()
-                _, labels = _batch_parts(batch)
+                _, labels = batch_arrays(batch)
                 group.update_metric(metric, labels)
                 loss_sum += group.get_loss()
                 samples += group.batch_size
                 steps += 1
                 total_steps += 1
-                if snapshots and total_steps % snapshots == 0:
+                if kv is not None and snapshots and total_steps % snapshots == 0:
                     kv.save_checkpoint(meta={"epoch": epoch, "step": steps})  # collective: every worker steps alike
                 seconds = time.perf_counter() - start
                 stats = {"loss": loss_sum / samples, **dict(metric.get_name_value()),

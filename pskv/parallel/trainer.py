@@ -29,15 +29,16 @@ from typing import Any
 import torch
 
 from pskv.errors import InvalidArgumentError, InvalidTypeError
-from pskv.kvstore import KVStoreBase, create
+from pskv.kvstore import KVStoreBase, StoreType, create
+from pskv.kvstore.types import BUILTIN_TYPES
 from pskv.optimizer import Optimizer
 from pskv.optimizer import create as create_optimizer
 from pskv.parallel.executor_group import DataParallelExecutorGroup
+from pskv.parallel.fit import fit
 
-__all__ = ["Trainer", "SYNC_TYPES"]
+__all__ = ["Trainer"]
 
 # Stores whose pushes of one round are summed over all workers before the update.
-SYNC_TYPES = frozenset({"dist_sync", "dist", "dist_sync_device", "dist_device_sync", "byteps"})
 DEFAULT_BUCKET_BYTES = 1 << 20
 
 
@@ -103,7 +104,7 @@ class Trainer:
         self._kv, self._owns_kv = self._make_store(kvstore)
         self.update_on_kvstore = self._resolve_update_on_kvstore(update_on_kvstore)
         self._updater = None if self.update_on_kvstore else self._optimizer.get_updater()
-        workers = self._kv.num_workers if self._kv is not None and self._kv.type in SYNC_TYPES else 1
+        workers = self._kv.num_workers if self._kv is not None and self._kv.store_type.distributed and self._kv.store_type.sync else 1
         self._worker_factor = workers
         if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 0:
             raise InvalidArgumentError(f"bucket_bytes must be an int >= 0, got {bucket_bytes!r}")
@@ -130,6 +131,7 @@ class Trainer:
         self._batch_size: int | None = None
         self._errors: list[BaseException] = []
         self._hooks: list[Any] = []
+        self._uneven_key_ready = False  # UnevenSteps declared its collective key on the store
         if self._group is not None:
             self._group.add_forward_listener(self._on_forward)
         elif isinstance(target, torch.nn.Module):
@@ -148,7 +150,7 @@ class Trainer:
             return kvstore, False
         if not isinstance(kvstore, str):
             raise InvalidTypeError(f"kvstore must be a store, a store name or None, got {type(kvstore).__name__}")
-        if self._num_devices == 1 and "dist" not in kvstore and kvstore != "byteps":
+        if self._num_devices == 1 and not (kvstore.lower() in BUILTIN_TYPES and StoreType.parse(kvstore).distributed):
             return None, False
         return create(kvstore), True
 
@@ -159,7 +161,7 @@ class Trainer:
                 raise InvalidArgumentError("update_on_kvstore=True needs a store (kvstore is None or not needed)")
             return False
         capable = kv.is_capable("optimizer")
-        if "async" in kv.type:
+        if not kv.store_type.sync:
             if requested is False:
                 raise InvalidArgumentError("Please set update_on_kvstore=True when training in async mode "
                                            f"(store {kv.type!r} applies every push as it arrives)")
@@ -482,8 +484,6 @@ class Trainer:
     # -- fit ----------------------------------------------------------------------------------
     def fit(self, train_data: Iterable[Any], eval_data: Iterable[Any] | None = None, **kwargs: Any) -> list[dict[str, Any]]:
         """Train for ``num_epoch`` epochs; see :func:`pskv.parallel.fit.fit` for the arguments."""
-        from pskv.parallel.fit import fit
-
         return fit(self, train_data, eval_data, **kwargs)
 
     @property

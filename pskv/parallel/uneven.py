@@ -20,11 +20,14 @@ Cost: one 8-byte ``pushpull`` per step, sent without waiting.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pskv.errors import InvalidArgumentError
+
+if TYPE_CHECKING:  # fit() builds this for the trainer it runs
+    from pskv.parallel.trainer import Trainer
 
 __all__ = ["UnevenSteps"]
 
@@ -36,7 +39,7 @@ class UnevenSteps:
         trainer: a :class:`~pskv.parallel.Trainer` with a synchronous distributed store.
     """
 
-    def __init__(self, trainer: Any) -> None:
+    def __init__(self, trainer: Trainer) -> None:
         kv = trainer.kvstore
         if kv is None:
             raise InvalidArgumentError("uneven data needs a trainer with a store")
@@ -47,7 +50,7 @@ class UnevenSteps:
         self._sent = np.zeros(2, np.float64)
         self._out = np.zeros(2, np.float64)
         if not getattr(trainer, "_uneven_key_ready", False):
-            if kv.type != "byteps":  # byteps declares keys by their first pushpull (its servers only sum)
+            if not kv.store_type.summation_only:  # byteps declares keys by their first pushpull (its servers only sum)
                 # collective; summed: the servers' optimizer (update_on_kvstore) must not touch it
                 kv.init(self._key, np.zeros(2, np.float64), summed=True)
             trainer._uneven_key_ready = True
