@@ -6,7 +6,7 @@ Subcommands:
     pskv server      run a server role (same)
     pskv launch      start a job (scheduler, servers, workers) and supervise it (docs/launch.md)
     pskv keygen      write a CURVE cluster key file for authenticated, encrypted jobs (docs/security.md)
-    pskv checkpoint  list the server checkpoints of a directory, or verify one (docs/distributed.md)
+    pskv checkpoint  list the checkpoints (server or training) of a directory, or verify one (docs/distributed.md)
 """
 
 from __future__ import annotations
@@ -18,15 +18,27 @@ import logging
 import platform
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
+from safetensors import SafetensorError, safe_open
 
 from pskv import __version__
+from pskv.checkpoints import (
+    TRAINING_META,
+    Kind,
+    kind_of,
+    latest_server_checkpoint,
+    latest_training_checkpoint,
+    read_manifest,
+)
 from pskv.config import ENV_VARS, Config
+from pskv.errors import CheckpointError
 from pskv.kvstore import known_types
 from pskv.launch import DESCRIPTION as LAUNCH_DESCRIPTION
 from pskv.launch import add_arguments as add_launch_arguments
 from pskv.launch import run_args as run_launch
+from pskv.server.snapshot import read_shard
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -81,14 +93,13 @@ def _keygen(args: argparse.Namespace) -> int:
 
 
 def _checkpoint(args: argparse.Namespace) -> int:
-    """``pskv checkpoint DIR``: the checkpoints under DIR (or DIR itself), each verified."""
-    from pathlib import Path
+    """``pskv checkpoint DIR``: the checkpoints under DIR (or DIR itself), each verified.
 
-    from pskv.errors import CheckpointError
-    from pskv.server.snapshot import MANIFEST, latest_checkpoint, read_manifest, read_shard
-
+    Both kinds (:mod:`pskv.checkpoints`): server checkpoints (``ckpt-<n>``, from
+    ``kv.save_checkpoint``) and training checkpoints (``epoch-<n>``, from ``fit``).
+    """
     root = Path(args.directory)
-    if (root / MANIFEST).exists() or root.name.startswith("ckpt-"):
+    if kind_of(root) is not None or root.name.startswith(("ckpt-", "epoch-")):
         candidates = [root]  # one checkpoint
     elif root.is_dir():  # a directory of them
         candidates = sorted((d for d in root.iterdir() if d.is_dir()), key=lambda d: d.name)
@@ -97,23 +108,40 @@ def _checkpoint(args: argparse.Namespace) -> int:
     if not candidates:
         print(f"pskv checkpoint: error: {root} holds no checkpoint", file=sys.stderr)
         return 2
-    newest = latest_checkpoint(root)
+    newest = {latest_server_checkpoint(root), latest_training_checkpoint(root)}
     bad = 0
     for d in candidates:
         try:
-            manifest = read_manifest(d)
-            parts = 0
-            for rank in range(int(manifest["num_servers"])):
-                parts += len(read_shard(d, rank).parts)
-        except (CheckpointError, KeyError, ValueError) as exc:
+            line = _verify_training(d) if kind_of(d) is Kind.TRAINING else _verify_server(d)
+        except (CheckpointError, KeyError, ValueError, OSError, SafetensorError) as exc:
             bad += 1
             print(f"{d}: NOT usable: {exc}")
             continue
-        mark = "  (newest: a restart resumes from it)" if newest is not None and d == newest else ""
-        print(f"{d}: ok, {manifest.get('store')} with {manifest['num_servers']} server(s), {parts} part(s), "
-              f"{int(manifest.get('bytes', 0)):,} bytes, open rounds {manifest.get('open_rounds', 0)}, "
-              f"meta {json.dumps(manifest.get('meta'))}{mark}")
+        mark = "  (newest: a restart resumes from it)" if d in newest else ""
+        print(f"{d}: ok, {line}{mark}")
     return 1 if bad else 0
+
+
+def _verify_server(d: Path) -> str:
+    """Read a server checkpoint's manifest and every server's file; one line describing it."""
+    manifest = read_manifest(d)
+    parts = 0
+    for rank in range(int(manifest["num_servers"])):
+        parts += len(read_shard(d, rank).parts)
+    return (f"server checkpoint, {manifest.get('store')} with {manifest['num_servers']} server(s), {parts} part(s), "
+            f"{int(manifest.get('bytes', 0)):,} bytes, open rounds {manifest.get('open_rounds', 0)}, "
+            f"meta {json.dumps(manifest.get('meta'))}")
+
+
+def _verify_training(d: Path) -> str:
+    """Read a training checkpoint's meta and its parameter file's index; one line describing it."""
+    meta = json.loads((d / TRAINING_META).read_text(encoding="utf-8"))
+    if not isinstance(meta, dict) or "epoch" not in meta:
+        raise CheckpointError(f"{d / TRAINING_META} is not a pskv training checkpoint's meta")
+    with safe_open(str(d / "params.safetensors"), framework="numpy") as f:
+        tensors = len(list(f.keys()))
+    return (f"training checkpoint, epoch {int(meta['epoch']) + 1} done, store {meta.get('store')}, "
+            f"{tensors} parameter tensor(s), update_on_kvstore={meta.get('update_on_kvstore')}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -134,8 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="the key file to write (default: pskv-cluster.key; never overwritten without --force)")
     p_keygen.add_argument("--force", action="store_true", help="overwrite an existing file")
     p_keygen.set_defaults(func=_keygen)
-    p_ckpt = sub.add_parser("checkpoint", help="list and verify server checkpoints (kv.save_checkpoint)")
-    p_ckpt.add_argument("directory", help="a checkpoint directory, or a --checkpoint-dir holding ckpt-<n> ones")
+    p_ckpt = sub.add_parser("checkpoint", help="list and verify checkpoints (kv.save_checkpoint, fit checkpoint_dir)")
+    p_ckpt.add_argument("directory", help="a checkpoint directory, or a directory holding ckpt-<n> / epoch-<n> ones")
     p_ckpt.set_defaults(func=_checkpoint)
     p_launch = sub.add_parser("launch", help="start a job (scheduler, servers, workers) and supervise it",
                               description=LAUNCH_DESCRIPTION)

@@ -24,13 +24,13 @@ import sys
 import uuid
 from collections.abc import Sequence
 
+from pskv.checkpoints import latest_server_checkpoint
 from pskv.errors import InvalidArgumentError
 from pskv.launch.config import DEFAULT_SSH_PORT, LAUNCHERS, LaunchConfig, parse_env_pairs
 from pskv.launch.contract import CONTRACT
 from pskv.launch.local import run_local
 from pskv.launch.ssh import run_ssh
 from pskv.launch.supervisor import Console
-from pskv.server.snapshot import latest_checkpoint
 from pskv.transport.shm import remove_job_files
 
 __all__ = ["CONTRACT", "DESCRIPTION", "LaunchConfig", "add_arguments", "config_from_args", "launch", "main", "run_args"]
@@ -62,7 +62,7 @@ def launch(config: LaunchConfig, console: Console | None = None) -> int:
             if code != 0 and restarts and not console.stop_requested:
                 console.note(f"giving up after {restarts} restart(s) (--max-restarts {config.max_restarts})")
             return code
-        found = latest_checkpoint(config.checkpoint_dir) if config.checkpoint_dir else None
+        found = latest_server_checkpoint(config.checkpoint_dir) if config.checkpoint_dir else None
         console.note(f"restarting the job ({restarts + 1} of at most {config.max_restarts}) "
                      + (f"from checkpoint {found}" if found else "from the beginning (no complete checkpoint)"))
         attempt = dataclasses.replace(config, job_id=uuid.uuid4().hex[:12], restart_count=restarts + 1,

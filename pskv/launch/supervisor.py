@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from types import FrameType, TracebackType
 from typing import IO, Any
 
+from pskv.checkpoints import latest_server_checkpoint
 from pskv.errors import LaunchError
 from pskv.launch.contract import ProcessSpec
 
@@ -351,9 +352,7 @@ class Supervisor:
 
     def _restart_server(self, child: _Child, returncode: int) -> bool:
         """Start a failed server again from the newest checkpoint; False if there is none."""
-        from pskv.server.snapshot import latest_checkpoint
-
-        found = latest_checkpoint(self._checkpoint_dir) if self._checkpoint_dir else None
+        found = latest_server_checkpoint(self._checkpoint_dir) if self._checkpoint_dir else None
         what = f"{child.where} {describe_exit(returncode, self._via_ssh)}"
         if found is None:
             self._console.note(f"{what}; no complete checkpoint in {self._checkpoint_dir or '(no --checkpoint-dir)'} "

@@ -28,6 +28,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from pskv.atomic import fsync_dir, write_text_atomic
+from pskv.checkpoints import TRAINING_META, latest_training_checkpoint, mark_latest_training, training_dir
 from pskv.errors import InvalidArgumentError
 
 if TYPE_CHECKING:  # the trainer's fit() uses these; they only need its type
@@ -38,7 +39,7 @@ __all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "save_para
 FORMAT = "pskv-checkpoint-1"
 PARAMS = "params.safetensors"
 OPTIMIZER = "optimizer.safetensors"
-META = "meta.json"
+META = TRAINING_META
 
 
 def save_params(fname: str | os.PathLike[str], arg_params: dict[str, Any], aux_params: dict[str, Any]) -> None:
@@ -70,20 +71,9 @@ def load_params(fname: str | os.PathLike[str]) -> tuple[dict[str, torch.Tensor],
     return arg, aux
 
 
-def _epoch_dir(root: Path, epoch: int) -> Path:
-    return root / f"epoch-{epoch:04d}"
-
-
 def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
-    """The newest complete checkpoint under ``root`` (None when there is none)."""
-    root = Path(root)
-    pointer = root / "latest"
-    if pointer.is_file():
-        candidate = root / pointer.read_text(encoding="utf-8").strip()
-        if (candidate / META).is_file():
-            return candidate
-    done = sorted(p for p in root.glob("epoch-[0-9]*") if (p / META).is_file()) if root.is_dir() else []
-    return done[-1] if done else None
+    """The newest complete training checkpoint under ``root`` (None when there is none)."""
+    return latest_training_checkpoint(root)
 
 
 def save_checkpoint(trainer: Trainer, root: str | os.PathLike[str], epoch: int, extra: dict[str, Any] | None = None) -> Path:
@@ -99,7 +89,7 @@ def save_checkpoint(trainer: Trainer, root: str | os.PathLike[str], epoch: int, 
     rank = kv.rank if kv is not None else 0
     distributed = kv is not None and kv.store_type.distributed
     root = Path(root)
-    final = _epoch_dir(root, epoch)
+    final = training_dir(root, epoch)
     tmp = root / f".epoch-{epoch:04d}.tmp"
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
@@ -119,7 +109,7 @@ def save_checkpoint(trainer: Trainer, root: str | os.PathLike[str], epoch: int, 
         fsync_dir(tmp)
         shutil.rmtree(final, ignore_errors=True)
         os.rename(tmp, final)
-        write_text_atomic(root / "latest", final.name + "\n")
+        mark_latest_training(root, final)
         fsync_dir(root)
     if kv is not None and distributed:
         kv.barrier()

@@ -1,4 +1,4 @@
-"""Server checkpoints: one server's shard in a file, and the manifest that makes a set of them a checkpoint.
+"""Server checkpoints: one server's shard in a file (the directory layout is :mod:`pskv.checkpoints`).
 
 A checkpoint is a directory written by ``kv.save_checkpoint`` (collective):
 
@@ -21,18 +21,25 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import load_file, save_file
 
-from pskv.atomic import write_atomic, write_text_atomic
+from pskv.atomic import write_atomic
+from pskv.checkpoints import (
+    MANIFEST,
+    SERVER_FORMAT,
+    SERVER_VERSION,
+    latest_server_checkpoint,
+    read_manifest,
+    shard_file,
+    write_manifest,
+)
 from pskv.errors import CheckpointError
 
 __all__ = [
@@ -40,10 +47,9 @@ __all__ = [
     "shard_file", "write_manifest", "write_shard",
 ]
 
-FORMAT = "pskv.server-checkpoint"
-VERSION = 1
-MANIFEST = "manifest.json"
-_NAME = re.compile(r"^ckpt-(\d+)$")
+FORMAT = SERVER_FORMAT
+VERSION = SERVER_VERSION
+latest_checkpoint = latest_server_checkpoint  # the directory layout lives in pskv.checkpoints
 
 
 @dataclass(frozen=True)
@@ -69,11 +75,6 @@ class ShardState:
     sync: bool
     parts: tuple[PartState, ...]
     optimizer: bytes | None  # an optimizer-state file (pskv.optimizer.states), or None
-
-
-def shard_file(directory: str | os.PathLike[str], rank: int) -> Path:
-    """The file server ``rank`` writes in a checkpoint directory."""
-    return Path(directory) / f"server-{rank}.safetensors"
 
 
 def write_shard(directory: str | os.PathLike[str], state: ShardState) -> Path:
@@ -111,8 +112,6 @@ def read_shard(directory: str | os.PathLike[str], rank: int) -> ShardState:
     if not path.is_file():
         raise CheckpointError(f"{path} does not exist (server {rank}'s part of the checkpoint)")
     try:
-        from safetensors import safe_open
-
         with safe_open(str(path), framework="numpy") as f:
             meta = f.metadata() or {}
         doc = json.loads(meta["pskv"])
@@ -131,49 +130,3 @@ def read_shard(directory: str | os.PathLike[str], rank: int) -> ShardState:
                           parts, optimizer)
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{path} is damaged: {exc!r}") from exc
-
-
-def write_manifest(directory: str | os.PathLike[str], manifest: Mapping[str, Any]) -> Path:
-    """Write ``manifest.json`` (the commit point of a checkpoint) atomically."""
-    doc = {"format": FORMAT, "version": VERSION, "time": time.time(), **manifest}
-    path = Path(directory) / MANIFEST
-    write_text_atomic(path, json.dumps(doc, indent=1, sort_keys=True))
-    return path
-
-
-def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
-    """The manifest of a checkpoint directory.
-
-    Raises:
-        CheckpointError: no manifest (not a complete checkpoint) or not a pskv one.
-    """
-    path = Path(directory) / MANIFEST
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"{directory} is not a complete pskv checkpoint (no {MANIFEST})") from None
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path} is unreadable: {exc}") from exc
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not a pskv checkpoint manifest")
-    return doc
-
-
-def latest_checkpoint(root: str | os.PathLike[str]) -> Path | None:
-    """The complete checkpoint ``<root>/ckpt-<n>`` with the highest ``n``, or None.
-
-    Complete: its manifest reads, and every server's file it names is there.
-    """
-    base = Path(root)
-    if not base.is_dir():
-        return None
-    found = sorted(((int(m.group(1)), d) for d in base.iterdir()
-                    if (m := _NAME.match(d.name)) and (d / MANIFEST).is_file()), reverse=True)
-    for _, d in found:
-        try:
-            servers = int(read_manifest(d).get("num_servers", -1))
-        except (CheckpointError, TypeError, ValueError):
-            continue
-        if servers > 0 and all(shard_file(d, r).is_file() for r in range(servers)):
-            return d
-    return None

@@ -10,7 +10,9 @@ import pytest
 
 import pskv
 from pskv.optimizer import SGD
-from pskv.server.snapshot import latest_checkpoint, read_manifest, read_shard
+from pskv.checkpoints import latest_server_checkpoint as latest_checkpoint
+from pskv.checkpoints import read_manifest
+from pskv.server.snapshot import read_shard
 from pskv.testing import InProcessCluster
 
 DEADLINE = 30.0

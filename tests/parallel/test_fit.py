@@ -115,6 +115,21 @@ def test_checkpoint_files_are_safetensors_and_json(tmp_path):
         torch.testing.assert_close(value, group.get_params()[0][name])
 
 
+def test_the_checkpoint_command_verifies_training_checkpoints_too(tmp_path, capsys):
+    from pskv.cli import main
+
+    _, trainer = setup(True)
+    train, _ = iters()
+    trainer.fit(train, num_epoch=2, checkpoint_dir=tmp_path, progress=False)
+    assert main(["checkpoint", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "epoch-0000: ok, training checkpoint, epoch 1 done" in out
+    assert "epoch-0001: ok, training checkpoint, epoch 2 done" in out and "(newest" in out.splitlines()[-1]
+    (tmp_path / "epoch-0000" / "params.safetensors").write_bytes(b"garbage")
+    assert main(["checkpoint", str(tmp_path / "epoch-0000")]) == 1
+    assert "NOT usable" in capsys.readouterr().out
+
+
 def test_an_interrupted_save_leaves_the_previous_checkpoint(tmp_path):
     group, trainer = setup(False)
     train, _ = iters()
@@ -176,7 +191,8 @@ def test_dist_fit_with_uneven_batch_counts_per_worker_finishes_every_epoch(updat
 
 
 def test_dist_fit_snapshots_the_servers_every_n_steps(tmp_path):
-    from pskv.server.snapshot import latest_checkpoint, read_manifest
+    from pskv.checkpoints import latest_server_checkpoint as latest_checkpoint
+    from pskv.checkpoints import read_manifest
     from pskv.testing import InProcessCluster
 
     x, y = dataset(96)

@@ -1,0 +1,153 @@
+"""Checkpoint directories: their names, their commit files, and which one is the newest.
+
+pskv writes two kinds of checkpoint, each a directory that becomes a checkpoint when
+its commit file appears (written last, atomically):
+
+========  =====================================  ================  =========================
+kind      directory                              commit file       written by
+========  =====================================  ================  =========================
+server    ``<root>/ckpt-<n>``                    ``manifest.json`` ``kv.save_checkpoint``:
+                                                                   each server its
+                                                                   ``server-<rank>.safetensors``
+                                                                   (:mod:`pskv.server.snapshot`),
+                                                                   then worker 0 the manifest
+training  ``<root>/epoch-<NNNN>``                ``meta.json``     ``pskv.parallel.save_checkpoint``
+                                                                   (params, optimizer state);
+                                                                   ``<root>/latest`` names the
+                                                                   newest
+========  =====================================  ================  =========================
+
+This module owns that layout for every reader and writer — the servers, the workers'
+store, the trainer, the launcher's restarts and ``pskv checkpoint`` — so none of them
+parses a directory name of its own. File contents live with their writers.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import re
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pskv.atomic import write_text_atomic
+from pskv.errors import CheckpointError
+
+__all__ = [
+    "Kind", "MANIFEST", "SERVER_FORMAT", "SERVER_VERSION", "TRAINING_META", "kind_of", "latest_server_checkpoint",
+    "latest_training_checkpoint", "mark_latest_training", "next_server_checkpoint", "read_manifest", "shard_file", "training_dir",
+    "write_manifest",
+]
+
+SERVER_FORMAT = "pskv.server-checkpoint"
+SERVER_VERSION = 1
+MANIFEST = "manifest.json"
+TRAINING_META = "meta.json"
+LATEST = "latest"
+_SERVER_NAME = re.compile(r"^ckpt-(\d+)$")
+_TRAINING_NAME = re.compile(r"^epoch-(\d+)$")
+
+
+class Kind(enum.Enum):
+    """What a checkpoint directory holds."""
+
+    SERVER = "server"  # the servers' shards (kv.save_checkpoint)
+    TRAINING = "training"  # a trainer's parameters and optimizer state (fit's checkpoint_dir)
+
+
+def kind_of(directory: str | os.PathLike[str]) -> Kind | None:
+    """The kind of checkpoint ``directory`` is (by its commit file), or None if it is none."""
+    d = Path(directory)
+    if (d / MANIFEST).is_file():
+        return Kind.SERVER
+    if (d / TRAINING_META).is_file():
+        return Kind.TRAINING
+    return None
+
+
+# -- server checkpoints -------------------------------------------------------------------
+def shard_file(directory: str | os.PathLike[str], rank: int) -> Path:
+    """The file server ``rank`` writes in a server checkpoint directory."""
+    return Path(directory) / f"server-{rank}.safetensors"
+
+
+def next_server_checkpoint(root: str | os.PathLike[str]) -> Path:
+    """``<root>/ckpt-<n>`` with ``n`` one more than the highest existing one (1 if none)."""
+    base = Path(root)
+    numbers = [int(m.group(1)) for d in (base.iterdir() if base.is_dir() else ()) if (m := _SERVER_NAME.match(d.name))]
+    return base / f"ckpt-{max(numbers, default=0) + 1}"
+
+
+def write_manifest(directory: str | os.PathLike[str], manifest: Mapping[str, Any]) -> Path:
+    """Write ``manifest.json`` (the commit point of a server checkpoint) atomically."""
+    doc = {"format": SERVER_FORMAT, "version": SERVER_VERSION, "time": time.time(), **manifest}
+    path = Path(directory) / MANIFEST
+    write_text_atomic(path, json.dumps(doc, indent=1, sort_keys=True))
+    return path
+
+
+def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """The manifest of a server checkpoint directory.
+
+    Raises:
+        CheckpointError: no manifest (not a complete checkpoint) or not a pskv one.
+    """
+    path = Path(directory) / MANIFEST
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{directory} is not a complete pskv checkpoint (no {MANIFEST})") from None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} is unreadable: {exc}") from exc
+    if not isinstance(doc, dict) or doc.get("format") != SERVER_FORMAT:
+        raise CheckpointError(f"{path} is not a pskv checkpoint manifest")
+    return doc
+
+
+def latest_server_checkpoint(root: str | os.PathLike[str]) -> Path | None:
+    """The complete server checkpoint ``<root>/ckpt-<n>`` with the highest ``n``, or None.
+
+    Complete: its manifest reads, and every server's file it names is there.
+    """
+    base = Path(root)
+    if not base.is_dir():
+        return None
+    found = sorted(((int(m.group(1)), d) for d in base.iterdir()
+                    if (m := _SERVER_NAME.match(d.name)) and (d / MANIFEST).is_file()), reverse=True)
+    for _, d in found:
+        try:
+            servers = int(read_manifest(d).get("num_servers", -1))
+        except (CheckpointError, TypeError, ValueError):
+            continue
+        if servers > 0 and all(shard_file(d, r).is_file() for r in range(servers)):
+            return d
+    return None
+
+
+# -- training checkpoints -----------------------------------------------------------------
+def training_dir(root: str | os.PathLike[str], epoch: int) -> Path:
+    """``<root>/epoch-<NNNN>``: where the training checkpoint of ``epoch`` goes."""
+    return Path(root) / f"epoch-{epoch:04d}"
+
+
+def mark_latest_training(root: str | os.PathLike[str], directory: Path) -> None:
+    """Point ``<root>/latest`` at ``directory`` (atomically)."""
+    write_text_atomic(Path(root) / LATEST, directory.name + "\n")
+
+
+def latest_training_checkpoint(root: str | os.PathLike[str]) -> Path | None:
+    """The newest complete training checkpoint under ``root`` (None when there is none).
+
+    ``<root>/latest`` names it; without that pointer, the highest complete ``epoch-<n>``.
+    """
+    base = Path(root)
+    pointer = base / LATEST
+    if pointer.is_file():
+        candidate = base / pointer.read_text(encoding="utf-8").strip()
+        if _TRAINING_NAME.match(candidate.name) and (candidate / TRAINING_META).is_file():
+            return candidate
+    done = sorted(p for p in base.glob("epoch-[0-9]*") if (p / TRAINING_META).is_file()) if base.is_dir() else []
+    return done[-1] if done else None
