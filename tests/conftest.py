@@ -80,3 +80,35 @@ def arr(request: pytest.FixtureRequest) -> Arrays:
 
 def cuda_available() -> bool:
     return torch is not None and torch.cuda.is_available()
+
+
+# -- markers ------------------------------------------------------------------------------
+# Test modules that start real processes (scheduler, servers, workers, the launcher, a
+# training script): marked `multiprocess`. They, and the minute-long example trainings,
+# are also `slow`: `pytest -m "not slow"` is the inner loop (under a minute on 2 cores);
+# CI runs everything.
+MULTIPROCESS_MODULES = frozenset({
+    "tests/fault/test_network.py",
+    "tests/fault/test_restart.py",
+    "tests/fault/test_server_recovery.py",
+    "tests/fault/test_worker_recovery.py",
+    "tests/integration/test_dist_processes.py",
+    "tests/integration/test_launcher.py",
+    "tests/unit/test_example.py",
+    "tests/parallel/test_example_digits.py",
+})
+SLOW_MODULES = MULTIPROCESS_MODULES | frozenset({
+    "tests/fault/test_fuzz_server.py",  # in-process clusters, but seconds per test
+    "tests/fault/test_load.py",
+})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the tests of the modules above (one list, so nobody forgets a file's marker)."""
+    root = config.rootpath
+    for item in items:
+        module = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
+        if module in MULTIPROCESS_MODULES:
+            item.add_marker(pytest.mark.multiprocess)
+        if module in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)

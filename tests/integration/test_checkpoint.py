@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import pskv
-from pskv.optimizer import SGD
 from pskv.checkpoints import latest_server_checkpoint as latest_checkpoint
 from pskv.checkpoints import read_manifest
+from pskv.optimizer import SGD
 from pskv.server.snapshot import read_shard
 from pskv.testing import InProcessCluster
 
