@@ -19,7 +19,7 @@ import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -35,7 +35,7 @@ from pskv.optimizer import _math, states
 from pskv.optimizer._validate import check_key
 from pskv.optimizer.base import Key, Optimizer, State
 
-__all__ = ["Updater", "get_updater"]
+__all__ = ["Updater", "get_updater", "install_optimizer", "updater_from_states"]
 
 _OP = "optimizer update"
 
@@ -294,3 +294,59 @@ def get_updater(optimizer: Optimizer) -> Updater:
         InvalidArgumentError: ``optimizer`` is not an :class:`Optimizer`.
     """
     return Updater(optimizer)
+
+
+StatesSource: TypeAlias = str | os.PathLike[str] | bytes | states.StatesDocument
+
+
+def install_optimizer(current: object, optimizer: Optimizer) -> Updater:
+    """The updater to use once ``optimizer`` is set, where ``current`` was in use before.
+
+    If ``current`` is already an :class:`Updater`, it takes the new hyperparameters and
+    keeps its per-key states and update counts (:meth:`Updater.set_optimizer`) and is
+    returned; otherwise (no updater, or a user's own function) a fresh updater is.
+
+    Args:
+        current: the updater in use (any callable), or None.
+        optimizer: the optimizer to use from now on.
+
+    Raises:
+        InvalidArgumentError: ``optimizer`` is not an :class:`Optimizer`.
+    """
+    if isinstance(current, Updater):
+        current.set_optimizer(optimizer)
+        return current
+    if not isinstance(optimizer, Optimizer):
+        raise InvalidArgumentError(f"set_optimizer needs an Optimizer, got {optimizer!r}")
+    return optimizer.get_updater()
+
+
+def updater_from_states(source: StatesSource, no_config: Exception | None = None) -> Updater:
+    """A new updater built from a state file that carries its optimizer's config (``dump_optimizer=True``).
+
+    The optimizer is ``Optimizer.from_config`` of the document's config; the states and
+    update counts are the document's.
+
+    Args:
+        source: the state file's path, its bytes (:meth:`Updater.get_states`), or its
+            parsed document.
+        no_config: what to raise if the document holds no optimizer config (by default
+            an :class:`OptimizerStateError`).
+
+    Raises:
+        OptimizerStateError: not a valid state file, or (without ``no_config``) it
+            holds no optimizer config.
+        InvalidArgumentError: the optimizer config is not a valid one.
+        OSError: the file cannot be read.
+    """
+    if isinstance(source, states.StatesDocument):
+        document = source
+    elif isinstance(source, bytes):
+        document = states.loads(source)
+    else:
+        document = states.load(source)
+    if document.optimizer is None:
+        raise no_config or OptimizerStateError("the optimizer state file holds no optimizer config")
+    updater = Optimizer.from_config(document.optimizer).get_updater()
+    updater._restore(document)
+    return updater
