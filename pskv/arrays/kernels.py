@@ -69,10 +69,6 @@ class CpuKernels:
         """``dst[...] = src``."""
         self.run([(dst, [src])])
 
-    def copy_many(self, dsts: Sequence[NDArray], src: NDArray) -> None:
-        """Copy ``src`` into every array of ``dsts``."""
-        self.run([(d, [src]) for d in dsts])
-
     def run(self, jobs: Sequence[tuple[NDArray, Sequence[NDArray]]]) -> None:
         """Run a batch of jobs ``dst[...] = sum(srcs)`` (one source: a copy).
 

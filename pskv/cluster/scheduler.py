@@ -73,7 +73,6 @@ class Scheduler:
         self._finished = threading.Event()
         self._servers_version = 0  # counts server replacements (heartbeat replies carry the table)
         self._released: dict[int, int] = {}  # node -> request id of its last barrier released
-        self._started = time.monotonic()
         if cluster.heartbeat_interval > 0:
             self._reactor.add_timer(max(0.05, cluster.heartbeat_interval / 2), self._check_liveness)
 

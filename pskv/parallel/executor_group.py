@@ -154,7 +154,6 @@ class DataParallelExecutorGroup:
         workers = len(self.devices) if (concurrent if concurrent is not None else len(self.devices) > 1) else 0
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="pskv-group") if workers > 1 else None
         self._forward_listeners: list[Callable[[DataParallelExecutorGroup], None]] = []
-        self._monitor: Any = None
         self.data_shapes: list[_Desc] = []
         self.label_shapes: list[_Desc] = []
         self.batch_size = 0
@@ -561,7 +560,6 @@ class DataParallelExecutorGroup:
     # -- monitoring ----------------------------------------------------------------------
     def install_monitor(self, monitor: Any) -> None:
         """Let ``monitor`` (a :class:`~pskv.parallel.Monitor`) see every forward's outputs."""
-        self._monitor = monitor
         monitor.install(self)
 
     def close(self) -> None:
