@@ -1,0 +1,116 @@
+"""A server's shard in and out of a checkpoint (the files themselves: :mod:`pskv.server.snapshot`).
+
+Three moments:
+
+* :meth:`ShardCheckpoints.restore`, before serving (``resume_from``): the shard's
+  values, rounds and optimizer come from the checkpoint; its parts stay ``restored``
+  so the workers' INIT keeps the loaded values;
+* :meth:`ShardCheckpoints.apply_saved_counts`, only for a replacement server in a
+  running job: the workers go on numbering their pushes, so each part's push counts
+  are those saved (a whole-job restart, whose workers start again, does not get them);
+* :meth:`ShardCheckpoints.save`, on ``SAVE_CHECKPOINT``: the shard as it is between
+  rounds (pushes of an open round are not saved, and the log says so).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pskv.config import ClusterConfig
+from pskv.errors import CheckpointError
+from pskv.optimizer import Updater
+from pskv.optimizer.updater import updater_from_states
+from pskv.server.shard import PushLog, ServerShard
+from pskv.server.snapshot import PartState, ShardState, read_manifest, read_shard, write_shard
+
+__all__ = ["ShardCheckpoints", "Saved"]
+
+log = logging.getLogger("pskv.server")
+
+
+@dataclass(frozen=True)
+class Saved:
+    """What :meth:`ShardCheckpoints.save` wrote."""
+
+    file: str
+    bytes: int
+    open_rounds: int  # parts whose pending pushes were not saved
+
+
+class ShardCheckpoints:
+    """Restores and saves one server's shard.
+
+    Args:
+        shard: the shard.
+        cluster: the cluster contract (server rank, numbers of servers and workers).
+        name: the server's name, for the log.
+    """
+
+    def __init__(self, shard: ServerShard, cluster: ClusterConfig, name: Callable[[], str]) -> None:
+        self._shard = shard
+        self._cluster = cluster
+        self._name = name
+        self._saved_counts: dict[tuple[int, int], dict[int, int]] = {}  # of a loaded checkpoint
+
+    def restore(self, directory: str) -> None:
+        """Load this server's shard of the checkpoint ``directory`` (before serving).
+
+        Raises:
+            CheckpointError: no complete checkpoint there, or it does not fit this job.
+        """
+        rank = self._cluster.server_rank
+        if rank < 0:
+            raise CheckpointError("resuming from a checkpoint needs the server's rank (PSKV_SERVER_RANK; "
+                                  "pskv launch sets it)")
+        manifest = read_manifest(directory)
+        if manifest.get("num_servers") != self._cluster.num_servers:
+            raise CheckpointError(f"{directory} was written by {manifest.get('num_servers')} servers; this job has "
+                                  f"{self._cluster.num_servers}")
+        state = read_shard(directory, rank)
+        self._shard.sync = state.sync
+        for p in state.parts:
+            self._shard.restore(p.key, p.offset, p.dtype, p.value, p.round, p.summed)
+        self._saved_counts = {(p.key, p.offset): dict(p.counts or {}) for p in state.parts}
+        if state.optimizer is not None:
+            self._shard.updater = updater_from_states(state.optimizer, no_config=CheckpointError(
+                f"{directory}: server {rank}'s optimizer state has no optimizer config"))
+        log.info("server %d: restored %d part(s)%s from %s", rank, len(state.parts),
+                 " and the optimizer state" if state.optimizer is not None else "", directory)
+
+    def apply_saved_counts(self) -> None:
+        """Reactor thread: the push counts of the checkpoint this replacement server loaded.
+
+        The workers replay every push they made since that checkpoint, numbered on from
+        these counts (a whole-job restart, whose workers start again, does not get them).
+        """
+        for (key, offset), counts in self._saved_counts.items():
+            part = self._shard.parts.get((key, offset))
+            if part is not None:
+                part.restored = False  # the workers will not init it again
+                part.pushes = {w: PushLog(count=c) for w, c in counts.items()}
+        log.warning("%s: replacement server; push counts of %d part(s) restored", self._name(),
+                    len(self._saved_counts))
+
+    def save(self, directory: str, rank: int) -> Saved:
+        """Write the shard as server ``rank``'s file of the checkpoint ``directory``.
+
+        Raises:
+            CheckpointError: the updater is not a pskv optimizer's, or the file could not be written.
+        """
+        updater = self._shard.updater
+        optimizer = updater.get_states(dump_optimizer=True) if isinstance(updater, Updater) else None
+        if updater is not None and optimizer is None:
+            raise CheckpointError(f"{self._name()}: its updater is not a pskv optimizer; it cannot be saved")
+        saved = self._shard.snapshot()
+        open_rounds = sum(1 for part, _ in saved if part.pushed)
+        if open_rounds:
+            log.warning("%s: checkpoint %s: %d part(s) have an open sync round; their pending pushes are not "
+                        "saved", self._name(), directory, open_rounds)
+        state = ShardState(rank, self._cluster.num_servers, self._cluster.num_workers, self._shard.sync,
+                           tuple(PartState(p.key, p.offset, p.dtype, value, p.round, p.summed,
+                                           {w: log_.count for w, log_ in p.pushes.items()}) for p, value in saved),
+                           optimizer)
+        path = write_shard(directory, state)
+        return Saved(str(path), path.stat().st_size, open_rounds)

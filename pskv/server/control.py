@@ -1,0 +1,129 @@
+"""The server's control commands: aggregation mode, optimizer, user controllers, saved states.
+
+``SET_MODE``, ``SET_OPTIMIZER``, ``CONTROLLER``, ``SAVE_STATES``, ``LOAD_STATES`` and
+``SAVE_CHECKPOINT``: requests that configure the shard or save / load what it holds,
+rather than move values. Each is answered at once with a short reply. Optimizers arrive
+as JSON configs, never as code; controllers are functions the server registered itself
+(:mod:`pskv.server.controllers`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pskv.cluster.messages import json_body, reply_frames
+from pskv.errors import InvalidArgumentError, OptimizerStateError, ProtocolError
+from pskv.optimizer import Optimizer, Updater
+from pskv.optimizer.updater import install_optimizer, updater_from_states
+from pskv.protocol import Command, Header
+from pskv.server.checkpointing import ShardCheckpoints
+from pskv.server.controllers import find_controller
+from pskv.server.handlers import Handler, Reply
+from pskv.server.shard import ServerShard
+
+__all__ = ["ControlHandlers"]
+
+
+class ControlHandlers:
+    """The control commands' handlers, on one shard.
+
+    Args:
+        shard: the shard they configure.
+        checkpoints: saves the shard on SAVE_CHECKPOINT.
+        reply: sends a reply at once (``reply(identity, frames)``).
+        node_id: this server's node id (the replies' sender).
+        rank: this server's rank (names its state files).
+    """
+
+    def __init__(self, shard: ServerShard, checkpoints: ShardCheckpoints, reply: Reply, node_id: Callable[[], int],
+                 rank: Callable[[], int]) -> None:
+        self._shard = shard
+        self._checkpoints = checkpoints
+        self._reply = reply
+        self._node_id = node_id
+        self._rank = rank
+
+    def handlers(self) -> dict[Command, Handler]:
+        """The handler of each control command."""
+        return {
+            Command.SET_MODE: self.set_mode,
+            Command.SET_OPTIMIZER: self.set_optimizer,
+            Command.CONTROLLER: self.controller,
+            Command.SAVE_STATES: self.save_states,
+            Command.LOAD_STATES: self.load_states,
+            Command.SAVE_CHECKPOINT: self.save_checkpoint,
+        }
+
+    @property
+    def _name(self) -> str:
+        return f"server {self._rank()}"
+
+    def _ack(self, identity: bytes, header: Header, body: dict[str, Any] | None = None) -> None:
+        self._reply(identity, reply_frames(header, self._node_id(), body))
+
+    def set_mode(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
+        """``{sync: bool}``: sync or async aggregation; fixed once keys exist."""
+        sync = json_body(header).get("sync")
+        if not isinstance(sync, bool):
+            raise ProtocolError("SET_MODE needs {sync: bool}")
+        if self._shard.parts and sync != self._shard.sync:
+            raise InvalidArgumentError("the aggregation mode cannot change once keys exist")
+        self._shard.sync = sync
+        self._ack(identity, header)
+
+    def set_optimizer(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
+        """An optimizer config: new hyperparameters keep the optimizer state (install_optimizer)."""
+        optimizer = Optimizer.from_config(json_body(header))  # a config, never code
+        self._shard.updater = install_optimizer(self._shard.updater, optimizer)
+        self._ack(identity, header)
+
+    def controller(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
+        """``{head: int, body: str}``: the registered controller's answer."""
+        body = json_body(header)
+        head, text = body.get("head"), body.get("body", "")
+        if type(head) is not int or not isinstance(text, str):
+            raise ProtocolError("CONTROLLER needs {head: int, body: str}")
+        fn = find_controller(head)
+        if fn is None:
+            raise InvalidArgumentError(
+                f"{self._name} has no controller for head {head} (register one with @pskv.server.controller "
+                "in a module named by PSKV_SERVER_MODULES)"
+            )
+        answer = fn(head, text)
+        self._ack(identity, header, {"answer": "" if answer is None else str(answer)})
+
+    def _states_path(self, header: Header) -> str:
+        path = json_body(header).get("path")
+        if not isinstance(path, str) or not path:
+            raise ProtocolError("state commands need {path: str}")
+        return f"{path}.server{self._rank()}"
+
+    def save_states(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
+        """``{path: str, dump_optimizer: bool}``: write the optimizer state to ``<path>.server<rank>``."""
+        if not isinstance(self._shard.updater, Updater):
+            raise OptimizerStateError(f"{self._name} has no optimizer (call set_optimizer first)")
+        path = self._states_path(header)
+        self._shard.updater.save_states(path, dump_optimizer=bool(json_body(header).get("dump_optimizer")))
+        self._ack(identity, header, {"file": path})
+
+    def load_states(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
+        """``{path: str}``: load the optimizer state from ``<path>.server<rank>``.
+
+        Without an optimizer, the file's optimizer config (``dump_optimizer``) installs one.
+        """
+        path = self._states_path(header)
+        if isinstance(self._shard.updater, Updater):
+            self._shard.updater.load_states(path)
+        else:
+            self._shard.updater = updater_from_states(path, no_config=OptimizerStateError(
+                f"{self._name}: {path} holds no optimizer config and no optimizer is set"))
+        self._ack(identity, header, {"file": path})
+
+    def save_checkpoint(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
+        """``{dir: str}``: write this server's shard into that checkpoint directory."""
+        directory = json_body(header).get("dir")
+        if not isinstance(directory, str) or not directory:
+            raise ProtocolError("SAVE_CHECKPOINT needs {dir: str}")
+        saved = self._checkpoints.save(directory, self._rank())
+        self._ack(identity, header, {"file": saved.file, "bytes": saved.bytes, "open_rounds": saved.open_rounds})

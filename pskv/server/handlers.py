@@ -1,0 +1,264 @@
+"""The server's data commands: requests that move values in and out of the shard.
+
+``INIT``, ``PUSH``, ``PULL``, ``PUSHPULL``, ``JOIN``, ``SYNC``, ``HELLO`` and ``REJOIN``.
+Each validates its request and drives the :class:`~pskv.server.shard.ServerShard`
+(the rules live there); a pull's values are sent by a :class:`~pskv.server.gather.Gather`
+once every part it names has completed the round it waits for.
+
+Two kinds of reply: ``reply`` sends at once (acknowledgements; kept for a repeat of the
+request), ``answer`` sends values after the reply to the message being handled, so a
+worker sees its push acknowledged before any pull that includes it returns.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from functools import partial
+from typing import Any, TypeAlias, TypeGuard
+
+import numpy as np
+
+from pskv.cluster.messages import json_body, reply_frames
+from pskv.errors import InvalidArgumentError, KVStoreError, ProtocolError
+from pskv.protocol import TX_PREFIX, ArraySpec, Command, Header, frame_array, node_name
+from pskv.server.dedup import ReplyCache
+from pskv.server.gather import Gather
+from pskv.server.liveness import DeadWorkers
+from pskv.server.shard import Part, ServerShard, to_storage
+
+__all__ = ["DataHandlers", "Handler", "Reply"]
+
+log = logging.getLogger("pskv.server")
+
+Handler: TypeAlias = Callable[[bytes, Header, list[memoryview]], None]  # (identity, header, buffers)
+Reply: TypeAlias = Callable[[bytes, list[Any]], None]  # (identity, frames)
+Frames: TypeAlias = list[tuple[Part, np.ndarray[Any, Any]]]
+
+
+def _must_wait(part: Part, min_round: int | None) -> bool:
+    """True if a pull for ``min_round`` (None: its push has not arrived) cannot be answered now."""
+    return min_round is None or part.round < min_round
+
+
+def _int_lists(value: Any, n: int) -> TypeGuard[list[list[int]]]:
+    """True if ``value`` is a list of lists of ``n`` ints (JSON from a worker)."""
+    if type(value) is not list:
+        return False
+    for w in value:
+        if type(w) is not list or len(w) != n:
+            return False
+        for v in w:
+            if type(v) is not int:
+                return False
+    return True
+
+
+class DataHandlers:
+    """The data commands' handlers, on one shard.
+
+    Args:
+        shard: the shard.
+        reply: sends a short reply at once (``reply(identity, frames)``).
+        answer: sends a reply with values, after the reply to the message being handled.
+        node_id: this server's node id (the replies' sender).
+        replies: the record of answered requests (what a repeat of a pull gets).
+        dead: the workers given up on (their rounds cannot complete).
+        routes: a worker's send-only socket -> where its replies go; HELLO fills it.
+        name: the server's name, for the log.
+    """
+
+    def __init__(self, shard: ServerShard, reply: Reply, answer: Reply, node_id: Callable[[], int],
+                 replies: ReplyCache, dead: DeadWorkers, routes: dict[bytes, bytes], name: Callable[[], str]) -> None:
+        self._shard = shard
+        self._reply = reply
+        self._answer = answer
+        self._node_id = node_id
+        self._replies = replies
+        self._dead = dead
+        self._routes = routes
+        self._name = name
+
+    def handlers(self) -> dict[Command, Handler]:
+        """The handler of each data command."""
+        return {
+            Command.INIT: self.init,
+            Command.PUSH: self.push,
+            Command.PULL: self.pull,
+            Command.PUSHPULL: self.pushpull,
+            Command.HELLO: self.hello,
+            Command.SYNC: self.sync,
+            Command.JOIN: self.join,
+            Command.REJOIN: self.rejoin,
+        }
+
+    def _ack(self, identity: bytes, header: Header) -> None:
+        self._reply(identity, reply_frames(header, self._node_id()))
+
+    @staticmethod
+    def _frames(header: Header, buffers: list[memoryview]) -> list[tuple[ArraySpec, np.ndarray[Any, Any]]]:
+        return [(spec, frame_array(spec, buf)) for spec, buf in zip(header.arrays, buffers)]
+
+    # -- init / push ----------------------------------------------------------------------
+    def init(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
+        """Create keys (a restored key keeps its value), or overwrite existing ones (``overwrite``: a broadcast)."""
+        items = self._frames(header, buffers)
+        if json_body(header).get("overwrite") is True:  # broadcast to existing keys
+            parts = [(self._shard.check(spec.key, spec.offset, spec.dtype, data.size, "broadcast"), data)
+                     for spec, data in items]
+            for part, data in parts:  # in place: everyone finished reading at the barrier before
+                np.copyto(part.value, to_storage(part.dtype, data.reshape(-1)))
+            self._ack(identity, header)
+            return
+        for spec, _ in items:
+            existing = self._shard.parts.get((spec.key, spec.offset))
+            if existing is not None and not existing.restored:
+                raise KVStoreError(f"duplicate init of key {spec.key}")
+        summed = json_body(header).get("summed") is True
+        for spec, data in items:
+            if not self._shard.accept_init(spec.key, spec.offset, spec.dtype, data.size):  # restored: kept
+                self._shard.init(spec.key, spec.offset, spec.dtype, data, summed=summed)
+        self._ack(identity, header)
+
+    def _checked(self, header: Header, buffers: list[memoryview], op: str) -> Frames:
+        items = self._frames(header, buffers)
+        return [(self._shard.check(spec.key, spec.offset, spec.dtype, data.size, op), data) for spec, data in items]
+
+    def _shm_pushes(self, header: Header, body: dict[str, Any], op: str) -> Frames:
+        """The parts a co-located worker pushed through its shared slots (body ``shm``)."""
+        listed = body.get("shm")
+        if listed is None:
+            return []
+        if not _int_lists(listed, 2):
+            raise ProtocolError(f"{op}: shm needs [[key, offset], ...]")
+        out = []
+        for key, offset in listed:
+            part = self._shard.part(key, offset, op)
+            slot = part.slots.get(header.sender)
+            if slot is None:
+                raise InvalidArgumentError(f"{op} of key {key}: the part has no shared slot for this worker")
+            out.append((part, slot))
+        return out
+
+    def _apply_pushes(self, header: Header, buffers: list[memoryview],
+                      op: str) -> tuple[list[tuple[Part, int]], bool, dict[str, Any]]:
+        """Validate and apply every push of a PUSH / PUSHPULL message: ``([(part, round joined)], shared, body)``.
+
+        Each part the message names counts as the sender's next push of that part even
+        when the message is refused (:meth:`ServerShard.skip_push`): the worker counted
+        it when sending, and its pulls name pushes by number.
+        """
+        try:
+            body = json_body(header)
+            shm = self._shm_pushes(header, body, op)
+            checked = shm + self._checked(header, buffers, op)
+        except Exception:
+            self._skip_pushes(header)
+            raise
+        joined = []
+        for n, (part, data) in enumerate(checked):
+            try:
+                joined.append((part, self._shard.push(part, header.sender, data)))
+            except Exception:  # that push counted itself; the rest of the message never runs
+                for later, _ in checked[n + 1:]:
+                    self._shard.skip_push(later, header.sender)
+                raise
+        return joined, bool(shm), body
+
+    def _skip_pushes(self, header: Header) -> None:
+        """Count every existing part a refused push message names (see :meth:`_apply_pushes`)."""
+        named = [(a.key, a.offset) for a in header.arrays]
+        try:
+            listed = json_body(header).get("shm")
+        except ProtocolError:
+            listed = None
+        if _int_lists(listed, 2):
+            named += [(w[0], w[1]) for w in listed]
+        for pid in dict.fromkeys(named):
+            part = self._shard.parts.get(pid)
+            if part is not None:
+                self._shard.skip_push(part, header.sender)
+
+    def push(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
+        """Apply the pushes; acknowledged unless ``quiet`` (then only a failure is answered)."""
+        _, _, body = self._apply_pushes(header, buffers, "push")
+        if body.get("quiet") is not True:
+            self._ack(identity, header)  # a bare acknowledgement
+        # else the worker learns it succeeded from its next reply (a failure is answered)
+
+    # -- pull -----------------------------------------------------------------------------
+    def pull(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
+        """``{parts: [[key, offset, push number], ...]}``: the values once those pushes' rounds completed."""
+        body = json_body(header)
+        wanted = body.get("parts")
+        if not _int_lists(wanted, 3):
+            raise ProtocolError("PULL needs parts: [[key, offset, push number], ...]")
+        parts = [(self._shard.part(k, o, "pull"), n) for k, o, n in wanted]
+        self.gather(identity, header, parts, shared=body.get("shm") is True, by_push=True)
+
+    def pushpull(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
+        """Apply the pushes, then reply with the values of the rounds they joined."""
+        joined, shared, _ = self._apply_pushes(header, buffers, "pushpull")
+        self.gather(identity, header, joined, shared=shared)
+
+    def gather(self, identity: bytes, header: Header, parts: list[tuple[Part, int]], shared: bool = False,
+               by_push: bool = False) -> None:
+        """Reply with every part's value once each has completed its round.
+
+        Each part comes with the round it must include or, with ``by_push``, the number
+        of the sender's push of that part whose round it must include (a push that has
+        not arrived yet is waited for). Also answers a repeated pushpull (ReplyCache).
+
+        If a worker has died, a round that still needs pushes can never complete: the
+        request fails at once with NodeFailedError naming the dead worker(s).
+        """
+        if not parts:
+            self._ack(identity, header)
+            return
+        if shared and any(part.buffers is None for part, _ in parts):
+            raise InvalidArgumentError("a shared-memory pull names a part that is not in shared memory")
+        on_answered = self._replies.later(parts if header.command is Command.PUSHPULL else None, shared)
+        gather = Gather(self._answer, self._node_id, self._dead.names, identity, header, len(parts),
+                        snapshot=self._shard.updater is not None, shared=shared, on_answered=on_answered)
+        sender = header.sender
+        if self._dead and self._shard.sync and any(
+            _must_wait(part, self._shard.round_of_push(part, sender, r) if by_push else r) for part, r in parts
+        ):
+            gather.fail(self._dead.reason())
+            return
+        for i, (part, r) in enumerate(parts):
+            ready = partial(gather.ready, i)
+            if by_push:
+                self._shard.pull_after_push(part, sender, r, ready, gather.fail)
+            else:
+                self._shard.pull(part, r, ready, gather.fail)
+
+    # -- session --------------------------------------------------------------------------
+    def hello(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
+        """A worker's send-only socket gets its replies on this (the HELLO's) socket.
+
+        Only messages arriving from that socket are rerouted: a peer can redirect the
+        answers to its own requests, no one else's.
+        """
+        tx = json_body(header).get("tx")
+        if not isinstance(tx, str) or len(tx) != 16 or any(c not in "0123456789abcdef" for c in tx):
+            raise ProtocolError("HELLO needs {tx: 16 lowercase hex digits}")
+        self._routes[TX_PREFIX + tx.encode()] = identity
+        self._ack(identity, header)
+
+    def sync(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
+        """Answered at once: confirms the worker's earlier (quiet) messages were handled."""
+        self._ack(identity, header)
+
+    def join(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
+        """The sender ran out of data: rounds that only waited for it complete (ServerShard.join)."""
+        completed = self._shard.join(header.sender)
+        if completed:
+            log.info("%s: %s joined; %d round(s) completed without it", self._name(), node_name(header.sender),
+                     len(completed))
+        self._ack(identity, header)
+
+    def rejoin(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
+        """A replacement process of a dead worker: its push numbering restarts (DeadWorkers.rejoined)."""
+        self._dead.rejoined(header.sender)
+        self._ack(identity, header)

@@ -1,0 +1,126 @@
+"""Dead and replaceable workers, as one server sees them, and the report of stalled sync rounds.
+
+In sync mode a round needs a push from every worker, so a dead worker stops every
+round it has not pushed to. What the server does about it (:class:`DeadWorkers`):
+
+* without recovery (``recovery_timeout`` 0): the worker is dead for good; every pull
+  waiting for a round it blocks fails at once with NodeFailedError naming it, and so
+  does every later pull that would have to wait;
+* with recovery: its rounds keep waiting for a replacement process; a replacement
+  announces itself (membership's ``on_alive``, then a ``REJOIN`` request, after which
+  its push numbering restarts); a worker not replaced within the timeout is dead for
+  good, as above.
+
+In async mode nothing waits for a worker, so a death changes nothing here.
+
+:class:`StallReport` logs, once per round, sync rounds that wait longer than the
+stall limit, naming the workers they wait for — the usual sign of a worker that hangs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from pskv.protocol import Role, node_id, node_name, node_role_rank
+from pskv.server.shard import PartId, ServerShard
+
+__all__ = ["DeadWorkers", "StallReport"]
+
+log = logging.getLogger("pskv.server")
+
+
+class DeadWorkers:
+    """The workers a server gave up on, and those it waits for a replacement of.
+
+    Args:
+        shard: the shard whose waiting pulls a death fails.
+        recovery_timeout: seconds to wait for a dead worker's replacement (0: none).
+        name: the server's name, for the log.
+    """
+
+    def __init__(self, shard: ServerShard, recovery_timeout: float, name: Callable[[], str]) -> None:
+        self._shard = shard
+        self._timeout = recovery_timeout
+        self._name = name
+        self.dead: set[int] = set()  # node ids of workers dead for good (until replaced)
+        self._recovering: dict[int, float] = {}  # dead workers that may be replaced -> when they died
+
+    def __bool__(self) -> bool:
+        """True if some worker is dead for good."""
+        return bool(self.dead)
+
+    def names(self) -> str:
+        """The dead workers' names, comma-separated."""
+        return ", ".join(node_name(n) for n in sorted(self.dead))
+
+    def reason(self) -> str:
+        """Why a pull that waits for a round the dead workers block fails."""
+        return f"{self.names()} died, so the sync round this request waits for can never complete"
+
+    def on_node_dead(self, nid: int) -> None:
+        """Membership callback (reactor thread): fail waits that a dead worker makes impossible."""
+        role, _ = node_role_rank(nid)
+        if role is Role.WORKER and self._shard.sync and self._timeout > 0:
+            # its rounds keep waiting: a replacement may take over (the stall report names it)
+            self._recovering[nid] = time.monotonic()
+            log.warning("%s: %s died; waiting up to %g s for a replacement", self._name(), node_name(nid),
+                        self._timeout)
+            return
+        if role is Role.WORKER and self._shard.sync:
+            self.dead.add(nid)
+            failed = self._shard.fail_waiting(self.reason())
+            if failed:
+                log.error("%s: failed %d waiting pull(s): %s", self._name(), failed, self.reason())
+
+    def check_recovery(self) -> None:
+        """Timer: dead workers not replaced within the recovery timeout fail the waits that need them."""
+        limit = time.monotonic() - self._timeout
+        for nid in [n for n, since in self._recovering.items() if since < limit]:
+            del self._recovering[nid]
+            self.dead.add(nid)
+            failed = self._shard.fail_waiting(self.reason())
+            log.error("%s: %s was not replaced in time; failed %d waiting pull(s)", self._name(), node_name(nid),
+                      failed)
+
+    def on_node_alive(self, nid: int) -> None:
+        """Membership callback: a dead worker was replaced (its REJOIN does the rest)."""
+        self._recovering.pop(nid, None)
+        self.dead.discard(nid)
+
+    def rejoined(self, worker: int) -> None:
+        """A replacement process of ``worker`` rejoined: its push numbering restarts (ServerShard.forget_pushes)."""
+        self._recovering.pop(worker, None)
+        self.dead.discard(worker)
+        self._shard.forget_pushes(worker)
+        log.warning("%s: %s rejoined (a replacement process)", self._name(), node_name(worker))
+
+
+class StallReport:
+    """Logs, once per round, sync rounds waiting longer than ``limit`` seconds.
+
+    Args:
+        shard: the shard whose rounds are watched.
+        num_workers: the workers of the job.
+        limit: seconds a round may wait before it is reported.
+        name: the server's name, for the log.
+    """
+
+    def __init__(self, shard: ServerShard, num_workers: int, limit: float, name: Callable[[], str]) -> None:
+        self._shard = shard
+        self._everyone = {node_id(Role.WORKER, r) for r in range(num_workers)}
+        self._limit = limit
+        self._name = name
+        self._reported: set[tuple[PartId, int]] = set()
+
+    def report(self) -> None:
+        """Timer: log the rounds that newly passed the limit."""
+        for pid, rnd, pushed, age in self._shard.stalled(self._limit):
+            if (pid, rnd) in self._reported:
+                continue
+            self._reported.add((pid, rnd))
+            missing = ", ".join(node_name(n) for n in sorted(self._everyone - pushed))
+            have = ", ".join(node_name(n) for n in sorted(pushed))
+            log.warning("%s: round %d of key %d (offset %d) has waited %.0f s for %s (pushed: %s)",
+                        self._name(), rnd, pid[0], pid[1], age, missing, have)
