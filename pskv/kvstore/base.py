@@ -10,10 +10,10 @@ summation-only store need not offer them. The cluster methods (``barrier``,
 from __future__ import annotations
 
 import abc
-import warnings
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
+from pskv._registry import Registry
 from pskv.errors import InvalidArgumentError, NotSupportedError
 from pskv.kvstore.types import BUILTIN_TYPES, StoreType
 
@@ -42,27 +42,25 @@ class KVStoreBase(abc.ABC):
     #: Every capability name ``is_capable`` understands.
     CAPABILITIES: ClassVar[frozenset[str]] = frozenset({"optimizer", "row_sparse_pull"})
 
-    #: Custom store classes by lower-cased name (filled by :meth:`register`).
-    kv_registry: ClassVar[dict[str, type[KVStoreBase]]] = {}
+    #: Custom store classes by lower-cased name (filled by :meth:`register`; the rule: pskv._registry).
+    kv_registry: ClassVar[Registry[type[KVStoreBase]]] = Registry("store type")
 
     @staticmethod
     def register(klass: T) -> T:
         """Class decorator: make ``pskv.create(klass.__name__.lower())`` build ``klass()``.
 
-        Registering a name again replaces the earlier class (with a warning).
+        Registering the same class again (a reloaded module) replaces it.
 
         Raises:
-            InvalidArgumentError: ``klass`` is not a KVStoreBase subclass, or its name is
-                one of pskv's own store types.
+            InvalidArgumentError: ``klass`` is not a KVStoreBase subclass, its name is
+                one of pskv's own store types, or a different class holds the name.
         """
         if not (isinstance(klass, type) and issubclass(klass, KVStoreBase)):
             raise InvalidArgumentError(f"register() needs a KVStoreBase subclass, got {klass!r}")
         name = klass.__name__.lower()
         if name in RESERVED_NAMES:
             raise InvalidArgumentError(f"store type name {name!r} is reserved by pskv; rename the class")
-        if name in KVStoreBase.kv_registry:
-            warnings.warn(f"store type {name!r} registered again; the new class replaces the old", stacklevel=2)
-        KVStoreBase.kv_registry[name] = klass
+        KVStoreBase.kv_registry.add(name, klass)
         return klass
 
     @classmethod

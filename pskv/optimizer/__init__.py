@@ -14,7 +14,7 @@ Optimizers travel as JSON configs: ``Optimizer.from_config(sgd.to_config())``.
 
 from pskv.optimizer.adagrad import AdaGrad
 from pskv.optimizer.adam import Adam, AdamW
-from pskv.optimizer.base import Key, Optimizer, State
+from pskv.optimizer.base import Key, Optimizer, State, register
 from pskv.optimizer.ftrl import FTRL, Ftrl
 from pskv.optimizer.lr_scheduler import (
     CosineScheduler,
@@ -23,7 +23,7 @@ from pskv.optimizer.lr_scheduler import (
     MultiFactorScheduler,
     PolyScheduler,
 )
-from pskv.optimizer.registry import create, register, registered_names
+from pskv.optimizer.registry import create, registered_names
 from pskv.optimizer.rmsprop import RMSProp
 from pskv.optimizer.sgd import NAG, SGD
 from pskv.optimizer.updater import Updater, get_updater

@@ -24,7 +24,7 @@ gradient is only read; rescaling and clipping write to scratch.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -34,7 +34,7 @@ from pskv.optimizer import _math
 from pskv.optimizer._scratch import NumpyScratch, TorchScratch, Workspace
 from pskv.optimizer._validate import as_bool, as_float, as_int, as_optional_float, check_key, check_mult, construct
 from pskv.optimizer.lr_scheduler import LRScheduler
-from pskv.optimizer.registry import create, lookup, register, registered_class
+from pskv.optimizer.registry import OPTIMIZERS, create, lookup, registered_class
 
 if TYPE_CHECKING:
     from pskv.optimizer.updater import Updater
@@ -550,7 +550,7 @@ class Optimizer:
         return opt
 
     create_optimizer = staticmethod(create)
-    register = staticmethod(register)
+    register: Any  # MXNet's Optimizer.register: set to pskv.optimizer.base.register below the class
 
     # --------------------------------------------------------------- misc
     def get_updater(self) -> Updater:
@@ -566,3 +566,28 @@ class Optimizer:
             return f"{type(self).__name__}(lr={self.learning_rate!r})"
         shown = ", ".join(f"{k}={v!r}" for k, v in params.items() if v is not None and v != [])
         return f"{type(self).__name__}({shown})"
+
+
+_T = TypeVar("_T", bound="type[Optimizer]")
+
+
+def register(cls: _T) -> _T:
+    """Class decorator: register an optimizer under its lower-cased class name.
+
+    Registering the same class again (e.g. after a module reload) replaces it.
+
+    Args:
+        cls: an :class:`Optimizer` subclass.
+
+    Raises:
+        InvalidArgumentError: ``cls`` is not an Optimizer subclass, or a different
+            class already holds the name.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, Optimizer)):
+        raise InvalidArgumentError(f"only Optimizer subclasses can be registered, got {cls!r}")
+    OPTIMIZERS.add(cls.__name__, cls)
+    cls.name = cls.__name__.lower()
+    return cls
+
+
+Optimizer.register = staticmethod(register)  # type: ignore[assignment]  # MXNet's Optimizer.register

@@ -16,6 +16,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+from pskv._registry import Registry
 from pskv.errors import InvalidArgumentError
 from pskv.optimizer._validate import as_float, as_int, construct
 
@@ -28,12 +29,13 @@ __all__ = [
     "scheduler_names",
 ]
 
-_SCHEDULERS: dict[str, type[LRScheduler]] = {}
+#: Scheduler classes by config name (the re-registration rule: pskv._registry).
+SCHEDULERS: Registry[type[LRScheduler]] = Registry("lr scheduler")
 
 
 def scheduler_names() -> list[str]:
     """Config names of the registered schedulers, sorted."""
-    return sorted(_SCHEDULERS)
+    return SCHEDULERS.names()
 
 
 class LRScheduler:
@@ -73,7 +75,7 @@ class LRScheduler:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if cls.config_name:
-            _SCHEDULERS[cls.config_name] = cls
+            SCHEDULERS.add(cls.config_name, cls)
 
     def get_warmup_lr(self, num_update: int) -> float:
         """The warmup rate at ``num_update`` (meaningful for ``num_update < warmup_steps``)."""
@@ -104,7 +106,7 @@ class LRScheduler:
         Raises:
             InvalidArgumentError: the class has no registered ``config_name``.
         """
-        if _SCHEDULERS.get(self.config_name) is not type(self):
+        if SCHEDULERS.get(self.config_name) is not type(self):
             raise InvalidArgumentError(f"{type(self).__name__} is not a registered scheduler; cannot build a config")
         return {"name": self.config_name, "params": self._params()}
 
@@ -121,7 +123,7 @@ class LRScheduler:
         if not isinstance(config, Mapping) or set(config) != {"name", "params"}:
             raise InvalidArgumentError(f"a scheduler config is a dict with keys 'name' and 'params', got {config!r}")
         name, params = config["name"], config["params"]
-        sched_cls = _SCHEDULERS.get(name) if isinstance(name, str) else None
+        sched_cls = SCHEDULERS.get(name.lower()) if isinstance(name, str) else None
         if sched_cls is None:
             raise InvalidArgumentError(f"unknown lr scheduler {name!r}; known: {', '.join(scheduler_names())}")
         return construct(f"scheduler {name!r}", sched_cls, params)  # type: ignore[no-any-return]

@@ -26,8 +26,7 @@ from pskv.errors import InvalidArgumentError
 from pskv.optimizer import _math
 from pskv.optimizer._scratch import NumpyScratch, TorchScratch
 from pskv.optimizer._validate import as_bool, as_float, as_optional_float
-from pskv.optimizer.base import Array, Optimizer
-from pskv.optimizer.registry import register
+from pskv.optimizer.base import Array, Optimizer, register
 
 __all__ = ["RMSProp"]
 

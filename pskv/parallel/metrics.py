@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from pskv._registry import Registry
 from pskv.arrays import is_torch, to_numpy
 from pskv.errors import InvalidArgumentError, InvalidTypeError, ShapeMismatchError
 
@@ -59,16 +60,13 @@ NDArray = np.ndarray[Any, Any]
 
 # ---------------------------------------------------------------------------- registry
 
-_REGISTRY: dict[str, type[EvalMetric]] = {}
+#: Metric classes by lower-cased name and alias (the re-registration rule: pskv._registry).
+METRICS: Registry[type[EvalMetric]] = Registry("metric")
 _M = TypeVar("_M", bound="type[EvalMetric]")
 
 
 def _register_name(klass: type[EvalMetric], name: str) -> None:
-    key = name.lower()
-    old = _REGISTRY.get(key)
-    if old is not None and (old.__module__, old.__qualname__) != (klass.__module__, klass.__qualname__):
-        raise InvalidArgumentError(f"metric name {key!r} is already registered by {old.__module__}.{old.__qualname__}")
-    _REGISTRY[key] = klass
+    METRICS.add(name, klass)
 
 
 def _check_metric_class(klass: object) -> None:
@@ -118,7 +116,7 @@ def alias(*names: str) -> Callable[[_M], _M]:
 
 def registered_names() -> list[str]:
     """Every name :func:`create` accepts, sorted."""
-    return sorted(_REGISTRY)
+    return METRICS.names()
 
 
 def create(metric: Any, *args: Any, **kwargs: Any) -> EvalMetric:
@@ -152,7 +150,7 @@ def create(metric: Any, *args: Any, **kwargs: Any) -> EvalMetric:
             composite.add(create(child, *args, **kwargs))
         return composite
     if isinstance(metric, str):
-        klass = _REGISTRY.get(metric.lower())
+        klass = METRICS.get(metric.lower())
         if klass is None:
             raise InvalidArgumentError(f"unknown metric {metric!r}; known: {', '.join(registered_names())}")
         return _construct(klass, args, kwargs)

@@ -99,8 +99,13 @@ def test_register_custom_store():
         with pytest.raises(pskv.NotSupportedError, match="summingstore.*push"):
             kv.push(0, np.ones(3))
         assert kv.num_dead_node(2) == 0
-        with pytest.warns(UserWarning, match="registered again"):
-            pskv.KVStoreBase.register(SummingStore)
+        pskv.KVStoreBase.register(SummingStore)  # the same class again: replaces it
+
+        class Other(pskv.KVStoreBase):
+            pass
+        Other.__name__ = "SummingStore"
+        with pytest.raises(pskv.InvalidArgumentError, match="already registered"):
+            pskv.KVStoreBase.register(Other)
     finally:
         pskv.KVStoreBase.kv_registry.pop("summingstore", None)
 
