@@ -42,6 +42,8 @@ from pskv.kvstore.engine import Engine, OpHandle
 from pskv.kvstore.keys import Key, KeyKind, as_key_list, pair_up
 from pskv.kvstore.rows import apply_row_plan, plan_row_pulls
 from pskv.kvstore.types import StoreType
+from pskv.optimizer import Optimizer
+from pskv.optimizer.updater import install_optimizer, updater_from_states
 
 __all__ = ["LocalStore"]
 
@@ -437,7 +439,7 @@ class LocalStore(KVStoreBase):
         self._updater = updater
         self._builtin_updater = False
 
-    def set_optimizer(self, optimizer: Any) -> None:
+    def set_optimizer(self, optimizer: Optimizer) -> None:
         """Run ``optimizer`` (a :class:`pskv.optimizer.Optimizer`) on every push.
 
         Pushed values are treated as gradients; the stored values are the weights.
@@ -447,18 +449,12 @@ class LocalStore(KVStoreBase):
         Raises:
             InvalidTypeError: ``optimizer`` is not a pskv optimizer.
         """
-        from pskv.optimizer import Optimizer
-        from pskv.optimizer import Updater as OptimizerUpdater
-
         self._check_open("set_optimizer")
         if not isinstance(optimizer, Optimizer):
             raise InvalidTypeError(f"set_optimizer needs a pskv.optimizer.Optimizer, got {type(optimizer).__qualname__}")
         self.wait()
-        if self._builtin_updater and isinstance(self._updater, OptimizerUpdater):
-            self._updater.set_optimizer(optimizer)
-        else:
-            self._updater = optimizer.get_updater()
-            self._builtin_updater = True
+        self._updater = install_optimizer(self._updater if self._builtin_updater else None, optimizer)
+        self._builtin_updater = True
 
     def _optimizer_updater(self, op: str) -> Any:
         if not self._builtin_updater:
@@ -488,22 +484,14 @@ class LocalStore(KVStoreBase):
             OptimizerStateError: the file is not a pskv state file, or no optimizer is
                 set and the file holds none.
         """
-        from pskv.optimizer import Optimizer, states
-
         self._check_open("load_optimizer_states")
         self.wait()
         if self._builtin_updater:
             self._updater.load_states(fname)  # type: ignore[union-attr]
             return
-        document = states.load(fname)
-        if document.optimizer is None:
-            raise OptimizerStateError(
-                f"cannot load {fname}: the store has no optimizer and the file holds no optimizer "
-                "config (call set_optimizer first, or save with dump_optimizer=True)"
-            )
-        updater = Optimizer.from_config(document.optimizer).get_updater()
-        updater.load_states(fname)
-        self._updater = updater
+        self._updater = updater_from_states(fname, no_config=OptimizerStateError(
+            f"cannot load {fname}: the store has no optimizer and the file holds no optimizer "
+            "config (call set_optimizer first, or save with dump_optimizer=True)"))
         self._builtin_updater = True
 
     # -- waiting / closing -----------------------------------------------------------------
