@@ -68,9 +68,11 @@ def dtype_code(name: str) -> int:
     return SUPPORTED_DTYPES.index(name)
 
 
-def pack(fields: Sequence[Any]) -> bytes:
-    """``fields`` as a header frame, whatever they are (a wrong count or types make a hostile header)."""
-    return msgpack.packb(list(fields), use_bin_type=True)  # type: ignore[no-any-return]
+def pack(fields: Sequence[Any] | Any) -> bytes:
+    """``fields`` as a header frame, whatever they are (a wrong count or types, or not a list at all, make a
+    hostile header)."""
+    value = list(fields) if isinstance(fields, tuple) else fields
+    return msgpack.packb(value, use_bin_type=True)  # type: ignore[no-any-return]
 
 
 def raw_array(key: Any, code: Any, shape: Any, offset: Any = 0, rnd: Any = 0) -> list[Any]:
