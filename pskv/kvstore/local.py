@@ -19,7 +19,6 @@ from typing import Any
 
 from pskv.arrays import (
     ArrayMeta,
-    CpuKernels,
     clone,
     copy_into,
     describe,
@@ -33,15 +32,11 @@ from pskv.errors import (
     InvalidArgumentError,
     InvalidTypeError,
     OptimizerStateError,
-    StoreClosedError,
-    UnknownKeyError,
 )
-from pskv.kvstore.base import KVStoreBase
-from pskv.kvstore.checks import check_like, check_priority
-from pskv.kvstore.engine import Engine, OpHandle
-from pskv.kvstore.keys import Key, KeyKind, as_key_list, pair_up
+from pskv.kvstore.engine import OpHandle
+from pskv.kvstore.frontend import StoreFrontEnd
+from pskv.kvstore.keys import Key, pair_up
 from pskv.kvstore.rows import apply_row_plan, plan_row_pulls
-from pskv.kvstore.types import StoreType
 from pskv.optimizer import Optimizer
 from pskv.optimizer.updater import install_optimizer, updater_from_states
 
@@ -63,7 +58,7 @@ class _Entry:
     summed: bool = False  # init(summed=True): pushes store their sum, the updater never runs
 
 
-class LocalStore(KVStoreBase):
+class LocalStore(StoreFrontEnd[_Entry]):
     """A key-value store inside one process, over NumPy arrays and PyTorch tensors.
 
     Use :func:`pskv.create` (``'local'`` or ``'device'``) rather than this class.
@@ -74,28 +69,17 @@ class LocalStore(KVStoreBase):
     """
 
     def __init__(self, name: str = "local", config: Config | None = None) -> None:
-        self._type = name
-        self._on_device = StoreType.parse(name).on_device
-        self._config = Config.from_env() if config is None else config
-        self._kernels = CpuKernels(self._config.kernel_threads, self._config.kernel_parallel_bytes)
-        self._engine = Engine(self._config.engine_threads, name=f"pskv-{name}")
+        super().__init__(name, config)
+        self._on_device = self._store_type.on_device
         self._entries: dict[Key, _Entry] = {}
         self._table_lock = threading.Lock()
-        self._key_kind = KeyKind()
         self._updater: Updater | None = None
         self._builtin_updater = False
         # Engine threads run pushes of different keys concurrently; updaters (and the
         # optimizers' shared update counts) see one call at a time.
         self._updater_lock = threading.Lock()
-        self._closed = False
-        self._barrier_before_exit = True
 
     # -- properties ----------------------------------------------------------------------
-    @property
-    def type(self) -> str:
-        """The type name given to ``create`` (lower-cased)."""
-        return self._type
-
     @property
     def rank(self) -> int:
         """Always 0: one process."""
@@ -116,32 +100,9 @@ class LocalStore(KVStoreBase):
         cls._capability(capability)
         return True
 
-    # -- helpers -------------------------------------------------------------------------
-    def _check_open(self, op: str) -> None:
-        if self._closed:
-            raise StoreClosedError(f"cannot {op}: the store is closed")
-
-    def _keys(self, key: Any, creates: bool = False) -> tuple[list[Key], bool]:
-        keys, single = as_key_list(key)
-        self._key_kind.check(keys, fix=creates)
-        return keys, single
-
-    def _entry(self, key: Key, op: str) -> _Entry:
-        entry = self._entries.get(key)
-        if entry is None:
-            raise UnknownKeyError(key, op)
-        return entry
-
-    @staticmethod
-    def _check_like(key: Key, entry: _Entry, arrays: Sequence[Any], op: str) -> None:
-        check_like(key, entry.meta, arrays, op)
-
-    def _timeout(self, timeout: float | None) -> float:
-        return self._config.default_timeout if timeout is None else timeout
-
-    def _submit(self, op: str, keys: Sequence[Key], priority: int, fn: Callable[[], Any],
-                block: bool, timeout: float | None) -> Any:
-        return self._engine.submit(op, keys, check_priority(priority), fn, block, self._timeout(timeout))
+    # -- records ---------------------------------------------------------------------------
+    def _lookup(self, key: Key) -> _Entry | None:
+        return self._entries.get(key)
 
     # -- init ----------------------------------------------------------------------------
     def init(self, key: Any, value: Any, *, summed: bool = False) -> None:
@@ -160,17 +121,7 @@ class LocalStore(KVStoreBase):
             KeyTypeError, UnsupportedValueError: bad key or value types.
         """
         self._check_open("init")
-        keys, single = self._keys(key)
-        pairs = pair_up(keys, single, value, "value")
-        seen: set[Key] = set()
-        staged: list[tuple[Key, Any]] = []
-        for k, vals in pairs:
-            if len(vals) != 1:
-                raise InvalidArgumentError(f"init of key {k!r} got {len(vals)} values; give exactly one")
-            if k in seen or k in self._entries:
-                raise DuplicateKeyError(k)
-            seen.add(k)
-            staged.append((k, vals[0]))
+        keys, staged = self._new_values(key, value, "init")
         entries = [(k, self._new_entry(v, summed)) for k, v in staged]
         self._key_kind.check(keys, fix=True)
         with self._table_lock:
@@ -210,18 +161,6 @@ class LocalStore(KVStoreBase):
         keys = [k for k, _, _ in pairs]
         result = self._submit("push", keys, priority, lambda: self._apply_pushes(pairs), block, timeout)
         return result if not block else None
-
-    def _push_pairs(self, key: Any, value: Any, op: str) -> list[tuple[Key, _Entry, list[Any]]]:
-        keys, single = self._keys(key)
-        merged: dict[Key, list[Any]] = {}
-        for k, vals in pair_up(keys, single, value, "value"):
-            merged.setdefault(k, []).extend(vals)  # a key listed twice: all its values are summed
-        out = []
-        for k, vals in merged.items():
-            entry = self._entry(k, op)
-            self._check_like(k, entry, vals, op)
-            out.append((k, entry, vals))
-        return out
 
     def _apply_pushes(self, pairs: Sequence[tuple[Key, _Entry, list[Any]]]) -> None:
         updater = self._updater
@@ -292,8 +231,8 @@ class LocalStore(KVStoreBase):
             ShapeMismatchError, DTypeMismatchError: an out does not match the stored value.
         """
         self._check_open("pull")
-        keys, single = self._keys(key)
-        entries = [self._entry(k, "pull") for k in keys]
+        keys, single = self._key_list(key)
+        entries = [self._record(k, "pull") for k in keys]
         if out is None:
             def run_new() -> Any:
                 arrays = [self._copy_out(e) for e in entries]
@@ -326,13 +265,7 @@ class LocalStore(KVStoreBase):
         if out is None:
             targets = [(entry, vals) for _, entry, vals in pairs]
         else:
-            keys, single = self._keys(key)
-            out_pairs = pair_up(keys, single, out, "out")
-            targets = []
-            for k, outs in out_pairs:
-                entry = self._entry(k, "pushpull")
-                self._check_like(k, entry, outs, "pushpull")
-                targets.append((entry, outs))
+            targets = [(entry, outs) for _, entry, outs in self._out_targets(key, out, "pushpull")]
 
         def run() -> None:
             self._apply_pushes(pairs)
@@ -358,7 +291,7 @@ class LocalStore(KVStoreBase):
                 an existing key.
         """
         self._check_open("broadcast")
-        keys, single = self._keys(key)
+        keys, single = self._key_list(key)
         values = pair_up(keys, single, value, "value")
         outs = pair_up(keys, single, out, "out") if out is not None else [(k, []) for k in keys]
         new_keys: list[Key] = []
@@ -409,8 +342,8 @@ class LocalStore(KVStoreBase):
             ShapeMismatchError, DTypeMismatchError: an out has the wrong shape or dtype.
         """
         self._check_open("row_sparse_pull")
-        keys, single = self._keys(key)
-        entries = [self._entry(k, "row_sparse_pull") for k in keys]
+        keys, single = self._key_list(key)
+        entries = [self._record(k, "row_sparse_pull") for k in keys]
         plan = plan_row_pulls(keys, single, [e.meta for e in entries], [e.origin for e in entries], out, row_ids)
 
         def run() -> Any:
@@ -494,19 +427,7 @@ class LocalStore(KVStoreBase):
             "config (call set_optimizer first, or save with dump_optimizer=True)"))
         self._builtin_updater = True
 
-    # -- waiting / closing -----------------------------------------------------------------
-    def wait(self, keys: Any = None, timeout: float | None = None) -> None:
-        """Wait for outstanding operations (on ``keys``, if given).
-
-        Raises:
-            OperationTimeoutError: still pending after ``timeout`` seconds (default
-                ``PSKV_DEFAULT_TIMEOUT``).
-            Exception: the first error of a non-blocking operation whose handle nobody
-                waited on.
-        """
-        wanted = None if keys is None else as_key_list(keys)[0]
-        self._engine.wait_all(wanted, self._timeout(timeout))
-
+    # -- closing -------------------------------------------------------------------------------
     def close(self) -> None:
         """Finish queued work, release threads and buffers. Idempotent.
 
@@ -522,9 +443,6 @@ class LocalStore(KVStoreBase):
         finally:
             self._kernels.close()
             self._entries = {}
-
-    def __enter__(self) -> LocalStore:
-        return self
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"{len(self._entries)} keys"

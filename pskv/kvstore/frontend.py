@@ -1,0 +1,174 @@
+"""``StoreFrontEnd``: what every pskv store does before its own backend touches a value.
+
+MXNet's ``KVStoreDist`` inherits grouping and merging from ``KVStoreLocal``; pskv's
+stores share this front end instead. It is written once for ``local``, ``device`` and
+the ``dist_*`` stores:
+
+* the store's parsed :class:`~pskv.kvstore.types.StoreType`, its engine and CPU kernels;
+* argument normalisation — one key or a list, values and outs paired with keys, a key
+  listed twice in a push summed — and the key-kind rule (int or str, one per store);
+* validation before anything runs: unknown keys, shapes and dtypes of values and outs
+  (:func:`~pskv.kvstore.checks.check_like`), exactly one value per key for ``init``
+  and ``broadcast``, duplicate keys, a closed store;
+* engine submission: per-key order, priorities, ``block=False`` handles, timeouts.
+
+A store supplies its key records (:meth:`_lookup`; each record has a ``meta``, the
+:class:`~pskv.arrays.ArrayMeta` values must match) and its default timeout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, Protocol, TypeVar
+
+from pskv.arrays import ArrayMeta, CpuKernels
+from pskv.config import Config
+from pskv.errors import DuplicateKeyError, InvalidArgumentError, StoreClosedError, UnknownKeyError
+from pskv.kvstore.base import KVStoreBase
+from pskv.kvstore.checks import check_like, check_priority
+from pskv.kvstore.engine import Engine
+from pskv.kvstore.keys import Key, KeyKind, as_key_list, pair_up
+from pskv.kvstore.types import StoreType
+
+__all__ = ["StoreFrontEnd"]
+
+
+class _Record(Protocol):
+    """What the front end needs of a store's key record."""
+
+    @property
+    def meta(self) -> ArrayMeta: ...
+
+
+R = TypeVar("R", bound=_Record)
+
+
+class StoreFrontEnd(KVStoreBase, Generic[R]):
+    """Shared set-up, normalisation, validation and submission of pskv's stores.
+
+    Args:
+        name: the store type name (lower-cased; aliases allowed).
+        config: local settings (default: from the environment).
+    """
+
+    def __init__(self, name: str, config: Config | None) -> None:
+        self._type = name
+        self._store_type = StoreType.parse(name)
+        self._config = Config.from_env() if config is None else config
+        self._kernels = CpuKernels(self._config.kernel_threads, self._config.kernel_parallel_bytes)
+        self._engine = Engine(self._config.engine_threads, name=f"pskv-{name}")
+        self._key_kind = KeyKind()
+        self._closed = False
+        self._barrier_before_exit = True
+
+    # -- what a store supplies -------------------------------------------------------------
+    def _lookup(self, key: Key) -> R | None:
+        """The record of ``key``, or None if it does not exist."""
+        raise NotImplementedError
+
+    def _timeout(self, timeout: float | None) -> float:
+        """``timeout``, or the store's default for operations."""
+        return self._config.default_timeout if timeout is None else timeout
+
+    # -- properties ------------------------------------------------------------------------
+    @property
+    def type(self) -> str:
+        """The type name given to ``create`` (lower-cased)."""
+        return self._type
+
+    @property
+    def store_type(self) -> StoreType:
+        """What the type means (parsed once)."""
+        return self._store_type
+
+    # -- normalisation and checks ----------------------------------------------------------
+    def _check_open(self, op: str) -> None:
+        if self._closed:
+            raise StoreClosedError(f"cannot {op}: the store is closed")
+
+    def _key_list(self, key: Any, creates: bool = False) -> tuple[list[Key], bool]:
+        """``key`` as a list, and whether one key (not a list) was given; checks the key kind."""
+        keys, single = as_key_list(key)
+        self._key_kind.check(keys, fix=creates)
+        return keys, single
+
+    def _record(self, key: Key, op: str) -> R:
+        """The record of an existing key.
+
+        Raises:
+            UnknownKeyError: ``key`` was never initialised.
+        """
+        rec = self._lookup(key)
+        if rec is None:
+            raise UnknownKeyError(key, op)
+        return rec
+
+    @staticmethod
+    def _check_like(key: Key, rec: R, arrays: Sequence[Any], op: str) -> None:
+        check_like(key, rec.meta, arrays, op)
+
+    def _new_values(self, key: Any, value: Any, op: str) -> tuple[list[Key], list[tuple[Key, Any]]]:
+        """``(keys, [(key, its one value)])`` for ``init``: new, distinct keys with one value each.
+
+        Raises:
+            InvalidArgumentError: a key got several values.
+            DuplicateKeyError: a key exists already or is listed twice.
+        """
+        keys, single = self._key_list(key)
+        staged: list[tuple[Key, Any]] = []
+        seen: set[Key] = set()
+        for k, vals in pair_up(keys, single, value, "value"):
+            if len(vals) != 1:
+                raise InvalidArgumentError(f"{op} of key {k!r} got {len(vals)} values; give exactly one")
+            if k in seen or self._lookup(k) is not None:
+                raise DuplicateKeyError(k)
+            seen.add(k)
+            staged.append((k, vals[0]))
+        return keys, staged
+
+    def _push_pairs(self, key: Any, value: Any, op: str) -> list[tuple[Key, R, list[Any]]]:
+        """``(key, record, values)`` per distinct key; a key listed twice gets all its values (summed).
+
+        Raises:
+            UnknownKeyError, ShapeMismatchError, DTypeMismatchError: before anything runs.
+        """
+        keys, single = self._key_list(key)
+        merged: dict[Key, list[Any]] = {}
+        for k, vals in pair_up(keys, single, value, "value"):
+            merged.setdefault(k, []).extend(vals)
+        out = []
+        for k, vals in merged.items():
+            rec = self._record(k, op)
+            self._check_like(k, rec, vals, op)
+            out.append((k, rec, vals))
+        return out
+
+    def _out_targets(self, key: Any, out: Any, op: str) -> list[tuple[Key, R, list[Any]]]:
+        """``(key, record, outs)`` per listed key, the outs checked against the record (pull, pushpull)."""
+        keys, single = self._key_list(key)
+        targets = []
+        for k, outs in pair_up(keys, single, out, "out"):
+            rec = self._record(k, op)
+            self._check_like(k, rec, outs, op)
+            targets.append((k, rec, outs))
+        return targets
+
+    # -- engine ----------------------------------------------------------------------------
+    def _submit(self, op: str, keys: Sequence[Key], priority: int, fn: Callable[[], Any], block: bool,
+                timeout: float | None, quick: bool = False) -> Any:
+        """Run ``fn`` under the engine (per-key order, priority); a handle when not ``block``."""
+        return self._engine.submit(op, keys, check_priority(priority), fn, block, self._timeout(timeout), quick)
+
+    def wait(self, keys: Any = None, timeout: float | None = None) -> None:
+        """Wait for outstanding operations (on ``keys``, if given).
+
+        Raises:
+            OperationTimeoutError: still pending after ``timeout`` seconds.
+            Exception: the first error of a non-blocking operation whose handle nobody
+                waited on.
+        """
+        wanted = None if keys is None else as_key_list(keys)[0]
+        self._engine.wait_all(wanted, self._timeout(timeout))
+
+    def __enter__(self) -> StoreFrontEnd[R]:
+        return self
