@@ -9,8 +9,27 @@ updaters and optimizers) over NumPy arrays and PyTorch tensors::
     kv.push(3, [np.ones((2, 3), np.float32)] * 4)   # four devices' values are summed
     print(kv.pull(3))                                # [[4. 4. 4.] [4. 4. 4.]]
 
-The public surface is re-exported here; implementation modules are layered
-``errors, config -> arrays -> optimizer -> kvstore -> cli``.
+Public surface — what users import (everything else is an implementation module whose
+names may change; ``tests/unit/test_public_surface.py`` checks this table):
+
+=========================  ==============================================================
+``pskv``                   ``create``, ``known_types``, the store classes
+                           (``KVStoreBase``, ``LocalStore``, ``StoreType``, ``OpHandle``),
+                           ``Config``, every error class, ``optimizer``
+``pskv.optimizer``         optimizers, learning-rate schedulers, ``Updater``, ``create``,
+                           ``register``
+``pskv.parallel``          ``DataParallelExecutorGroup``, ``Trainer``, ``fit``, data
+                           iterators, checkpoints, ``metrics``, ``Monitor``
+``pskv.server``            ``controller`` (functions answering ``send_command_to_servers``)
+``pskv.testing``           ``InProcessCluster``, ``fuzz``
+``pskv.checkpoints``       the checkpoint directory layout (``latest_server_checkpoint``, ...)
+``pskv`` command           ``pskv launch / info / checkpoint / keygen / server / scheduler``
+=========================  ==============================================================
+
+The layers below (imports point down only; ``docs/architecture.md`` has the map):
+``cli > launch > testing > parallel > kvstore > roles > server | worker > cluster >
+optimizer > transport > protocol > arrays > checkpoints > atomic | partition > config |
+_registry > errors``.
 """
 
 from pskv import optimizer
@@ -36,7 +55,7 @@ from pskv.errors import (
     UnknownKeyError,
     UnsupportedValueError,
 )
-from pskv.kvstore import KVStoreBase, LocalStore, OpHandle, create, known_types
+from pskv.kvstore import KVStoreBase, LocalStore, OpHandle, StoreType, create, known_types
 
 __version__ = "0.1.0"
 
@@ -61,6 +80,7 @@ __all__ = [
     "RemoteError",
     "ShapeMismatchError",
     "StoreClosedError",
+    "StoreType",
     "TransportError",
     "UnknownKeyError",
     "UnsupportedValueError",
