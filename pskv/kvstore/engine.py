@@ -138,12 +138,15 @@ class OpHandle:
         """Wait for the operation and return its result.
 
         Args:
-            timeout: seconds to wait; None waits without limit.
+            timeout: seconds to wait; None waits up to the store's default timeout
+                (``PSKV_DEFAULT_TIMEOUT`` for pskv's stores), never forever.
 
         Raises:
             OperationTimeoutError: the operation did not finish in time (it stays queued).
             Exception: whatever the operation raised.
         """
+        if timeout is None:
+            timeout = self._engine.default_timeout
         deadline = None if timeout is None else time.monotonic() + timeout
         claimed = poked = False
         lock = self._lock
@@ -187,10 +190,13 @@ class Engine:
     Args:
         threads: worker threads for queued operations.
         name: prefix of the worker threads' names.
+        default_timeout: how long :meth:`OpHandle.wait` waits when given no timeout
+            (None: without limit; pskv's stores pass their default timeout).
     """
 
-    def __init__(self, threads: int = 2, name: str = "pskv-engine") -> None:
+    def __init__(self, threads: int = 2, name: str = "pskv-engine", default_timeout: float | None = None) -> None:
         self._threads_wanted = max(1, threads)
+        self.default_timeout = default_timeout  # what OpHandle.wait() waits at most when given no timeout
         self._name = name
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)  # signalled when operations finish

@@ -56,7 +56,8 @@ class StoreFrontEnd(KVStoreBase, Generic[R]):
         self._store_type = StoreType.parse(name)
         self._config = Config.from_env() if config is None else config
         self._kernels = CpuKernels(self._config.kernel_threads, self._config.kernel_parallel_bytes)
-        self._engine = Engine(self._config.engine_threads, name=f"pskv-{name}")
+        self._engine = Engine(self._config.engine_threads, name=f"pskv-{name}",
+                              default_timeout=self._config.default_timeout)
         self._key_kind = KeyKind()
         self._closed = False
         self._barrier_before_exit = True

@@ -305,3 +305,17 @@ def test_priority_must_be_int(make_store):
     kv.init(1, np.zeros(3))
     with pytest.raises(pskv.InvalidTypeError, match="priority"):
         kv.push(1, np.ones(3), priority=1.5)
+
+
+def test_a_handle_waited_on_without_a_timeout_waits_the_store_default_not_forever():
+    from pskv.errors import OperationTimeoutError
+
+    release = threading.Event()
+    with pskv.create("local", default_timeout=0.2) as kv:
+        kv.init(0, np.zeros(2))
+        kv.set_updater(lambda key, grad, weight: release.wait(5))
+        handle = kv.push(0, np.ones(2), block=False)
+        with pytest.raises(OperationTimeoutError, match="did not finish within 0.2 s"):
+            handle.wait()
+        release.set()
+        handle.wait(5)
