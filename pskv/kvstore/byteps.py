@@ -4,7 +4,8 @@ Servers only sum (no optimizer: ``is_capable`` is False for everything); workers
 ``pushpull`` (an allreduce: every worker receives the sum of all workers' values) and
 ``broadcast`` (rank 0's value to everyone). A key is declared on its first use — the
 first ``pushpull`` or ``broadcast`` of a key is collective, like BytePS's first blocking
-push. ``local_rank`` is the worker's rank on its host, set by ``pskv launch``.
+push. ``local_rank`` (inherited from :class:`DistStore`) is the worker's rank on its host,
+set by ``pskv launch``.
 """
 
 from __future__ import annotations
@@ -32,11 +33,6 @@ class BytePSStore(DistStore):
         """
         cls._capability(capability)
         return False
-
-    @property
-    def local_rank(self) -> int:
-        """This worker's rank among the workers of its host."""
-        return int(getattr(self._cluster, "local_rank", 0))
 
     def _declare(self, key: Any, value: Any) -> None:
         keys, single = as_key_list(key)

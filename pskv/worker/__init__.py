@@ -1,5 +1,19 @@
-"""The worker role's network side."""
+"""The worker role's side of the parameter server (ps-lite's ``KVWorker`` layer).
+
+Layers, each importing only the ones below it:
+
+* :mod:`~pskv.worker.kv_worker` — :class:`KVWorker`: key-value requests of key layouts
+  (one message per server per call, bodies, replies), control commands to every server,
+  membership passthrough. The MXNet-API store (:mod:`pskv.kvstore.dist`) calls only this.
+* :mod:`~pskv.worker.layout` — :class:`KeyLayout` and the grouping of parts per server;
+  :mod:`~pskv.worker.shared` — shared-memory parts; :mod:`~pskv.worker.replay` — the push
+  log replayed to a replacement server.
+* :mod:`~pskv.worker.client` — :class:`WorkerClient`: the connection and the priority
+  send queue; :mod:`~pskv.worker.quiet` — confirmation of quiet pushes.
+"""
 
 from pskv.worker.client import WorkerClient
+from pskv.worker.kv_worker import Exchange, KVWorker
+from pskv.worker.layout import KeyLayout
 
-__all__ = ["WorkerClient"]
+__all__ = ["Exchange", "KVWorker", "KeyLayout", "WorkerClient"]

@@ -1,0 +1,339 @@
+"""``KVWorker``: the key-value API of a worker process (ps-lite's ``KVWorker``).
+
+The MXNet-API store (:mod:`pskv.kvstore.dist`) decides *what* to send — which keys,
+which locally reduced values, in which order, under which engine — and calls this
+layer, which decides *how*:
+
+* the layout of a key on the servers (:meth:`KVWorker.layout`, :mod:`pskv.worker.layout`);
+* one message per server (and per socket / shared-memory path) per call, holding
+  every part of every key of the call; the body of each message (formatted directly:
+  every push and pull builds one, so no ``json.dumps`` on that path);
+* per part, the number of pushes sent (a pull names "the round of my ``n``-th push");
+* the shared-memory parts (:mod:`pskv.worker.shared`), the quiet pushes
+  (:mod:`pskv.worker.quiet`, through the client) and the push log replayed to a
+  replacement server (:mod:`pskv.worker.replay`);
+* the replies: checked against the layout (a mismatch raises
+  :class:`~pskv.errors.ProtocolError`), split values assembled;
+* the control commands sent to every server, and the membership calls (barrier,
+  dead nodes, shutdown).
+
+Sending returns an :class:`Exchange` (the messages of one call and their pending
+replies) at once; :meth:`KVWorker.values` and :meth:`KVWorker.wait_acks` wait for it.
+Nothing here knows the engine, MXNet's collectives or key normalisation.
+"""
+
+from __future__ import annotations
+
+import json
+import weakref
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from pskv.arrays import ArrayMeta, empty, from_wire, itemsize
+from pskv.cluster import NodeInfo, Pending
+from pskv.config import ClusterConfig
+from pskv.errors import ProtocolError
+from pskv.partition import server_key, split
+from pskv.protocol import Command, Role, frame_array, node_name
+from pskv.worker.client import WorkerClient
+from pskv.worker.layout import KeyLayout, Part, by_server, part_spec, part_view
+from pskv.worker.replay import ReplayLog
+from pskv.worker.shared import SharedParts, write_slots
+
+__all__ = ["Exchange", "KVWorker"]
+
+_QUIET = json.dumps({"quiet": True})  # the body of a socket push answered only if it fails
+
+
+class Exchange:
+    """The messages of one call: per message the parts it carries and its pending reply.
+
+    ``replies`` are what an engine ``Deferred`` waits for (one per message).
+    """
+
+    __slots__ = ("messages", "replies")
+
+    def __init__(self) -> None:
+        self.messages: list[tuple[list[Part], Pending]] = []
+        self.replies: list[Pending] = []
+
+
+class KVWorker:
+    """A worker's key-value requests to the servers; owns the :class:`WorkerClient`.
+
+    Args:
+        cluster: the cluster contract.
+        context: ZeroMQ context (a new one by default).
+        sync: the store is synchronous (shared memory serves sync stores only).
+    """
+
+    def __init__(self, cluster: ClusterConfig, context: Any = None, *, sync: bool = True) -> None:
+        self._cluster = cluster
+        self._sync = sync
+        self._rank = -1
+        self._num_servers = 0
+        self._shared = SharedParts((), False)
+        # With PSKV_SERVER_RECOVERY every push since the newest checkpoint is kept (copied).
+        self._replay = ReplayLog() if cluster.server_recovery else None
+        # A weak reference: a bound method would make worker and client a reference cycle
+        # (the push log's copies would then live until the garbage collector runs).
+        recover = weakref.WeakMethod(self._recover_server)
+
+        def on_server_replaced(server: int) -> None:
+            method = recover()
+            if method is not None:
+                method(server)
+        self.client = WorkerClient(cluster, context,
+                                   on_server_replaced=on_server_replaced if cluster.server_recovery else None)
+
+    # -- life cycle ---------------------------------------------------------------------
+    def connect(self) -> NodeInfo:
+        """Register with the scheduler and connect to every server (see :meth:`WorkerClient.connect`).
+
+        Raises:
+            OperationTimeoutError: the cluster did not assemble within the startup timeout.
+        """
+        info = self.client.connect()
+        self._rank = info.rank
+        self._num_servers = info.num_servers
+        self._shared = SharedParts(info.server_shm, self._cluster.uses_shm and self._sync)
+        return info
+
+    def close(self) -> None:
+        """Fail what still waits and release the connection (idempotent)."""
+        self.client.close()
+
+    def _limit(self, timeout: float | None) -> float:
+        return self._cluster.request_timeout if timeout is None else timeout
+
+    # -- layouts ------------------------------------------------------------------------
+    def layout(self, key: int | str, meta: ArrayMeta) -> KeyLayout:
+        """The layout of a new key whose values are described by ``meta``."""
+        skey = server_key(key)
+        parts = split(skey, meta.size, self._num_servers, self._cluster.bigarray_bound)
+        return KeyLayout(key, skey, meta, parts, [0] * len(parts), nbytes=meta.size * itemsize(meta.dtype))
+
+    def attach(self, layouts: Sequence[KeyLayout]) -> None:
+        """Map the shared-memory parts of ``layouts`` (once the servers created them: after init)."""
+        self._shared.attach(layouts, self.client.node_id, self._rank)
+
+    # -- key-value requests -------------------------------------------------------------
+    def init(self, layouts: Sequence[KeyLayout], *, summed: bool = False, overwrite: bool = False,
+             priority: int = 0, timeout: float | None = None) -> None:
+        """Set the keys' values on the servers from their ``outgoing`` buffers; waits for every answer.
+
+        ``summed``: rounds store the plain sum (no optimizer); ``overwrite``: replace an
+        existing value (broadcast).
+
+        Raises:
+            RemoteError, NodeFailedError, OperationTimeoutError, ProtocolError.
+        """
+        body = '{"overwrite": true}' if overwrite else '{"summed": true}' if summed else ""
+        self.values(self._send(Command.INIT, layouts, priority, body), timeout)
+
+    def push(self, layouts: Sequence[KeyLayout], priority: int = 0, timeout: float | None = None,
+             quiet: bool = False) -> Exchange:
+        """Send the ``outgoing`` buffers of ``layouts`` (one message per server); counts the pushes.
+
+        A ``quiet`` push is answered only if it fails (see :meth:`confirm`). Its replies
+        become the keys' ``acks``: their buffers are reused only once those are done
+        (:meth:`await_acks`).
+        """
+        sent = self._send(Command.PUSH, layouts, priority, timeout=timeout, quiet=quiet)
+        for rec in layouts:
+            rec.acks = sent.replies
+        return sent
+
+    def pushpull(self, layouts: Sequence[KeyLayout], priority: int = 0, timeout: float | None = None) -> Exchange:
+        """Push the ``outgoing`` buffers; each reply carries the round's result (:meth:`values`)."""
+        return self._send(Command.PUSHPULL, layouts, priority, timeout=timeout)
+
+    def pull(self, layouts: Sequence[KeyLayout], priority: int = 0, timeout: float | None = None) -> Exchange:
+        """Ask for the values of the round of this worker's last push of each part (:meth:`values`)."""
+        sent = Exchange()
+        limit = self._limit(timeout)
+        for (server, shared), items in by_server(layouts, True).items():
+            # {"parts": [[key, offset, push number], ...], "shm": true}, formatted directly (every pull)
+            listed = ",".join(f"[{rec.skey},{rec.parts[i][1]},{rec.pushes[i]}]" for rec, i in items)
+            text = f'{{"parts":[{listed}],"shm":true}}' if shared else f'{{"parts":[{listed}]}}'
+            pending = self.client.request(server, Command.PULL, body=text, priority=priority, timeout=limit)
+            sent.messages.append((items, pending))
+            sent.replies.append(pending)
+        return sent
+
+    def _send(self, command: Command, layouts: Sequence[KeyLayout], priority: int, body: str = "",
+              timeout: float | None = None, quiet: bool = False) -> Exchange:
+        """One ``command`` message per server with every part of ``layouts`` (from their outgoing buffers).
+
+        Parts a co-located server holds in shared memory (pushes only) are copied into
+        this worker's slot; the message then only names them. Pushes and pushpulls are
+        counted per part as they are queued (pulls name them by number).
+        """
+        sent = Exchange()
+        pushes = command in (Command.PUSH, Command.PUSHPULL)
+        limit = self._limit(timeout)
+        for (server, shared), items in by_server(layouts, pushes).items():
+            if shared:
+                write_slots(items)
+                # {"shm": [[key, offset], ...], "quiet": true}, formatted directly (every push)
+                listed = ",".join(f"[{rec.skey},{rec.parts[i][1]}]" for rec, i in items)
+                text = f'{{"shm":[{listed}],"quiet":true}}' if quiet else f'{{"shm":[{listed}]}}'
+                pending = self.client.request(server, command, body=text, priority=priority, timeout=limit,
+                                              quiet=quiet)
+            else:
+                specs = tuple(part_spec(rec, i) for rec, i in items)
+                data = [part_view(rec, rec.outgoing, i) for rec, i in items]
+                pending = self.client.request(server, command, specs, data, _QUIET if quiet else body, priority,
+                                              timeout=limit, quiet=quiet)
+                if pushes and self._replay is not None:  # kept until the next checkpoint
+                    self._replay.record(server, command, pending, specs, data, body)
+            if pushes:
+                for rec, i in items:
+                    rec.pushes[i] += 1
+            sent.messages.append((items, pending))
+            sent.replies.append(pending)
+        return sent
+
+    # -- replies ------------------------------------------------------------------------
+    def values(self, sent: Exchange, timeout: float | None = None) -> dict[int, Any]:
+        """Wait for the replies; the received value of each key (a CPU array of its kind) by ``id(layout)``.
+
+        Raises:
+            ProtocolError: a reply does not match the layout it answers.
+            RemoteError, NodeFailedError, OperationTimeoutError: from the requests.
+        """
+        limit = self._limit(timeout)
+        values: dict[int, Any] = {}
+        for items, pending in sent.messages:
+            header = pending.wait(limit)
+            if header.body and not header.arrays:
+                reply = json.loads(header.body)
+                if "buffers" in reply:  # the values are in shared memory
+                    for (rec, i), frame in zip(items, self._shared.read(items, reply, pending.node)):
+                        _place(rec, i, frame, values)
+                continue
+            if not header.arrays:  # an acknowledgement without data (init)
+                continue
+            if len(header.arrays) != len(items):
+                raise ProtocolError(
+                    f"{node_name(pending.node)} answered {len(header.arrays)} arrays for {len(items)} requested parts"
+                )
+            for (rec, i), spec, buf in zip(items, header.arrays, pending.buffers):
+                frame = frame_array(spec, buf)
+                if spec.offset != rec.parts[i][1] or frame.size != rec.parts[i][2]:
+                    raise ProtocolError(f"{node_name(pending.node)}'s reply for key {rec.key!r} does not match its layout")
+                _place(rec, i, frame, values)
+        return values
+
+    def wait_acks(self, sent: Exchange, timeout: float | None = None) -> None:
+        """Wait for the servers to acknowledge a push (raises the first error)."""
+        limit = self._limit(timeout)
+        for pending in sent.replies:
+            pending.wait(limit)
+
+    @staticmethod
+    def acked(layouts: Sequence[KeyLayout]) -> bool:
+        """True if the last push of every key of ``layouts`` has been answered."""
+        return all(p.done() for rec in layouts for p in rec.acks)
+
+    def await_acks(self, layouts: Sequence[KeyLayout], timeout: float | None) -> None:
+        """Wait until the last push of each key was answered, so its buffers may be reused.
+
+        That push's own error (if any) belongs to its handle, not to the caller here.
+
+        Raises:
+            OperationTimeoutError: no answer within the timeout.
+        """
+        limit = self._limit(timeout)
+        acks = list({id(p): p for rec in layouts for p in rec.acks}.values())
+        if acks and not all(p.done() for p in acks):
+            self.confirm(acks, limit)  # quiet pushes are answered only when asked
+        for p in acks:
+            if not p.done():
+                try:
+                    p.wait(limit)
+                except Exception:
+                    if not p.done():
+                        raise
+        for rec in layouts:
+            rec.acks = []
+
+    def confirm(self, pendings: Iterable[Pending], timeout: float | None = None) -> None:
+        """Get the quiet pushes among ``pendings`` answered (a ``SYNC`` to their servers; does not wait)."""
+        self.client.quiet.confirm(pendings, timeout)
+
+    # -- commands to every server ---------------------------------------------------------
+    def _all_servers(self, command: Command, body: dict[str, Any] | None, what: str,
+                     timeout: float | None = None) -> list[Any]:
+        """Send ``command`` to every server and wait for every answer (their headers)."""
+        limit = self._limit(timeout)
+        text = "" if body is None else json.dumps(body)
+        pendings = [self.client.request(s, command, body=text, what=what, timeout=timeout)
+                    for s in range(self._num_servers)]
+        return [p.wait(limit) for p in pendings]
+
+    def set_mode(self, sync: bool) -> None:
+        """Tell every server whether rounds are synchronous (rank 0, when the job starts)."""
+        self._all_servers(Command.SET_MODE, {"sync": sync}, "set mode")
+
+    def set_optimizer(self, config: dict[str, Any]) -> None:
+        """Install the optimizer described by ``config`` on every server."""
+        self._all_servers(Command.SET_OPTIMIZER, config, "set_optimizer")
+
+    def save_states(self, path: str, dump_optimizer: bool) -> None:
+        """Every server writes its optimizer state to ``<path>.server<rank>``."""
+        self._all_servers(Command.SAVE_STATES, {"path": path, "dump_optimizer": dump_optimizer},
+                          "save_optimizer_states")
+
+    def load_states(self, path: str) -> None:
+        """Every server loads ``<path>.server<rank>``."""
+        self._all_servers(Command.LOAD_STATES, {"path": path}, "load_optimizer_states")
+
+    def controller(self, head: int, body: str) -> None:
+        """Run the controller registered for ``head`` on every server."""
+        self._all_servers(Command.CONTROLLER, {"head": head, "body": body}, f"command {head}")
+
+    def save_checkpoint(self, directory: str) -> list[dict[str, Any]]:
+        """Every server writes its shard into ``directory``; their answers (``file``, ``bytes``, ...)."""
+        replies = self._all_servers(Command.SAVE_CHECKPOINT, {"dir": directory}, "save_checkpoint")
+        return [json.loads(h.body) for h in replies]
+
+    def checkpoint_saved(self) -> None:
+        """Every server wrote a checkpoint: the pushes before it need no replay any more."""
+        if self._replay is not None:
+            self._replay.clear()
+
+    def join(self, timeout: float) -> None:
+        """Tell every server this worker has no more data; waits for every answer."""
+        self._all_servers(Command.JOIN, None, "join", timeout)
+
+    # -- membership ---------------------------------------------------------------------
+    def barrier(self, timeout: float) -> None:
+        """Wait until every worker reached the barrier (NodeFailedError names a dead one)."""
+        self.client.membership.barrier(Role.WORKER, timeout)
+
+    def num_dead_node(self, group: int, timeout: float) -> int:
+        """Nodes of ``group`` (1 scheduler, 2 servers, 4 workers, sums) silent for > ``timeout`` s."""
+        return self.client.membership.num_dead_node(group, timeout)
+
+    def shutdown(self, timeout: float) -> None:
+        """Tell the scheduler this worker leaves the job."""
+        self.client.membership.shutdown(False, timeout)
+
+    def _recover_server(self, server: int) -> None:
+        """A replacement of ``server`` joined (``PSKV_SERVER_RECOVERY``; its own thread)."""
+        assert self._replay is not None
+        self._replay.recover(server, self.client, self._rank, self._cluster.request_timeout)
+
+
+def _place(rec: KeyLayout, i: int, frame: np.ndarray[Any, Any], values: dict[int, Any]) -> None:
+    """Record part ``i`` of ``rec``'s received value (assembling split keys)."""
+    if len(rec.parts) == 1:
+        values[id(rec)] = from_wire(frame, rec.meta).reshape(rec.meta.shape)
+        return
+    if rec.recv is None:
+        rec.recv = empty(rec.meta, device="cpu")
+    part_view(rec, rec.recv, i)[...] = frame
+    values[id(rec)] = rec.recv
