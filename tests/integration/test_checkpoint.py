@@ -129,7 +129,7 @@ def test_the_checkpoint_command_lists_verifies_and_names_the_newest(tmp_path, ca
     run(lambda kv: train(kv, range(4), save_at={1, 3}), checkpoint_dir=str(root))
     assert main(["checkpoint", str(root)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert len(out) == 2 and all(": ok, dist_sync with 2 server(s)" in line for line in out), out
+    assert len(out) == 2 and all(": ok, server checkpoint, dist_sync with 2 server(s)" in line for line in out), out
     assert '"step": 3' in out[1] and "newest" in out[1] and "newest" not in out[0]
     (root / "ckpt-2" / "server-1.safetensors").unlink()  # damaged: the older one is the newest usable now
     assert main(["checkpoint", str(root)]) == 1
