@@ -1,4 +1,4 @@
-"""The wire protocol: the message schema (``messages``) and its codec (``codec``)."""
+"""The wire protocol: the message schema (``messages``), its codec (``codec``) and the bodies (``bodies``)."""
 
 from pskv.protocol.codec import DEFAULT_LIMITS, Limits, decode, encode, frame_array
 from pskv.protocol.messages import (
@@ -7,9 +7,9 @@ from pskv.protocol.messages import (
     TX_PREFIX,
     ArraySpec,
     Command,
+    Flag,
     Header,
     Role,
-    describe,
     node_id,
     node_name,
     node_role_rank,
@@ -19,6 +19,7 @@ __all__ = [
     "ArraySpec",
     "Command",
     "DEFAULT_LIMITS",
+    "Flag",
     "Header",
     "Limits",
     "PROTOCOL_VERSION",
@@ -26,7 +27,6 @@ __all__ = [
     "SCHEDULER_ID",
     "TX_PREFIX",
     "decode",
-    "describe",
     "encode",
     "frame_array",
     "node_id",

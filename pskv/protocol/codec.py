@@ -18,7 +18,7 @@ import numpy as np
 
 from pskv.arrays.dtypes import SUPPORTED_DTYPES, itemsize
 from pskv.errors import ProtocolError
-from pskv.protocol.messages import PROTOCOL_VERSION, ArraySpec, Command, Header
+from pskv.protocol.messages import KNOWN_FLAGS, PROTOCOL_VERSION, ArraySpec, Command, Header
 
 __all__ = ["encode", "decode", "frame_array", "Limits", "DEFAULT_LIMITS"]
 
@@ -67,9 +67,11 @@ def encode(header: Header, arrays: Sequence[Any] = ()) -> list[Any]:
     ``arrays`` are C-contiguous NumPy arrays matching ``header.arrays`` one to one; they
     are referenced, not copied. The caller must keep them unchanged until sent.
     """
-    specs = [[a.key, _DTYPE_CODE[a.dtype], list(a.shape), a.offset, a.round] for a in header.arrays]
+    specs = [[a.key, _DTYPE_CODE[a.dtype], list(a.shape), a.offset, a.round] if a.buffer < 0 else
+             [a.key, _DTYPE_CODE[a.dtype], list(a.shape), a.offset, a.round, a.buffer] for a in header.arrays]
     packed = msgpack.packb(
-        [PROTOCOL_VERSION, int(header.command), header.request, header.sender, header.priority, header.body, specs],
+        [PROTOCOL_VERSION, int(header.command), header.request, header.sender, header.priority, header.body, specs,
+         header.flags],
         use_bin_type=True,
     )
     return [packed, *(_buffer(a) for a in arrays)]
@@ -111,9 +113,9 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> tuple[Head
                                  max_str_len=limits.max_body_chars)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise ProtocolError(f"undecodable header: {type(exc).__name__}: {exc}") from None
-    if not isinstance(fields, list) or len(fields) != 7:
-        raise ProtocolError("header is not a 7-field list")
-    version, command, request, sender, priority, body, specs = fields
+    if not isinstance(fields, list) or len(fields) != 8:
+        raise ProtocolError("header is not an 8-field list")
+    version, command, request, sender, priority, body, specs, flags = fields
     if version != PROTOCOL_VERSION:
         raise ProtocolError(f"protocol version {version!r} not supported (this node speaks {PROTOCOL_VERSION})")
     cmd = _COMMANDS.get(command) if type(command) is int else None
@@ -128,21 +130,32 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> tuple[Head
                 raise ProtocolError(f"field {name} must be a 64-bit int, got {value!r}")
     if type(body) is not str or len(body) > limits.max_body_chars:
         raise ProtocolError("body must be a string within the size limit")
+    if type(flags) is not int or flags & ~KNOWN_FLAGS or flags < 0:
+        raise ProtocolError(f"flags {flags!r} are not a combination of the known flag bits")
     if type(specs) is not list or len(specs) > limits.max_arrays:
         raise ProtocolError("array list missing or too long")
-    if len(frames) - 1 != len(specs):
-        raise ProtocolError(f"header describes {len(specs)} arrays but {len(frames) - 1} data frames arrived")
+    header = Header(cmd, request, sender, (), priority, body, flags)
+    named = header.named_parts  # the specs name parts; no data frames follow
+    if len(frames) - 1 != (0 if named else len(specs)):
+        raise ProtocolError(f"header describes {len(specs)} arrays but {len(frames) - 1} data frames arrived"
+                            + (f" ({cmd.name} names its parts without data)" if named else ""))
     if not specs:
-        return Header(cmd, request, sender, (), priority, body), []
+        return header, []
+    if named:
+        return header._replace(arrays=tuple(_spec(i, s, None, limits) for i, s in enumerate(specs))), []
     buffers = [_bytes_of(f) for f in frames[1:]]
     parsed = tuple(_spec(i, s, buf, limits) for i, (s, buf) in enumerate(zip(specs, buffers)))
-    return Header(cmd, request, sender, parsed, priority, body), buffers
+    return header._replace(arrays=parsed), buffers
 
 
-def _spec(i: int, s: Any, buf: memoryview, limits: Limits) -> ArraySpec:
-    if type(s) is not list or len(s) != 5:
-        raise ProtocolError(f"array {i}: spec is not a 5-field list")
-    key, code, shape, offset, rnd = s
+def _spec(i: int, s: Any, buf: memoryview | None, limits: Limits) -> ArraySpec:
+    """One validated spec; ``buf`` is its data frame (None for a part named without data)."""
+    if type(s) is not list or not 5 <= len(s) <= 6:
+        raise ProtocolError(f"array {i}: spec is not a 5- or 6-field list")
+    key, code, shape, offset, rnd = s[:5]
+    buffer = s[5] if len(s) == 6 else -1
+    if buffer not in (-1, 0, 1) or type(buffer) is not int:
+        raise ProtocolError(f"array {i}: shared buffer index {buffer!r} is not 0 or 1")
     if type(key) is not int or not _INT64[0] <= key <= _INT64[1]:
         raise ProtocolError(f"array {i}: key must be a 64-bit int")
     if type(code) is not int or not 0 <= code < len(SUPPORTED_DTYPES):
@@ -162,11 +175,11 @@ def _spec(i: int, s: Any, buf: memoryview, limits: Limits) -> ArraySpec:
     expected = n * itemsize(dtype)
     if expected > limits.max_frame_bytes:
         raise ProtocolError(f"array {i} (key {key}): {expected} bytes exceeds the frame limit")
-    if len(buf) != expected:
+    if buf is not None and len(buf) != expected:
         raise ProtocolError(
             f"array {i} (key {key}): shape {tuple(shape)} {dtype} needs {expected} bytes, frame has {len(buf)}"
         )
-    return ArraySpec(key, dtype, tuple(shape), offset, rnd)
+    return ArraySpec(key, dtype, tuple(shape), offset, rnd, buffer)
 
 
 def frame_array(spec: ArraySpec, buf: memoryview) -> np.ndarray[Any, Any]:

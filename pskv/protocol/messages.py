@@ -1,9 +1,16 @@
-"""The wire schema: roles, commands and the message header. No I/O here.
+"""The wire schema: roles, commands, flags and the message header. No I/O here.
 
 A message is one header frame followed by one raw data frame per array. The header
-says, for every data frame, which key it belongs to, its dtype and shape, and (for
-arrays split over servers) where the frame sits inside the whole value. Array bytes are
-never pickled or otherwise interpreted beyond this description.
+says, for every array, which key it belongs to, its dtype and shape, and (for arrays
+split over servers) where it sits inside the whole value. Array bytes are never pickled
+or otherwise interpreted beyond this description. What each command's ``body`` holds is
+:mod:`pskv.protocol.bodies`; the data path (PUSH, PULL, PUSHPULL and their replies)
+carries no body at all — its options are :class:`Flag` bits and its arrays' specs.
+
+Data frames: one per spec, except in a ``PULL`` request and in any message with the
+:attr:`Flag.SHM` bit, whose specs *name* parts without data (a pull names the parts it
+wants; a shared-memory push's data is in the sender's slot; a shared-memory reply's
+values are in the part's shared buffers, :attr:`ArraySpec.buffer`).
 
 Node ids follow ps-lite: the scheduler is 1, server rank ``r`` is ``8 + 2r`` and worker
 rank ``r`` is ``9 + 2r``; node groups are bit masks (1 scheduler, 2 servers, 4 workers).
@@ -19,16 +26,19 @@ __all__ = [
     "Command",
     "Header",
     "Role",
+    "Flag",
     "PROTOCOL_VERSION",
     "SCHEDULER_ID",
     "TX_PREFIX",
     "node_id",
     "node_name",
     "node_role_rank",
-    "describe",
 ]
 
-PROTOCOL_VERSION = 1
+# 2: flags in the header (quiet, shared memory, init options), pulls name parts in their
+# specs (round = push number), shared-memory replies name buffers in their specs; no JSON
+# on the data path.
+PROTOCOL_VERSION = 2
 SCHEDULER_ID = 1
 # Routing identities of workers' send-only sockets: this prefix and 16 hex digits (see HELLO).
 TX_PREFIX = b"pskv-tx-"
@@ -50,20 +60,18 @@ class Command(enum.IntEnum):
     BARRIER = 2  # body: JSON {group}; reply when every member of the group arrived
     HEARTBEAT = 3  # reply body: JSON {dead: [...]} as seen by the scheduler
     SHUTDOWN = 4  # a worker is done; the scheduler stops the job when all are
-    # worker -> server: data
-    INIT = 10
-    PUSH = 11
-    # body: JSON {parts: [[key, offset, n], ...]}: the value including the round of the sender's
-    # n-th push (or pushpull) of that part (n = 0: any); no data frames
+    # worker -> server: data (no body; options are Flag bits)
+    INIT = 10  # one frame per part; SUMMED, OVERWRITE flags
+    PUSH = 11  # one frame per part, or SHM: parts named, data in the sender's slot; QUIET flag
+    # specs name parts, round = n: the value including the round of the sender's n-th push
+    # (or pushpull) of that part (n = 0: any); no data frames; SHM: answer with buffer indices
     PULL = 12
-    PUSHPULL = 13
-    ROW_SPARSE_PULL = 14
+    PUSHPULL = 13  # as PUSH, answered as PULL
     # worker -> server: control
     SET_OPTIMIZER = 20  # body: JSON optimizer config (never a pickle)
     CONTROLLER = 21  # body: JSON {head, body} for the registered controller
     SAVE_STATES = 22  # body: JSON {path}
     LOAD_STATES = 23
-    STOP = 24
     SET_MODE = 25  # body: JSON {sync: bool}; sent by worker 0 when a dist store is created
     # body: JSON {tx: "<16 hex digits>"}. A worker sends HELLO to each server (over ZeroMQ)
     # on its polled DEALER when it connects, naming its send-only socket (routing identity
@@ -71,8 +79,7 @@ class Command(enum.IntEnum):
     # the DEALER the HELLO came from (workers send from the calling thread).
     HELLO = 26
     # Answered at once: its reply tells the worker that every message it sent to this
-    # server before was handled (a quiet push — body {"quiet": true} — is answered only
-    # when it fails).
+    # server before was handled (a QUIET push is answered only when it fails).
     SYNC = 27
     # The sender has no more data (uneven data, ``kv.join()``): sync rounds complete
     # without it until every worker has joined. No body.
@@ -88,6 +95,19 @@ class Command(enum.IntEnum):
     ERROR = 41  # body: JSON {type, message}
 
 
+class Flag(enum.IntFlag):
+    """Bits of :attr:`Header.flags`: the data path's options (no JSON bodies there)."""
+
+    QUIET = 1  # PUSH: answer only if it fails (a later reply from the server confirms it)
+    SHM = 2  # data in shared memory: push from the sender's slot, reply with buffer indices
+    SUMMED = 4  # INIT: rounds of these keys store the plain sum, even with an optimizer
+    OVERWRITE = 8  # INIT: replace the values of existing keys (broadcast)
+
+
+#: Every defined flag bit; a header with any other bit set is refused.
+KNOWN_FLAGS = int(Flag.QUIET | Flag.SHM | Flag.SUMMED | Flag.OVERWRITE)
+
+
 class ArraySpec(NamedTuple):
     """Describes one data frame (immutable; a named tuple because one is built per array
     of every message, and that is several times cheaper than a frozen dataclass).
@@ -98,8 +118,11 @@ class ArraySpec(NamedTuple):
         shape: shape of the data in this frame.
         offset: element offset of this frame inside the key's whole (flattened) value;
             0 for a key held by one server.
-        round: sync round: in a reply with values, the round they include (0 in
-            requests).
+        round: sync round: in a reply with values, the round they include; in a PULL,
+            the number of the sender's push whose round the value must include; 0 in
+            other requests.
+        buffer: in a shared-memory (``SHM``) reply, which of the part's two shared
+            buffers holds the value (0 or 1); -1 everywhere else (not sent).
     """
 
     key: int
@@ -107,6 +130,7 @@ class ArraySpec(NamedTuple):
     shape: tuple[int, ...]
     offset: int = 0
     round: int = 0
+    buffer: int = -1
 
     @property
     def size(self) -> int:
@@ -126,7 +150,8 @@ class Header(NamedTuple):
         sender: node id of the sender.
         arrays: one spec per data frame, in frame order.
         priority: higher is sent / served first.
-        body: command-specific text (JSON), or the error description of an ERROR reply.
+        body: command-specific text (:mod:`pskv.protocol.bodies`); empty on the data path.
+        flags: :class:`Flag` bits.
     """
 
     command: Command
@@ -135,6 +160,12 @@ class Header(NamedTuple):
     arrays: tuple[ArraySpec, ...] = ()
     priority: int = 0
     body: str = ""
+    flags: int = 0
+
+    @property
+    def named_parts(self) -> bool:
+        """True if the specs name parts without data frames (a PULL, or an SHM message)."""
+        return self.command is Command.PULL or bool(self.flags & Flag.SHM)
 
 
 def node_id(role: Role, rank: int) -> int:
@@ -161,11 +192,3 @@ def node_name(nid: int) -> str:
     """A readable node name, e.g. ``'server 1'`` or ``'worker 0'``."""
     role, rank = node_role_rank(nid)
     return "scheduler" if role is Role.SCHEDULER else f"{role.name.lower()} {rank}"
-
-
-def describe(header: Header) -> str:
-    """One line describing a header, for logs and error messages."""
-    keys = ",".join(str(a.key) for a in header.arrays[:6])
-    more = "..." if len(header.arrays) > 6 else ""
-    return (f"{header.command.name} req={header.request} from {node_name(header.sender)}"
-            f" keys=[{keys}{more}] prio={header.priority}")

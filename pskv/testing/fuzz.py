@@ -47,7 +47,7 @@ __all__ = [
 ]
 
 # the header is a msgpack list of these fields, in this order (pskv.protocol.codec.encode)
-HEADER_FIELDS = ("version", "command", "request", "sender", "priority", "body", "arrays")
+HEADER_FIELDS = ("version", "command", "request", "sender", "priority", "body", "arrays", "flags")
 # bodies a data command might carry, well-formed or not (JSON of the wrong shape, not JSON, deep nesting)
 BODIES = ("", "{}", '{"overwrite": true}', '{"parts": [[1, 0, 0]]}', '{"parts": "x"}', '{"shm": [[1, 0]]}',
           "not json", '{"rounds": [1e308]}', "[" * 1000)
@@ -81,19 +81,19 @@ def raw_array(key: Any, code: Any, shape: Any, offset: Any = 0, rnd: Any = 0) ->
 
 
 def header_fields(command: Any, request: Any = 1, sender: Any = 9, priority: Any = 0, body: Any = "",
-                  arrays: Sequence[Any] = (), version: Any = PROTOCOL_VERSION) -> list[Any]:
+                  arrays: Sequence[Any] = (), version: Any = PROTOCOL_VERSION, flags: Any = 0) -> list[Any]:
     """The header's fields in wire order (see :data:`HEADER_FIELDS`), values unchecked.
 
     ``command`` may be a :class:`Command` or any value; ``arrays`` are :func:`raw_array` lists.
     """
     cmd = int(command) if isinstance(command, Command) else command
-    return [version, cmd, request, sender, priority, body, list(arrays)]
+    return [version, cmd, request, sender, priority, body, list(arrays), flags]
 
 
 def raw_header(command: Any, request: Any = 1, sender: Any = 9, priority: Any = 0, body: Any = "",
-               arrays: Sequence[Any] = (), version: Any = PROTOCOL_VERSION) -> bytes:
+               arrays: Sequence[Any] = (), version: Any = PROTOCOL_VERSION, flags: Any = 0) -> bytes:
     """A header frame with exactly these field values, valid or not (arguments as :func:`header_fields`)."""
-    return pack(header_fields(command, request, sender, priority, body, arrays, version))
+    return pack(header_fields(command, request, sender, priority, body, arrays, version, flags))
 
 
 def reply_request(head: bytes) -> int | None:
@@ -129,8 +129,8 @@ def valid_message(rng: random.Random) -> list[bytes]:
 
 
 def probe_pull(request: int, key: int = 7, sender: int = 9) -> list[bytes]:
-    """A PULL of ``key`` with no data: the server answers it at once (an error for an unknown key)."""
-    return [raw_header(Command.PULL, request, sender, 0, "", [raw_array(key, dtype_code("float32"), [0])]), b""]
+    """A PULL naming part 0 of ``key``: the server answers it at once (an error for an unknown key)."""
+    return [raw_header(Command.PULL, request, sender, 0, "", [raw_array(key, dtype_code("float32"), [0])])]
 
 
 # -- hostile messages -------------------------------------------------------------------------

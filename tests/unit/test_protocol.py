@@ -80,22 +80,26 @@ def packed(fields):
     return [fuzz.pack(fields)]
 
 
-GOOD = [1, int(Command.PULL), 1, 9, 0, "", [[3, 2, [2], 0, 0]]]
+GOOD = [2, int(Command.PUSH), 1, 9, 0, "", [[3, 2, [2], 0, 0]], 0]
 GOOD_FRAME = np.zeros(2, np.float32).tobytes()
 
 
 @pytest.mark.parametrize("fields,match", [
-    ([2, *GOOD[1:]], "protocol version 2 not supported"),
-    ([1, 99, *GOOD[2:]], "unknown command 99"),
-    ([1, int(Command.PULL), "1", *GOOD[3:]], "request must be a 64-bit int"),
-    ([1, int(Command.PULL), 2**63, *GOOD[3:]], "request must be a 64-bit int"),
-    ([*GOOD[:5], 5, GOOD[6]], "body must be a string"),
-    ([*GOOD[:6], [[3, 99, [2], 0, 0]]], "dtype code 99 not in the allow-list"),
-    ([*GOOD[:6], [[3, 2, [-2], 0, 0]]], "bad shape"),
-    ([*GOOD[:6], [[3, 2, [2], -1, 0]]], "offset must be a non-negative"),
-    ([*GOOD[:6], [[3, 2, [3], 0, 0]]], r"shape \(3,\) float32 needs 12 bytes, frame has 8"),
-    ([*GOOD[:6], [[3, 2, [2], 0]]], "spec is not a 5-field list"),
-    (GOOD[:6], "7-field list"),
+    ([1, *GOOD[1:]], "protocol version 1 not supported"),
+    ([2, 99, *GOOD[2:]], "unknown command 99"),
+    ([2, int(Command.PUSH), "1", *GOOD[3:]], "request must be a 64-bit int"),
+    ([2, int(Command.PUSH), 2**63, *GOOD[3:]], "request must be a 64-bit int"),
+    ([*GOOD[:5], 5, *GOOD[6:]], "body must be a string"),
+    ([*GOOD[:6], [[3, 99, [2], 0, 0]], 0], "dtype code 99 not in the allow-list"),
+    ([*GOOD[:6], [[3, 2, [-2], 0, 0]], 0], "bad shape"),
+    ([*GOOD[:6], [[3, 2, [2], -1, 0]], 0], "offset must be a non-negative"),
+    ([*GOOD[:6], [[3, 2, [3], 0, 0]], 0], r"shape \(3,\) float32 needs 12 bytes, frame has 8"),
+    ([*GOOD[:6], [[3, 2, [2], 0]], 0], "spec is not a 5- or 6-field list"),
+    ([*GOOD[:6], [[3, 2, [2], 0, 0, 2]], 0], "shared buffer index 2 is not 0 or 1"),
+    ([*GOOD[:7], 64], "flags 64 are not a combination of the known flag bits"),
+    ([*GOOD[:7], -1], "flags -1 are not"),
+    ([*GOOD[:7], "1"], "flags '1' are not"),
+    (GOOD[:7], "8-field list"),
     ({"a": 1}, "undecodable header"),
 ])
 def test_malformed_headers_are_rejected(fields, match):
@@ -150,7 +154,7 @@ def test_mutated_valid_messages_are_decoded_or_rejected(position, new_byte, data
 def test_a_header_declaring_too_many_arrays_is_refused_before_it_is_built():
     # a hostile header listing more entries than max_arrays: msgpack stops at the length
     # prefix instead of building a huge list first
-    head = fuzz.pack([*GOOD[:6], [0] * 300_000])
+    head = fuzz.pack([*GOOD[:6], [0] * 300_000, 0])
     with pytest.raises(ProtocolError, match="undecodable header"):
         decode([head])
 
@@ -161,3 +165,19 @@ def test_a_deeply_nested_json_body_is_a_protocol_error():
 
     with pytest.raises(ProtocolError, match="not JSON"):
         json_body(Header(Command.PULL, 1, 9, body="[" * 100_000))
+
+
+def test_a_pull_and_a_shared_memory_message_name_their_parts_without_data_frames():
+    from pskv.protocol import Flag
+
+    pull = Header(Command.PULL, 5, 9, (ArraySpec(3, "float32", (4,), 8, 2),), 1)
+    got, buffers = decode(encode(pull))
+    assert got == pull and buffers == []
+    shm_reply = Header(Command.REPLY, 5, 8, (ArraySpec(3, "float32", (4,), 8, 7, buffer=1),), flags=Flag.SHM)
+    got, buffers = decode(encode(shm_reply))
+    assert got.arrays[0].buffer == 1 and got.flags == Flag.SHM and buffers == []
+    with pytest.raises(ProtocolError, match="PULL names its parts without data"):
+        decode([*encode(pull), GOOD_FRAME])
+    huge = Header(Command.PULL, 5, 9, (ArraySpec(3, "float32", (2**40,)),))
+    with pytest.raises(ProtocolError, match="exceeds the frame limit"):
+        decode(encode(huge))  # a named part is bounded like a frame, though no frame follows
