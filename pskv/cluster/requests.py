@@ -17,7 +17,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 from pskv.errors import NodeFailedError, OperationTimeoutError, RemoteError
 from pskv.protocol import Command, Header, node_name
@@ -33,8 +33,7 @@ class Pending:
     """One outstanding request."""
 
     __slots__ = ("request", "node", "what", "_done", "_waiter", "header", "buffers", "error", "callback", "frames",
-                 "epoch",
-                 "_callbacks", "deadline", "timeout", "quiet", "sent")
+                 "_callbacks", "deadline", "timeout")
 
     def __init__(self, request: int, node: int, what: str,
                  callback: Callable[[Pending], None] | None = None, timeout: float | None = None) -> None:
@@ -52,10 +51,7 @@ class Pending:
         self._callbacks: list[Callable[[Pending], None]] = []
         self.timeout = timeout
         self.deadline = None if timeout is None else time.monotonic() + timeout
-        self.quiet = False  # answered only on failure: a later reply from the node confirms it
-        self.sent: int | None = None  # the sender's sequence number of the message, once sent
-        self.frames: list[Any] | None = None  # the message, kept to send it again (PSKV_SERVER_RECOVERY)
-        self.epoch: int | None = None  # which incarnation of the server it was sent to (None: not sent yet)
+        self.frames: list[Any] | None = None  # the message, kept to send it again (reset connection, new server)
 
     def done(self) -> bool:
         """True once the reply (or a failure) arrived."""
@@ -113,18 +109,33 @@ class Pending:
             fn(self)
 
 
-class RequestTracker:
-    """Thread-safe table of outstanding requests."""
+P = TypeVar("P", bound=Pending)
 
-    def __init__(self) -> None:
+
+class RequestTracker(Generic[P]):
+    """Thread-safe table of outstanding requests.
+
+    Args:
+        kind: the record class of its requests: :class:`Pending`, or a subclass with
+            what its owner tracks besides (the worker's send queue does).
+    """
+
+    @overload
+    def __init__(self: RequestTracker[Pending]) -> None: ...
+
+    @overload
+    def __init__(self, kind: type[P]) -> None: ...
+
+    def __init__(self, kind: type[Any] = Pending) -> None:
+        self._kind = kind
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
-        self._pending: dict[int, Pending] = {}
+        self._pending: dict[int, P] = {}
         self._failed_nodes: dict[int, str] = {}
         self._closed: BaseException | None = None
 
     def new(self, node: int, what: str, callback: Callable[[Pending], None] | None = None,
-            timeout: float | None = None) -> Pending:
+            timeout: float | None = None) -> P:
         """Register a request to ``node``; fails at once if the node is known dead.
 
         With ``timeout``, :meth:`expire` fails the request once that many seconds passed
@@ -138,11 +149,11 @@ class RequestTracker:
                 raise self._closed
             if node in self._failed_nodes:
                 raise NodeFailedError(node_name(node), self._failed_nodes[node])
-            p = Pending(next(self._ids), node, what, callback, timeout)
+            p: P = self._kind(next(self._ids), node, what, callback, timeout)
             self._pending[p.request] = p
             return p
 
-    def outstanding_to(self, node: int) -> list[Pending]:
+    def outstanding_to(self, node: int) -> list[P]:
         """The requests to ``node`` still waiting for their replies, oldest first."""
         with self._lock:
             return sorted((p for p in self._pending.values() if p.node == node), key=lambda p: p.request)
@@ -155,7 +166,7 @@ class RequestTracker:
         self.deliver(p, header, buffers)
         return True
 
-    def take(self, request: int) -> Pending | None:
+    def take(self, request: int) -> P | None:
         """Remove and return the outstanding request ``request`` (None if unknown); :meth:`deliver` it next."""
         with self._lock:
             return self._pending.pop(request, None)
@@ -225,7 +236,7 @@ class RequestTracker:
             p._finish()
         return len(victims)
 
-    def outstanding(self) -> list[Pending]:
+    def outstanding(self) -> list[P]:
         """The requests still waiting (a snapshot)."""
         with self._lock:
             return list(self._pending.values())

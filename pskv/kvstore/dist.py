@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from pskv.arrays import CpuKernels, describe, empty, fan_out_many, sum_into_many
+from pskv.checkpoints import next_server_checkpoint, read_manifest, write_manifest
 from pskv.config import ClusterConfig, Config
 from pskv.errors import (
     DuplicateKeyError,
@@ -547,7 +548,7 @@ class DistStore(KVStoreBase):
             if not self._cluster.checkpoint_dir:
                 raise InvalidArgumentError("save_checkpoint() needs a path or PSKV_CHECKPOINT_DIR "
                                            "(pskv launch --checkpoint-dir)")
-            path = os.path.join(self._cluster.checkpoint_dir, f"ckpt-{_next_checkpoint(self._cluster.checkpoint_dir)}")
+            path = str(next_server_checkpoint(self._cluster.checkpoint_dir))
         directory = os.path.abspath(path)
         self._rank0_between_barriers(lambda: self._write_checkpoint(directory, meta_json))
         self._worker.checkpoint_saved()  # a replacement server will load this checkpoint
@@ -555,8 +556,6 @@ class DistStore(KVStoreBase):
 
     def _write_checkpoint(self, directory: str, meta: Any) -> None:
         """Rank 0: every server writes its file into ``directory``, then the manifest makes it a checkpoint."""
-        from pskv.server.snapshot import write_manifest
-
         os.makedirs(directory, exist_ok=True)
         bodies = self._worker.save_checkpoint(directory)
         write_manifest(directory, {
@@ -575,8 +574,6 @@ class DistStore(KVStoreBase):
         """
         if not self._cluster.resume_from:
             return None
-        from pskv.server.snapshot import read_manifest
-
         return {**read_manifest(self._cluster.resume_from), "path": self._cluster.resume_from}
 
     def send_command_to_servers(self, head: int, body: str) -> None:
@@ -658,12 +655,3 @@ class DistStore(KVStoreBase):
     def __enter__(self) -> DistStore:
         return self
 
-
-def _next_checkpoint(root: str) -> int:
-    """One more than the highest ``n`` of the ``ckpt-<n>`` entries in ``root`` (1 if none)."""
-    try:
-        names = os.listdir(root)
-    except FileNotFoundError:
-        return 1
-    numbers = [int(n[5:]) for n in names if n.startswith("ckpt-") and n[5:].isdigit()]
-    return max(numbers, default=0) + 1

@@ -62,7 +62,7 @@ from pskv.transport.reactor import Sender
 from pskv.transport.shm import host_id
 from pskv.worker.quiet import QuietPushes
 
-__all__ = ["WorkerClient"]
+__all__ = ["WorkerClient", "WorkerRequest"]
 
 # Routing identity prefix of a worker's reply socket: fixed, so the server's route to it
 # (from HELLO) survives a reconnect after a reset connection.
@@ -72,6 +72,19 @@ log = logging.getLogger("pskv.worker")
 
 # How often the reactor fails requests whose timeout passed (seconds).
 EXPIRY_INTERVAL = 0.1
+
+
+class WorkerRequest(Pending):
+    """A request to a server, with what the worker's send queue records about it."""
+
+    __slots__ = ("quiet", "sent", "epoch")
+
+    def __init__(self, request: int, node: int, what: str,
+                 callback: Callable[[Pending], None] | None = None, timeout: float | None = None) -> None:
+        super().__init__(request, node, what, callback, timeout)
+        self.quiet = False  # answered only on failure: a later reply from the server confirms it
+        self.sent: int | None = None  # the per-server sequence number of the message, once sent
+        self.epoch: int | None = None  # which incarnation of the server it was sent to (None: not sent yet)
 
 
 class WorkerClient:
@@ -89,13 +102,13 @@ class WorkerClient:
         self._own_context = context is None
         self._ctx = zmq.Context(io_threads=IO_THREADS) if context is None else context
         self._stop_lock = threading.Lock()
-        self.tracker = RequestTracker()
+        self.tracker: RequestTracker[WorkerRequest] = RequestTracker(WorkerRequest)
         self._reactor = Reactor(self._ctx, "pskv-worker", on_failure=self._on_reactor_failure)
         self.membership = Membership(cluster, self._reactor, self.tracker, Role.WORKER, on_dead=self._on_node_dead,
                                      on_servers=self._on_servers_replaced)
         self._servers: list[int | None] = []  # polled dealer socket id per server rank (replies arrive there)
         self._senders: list[Sender | LocalConnection] = []  # where requests to each server rank leave
-        self._queue: list[tuple[float, int, int, list[Any], Pending]] = []  # (-priority, seq, server, frames, pending)
+        self._queue: list[tuple[float, int, int, list[Any], WorkerRequest]] = []  # (-priority, seq, server, frames, pending)
         self._queue_lock = threading.Lock()
         self._send_lock = threading.Lock()  # held by the thread emptying the queue
         self._sent: list[itertools.count[int]] = []  # per server: sequence numbers of the messages sent there
@@ -213,7 +226,7 @@ class WorkerClient:
         self._queue_first(server, waiting)
         self._flush()
 
-    def _queue_first(self, server: int, messages: list[tuple[Pending, list[Any]]]) -> None:
+    def _queue_first(self, server: int, messages: list[tuple[WorkerRequest, list[Any]]]) -> None:
         """Queue ``messages`` to ``server`` ahead of everything else, in their order (sent again:
         each ``(pending, frames)`` is answered under the pending's request id)."""
         with self._queue_lock:
@@ -241,7 +254,7 @@ class WorkerClient:
                              name=f"pskv-worker-recover-{rank}").start()
 
     def reconnect(self, server: int, timeout: float,
-                  replay: Callable[[int], list[tuple[Pending, list[Any]]]]) -> None:
+                  replay: Callable[[int], list[tuple[WorkerRequest, list[Any]]]]) -> None:
         """Switch to the replacement of server ``server`` (its address from the membership).
 
         Requests to it wait meanwhile. After the new process answered HELLO, ``replay(epoch)``
@@ -332,7 +345,7 @@ class WorkerClient:
     # -- requests -----------------------------------------------------------------------
     def request(self, server: int, command: Command, arrays: tuple[ArraySpec, ...] = (),
                 data: list[Any] | None = None, body: str = "", priority: int = 0, what: str = "",
-                timeout: float | None = None, quiet: bool = False) -> Pending:
+                timeout: float | None = None, quiet: bool = False) -> WorkerRequest:
         """Queue a request to server ``server`` (rank); returns its pending reply.
 
         ``data`` buffers must stay unchanged until the reply arrives. With ``timeout``
@@ -353,12 +366,12 @@ class WorkerClient:
         self._queue_and_send(-priority, server, frames, pending)
         return pending
 
-    def _queue_and_send(self, key: float, server: int, frames: list[Any], pending: Pending) -> None:
+    def _queue_and_send(self, key: float, server: int, frames: list[Any], pending: WorkerRequest) -> None:
         with self._queue_lock:
             heapq.heappush(self._queue, (key, next(self._seq), server, frames, pending))
         self._flush()
 
-    def _sync(self, node: int, timeout: float | None, on_done: Callable[[Pending], None]) -> Pending:
+    def _sync(self, node: int, timeout: float | None, on_done: Callable[[Pending], None]) -> WorkerRequest:
         """Queue a ``SYNC`` to server ``node`` after everything queued now (for :class:`QuietPushes`)."""
         _, server = node_role_rank(node)
         sync = self.tracker.new(node, "sync", timeout=timeout)
@@ -374,7 +387,7 @@ class WorkerClient:
         after letting go of the send lock.
         """
         while self._send_lock.acquire(blocking=False):
-            held: list[tuple[float, int, int, list[Any], Pending]] = []
+            held: list[tuple[float, int, int, list[Any], WorkerRequest]] = []
             try:
                 while True:
                     with self._queue_lock:

@@ -32,12 +32,12 @@ from typing import Any
 import numpy as np
 
 from pskv.arrays import ArrayMeta, empty, from_wire, itemsize
-from pskv.cluster import NodeInfo, Pending
+from pskv.cluster import NodeInfo
 from pskv.config import ClusterConfig
 from pskv.errors import ProtocolError
 from pskv.partition import server_key, split
 from pskv.protocol import Command, Role, frame_array, node_name
-from pskv.worker.client import WorkerClient
+from pskv.worker.client import WorkerClient, WorkerRequest
 from pskv.worker.layout import KeyLayout, Part, by_server, part_spec, part_view
 from pskv.worker.replay import ReplayLog
 from pskv.worker.shared import SharedParts, write_slots
@@ -56,8 +56,8 @@ class Exchange:
     __slots__ = ("messages", "replies")
 
     def __init__(self) -> None:
-        self.messages: list[tuple[list[Part], Pending]] = []
-        self.replies: list[Pending] = []
+        self.messages: list[tuple[list[Part], WorkerRequest]] = []
+        self.replies: list[WorkerRequest] = []
 
 
 class KVWorker:
@@ -260,7 +260,7 @@ class KVWorker:
         for rec in layouts:
             rec.acks = []
 
-    def confirm(self, pendings: Iterable[Pending], timeout: float | None = None) -> None:
+    def confirm(self, pendings: Iterable[WorkerRequest], timeout: float | None = None) -> None:
         """Get the quiet pushes among ``pendings`` answered (a ``SYNC`` to their servers; does not wait)."""
         self.client.quiet.confirm(pendings, timeout)
 

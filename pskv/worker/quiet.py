@@ -22,14 +22,18 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, cast
 
 from pskv.cluster import Pending, RequestTracker
 from pskv.protocol import Command, Header
 
+if TYPE_CHECKING:
+    from pskv.worker.client import WorkerRequest
+
 __all__ = ["QuietPushes", "SendSync"]
 
 # (server node, timeout, done-callback) -> the pending SYNC, queued after everything queued now
-SendSync = Callable[[int, "float | None", Callable[[Pending], None]], Pending]
+SendSync = Callable[[int, "float | None", Callable[[Pending], None]], "WorkerRequest"]
 
 
 class QuietPushes:
@@ -40,13 +44,13 @@ class QuietPushes:
         send_sync: queues a ``SYNC`` to a server node (see :data:`SendSync`).
     """
 
-    def __init__(self, tracker: RequestTracker, send_sync: SendSync) -> None:
+    def __init__(self, tracker: RequestTracker[WorkerRequest], send_sync: SendSync) -> None:
         self._tracker = tracker
         self._send_sync = send_sync
-        self._queues: dict[int, deque[Pending]] = {}  # per server node: quiet requests sent, in order
+        self._queues: dict[int, deque[WorkerRequest]] = {}  # per server node: quiet requests sent, in order
         self._lock = threading.Lock()
 
-    def sent(self, pending: Pending) -> None:
+    def sent(self, pending: WorkerRequest) -> None:
         """``pending`` (quiet, its ``sent`` number set) left for its server: it waits for confirmation."""
         with self._lock:
             self._queues.setdefault(pending.node, deque()).append(pending)
@@ -63,7 +67,7 @@ class QuietPushes:
         for p in done:
             self._tracker.resolve(p, _confirmed(p))
 
-    def confirm(self, pendings: Iterable[Pending], timeout: float | None = None) -> None:
+    def confirm(self, pendings: Iterable[WorkerRequest], timeout: float | None = None) -> None:
         """Get the quiet requests among ``pendings`` answered: a ``SYNC`` to each of their servers.
 
         Its reply (it is sent after everything queued now) confirms them; if it fails,
@@ -78,9 +82,10 @@ class QuietPushes:
         with self._lock:
             self._queues.pop(node, None)
 
-    def _on_sync_done(self, sync: Pending) -> None:
-        if sync.error is None:
+    def _on_sync_done(self, done: Pending) -> None:
+        if done.error is None:
             return  # its reply settled the quiet requests before it
+        sync = cast("WorkerRequest", done)  # made by send_sync
         with self._lock:
             queue = self._queues.get(sync.node)
             victims = []

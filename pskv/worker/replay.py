@@ -27,14 +27,14 @@ from pskv.cluster import Pending
 from pskv.protocol import ArraySpec, Command, Header, Role, encode, node_id
 
 if TYPE_CHECKING:
-    from pskv.worker.client import WorkerClient
+    from pskv.worker.client import WorkerClient, WorkerRequest
 
 __all__ = ["ReplayLog"]
 
 log = logging.getLogger("pskv.worker")
 
 # command, pending, specs, data (copied), body
-_Entry = tuple[Command, Pending, tuple[ArraySpec, ...], list[Any], str]
+_Entry = tuple[Command, "WorkerRequest", tuple[ArraySpec, ...], list[Any], str]
 
 
 class ReplayLog:
@@ -44,7 +44,7 @@ class ReplayLog:
         self._entries: dict[int, list[_Entry]] = defaultdict(list)
         self._lock = threading.Lock()
 
-    def record(self, server: int, command: Command, pending: Pending, specs: tuple[ArraySpec, ...],
+    def record(self, server: int, command: Command, pending: WorkerRequest, specs: tuple[ArraySpec, ...],
                data: list[Any], body: str) -> None:
         """Keep a push to ``server`` (its ``data`` is copied) until the next checkpoint."""
         copies = [np.array(d, copy=True) for d in data]
@@ -70,11 +70,11 @@ class ReplayLog:
             client.tracker.fail_node(node, f"its replacement could not be reached: {exc}")
 
     def _messages(self, server: int, epoch: int, client: WorkerClient, rank: int,
-                  timeout: float) -> list[tuple[Pending, list[Any]]]:
+                  timeout: float) -> list[tuple[WorkerRequest, list[Any]]]:
         """What to send the replacement (incarnation ``epoch``) first, in order: ``(pending, frames)``."""
         node = node_id(Role.SERVER, server)
         tracker = client.tracker
-        messages: list[tuple[Pending, list[Any]]] = []
+        messages: list[tuple[WorkerRequest, list[Any]]] = []
         with self._lock:
             entries = list(self._entries.get(server, ()))
         replayed = set()
