@@ -14,15 +14,15 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import zmq
 
-from pskv.cluster.messages import json_body, request_frames
 from pskv.cluster.requests import Pending, RequestTracker
 from pskv.config import ClusterConfig
 from pskv.errors import OperationTimeoutError, ProtocolError
 from pskv.protocol import SCHEDULER_ID, Command, Role, decode, node_id, node_name, node_role_rank
+from pskv.protocol.bodies import Barrier, Liveness, NodeTable, Register, ShmInfo, Shutdown
+from pskv.protocol.replies import request_frames
 from pskv.transport import Reactor
 
 __all__ = ["Membership", "NodeInfo"]
@@ -102,7 +102,7 @@ class Membership:
         self._last_reply = time.monotonic()
         self._tracker.complete(header, buffers)
 
-    def _request(self, command: Command, body: dict[str, Any] | None, what: str,
+    def _request(self, command: Command, body: str, what: str,
                  callback: Callable[[Pending], None] | None = None, timeout: float | None = None) -> Pending:
         pending = self._tracker.new(SCHEDULER_ID, what, callback, timeout=timeout)
         frames = request_frames(command, pending.request, self.node_id, body)
@@ -138,10 +138,8 @@ class Membership:
             RemoteError: the scheduler refused (cluster full, wrong sizes).
         """
         role = "server" if self._role is Role.SERVER else "worker"
-        body: dict[str, Any] = {"role": role, "address": self._address, "rank": rank}
-        if self._shm is not None:
-            body["shm"] = self._shm
-        pending = self._request(Command.REGISTER, body, "registration")
+        shm = ShmInfo(self._shm["dir"], self._shm["host"]) if self._shm is not None else None
+        pending = self._request(Command.REGISTER, Register(role, self._address, rank, shm).encode(), "registration")
         try:
             reply = pending.wait(self._cluster.startup_timeout)
         except TimeoutError:
@@ -150,11 +148,9 @@ class Membership:
                 f"{self._cluster.scheduler_address} did not answer or not all "
                 f"{self._cluster.num_servers + self._cluster.num_workers} nodes registered"
             ) from None
-        body = json_body(reply)
-        self.info = NodeInfo(int(body["node_id"]), int(body["rank"]), tuple(body["servers"]),
-                             int(body["num_servers"]), int(body["num_workers"]),
-                             tuple(body.get("server_shm") or [None] * int(body["num_servers"])),
-                             body.get("recovery") is True)
+        table = NodeTable.parse(reply)
+        self.info = NodeInfo(table.node_id, table.rank, table.servers, table.num_servers, table.num_workers,
+                             _shm_dicts(table.server_shm), table.recovery)
         self._last_reply = time.monotonic()
         if self._cluster.heartbeat_interval > 0:
             interval = self._cluster.heartbeat_interval
@@ -181,7 +177,7 @@ class Membership:
             # (a worker's client expires requests on its own, more often)
             if self._role is not Role.WORKER:
                 self._tracker.expire()
-            self._request(Command.HEARTBEAT, None, "heartbeat", self._on_heartbeat,
+            self._request(Command.HEARTBEAT, "", "heartbeat", self._on_heartbeat,
                           timeout=max(2 * self._cluster.heartbeat_interval, 0.5))
         except Exception:  # noqa: BLE001 - tracker closed: the node is shutting down
             self._heartbeat_in_flight = False
@@ -191,16 +187,17 @@ class Membership:
         if pending.error is not None or pending.header is None:
             return
         try:
-            body = json_body(pending.header)
-        except ProtocolError:
+            body = Liveness.parse(pending.header)
+        except ProtocolError as exc:
+            log.error("%s: malformed heartbeat reply from the scheduler: %s", self._role.name.lower(), exc)
             return
-        self._ages = {int(k): float(v) for k, v in body.get("ages", {}).items()}
+        self._ages = dict(body.ages)
         self._ages_at = time.monotonic()
-        version = body.get("servers_version")
-        if type(version) is int and version > self._servers_version and self.info is not None:
+        version = body.servers_version
+        if version > self._servers_version and self.info is not None:
             self._servers_version = version
-            servers = tuple(str(a) for a in body.get("servers", ()))
-            shm = tuple(body.get("server_shm") or [None] * len(servers))
+            servers = body.servers
+            shm = _shm_dicts(body.server_shm)
             changed = [r for r, a in enumerate(servers) if r < len(self.info.servers) and a != self.info.servers[r]]
             self.info = NodeInfo(self.info.node_id, self.info.rank, servers, self.info.num_servers,
                                  self.info.num_workers, shm, self.info.recovery)
@@ -208,7 +205,7 @@ class Membership:
                 self._revive(node_id(Role.SERVER, r))
             if changed and self._on_servers is not None:
                 self._on_servers(changed)
-        dead = {int(nid) for nid in body.get("dead", [])}
+        dead = set(body.dead)
         for nid in dead - self._dead:
             self._mark_dead(nid, "the scheduler lost its heartbeats")
         for nid in self._dead - dead - {SCHEDULER_ID}:  # replaced (a recovered worker)
@@ -265,9 +262,13 @@ class Membership:
             NodeFailedError: a member died (names it).
             OperationTimeoutError: not complete within ``timeout``.
         """
-        self._request(Command.BARRIER, {"group": group}, f"barrier (group {group})").wait(timeout)
+        self._request(Command.BARRIER, Barrier(group).encode(), f"barrier (group {group})").wait(timeout)
 
-    def shutdown(self, wait: bool, timeout: float | None) -> dict[str, Any]:
+    def shutdown(self, wait: bool, timeout: float | None) -> None:
         """Tell the scheduler this node is done; with ``wait``, block until the job ends."""
-        reply = self._request(Command.SHUTDOWN, {"wait": wait}, "shutdown").wait(timeout)
-        return json_body(reply)
+        self._request(Command.SHUTDOWN, Shutdown(wait).encode(), "shutdown").wait(timeout)
+
+
+def _shm_dicts(shm: tuple[ShmInfo | None, ...]) -> tuple[dict[str, str] | None, ...]:
+    """NodeInfo's form of the servers' shared-memory places (``{"dir", "host"}`` dicts)."""
+    return tuple(None if s is None else s._asdict() for s in shm)

@@ -23,10 +23,11 @@ from typing import Any
 
 import zmq
 
-from pskv.cluster.messages import error_frames, json_body, reply_frames
 from pskv.config import ClusterConfig
 from pskv.errors import OperationTimeoutError, ProtocolError
 from pskv.protocol import SCHEDULER_ID, Command, Header, Role, decode, node_id, node_name
+from pskv.protocol.bodies import Barrier, Liveness, NodeTable, Register, ShmInfo, Shutdown
+from pskv.protocol.replies import error_frames, reply_frames
 from pskv.transport import Reactor
 
 __all__ = ["Scheduler"]
@@ -42,7 +43,7 @@ class _Node:
     address: str
     last_seen: float
     dead: bool = False
-    shm: dict[str, str] | None = None  # a server's shared-memory directory and host id
+    shm: ShmInfo | None = None  # a server's shared-memory directory and host id
     dead_since: float = 0.0  # monotonic time it was marked dead
     given_up: bool = False  # dead, and its recovery window (PSKV_RECOVERY_TIMEOUT) has passed
 
@@ -64,7 +65,7 @@ class Scheduler:
         self._stop_lock = threading.Lock()
         self._reactor = Reactor(self._ctx, "pskv-scheduler")
         self._sid, self.address = self._reactor.bind_router(address or cluster.scheduler_address, self._on_message)
-        self._pending: list[tuple[bytes, Header, dict[str, Any]]] = []  # registrations before all arrived
+        self._pending: list[tuple[bytes, Header, Register]] = []  # registrations before all arrived
         self._nodes: dict[int, _Node] = {}
         self._by_identity: dict[bytes, int] = {}
         self._barriers: dict[int, dict[int, tuple[bytes, Header]]] = {}
@@ -114,14 +115,20 @@ class Scheduler:
     def _on_message(self, identity: bytes, frames: list[zmq.Frame]) -> None:
         try:
             header, _ = decode(frames)
-            body = json_body(header)
         except ProtocolError as exc:
             log.error("scheduler: rejected a malformed message from %r: %s", identity, exc)
             return
         if self._cluster.verbose >= 2:
             log.info("scheduler: %s", header.command.name)
+        try:
+            self._dispatch(identity, header)
+        except ProtocolError as exc:  # a malformed body: the sender learns why
+            self._send(identity, error_frames(header, SCHEDULER_ID, "ProtocolError", str(exc)))
+
+    def _dispatch(self, identity: bytes, header: Header) -> None:
+        """Handle one request (bodies parsed here: a malformed one raises ProtocolError)."""
         if header.command is Command.REGISTER:
-            self._register(identity, header, body)
+            self._register(identity, header, Register.parse(header))
             return
         nid = self._by_identity.get(identity)
         if nid is None:
@@ -129,18 +136,11 @@ class Scheduler:
             return
         self._nodes[nid].last_seen = time.monotonic()
         if header.command is Command.HEARTBEAT:
-            now = time.monotonic()
-            ages = {str(n): round(now - node.last_seen, 3) for n, node in self._nodes.items()}
-            reply: dict[str, Any] = {"dead": self._dead_ids(), "ages": ages}
-            if self._servers_version:  # a server was replaced: where the servers are now
-                table = self._table(nid)
-                reply.update(servers_version=self._servers_version, servers=table["servers"],
-                             server_shm=table["server_shm"])
-            self._send(identity, reply_frames(header, SCHEDULER_ID, reply))
+            self._send(identity, reply_frames(header, SCHEDULER_ID, self._liveness(nid).encode()))
         elif header.command is Command.BARRIER:
-            self._barrier(identity, header, nid, int(body.get("group", Role.WORKER)))
+            self._barrier(identity, header, nid, Barrier.parse(header).group)
         elif header.command is Command.SHUTDOWN:
-            self._shutdown(identity, header, nid, bool(body.get("wait", False)))
+            self._shutdown(identity, header, nid, Shutdown.parse(header).wait)
         else:
             self._send(identity, error_frames(header, SCHEDULER_ID, "ProtocolError",
                                               f"the scheduler does not handle {header.command.name}"))
@@ -149,12 +149,18 @@ class Scheduler:
         self._reactor.send_router(self._sid, identity, frames)
 
     # -- registration -------------------------------------------------------------------
-    def _register(self, identity: bytes, header: Header, body: dict[str, Any]) -> None:
-        role = {"server": Role.SERVER, "worker": Role.WORKER}.get(str(body.get("role")))
+    def _liveness(self, nid: int) -> Liveness:
+        """The heartbeat reply: who is dead, how long since each node was heard, where servers are."""
+        now = time.monotonic()
+        ages = {n: round(now - node.last_seen, 3) for n, node in self._nodes.items()}
+        if not self._servers_version:
+            return Liveness(tuple(self._dead_ids()), ages)
+        table = self._table(nid)  # a server was replaced: where the servers are now
+        return Liveness(tuple(self._dead_ids()), ages, self._servers_version, table.servers, table.server_shm)
+
+    def _register(self, identity: bytes, header: Header, body: Register) -> None:
+        role = Role.SERVER if body.role == "server" else Role.WORKER
         expected = self._cluster.num_servers + self._cluster.num_workers
-        if role is None:
-            self._send(identity, error_frames(header, SCHEDULER_ID, "ProtocolError", "role must be server or worker"))
-            return
         if self._nodes and self._cluster.recovery_timeout > 0 and (
                 role is Role.WORKER or self._cluster.server_recovery):
             self._rejoin(identity, header, body, role)
@@ -171,9 +177,9 @@ class Scheduler:
 
     def _assign(self) -> None:
         now = time.monotonic()
-        by_role: dict[Role, list[tuple[bytes, Header, dict[str, Any]]]] = {Role.SERVER: [], Role.WORKER: []}
+        by_role: dict[Role, list[tuple[bytes, Header, Register]]] = {Role.SERVER: [], Role.WORKER: []}
         for item in self._pending:
-            by_role[Role.SERVER if item[2]["role"] == "server" else Role.WORKER].append(item)
+            by_role[Role.SERVER if item[2].role == "server" else Role.WORKER].append(item)
         wanted = {Role.SERVER: self._cluster.num_servers, Role.WORKER: self._cluster.num_workers}
         for role, items in by_role.items():
             if len(items) != wanted[role]:
@@ -182,28 +188,23 @@ class Scheduler:
                                                       f"expected {wanted[role]} {role.name.lower()}s, got {len(items)}"))
                 self._pending = []
                 return
-            ranks = _ranks([int(body.get("rank", -1)) for _, _, body in items])
+            ranks = _ranks([body.rank for _, _, body in items])
             for (identity, _, body), rank in zip(items, ranks):
                 nid = node_id(role, rank)
-                shm = body.get("shm")
-                shm_info = {"dir": str(shm["dir"]), "host": str(shm["host"])} if isinstance(shm, dict) and \
-                    {"dir", "host"} <= set(shm) else None
-                self._nodes[nid] = _Node(identity, role, rank, str(body.get("address", "")), now, shm=shm_info)
+                self._nodes[nid] = _Node(identity, role, rank, body.address, now, shm=body.shm)
                 self._by_identity[identity] = nid
         for identity, header, _ in self._pending:
-            self._send(identity, reply_frames(header, SCHEDULER_ID, self._table(self._by_identity[identity])))
+            self._send(identity, reply_frames(header, SCHEDULER_ID, self._table(self._by_identity[identity]).encode()))
         self._pending = []
         log.info("scheduler: all %d nodes registered", len(self._nodes))
 
-    def _table(self, nid: int, recovery: bool = False) -> dict[str, Any]:
+    def _table(self, nid: int, recovery: bool = False) -> NodeTable:
         """The registration reply of node ``nid``: its rank and the servers."""
-        servers = [self._nodes[node_id(Role.SERVER, r)].address for r in range(self._cluster.num_servers)]
-        server_shm = [self._nodes[node_id(Role.SERVER, r)].shm for r in range(self._cluster.num_servers)]
-        return {"node_id": nid, "rank": self._nodes[nid].rank, "servers": servers, "server_shm": server_shm,
-                "num_servers": self._cluster.num_servers, "num_workers": self._cluster.num_workers,
-                "recovery": recovery}
+        servers = [self._nodes[node_id(Role.SERVER, r)] for r in range(self._cluster.num_servers)]
+        return NodeTable(nid, self._nodes[nid].rank, tuple(s.address for s in servers), tuple(s.shm for s in servers),
+                         self._cluster.num_servers, self._cluster.num_workers, recovery)
 
-    def _rejoin(self, identity: bytes, header: Header, body: dict[str, Any], role: Role) -> None:
+    def _rejoin(self, identity: bytes, header: Header, body: Register, role: Role) -> None:
         """A replacement process takes over a worker's or server's rank (``PSKV_RECOVERY_TIMEOUT`` > 0).
 
         It names its rank (``DMLC_WORKER_ID`` / ``PSKV_SERVER_RANK``); without one it takes
@@ -212,7 +213,7 @@ class Scheduler:
         replaced at once, dead or not. A new server's address reaches every node with
         the next heartbeat replies (``servers_version``).
         """
-        rank = int(body.get("rank", -1))
+        rank = body.rank
         count = self._cluster.num_workers if role is Role.WORKER else self._cluster.num_servers
         if rank < 0:
             dead = [n.rank for n in self._nodes.values() if n.role is role and n.dead]
@@ -232,16 +233,14 @@ class Scheduler:
         self._by_identity.pop(node.identity, None)
         for arrived in self._barriers.values():  # the old process may have died inside a barrier
             arrived.pop(nid, None)
-        node.identity, node.address, node.dead, node.given_up = identity, str(body.get("address", "")), False, False
+        node.identity, node.address, node.dead, node.given_up = identity, body.address, False, False
         node.last_seen = time.monotonic()
         self._by_identity[identity] = nid
         if role is Role.SERVER:
-            shm = body.get("shm")
-            node.shm = {"dir": str(shm["dir"]), "host": str(shm["host"])} if isinstance(shm, dict) and \
-                {"dir", "host"} <= set(shm) else None
+            node.shm = body.shm
             self._servers_version += 1
         log.warning("scheduler: %s rejoined (a replacement process)", node_name(nid))
-        self._send(identity, reply_frames(header, SCHEDULER_ID, self._table(nid, recovery=True)))
+        self._send(identity, reply_frames(header, SCHEDULER_ID, self._table(nid, recovery=True).encode()))
 
     # -- barrier ------------------------------------------------------------------------
     def _members(self, group: int) -> set[int]:
@@ -325,7 +324,7 @@ class Scheduler:
             return
         servers = self._members(Role.SERVER)
         for identity, header in self._waiting_servers.values():
-            self._send(identity, reply_frames(header, SCHEDULER_ID, {"dead": self._dead_ids()}))
+            self._send(identity, reply_frames(header, SCHEDULER_ID, Liveness(tuple(self._dead_ids()), {}).encode()))
         told = set(self._waiting_servers)
         if servers <= told | {s for s in servers if self._nodes[s].dead}:
             self._finished.set()

@@ -10,13 +10,22 @@ as JSON configs, never as code; controllers are functions the server registered 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-from pskv.cluster.messages import json_body, reply_frames
-from pskv.errors import InvalidArgumentError, OptimizerStateError, ProtocolError
+from pskv.errors import InvalidArgumentError, OptimizerStateError
 from pskv.optimizer import Optimizer, Updater
 from pskv.optimizer.updater import install_optimizer, updater_from_states
 from pskv.protocol import Command, Header
+from pskv.protocol.bodies import (
+    CheckpointRequest,
+    CheckpointSaved,
+    ControllerAnswer,
+    ControllerCall,
+    OptimizerConfig,
+    SetMode,
+    StatesFile,
+    StatesRequest,
+)
+from pskv.protocol.replies import reply_frames
 from pskv.server.checkpointing import ShardCheckpoints
 from pskv.server.controllers import find_controller
 from pskv.server.handlers import Handler, Reply
@@ -59,14 +68,12 @@ class ControlHandlers:
     def _name(self) -> str:
         return f"server {self._rank()}"
 
-    def _ack(self, identity: bytes, header: Header, body: dict[str, Any] | None = None) -> None:
+    def _ack(self, identity: bytes, header: Header, body: str = "") -> None:
         self._reply(identity, reply_frames(header, self._node_id(), body))
 
     def set_mode(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
-        """``{sync: bool}``: sync or async aggregation; fixed once keys exist."""
-        sync = json_body(header).get("sync")
-        if not isinstance(sync, bool):
-            raise ProtocolError("SET_MODE needs {sync: bool}")
+        """:class:`SetMode`: sync or async aggregation; fixed once keys exist."""
+        sync = SetMode.parse(header).sync
         if self._shard.parts and sync != self._shard.sync:
             raise InvalidArgumentError("the aggregation mode cannot change once keys exist")
         self._shard.sync = sync
@@ -74,16 +81,13 @@ class ControlHandlers:
 
     def set_optimizer(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
         """An optimizer config: new hyperparameters keep the optimizer state (install_optimizer)."""
-        optimizer = Optimizer.from_config(json_body(header))  # a config, never code
+        optimizer = Optimizer.from_config(OptimizerConfig.parse(header).config)  # a config, never code
         self._shard.updater = install_optimizer(self._shard.updater, optimizer)
         self._ack(identity, header)
 
     def controller(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
-        """``{head: int, body: str}``: the registered controller's answer."""
-        body = json_body(header)
-        head, text = body.get("head"), body.get("body", "")
-        if type(head) is not int or not isinstance(text, str):
-            raise ProtocolError("CONTROLLER needs {head: int, body: str}")
+        """:class:`ControllerCall`: the registered controller's answer."""
+        head, text = ControllerCall.parse(header)
         fn = find_controller(head)
         if fn is None:
             raise InvalidArgumentError(
@@ -91,39 +95,34 @@ class ControlHandlers:
                 "in a module named by PSKV_SERVER_MODULES)"
             )
         answer = fn(head, text)
-        self._ack(identity, header, {"answer": "" if answer is None else str(answer)})
+        self._ack(identity, header, ControllerAnswer("" if answer is None else str(answer)).encode())
 
-    def _states_path(self, header: Header) -> str:
-        path = json_body(header).get("path")
-        if not isinstance(path, str) or not path:
-            raise ProtocolError("state commands need {path: str}")
-        return f"{path}.server{self._rank()}"
+    def _states_path(self, request: StatesRequest) -> str:
+        return f"{request.path}.server{self._rank()}"
 
     def save_states(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
-        """``{path: str, dump_optimizer: bool}``: write the optimizer state to ``<path>.server<rank>``."""
+        """:class:`StatesRequest`: write the optimizer state to ``<path>.server<rank>``."""
+        request = StatesRequest.parse(header)
         if not isinstance(self._shard.updater, Updater):
             raise OptimizerStateError(f"{self._name} has no optimizer (call set_optimizer first)")
-        path = self._states_path(header)
-        self._shard.updater.save_states(path, dump_optimizer=bool(json_body(header).get("dump_optimizer")))
-        self._ack(identity, header, {"file": path})
+        path = self._states_path(request)
+        self._shard.updater.save_states(path, dump_optimizer=request.dump_optimizer)
+        self._ack(identity, header, StatesFile(path).encode())
 
     def load_states(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
-        """``{path: str}``: load the optimizer state from ``<path>.server<rank>``.
+        """:class:`StatesRequest`: load the optimizer state from ``<path>.server<rank>``.
 
         Without an optimizer, the file's optimizer config (``dump_optimizer``) installs one.
         """
-        path = self._states_path(header)
+        path = self._states_path(StatesRequest.parse(header))
         if isinstance(self._shard.updater, Updater):
             self._shard.updater.load_states(path)
         else:
             self._shard.updater = updater_from_states(path, no_config=OptimizerStateError(
                 f"{self._name}: {path} holds no optimizer config and no optimizer is set"))
-        self._ack(identity, header, {"file": path})
+        self._ack(identity, header, StatesFile(path).encode())
 
     def save_checkpoint(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
-        """``{dir: str}``: write this server's shard into that checkpoint directory."""
-        directory = json_body(header).get("dir")
-        if not isinstance(directory, str) or not directory:
-            raise ProtocolError("SAVE_CHECKPOINT needs {dir: str}")
-        saved = self._checkpoints.save(directory, self._rank())
-        self._ack(identity, header, {"file": saved.file, "bytes": saved.bytes, "open_rounds": saved.open_rounds})
+        """:class:`CheckpointRequest`: write this server's shard into that checkpoint directory."""
+        saved = self._checkpoints.save(CheckpointRequest.parse(header).dir, self._rank())
+        self._ack(identity, header, CheckpointSaved(str(saved.file), saved.bytes, saved.open_rounds).encode())

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from pskv.cluster.messages import error_frames, reply_frames
 from pskv.protocol import ArraySpec, Command, Header, encode
+from pskv.protocol.replies import error_frames, reply_frames
 from pskv.server.shard import Part
 
 __all__ = ["Gather"]

@@ -19,9 +19,11 @@ from typing import Any, TypeAlias, TypeGuard
 
 import numpy as np
 
-from pskv.cluster.messages import json_body, reply_frames
+from pskv.cluster.messages import json_body
 from pskv.errors import InvalidArgumentError, KVStoreError, ProtocolError
 from pskv.protocol import TX_PREFIX, ArraySpec, Command, Header, frame_array, node_name
+from pskv.protocol.bodies import Hello
+from pskv.protocol.replies import reply_frames
 from pskv.server.dedup import ReplyCache
 from pskv.server.gather import Gather
 from pskv.server.liveness import DeadWorkers
@@ -240,10 +242,7 @@ class DataHandlers:
         Only messages arriving from that socket are rerouted: a peer can redirect the
         answers to its own requests, no one else's.
         """
-        tx = json_body(header).get("tx")
-        if not isinstance(tx, str) or len(tx) != 16 or any(c not in "0123456789abcdef" for c in tx):
-            raise ProtocolError("HELLO needs {tx: 16 lowercase hex digits}")
-        self._routes[TX_PREFIX + tx.encode()] = identity
+        self._routes[TX_PREFIX + Hello.parse(header).tx.encode()] = identity
         self._ack(identity, header)
 
     def sync(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:

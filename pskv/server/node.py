@@ -27,10 +27,10 @@ from typing import Any
 import zmq
 
 from pskv.cluster import Membership, RequestTracker
-from pskv.cluster.messages import error_frames
 from pskv.config import ClusterConfig
 from pskv.errors import KVStoreError, ProtocolError, TransportError
 from pskv.protocol import Command, Header, Role, decode, node_id, node_name, node_role_rank
+from pskv.protocol.replies import error_frames
 from pskv.server.checkpointing import ShardCheckpoints
 from pskv.server.control import ControlHandlers
 from pskv.server.controllers import import_modules

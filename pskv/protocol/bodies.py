@@ -1,0 +1,383 @@
+"""Every command's body: one typed value per body, with ``encode()`` and ``parse(header)``.
+
+The data path has no bodies (its options are :class:`~pskv.protocol.messages.Flag`
+bits and its arrays' specs). Everything else carries one JSON object in
+:attr:`Header.body`, described field by field here and nowhere else. ``parse`` checks
+every field's type and range before anything uses it and raises
+:class:`~pskv.errors.ProtocolError` naming the command and the field; nothing in a
+body is executed, unpickled, or used as a file path without the receiver's own checks
+(paths name files the *receiver* writes, as MXNet's ``save_optimizer_states`` did).
+
+================  =====================  ================================================
+command           request body           reply body
+================  =====================  ================================================
+REGISTER          :class:`Register`      :class:`NodeTable`
+HEARTBEAT         (none)                 :class:`Liveness`
+BARRIER           :class:`Barrier`       (none)
+SHUTDOWN          :class:`Shutdown`      (none)
+INIT/PUSH/PULL/   (none: flags, specs)   (none: specs; SHM flag and ``buffer`` for
+PUSHPULL                                 shared-memory replies)
+HELLO             :class:`Hello`         (none)
+SET_MODE          :class:`SetMode`       (none)
+SET_OPTIMIZER     :class:`OptimizerConfig`  (none)
+CONTROLLER        :class:`ControllerCall`   :class:`ControllerAnswer`
+SAVE_STATES       :class:`StatesRequest`    :class:`StatesFile`
+LOAD_STATES       :class:`StatesRequest`    :class:`StatesFile`
+SAVE_CHECKPOINT   :class:`CheckpointRequest`  :class:`CheckpointSaved`
+SYNC, JOIN,       (none)                 (none)
+REJOIN
+ERROR (reply)     —                      :class:`ErrorReply`
+================  =====================  ================================================
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, NamedTuple, TypeVar
+
+from pskv.errors import ProtocolError
+from pskv.protocol.messages import Header
+
+__all__ = [
+    "Barrier", "CheckpointRequest", "CheckpointSaved", "ControllerAnswer", "ControllerCall", "ErrorReply", "Hello",
+    "Liveness", "NodeTable", "OptimizerConfig", "Register", "SetMode", "ShmInfo", "Shutdown", "StatesFile",
+    "StatesRequest", "json_object",
+]
+
+T = TypeVar("T")
+
+
+def json_object(header: Header) -> dict[str, Any]:
+    """The header's body parsed as a JSON object (``{}`` for an empty body).
+
+    Raises:
+        ProtocolError: the body is not a JSON object.
+    """
+    if not header.body:
+        return {}
+    try:
+        value = json.loads(header.body)
+    except (ValueError, RecursionError) as exc:  # RecursionError: hostile nesting ("[[[[...")
+        raise ProtocolError(f"{header.command.name} body is not JSON: {type(exc).__name__}") from None
+    if not isinstance(value, dict):
+        raise ProtocolError(f"{header.command.name} body must be a JSON object")
+    return value
+
+
+def _field(header: Header, body: dict[str, Any], name: str, kind: type[T], default: Any = ...) -> T:
+    """``body[name]``, which must be exactly of ``kind`` (bool is not an int here)."""
+    if name not in body:
+        if default is ...:
+            raise ProtocolError(f"{header.command.name} body needs field {name!r}")
+        return default  # type: ignore[no-any-return]
+    value = body[name]
+    if type(value) is not kind:
+        raise ProtocolError(f"{header.command.name} body field {name!r} must be {kind.__name__}, got {value!r}")
+    return value  # type: ignore[no-any-return]
+
+
+def _nonempty(header: Header, name: str, value: str) -> str:
+    if not value:
+        raise ProtocolError(f"{header.command.name} body field {name!r} must not be empty")
+    return value
+
+
+def _dump(value: dict[str, Any]) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+# -- node <-> scheduler -------------------------------------------------------------------
+class ShmInfo(NamedTuple):
+    """Where a server's shared memory is: its directory, on which host."""
+
+    dir: str
+    host: str
+
+    @classmethod
+    def parse_value(cls, header: Header, value: Any) -> ShmInfo | None:
+        """From a JSON value (None stays None)."""
+        if value is None:
+            return None
+        if not isinstance(value, dict) or type(value.get("dir")) is not str or type(value.get("host")) is not str:
+            raise ProtocolError(f"{header.command.name}: shm must be {{dir: str, host: str}} or null")
+        return cls(value["dir"], value["host"])
+
+
+class Register(NamedTuple):
+    """REGISTER: ``{role: "server"|"worker", address: str, rank: int (-1: any), shm?: ShmInfo}``."""
+
+    role: str
+    address: str
+    rank: int = -1
+    shm: ShmInfo | None = None
+
+    def encode(self) -> str:
+        body: dict[str, Any] = {"role": self.role, "address": self.address, "rank": self.rank}
+        if self.shm is not None:
+            body["shm"] = self.shm._asdict()
+        return _dump(body)
+
+    @classmethod
+    def parse(cls, header: Header) -> Register:
+        body = json_object(header)
+        role = _field(header, body, "role", str)
+        if role not in ("server", "worker"):
+            raise ProtocolError("REGISTER: role must be server or worker")
+        rank = _field(header, body, "rank", int, -1)
+        if rank < -1:
+            raise ProtocolError(f"REGISTER: rank {rank} is not a rank (or -1)")
+        return cls(role, _field(header, body, "address", str, ""), rank,
+                   ShmInfo.parse_value(header, body.get("shm")))
+
+
+class NodeTable(NamedTuple):
+    """REGISTER reply: the node's id and rank, every server's address and shared memory, sizes."""
+
+    node_id: int
+    rank: int
+    servers: tuple[str, ...]
+    server_shm: tuple[ShmInfo | None, ...]
+    num_servers: int
+    num_workers: int
+    recovery: bool = False
+
+    def encode(self) -> str:
+        return _dump({"node_id": self.node_id, "rank": self.rank, "servers": list(self.servers),
+                      "server_shm": [None if s is None else s._asdict() for s in self.server_shm],
+                      "num_servers": self.num_servers, "num_workers": self.num_workers, "recovery": self.recovery})
+
+    @classmethod
+    def parse(cls, header: Header) -> NodeTable:
+        body = json_object(header)
+        servers = _strings(header, body, "servers")
+        shm = _field(header, body, "server_shm", list)
+        if len(shm) != len(servers):
+            raise ProtocolError("REGISTER reply: server_shm and servers differ in length")
+        return cls(_field(header, body, "node_id", int), _field(header, body, "rank", int), servers,
+                   tuple(ShmInfo.parse_value(header, s) for s in shm), _field(header, body, "num_servers", int),
+                   _field(header, body, "num_workers", int), _field(header, body, "recovery", bool, False))
+
+
+class Liveness(NamedTuple):
+    """HEARTBEAT reply: dead node ids, seconds since each node was heard (by id), and after a
+    server was replaced (``servers_version`` > 0) where the servers are now."""
+
+    dead: tuple[int, ...]
+    ages: dict[int, float]
+    servers_version: int = 0
+    servers: tuple[str, ...] = ()
+    server_shm: tuple[ShmInfo | None, ...] = ()
+
+    def encode(self) -> str:
+        body: dict[str, Any] = {"dead": list(self.dead), "ages": {str(n): a for n, a in self.ages.items()}}
+        if self.servers_version:
+            body.update(servers_version=self.servers_version, servers=list(self.servers),
+                        server_shm=[None if s is None else s._asdict() for s in self.server_shm])
+        return _dump(body)
+
+    @classmethod
+    def parse(cls, header: Header) -> Liveness:
+        body = json_object(header)
+        dead = _field(header, body, "dead", list, [])
+        ages = _field(header, body, "ages", dict, {})
+        if any(type(n) is not int for n in dead) or any(
+                not k.lstrip("-").isdigit() or type(v) not in (int, float) for k, v in ages.items()):
+            raise ProtocolError("HEARTBEAT reply: dead must be node ids and ages {node id: seconds}")
+        version = _field(header, body, "servers_version", int, 0)
+        servers = _strings(header, body, "servers") if version else ()
+        shm = tuple(ShmInfo.parse_value(header, s) for s in _field(header, body, "server_shm", list, [])) \
+            if version else ()
+        return cls(tuple(dead), {int(k): float(v) for k, v in ages.items()}, version, servers, shm)
+
+
+class Barrier(NamedTuple):
+    """BARRIER: ``{group: int}``, the node-group bits (1 scheduler, 2 servers, 4 workers) that meet."""
+
+    group: int
+
+    def encode(self) -> str:
+        return _dump({"group": self.group})
+
+    @classmethod
+    def parse(cls, header: Header) -> Barrier:
+        group = _field(header, json_object(header), "group", int, 4)
+        if not 1 <= group <= 7:
+            raise ProtocolError(f"BARRIER: group {group} is not a node group (1..7)")
+        return cls(group)
+
+
+class Shutdown(NamedTuple):
+    """SHUTDOWN: ``{wait: bool}``: this node is done; with ``wait`` the reply comes when the job ends."""
+
+    wait: bool = False
+
+    def encode(self) -> str:
+        return _dump({"wait": self.wait})
+
+    @classmethod
+    def parse(cls, header: Header) -> Shutdown:
+        return cls(_field(header, json_object(header), "wait", bool, False))
+
+
+# -- worker -> server: control --------------------------------------------------------------
+class Hello(NamedTuple):
+    """HELLO: ``{tx: 16 lowercase hex digits}``, naming the worker's send-only socket
+    (routing identity ``pskv-tx-<tx>``) whose requests are answered on this message's socket."""
+
+    tx: str
+
+    def encode(self) -> str:
+        return _dump({"tx": self.tx})
+
+    @classmethod
+    def parse(cls, header: Header) -> Hello:
+        tx = json_object(header).get("tx")
+        if not isinstance(tx, str) or len(tx) != 16 or any(c not in "0123456789abcdef" for c in tx):
+            raise ProtocolError("HELLO needs {tx: 16 lowercase hex digits}")
+        return cls(tx)
+
+
+class SetMode(NamedTuple):
+    """SET_MODE: ``{sync: bool}``: synchronous rounds or asynchronous updates (worker 0, at start)."""
+
+    sync: bool
+
+    def encode(self) -> str:
+        return _dump({"sync": self.sync})
+
+    @classmethod
+    def parse(cls, header: Header) -> SetMode:
+        return cls(_field(header, json_object(header), "sync", bool))
+
+
+class OptimizerConfig(NamedTuple):
+    """SET_OPTIMIZER: the optimizer's JSON config (``Optimizer.to_config()``; never code)."""
+
+    config: dict[str, Any]
+
+    def encode(self) -> str:
+        return _dump(self.config)
+
+    @classmethod
+    def parse(cls, header: Header) -> OptimizerConfig:
+        return cls(json_object(header))  # Optimizer.from_config validates the content
+
+
+class ControllerCall(NamedTuple):
+    """CONTROLLER: ``{head: int, body: str}`` for the controller registered under ``head``."""
+
+    head: int
+    body: str = ""
+
+    def encode(self) -> str:
+        return _dump({"head": self.head, "body": self.body})
+
+    @classmethod
+    def parse(cls, header: Header) -> ControllerCall:
+        body = json_object(header)
+        return cls(_field(header, body, "head", int), _field(header, body, "body", str, ""))
+
+
+class ControllerAnswer(NamedTuple):
+    """CONTROLLER reply: ``{answer: str}``, what the controller returned (as text)."""
+
+    answer: str = ""
+
+    def encode(self) -> str:
+        return _dump({"answer": self.answer})
+
+    @classmethod
+    def parse(cls, header: Header) -> ControllerAnswer:
+        return cls(_field(header, json_object(header), "answer", str, ""))
+
+
+class StatesRequest(NamedTuple):
+    """SAVE_STATES / LOAD_STATES: ``{path: str, dump_optimizer?: bool}``; the server uses
+    ``<path>.server<rank>``."""
+
+    path: str
+    dump_optimizer: bool = False
+
+    def encode(self) -> str:
+        return _dump({"path": self.path, "dump_optimizer": self.dump_optimizer})
+
+    @classmethod
+    def parse(cls, header: Header) -> StatesRequest:
+        body = json_object(header)
+        path = _nonempty(header, "path", _field(header, body, "path", str))
+        return cls(path, _field(header, body, "dump_optimizer", bool, False))
+
+
+class StatesFile(NamedTuple):
+    """SAVE_STATES / LOAD_STATES reply: ``{file: str}``, the file written or read."""
+
+    file: str
+
+    def encode(self) -> str:
+        return _dump({"file": self.file})
+
+    @classmethod
+    def parse(cls, header: Header) -> StatesFile:
+        return cls(_field(header, json_object(header), "file", str))
+
+
+class CheckpointRequest(NamedTuple):
+    """SAVE_CHECKPOINT: ``{dir: str}``: write this server's shard into that checkpoint directory."""
+
+    dir: str
+
+    def encode(self) -> str:
+        return _dump({"dir": self.dir})
+
+    @classmethod
+    def parse(cls, header: Header) -> CheckpointRequest:
+        return cls(_nonempty(header, "dir", _field(header, json_object(header), "dir", str)))
+
+
+class CheckpointSaved(NamedTuple):
+    """SAVE_CHECKPOINT reply: ``{file: str, bytes: int, open_rounds: int}``."""
+
+    file: str
+    bytes: int
+    open_rounds: int
+
+    def encode(self) -> str:
+        return _dump({"file": self.file, "bytes": self.bytes, "open_rounds": self.open_rounds})
+
+    @classmethod
+    def parse(cls, header: Header) -> CheckpointSaved:
+        body = json_object(header)
+        return cls(_field(header, body, "file", str), _field(header, body, "bytes", int),
+                   _field(header, body, "open_rounds", int))
+
+
+# -- errors -------------------------------------------------------------------------------
+class ErrorReply(NamedTuple):
+    """ERROR: ``{type: str, message: str, node?: str}``: the error class name, its message,
+    and the failed node it names (NodeFailedError)."""
+
+    type: str
+    message: str
+    node: str = ""
+
+    def encode(self) -> str:
+        body = {"type": self.type, "message": self.message}
+        if self.node:
+            body["node"] = self.node
+        return _dump(body)
+
+    @classmethod
+    def parse(cls, header: Header) -> ErrorReply:
+        """Tolerant: a malformed error body still becomes an error (its text, cut short)."""
+        try:
+            body = json_object(header)
+            return cls(str(body.get("type", "Error")), str(body.get("message", "")), str(body.get("node", "")))
+        except ProtocolError:
+            return cls("Error", header.body[:200])
+
+
+def _strings(header: Header, body: dict[str, Any], name: str) -> tuple[str, ...]:
+    values = _field(header, body, name, list)
+    if any(type(v) is not str for v in values):
+        raise ProtocolError(f"{header.command.name} body field {name!r} must be a list of strings")
+    return tuple(values)

@@ -1,0 +1,65 @@
+"""Every command body round-trips through encode/parse, and a malformed one is a ProtocolError naming the field."""
+
+from __future__ import annotations
+
+import pytest
+
+from pskv.errors import ProtocolError
+from pskv.protocol import Command, Header
+from pskv.protocol import bodies as b
+
+EXAMPLES = [
+    (Command.REGISTER, b.Register("worker", "tcp://127.0.0.1:5", 1, b.ShmInfo("/dev/shm/x", "h1"))),
+    (Command.REGISTER, b.Register("server", "tcp://127.0.0.1:6")),
+    (Command.REPLY, b.NodeTable(9, 0, ("tcp://a:1", "tcp://b:2"), (b.ShmInfo("/d", "h"), None), 2, 3, True)),
+    (Command.REPLY, b.Liveness((11,), {1: 0.5, 9: 2.0}, 3, ("tcp://a:1",), (None,))),
+    (Command.REPLY, b.Liveness((), {})),
+    (Command.BARRIER, b.Barrier(6)),
+    (Command.SHUTDOWN, b.Shutdown(True)),
+    (Command.HELLO, b.Hello("0123456789abcdef")),
+    (Command.SET_MODE, b.SetMode(False)),
+    (Command.SET_OPTIMIZER, b.OptimizerConfig({"name": "sgd", "params": {"learning_rate": 0.1}})),
+    (Command.CONTROLLER, b.ControllerCall(7, "go")),
+    (Command.REPLY, b.ControllerAnswer("done")),
+    (Command.SAVE_STATES, b.StatesRequest("/tmp/s", True)),
+    (Command.REPLY, b.StatesFile("/tmp/s.server0")),
+    (Command.SAVE_CHECKPOINT, b.CheckpointRequest("/ckpt/ckpt-1")),
+    (Command.REPLY, b.CheckpointSaved("/ckpt/ckpt-1/server-0.safetensors", 123, 1)),
+    (Command.ERROR, b.ErrorReply("NodeFailedError", "worker 1 died", "worker 1")),
+]
+
+
+@pytest.mark.parametrize(("command", "body"), EXAMPLES, ids=[f"{type(x).__name__}-{i}" for i, (_, x) in
+                                                             enumerate(EXAMPLES)])
+def test_each_body_round_trips(command, body):
+    header = Header(command, 1, 9, body=body.encode())
+    assert type(body).parse(header) == body
+
+
+@pytest.mark.parametrize(("cls", "command", "text", "match"), [
+    (b.Register, Command.REGISTER, '{"role": "admin", "address": ""}', "role must be server or worker"),
+    (b.Register, Command.REGISTER, '{"role": "worker", "rank": "0"}', "field 'rank' must be int"),
+    (b.Register, Command.REGISTER, '{"role": "worker", "rank": -7}', "rank -7 is not a rank"),
+    (b.Register, Command.REGISTER, '{"role": "worker", "shm": {"dir": 1}}', "shm must be"),
+    (b.NodeTable, Command.REPLY, '{"node_id": 9, "rank": 0, "servers": [1], "server_shm": [null]}',
+     "must be a list of strings"),
+    (b.Liveness, Command.REPLY, '{"dead": ["x"]}', "dead must be node ids"),
+    (b.Barrier, Command.BARRIER, '{"group": 9}', "not a node group"),
+    (b.Barrier, Command.BARRIER, '{"group": true}', "must be int"),
+    (b.Hello, Command.HELLO, '{"tx": "XYZ"}', "16 lowercase hex"),
+    (b.SetMode, Command.SET_MODE, "{}", "needs field 'sync'"),
+    (b.SetMode, Command.SET_MODE, '{"sync": 1}', "must be bool"),
+    (b.ControllerCall, Command.CONTROLLER, '{"head": 1.5}', "'head' must be int"),
+    (b.StatesRequest, Command.SAVE_STATES, '{"path": ""}', "must not be empty"),
+    (b.CheckpointRequest, Command.SAVE_CHECKPOINT, '{"dir": ["a"]}', "'dir' must be str"),
+    (b.SetMode, Command.SET_MODE, "[" * 100_000, "not JSON"),
+    (b.SetMode, Command.SET_MODE, "[1]", "must be a JSON object"),
+])
+def test_a_malformed_body_names_the_command_and_field(cls, command, text, match):
+    with pytest.raises(ProtocolError, match=match):
+        cls.parse(Header(command, 1, 9, body=text))
+
+
+def test_an_unreadable_error_body_still_becomes_an_error():
+    got = b.ErrorReply.parse(Header(Command.ERROR, 1, 8, body="oops" * 100))
+    assert got.type == "Error" and got.message == ("oops" * 100)[:200]
