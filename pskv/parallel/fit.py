@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,8 @@ from pskv.parallel.metrics import create as create_metric
 from pskv.parallel.uneven import UnevenSteps
 
 if TYPE_CHECKING:  # the trainer calls fit(); fit only needs its type
+    from pskv.kvstore import KVStoreBase
+    from pskv.parallel.executor_group import DataParallelExecutorGroup
     from pskv.parallel.trainer import Trainer
 
 __all__ = ["fit", "evaluate", "LINE_SECONDS"]
@@ -128,6 +131,69 @@ def fit(trainer: Trainer, train_data: Iterable[Any], eval_data: Iterable[Any] | 
         One dict per epoch trained: ``epoch``, ``loss``, ``train`` and ``eval`` metrics,
         ``samples_per_s`` (all workers), ``seconds``.
     """
+    group = _checked_group(trainer, num_epoch, resume, checkpoint_dir)
+    kv = trainer.kvstore
+    rank = kv.rank if kv is not None else 0
+    workers = kv.num_workers if kv is not None else 1
+    show = log_all_ranks or rank == 0
+    if resume:
+        begin_epoch = _resume(trainer, group, train_data, checkpoint_dir, begin_epoch, show)
+    run = _Run(trainer, group, kv, workers, show, _snapshot_steps(kv, server_checkpoint_steps, uneven),
+               _uneven_shadow(trainer, kv, workers, uneven), num_epoch, begin_epoch, progress, eval_data,
+               eval_metric, checkpoint_dir, checkpoint_period, batch_end_callback)
+    history = []
+    for epoch in range(begin_epoch, num_epoch):
+        _begin_epoch(train_data, epoch)
+        metric = _metric(eval_metric)
+        totals, seconds = _train_epoch(run, train_data, epoch, metric)
+        record = _epoch_record(run, epoch, totals, seconds, metric)
+        history.append(record)
+        if epoch_end_callback is not None:
+            epoch_end_callback(record)
+    return history
+
+
+# ---------------------------------------------------------------------------- fit()'s pieces
+
+
+@dataclass
+class _Run:
+    """The settings of one fit() call that every epoch uses, and the steps taken so far."""
+
+    trainer: Trainer
+    group: DataParallelExecutorGroup
+    kv: KVStoreBase | None
+    workers: int
+    show: bool
+    snapshots: int  # server checkpoint every this many steps; 0: never
+    shadow: UnevenSteps | None
+    num_epoch: int
+    begin_epoch: int
+    progress: bool | str
+    eval_data: Iterable[Any] | None
+    eval_metric: Any
+    checkpoint_dir: str | Path | None
+    checkpoint_period: int
+    batch_end_callback: Callable[[dict[str, Any]], None] | None
+    total_steps: int = 0  # over the whole run (server_checkpoint_steps counts these)
+
+
+@dataclass
+class _EpochTotals:
+    """What one epoch's steps add up to."""
+
+    loss_sum: float = 0.0
+    samples: int = 0
+    steps: int = 0
+
+
+def _checked_group(trainer: Trainer, num_epoch: int, resume: bool,
+                   checkpoint_dir: str | Path | None) -> DataParallelExecutorGroup:
+    """The trainer's group, after fit()'s argument checks.
+
+    Raises:
+        InvalidArgumentError: no group or no loss, ``num_epoch`` < 1, ``resume`` without a directory.
+    """
     group = trainer.group
     if group is None or group.loss is None:
         raise InvalidArgumentError("fit() needs a Trainer over a DataParallelExecutorGroup that has a loss")
@@ -135,83 +201,113 @@ def fit(trainer: Trainer, train_data: Iterable[Any], eval_data: Iterable[Any] | 
         raise InvalidArgumentError(f"num_epoch must be an int >= 1, got {num_epoch!r}")
     if resume and checkpoint_dir is None:
         raise InvalidArgumentError("resume=True needs a checkpoint_dir")
-    kv = trainer.kvstore
-    rank = kv.rank if kv is not None else 0
-    workers = kv.num_workers if kv is not None else 1
-    show = log_all_ranks or rank == 0
-    if resume:
-        found = latest_checkpoint(checkpoint_dir)  # type: ignore[arg-type]
-        if found is not None:
-            if not group.data_shapes:
-                first = next(iter(train_data))
-                _bind_from(group, first)
-            meta = load_checkpoint(trainer, found)
-            begin_epoch = int(meta["epoch"]) + 1
-            if show:
-                print(f"resumed from {found} (epoch {meta['epoch'] + 1} done)", flush=True)
+    return group
+
+
+def _resume(trainer: Trainer, group: DataParallelExecutorGroup, train_data: Iterable[Any],
+            checkpoint_dir: str | Path | None, begin_epoch: int, show: bool) -> int:
+    """Load the newest checkpoint in ``checkpoint_dir``, if any; returns the epoch to begin with."""
+    found = latest_checkpoint(checkpoint_dir)  # type: ignore[arg-type]
+    if found is None:
+        return begin_epoch
+    if not group.data_shapes:
+        first = next(iter(train_data))
+        _bind_from(group, first)
+    meta = load_checkpoint(trainer, found)
+    if show:
+        print(f"resumed from {found} (epoch {meta['epoch'] + 1} done)", flush=True)
+    return int(meta["epoch"]) + 1
+
+
+def _snapshot_steps(kv: KVStoreBase | None, server_checkpoint_steps: int, uneven: bool) -> int:
+    """Every how many steps the servers are checkpointed (0: never; only distributed stores).
+
+    Raises:
+        InvalidArgumentError: ``server_checkpoint_steps`` is not an int >= 0, or is used with ``uneven``.
+    """
     if server_checkpoint_steps and (isinstance(server_checkpoint_steps, bool) or not isinstance(
             server_checkpoint_steps, int) or server_checkpoint_steps < 0):
         raise InvalidArgumentError(f"server_checkpoint_steps must be an int >= 0, got {server_checkpoint_steps!r}")
     snapshots = server_checkpoint_steps if kv is not None and kv.store_type.distributed else 0
     if snapshots and uneven:
         raise InvalidArgumentError("server_checkpoint_steps needs the same steps on every worker; not with uneven=True")
-    total_steps = 0
-    shadow = None
+    return snapshots
+
+
+def _uneven_shadow(trainer: Trainer, kv: KVStoreBase | None, workers: int, uneven: bool) -> UnevenSteps | None:
+    """The :class:`UnevenSteps` of ``uneven=True`` where it is needed (several workers, a sync distributed store)."""
     if uneven and kv is not None and workers > 1 and kv.store_type.distributed and kv.store_type.sync:
-        shadow = UnevenSteps(trainer)
-    history = []
-    for epoch in range(begin_epoch, num_epoch):
-        _begin_epoch(train_data, epoch)
-        metric = _metric(eval_metric)
-        total = len(train_data) if hasattr(train_data, "__len__") else None  # type: ignore[arg-type]
-        bar = _Progress(progress, total, f"epoch {epoch + 1}/{num_epoch}", show)
-        start = time.perf_counter()
-        loss_sum, samples, steps = 0.0, 0, 0
-        try:
-            for batch in train_data:
-                if not group.data_shapes:
-                    _bind_from(group, batch)
-                group.forward(batch, is_train=True)
-                group.backward()
-                if shadow is not None:
-                    shadow.before_step(group.batch_size)
-                trainer.step()
-                _, labels = batch_arrays(batch)
-                group.update_metric(metric, labels)
-                loss_sum += group.get_loss()
-                samples += group.batch_size
-                steps += 1
-                total_steps += 1
-                if kv is not None and snapshots and total_steps % snapshots == 0:
-                    kv.save_checkpoint(meta={"epoch": epoch, "step": steps})  # collective: every worker steps alike
-                seconds = time.perf_counter() - start
-                stats = {"loss": loss_sum / samples, **dict(metric.get_name_value()),
-                         "samples/s": round(samples * workers / max(seconds, 1e-9))}
-                bar.update(steps, stats)
-                if batch_end_callback is not None:
-                    batch_end_callback({"epoch": epoch, "step": steps, **stats})
-            if shadow is not None:
-                shadow.finish()  # the other workers' remaining steps, with zero gradients
-        finally:
-            bar.close()
-        if steps == 0:
-            raise InvalidArgumentError(f"epoch {epoch}: train_data yielded no batches")
-        seconds = time.perf_counter() - start
-        record: dict[str, Any] = {"epoch": epoch, "loss": loss_sum / samples, "train": dict(metric.get_name_value()),
-                                  "samples_per_s": samples * workers / seconds, "seconds": seconds}
-        if eval_data is not None:
-            _begin_epoch(eval_data, 0)
-            record["eval"] = evaluate(group, eval_data, eval_metric)
-        if checkpoint_dir is not None and ((epoch + 1 - begin_epoch) % checkpoint_period == 0
-                                           or epoch == num_epoch - 1):
-            record["checkpoint"] = str(save_checkpoint(trainer, checkpoint_dir, epoch))
-        if show:
-            parts = [f"epoch {epoch + 1}/{num_epoch}", f"loss {record['loss']:.4f}"]
-            parts += [f"train-{k} {v:.4f}" for k, v in record["train"].items()]
-            parts += [f"eval-{k} {v:.4f}" for k, v in record.get("eval", {}).items()]
-            parts.append(f"{record['samples_per_s']:,.0f} samples/s")
-            print("  ".join(parts), flush=True)
-        history.append(record)
-        if epoch_end_callback is not None:
-            epoch_end_callback(record)
-    return history
+        return UnevenSteps(trainer)
+    return None
+
+
+def _train_epoch(run: _Run, train_data: Iterable[Any], epoch: int, metric: Any) -> tuple[_EpochTotals, float]:
+    """One pass over ``train_data`` with progress and batch callbacks; returns the totals and the seconds taken.
+
+    Raises:
+        InvalidArgumentError: ``train_data`` yielded no batches.
+    """
+    total = len(train_data) if hasattr(train_data, "__len__") else None  # type: ignore[arg-type]
+    bar = _Progress(run.progress, total, f"epoch {epoch + 1}/{run.num_epoch}", run.show)
+    start = time.perf_counter()
+    totals = _EpochTotals()
+    try:
+        for batch in train_data:
+            _train_step(run, batch, epoch, metric, totals)
+            seconds = time.perf_counter() - start
+            stats = {"loss": totals.loss_sum / totals.samples, **dict(metric.get_name_value()),
+                     "samples/s": round(totals.samples * run.workers / max(seconds, 1e-9))}
+            bar.update(totals.steps, stats)
+            if run.batch_end_callback is not None:
+                run.batch_end_callback({"epoch": epoch, "step": totals.steps, **stats})
+        if run.shadow is not None:
+            run.shadow.finish()  # the other workers' remaining steps, with zero gradients
+    finally:
+        bar.close()
+    if totals.steps == 0:
+        raise InvalidArgumentError(f"epoch {epoch}: train_data yielded no batches")
+    return totals, time.perf_counter() - start
+
+
+def _train_step(run: _Run, batch: Any, epoch: int, metric: Any, totals: _EpochTotals) -> None:
+    """Forward, backward and step on one batch; update the metric, the totals and the server snapshots."""
+    group = run.group
+    if not group.data_shapes:
+        _bind_from(group, batch)
+    group.forward(batch, is_train=True)
+    group.backward()
+    if run.shadow is not None:
+        run.shadow.before_step(group.batch_size)
+    run.trainer.step()
+    _, labels = batch_arrays(batch)
+    group.update_metric(metric, labels)
+    totals.loss_sum += group.get_loss()
+    totals.samples += group.batch_size
+    totals.steps += 1
+    run.total_steps += 1
+    if run.kv is not None and run.snapshots and run.total_steps % run.snapshots == 0:
+        run.kv.save_checkpoint(meta={"epoch": epoch, "step": totals.steps})  # collective: every worker steps alike
+
+
+def _epoch_record(run: _Run, epoch: int, totals: _EpochTotals, seconds: float, metric: Any) -> dict[str, Any]:
+    """The epoch's record: training figures, then evaluation and a checkpoint when due; printed on ``show``."""
+    record: dict[str, Any] = {"epoch": epoch, "loss": totals.loss_sum / totals.samples,
+                              "train": dict(metric.get_name_value()),
+                              "samples_per_s": totals.samples * run.workers / seconds, "seconds": seconds}
+    if run.eval_data is not None:
+        _begin_epoch(run.eval_data, 0)
+        record["eval"] = evaluate(run.group, run.eval_data, run.eval_metric)
+    if run.checkpoint_dir is not None and ((epoch + 1 - run.begin_epoch) % run.checkpoint_period == 0
+                                           or epoch == run.num_epoch - 1):
+        record["checkpoint"] = str(save_checkpoint(run.trainer, run.checkpoint_dir, epoch))
+    if run.show:
+        _print_epoch(record, run.num_epoch)
+    return record
+
+
+def _print_epoch(record: dict[str, Any], num_epoch: int) -> None:
+    parts = [f"epoch {record['epoch'] + 1}/{num_epoch}", f"loss {record['loss']:.4f}"]
+    parts += [f"train-{k} {v:.4f}" for k, v in record["train"].items()]
+    parts += [f"eval-{k} {v:.4f}" for k, v in record.get("eval", {}).items()]
+    parts.append(f"{record['samples_per_s']:,.0f} samples/s")
+    print("  ".join(parts), flush=True)

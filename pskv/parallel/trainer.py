@@ -42,6 +42,41 @@ __all__ = ["Trainer"]
 DEFAULT_BUCKET_BYTES = 1 << 20
 
 
+def _trainable(
+    target: DataParallelExecutorGroup | torch.nn.Module,
+) -> tuple[DataParallelExecutorGroup | None, list[str], list[list[torch.Tensor]], int]:
+    """The group (or None), the trainable parameters' names, their copies per device, the number of devices.
+
+    Raises:
+        InvalidTypeError: ``target`` is neither a group nor a module.
+    """
+    if isinstance(target, DataParallelExecutorGroup):
+        names = [n for n in target.param_names if target.grad_req[n] != "null"]
+        index = {n: i for i, n in enumerate(target.param_names)}
+        return target, names, [list(target.param_arrays[index[n]]) for n in names], len(target.devices)
+    if isinstance(target, torch.nn.Module):
+        named = [(n, p) for n, p in target.named_parameters() if p.requires_grad]
+        return None, [n for n, _ in named], [[p] for _, p in named], 1
+    raise InvalidTypeError(f"Trainer needs a DataParallelExecutorGroup or a torch.nn.Module, "
+                           f"got {type(target).__name__}")
+
+
+def _make_optimizer(optimizer: str | Optimizer, optimizer_params: Mapping[str, Any] | None) -> Optimizer:
+    """The optimizer given, or the one named built with ``optimizer_params``.
+
+    Raises:
+        InvalidArgumentError: ``optimizer_params`` with a ready-made optimizer.
+        InvalidTypeError: ``optimizer`` is neither a name nor an Optimizer.
+    """
+    if isinstance(optimizer, Optimizer):
+        if optimizer_params:
+            raise InvalidArgumentError("optimizer_params only go with an optimizer name")
+        return optimizer
+    if isinstance(optimizer, str):
+        return create_optimizer(optimizer, **dict(optimizer_params or {}))
+    raise InvalidTypeError(f"optimizer must be a name or a pskv Optimizer, got {type(optimizer).__name__}")
+
+
 class Trainer:
     """Trains a :class:`DataParallelExecutorGroup` (or a plain ``torch.nn.Module``) through a store.
 
@@ -70,21 +105,8 @@ class Trainer:
                  optimizer_params: Mapping[str, Any] | None = None, kvstore: str | KVStoreBase | None = "device",
                  update_on_kvstore: bool | None = None, overlap: bool = True,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, prefix: str = "") -> None:
-        if isinstance(target, DataParallelExecutorGroup):
-            self._group: DataParallelExecutorGroup | None = target
-            names = [n for n in target.param_names if target.grad_req[n] != "null"]
-            index = {n: i for i, n in enumerate(target.param_names)}
-            leaves = [list(target.param_arrays[index[n]]) for n in names]
-            self._num_devices = len(target.devices)
-        elif isinstance(target, torch.nn.Module):
-            self._group = None
-            named = [(n, p) for n, p in target.named_parameters() if p.requires_grad]
-            names = [n for n, _ in named]
-            leaves = [[p] for _, p in named]
-            self._num_devices = 1
-        else:
-            raise InvalidTypeError(f"Trainer needs a DataParallelExecutorGroup or a torch.nn.Module, "
-                                   f"got {type(target).__name__}")
+        group, names, leaves, self._num_devices = _trainable(target)
+        self._group: DataParallelExecutorGroup | None = group
         if not names:
             raise InvalidArgumentError("the model has no trainable parameters")
         if not isinstance(prefix, str):
@@ -93,35 +115,46 @@ class Trainer:
         self._prefix = prefix
         self._leaves = leaves  # [param][device] -> the torch Parameter
         self._target = target
-        if isinstance(optimizer, Optimizer):
-            if optimizer_params:
-                raise InvalidArgumentError("optimizer_params only go with an optimizer name")
-            self._optimizer = optimizer
-        elif isinstance(optimizer, str):
-            self._optimizer = create_optimizer(optimizer, **dict(optimizer_params or {}))
-        else:
-            raise InvalidTypeError(f"optimizer must be a name or a pskv Optimizer, got {type(optimizer).__name__}")
+        self._optimizer = _make_optimizer(optimizer, optimizer_params)
         self._kv, self._owns_kv = self._make_store(kvstore)
         self.update_on_kvstore = self._resolve_update_on_kvstore(update_on_kvstore)
         self._updater = None if self.update_on_kvstore else self._optimizer.get_updater()
         workers = self._kv.num_workers if self._kv is not None and self._kv.store_type.distributed and self._kv.store_type.sync else 1
         self._worker_factor = workers
+        self._set_up_buckets(bucket_bytes)
+        self.overlap = self._resolve_overlap(overlap)
+        self._init_step_state()
+        self._attach()
+
+    # -- set-up ---------------------------------------------------------------------------
+    def _set_up_buckets(self, bucket_bytes: int) -> None:
+        """Group the parameters into buckets, name their store keys, and give them flat buffers.
+
+        Raises:
+            InvalidArgumentError: ``bucket_bytes`` is not an int >= 0.
+        """
         if isinstance(bucket_bytes, bool) or not isinstance(bucket_bytes, int) or bucket_bytes < 0:
             raise InvalidArgumentError(f"bucket_bytes must be an int >= 0, got {bucket_bytes!r}")
         # Per-key multipliers are keyed by parameter: then every parameter is its own bucket.
         per_param = bool(self._optimizer.lr_mult or self._optimizer.wd_mult)
         self._buckets = self._make_buckets(0 if per_param else bucket_bytes)
         self._bucket_of = {i: b for b, members in enumerate(self._buckets) for i in members}
-        self.keys = [prefix + names[m[0]] if len(m) == 1 else f"{prefix}bucket{b}"
+        self.keys = [self._prefix + self.names[m[0]] if len(m) == 1 else f"{self._prefix}bucket{b}"
                      for b, m in enumerate(self._buckets)]
         self._flatten()
+
+    def _resolve_overlap(self, requested: bool) -> bool:
+        """Whether gradients are sent during backward (see the ``overlap`` argument)."""
         if self._group is not None:
-            self.overlap = bool(overlap) and all(self._group.grad_req[n] == "write" for n in names)
+            overlap = bool(requested) and all(self._group.grad_req[n] == "write" for n in self.names)
         else:
-            self.overlap = bool(overlap) and not self.update_on_kvstore
-        self.overlap = self.overlap and self._kv is not None
+            overlap = bool(requested) and not self.update_on_kvstore
+        return overlap and self._kv is not None
+
+    def _init_step_state(self) -> None:
+        """The per-step bookkeeping: gradient counts, bucket sends, batch sizes, errors, hooks."""
         self._lock = threading.Lock()
-        self._counts = [0] * len(names)
+        self._counts = [0] * len(self.names)
         self._bucket_ready = [0] * len(self._buckets)
         self._sent = [False] * len(self._buckets)
         self._handles: list[Any] = []
@@ -132,14 +165,16 @@ class Trainer:
         self._errors: list[BaseException] = []
         self._hooks: list[Any] = []
         self._uneven_key_ready = False  # UnevenSteps declared its collective key on the store
+
+    def _attach(self) -> None:
+        """Broadcast parameters before the first forward; with ``overlap``, send gradients as they are made."""
         if self._group is not None:
             self._group.add_forward_listener(self._on_forward)
-        elif isinstance(target, torch.nn.Module):
-            self._hooks.append(target.register_forward_pre_hook(lambda *_: self._ensure_params()))
+        elif isinstance(self._target, torch.nn.Module):
+            self._hooks.append(self._target.register_forward_pre_hook(lambda *_: self._ensure_params()))
         if self.overlap:
             self._install_grad_hooks()
 
-    # -- set-up ---------------------------------------------------------------------------
     def _make_store(self, kvstore: str | KVStoreBase | None) -> tuple[KVStoreBase | None, bool]:
         if kvstore is None:
             if self._num_devices > 1:
