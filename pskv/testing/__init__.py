@@ -2,9 +2,30 @@
 
 * :class:`InProcessCluster` — a whole job (scheduler, servers, workers) in one process.
 * :mod:`pskv.testing.fuzz` — valid and hostile wire messages, to attack a server with.
+* :mod:`pskv.testing.contracts` — the KVStore semantics every store keeps (:func:`run_contract`
+  of a :class:`Contract` on a :class:`StoreSpec`: :func:`local_store`, :func:`cluster_store`).
+* :mod:`pskv.testing.store_model` — :func:`run_store_machine`: random calls against a dict
+  model (needs ``hypothesis``, imported only when it runs).
 """
 
-from pskv.testing import fuzz
+from pskv.testing import contracts, fuzz
 from pskv.testing.cluster import InProcessCluster
+from pskv.testing.contracts import CONTRACTS, Contract, contracts_for, run_contract
+from pskv.testing.store_model import run_store_machine
+from pskv.testing.stores import StoreGroup, StorePool, StoreSpec, cluster_store, local_store
 
-__all__ = ["InProcessCluster", "fuzz"]
+__all__ = [
+    "CONTRACTS",
+    "Contract",
+    "InProcessCluster",
+    "StoreGroup",
+    "StorePool",
+    "StoreSpec",
+    "cluster_store",
+    "contracts",
+    "contracts_for",
+    "fuzz",
+    "local_store",
+    "run_contract",
+    "run_store_machine",
+]
