@@ -21,6 +21,7 @@ from typing import Any, Generic, TypeVar, overload
 
 from pskv.errors import NodeFailedError, OperationTimeoutError, RemoteError
 from pskv.protocol import Command, Header, node_name
+from pskv.protocol.bodies import ErrorReply
 
 __all__ = ["Pending", "RequestTracker"]
 
@@ -189,9 +190,7 @@ class RequestTracker(Generic[P]):
         p.header = header
         p.buffers = buffers
         if header.command is Command.ERROR:
-            from pskv.cluster.messages import parse_error
-
-            kind, message, node = parse_error(header)
+            kind, message, node = ErrorReply.parse(header)
             if kind == "NodeFailedError":
                 p.error = NodeFailedError(node or node_name(p.node), message)
             else:

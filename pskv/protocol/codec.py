@@ -25,6 +25,7 @@ __all__ = ["encode", "decode", "frame_array", "Limits", "DEFAULT_LIMITS"]
 _DTYPE_CODE = {name: i for i, name in enumerate(SUPPORTED_DTYPES)}
 _COMMANDS = {int(c): c for c in Command}
 _INT64 = (-(2**63), 2**63 - 1)
+_DATA_COMMANDS = frozenset({Command.INIT, Command.PUSH, Command.PULL, Command.PUSHPULL})
 # bfloat16 travels as its raw 16-bit pattern; NumPy holds it as uint16.
 _NUMPY_FRAME_DTYPE: dict[str, np.dtype[Any]] = {
     "float16": np.dtype(np.float16),
@@ -132,6 +133,8 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> tuple[Head
         raise ProtocolError("body must be a string within the size limit")
     if type(flags) is not int or flags & ~KNOWN_FLAGS or flags < 0:
         raise ProtocolError(f"flags {flags!r} are not a combination of the known flag bits")
+    if body and cmd in _DATA_COMMANDS:
+        raise ProtocolError(f"{cmd.name} carries no body (its options are header flags)")
     if type(specs) is not list or len(specs) > limits.max_arrays:
         raise ProtocolError("array list missing or too long")
     header = Header(cmd, request, sender, (), priority, body, flags)

@@ -7,20 +7,16 @@ ready — or an error, the first time the shard fails one of them (:meth:`Gather
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
-from pskv.protocol import ArraySpec, Command, Header, encode
+from pskv.protocol import ArraySpec, Flag, Header
 from pskv.protocol.replies import error_frames, reply_frames
 from pskv.server.shard import Part
 
 __all__ = ["Gather"]
 
 Answer = Callable[[bytes, list[Any]], None]  # (identity, frames): send a reply with values
-
-
-def _ints(values: Iterable[int]) -> str:
-    return ",".join(map(str, values))
 
 
 class Gather:
@@ -71,11 +67,10 @@ class Gather:
             return
         self._done = True
         sender = self._node_id()
-        if self._shared:
-            parts = [p for p in self._results if p is not None]
-            # {"buffers": [...], "rounds": [...]}, formatted directly: this runs for every pull
-            body = f'{{"buffers":[{_ints(p.buffer_index() for p in parts)}],"rounds":[{_ints(p.round for p in parts)}]}}'
-            self._send(encode(Header(Command.REPLY, self._header.request, sender, (), 0, body)))
+        if self._shared:  # the values are in shared memory: name each part's buffer
+            named = tuple(ArraySpec(p.key, p.dtype, (p.value.size,), p.offset, p.round, p.buffer_index())
+                          for p in self._results if p is not None)
+            self._send(reply_frames(self._header, sender, arrays=named, flags=Flag.SHM))
             return
         specs, data = [], []
         for p in self._results:

@@ -15,13 +15,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from functools import partial
-from typing import Any, TypeAlias, TypeGuard
+from typing import Any, TypeAlias
 
 import numpy as np
 
-from pskv.cluster.messages import json_body
-from pskv.errors import InvalidArgumentError, KVStoreError, ProtocolError
-from pskv.protocol import TX_PREFIX, ArraySpec, Command, Header, frame_array, node_name
+from pskv.errors import InvalidArgumentError, KVStoreError
+from pskv.protocol import TX_PREFIX, ArraySpec, Command, Flag, Header, frame_array, node_name
 from pskv.protocol.bodies import Hello
 from pskv.protocol.replies import reply_frames
 from pskv.server.dedup import ReplyCache
@@ -41,19 +40,6 @@ Frames: TypeAlias = list[tuple[Part, np.ndarray[Any, Any]]]
 def _must_wait(part: Part, min_round: int | None) -> bool:
     """True if a pull for ``min_round`` (None: its push has not arrived) cannot be answered now."""
     return min_round is None or part.round < min_round
-
-
-def _int_lists(value: Any, n: int) -> TypeGuard[list[list[int]]]:
-    """True if ``value`` is a list of lists of ``n`` ints (JSON from a worker)."""
-    if type(value) is not list:
-        return False
-    for w in value:
-        if type(w) is not list or len(w) != n:
-            return False
-        for v in w:
-            if type(v) is not int:
-                return False
-    return True
 
 
 class DataHandlers:
@@ -103,9 +89,9 @@ class DataHandlers:
 
     # -- init / push ----------------------------------------------------------------------
     def init(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
-        """Create keys (a restored key keeps its value), or overwrite existing ones (``overwrite``: a broadcast)."""
+        """Create keys (a restored key keeps its value), or overwrite existing ones (``OVERWRITE``: a broadcast)."""
         items = self._frames(header, buffers)
-        if json_body(header).get("overwrite") is True:  # broadcast to existing keys
+        if header.flags & Flag.OVERWRITE:  # broadcast to existing keys
             parts = [(self._shard.check(spec.key, spec.offset, spec.dtype, data.size, "broadcast"), data)
                      for spec, data in items]
             for part, data in parts:  # in place: everyone finished reading at the barrier before
@@ -116,44 +102,40 @@ class DataHandlers:
             existing = self._shard.parts.get((spec.key, spec.offset))
             if existing is not None and not existing.restored:
                 raise KVStoreError(f"duplicate init of key {spec.key}")
-        summed = json_body(header).get("summed") is True
+        summed = bool(header.flags & Flag.SUMMED)
         for spec, data in items:
             if not self._shard.accept_init(spec.key, spec.offset, spec.dtype, data.size):  # restored: kept
                 self._shard.init(spec.key, spec.offset, spec.dtype, data, summed=summed)
         self._ack(identity, header)
 
-    def _checked(self, header: Header, buffers: list[memoryview], op: str) -> Frames:
-        items = self._frames(header, buffers)
-        return [(self._shard.check(spec.key, spec.offset, spec.dtype, data.size, op), data) for spec, data in items]
+    def _pushed(self, header: Header, buffers: list[memoryview], op: str) -> Frames:
+        """Each part a PUSH / PUSHPULL names, checked (key, dtype, size), with its pushed data.
 
-    def _shm_pushes(self, header: Header, body: dict[str, Any], op: str) -> Frames:
-        """The parts a co-located worker pushed through its shared slots (body ``shm``)."""
-        listed = body.get("shm")
-        if listed is None:
-            return []
-        if not _int_lists(listed, 2):
-            raise ProtocolError(f"{op}: shm needs [[key, offset], ...]")
+        The data is the message's frame or, with ``SHM``, the sender's shared slot of the
+        part; both paths pass the same check, so a worker that disagrees on a key's dtype
+        or size is refused either way.
+        """
+        if not header.flags & Flag.SHM:
+            return [(self._shard.check(spec.key, spec.offset, spec.dtype, data.size, op), data)
+                    for spec, data in self._frames(header, buffers)]
         out = []
-        for key, offset in listed:
-            part = self._shard.part(key, offset, op)
+        for spec in header.arrays:
+            part = self._shard.check(spec.key, spec.offset, spec.dtype, spec.size, op)
             slot = part.slots.get(header.sender)
             if slot is None:
-                raise InvalidArgumentError(f"{op} of key {key}: the part has no shared slot for this worker")
+                raise InvalidArgumentError(f"{op} of key {spec.key}: the part has no shared slot for this worker")
             out.append((part, slot))
         return out
 
-    def _apply_pushes(self, header: Header, buffers: list[memoryview],
-                      op: str) -> tuple[list[tuple[Part, int]], bool, dict[str, Any]]:
-        """Validate and apply every push of a PUSH / PUSHPULL message: ``([(part, round joined)], shared, body)``.
+    def _apply_pushes(self, header: Header, buffers: list[memoryview], op: str) -> list[tuple[Part, int]]:
+        """Validate and apply every push of a PUSH / PUSHPULL message: ``[(part, round joined)]``.
 
         Each part the message names counts as the sender's next push of that part even
         when the message is refused (:meth:`ServerShard.skip_push`): the worker counted
         it when sending, and its pulls name pushes by number.
         """
         try:
-            body = json_body(header)
-            shm = self._shm_pushes(header, body, op)
-            checked = shm + self._checked(header, buffers, op)
+            checked = self._pushed(header, buffers, op)
         except Exception:
             self._skip_pushes(header)
             raise
@@ -165,43 +147,36 @@ class DataHandlers:
                 for later, _ in checked[n + 1:]:
                     self._shard.skip_push(later, header.sender)
                 raise
-        return joined, bool(shm), body
+        return joined
 
     def _skip_pushes(self, header: Header) -> None:
         """Count every existing part a refused push message names (see :meth:`_apply_pushes`)."""
-        named = [(a.key, a.offset) for a in header.arrays]
-        try:
-            listed = json_body(header).get("shm")
-        except ProtocolError:
-            listed = None
-        if _int_lists(listed, 2):
-            named += [(w[0], w[1]) for w in listed]
-        for pid in dict.fromkeys(named):
+        for pid in dict.fromkeys((a.key, a.offset) for a in header.arrays):
             part = self._shard.parts.get(pid)
             if part is not None:
                 self._shard.skip_push(part, header.sender)
 
     def push(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
-        """Apply the pushes; acknowledged unless ``quiet`` (then only a failure is answered)."""
-        _, _, body = self._apply_pushes(header, buffers, "push")
-        if body.get("quiet") is not True:
+        """Apply the pushes; acknowledged unless ``QUIET`` (then only a failure is answered)."""
+        self._apply_pushes(header, buffers, "push")
+        if not header.flags & Flag.QUIET:
             self._ack(identity, header)  # a bare acknowledgement
         # else the worker learns it succeeded from its next reply (a failure is answered)
 
     # -- pull -----------------------------------------------------------------------------
     def pull(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
-        """``{parts: [[key, offset, push number], ...]}``: the values once those pushes' rounds completed."""
-        body = json_body(header)
-        wanted = body.get("parts")
-        if not _int_lists(wanted, 3):
-            raise ProtocolError("PULL needs parts: [[key, offset, push number], ...]")
-        parts = [(self._shard.part(k, o, "pull"), n) for k, o, n in wanted]
-        self.gather(identity, header, parts, shared=body.get("shm") is True, by_push=True)
+        """The parts the specs name (``round``: the sender's push number), once those pushes' rounds completed.
+
+        Each named part is checked like a push (key, dtype, size); with ``SHM`` the reply
+        names shared buffers instead of carrying the values.
+        """
+        parts = [(self._shard.check(a.key, a.offset, a.dtype, a.size, "pull"), a.round) for a in header.arrays]
+        self.gather(identity, header, parts, shared=bool(header.flags & Flag.SHM), by_push=True)
 
     def pushpull(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
         """Apply the pushes, then reply with the values of the rounds they joined."""
-        joined, shared, _ = self._apply_pushes(header, buffers, "pushpull")
-        self.gather(identity, header, joined, shared=shared)
+        joined = self._apply_pushes(header, buffers, "pushpull")
+        self.gather(identity, header, joined, shared=bool(header.flags & Flag.SHM))
 
     def gather(self, identity: bytes, header: Header, parts: list[tuple[Part, int]], shared: bool = False,
                by_push: bool = False) -> None:

@@ -21,7 +21,7 @@ import msgpack
 import numpy as np
 
 from pskv.arrays.dtypes import SUPPORTED_DTYPES
-from pskv.protocol import PROTOCOL_VERSION, ArraySpec, Command, Header, encode
+from pskv.protocol import PROTOCOL_VERSION, ArraySpec, Command, Flag, Header, encode
 
 __all__ = [
     "BODIES",
@@ -247,13 +247,13 @@ def hostile_messages(rng: random.Random, n: int) -> list[tuple[str, list[bytes]]
 def forged_messages(key: int, count: int, sender: int = 9) -> dict[str, list[bytes]]:
     """Well-formed messages claiming to come from ``sender`` that act on a job's own float32 ``key``
     of ``count`` elements: ``dtype`` (a PUSH as float64), ``shape`` (3 elements too many),
-    ``shm`` (a data-less PUSH naming the key in its shared-memory list) and ``join`` (a JOIN)."""
+    ``shm`` (a data-less PUSH naming the key with the SHM flag) and ``join`` (a JOIN)."""
     f32, f64 = dtype_code("float32"), dtype_code("float64")
     return {
         "dtype": [raw_header(Command.PUSH, 7, sender, arrays=[raw_array(key, f64, [count])]), b"\0" * (8 * count)],
         "shape": [raw_header(Command.PUSH, 8, sender, arrays=[raw_array(key, f32, [count + 3])]),
                   b"\0" * (4 * (count + 3))],
-        "shm": [raw_header(Command.PUSH, 9, sender, body=f'{{"shm": [[{key}, 0]]}}')],
+        "shm": [raw_header(Command.PUSH, 9, sender, arrays=[raw_array(key, f32, [count])], flags=int(Flag.SHM))],
         "join": [raw_header(Command.JOIN, 10, sender)],
     }
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import json
 import logging
 import math
 import os
@@ -48,6 +47,7 @@ from pskv.protocol import (
     TX_PREFIX,
     ArraySpec,
     Command,
+    Flag,
     Header,
     Role,
     decode,
@@ -56,6 +56,7 @@ from pskv.protocol import (
     node_name,
     node_role_rank,
 )
+from pskv.protocol.bodies import Hello
 from pskv.transport import IO_THREADS, Reactor
 from pskv.transport.local import LocalConnection, local_path
 from pskv.transport.reactor import Sender
@@ -150,7 +151,7 @@ class WorkerClient:
             if sid is None:  # a local connection: replies come back on it
                 continue
             pending = self.tracker.new(node_id(Role.SERVER, server), "hello")
-            frames = encode(Header(Command.HELLO, pending.request, info.node_id, body=json.dumps({"tx": self._tx})))
+            frames = encode(Header(Command.HELLO, pending.request, info.node_id, body=Hello(self._tx).encode()))
             self._reactor.call_soon(partial(self._reactor.send_dealer, sid, frames))
             hellos.append(pending)
         for pending in hellos:
@@ -297,7 +298,7 @@ class WorkerClient:
                 raise OperationTimeoutError(f"could not reconnect to server {server} within {timeout} s")
             self.info = info
             hello = self.tracker.new(node_id(Role.SERVER, server), "hello", timeout=timeout)
-            frames = encode(Header(Command.HELLO, hello.request, info.node_id, body=json.dumps({"tx": self._tx})))
+            frames = encode(Header(Command.HELLO, hello.request, info.node_id, body=Hello(self._tx).encode()))
             sid = self._servers[server]
             assert sid is not None
             self._reactor.call_soon(partial(self._reactor.send_dealer, sid, frames))
@@ -345,15 +346,15 @@ class WorkerClient:
     # -- requests -----------------------------------------------------------------------
     def request(self, server: int, command: Command, arrays: tuple[ArraySpec, ...] = (),
                 data: list[Any] | None = None, body: str = "", priority: int = 0, what: str = "",
-                timeout: float | None = None, quiet: bool = False) -> WorkerRequest:
+                timeout: float | None = None, quiet: bool = False, flags: int = 0) -> WorkerRequest:
         """Queue a request to server ``server`` (rank); returns its pending reply.
 
         ``data`` buffers must stay unchanged until the reply arrives. With ``timeout``
         the request fails with OperationTimeoutError if no reply came in that many
-        seconds (also for callers that never wait on it). A ``quiet`` request (the
-        server must know it: a PUSH with ``quiet`` in its body) completes when a later
-        reply from the server confirms it (:meth:`QuietPushes.confirm`); it has no timeout of its
-        own.
+        seconds (also for callers that never wait on it). A ``quiet`` request (sent
+        with :attr:`Flag.QUIET`, so the server answers only a failure) completes when a
+        later reply from the server confirms it (:meth:`QuietPushes.confirm`); it has no
+        timeout of its own. ``flags``: further :class:`Flag` bits (SHM, SUMMED, ...).
 
         Raises:
             NodeFailedError: that server is already known dead.
@@ -361,7 +362,9 @@ class WorkerClient:
         pending = self.tracker.new(node_id(Role.SERVER, server), what or command.name.lower(),
                                    timeout=None if quiet else timeout)
         pending.quiet = quiet
-        frames = encode(Header(command, pending.request, self.node_id, arrays, priority, body), data or [])
+        if quiet:
+            flags |= Flag.QUIET
+        frames = encode(Header(command, pending.request, self.node_id, arrays, priority, body, flags), data or [])
         pending.frames = frames  # sent again after a reset connection, or to a replacement server
         self._queue_and_send(-priority, server, frames, pending)
         return pending

@@ -6,8 +6,8 @@ layer, which decides *how*:
 
 * the layout of a key on the servers (:meth:`KVWorker.layout`, :mod:`pskv.worker.layout`);
 * one message per server (and per socket / shared-memory path) per call, holding
-  every part of every key of the call; the body of each message (formatted directly:
-  every push and pull builds one, so no ``json.dumps`` on that path);
+  every part of every key of the call (its specs; ``SHM`` / ``QUIET`` / init options as
+  header flags: no body on the data path, :mod:`pskv.protocol.messages`);
 * per part, the number of pushes sent (a pull names "the round of my ``n``-th push");
 * the shared-memory parts (:mod:`pskv.worker.shared`), the quiet pushes
   (:mod:`pskv.worker.quiet`, through the client) and the push log replayed to a
@@ -24,7 +24,6 @@ Nothing here knows the engine, MXNet's collectives or key normalisation.
 
 from __future__ import annotations
 
-import json
 import weakref
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -36,16 +35,21 @@ from pskv.cluster import NodeInfo
 from pskv.config import ClusterConfig
 from pskv.errors import ProtocolError
 from pskv.partition import server_key, split
-from pskv.protocol import Command, Role, frame_array, node_name
+from pskv.protocol import ArraySpec, Command, Flag, Header, Role, frame_array, node_name
+from pskv.protocol.bodies import (
+    CheckpointRequest,
+    CheckpointSaved,
+    ControllerCall,
+    OptimizerConfig,
+    SetMode,
+    StatesRequest,
+)
 from pskv.worker.client import WorkerClient, WorkerRequest
 from pskv.worker.layout import KeyLayout, Part, by_server, part_spec, part_view
 from pskv.worker.replay import ReplayLog
 from pskv.worker.shared import SharedParts, write_slots
 
 __all__ = ["Exchange", "KVWorker"]
-
-_QUIET = json.dumps({"quiet": True})  # the body of a socket push answered only if it fails
-
 
 class Exchange:
     """The messages of one call: per message the parts it carries and its pending reply.
@@ -130,8 +134,8 @@ class KVWorker:
         Raises:
             RemoteError, NodeFailedError, OperationTimeoutError, ProtocolError.
         """
-        body = '{"overwrite": true}' if overwrite else '{"summed": true}' if summed else ""
-        self.values(self._send(Command.INIT, layouts, priority, body), timeout)
+        flags = Flag.OVERWRITE if overwrite else Flag.SUMMED if summed else 0
+        self.values(self._send(Command.INIT, layouts, priority, flags), timeout)
 
     def push(self, layouts: Sequence[KeyLayout], priority: int = 0, timeout: float | None = None,
              quiet: bool = False) -> Exchange:
@@ -155,15 +159,16 @@ class KVWorker:
         sent = Exchange()
         limit = self._limit(timeout)
         for (server, shared), items in by_server(layouts, True).items():
-            # {"parts": [[key, offset, push number], ...], "shm": true}, formatted directly (every pull)
-            listed = ",".join(f"[{rec.skey},{rec.parts[i][1]},{rec.pushes[i]}]" for rec, i in items)
-            text = f'{{"parts":[{listed}],"shm":true}}' if shared else f'{{"parts":[{listed}]}}'
-            pending = self.client.request(server, Command.PULL, body=text, priority=priority, timeout=limit)
+            # each part named with the number of this worker's last push of it (round = n)
+            specs = tuple(ArraySpec(rec.skey, rec.meta.dtype, (rec.parts[i][2],), rec.parts[i][1], rec.pushes[i])
+                          for rec, i in items)
+            pending = self.client.request(server, Command.PULL, specs, priority=priority, timeout=limit,
+                                          flags=Flag.SHM if shared else 0)
             sent.messages.append((items, pending))
             sent.replies.append(pending)
         return sent
 
-    def _send(self, command: Command, layouts: Sequence[KeyLayout], priority: int, body: str = "",
+    def _send(self, command: Command, layouts: Sequence[KeyLayout], priority: int, flags: int = 0,
               timeout: float | None = None, quiet: bool = False) -> Exchange:
         """One ``command`` message per server with every part of ``layouts`` (from their outgoing buffers).
 
@@ -175,20 +180,17 @@ class KVWorker:
         pushes = command in (Command.PUSH, Command.PUSHPULL)
         limit = self._limit(timeout)
         for (server, shared), items in by_server(layouts, pushes).items():
-            if shared:
+            specs = tuple(part_spec(rec, i) for rec, i in items)
+            if shared:  # the data goes through this worker's slots; the message names the parts
                 write_slots(items)
-                # {"shm": [[key, offset], ...], "quiet": true}, formatted directly (every push)
-                listed = ",".join(f"[{rec.skey},{rec.parts[i][1]}]" for rec, i in items)
-                text = f'{{"shm":[{listed}],"quiet":true}}' if quiet else f'{{"shm":[{listed}]}}'
-                pending = self.client.request(server, command, body=text, priority=priority, timeout=limit,
-                                              quiet=quiet)
+                pending = self.client.request(server, command, specs, priority=priority, timeout=limit,
+                                              quiet=quiet, flags=flags | Flag.SHM)
             else:
-                specs = tuple(part_spec(rec, i) for rec, i in items)
                 data = [part_view(rec, rec.outgoing, i) for rec, i in items]
-                pending = self.client.request(server, command, specs, data, _QUIET if quiet else body, priority,
-                                              timeout=limit, quiet=quiet)
+                pending = self.client.request(server, command, specs, data, priority=priority, timeout=limit,
+                                              quiet=quiet, flags=flags)
                 if pushes and self._replay is not None:  # kept until the next checkpoint
-                    self._replay.record(server, command, pending, specs, data, body)
+                    self._replay.record(server, command, pending, specs, data, flags)
             if pushes:
                 for rec, i in items:
                     rec.pushes[i] += 1
@@ -208,13 +210,11 @@ class KVWorker:
         values: dict[int, Any] = {}
         for items, pending in sent.messages:
             header = pending.wait(limit)
-            if header.body and not header.arrays:
-                reply = json.loads(header.body)
-                if "buffers" in reply:  # the values are in shared memory
-                    for (rec, i), frame in zip(items, self._shared.read(items, reply, pending.node)):
-                        _place(rec, i, frame, values)
-                continue
             if not header.arrays:  # an acknowledgement without data (init)
+                continue
+            if header.flags & Flag.SHM:  # the values are in shared memory
+                for (rec, i), frame in zip(items, self._shared.read(items, header, pending.node)):
+                    _place(rec, i, frame, values)
                 continue
             if len(header.arrays) != len(items):
                 raise ProtocolError(
@@ -265,40 +265,42 @@ class KVWorker:
         self.client.quiet.confirm(pendings, timeout)
 
     # -- commands to every server ---------------------------------------------------------
-    def _all_servers(self, command: Command, body: dict[str, Any] | None, what: str,
-                     timeout: float | None = None) -> list[Any]:
-        """Send ``command`` to every server and wait for every answer (their headers)."""
+    def _all_servers(self, command: Command, body: str, what: str, timeout: float | None = None) -> list[Header]:
+        """Send ``command`` (``body``: an encoded :mod:`~pskv.protocol.bodies` value) to every server and
+        wait for every answer (their headers)."""
         limit = self._limit(timeout)
-        text = "" if body is None else json.dumps(body)
-        pendings = [self.client.request(s, command, body=text, what=what, timeout=timeout)
+        pendings = [self.client.request(s, command, body=body, what=what, timeout=timeout)
                     for s in range(self._num_servers)]
         return [p.wait(limit) for p in pendings]
 
     def set_mode(self, sync: bool) -> None:
         """Tell every server whether rounds are synchronous (rank 0, when the job starts)."""
-        self._all_servers(Command.SET_MODE, {"sync": sync}, "set mode")
+        self._all_servers(Command.SET_MODE, SetMode(sync).encode(), "set mode")
 
     def set_optimizer(self, config: dict[str, Any]) -> None:
         """Install the optimizer described by ``config`` on every server."""
-        self._all_servers(Command.SET_OPTIMIZER, config, "set_optimizer")
+        self._all_servers(Command.SET_OPTIMIZER, OptimizerConfig(config).encode(), "set_optimizer")
 
     def save_states(self, path: str, dump_optimizer: bool) -> None:
         """Every server writes its optimizer state to ``<path>.server<rank>``."""
-        self._all_servers(Command.SAVE_STATES, {"path": path, "dump_optimizer": dump_optimizer},
-                          "save_optimizer_states")
+        self._all_servers(Command.SAVE_STATES, StatesRequest(path, dump_optimizer).encode(), "save_optimizer_states")
 
     def load_states(self, path: str) -> None:
         """Every server loads ``<path>.server<rank>``."""
-        self._all_servers(Command.LOAD_STATES, {"path": path}, "load_optimizer_states")
+        self._all_servers(Command.LOAD_STATES, StatesRequest(path).encode(), "load_optimizer_states")
 
     def controller(self, head: int, body: str) -> None:
         """Run the controller registered for ``head`` on every server."""
-        self._all_servers(Command.CONTROLLER, {"head": head, "body": body}, f"command {head}")
+        self._all_servers(Command.CONTROLLER, ControllerCall(head, body).encode(), f"command {head}")
 
     def save_checkpoint(self, directory: str) -> list[dict[str, Any]]:
-        """Every server writes its shard into ``directory``; their answers (``file``, ``bytes``, ...)."""
-        replies = self._all_servers(Command.SAVE_CHECKPOINT, {"dir": directory}, "save_checkpoint")
-        return [json.loads(h.body) for h in replies]
+        """Every server writes its shard into ``directory``; their answers (:class:`CheckpointSaved` fields).
+
+        Raises:
+            ProtocolError: a server's answer is malformed.
+        """
+        replies = self._all_servers(Command.SAVE_CHECKPOINT, CheckpointRequest(directory).encode(), "save_checkpoint")
+        return [CheckpointSaved.parse(h)._asdict() for h in replies]
 
     def checkpoint_saved(self) -> None:
         """Every server wrote a checkpoint: the pushes before it need no replay any more."""
@@ -307,7 +309,7 @@ class KVWorker:
 
     def join(self, timeout: float) -> None:
         """Tell every server this worker has no more data; waits for every answer."""
-        self._all_servers(Command.JOIN, None, "join", timeout)
+        self._all_servers(Command.JOIN, "", "join", timeout)
 
     # -- membership ---------------------------------------------------------------------
     def barrier(self, timeout: float) -> None:

@@ -3,7 +3,7 @@
 A replacement server loads the newest checkpoint and goes on from its push counts. So
 every push made since that checkpoint must reach it again: :class:`ReplayLog` keeps
 each socket push per server — command, pending, specs, a copy of the data and the
-body — until the next checkpoint (:meth:`ReplayLog.clear`). Shared-memory pushes are
+header flags — until the next checkpoint (:meth:`ReplayLog.clear`). Shared-memory pushes are
 not kept: a server with shared memory is on this host, and sync shared-memory jobs
 restart as a whole.
 
@@ -33,8 +33,8 @@ __all__ = ["ReplayLog"]
 
 log = logging.getLogger("pskv.worker")
 
-# command, pending, specs, data (copied), body
-_Entry = tuple[Command, "WorkerRequest", tuple[ArraySpec, ...], list[Any], str]
+# command, pending, specs, data (copied), header flags
+_Entry = tuple[Command, "WorkerRequest", tuple[ArraySpec, ...], list[Any], int]
 
 
 class ReplayLog:
@@ -45,11 +45,11 @@ class ReplayLog:
         self._lock = threading.Lock()
 
     def record(self, server: int, command: Command, pending: WorkerRequest, specs: tuple[ArraySpec, ...],
-               data: list[Any], body: str) -> None:
+               data: list[Any], flags: int) -> None:
         """Keep a push to ``server`` (its ``data`` is copied) until the next checkpoint."""
         copies = [np.array(d, copy=True) for d in data]
         with self._lock:
-            self._entries[server].append((command, pending, specs, copies, body))
+            self._entries[server].append((command, pending, specs, copies, flags))
 
     def clear(self) -> None:
         """A checkpoint was written: a replacement server will load it, not need these."""
@@ -78,7 +78,7 @@ class ReplayLog:
         with self._lock:
             entries = list(self._entries.get(server, ()))
         replayed = set()
-        for command, pending, specs, data, body in entries:
+        for command, pending, specs, data, flags in entries:
             if pending.epoch is None or pending.epoch >= epoch:
                 continue  # not sent yet, or sent to the new process already
             replayed.add(pending.request)
@@ -86,7 +86,8 @@ class ReplayLog:
             if pending.done():  # answered by the old process: send it again under a new request
                 target = tracker.new(node, "replayed push", timeout=timeout)
                 target.add_done_callback(_replayed)
-            messages.append((target, encode(Header(command, target.request, client.node_id, specs, 0, body), data)))
+            messages.append((target, encode(Header(command, target.request, client.node_id, specs, 0, "", flags),
+                                            data)))
         for p in tracker.outstanding_to(node):
             if p.request not in replayed and p.frames is not None and p.epoch is not None and p.epoch < epoch:
                 messages.append((p, p.frames))

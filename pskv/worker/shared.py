@@ -20,7 +20,7 @@ import numpy as np
 
 from pskv.arrays import numpy_dtype
 from pskv.errors import ProtocolError
-from pskv.protocol import node_name
+from pskv.protocol import Header, node_name
 from pskv.transport.shm import host_id, map_array, part_file
 from pskv.worker.layout import KeyLayout, Part, part_view
 
@@ -76,21 +76,21 @@ class SharedParts:
                     log.info("worker %d: key %r uses sockets, not shared memory: %s", rank, rec.key, exc)
 
     @staticmethod
-    def read(items: Sequence[Part], reply: dict[str, Any], node: int) -> list[np.ndarray[Any, Any]]:
-        """The value of each part named by a shared-memory reply ``{"buffers": [...], "rounds": [...]}``.
+    def read(items: Sequence[Part], reply: Header, node: int) -> list[np.ndarray[Any, Any]]:
+        """The value of each part named by a shared-memory (``SHM``) reply: its spec's ``buffer``.
 
         Raises:
-            ProtocolError: the reply does not name one of the two values of every part.
+            ProtocolError: the reply does not name one of the two values of every part it answers.
         """
-        buffers, rounds = reply.get("buffers"), reply.get("rounds")
-        if not isinstance(buffers, list) or not isinstance(rounds, list) or not len(buffers) == len(rounds) == len(items):
-            raise ProtocolError(f"{node_name(node)} sent a malformed shared-memory reply")
+        if len(reply.arrays) != len(items):
+            raise ProtocolError(f"{node_name(node)} named {len(reply.arrays)} shared parts for {len(items)} requested")
         out = []
-        for (rec, i), b in zip(items, buffers):
+        for (rec, i), spec in zip(items, reply.arrays):
             part = rec.shm[i]
-            if b not in (0, 1) or part is None:
-                raise ProtocolError(f"{node_name(node)} named shared buffer {b!r} for key {rec.key!r}")
-            out.append(part.values[b])
+            if spec.buffer not in (0, 1) or part is None or spec.offset != rec.parts[i][1]:
+                raise ProtocolError(f"{node_name(node)} named shared buffer {spec.buffer!r} of offset {spec.offset} "
+                                    f"for key {rec.key!r}")
+            out.append(part.values[spec.buffer])
         return out
 
 

@@ -9,7 +9,7 @@ import pytest
 import zmq
 
 from pskv.config import ClusterConfig
-from pskv.protocol import TX_PREFIX, ArraySpec, Command, Header, decode, encode
+from pskv.protocol import TX_PREFIX, ArraySpec, Command, Flag, Header, decode, encode
 from pskv.server.node import ServerNode
 
 WAIT_MS = 10_000
@@ -40,9 +40,14 @@ def node():
     ctx.term()
 
 
-def send(sock, command, request, sender, body=None, arrays=(), data=()):
+def send(sock, command, request, sender, body=None, arrays=(), data=(), flags=0):
     text = json.dumps(body) if body is not None else ""
-    sock.send_multipart(encode(Header(command, request, sender, tuple(arrays), 0, text), list(data)), copy=True)
+    sock.send_multipart(encode(Header(command, request, sender, tuple(arrays), 0, text, flags), list(data)), copy=True)
+
+
+def pull(sock, request, sender, n, size=3):
+    """A PULL of key 0 (one part of ``size`` float32) including the sender's ``n``-th push."""
+    send(sock, Command.PULL, request, sender, arrays=[ArraySpec(0, "float32", (size,), 0, n)])
 
 
 def recv(sock, timeout_ms=WAIT_MS):
@@ -52,7 +57,7 @@ def recv(sock, timeout_ms=WAIT_MS):
 
 def push(sock, request, sender, value, quiet=True):
     spec = ArraySpec(0, "float32", (value.size,))
-    send(sock, Command.PUSH, request, sender, {"quiet": True} if quiet else None, [spec], [value])
+    send(sock, Command.PUSH, request, sender, None, [spec], [value], Flag.QUIET if quiet else 0)
 
 
 def test_replies_go_where_the_hello_came_from_and_quiet_pushes_are_answered_only_on_failure(node):
@@ -65,7 +70,7 @@ def test_replies_go_where_the_hello_came_from_and_quiet_pushes_are_answered_only
     send(tx0, Command.INIT, 2, W0, arrays=[ArraySpec(0, "float32", (3,))], data=[np.zeros(3, np.float32)])
     assert recv(rx0)[0].request == 2 and not tx0.poll(50)  # sent on tx0, answered on rx0
     push(tx0, 3, W0, np.ones(3, np.float32))  # quiet: no answer
-    send(tx0, Command.PULL, 4, W0, {"parts": [[0, 0, 1]]})  # waits for the round of push 1
+    pull(tx0, 4, W0, 1)  # waits for the round of push 1
     assert not rx0.poll(100)
     push(rx1, 5, W1, np.ones(4, np.float32))  # wrong size: refused, and answered at once
     header, _ = recv(rx1)
@@ -83,7 +88,7 @@ def test_a_pull_sent_before_its_push_waits_for_it_and_refused_pushes_count(node)
     s0, s1 = dealer(), dealer()
     send(s0, Command.INIT, 1, W0, arrays=[ArraySpec(0, "float32", (3,))], data=[np.zeros(3, np.float32)])
     recv(s0)
-    send(s1, Command.PULL, 2, W1, {"parts": [[0, 0, 2]]})  # worker 1's push 2 has not arrived
+    pull(s1, 2, W1, 2)  # worker 1's push 2 has not arrived
     push(s1, 3, W1, np.ones(4, np.float32))  # push 1: refused (counted)
     assert recv(s1)[0].command is Command.ERROR
     assert not s1.poll(100)
@@ -102,8 +107,8 @@ def test_a_push_is_acknowledged_before_the_pulls_its_round_answers(node):
     send(s0, Command.INIT, 1, W0, arrays=[ArraySpec(0, "float32", (3,))], data=[np.zeros(3, np.float32)])
     recv(s0)
     push(s1, 2, W1, np.ones(3, np.float32))
-    send(s1, Command.PULL, 3, W1, {"parts": [[0, 0, 1]]})
-    send(s0, Command.PULL, 4, W0, {"parts": [[0, 0, 1]]})  # overtakes worker 0's own push
+    pull(s1, 3, W1, 1)
+    pull(s0, 4, W0, 1)  # overtakes worker 0's own push
     push(s0, 5, W0, np.ones(3, np.float32), quiet=False)  # completes the round: answers both pulls
     assert [recv(s0)[0].request for _ in range(2)] == [5, 4]  # the push's acknowledgement first
     assert recv(s1)[0].request == 3
@@ -139,8 +144,8 @@ def test_repeated_requests_are_answered_again_but_applied_once(node):
     for _ in range(2):  # round 1 = 1 + 10 (worker 0's repeat not counted); the repeat, answered
         header, buffers = recv(s1)  # after the first: the same round again, its push not applied
         assert header.request == 1 and np.frombuffer(buffers[0], np.float32).tolist() == [11.0] * 3
-    send(s1, Command.PULL, 9, W1, {"parts": [[0, 0, 3]]})  # waits for worker 1's push 3
-    send(s1, Command.PULL, 9, W1, {"parts": [[0, 0, 3]]})  # its repeat while it waits: dropped
+    pull(s1, 9, W1, 3)  # waits for worker 1's push 3
+    pull(s1, 9, W1, 3)  # its repeat while it waits: dropped
     send(s1, Command.PUSHPULL, 2, W1, arrays=[ArraySpec(0, "float32", (3,))], data=[np.full(3, 1.0, np.float32)])
     header, buffers = recv(s1)  # round 2 = worker 0's quiet push (7, once) + 1
     assert header.request == 2 and np.frombuffer(buffers[0], np.float32).tolist() == [8.0] * 3

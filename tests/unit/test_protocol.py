@@ -11,6 +11,7 @@ from pskv.errors import ProtocolError
 from pskv.protocol import (
     ArraySpec,
     Command,
+    Flag,
     Header,
     Limits,
     Role,
@@ -33,7 +34,7 @@ def message(arrays, command=Command.PUSH, body=""):
 def test_round_trip_is_zero_copy_and_exact():
     arrays = [np.arange(12, dtype=np.float32).reshape(3, 4), np.array([1, -2], dtype=np.int64),
               np.zeros((0, 5), dtype=np.float64), np.float16(2.5) * np.ones(3, np.float16)]
-    header, arrays = message(arrays, body='{"x": 1}')
+    header, arrays = message(arrays, command=Command.REPLY, body='{"x": 1}')
     frames = encode(header, arrays)
     assert isinstance(frames[1], memoryview) and frames[1].obj is not None
     got, buffers = decode(frames)
@@ -59,7 +60,7 @@ def test_bfloat16_travels_as_raw_bits():
 
 @pytest.mark.parametrize("command", list(Command))
 def test_every_command_round_trips_and_headers_are_immutable(command):
-    header = Header(command, 7, 9, body='{"quiet": true}' if command is Command.PUSH else "")
+    header = Header(command, 7, 9, flags=Flag.QUIET) if command is Command.PUSH else Header(command, 7, 9)
     got, buffers = decode(encode(header))
     assert got == header and got.command is command and buffers == []
     with pytest.raises(AttributeError):
@@ -160,8 +161,8 @@ def test_a_header_declaring_too_many_arrays_is_refused_before_it_is_built():
 
 
 def test_a_deeply_nested_json_body_is_a_protocol_error():
-    from pskv.cluster.messages import json_body
     from pskv.protocol import Header
+    from pskv.protocol.bodies import json_object as json_body
 
     with pytest.raises(ProtocolError, match="not JSON"):
         json_body(Header(Command.PULL, 1, 9, body="[" * 100_000))
@@ -181,3 +182,9 @@ def test_a_pull_and_a_shared_memory_message_name_their_parts_without_data_frames
     huge = Header(Command.PULL, 5, 9, (ArraySpec(3, "float32", (2**40,)),))
     with pytest.raises(ProtocolError, match="exceeds the frame limit"):
         decode(encode(huge))  # a named part is bounded like a frame, though no frame follows
+
+
+def test_the_data_path_carries_no_body():
+    for command in (Command.INIT, Command.PUSH, Command.PULL, Command.PUSHPULL):
+        with pytest.raises(ProtocolError, match="carries no body"):
+            decode(encode(Header(command, 1, 9, body='{"quiet": true}')))

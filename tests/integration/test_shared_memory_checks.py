@@ -1,0 +1,37 @@
+"""The shared-memory data path checks what it sums exactly as the socket path does.
+
+A push through shared memory names its parts in the header's specs (key, dtype, size;
+protocol 2), and the server checks them with the same ``ServerShard.check`` as a push
+whose data travels in the message. Workers that disagree on a key's dtype or size get a
+typed error on either path instead of raw bytes mixed into the sum.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pskv
+from pskv.testing import InProcessCluster
+
+
+@pytest.mark.parametrize("shm", [1, 0], ids=["shared-memory", "sockets"])
+def test_a_worker_pushing_another_dtype_is_refused_on_both_paths(shm):
+    def worker(cfg):
+        kv = pskv.create("dist_sync", cluster=cfg)
+        try:
+            mine = np.ones(8, np.float32) if kv.rank == 0 else np.ones(8, np.int32)  # they disagree
+            kv.init("w", mine)  # rank 0's value is the key's: float32
+            assert kv._keys["w"].shared is bool(shm)  # the path under test is the one taken
+            if kv.rank == 1:
+                with pytest.raises(pskv.RemoteError, match="DTypeMismatchError"):
+                    kv.push("w", np.ones(8, np.int32))
+                return None
+            kv.push("w", np.ones(8, np.float32))
+            return None
+        finally:
+            kv.set_barrier_before_exit(False)
+            kv.close()
+
+    with InProcessCluster(1, 2, deadline=30, shm=shm) as cluster:
+        cluster.run_workers(worker)
