@@ -23,12 +23,12 @@ from typing import Any
 
 import zmq
 
+from pskv.cluster.runtime import NodeRuntime
 from pskv.config import ClusterConfig
 from pskv.errors import OperationTimeoutError, ProtocolError
 from pskv.protocol import SCHEDULER_ID, Command, Header, Role, decode, node_id, node_name
 from pskv.protocol.bodies import Barrier, Liveness, NodeTable, Register, ShmInfo, Shutdown
 from pskv.protocol.replies import error_frames, reply_frames
-from pskv.transport import Reactor
 
 __all__ = ["Scheduler"]
 
@@ -60,10 +60,8 @@ class Scheduler:
     def __init__(self, cluster: ClusterConfig, context: zmq.Context[Any] | None = None,
                  address: str | None = None) -> None:
         self._cluster = cluster
-        self._own_context = context is None
-        self._ctx = zmq.Context() if context is None else context
-        self._stop_lock = threading.Lock()
-        self._reactor = Reactor(self._ctx, "pskv-scheduler")
+        self._runtime = NodeRuntime("pskv-scheduler", context, describe=lambda: "the scheduler")
+        self._reactor = self._runtime.reactor
         self._sid, self.address = self._reactor.bind_router(address or cluster.scheduler_address, self._on_message)
         self._pending: list[tuple[bytes, Header, Register]] = []  # registrations before all arrived
         self._nodes: dict[int, _Node] = {}
@@ -100,11 +98,7 @@ class Scheduler:
 
     def stop(self) -> None:
         """Stop serving and release the sockets (idempotent)."""
-        self._reactor.stop()
-        with self._stop_lock:  # run() and an outside stop() may both get here
-            if self._own_context:
-                self._own_context = False
-                self._ctx.term()
+        self._runtime.stop()
 
     @property
     def finished(self) -> bool:

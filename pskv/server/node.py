@@ -21,12 +21,12 @@ state that receives what it needs (the shard, a way to reply):
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any
 
 import zmq
 
 from pskv.cluster import Membership, RequestTracker
+from pskv.cluster.runtime import NodeRuntime
 from pskv.config import ClusterConfig
 from pskv.errors import KVStoreError, ProtocolError, TransportError
 from pskv.protocol import Command, Header, Role, decode, node_id, node_name, node_role_rank
@@ -38,7 +38,7 @@ from pskv.server.dedup import Dropped, Regather, Repeat, ReplyCache
 from pskv.server.handlers import DataHandlers, Handler
 from pskv.server.liveness import DeadWorkers, StallReport
 from pskv.server.shard import ServerShard
-from pskv.transport import IO_THREADS, Reactor
+from pskv.transport import IO_THREADS
 from pskv.transport.addresses import bind_host
 from pskv.transport.local import local_path
 from pskv.transport.shm import ShmDirectory, host_id, job_prefix
@@ -58,11 +58,9 @@ class ServerNode:
 
     def __init__(self, cluster: ClusterConfig, context: zmq.Context[Any] | None = None) -> None:
         self._cluster = cluster
-        self._own_context = context is None
-        self._ctx = zmq.Context(io_threads=IO_THREADS) if context is None else context
-        self._stop_lock = threading.Lock()
         self._tracker = RequestTracker()
-        self._reactor = Reactor(self._ctx, "pskv-server", on_failure=self._on_reactor_failure)
+        self._runtime = NodeRuntime("pskv-server", context, IO_THREADS, self._tracker, self._get_name)
+        self._reactor = self._runtime.reactor
         self._sid, self.address = self._reactor.bind_router(f"tcp://{bind_host(cluster)}:0", self._on_message)
         self._shm_dir = ShmDirectory(f"{job_prefix(cluster.job_id)}server-") if cluster.uses_shm else None
         shm_info = {"dir": self._shm_dir.path, "host": host_id()} if self._shm_dir else None
@@ -133,17 +131,9 @@ class ServerNode:
 
     def stop(self) -> None:
         """Stop serving and release the sockets (idempotent); unblocks :meth:`run`."""
-        self._tracker.fail_all(TransportError(f"{self.name} stopped"))
-        self._reactor.stop()
+        self._runtime.stop()
         if self._shm_dir is not None:
             self._shm_dir.remove()
-        with self._stop_lock:  # run() and an outside stop() may both get here
-            if self._own_context:
-                self._own_context = False
-                self._ctx.term()
-
-    def _on_reactor_failure(self, exc: BaseException) -> None:
-        self._tracker.fail_all(TransportError(f"{self.name}'s network thread failed: {exc!r}"))
 
     # -- dispatch -----------------------------------------------------------------------
     def _on_message(self, identity: bytes, frames: list[zmq.Frame]) -> None:

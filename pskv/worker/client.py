@@ -40,8 +40,9 @@ from typing import Any
 import zmq
 
 from pskv.cluster import Membership, NodeInfo, Pending, RequestTracker
+from pskv.cluster.runtime import NodeRuntime
 from pskv.config import ClusterConfig
-from pskv.errors import NodeFailedError, OperationTimeoutError, ProtocolError, TransportError
+from pskv.errors import NodeFailedError, OperationTimeoutError, ProtocolError
 from pskv.protocol import (
     SCHEDULER_ID,
     TX_PREFIX,
@@ -57,7 +58,7 @@ from pskv.protocol import (
     node_role_rank,
 )
 from pskv.protocol.bodies import Hello
-from pskv.transport import IO_THREADS, Reactor
+from pskv.transport import IO_THREADS
 from pskv.transport.local import LocalConnection, local_path
 from pskv.transport.reactor import Sender
 from pskv.transport.shm import host_id
@@ -100,11 +101,9 @@ class WorkerClient:
                  on_server_replaced: Callable[[int], None] | None = None) -> None:
         self._cluster = cluster
         self._on_server_replaced = on_server_replaced
-        self._own_context = context is None
-        self._ctx = zmq.Context(io_threads=IO_THREADS) if context is None else context
-        self._stop_lock = threading.Lock()
         self.tracker: RequestTracker[WorkerRequest] = RequestTracker(WorkerRequest)
-        self._reactor = Reactor(self._ctx, "pskv-worker", on_failure=self._on_reactor_failure)
+        self._runtime = NodeRuntime("pskv-worker", context, IO_THREADS, self.tracker, lambda: "the worker")
+        self._reactor = self._runtime.reactor
         self.membership = Membership(cluster, self._reactor, self.tracker, Role.WORKER, on_dead=self._on_node_dead,
                                      on_servers=self._on_servers_replaced)
         self._servers: list[int | None] = []  # polled dealer socket id per server rank (replies arrive there)
@@ -236,12 +235,7 @@ class WorkerClient:
 
     def close(self) -> None:
         """Stop the reactor and release the sockets (idempotent)."""
-        self.tracker.fail_all(TransportError("the worker's connection was closed"))
-        self._reactor.stop()
-        with self._stop_lock:  # run() and an outside stop() may both get here
-            if self._own_context:
-                self._own_context = False
-                self._ctx.term()
+        self._runtime.stop("the worker's connection was closed")
 
     # -- server replacement (PSKV_SERVER_RECOVERY) ------------------------------------------
     def _on_servers_replaced(self, ranks: list[int]) -> None:
@@ -333,9 +327,6 @@ class WorkerClient:
             f"no answer for {timeout:.1f} s; without it this worker cannot tell whether the servers live, "
             "so no request can be waited for",
         ))
-
-    def _on_reactor_failure(self, exc: BaseException) -> None:
-        self.tracker.fail_all(TransportError(f"the worker's network thread failed: {exc!r}"))
 
     @property
     def node_id(self) -> int:
