@@ -32,13 +32,15 @@ from pskv.checkpoints import (
     latest_training_checkpoint,
     read_manifest,
 )
-from pskv.config import ENV_VARS, Config
-from pskv.errors import CheckpointError
+from pskv.config import ENV_VARS, ClusterConfig, Config
+from pskv.errors import CheckpointError, InvalidArgumentError
 from pskv.kvstore import known_types
 from pskv.launch import DESCRIPTION as LAUNCH_DESCRIPTION
 from pskv.launch import add_arguments as add_launch_arguments
 from pskv.launch import run_args as run_launch
+from pskv.roles import run_role
 from pskv.server.snapshot import read_shard
+from pskv.transport.security import generate_keys, write_key_file
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -67,9 +69,6 @@ def _info(args: argparse.Namespace) -> int:
 
 def _role(role: str) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
-        from pskv.config import ClusterConfig
-        from pskv.roles import run_role
-
         # no role prefix here: `pskv launch` prefixes every line with role and rank
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
         cluster = ClusterConfig.from_env(role=role)
@@ -78,9 +77,6 @@ def _role(role: str) -> Callable[[argparse.Namespace], int]:
 
 
 def _keygen(args: argparse.Namespace) -> int:
-    from pskv.errors import InvalidArgumentError
-    from pskv.transport.security import generate_keys, write_key_file
-
     try:
         keys = generate_keys()
         path = write_key_file(args.output, keys, overwrite=args.force)

@@ -10,7 +10,9 @@ import socket
 import sys
 import threading
 
+from pskv.cluster import Scheduler
 from pskv.config import ClusterConfig
+from pskv.server.node import ServerNode
 
 __all__ = ["run_role", "resolve_host"]
 
@@ -46,8 +48,6 @@ def run_role(cluster: ClusterConfig, port_file: str | None = None) -> int:
     """
     _exit_on_sigterm()
     if cluster.role == "scheduler":
-        from pskv.cluster import Scheduler
-
         if port_file is not None and cluster.root_port == 0:
             cluster = dataclasses.replace(cluster, root_port=1)  # placeholder to pass the check
             cluster.require_cluster()
@@ -64,8 +64,6 @@ def run_role(cluster: ClusterConfig, port_file: str | None = None) -> int:
         return 0
     cluster.require_cluster()
     if cluster.role == "server":
-        from pskv.server.node import ServerNode
-
         ServerNode(cluster).run()
         return 0
     raise ValueError(f"run_role serves servers and schedulers, not {cluster.role!r}")

@@ -13,9 +13,12 @@ from typing import Any
 from pskv.config import ClusterConfig, Config
 from pskv.errors import InvalidArgumentError, InvalidTypeError
 from pskv.kvstore.base import KVStoreBase
+from pskv.kvstore.byteps import BytePSStore
+from pskv.kvstore.dist import DistStore
 from pskv.kvstore.engine import OpHandle
 from pskv.kvstore.local import LocalStore
 from pskv.kvstore.types import BUILTIN_TYPES, StoreType
+from pskv.roles import run_role
 
 #: The distributed store type names (aliases included).
 DIST_TYPES = tuple(sorted(n for n in BUILTIN_TYPES if StoreType.parse(n).distributed))
@@ -23,25 +26,20 @@ DIST_TYPES = tuple(sorted(n for n in BUILTIN_TYPES if StoreType.parse(n).distrib
 __all__ = ["DIST_TYPES", "KVStoreBase", "LocalStore", "OpHandle", "StoreType", "create", "known_types"]
 
 
-def _run_role_or_connect(store_type: StoreType, config: Config | None, cluster: ClusterConfig | None) -> KVStoreBase:
-    """A worker gets a DistStore; a server or scheduler process serves its role, then exits.
+def run_role_if_not_worker(store_type: StoreType, config: Config | None,
+                           cluster: ClusterConfig | None) -> KVStoreBase:
+    """A worker gets its distributed store; a server or scheduler process serves its role, then **exits**.
 
     Cluster managers often start the same command for every role (MXNet did the same),
     so ``create('dist_*')`` in a process whose ``DMLC_ROLE`` is ``server`` or
-    ``scheduler`` runs that role until the job ends and exits the process.
+    ``scheduler`` runs that role until the job ends and exits the process (``sys.exit``
+    with the role's status): the side effect :func:`create` documents.
     """
     cluster = ClusterConfig.from_env() if cluster is None else cluster
-    name = store_type.name
     if cluster.role == "worker":
         if store_type.summation_only:
-            from pskv.kvstore.byteps import BytePSStore
-
-            return BytePSStore(name, config, cluster)
-        from pskv.kvstore.dist import DistStore
-
-        return DistStore(name, config, cluster)
-    from pskv.roles import run_role
-
+            return BytePSStore(store_type.name, config, cluster)
+        return DistStore(store_type.name, config, cluster)
     sys.exit(run_role(cluster))
 
 
@@ -66,6 +64,10 @@ def create(name: str = "local", *, config: Config | None = None, cluster: Cluste
         **settings: individual :class:`~pskv.config.Config` fields overriding the
             environment, e.g. ``engine_threads=4``.
 
+    A distributed name (``dist_*``, ``byteps``) in a process whose ``DMLC_ROLE`` is
+    ``server`` or ``scheduler`` does not return: it serves that role until the job ends
+    and exits the process (:func:`run_role_if_not_worker`), as MXNet did.
+
     Raises:
         InvalidTypeError: ``name`` is not a string.
         InvalidArgumentError: unknown store type (the message lists the known ones), or
@@ -80,7 +82,7 @@ def create(name: str = "local", *, config: Config | None = None, cluster: Cluste
         store_type = StoreType.parse(lname)
         if not store_type.distributed:
             return LocalStore(lname, config)
-        return _run_role_or_connect(store_type, config, cluster)
+        return run_role_if_not_worker(store_type, config, cluster)
     if lname in KVStoreBase.kv_registry:
         return KVStoreBase.kv_registry[lname]()
     raise InvalidArgumentError(f"unknown store type {name!r}; known types: {', '.join(known_types())}")

@@ -23,7 +23,7 @@ gradient is only read; rescaling and clipping write to scratch.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
@@ -38,6 +38,11 @@ from pskv.optimizer.registry import OPTIMIZERS, create, lookup, registered_class
 
 if TYPE_CHECKING:
     from pskv.optimizer.updater import Updater
+
+# The Updater class: pskv.optimizer.updater (which imports this module) puts it here when
+# it is imported, and the package pskv.optimizer imports it before anyone can reach this
+# module. So Optimizer.get_updater needs no import back into updater (no cycle).
+_UPDATER: list[Callable[[Optimizer], Updater]] = []
 
 __all__ = ["Optimizer", "Key", "State"]
 
@@ -555,9 +560,7 @@ class Optimizer:
     # --------------------------------------------------------------- misc
     def get_updater(self) -> Updater:
         """An :class:`~pskv.optimizer.Updater` driving this optimizer."""
-        from pskv.optimizer.updater import Updater
-
-        return Updater(self)
+        return _UPDATER[0](self)
 
     def __repr__(self) -> str:
         try:

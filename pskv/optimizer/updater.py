@@ -31,7 +31,7 @@ from pskv.errors import (
     ShapeMismatchError,
     UnsupportedValueError,
 )
-from pskv.optimizer import _math, states
+from pskv.optimizer import _math, base, states
 from pskv.optimizer._validate import check_key
 from pskv.optimizer.base import Key, Optimizer, State
 
@@ -282,6 +282,9 @@ class Updater:
             OSError: the file cannot be read.
         """
         self._restore(states.load(fname))
+
+
+base._UPDATER.append(Updater)  # Optimizer.get_updater builds these (see pskv.optimizer.base)
 
 
 def get_updater(optimizer: Optimizer) -> Updater:
