@@ -15,6 +15,7 @@ from typing import Any, ClassVar, TypeVar
 
 from pskv._registry import Registry
 from pskv.errors import InvalidArgumentError, NotSupportedError
+from pskv.kvstore.keys import Keys, Outs, Values
 from pskv.kvstore.types import BUILTIN_TYPES, StoreType
 
 __all__ = ["KVStoreBase", "RESERVED_NAMES"]
@@ -79,12 +80,12 @@ class KVStoreBase(abc.ABC):
 
     # -- MXNet's abstract interface -----------------------------------------------------
     @abc.abstractmethod
-    def broadcast(self, key: Any, value: Any, out: Any = None, priority: int = 0, *, block: bool = True,
+    def broadcast(self, key: Keys, value: Values, out: Outs | None = None, priority: int = 0, *, block: bool = True,
                   timeout: float | None = None) -> Any:
         """Write ``value`` (rank 0's, in a cluster) into the store and into every ``out``."""
 
     @abc.abstractmethod
-    def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0, *, block: bool = True,
+    def pushpull(self, key: Keys, value: Values, out: Outs | None = None, priority: int = 0, *, block: bool = True,
                  timeout: float | None = None) -> Any:
         """Push ``value`` and pull the result into ``out`` (into ``value`` if out is None)."""
 
@@ -137,24 +138,24 @@ class KVStoreBase(abc.ABC):
     def _unsupported(self, op: str) -> NotSupportedError:
         return NotSupportedError(f"store type {self.type!r} does not support {op}")
 
-    def init(self, key: Any, value: Any, *, summed: bool = False) -> None:
+    def init(self, key: Keys, value: Values, *, summed: bool = False) -> None:
         """Create keys with initial values (see the concrete store).
 
         ``summed=True``: pushes to these keys store their sum even when an optimizer runs.
         """
         raise self._unsupported("init")
 
-    def push(self, key: Any, value: Any, priority: int = 0, *, block: bool = True,
+    def push(self, key: Keys, value: Values, priority: int = 0, *, block: bool = True,
              timeout: float | None = None) -> Any:
         """Push values into the store (see the concrete store)."""
         raise self._unsupported("push")
 
-    def pull(self, key: Any, out: Any = None, priority: int = 0, *, block: bool = True,
+    def pull(self, key: Keys, out: Outs | None = None, priority: int = 0, *, block: bool = True,
              timeout: float | None = None) -> Any:
         """Pull values out of the store (see the concrete store)."""
         raise self._unsupported("pull")
 
-    def row_sparse_pull(self, key: Any, out: Any = None, priority: int = 0, row_ids: Any = None, *,
+    def row_sparse_pull(self, key: Keys, out: Outs | None = None, priority: int = 0, row_ids: Any = None, *,
                         block: bool = True, timeout: float | None = None) -> Any:
         """Pull selected rows (see the concrete store)."""
         raise self._unsupported("row_sparse_pull")
@@ -242,7 +243,7 @@ class KVStoreBase(abc.ABC):
         """Whether closing the store first waits at a barrier of all workers."""
         self._barrier_before_exit = bool(barrier_before_exit)
 
-    def wait(self, keys: Any = None, timeout: float | None = None) -> None:
+    def wait(self, keys: Keys | None = None, timeout: float | None = None) -> None:
         """Wait for outstanding non-blocking operations (none in a synchronous store)."""
         return None
 

@@ -14,16 +14,24 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
 from pskv.arrays import is_array
 from pskv.errors import InvalidArgumentError, KeyTypeError, UnsupportedValueError
 
-__all__ = ["Key", "KeyKind", "as_key", "as_key_list", "pair_up"]
+__all__ = ["Array", "Key", "KeyKind", "Keys", "Outs", "Values", "as_key", "as_key_list", "pair_up"]
 
 Key = int | str
+#: One key or a list of keys (MXNet's forms).
+Keys: TypeAlias = Key | Sequence[Key]
+#: A NumPy array or a PyTorch tensor (CPU or CUDA); checked at run time (arrays.describe).
+Array: TypeAlias = Any
+#: Per key one array, or a list of arrays (one per device); for a key list, a list of those.
+Values: TypeAlias = Array | Sequence[Array] | Sequence[Sequence[Array]]
+#: Where pulled values go: the same forms as :data:`Values`.
+Outs: TypeAlias = Values
 
 
 def as_key(key: object) -> Key:
