@@ -33,7 +33,7 @@ import numpy as np
 from pskv.arrays import is_torch
 from pskv.errors import InvalidArgumentError, InvalidTypeError
 
-__all__ = ["DataDesc", "DataBatch", "NDArrayIter", "batch_arrays"]
+__all__ = ["DataDesc", "DataBatch", "NDArrayIter", "as_list", "batch_arrays"]
 
 NDArray = np.ndarray[Any, Any]
 
@@ -359,17 +359,18 @@ def batch_arrays(batch: Any) -> tuple[list[Any], list[Any]]:
         InvalidArgumentError: a sequence that is not a ``(data, label)`` pair.
     """
     if hasattr(batch, "data"):
-        return _as_list(batch.data), _as_list(getattr(batch, "label", None))
+        return as_list(batch.data), as_list(getattr(batch, "label", None))
     if isinstance(batch, Mapping):
-        return _as_list(batch.get("data")), _as_list(batch.get("label"))
+        return as_list(batch.get("data")), as_list(batch.get("label"))
     if isinstance(batch, (list, tuple)):
         if len(batch) != 2:
             raise InvalidArgumentError(f"a batch given as a sequence must be (data, label), got {len(batch)} items")
-        return _as_list(batch[0]), _as_list(batch[1])
+        return as_list(batch[0]), as_list(batch[1])
     return [batch], []
 
 
-def _as_list(x: Any) -> list[Any]:
+def as_list(x: Any) -> list[Any]:
+    """``x`` as a list: None -> [], a list or tuple -> its items, anything else -> [x]."""
     if x is None:
         return []
     if isinstance(x, (list, tuple)):

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from pskv.errors import InvalidArgumentError, InvalidTypeError, ShapeMismatchError
-from pskv.parallel.data import batch_arrays
+from pskv.parallel.data import as_list, batch_arrays
 from pskv.parallel.split import check_workload, split_batch
 
 __all__ = ["DataParallelExecutorGroup", "GRAD_REQS"]
@@ -75,14 +75,6 @@ def _to_tensor(x: Any, device: torch.device | None = None) -> torch.Tensor:
         t = torch.from_numpy(np.ascontiguousarray(x))
         return t if device is None else t.to(device)
     raise InvalidTypeError(f"batch arrays must be numpy arrays or torch tensors, got {type(x).__name__}")
-
-
-def _as_list(x: Any) -> list[Any]:
-    if x is None:
-        return []
-    if isinstance(x, (list, tuple)):
-        return list(x)
-    return [x]
 
 
 class DataParallelExecutorGroup:
@@ -386,7 +378,7 @@ class DataParallelExecutorGroup:
             raise InvalidArgumentError("backward() needs a group bound with for_training=True")
         if self._outputs is None or not self._last_train:
             raise InvalidArgumentError("backward() needs a forward(is_train=True) first")
-        grads = _as_list(out_grads)
+        grads = as_list(out_grads)
         if not grads and self.loss is None:
             raise InvalidArgumentError("the group has no loss: give backward(out_grads=...)")
         for name, gs in zip(self.param_names, self.grad_arrays):
@@ -491,10 +483,10 @@ class DataParallelExecutorGroup:
         """
         if self._outputs is None:
             raise InvalidArgumentError("update_metric() needs a forward() first")
-        labels = _as_list(labels)
+        labels = as_list(labels)
         for n, i in enumerate(self.active_devices):
             if pre_sliced:
-                device_labels = _as_list(labels[n])
+                device_labels = as_list(labels[n])
             else:
                 device_labels = [_to_tensor(y).narrow(0, self.slices[i].start, self.slices[i].stop - self.slices[i].start)
                                  for y in labels]
