@@ -1,0 +1,143 @@
+"""``ServerCore``: everything a server does with a request, with no socket in sight.
+
+ps-lite's ``KVServer::Process`` decodes a message and calls one request handler; this
+is that handler for pskv: decode and validate the frames, check the sender, answer a
+repeated request from the :class:`~pskv.server.dedup.ReplyCache`, dispatch to the data
+(:mod:`pskv.server.handlers`) or control (:mod:`pskv.server.control`) commands, and
+turn any exception into an ``ERROR`` reply naming it. Replies leave through one
+``send(peer, frames)`` callable:
+
+* :class:`~pskv.server.node.ServerNode` passes its reactor's router socket — the real
+  server process;
+* :class:`~pskv.testing.loopback.LoopbackCluster` passes a function call into a worker
+  in the same thread — store semantics tested without sockets or threads.
+
+A value reply produced while a message is handled (a push completing a round answers
+the pulls that waited for it) is held until that message's own reply went out, so a
+worker sees its push acknowledged before any pull that includes it returns.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from pskv.config import ClusterConfig
+from pskv.errors import KVStoreError, ProtocolError
+from pskv.protocol import Command, Header, Role, decode, node_id, node_name, node_role_rank
+from pskv.protocol.replies import error_frames
+from pskv.server.checkpointing import ShardCheckpoints
+from pskv.server.control import ControlHandlers
+from pskv.server.dedup import Dropped, Regather, Repeat, ReplyCache
+from pskv.server.handlers import DataHandlers, Handler
+from pskv.server.liveness import DeadWorkers
+from pskv.server.shard import Allocator, ServerShard
+
+__all__ = ["ServerCore", "Send"]
+
+log = logging.getLogger("pskv.server")
+
+Send = Callable[[bytes, list[Any]], None]  # (peer identity, frames)
+
+
+class ServerCore:
+    """A server's shard and request handling (no I/O of its own).
+
+    Args:
+        cluster: the cluster contract (number of workers, recovery timeout, ...).
+        send: delivers frames to a peer.
+        node_id: this server's node id (the replies' sender; known after registering).
+        name: this server's name for messages (``'server 0'``).
+        rank: this server's rank (names its state files).
+        allocate: makes a part's shared-memory buffers (None: no shared memory).
+    """
+
+    def __init__(self, cluster: ClusterConfig, send: Send, node_id: Callable[[], int], name: Callable[[], str],
+                 rank: Callable[[], int], allocate: Allocator | None = None) -> None:
+        self._cluster = cluster
+        self._send = send
+        self._node_id = node_id
+        self._name = name
+        workers = tuple(node_id_of(r) for r in range(cluster.num_workers))
+        self.shard = ServerShard(cluster.num_workers, sync=True, allocate=allocate, workers=workers)
+        self.dead = DeadWorkers(self.shard, cluster.recovery_timeout, name)
+        self.replies = ReplyCache()
+        self.checkpoints = ShardCheckpoints(self.shard, cluster, name)
+        self.routes: dict[bytes, bytes] = {}  # a worker's send-only socket -> where its replies go (HELLO)
+        self.data = DataHandlers(self.shard, self._reply, self._answer, node_id, self.replies, self.dead,
+                                 self.routes, name)
+        control = ControlHandlers(self.shard, self.checkpoints, self._reply, node_id, rank)
+        self._handlers: dict[Command, Handler] = {**self.data.handlers(), **control.handlers()}
+        self._held: list[tuple[bytes, list[Any]]] | None = None  # value replies held while a message is handled
+
+    def handle(self, identity: bytes, frames: list[Any]) -> None:
+        """Handle one message from the socket ``identity`` (malformed frames are logged and dropped)."""
+        try:
+            header, buffers = decode(frames)
+        except ProtocolError as exc:
+            log.error("%s: rejected a malformed message from %r: %s", self._name(), identity, exc)
+            return
+        origin = identity  # the socket it came from: one process's (fixed across reconnects)
+        identity = self.routes.get(identity, identity)  # from a send-only socket: answer where its HELLO came from
+        self._held = []
+        try:
+            handler = self._checked_handler(header)
+            repeat = self.replies.begin(origin, header.request)
+            if repeat is None:
+                handler(identity, header, buffers)
+            else:
+                self._answer_repeat(identity, header, repeat)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes an ERROR reply; the server lives on
+            if not isinstance(exc, KVStoreError):
+                log.exception("%s: %s failed", self._name(), header.command.name)
+            self._reply(identity, error_frames(header, self._node_id(), type(exc).__name__, str(exc)))
+        finally:
+            self.replies.end()
+            held, self._held = self._held, None
+            for peer, reply in held:
+                self._send(peer, reply)
+
+    def _checked_handler(self, header: Header) -> Handler:
+        """The handler of a request from a worker of this job.
+
+        Raises:
+            ProtocolError: the sender is no worker of this job, or no server command.
+        """
+        try:
+            role, rank = node_role_rank(header.sender)
+        except ValueError:
+            raise ProtocolError(f"sender {header.sender} is not a node id") from None
+        if role is not Role.WORKER or rank >= self._cluster.num_workers:
+            raise ProtocolError(f"sender {header.sender} is not a worker of this job")
+        handler = self._handlers.get(header.command)
+        if handler is None:
+            raise ProtocolError(f"a server does not handle {header.command.name}")
+        return handler
+
+    def _answer_repeat(self, identity: bytes, header: Header, repeat: Repeat) -> None:
+        """Answer a request its sender sent again after a reset connection (see :mod:`pskv.server.dedup`)."""
+        if isinstance(repeat, Dropped):
+            log.debug("%s: dropped a repeat of request %d of %s (being answered)", self._name(), header.request,
+                      node_name(header.sender))
+        elif isinstance(repeat, Regather):  # a pushpull: its rounds' values again, its pushes not applied again
+            self.data.gather(identity, header, repeat.parts, shared=repeat.shared)
+        else:  # a short answer: the same again
+            self._send(identity, repeat.frames)
+
+    def _reply(self, identity: bytes, frames: list[Any]) -> None:
+        """Send the reply to the message being handled (at once)."""
+        self.replies.answered(frames)  # kept for a repeat of the request, if short
+        self._send(identity, frames)
+
+    def _answer(self, identity: bytes, frames: list[Any]) -> None:
+        """Send a reply with values (pull, pushpull) — after the reply to the message being handled."""
+        if self._held is not None:
+            self._held.append((identity, frames))
+        else:
+            self._send(identity, frames)
+
+
+def node_id_of(worker_rank: int) -> int:
+    """The node id of worker ``worker_rank``."""
+    return node_id(Role.WORKER, worker_rank)
