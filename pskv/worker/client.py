@@ -33,9 +33,9 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 import zmq
 
@@ -76,6 +76,14 @@ log = logging.getLogger("pskv.worker")
 EXPIRY_INTERVAL = 0.1
 
 
+class Channel(Protocol):
+    """Where requests to one server leave: a ZeroMQ sender, a local socket, or an in-process channel."""
+
+    def send(self, frames: list[Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class WorkerRequest(Pending):
     """A request to a server, with what the worker's send queue records about it."""
 
@@ -107,7 +115,7 @@ class WorkerClient:
         self.membership = Membership(cluster, self._reactor, self.tracker, Role.WORKER, on_dead=self._on_node_dead,
                                      on_servers=self._on_servers_replaced)
         self._servers: list[int | None] = []  # polled dealer socket id per server rank (replies arrive there)
-        self._senders: list[Sender | LocalConnection] = []  # where requests to each server rank leave
+        self._senders: list[Channel] = []  # where requests to each server rank leave
         self._queue: list[tuple[float, int, int, list[Any], WorkerRequest]] = []  # (-priority, seq, server, frames, pending)
         self._queue_lock = threading.Lock()
         self._send_lock = threading.Lock()  # held by the thread emptying the queue
@@ -127,6 +135,8 @@ class WorkerClient:
         Raises:
             OperationTimeoutError: the cluster did not assemble within the startup timeout.
         """
+        if self.info is not None:  # connected already (connect_in_process)
+            return self.info
         self._reactor.start()
         info = self.membership.register(self._cluster.rank)
         connected = threading.Event()
@@ -164,6 +174,26 @@ class WorkerClient:
                             for s in range(len(info.servers))]:
                 pending.wait(self._cluster.startup_timeout)
         return info
+
+    def connect_in_process(self, info: NodeInfo, channels: Sequence[Channel], membership: Any) -> None:
+        """Talk to servers of this process through ``channels`` (one per server rank), without sockets.
+
+        For :mod:`pskv.testing.loopback`: no scheduler and no socket is used; each
+        channel's ``send(frames)`` hands a request to a server in this process, whose
+        replies come back through :meth:`deliver`. ``membership`` stands in for the
+        scheduler's (``barrier``, ``num_dead_node``, ``shutdown``). Everything else —
+        request ids, priorities, quiet pushes, timeouts — is this client's own.
+        """
+        self.info = info
+        self.membership = membership
+        self._senders = list(channels)
+        self._servers = [None] * len(self._senders)
+        self._sent = [itertools.count(1) for _ in self._senders]
+        self._epoch = [0] * len(self._senders)
+
+    def deliver(self, frames: Sequence[Any]) -> None:
+        """A reply arrived (from a channel of :meth:`connect_in_process`; sockets call it themselves)."""
+        self._on_reply(frames)
 
     def _local_path(self, server: int, info: NodeInfo) -> str | None:
         """The local socket of ``server`` if it runs on this host (and shared memory is on)."""
@@ -412,7 +442,7 @@ class WorkerClient:
                 if len(self._queue) == len(held):  # nothing new, or only held requests
                     return
 
-    def _on_reply(self, frames: list[zmq.Frame]) -> None:
+    def _on_reply(self, frames: Sequence[Any]) -> None:
         try:
             header, buffers = decode(frames)
         except ProtocolError as exc:

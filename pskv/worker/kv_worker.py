@@ -71,9 +71,12 @@ class KVWorker:
         cluster: the cluster contract.
         context: ZeroMQ context (a new one by default).
         sync: the store is synchronous (shared memory serves sync stores only).
+        client: the connection to use (default: a new :class:`WorkerClient`; tests pass
+            one connected in process, :mod:`pskv.testing.loopback`).
     """
 
-    def __init__(self, cluster: ClusterConfig, context: Any = None, *, sync: bool = True) -> None:
+    def __init__(self, cluster: ClusterConfig, context: Any = None, *, sync: bool = True,
+                 client: WorkerClient | None = None) -> None:
         self._cluster = cluster
         self._sync = sync
         self._rank = -1
@@ -89,8 +92,8 @@ class KVWorker:
             method = recover()
             if method is not None:
                 method(server)
-        self.client = WorkerClient(cluster, context,
-                                   on_server_replaced=on_server_replaced if cluster.server_recovery else None)
+        self.client = client if client is not None else WorkerClient(
+            cluster, context, on_server_replaced=on_server_replaced if cluster.server_recovery else None)
 
     # -- life cycle ---------------------------------------------------------------------
     def connect(self) -> NodeInfo:
