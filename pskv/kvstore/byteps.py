@@ -4,8 +4,12 @@ Servers only sum (no optimizer: ``is_capable`` is False for everything); workers
 ``pushpull`` (an allreduce: every worker receives the sum of all workers' values) and
 ``broadcast`` (rank 0's value to everyone). A key is declared on its first use — the
 first ``pushpull`` or ``broadcast`` of a key is collective, like BytePS's first blocking
-push. ``local_rank`` (inherited from :class:`DistStore`) is the worker's rank on its host,
-set by ``pskv launch``.
+push. ``local_rank`` is the worker's rank on its host, set by ``pskv launch``.
+
+The store *holds* a :class:`~pskv.kvstore.dist.DistStore` and offers only that subset
+of it; the cluster methods (``barrier``, ``join``, ``wait``, ``save_checkpoint``, ...)
+are the distributed store's. ``init``, ``push``, ``pull``, ``row_sparse_pull`` and the
+optimizer methods raise :class:`~pskv.errors.NotSupportedError`.
 """
 
 from __future__ import annotations
@@ -13,16 +17,66 @@ from __future__ import annotations
 from typing import Any
 
 from pskv.arrays import describe, empty
+from pskv.config import ClusterConfig, Config
 from pskv.errors import NotSupportedError
+from pskv.kvstore.base import KVStoreBase
 from pskv.kvstore.dist import DistStore
 from pskv.kvstore.engine import OpHandle
-from pskv.kvstore.keys import as_key_list, pair_up
+from pskv.kvstore.keys import Key, as_key_list, pair_up
+from pskv.kvstore.types import StoreType
 
 __all__ = ["BytePSStore"]
 
 
-class BytePSStore(DistStore):
-    """Summation-only distributed store (``pskv.create('byteps')``)."""
+class BytePSStore(KVStoreBase):
+    """Summation-only distributed store (``pskv.create('byteps')``).
+
+    Args:
+        name: the store type (``'byteps'``).
+        config: local settings (kernels, engine).
+        cluster: the cluster contract (default: from the environment).
+    """
+
+    def __init__(self, name: str = "byteps", config: Config | None = None,
+                 cluster: ClusterConfig | None = None, context: Any = None) -> None:
+        self._dist = DistStore(name, config, cluster, context)
+        self._declared: set[Key] = set()  # every key of the store: only _declare creates keys
+
+    # -- properties ------------------------------------------------------------------------
+    @property
+    def type(self) -> str:
+        """The type name given to ``create``."""
+        return self._dist.type
+
+    @property
+    def store_type(self) -> StoreType:
+        """What the type means (summation only)."""
+        return self._dist.store_type
+
+    @property
+    def rank(self) -> int:
+        """This worker's rank."""
+        return self._dist.rank
+
+    @property
+    def local_rank(self) -> int:
+        """This worker's rank among the workers of its host (``PSKV_LOCAL_RANK``)."""
+        return self._dist.local_rank
+
+    @property
+    def num_workers(self) -> int:
+        """Number of workers in the job."""
+        return self._dist.num_workers
+
+    @property
+    def is_recovery(self) -> bool:
+        """True in a process that replaced a dead worker (see :attr:`DistStore.is_recovery`)."""
+        return self._dist.is_recovery
+
+    @property
+    def resumed(self) -> dict[str, Any] | None:
+        """The manifest of the checkpoint this job resumed from, or None (see :attr:`DistStore.resumed`)."""
+        return self._dist.resumed
 
     @classmethod
     def is_capable(cls, capability: str) -> bool:
@@ -34,16 +88,19 @@ class BytePSStore(DistStore):
         cls._capability(capability)
         return False
 
+    # -- pushpull and broadcast ------------------------------------------------------------
     def _declare(self, key: Any, value: Any) -> None:
+        """Create the keys not used before, as zeros shaped like ``value`` (collective)."""
         keys, single = as_key_list(key)
-        fresh = [(k, vals[0]) for k, vals in pair_up(keys, single, value, "value") if k not in self._keys]
+        fresh = [(k, vals[0]) for k, vals in pair_up(keys, single, value, "value") if k not in self._declared]
         if fresh:
             zeros = []
             for _, v in fresh:
                 z = empty(describe(v), device="cpu")
                 z[...] = 0
                 zeros.append(z)
-            super().init([k for k, _ in fresh], zeros)
+            self._dist.init([k for k, _ in fresh], zeros)
+            self._declared.update(k for k, _ in fresh)
 
     def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0, *, block: bool = True,
                  timeout: float | None = None) -> OpHandle | None:
@@ -52,27 +109,24 @@ class BytePSStore(DistStore):
         The first call for a key declares it (collective).
         """
         self._declare(key, value)
-        return super().pushpull(key, value, out, priority, block=block, timeout=timeout)
-
-    def init(self, key: Any, value: Any, *, summed: bool = False) -> None:
-        """Not part of the BytePS API: keys are declared by their first pushpull/broadcast."""
-        raise NotSupportedError("the byteps store declares keys on first use; call pushpull or broadcast")
-
-    def push(self, key: Any, value: Any, priority: int = 0, **kwargs: Any) -> Any:
-        """Not part of the BytePS API; use :meth:`pushpull`."""
-        raise NotSupportedError("the byteps store offers pushpull and broadcast, not push")
-
-    def pull(self, key: Any, out: Any = None, priority: int = 0, **kwargs: Any) -> Any:
-        """Not part of the BytePS API; use :meth:`pushpull`."""
-        raise NotSupportedError("the byteps store offers pushpull and broadcast, not pull")
+        return self._dist.pushpull(key, value, out, priority, block=block, timeout=timeout)
 
     def broadcast(self, key: Any, value: Any, out: Any = None, priority: int = 0, *, block: bool = True,
                   timeout: float | None = None) -> OpHandle | None:
         """Rank 0's ``value`` into every ``out`` (into ``value`` if out is None)."""
         self._declare(key, value)
-        DistStore.broadcast(self, key, value, None, priority, block=True, timeout=timeout)
+        self._dist.broadcast(key, value, None, priority, block=True, timeout=timeout)
         target = value if out is None else out
-        return DistStore.pull(self, key, out=target, priority=priority, block=block, timeout=timeout)
+        result: OpHandle | None = self._dist.pull(key, out=target, priority=priority, block=block, timeout=timeout)
+        return result
+
+    # -- not offered -----------------------------------------------------------------------
+    def _unsupported(self, op: str) -> NotSupportedError:
+        return NotSupportedError(f"the byteps store offers pushpull and broadcast, not {op}")
+
+    def init(self, key: Any, value: Any, *, summed: bool = False) -> None:
+        """Not part of the BytePS API: keys are declared by their first pushpull/broadcast."""
+        raise NotSupportedError("the byteps store declares keys on first use; call pushpull or broadcast")
 
     def set_optimizer(self, optimizer: Any) -> None:
         """Not available: BytePS servers only sum; run the optimizer on the workers."""
@@ -85,3 +139,39 @@ class BytePSStore(DistStore):
     def load_optimizer_states(self, fname: str) -> None:
         """Not available: the servers hold no optimizer state."""
         raise NotSupportedError("byteps servers hold no optimizer state")
+
+    # -- the distributed store's cluster methods -------------------------------------------
+    def barrier(self) -> None:
+        """Wait until every worker reached the barrier (see :meth:`DistStore.barrier`)."""
+        self._dist.barrier()
+
+    def join(self, timeout: float | None = None) -> None:
+        """This worker has no more data (collective; see :meth:`DistStore.join`)."""
+        self._dist.join(timeout)
+
+    def wait(self, keys: Any = None, timeout: float | None = None) -> None:
+        """Wait for outstanding operations (on ``keys``, if given)."""
+        self._dist.wait(keys, timeout)
+
+    def save_checkpoint(self, path: str | None = None, meta: Any = None) -> str:
+        """Save the servers' sums as a checkpoint (collective; see :meth:`DistStore.save_checkpoint`)."""
+        return self._dist.save_checkpoint(path, meta)
+
+    def send_command_to_servers(self, head: int, body: str) -> None:
+        """Run a controller on every server (see :meth:`DistStore.send_command_to_servers`)."""
+        self._dist.send_command_to_servers(head, body)
+
+    def num_dead_node(self, node_id: int, timeout: float = 60) -> int:
+        """Nodes of group ``node_id`` silent for more than ``timeout`` seconds."""
+        return self._dist.num_dead_node(node_id, timeout)
+
+    def set_barrier_before_exit(self, barrier_before_exit: bool = True) -> None:
+        """Whether closing the store first waits at a barrier of all workers."""
+        self._dist.set_barrier_before_exit(barrier_before_exit)
+
+    def close(self) -> None:
+        """Finish queued work, meet the other workers (unless disabled), leave the job."""
+        self._dist.close()
+
+    def __enter__(self) -> BytePSStore:
+        return self

@@ -13,7 +13,8 @@ the ``dist_*`` stores:
 * engine submission: per-key order, priorities, ``block=False`` handles, timeouts.
 
 A store supplies its key records (:meth:`_lookup`; each record has a ``meta``, the
-:class:`~pskv.arrays.ArrayMeta` values must match) and its default timeout.
+:class:`~pskv.arrays.ArrayMeta` values must match) and, if not ``PSKV_DEFAULT_TIMEOUT``,
+its default timeout (the distributed stores use ``PSKV_REQUEST_TIMEOUT``).
 """
 
 from __future__ import annotations
@@ -49,15 +50,17 @@ class StoreFrontEnd(KVStoreBase, Generic[R]):
     Args:
         name: the store type name (lower-cased; aliases allowed).
         config: local settings (default: from the environment).
+        default_timeout: seconds an operation, ``wait()`` or a handle's ``wait()`` waits
+            when given no timeout (default: ``config.default_timeout``).
     """
 
-    def __init__(self, name: str, config: Config | None) -> None:
+    def __init__(self, name: str, config: Config | None, default_timeout: float | None = None) -> None:
         self._type = name
         self._store_type = StoreType.parse(name)
         self._config = Config.from_env() if config is None else config
         self._kernels = CpuKernels(self._config.kernel_threads, self._config.kernel_parallel_bytes)
-        self._engine = Engine(self._config.engine_threads, name=f"pskv-{name}",
-                              default_timeout=self._config.default_timeout)
+        self._default_timeout = self._config.default_timeout if default_timeout is None else default_timeout
+        self._engine = Engine(self._config.engine_threads, name=f"pskv-{name}", default_timeout=self._default_timeout)
         self._key_kind = KeyKind()
         self._closed = False
         self._barrier_before_exit = True
@@ -69,7 +72,7 @@ class StoreFrontEnd(KVStoreBase, Generic[R]):
 
     def _timeout(self, timeout: float | None) -> float:
         """``timeout``, or the store's default for operations."""
-        return self._config.default_timeout if timeout is None else timeout
+        return self._default_timeout if timeout is None else timeout
 
     # -- properties ------------------------------------------------------------------------
     @property
@@ -81,6 +84,16 @@ class StoreFrontEnd(KVStoreBase, Generic[R]):
     def store_type(self) -> StoreType:
         """What the type means (parsed once)."""
         return self._store_type
+
+    @classmethod
+    def is_capable(cls, capability: str) -> bool:
+        """True for ``'optimizer'`` and ``'row_sparse_pull'``: pskv's own stores offer both.
+
+        Raises:
+            InvalidArgumentError: unknown capability.
+        """
+        cls._capability(capability)
+        return True
 
     # -- normalisation and checks ----------------------------------------------------------
     def _check_open(self, op: str) -> None:
@@ -115,15 +128,25 @@ class StoreFrontEnd(KVStoreBase, Generic[R]):
             InvalidArgumentError: a key got several values.
             DuplicateKeyError: a key exists already or is listed twice.
         """
-        keys, single = self._key_list(key)
-        staged: list[tuple[Key, Any]] = []
+        keys, staged = self._one_value_each(key, value, op)
         seen: set[Key] = set()
-        for k, vals in pair_up(keys, single, value, "value"):
-            if len(vals) != 1:
-                raise InvalidArgumentError(f"{op} of key {k!r} got {len(vals)} values; give exactly one")
+        for k, _ in staged:
             if k in seen or self._lookup(k) is not None:
                 raise DuplicateKeyError(k)
             seen.add(k)
+        return keys, staged
+
+    def _one_value_each(self, key: Any, value: Any, op: str) -> tuple[list[Key], list[tuple[Key, Any]]]:
+        """``(keys, [(key, its one value)])`` for ``init`` and ``broadcast``.
+
+        Raises:
+            InvalidArgumentError: a key got several values.
+        """
+        keys, single = self._key_list(key)
+        staged = []
+        for k, vals in pair_up(keys, single, value, "value"):
+            if len(vals) != 1:
+                raise InvalidArgumentError(f"{op} of key {k!r} got {len(vals)} values; give exactly one")
             staged.append((k, vals[0]))
         return keys, staged
 
