@@ -63,17 +63,19 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         name: the store type.
         config: local settings (kernels, engine).
         cluster: the cluster contract (default: from the environment).
+        worker: the worker layer to use (default: a new :class:`~pskv.worker.KVWorker`;
+            :mod:`pskv.testing.loopback` passes one wired to servers in this process).
     """
 
     def __init__(self, name: str = "dist_sync", config: Config | None = None,
-                 cluster: ClusterConfig | None = None, context: Any = None) -> None:
+                 cluster: ClusterConfig | None = None, context: Any = None, worker: KVWorker | None = None) -> None:
         cluster = ClusterConfig.from_env() if cluster is None else cluster
         cluster.require_cluster()
         super().__init__(name, config, default_timeout=cluster.request_timeout)
         self._cluster = cluster
         self._on_device = self._store_type.on_device
         self._keys: dict[Key, KeyLayout] = {}
-        self._worker = KVWorker(cluster, context, sync=self._store_type.sync)
+        self._worker = worker if worker is not None else KVWorker(cluster, context, sync=self._store_type.sync)
         self._client = self._worker.client  # the connection (tests reach in)
         try:
             info = self._worker.connect()

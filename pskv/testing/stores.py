@@ -26,8 +26,10 @@ from pskv.config import ClusterConfig
 from pskv.errors import OperationTimeoutError
 from pskv.kvstore import KVStoreBase, StoreType, create
 from pskv.testing.cluster import InProcessCluster
+from pskv.testing.loopback import loopback_store
 
-__all__ = ["ClusterGroup", "LocalGroup", "StoreGroup", "StorePool", "StoreSpec", "cluster_store", "local_store"]
+__all__ = ["ClusterGroup", "LocalGroup", "StoreGroup", "StorePool", "StoreSpec", "cluster_store", "local_store",
+           "loopback_spec"]
 
 T = TypeVar("T")
 
@@ -302,3 +304,10 @@ class StorePool:
                 first = first or exc
         if first is not None:
             raise first
+
+
+def loopback_spec(name: str, num_servers: int, **cluster_settings: Any) -> StoreSpec:
+    """A distributed store of one worker whose servers run in this process, without sockets
+    (:func:`pskv.testing.loopback.loopback_store`)."""
+    return StoreSpec(f"{name}-loopback-{num_servers}s", StoreType.parse(name),
+                     lambda: LocalGroup(lambda: loopback_store(name, num_servers, **cluster_settings)))

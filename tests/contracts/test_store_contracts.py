@@ -1,7 +1,8 @@
 """Every store keeps MXNet's KVStore semantics: the contracts of ``pskv.testing.contracts``.
 
 Each test id names the store and the contract (``dist_sync-2s2w-push_then_pull_gives_sum``).
-Distributed stores run in-process (scheduler, servers, workers as threads); the checks
+Distributed stores run in-process (scheduler, servers, workers as threads), and over the
+loopback (one worker, servers called directly: no sockets, no scheduler); the checks
 that leave a store as they found it share one cluster per store for this module.
 """
 
@@ -13,7 +14,7 @@ import pytest
 
 from pskv.testing.contracts import CONTRACTS, Contract, contracts_for, run_contract
 from pskv.testing.store_model import run_store_machine
-from pskv.testing.stores import StorePool, StoreSpec, cluster_store, local_store
+from pskv.testing.stores import StorePool, StoreSpec, cluster_store, local_store, loopback_spec
 
 # bigarray_bound 32: the contracts' 12x8 arrays are split over both servers.
 SPECS = [
@@ -22,6 +23,8 @@ SPECS = [
     cluster_store("dist_sync", 1, 2),
     cluster_store("dist_sync", 2, 2, bigarray_bound=32),
     cluster_store("dist_async", 1, 2),
+    loopback_spec("dist_sync", 2, bigarray_bound=32),  # no sockets: servers in this process
+    loopback_spec("dist_async", 1),
     cluster_store("byteps", 2, 2, bigarray_bound=32),
 ]
 
@@ -68,6 +71,7 @@ def test_byteps_promises_only_pushpull_and_broadcast() -> None:
     local_store("local", engine_threads=2),
     local_store("device", engine_threads=2),
     cluster_store("dist_sync", 2, 2, bigarray_bound=4),  # (2, 2) and (3, 2) values are split
+    loopback_spec("dist_sync", 2, bigarray_bound=4),
 ], ids=lambda spec: spec.id)
 def test_random_operations_match_a_dict_model(spec: StoreSpec) -> None:
     run_store_machine(spec, max_examples=25 if not spec.store_type.distributed else 12, steps=20)
