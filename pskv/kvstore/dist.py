@@ -26,9 +26,8 @@ it only if it fails, and the next reply from that server confirms it; waiting on
 handle, or ``wait()``, asks the server (``SYNC``) if nothing follows.
 
 Threads: small non-blocking CPU calls send from the caller's thread and finish on the
-network thread (:func:`~pskv.kvstore.staging.is_quick`); blocking calls on idle keys
-send and wait in the caller's thread. Only bigger calls, and calls queued behind earlier
-work on their keys, use the engine's worker threads.
+network thread (:func:`~pskv.kvstore.staging.is_quick`); blocking calls on idle keys send
+and wait in the caller's thread; bigger or queued calls use the engine's threads.
 """
 
 from __future__ import annotations
@@ -123,11 +122,10 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         """
         return self._recovery
 
-    # -- records ------------------------------------------------------------------------
+    # -- records, init -----------------------------------------------------------------
     def _lookup(self, key: Key) -> KeyLayout | None:
         return self._keys.get(key)
 
-    # -- init ---------------------------------------------------------------------------
     def init(self, key: Any, value: Any, *, summed: bool = False) -> None:
         """Initialise keys on every worker; rank 0's values are used.
 
@@ -258,7 +256,9 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         if out is None:
             targets = [vals for _, _, vals in pairs]
         else:
-            outs = {k: o for k, _, o in self._out_targets(key, out, "pushpull")}  # a key listed twice: its last outs
+            outs: dict[Key, list[Any]] = {}
+            for k, _, o in self._out_targets(key, out, "pushpull"):  # a key listed twice: every out of it
+                outs.setdefault(k, []).extend(o)
             targets = [outs[k] for k, _, _ in pairs]
         worker = self._worker
         reuses = reuses_buffers(pairs)

@@ -13,6 +13,11 @@ the command's ``head`` (an int) and ``body`` (a string) — never code, never a 
         return "ok"
 
 A controller registered for ``head=None`` answers every head without its own controller.
+Registration follows pskv's one rule (:mod:`pskv._registry`): the same function again
+(a reloaded module) replaces itself; another function for a head already taken is
+refused. The table is the process's: the decorator runs when the module is imported,
+once per process, and every server of the process (an in-process test cluster) answers
+from it.
 """
 
 from __future__ import annotations
@@ -20,28 +25,34 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 
+from pskv._registry import Registry
 from pskv.errors import InvalidArgumentError
 
-__all__ = ["controller", "find_controller", "import_modules", "Controller"]
+__all__ = ["CONTROLLERS", "Controller", "controller", "find_controller", "import_modules"]
 
 Controller = Callable[[int, str], "str | None"]
 
-_CONTROLLERS: dict[int | None, Controller] = {}
+#: Controllers by head (``"*"``: the catch-all of ``head=None``).
+CONTROLLERS: Registry[Controller] = Registry("controller head")
+_ANY = "*"
 
 
 def controller(head: int | None = None) -> Callable[[Controller], Controller]:
-    """Decorator: register ``fn(head, body) -> str | None`` for ``head`` (None: any head)."""
+    """Decorator: register ``fn(head, body) -> str | None`` for ``head`` (None: any head).
+
+    Raises:
+        InvalidArgumentError: ``fn`` is not callable, or another function holds ``head``.
+    """
     def register(fn: Controller) -> Controller:
         if not callable(fn):
             raise InvalidArgumentError(f"controller for head {head} must be callable")
-        _CONTROLLERS[head] = fn
-        return fn
+        return CONTROLLERS.add(_ANY if head is None else str(head), fn)
     return register
 
 
 def find_controller(head: int) -> Controller | None:
     """The controller for ``head``, else the catch-all one, else None."""
-    return _CONTROLLERS.get(head, _CONTROLLERS.get(None))
+    return CONTROLLERS.get(str(head), CONTROLLERS.get(_ANY))
 
 
 def import_modules(names: str) -> list[str]:

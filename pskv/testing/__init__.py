@@ -4,14 +4,15 @@
 * :mod:`pskv.testing.fuzz` — valid and hostile wire messages, to attack a server with.
 * :mod:`pskv.testing.contracts` — the KVStore semantics every store keeps (:func:`run_contract`
   of a :class:`Contract` on a :class:`StoreSpec`: :func:`local_store`, :func:`cluster_store`).
-* :mod:`pskv.testing.store_model` — :func:`run_store_machine`: random calls against a dict
-  model (needs ``hypothesis``, imported only when it runs).
+* :mod:`pskv.testing.store_model` — :func:`~pskv.testing.store_model.run_store_machine`:
+  random calls against a dict model (needs ``hypothesis``; import it explicitly).
+* :mod:`pskv.testing.loopback` — :func:`~pskv.testing.loopback.loopback_store`: a
+  distributed store whose servers run in this process, without sockets.
 """
 
 from pskv.testing import contracts, fuzz
 from pskv.testing.cluster import InProcessCluster
 from pskv.testing.contracts import CONTRACTS, Contract, contracts_for, run_contract
-from pskv.testing.store_model import run_store_machine
 from pskv.testing.stores import StoreGroup, StorePool, StoreSpec, cluster_store, local_store
 
 __all__ = [
@@ -27,5 +28,4 @@ __all__ = [
     "fuzz",
     "local_store",
     "run_contract",
-    "run_store_machine",
 ]

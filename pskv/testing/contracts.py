@@ -53,6 +53,7 @@ from pskv.errors import (
 )
 from pskv.kvstore import KVStoreBase, StoreType
 from pskv.optimizer import SGD
+from pskv.testing.checks import create_keys, full, mine, over_workers, raises, same
 from pskv.testing.stores import StoreGroup, StorePool, StoreSpec
 
 __all__ = ["CONTRACTS", "Contract", "Keys", "abilities", "check_contract", "contracts_for", "run_contract"]
@@ -164,49 +165,6 @@ def run_contract(spec: StoreSpec, c: Contract, pool: StorePool | None = None) ->
         check_contract(group, c)
     finally:
         group.close()
-
-
-# -- helpers -----------------------------------------------------------------------------------
-def full(shape: tuple[int, ...], value: float, dtype: str = "float32") -> np.ndarray[Any, Any]:
-    """A new array of ``shape`` filled with ``value``."""
-    return np.full(shape, value, dtype=dtype)
-
-
-def mine(kv: KVStoreBase, x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """This worker's share of a sum over workers: ``(rank + 1) * x``."""
-    return (kv.rank + 1) * x
-
-
-def over_workers(kv: KVStoreBase, x: Any) -> Any:
-    """The sum of every worker's :func:`mine`: ``x * n (n + 1) / 2``."""
-    return x * (kv.num_workers * (kv.num_workers + 1) // 2)
-
-
-def same(got: Any, want: Any, what: str) -> None:
-    """``got`` equals ``want`` exactly (values, shape and, for arrays, dtype)."""
-    got = np.asarray(got)
-    want = np.asarray(want)
-    assert got.shape == want.shape, f"{what}: shape {got.shape}, expected {want.shape}"
-    if want.dtype.kind == "f":
-        assert got.dtype == want.dtype, f"{what}: dtype {got.dtype}, expected {want.dtype}"
-    np.testing.assert_array_equal(got, want, err_msg=what)
-
-
-def raises(error: type[BaseException], call: Callable[[], Any], what: str) -> BaseException:
-    """``call()`` raises ``error`` (anything else, or nothing, fails the check)."""
-    try:
-        call()
-    except error as exc:
-        return exc
-    except BaseException as exc:
-        raise AssertionError(f"{what}: raised {type(exc).__name__}: {exc}; expected {error.__name__}") from exc
-    raise AssertionError(f"{what}: no error; expected {error.__name__}")
-
-
-def create_keys(kv: KVStoreBase, keys: list[Any], values: list[Any]) -> None:
-    """``init`` where the store has it; a summation-only store declares keys on first use."""
-    if not kv.store_type.summation_only:
-        kv.init(keys, values)
 
 
 # -- contracts: identity -------------------------------------------------------------------------
@@ -327,6 +285,10 @@ def pushpull_into_out(kv: KVStoreBase, keys: Keys) -> None:
     kv.pushpull([k0, k1], [mine(kv, full((3,), 2.0)), mine(kv, full(BIG, 3.0))], out=[out0, out1])
     same(out0, over_workers(kv, full((3,), 2.0)), "out of key 0 after list pushpull")
     same(out1, over_workers(kv, full(BIG, 3.0)), "out of key 1 after list pushpull")
+    first, second = full((3,), -1.0), full((3,), -1.0)  # a key listed twice: its values summed, both outs filled
+    kv.pushpull([k0, k0], [mine(kv, full((3,), 1.0))] * 2, out=[first, second])
+    same(first, over_workers(kv, full((3,), 2.0)), "first out of a key listed twice")
+    same(second, over_workers(kv, full((3,), 2.0)), "second out of a key listed twice")
 
 
 @contract()

@@ -262,7 +262,7 @@ def test_optimizer_states_are_saved_and_loaded_by_every_server(tmp_path):
 
 def test_send_command_reaches_controllers_registered_on_the_servers():
     from pskv.server import controller
-    from pskv.server.controllers import _CONTROLLERS
+    from pskv.server.controllers import CONTROLLERS
 
     seen = []
 
@@ -281,7 +281,7 @@ def test_send_command_reaches_controllers_registered_on_the_servers():
 
         run(2, 2, fn)
     finally:
-        _CONTROLLERS.pop(7, None)
+        CONTROLLERS.pop("7")
     assert seen == [(7, "hello"), (7, "hello")]  # once per server
 
 
