@@ -18,7 +18,7 @@ import numpy as np
 
 from pskv.arrays.dtypes import SUPPORTED_DTYPES, itemsize
 from pskv.errors import ProtocolError
-from pskv.protocol.messages import KNOWN_FLAGS, PROTOCOL_VERSION, ArraySpec, Command, Header
+from pskv.protocol.messages import KNOWN_FLAGS, PROTOCOL_VERSION, ArraySpec, Command, Flag, Header
 
 __all__ = ["encode", "decode", "frame_array", "Limits", "DEFAULT_LIMITS"]
 
@@ -137,18 +137,18 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> tuple[Head
         raise ProtocolError(f"{cmd.name} carries no body (its options are header flags)")
     if type(specs) is not list or len(specs) > limits.max_arrays:
         raise ProtocolError("array list missing or too long")
-    header = Header(cmd, request, sender, (), priority, body, flags)
-    named = header.named_parts  # the specs name parts; no data frames follow
+    named = cmd is Command.PULL or flags & Flag.SHM  # the specs name parts; no data frames follow
     if len(frames) - 1 != (0 if named else len(specs)):
         raise ProtocolError(f"header describes {len(specs)} arrays but {len(frames) - 1} data frames arrived"
                             + (f" ({cmd.name} names its parts without data)" if named else ""))
     if not specs:
-        return header, []
+        return Header(cmd, request, sender, (), priority, body, flags), []
     if named:
-        return header._replace(arrays=tuple(_spec(i, s, None, limits) for i, s in enumerate(specs))), []
+        parsed = tuple(_spec(i, s, None, limits) for i, s in enumerate(specs))
+        return Header(cmd, request, sender, parsed, priority, body, flags), []
     buffers = [_bytes_of(f) for f in frames[1:]]
     parsed = tuple(_spec(i, s, buf, limits) for i, (s, buf) in enumerate(zip(specs, buffers)))
-    return header._replace(arrays=parsed), buffers
+    return Header(cmd, request, sender, parsed, priority, body, flags), buffers
 
 
 def _spec(i: int, s: Any, buf: memoryview | None, limits: Limits) -> ArraySpec:

@@ -95,8 +95,12 @@ class Command(enum.IntEnum):
     ERROR = 41  # body: JSON {type, message}
 
 
-class Flag(enum.IntFlag):
-    """Bits of :attr:`Header.flags`: the data path's options (no JSON bodies there)."""
+class Flag:
+    """Bits of :attr:`Header.flags`: the data path's options (no JSON bodies there).
+
+    Plain ``int`` constants, not an ``enum.IntFlag``: they are tested on every message,
+    and an ``IntFlag`` operation costs a Python-level call (about a microsecond) each.
+    """
 
     QUIET = 1  # PUSH: answer only if it fails (a later reply from the server confirms it)
     SHM = 2  # data in shared memory: push from the sender's slot, reply with buffer indices
@@ -105,7 +109,7 @@ class Flag(enum.IntFlag):
 
 
 #: Every defined flag bit; a header with any other bit set is refused.
-KNOWN_FLAGS = int(Flag.QUIET | Flag.SHM | Flag.SUMMED | Flag.OVERWRITE)
+KNOWN_FLAGS = Flag.QUIET | Flag.SHM | Flag.SUMMED | Flag.OVERWRITE
 
 
 class ArraySpec(NamedTuple):

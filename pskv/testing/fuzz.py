@@ -253,7 +253,7 @@ def forged_messages(key: int, count: int, sender: int = 9) -> dict[str, list[byt
         "dtype": [raw_header(Command.PUSH, 7, sender, arrays=[raw_array(key, f64, [count])]), b"\0" * (8 * count)],
         "shape": [raw_header(Command.PUSH, 8, sender, arrays=[raw_array(key, f32, [count + 3])]),
                   b"\0" * (4 * (count + 3))],
-        "shm": [raw_header(Command.PUSH, 9, sender, arrays=[raw_array(key, f32, [count])], flags=int(Flag.SHM))],
+        "shm": [raw_header(Command.PUSH, 9, sender, arrays=[raw_array(key, f32, [count])], flags=Flag.SHM)],
         "join": [raw_header(Command.JOIN, 10, sender)],
     }
 
