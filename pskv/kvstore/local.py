@@ -90,16 +90,6 @@ class LocalStore(StoreFrontEnd[_Entry]):
         """Always 1: one process."""
         return 1
 
-    @classmethod
-    def is_capable(cls, capability: str) -> bool:
-        """True for ``'optimizer'`` and ``'row_sparse_pull'``.
-
-        Raises:
-            InvalidArgumentError: unknown capability.
-        """
-        cls._capability(capability)
-        return True
-
     # -- records ---------------------------------------------------------------------------
     def _lookup(self, key: Key) -> _Entry | None:
         return self._entries.get(key)
