@@ -17,6 +17,7 @@ from pskv._registry import Registry
 from pskv.errors import InvalidArgumentError, NotSupportedError
 from pskv.kvstore.keys import Keys, Outs, Values
 from pskv.kvstore.types import BUILTIN_TYPES, StoreType
+from pskv.optimizer import Optimizer
 
 __all__ = ["KVStoreBase", "RESERVED_NAMES"]
 
@@ -90,7 +91,7 @@ class KVStoreBase(abc.ABC):
         """Push ``value`` and pull the result into ``out`` (into ``value`` if out is None)."""
 
     @abc.abstractmethod
-    def set_optimizer(self, optimizer: Any) -> None:
+    def set_optimizer(self, optimizer: Optimizer) -> None:
         """Run ``optimizer`` on every push (in the store)."""
 
     @classmethod

@@ -24,6 +24,7 @@ from pskv.kvstore.dist import DistStore
 from pskv.kvstore.engine import OpHandle
 from pskv.kvstore.keys import Key, as_key_list, pair_up
 from pskv.kvstore.types import StoreType
+from pskv.optimizer import Optimizer
 
 __all__ = ["BytePSStore"]
 
@@ -128,7 +129,7 @@ class BytePSStore(KVStoreBase):
         """Not part of the BytePS API: keys are declared by their first pushpull/broadcast."""
         raise NotSupportedError("the byteps store declares keys on first use; call pushpull or broadcast")
 
-    def set_optimizer(self, optimizer: Any) -> None:
+    def set_optimizer(self, optimizer: Optimizer) -> None:
         """Not available: BytePS servers only sum; run the optimizer on the workers."""
         raise NotSupportedError("byteps servers only sum; run the optimizer on the workers")
 

@@ -66,7 +66,7 @@ class ServerCollectives:
             send()
         self._worker.barrier(self._cluster.request_timeout)
 
-    def set_optimizer(self, optimizer: Any, recovery: bool) -> None:
+    def set_optimizer(self, optimizer: Optimizer, recovery: bool) -> None:
         """Install ``optimizer`` (sent as its config) on every server; a replacement worker keeps theirs.
 
         Raises:

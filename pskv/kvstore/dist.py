@@ -44,6 +44,7 @@ from pskv.kvstore.frontend import StoreFrontEnd
 from pskv.kvstore.keys import Key
 from pskv.kvstore.rows import apply_row_plan, plan_row_pulls
 from pskv.kvstore.staging import deliver, is_quick, reduce_outgoing, reuses_buffers
+from pskv.optimizer import Optimizer
 from pskv.worker import KeyLayout, KVWorker
 
 __all__ = ["DistStore"]
@@ -304,7 +305,7 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         return None
 
     # -- the servers' state: collectives (pskv.kvstore.collectives) ------------------------
-    def set_optimizer(self, optimizer: Any) -> None:
+    def set_optimizer(self, optimizer: Optimizer) -> None:
         """Install ``optimizer`` on every server (sent as its config, never pickled).
 
         Collective. Calling it again updates the hyperparameters and keeps the optimizer
