@@ -117,9 +117,8 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         Such a process skips the collective steps the others did long ago: ``init``
         registers the keys without sending values or meeting at a barrier (pulls return
         the servers' current values), ``set_optimizer`` keeps the servers' optimizer, and
-        ``broadcast`` of existing keys pulls them. Its pushes join the current rounds.
-        Explicit ``barrier()`` calls are not skipped: guard the ones the others have
-        passed with ``if not kv.is_recovery`` (as with MXNet).
+        ``broadcast`` of existing keys pulls them. Its pushes join the current rounds. Explicit
+        ``barrier()`` calls are not skipped: guard them with ``if not kv.is_recovery``.
         """
         return self._recovery
 
@@ -306,10 +305,10 @@ class DistStore(StoreFrontEnd[KeyLayout]):
 
     # -- the servers' state: collectives (pskv.kvstore.collectives) ------------------------
     def set_optimizer(self, optimizer: Optimizer) -> None:
-        """Install ``optimizer`` on every server (sent as its config, never pickled).
+        """Install ``optimizer`` on every server (its config, never pickled). Collective.
 
-        Collective. Calling it again updates the hyperparameters and keeps the optimizer
-        state; a replacement worker (:attr:`is_recovery`) keeps the servers' optimizer.
+        Calling it again updates the hyperparameters and keeps the optimizer state; a
+        replacement worker (:attr:`is_recovery`) keeps the servers' optimizer.
 
         Raises:
             InvalidTypeError: ``optimizer`` is not a :class:`pskv.optimizer.Optimizer`.
@@ -319,14 +318,14 @@ class DistStore(StoreFrontEnd[KeyLayout]):
 
     def set_updater(self, updater: Any) -> None:
         """Not available: code never travels to the servers. Use :meth:`set_optimizer`."""
-        raise NotSupportedError("a distributed store cannot ship a Python function to its servers; use set_optimizer "
-                                "with a pskv.optimizer optimizer")
+        raise NotSupportedError("a distributed store cannot ship a Python function to its servers; use "
+                                "set_optimizer with a pskv.optimizer optimizer")
 
     def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
         """Every server writes its shard's optimizer state to ``<fname>.server<rank>``.
 
-        Collective: returns when all servers have written. Files are written by the
-        servers, on their hosts (use a shared file system across hosts).
+        Collective: returns when all servers have written (on their hosts: use a shared
+        file system across hosts).
 
         Raises:
             RemoteError: a server has no optimizer, or could not write.
