@@ -443,7 +443,7 @@ class DistStore(StoreFrontEnd[KeyLayout]):
                 log.error("worker %d: could not report shutdown: %s", self._rank, exc)
         finally:
             self._kernels.close()
-            self._worker.close()
+            self._worker.close(self._keys.values())
 
     def __enter__(self) -> DistStore:
         return self

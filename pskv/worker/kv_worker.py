@@ -108,9 +108,19 @@ class KVWorker:
         self._shared = SharedParts(info.server_shm, self._cluster.uses_shm and self._sync)
         return info
 
-    def close(self) -> None:
-        """Fail what still waits and release the connection (idempotent)."""
+    def close(self, layouts: Iterable[KeyLayout] = ()) -> None:
+        """Fail what still waits, release the connection, and drop ``layouts``' buffers (idempotent).
+
+        A layout's shared-memory maps and reduce buffers are released here, when nothing
+        uses them any more, rather than whenever the store object is collected (a store
+        kept alive by a reference cycle would otherwise hold its maps: 10,000 keys of them
+        exhausted the process's mmap limit once).
+        """
         self.client.close()
+        for rec in layouts:
+            rec.shm = []
+            rec.send = rec.recv = rec.outgoing = None
+            rec.acks = []
 
     def _limit(self, timeout: float | None) -> float:
         return self._cluster.request_timeout if timeout is None else timeout

@@ -35,3 +35,26 @@ def test_a_worker_pushing_another_dtype_is_refused_on_both_paths(shm):
 
     with InProcessCluster(1, 2, deadline=30, shm=shm) as cluster:
         cluster.run_workers(worker)
+
+
+def test_closing_a_store_unmaps_its_shared_memory_even_while_the_store_object_lives():
+    def mapped() -> int:
+        with open("/proc/self/maps", encoding="ascii", errors="replace") as f:
+            return sum(1 for line in f if "/dev/shm/" in line and "pskv" in line)
+
+    def worker(cfg):
+        kv = pskv.create("dist_sync", cluster=cfg)
+        kv.init(list(range(20)), [np.ones(16, np.float32)] * 20)
+        assert all(kv._keys[k].shared for k in range(20))
+        kv.barrier()
+        before = mapped()
+        kv.barrier()
+        kv.close()
+        return kv, before  # the store object stays referenced
+
+    with InProcessCluster(1, 2, deadline=30, shm=1) as cluster:
+        results = cluster.run_workers(worker)
+        after = mapped()  # both workers closed; the server still holds its own maps
+    stores, before = zip(*results)
+    assert all(rec.shm == [] for kv in stores for rec in kv._keys.values())
+    assert after <= before[0] - 2 * 20 * 3, (before, after)  # each worker's slot and two value maps per key
