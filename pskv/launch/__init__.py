@@ -10,7 +10,7 @@ Modules, bottom up:
 * :mod:`~pskv.launch.contract` — the environment each process gets (the launch contract);
 * :mod:`~pskv.launch.config` — :class:`LaunchConfig`, the validated request;
 * :mod:`~pskv.launch.supervisor` — starting, output streaming, root cause, stopping;
-* :mod:`~pskv.launch.local` / :mod:`~pskv.launch.ssh` — where the processes run.
+* :mod:`~pskv.launch.on_host` / :mod:`~pskv.launch.ssh` — where the processes run.
 
 The user guide is ``docs/launch.md``.
 """
@@ -28,7 +28,7 @@ from pskv.checkpoints import latest_server_checkpoint
 from pskv.errors import InvalidArgumentError
 from pskv.launch.config import DEFAULT_SSH_PORT, LAUNCHERS, LaunchConfig, parse_env_pairs
 from pskv.launch.contract import CONTRACT
-from pskv.launch.local import run_local
+from pskv.launch.on_host import run_local
 from pskv.launch.ssh import run_ssh
 from pskv.launch.supervisor import Console
 from pskv.transport.shm import remove_job_files

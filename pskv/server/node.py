@@ -36,8 +36,8 @@ from pskv.server.core import ServerCore
 from pskv.server.liveness import StallReport
 from pskv.transport import IO_THREADS
 from pskv.transport.addresses import bind_host
-from pskv.transport.local import local_path
 from pskv.transport.shm import ShmDirectory, host_id, job_prefix
+from pskv.transport.unix import local_path
 
 __all__ = ["ServerNode"]
 

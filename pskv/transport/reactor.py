@@ -15,7 +15,7 @@ Socket patterns (as in ps-lite's ZMQ van):
   calling thread — no hand-off to the reactor — and the service routes the replies to
   the worker's polled DEALER instead (see ``HELLO`` in :mod:`pskv.protocol.messages`);
 * between nodes of one host, a service may also listen on a Unix-domain packet socket
-  (:meth:`Reactor.bind_local`, :mod:`pskv.transport.local`); its connections look like
+  (:meth:`Reactor.bind_local`, :mod:`pskv.transport.unix`); its connections look like
   ROUTER peers to the handler, and a client's connection (:meth:`Reactor.connect_local`)
   carries its requests (sent from any thread) and its replies.
 
@@ -38,7 +38,7 @@ from typing import Any, cast
 import zmq
 
 from pskv.errors import OperationTimeoutError, TransportError
-from pskv.transport.local import LocalConnection, listen
+from pskv.transport.unix import LocalConnection, listen
 
 __all__ = ["IO_THREADS", "Reactor", "RouterHandler", "DealerHandler", "Sender"]
 

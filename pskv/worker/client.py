@@ -4,7 +4,7 @@ Requests are sent from the calling thread — no hand-off to the reactor thread;
 queued while another thread is sending go out by priority (higher first). Per server:
 
 * on the same host (shared memory on): one local connection
-  (:mod:`pskv.transport.local`, a Unix-domain packet socket in the server's
+  (:mod:`pskv.transport.unix`, a Unix-domain packet socket in the server's
   shared-memory directory) carries the requests and their replies — no ZeroMQ I/O
   threads on the way, which roughly halves the cost of a small message;
 * otherwise ZeroMQ: requests leave on a send-only socket (a
@@ -59,9 +59,9 @@ from pskv.protocol import (
 )
 from pskv.protocol.bodies import Hello
 from pskv.transport import IO_THREADS
-from pskv.transport.local import LocalConnection, local_path
 from pskv.transport.reactor import Sender
 from pskv.transport.shm import host_id
+from pskv.transport.unix import LocalConnection, local_path
 from pskv.worker.quiet import QuietPushes
 
 __all__ = ["WorkerClient", "WorkerRequest"]

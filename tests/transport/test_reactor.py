@@ -10,8 +10,8 @@ import zmq
 
 from pskv.errors import TransportError
 from pskv.transport import Reactor
-from pskv.transport.local import PACKET_BYTES, local_path
 from pskv.transport.reactor import ZERO_COPY_BYTES, recv_frames, send_frames
+from pskv.transport.unix import PACKET_BYTES, local_path
 
 WAIT = 10.0
 

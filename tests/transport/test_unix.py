@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from pskv.transport.local import LocalConnection
+from pskv.transport.unix import LocalConnection
 
 
 def pair(timeout: float = 5.0) -> tuple[LocalConnection, LocalConnection]:
