@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar, overload
 
 from pskv._registry import Registry
 from pskv.errors import InvalidArgumentError, NotSupportedError
+from pskv.kvstore.engine import OpHandle
 from pskv.kvstore.keys import Keys, Outs, Values
 from pskv.kvstore.types import BUILTIN_TYPES, StoreType
 from pskv.optimizer import Optimizer
@@ -80,14 +81,24 @@ class KVStoreBase(abc.ABC):
         return cap
 
     # -- MXNet's abstract interface -----------------------------------------------------
+    @overload
+    def broadcast(self, key: Keys, value: Values, out: Outs | None = None, priority: int = 0, *, block: Literal[True] = True, timeout: float | None = None) -> None: ...
+    @overload
+    def broadcast(self, key: Keys, value: Values, out: Outs | None = None, priority: int = 0, *, block: Literal[False], timeout: float | None = None) -> OpHandle: ...
+    @overload
+    def broadcast(self, key: Keys, value: Values, out: Outs | None = None, priority: int = 0, *, block: bool, timeout: float | None = None) -> OpHandle | None: ...
     @abc.abstractmethod
-    def broadcast(self, key: Keys, value: Values, out: Outs | None = None, priority: int = 0, *, block: bool = True,
-                  timeout: float | None = None) -> Any:
+    def broadcast(self, key: Keys, value: Values, out: Outs | None = None, priority: int = 0, *, block: bool = True, timeout: float | None = None) -> OpHandle | None:
         """Write ``value`` (rank 0's, in a cluster) into the store and into every ``out``."""
 
+    @overload
+    def pushpull(self, key: Keys, value: Values, out: Outs | None = None, priority: int = 0, *, block: Literal[True] = True, timeout: float | None = None) -> None: ...
+    @overload
+    def pushpull(self, key: Keys, value: Values, out: Outs | None = None, priority: int = 0, *, block: Literal[False], timeout: float | None = None) -> OpHandle: ...
+    @overload
+    def pushpull(self, key: Keys, value: Values, out: Outs | None = None, priority: int = 0, *, block: bool, timeout: float | None = None) -> OpHandle | None: ...
     @abc.abstractmethod
-    def pushpull(self, key: Keys, value: Values, out: Outs | None = None, priority: int = 0, *, block: bool = True,
-                 timeout: float | None = None) -> Any:
+    def pushpull(self, key: Keys, value: Values, out: Outs | None = None, priority: int = 0, *, block: bool = True, timeout: float | None = None) -> OpHandle | None:
         """Push ``value`` and pull the result into ``out`` (into ``value`` if out is None)."""
 
     @abc.abstractmethod
@@ -146,19 +157,34 @@ class KVStoreBase(abc.ABC):
         """
         raise self._unsupported("init")
 
-    def push(self, key: Keys, value: Values, priority: int = 0, *, block: bool = True,
-             timeout: float | None = None) -> Any:
-        """Push values into the store (see the concrete store)."""
+    @overload
+    def push(self, key: Keys, value: Values, priority: int = 0, *, block: Literal[True] = True, timeout: float | None = None) -> None: ...
+    @overload
+    def push(self, key: Keys, value: Values, priority: int = 0, *, block: Literal[False], timeout: float | None = None) -> OpHandle: ...
+    @overload
+    def push(self, key: Keys, value: Values, priority: int = 0, *, block: bool, timeout: float | None = None) -> OpHandle | None: ...
+    def push(self, key: Keys, value: Values, priority: int = 0, *, block: bool = True, timeout: float | None = None) -> OpHandle | None:
+        """Push values into the store (see the concrete store); ``block=False`` returns a handle."""
         raise self._unsupported("push")
 
-    def pull(self, key: Keys, out: Outs | None = None, priority: int = 0, *, block: bool = True,
-             timeout: float | None = None) -> Any:
-        """Pull values out of the store (see the concrete store)."""
+    @overload
+    def pull(self, key: Keys, out: Outs | None = None, priority: int = 0, *, block: Literal[True] = True, timeout: float | None = None) -> Any: ...
+    @overload
+    def pull(self, key: Keys, out: Outs | None = None, priority: int = 0, *, block: Literal[False], timeout: float | None = None) -> OpHandle: ...
+    @overload
+    def pull(self, key: Keys, out: Outs | None = None, priority: int = 0, *, block: bool, timeout: float | None = None) -> Any: ...
+    def pull(self, key: Keys, out: Outs | None = None, priority: int = 0, *, block: bool = True, timeout: float | None = None) -> Any:
+        """Pull values out of the store (new arrays if ``out`` is None); ``block=False`` returns a handle."""
         raise self._unsupported("pull")
 
-    def row_sparse_pull(self, key: Keys, out: Outs | None = None, priority: int = 0, row_ids: Any = None, *,
-                        block: bool = True, timeout: float | None = None) -> Any:
-        """Pull selected rows (see the concrete store)."""
+    @overload
+    def row_sparse_pull(self, key: Keys, out: Outs | None = None, priority: int = 0, row_ids: Any = None, *, block: Literal[True] = True, timeout: float | None = None) -> Any: ...
+    @overload
+    def row_sparse_pull(self, key: Keys, out: Outs | None = None, priority: int = 0, row_ids: Any = None, *, block: Literal[False], timeout: float | None = None) -> OpHandle: ...
+    @overload
+    def row_sparse_pull(self, key: Keys, out: Outs | None = None, priority: int = 0, row_ids: Any = None, *, block: bool, timeout: float | None = None) -> Any: ...
+    def row_sparse_pull(self, key: Keys, out: Outs | None = None, priority: int = 0, row_ids: Any = None, *, block: bool = True, timeout: float | None = None) -> Any:
+        """Pull selected rows (see the concrete store); ``block=False`` returns a handle."""
         raise self._unsupported("row_sparse_pull")
 
     def set_updater(self, updater: Callable[[Any, Any, Any], None]) -> None:

@@ -104,7 +104,7 @@ class BytePSStore(KVStoreBase):
             self._declared.update(k for k, _ in fresh)
 
     def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0, *, block: bool = True,
-                 timeout: float | None = None) -> OpHandle | None:
+                 timeout: float | None = None) -> Any:  # KVStoreBase's overloads type the calls
         """Sum ``value`` over all workers into ``out`` (into ``value`` if out is None).
 
         The first call for a key declares it (collective).
@@ -113,7 +113,7 @@ class BytePSStore(KVStoreBase):
         return self._dist.pushpull(key, value, out, priority, block=block, timeout=timeout)
 
     def broadcast(self, key: Any, value: Any, out: Any = None, priority: int = 0, *, block: bool = True,
-                  timeout: float | None = None) -> OpHandle | None:
+                  timeout: float | None = None) -> Any:  # KVStoreBase's overloads type the calls
         """Rank 0's ``value`` into every ``out`` (into ``value`` if out is None)."""
         self._declare(key, value)
         self._dist.broadcast(key, value, None, priority, block=True, timeout=timeout)

@@ -39,7 +39,7 @@ from pskv.arrays import describe, fan_out_many
 from pskv.config import ClusterConfig, Config
 from pskv.errors import InvalidTypeError, NodeFailedError, NotSupportedError
 from pskv.kvstore.collectives import ServerCollectives
-from pskv.kvstore.engine import Deferred, OpHandle
+from pskv.kvstore.engine import Deferred
 from pskv.kvstore.frontend import StoreFrontEnd
 from pskv.kvstore.keys import Key
 from pskv.kvstore.rows import apply_row_plan, plan_row_pulls
@@ -154,7 +154,7 @@ class DistStore(StoreFrontEnd[KeyLayout]):
 
     # -- push / pull --------------------------------------------------------------------
     def push(self, key: Any, value: Any, priority: int = 0, *, block: bool = True,
-             timeout: float | None = None) -> OpHandle | None:
+             timeout: float | None = None) -> Any:  # KVStoreBase's overloads type the calls
         """Push values: summed locally, then summed over workers on the servers.
 
         Returns (with ``block=False``: its handle completes) once the servers hold the
@@ -245,7 +245,7 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         return result if (not block or plan.returns_new) else None
 
     def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0, *, block: bool = True,
-                 timeout: float | None = None) -> OpHandle | None:
+                 timeout: float | None = None) -> Any:  # KVStoreBase's overloads type the calls
         """Push, then receive the round's result in the same exchange.
 
         ``out=None`` writes the result back into ``value``.
@@ -279,7 +279,7 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         return result if not block else None
 
     def broadcast(self, key: Any, value: Any, out: Any = None, priority: int = 0, *, block: bool = True,
-                  timeout: float | None = None) -> OpHandle | None:
+                  timeout: float | None = None) -> Any:  # KVStoreBase's overloads type the calls
         """Rank 0's ``value`` into the store (new keys are created) and into every ``out``.
 
         Collective: every worker calls it.

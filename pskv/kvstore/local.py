@@ -33,7 +33,6 @@ from pskv.errors import (
     InvalidTypeError,
     OptimizerStateError,
 )
-from pskv.kvstore.engine import OpHandle
 from pskv.kvstore.frontend import StoreFrontEnd
 from pskv.kvstore.keys import Key, pair_up
 from pskv.kvstore.rows import apply_row_plan, plan_row_pulls
@@ -129,7 +128,7 @@ class LocalStore(StoreFrontEnd[_Entry]):
 
     # -- push ----------------------------------------------------------------------------
     def push(self, key: Any, value: Any, priority: int = 0, *, block: bool = True,
-             timeout: float | None = None) -> OpHandle | None:
+             timeout: float | None = None) -> Any:  # KVStoreBase's overloads type the calls
         """Push values: the values of each key are summed, then stored (or given to the updater).
 
         Args:
@@ -244,7 +243,7 @@ class LocalStore(StoreFrontEnd[_Entry]):
 
     # -- pushpull --------------------------------------------------------------------------
     def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0, *, block: bool = True,
-                 timeout: float | None = None) -> OpHandle | None:
+                 timeout: float | None = None) -> Any:  # KVStoreBase's overloads type the calls
         """Push ``value``, then pull the result into ``out`` — one operation.
 
         With ``out=None`` the result is written back into every array of ``value``.
@@ -265,7 +264,7 @@ class LocalStore(StoreFrontEnd[_Entry]):
 
     # -- broadcast -------------------------------------------------------------------------
     def broadcast(self, key: Any, value: Any, out: Any = None, priority: int = 0, *, block: bool = True,
-                  timeout: float | None = None) -> OpHandle | None:
+                  timeout: float | None = None) -> Any:  # KVStoreBase's overloads type the calls
         """Store ``value`` under ``key`` and copy it into every ``out``.
 
         Works for new keys (they are created) and existing ones (overwritten), any number

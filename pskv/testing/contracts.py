@@ -464,7 +464,7 @@ def key_kind_mixing(kv: KVStoreBase, keys: Keys) -> None:
         raises(KeyTypeError, lambda: kv.init("name", x), "init of a str key in an int-key store")
         raises(KeyTypeError, lambda: kv.pull("name"), "pull of a str key in an int-key store")
     raises(KeyTypeError, lambda: kv.broadcast([k, "name"], [x, x]), "a key list mixing int and str")
-    raises(KeyTypeError, lambda: kv.broadcast(1.5, x), "a float key")  # type: ignore[arg-type]  # on purpose
+    raises(KeyTypeError, lambda: kv.broadcast(1.5, x), "a float key")  # type: ignore[call-overload]  # on purpose
     raises(KeyTypeError, lambda: kv.broadcast(True, x), "a bool key")
 
 

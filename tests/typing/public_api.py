@@ -7,6 +7,7 @@ an alias makes this file fail the check.
 from __future__ import annotations
 
 import numpy as np
+from typing_extensions import assert_type
 
 import pskv
 from pskv.kvstore.keys import Keys, Outs, Values
@@ -15,9 +16,13 @@ from pskv.optimizer import SGD
 
 def train_step(kv: pskv.KVStoreBase, keys: Keys, grads: Values, weights: Outs) -> None:
     handle = kv.push(keys, grads, block=False, timeout=5.0)
+    assert_type(handle, pskv.OpHandle)  # the overloads by `block`: a handle...
+    assert_type(kv.push(keys, grads), None)  # ...or nothing to wait for
     handle.wait()
     kv.pull(keys, out=weights, priority=-1, block=True)
     kv.pushpull(keys, grads, out=weights, block=False).wait(10)
+    assert_type(kv.pull(keys, out=weights, block=False), pskv.OpHandle)
+    assert_type(kv.broadcast(keys, grads, out=weights, block=False), pskv.OpHandle)
     kv.wait(keys, timeout=30.0)
 
 
