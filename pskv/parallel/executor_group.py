@@ -68,6 +68,25 @@ def _descs(shapes: Iterable[Any] | None, what: str) -> list[_Desc]:
     return out
 
 
+def _device(name: str | torch.device) -> torch.device:
+    """``name`` as a device this machine has.
+
+    Raises:
+        InvalidArgumentError: not a device name, or a CUDA device PyTorch cannot see here.
+    """
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError) as exc:
+        raise InvalidArgumentError(f"device {name!r} is not a device name: {exc}") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise InvalidArgumentError(f"device {device} needs CUDA, but PyTorch sees no CUDA device here")
+        if (device.index or 0) >= count:
+            raise InvalidArgumentError(f"device {device} does not exist: PyTorch sees {count} CUDA device(s)")
+    return device
+
+
 def _to_tensor(x: Any, device: torch.device | None = None) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         return x if device is None else x.to(device, non_blocking=True)
@@ -113,7 +132,7 @@ class DataParallelExecutorGroup:
                  grad_req: str | Mapping[str, str] | Sequence[str] = "write",
                  fixed_param_names: Iterable[str] = (), shared_group: DataParallelExecutorGroup | None = None,
                  concurrent: bool | None = None) -> None:
-        self.devices = [torch.device(d) for d in devices]
+        self.devices = [_device(d) for d in devices]
         self.workload = check_workload(workload, len(self.devices))
         self.loss = loss
         self.for_training = bool(for_training)

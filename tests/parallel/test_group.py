@@ -243,3 +243,10 @@ def test_numpy_batches_work():
     g.forward((x.numpy(), y.numpy()))
     g.backward()
     assert g.get_outputs()[0].shape == (12, 3)
+
+
+@pytest.mark.parametrize("device", ["cuda:{beyond}", "nonsense:0"])
+def test_a_device_this_machine_lacks_is_a_pskv_error_naming_it(device):
+    name = device.format(beyond=torch.cuda.device_count() + 7)
+    with pytest.raises(pskv.InvalidArgumentError, match=name.split(":")[0]):
+        DataParallelExecutorGroup(torch.nn.Linear(2, 2), ["cpu", name])
