@@ -58,6 +58,8 @@ CLUSTER_ENV_VARS: dict[str, tuple[str, str]] = {
     "DMLC_INTERFACE": ("interface", "network interface whose IPv4 address this node binds, if DMLC_NODE_HOST is unset"),
     "DMLC_WORKER_ID": ("rank", "this worker's rank, if the launcher assigns it (else by arrival)"),
     "PSKV_SERVER_RANK": ("server_rank", "this server's rank, if the launcher assigns it (else by arrival)"),
+    # BytePS's name first: the later entry wins when both are set
+    "BYTEPS_LOCAL_RANK": ("local_rank", "BytePS's name for PSKV_LOCAL_RANK (used when PSKV_LOCAL_RANK is unset)"),
     "PSKV_LOCAL_RANK": ("local_rank", "this worker's index among the workers on its host (default 0)"),
     "PS_VERBOSE": ("verbose", "1 logs connections, 2 logs every message (default 0)"),
     "PS_HEARTBEAT_INTERVAL": ("heartbeat_interval", "seconds between heartbeats; 0 disables (default 1)"),

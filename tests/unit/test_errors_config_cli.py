@@ -109,3 +109,10 @@ def test_every_cluster_variable_is_documented():
         text = f.read()
     for var in CLUSTER_ENV_VARS:
         assert f"`{var}`" in text, var
+
+
+def test_local_rank_takes_bytepss_name_when_pskv_s_is_unset():
+    from pskv.config import ClusterConfig
+
+    assert ClusterConfig.from_env({"BYTEPS_LOCAL_RANK": "3"}).local_rank == 3
+    assert ClusterConfig.from_env({"BYTEPS_LOCAL_RANK": "3", "PSKV_LOCAL_RANK": "1"}).local_rank == 1
