@@ -106,7 +106,10 @@ class ControlHandlers:
         if not isinstance(self._shard.updater, Updater):
             raise OptimizerStateError(f"{self._name} has no optimizer (call set_optimizer first)")
         path = self._states_path(request)
-        self._shard.updater.save_states(path, dump_optimizer=request.dump_optimizer)
+        try:
+            self._shard.updater.save_states(path, dump_optimizer=request.dump_optimizer)
+        except OSError as exc:  # a pskv error naming the file, not a bare FileNotFoundError
+            raise OptimizerStateError(f"{self._name} cannot write {path}: {exc.strerror or exc}") from None
         self._ack(identity, header, StatesFile(path).encode())
 
     def load_states(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
@@ -115,11 +118,14 @@ class ControlHandlers:
         Without an optimizer, the file's optimizer config (``dump_optimizer``) installs one.
         """
         path = self._states_path(StatesRequest.parse(header))
-        if isinstance(self._shard.updater, Updater):
-            self._shard.updater.load_states(path)
-        else:
-            self._shard.updater = updater_from_states(path, no_config=OptimizerStateError(
-                f"{self._name}: {path} holds no optimizer config and no optimizer is set"))
+        try:
+            if isinstance(self._shard.updater, Updater):
+                self._shard.updater.load_states(path)
+            else:
+                self._shard.updater = updater_from_states(path, no_config=OptimizerStateError(
+                    f"{self._name}: {path} holds no optimizer config and no optimizer is set"))
+        except OSError as exc:
+            raise OptimizerStateError(f"{self._name} cannot read {path}: {exc.strerror or exc}") from None
         self._ack(identity, header, StatesFile(path).encode())
 
     def save_checkpoint(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
