@@ -19,6 +19,7 @@ its default timeout (the distributed stores use ``PSKV_REQUEST_TIMEOUT``).
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -66,9 +67,9 @@ class StoreFrontEnd(KVStoreBase, Generic[R]):
         self._barrier_before_exit = True
 
     # -- what a store supplies -------------------------------------------------------------
+    @abc.abstractmethod
     def _lookup(self, key: Key) -> R | None:
         """The record of ``key``, or None if it does not exist."""
-        raise NotImplementedError
 
     def _timeout(self, timeout: float | None) -> float:
         """``timeout``, or the store's default for operations."""
