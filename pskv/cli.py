@@ -72,7 +72,11 @@ def _role(role: str) -> Callable[[argparse.Namespace], int]:
         # no role prefix here: `pskv launch` prefixes every line with role and rank
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
         cluster = ClusterConfig.from_env(role=role)
-        return run_role(cluster, port_file=args.port_file)
+        try:
+            return run_role(cluster, port_file=args.port_file)
+        except InvalidArgumentError as exc:  # e.g. a bad CURVE key file: refused before binding anything
+            print(f"pskv {role}: error: {exc}", file=sys.stderr)
+            return 2
     return run
 
 

@@ -8,6 +8,12 @@ This class builds them and stops them once, in the one safe order: fail what sti
 waits (nobody waits forever on a stopped node), stop the reactor, then terminate an
 owned context — also when ``stop`` is reached twice (a node's ``run`` ends while
 another thread stops it).
+
+With a CURVE cluster key (``ClusterConfig.curve_key_file``, ``PSKV_CURVE_KEY_FILE``) the
+key file is read first — a missing, malformed or group/world-readable file raises before
+any context, thread or socket exists — and every TCP socket of the reactor
+authenticates and encrypts with it (:class:`~pskv.transport.security.CurveSecurity`);
+its ZAP handler stops with the runtime.
 """
 
 from __future__ import annotations
@@ -19,8 +25,10 @@ from typing import Any
 import zmq
 
 from pskv.cluster.requests import RequestTracker
+from pskv.config import ClusterConfig
 from pskv.errors import TransportError
 from pskv.transport import Reactor
+from pskv.transport.security import CurveSecurity
 
 __all__ = ["NodeRuntime"]
 
@@ -36,16 +44,24 @@ class NodeRuntime:
             the node stops.
         describe: the node's name for messages (``"server 0"``, ``"the worker"``);
             called when needed (a server learns its rank late).
+        cluster: the cluster contract; its ``curve_key_file`` (if any) secures every socket.
+
+    Raises:
+        InvalidArgumentError: the CURVE key file is missing, malformed or readable by
+            other users (the message names the file); nothing was started.
     """
 
     def __init__(self, name: str, context: zmq.Context[Any] | None = None, io_threads: int = 1,
-                 tracker: RequestTracker[Any] | None = None, describe: Callable[[], str] = lambda: "the node") -> None:
+                 tracker: RequestTracker[Any] | None = None, describe: Callable[[], str] = lambda: "the node",
+                 cluster: ClusterConfig | None = None) -> None:
+        key_file = cluster.curve_key_file if cluster is not None else ""
+        self.security = CurveSecurity.from_file(key_file, name.removeprefix("pskv-")) if key_file else None
         self._own_context = context is None
         self.context: zmq.Context[Any] = zmq.Context(io_threads=io_threads) if context is None else context
         self.tracker = tracker
         self._describe = describe
         self._stop_lock = threading.Lock()
-        self.reactor = Reactor(self.context, name, on_failure=self._on_reactor_failure)
+        self.reactor = Reactor(self.context, name, on_failure=self._on_reactor_failure, security=self.security)
 
     def _on_reactor_failure(self, exc: BaseException) -> None:
         if self.tracker is not None:
@@ -56,6 +72,8 @@ class NodeRuntime:
         if self.tracker is not None:
             self.tracker.fail_all(TransportError(reason or f"{self._describe()} stopped"))
         self.reactor.stop()
+        if self.security is not None:  # its ZAP socket must close before the context can end
+            self.security.stop()
         with self._stop_lock:  # a node's run() and an outside stop() may both get here
             if self._own_context:
                 self._own_context = False

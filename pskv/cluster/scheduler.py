@@ -60,7 +60,7 @@ class Scheduler:
     def __init__(self, cluster: ClusterConfig, context: zmq.Context[Any] | None = None,
                  address: str | None = None) -> None:
         self._cluster = cluster
-        self._runtime = NodeRuntime("pskv-scheduler", context, describe=lambda: "the scheduler")
+        self._runtime = NodeRuntime("pskv-scheduler", context, describe=lambda: "the scheduler", cluster=cluster)
         self._reactor = self._runtime.reactor
         self._sid, self.address = self._reactor.bind_router(address or cluster.scheduler_address, self._on_message)
         self._pending: list[tuple[bytes, Header, Register]] = []  # registrations before all arrived

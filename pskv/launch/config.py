@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from pskv.errors import InvalidArgumentError
 from pskv.launch.contract import CONTRACT, JobLayout
+from pskv.transport.security import read_key_file
 
 __all__ = ["LAUNCHERS", "DEFAULT_SSH_PORT", "LaunchConfig", "parse_env_pairs"]
 
@@ -157,6 +158,11 @@ class LaunchConfig:
             out.append("--python must name an interpreter")
         if self.secure and self.curve_key_file:
             out.append("give --secure (a fresh key) or --curve-key FILE, not both")
+        elif self.curve_key_file and (self.launcher == "local" or os.path.exists(self.curve_key_file)):
+            try:  # before anything starts: every process would refuse it (over ssh: checked here if present)
+                read_key_file(self.curve_key_file)
+            except InvalidArgumentError as exc:
+                out.append(f"--curve-key: {exc}")
         if self.server_restarts < 0:
             out.append(f"--restart-servers must be >= 0, got {self.server_restarts}")
         elif self.server_restarts and not self.checkpoint_dir:

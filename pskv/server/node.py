@@ -56,7 +56,7 @@ class ServerNode:
         self._cluster = cluster
         self._rank = -1
         self._tracker = RequestTracker()
-        self._runtime = NodeRuntime("pskv-server", context, IO_THREADS, self._tracker, self._get_name)
+        self._runtime = NodeRuntime("pskv-server", context, IO_THREADS, self._tracker, self._get_name, cluster)
         self._reactor = self._runtime.reactor
         self._sid, self.address = self._reactor.bind_router(f"tcp://{bind_host(cluster)}:0", self._on_message)
         self._shm_dir = ShmDirectory(f"{job_prefix(cluster.job_id)}server-") if cluster.uses_shm else None

@@ -38,6 +38,7 @@ from typing import Any, cast
 import zmq
 
 from pskv.errors import OperationTimeoutError, TransportError
+from pskv.transport.security import CurveSecurity
 from pskv.transport.unix import LocalConnection, listen
 
 __all__ = ["IO_THREADS", "Reactor", "RouterHandler", "DealerHandler", "Sender"]
@@ -127,11 +128,16 @@ class Reactor:
         identity: routing identity this node's DEALER sockets present to services.
         on_failure: called (on the dying reactor thread) if a handler or timer raised;
             the owner fails its pending work with it. The reactor stops after that.
+        security: the cluster's CURVE key (None: plain TCP). Every ``tcp://`` or
+            ``ipc://`` socket made here then authenticates and encrypts: ROUTERs are CURVE
+            servers behind the ZAP handler, DEALERs and senders CURVE clients.
     """
 
     def __init__(self, context: zmq.Context[Any], name: str, identity: bytes | None = None,
-                 on_failure: Callable[[BaseException], None] | None = None) -> None:
+                 on_failure: Callable[[BaseException], None] | None = None,
+                 security: CurveSecurity | None = None) -> None:
         self._ctx = context
+        self._security = security
         self._on_failure = on_failure
         self._name = name
         self._identity = identity
@@ -178,6 +184,11 @@ class Reactor:
         # A peer that reconnects (its TCP connection was reset) under its fixed routing
         # identity takes over the old route instead of being refused as a duplicate.
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        secure = self._security is not None and not address.startswith("inproc://")
+        if secure:
+            assert self._security is not None
+            self._security.start(self._ctx)  # the ZAP handler answers before the first peer can connect
+            self._security.server(sock)
         try:
             if address.startswith("tcp://") and address.endswith(":0"):
                 port = sock.bind_to_random_port(address[: -len(":0")])
@@ -196,7 +207,24 @@ class Reactor:
         self._router_handlers[sid] = handler
         self._handlers[sock] = on_frames
         self._poller.register(sock, zmq.POLLIN)
+        if secure:
+            self._watch_handshakes(-sid, sock, address)
         return sid, address
+
+    def _watch_handshakes(self, key: int, sock: zmq.Socket[Any], address: str) -> None:
+        """Log the peers of a CURVE server socket that fail the handshake (no key, another key)."""
+        assert self._security is not None
+        security = self._security
+        monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                                          | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+        self._monitors[key] = monitor
+
+        def on_event(frames: list[zmq.Frame]) -> None:
+            event, value = struct.unpack("=hi", frames[0].bytes[:6])
+            security.handshake_failed(address, event, value)
+
+        self._handlers[monitor] = on_event
+        self._poller.register(monitor, zmq.POLLIN)
 
     def bind_local(self, sid: int, path: str) -> None:
         """Also accept local connections at ``path`` for ROUTER ``sid``.
@@ -360,6 +388,8 @@ class Reactor:
         identity = self._identity if identity is None else identity
         if identity is not None:
             sock.setsockopt(zmq.IDENTITY, identity)
+        if self._security is not None and not address.startswith("inproc://"):
+            self._security.client(sock)
         sock.connect(address)
         return sock
 

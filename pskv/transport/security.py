@@ -16,6 +16,8 @@ from __future__ import annotations
 import logging
 import os
 import stat
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,7 @@ log = logging.getLogger("pskv.security")
 KEY_FILE_HEADER = "# pskv CURVE cluster key (keep secret: anyone holding this file can join the job)"
 Z85_KEY_LENGTH = 40
 ZAP_DOMAIN = "pskv"
+LOG_INTERVAL = 10.0  # seconds between two log lines about the same refused peer
 
 
 @dataclass(frozen=True)
@@ -124,35 +127,87 @@ class CurveSecurity:
         _require_curve()
         self.keys = keys
         self.node = node
-        self._auth: Any = None
+        self._context: zmq.Context[Any] | None = None
         self.refused = 0  # peers refused so far (for tests and diagnostics)
+        self.failed_handshakes = 0  # connections whose CURVE handshake failed (no key, another key)
+        self._logged: dict[str, tuple[float, int]] = {}  # what -> (last logged, occurrences not logged since)
 
     def start(self, context: zmq.Context[Any]) -> None:
-        """Start the ZAP handler on ``context`` (needed before binding server sockets)."""
-        if self._auth is not None:
-            return
-        from zmq.auth.thread import ThreadAuthenticator
+        """Start the ZAP handler on ``context`` (before binding server sockets; idempotent).
 
-        auth = ThreadAuthenticator(context, log=logging.getLogger("pskv.security.zap"))
-        auth.start()
-        auth.configure_curve_callback(domain=ZAP_DOMAIN, credentials_provider=self)
-        self._auth = auth
+        One handler serves a context (ZeroMQ's ZAP endpoint is one per context): nodes of
+        one process that share a context (tests) share it, and it stops with the last.
+
+        Raises:
+            TransportError: another key's handler already runs on ``context``.
+        """
+        if self._context is not None:
+            return
+        with _ZAP_LOCK:
+            entry = _ZAP.get(id(context))
+            if entry is None:
+                from zmq.auth.thread import ThreadAuthenticator
+
+                auth = ThreadAuthenticator(context, log=logging.getLogger("pskv.security.zap"))
+                auth.start()
+                auth.configure_curve_callback(domain=ZAP_DOMAIN, credentials_provider=self)
+                entry = _ZAP[id(context)] = _Zap(auth, self)
+            elif entry.owner.keys != self.keys:
+                raise TransportError("another CURVE cluster key's ZAP handler runs on this ZeroMQ context")
+            entry.users += 1
+        self._context = context
 
     def callback(self, domain: str, key: bytes) -> bool:
         """ZAP credentials check: admit only the cluster's public key (called by pyzmq)."""
         ok = key == self.keys.public
         if not ok:
             self.refused += 1
-            log.error("%s refused a peer presenting CURVE public key %s (not the cluster key)",
+            self._log(f"key {key!r}", "%s refused a peer presenting CURVE public key %s (not the cluster key)",
                       self.node or "node", key.decode(errors="replace"))
         return ok
 
+    def handshake_failed(self, endpoint: str, event: int, value: int) -> None:
+        """A connection to ``endpoint`` failed its CURVE handshake (a socket monitor's event): logged.
+
+        ZeroMQ drops such a peer before any message; a peer without the key, or with
+        another cluster's, reconnects every 100 ms, so repeats are logged at most once
+        every :data:`LOG_INTERVAL` seconds with their count.
+        """
+        self.failed_handshakes += 1
+        if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            return  # the ZAP handler logged it (callback) with the key presented
+        if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+            why = "a peer without CURVE (plain TCP) was refused"
+        elif value == zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
+            why = "a peer whose CURVE keys are not the cluster key's was refused (cryptographic error)"
+        else:
+            why = f"a peer failed the CURVE handshake (ZeroMQ event {event:#x}, value {value:#x}) and was refused"
+        self._log(f"{endpoint} {why}", "%s on %s: %s", self.node or "node", endpoint, why)
+
+    def _log(self, what: str, message: str, *args: Any) -> None:
+        now = time.monotonic()
+        last, since = self._logged.get(what, (-LOG_INTERVAL, 0))
+        if now - last < LOG_INTERVAL:
+            self._logged[what] = (last, since + 1)
+            return
+        if len(self._logged) >= 1024:  # bounded: forget what was logged longest ago
+            del self._logged[min(self._logged, key=lambda k: self._logged[k][0])]
+        self._logged[what] = (now, 0)
+        if since:
+            message += f" ({since} more time(s) in the last {LOG_INTERVAL:g} s)"
+        log.error(message, *args)
+
     def server(self, sock: zmq.Socket[Any]) -> None:
-        """Make a binding socket a CURVE server with the cluster key."""
+        """Make a binding socket a CURVE server with the cluster key (call :meth:`start` first).
+
+        Every peer is checked by the ZAP handler; without one running, ZeroMQ refuses
+        every peer (``ZAP_ENFORCE_DOMAIN``) rather than admitting it unchecked.
+        """
         sock.curve_secretkey = self.keys.secret
         sock.curve_publickey = self.keys.public
         sock.curve_server = True
         sock.zap_domain = ZAP_DOMAIN.encode()
+        sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)
 
     def client(self, sock: zmq.Socket[Any]) -> None:
         """Make a connecting socket a CURVE client presenting the cluster key."""
@@ -161,12 +216,39 @@ class CurveSecurity:
         sock.curve_serverkey = self.keys.public
 
     def stop(self) -> None:
-        """Stop the ZAP handler."""
-        if self._auth is not None:
-            self._auth.stop()
-            self._auth = None
+        """Release the ZAP handler (stopped with its context's last user; idempotent)."""
+        context, self._context = self._context, None
+        if context is None:
+            return
+        with _ZAP_LOCK:
+            entry = _ZAP.get(id(context))
+            if entry is None:
+                return
+            entry.users -= 1
+            if entry.users > 0:
+                return
+            del _ZAP[id(context)]
+        entry.auth.stop()
 
     @classmethod
     def from_file(cls, path: str, node: str = "") -> CurveSecurity | None:
-        """The security for key file ``path``, or None when ``path`` is empty (no CURVE)."""
+        """The security for key file ``path``, or None when ``path`` is empty (no CURVE).
+
+        Raises:
+            InvalidArgumentError: the file is missing, malformed or readable by others
+                (see :func:`read_key_file`).
+        """
         return cls(read_key_file(path), node) if path else None
+
+
+@dataclass
+class _Zap:
+    """The ZAP handler of one context and how many nodes use it."""
+
+    auth: Any
+    owner: CurveSecurity
+    users: int = 0
+
+
+_ZAP: dict[int, _Zap] = {}  # by id() of the context
+_ZAP_LOCK = threading.Lock()

@@ -110,7 +110,7 @@ class WorkerClient:
         self._cluster = cluster
         self._on_server_replaced = on_server_replaced
         self.tracker: RequestTracker[WorkerRequest] = RequestTracker(WorkerRequest)
-        self._runtime = NodeRuntime("pskv-worker", context, IO_THREADS, self.tracker, lambda: "the worker")
+        self._runtime = NodeRuntime("pskv-worker", context, IO_THREADS, self.tracker, lambda: "the worker", cluster)
         self._reactor = self._runtime.reactor
         self.membership = Membership(cluster, self._reactor, self.tracker, Role.WORKER, on_dead=self._on_node_dead,
                                      on_servers=self._on_servers_replaced)
