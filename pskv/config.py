@@ -71,12 +71,17 @@ CLUSTER_ENV_VARS: dict[str, tuple[str, str]] = {
     "PSKV_JOB_ID": ("job_id", "an id of this job (set by pskv launch); names the servers' shared-memory files"),
     "PSKV_CURVE_KEY_FILE": ("curve_key_file", "a CURVE cluster key file (pskv keygen): authenticate and encrypt all traffic with it (default: off)"),
     "PSKV_CHECKPOINT_DIR": ("checkpoint_dir", "where kv.save_checkpoint() without a path writes ckpt-<n> directories (pskv launch --checkpoint-dir)"),
+    "PSKV_STATE_DIR": ("state_dir", "the directory under which servers write and read the files workers name (optimizer states, checkpoints), besides PSKV_CHECKPOINT_DIR (default: the server's working directory at start)"),
     "PSKV_RESUME_FROM": ("resume_from", "a checkpoint directory: servers load their shards from it at start, workers' init keeps the saved values (set by pskv launch on a restart)"),
     "PSKV_RESTART_COUNT": ("restart_count", "how many times pskv launch has restarted this job (0: first run)"),
     "PSKV_RECOVERY_TIMEOUT": ("recovery_timeout", "seconds a dead worker's rank stays open for a replacement process (pskv launch --restart-workers); 0: a dead worker fails the job (default 0)"),
     "PSKV_SERVER_RECOVERY": ("server_recovery", "1: a dead server may be replaced by a new process that loads the newest checkpoint; workers keep every push since it to send again (pskv launch --restart-servers; default 0)"),
     "PSKV_SHM": ("shm", "1: workers on a server's host exchange arrays through shared memory; 0: sockets only (default 1)"),
     "PSKV_SERVER_MODULES": ("server_modules", "comma-separated modules a server imports at start (they register controllers)"),
+    "PSKV_MAX_MESSAGE_BYTES": ("max_message_bytes", "bytes of one received message; a bigger one is discarded unread and logged (default 2147483648)"),
+    "PSKV_MAX_FRAMES": ("max_frames", "frames of one received message; a message of more is discarded without building them (default 200002)"),
+    "PSKV_SEND_QUEUE_BYTES": ("send_queue_bytes", "bytes of replies queued for one peer that does not read them; more drops the peer (default 268435456)"),
+    "PSKV_SLOW_PEER_TIMEOUT": ("slow_peer_timeout", "seconds a peer with queued replies may take none of them before it is dropped (default 30)"),
 }
 
 
@@ -173,6 +178,9 @@ class ClusterConfig:
         curve_key_file: a CURVE cluster key file; every socket then authenticates and
             encrypts with it (docs/security.md). Empty: plain TCP.
         checkpoint_dir: where ``kv.save_checkpoint()`` without a path writes ``ckpt-<n>``.
+        state_dir: servers write and read the files a request names (optimizer states,
+            checkpoints) only inside this directory or ``checkpoint_dir``
+            (:mod:`pskv.server.paths`). Empty: the server's working directory at start.
         resume_from: a checkpoint directory the job resumes from (servers load their
             shards at start; workers' ``init`` keeps the saved values). Empty: fresh start.
         restart_count: how many times the launcher has restarted the job.
@@ -183,6 +191,10 @@ class ClusterConfig:
         recovery_timeout: seconds a dead worker's rank stays open for a replacement
             (``is_recovery``): meanwhile servers keep its sync rounds waiting and
             barriers wait. 0: a dead worker fails the waits that need it at once.
+        max_message_bytes: bytes of one received message (:mod:`pskv.transport.bounds`).
+        max_frames: frames of one received message.
+        send_queue_bytes: bytes of replies queued for one peer that reads none of them.
+        slow_peer_timeout: seconds a peer with queued replies may take none before it is dropped.
     """
 
     role: str = "worker"
@@ -207,10 +219,15 @@ class ClusterConfig:
     job_id: str = ""
     curve_key_file: str = ""
     checkpoint_dir: str = ""
+    state_dir: str = ""
     resume_from: str = ""
     restart_count: int = 0
     recovery_timeout: float = 0.0
     server_recovery: int = 0
+    max_message_bytes: int = 2 << 30
+    max_frames: int = 200_002
+    send_queue_bytes: int = 256 << 20
+    slow_peer_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -223,6 +240,11 @@ class ClusterConfig:
             raise InvalidArgumentError(f"local_rank must be >= 0, got {self.local_rank}")
         if self.bigarray_bound < 1:
             raise InvalidArgumentError(f"bigarray_bound must be >= 1, got {self.bigarray_bound}")
+        for name in ("max_message_bytes", "max_frames", "send_queue_bytes"):
+            if getattr(self, name) < 1:
+                raise InvalidArgumentError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.slow_peer_timeout > 0:
+            raise InvalidArgumentError(f"slow_peer_timeout must be > 0, got {self.slow_peer_timeout}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> ClusterConfig:

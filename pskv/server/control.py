@@ -4,7 +4,8 @@
 ``SAVE_CHECKPOINT``: requests that configure the shard or save / load what it holds,
 rather than move values. Each is answered at once with a short reply. Optimizers arrive
 as JSON configs, never as code; controllers are functions the server registered itself
-(:mod:`pskv.server.controllers`).
+(:mod:`pskv.server.controllers`); the files a request names must lie in the directories
+fixed at start (:mod:`pskv.server.paths`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pskv.protocol.replies import reply_frames
 from pskv.server.checkpointing import ShardCheckpoints
 from pskv.server.controllers import find_controller
 from pskv.server.handlers import Handler, Reply
+from pskv.server.paths import AllowedPaths
 from pskv.server.shard import ServerShard
 
 __all__ = ["ControlHandlers"]
@@ -43,11 +45,13 @@ class ControlHandlers:
         reply: sends a reply at once (``reply(identity, frames)``).
         node_id: this server's node id (the replies' sender).
         rank: this server's rank (names its state files).
+        paths: the directories its state files and checkpoints may be in.
     """
 
     def __init__(self, shard: ServerShard, checkpoints: ShardCheckpoints, reply: Reply, node_id: Callable[[], int],
-                 rank: Callable[[], int]) -> None:
+                 rank: Callable[[], int], paths: AllowedPaths) -> None:
         self._shard = shard
+        self._paths = paths
         self._checkpoints = checkpoints
         self._reply = reply
         self._node_id = node_id
@@ -97,15 +101,16 @@ class ControlHandlers:
         answer = fn(head, text)
         self._ack(identity, header, ControllerAnswer("" if answer is None else str(answer)).encode())
 
-    def _states_path(self, request: StatesRequest) -> str:
-        return f"{request.path}.server{self._rank()}"
+    def _states_path(self, request: StatesRequest, what: str) -> str:
+        """``<path>.server<rank>``, resolved, inside the allowed directories (else InvalidArgumentError)."""
+        return self._paths.check(f"{request.path}.server{self._rank()}", f"{self._name}: {what}")
 
     def save_states(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
         """:class:`StatesRequest`: write the optimizer state to ``<path>.server<rank>``."""
         request = StatesRequest.parse(header)
         if not isinstance(self._shard.updater, Updater):
             raise OptimizerStateError(f"{self._name} has no optimizer (call set_optimizer first)")
-        path = self._states_path(request)
+        path = self._states_path(request, "save_optimizer_states")
         try:
             self._shard.updater.save_states(path, dump_optimizer=request.dump_optimizer)
         except OSError as exc:  # a pskv error naming the file, not a bare FileNotFoundError
@@ -117,7 +122,7 @@ class ControlHandlers:
 
         Without an optimizer, the file's optimizer config (``dump_optimizer``) installs one.
         """
-        path = self._states_path(StatesRequest.parse(header))
+        path = self._states_path(StatesRequest.parse(header), "load_optimizer_states")
         try:
             if isinstance(self._shard.updater, Updater):
                 self._shard.updater.load_states(path)
@@ -130,5 +135,6 @@ class ControlHandlers:
 
     def save_checkpoint(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
         """:class:`CheckpointRequest`: write this server's shard into that checkpoint directory."""
-        saved = self._checkpoints.save(CheckpointRequest.parse(header).dir, self._rank())
+        directory = self._paths.check(CheckpointRequest.parse(header).dir, f"{self._name}: save_checkpoint")
+        saved = self._checkpoints.save(directory, self._rank())
         self._ack(identity, header, CheckpointSaved(str(saved.file), saved.bytes, saved.open_rounds).encode())

@@ -32,6 +32,8 @@ from pskv.server.control import ControlHandlers
 from pskv.server.dedup import Dropped, Regather, Repeat, ReplyCache
 from pskv.server.handlers import DataHandlers, Handler
 from pskv.server.liveness import DeadWorkers
+from pskv.server.paths import AllowedPaths
+from pskv.server.senders import SenderBindings
 from pskv.server.shard import Allocator, ServerShard
 
 __all__ = ["ServerCore", "Send"]
@@ -63,11 +65,12 @@ class ServerCore:
         self.shard = ServerShard(cluster.num_workers, sync=True, allocate=allocate, workers=workers)
         self.dead = DeadWorkers(self.shard, cluster.recovery_timeout, name)
         self.replies = ReplyCache()
+        self.senders = SenderBindings(name)  # which worker each connection speaks for
         self.checkpoints = ShardCheckpoints(self.shard, cluster, name)
         self.routes: dict[bytes, bytes] = {}  # a worker's send-only socket -> where its replies go (HELLO)
         self.data = DataHandlers(self.shard, self._reply, self._answer, node_id, self.replies, self.dead,
                                  self.routes, name)
-        control = ControlHandlers(self.shard, self.checkpoints, self._reply, node_id, rank)
+        control = ControlHandlers(self.shard, self.checkpoints, self._reply, node_id, rank, AllowedPaths.of(cluster))
         self._handlers: dict[Command, Handler] = {**self.data.handlers(), **control.handlers()}
         self._held: list[tuple[bytes, list[Any]]] | None = None  # value replies held while a message is handled
 
@@ -83,6 +86,7 @@ class ServerCore:
         self._held = []
         try:
             handler = self._checked_handler(header)
+            self.senders.check(origin, header)  # a connection speaks for one worker only
             repeat = self.replies.begin(origin, header.request)
             if repeat is None:
                 handler(identity, header, buffers)

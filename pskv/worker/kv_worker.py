@@ -24,6 +24,7 @@ Nothing here knows the engine, MXNet's collectives or key normalisation.
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -33,13 +34,14 @@ import numpy as np
 from pskv.arrays import ArrayMeta, empty, from_wire, itemsize
 from pskv.cluster import NodeInfo
 from pskv.config import ClusterConfig
-from pskv.errors import ProtocolError
+from pskv.errors import CollectiveFailedError, ProtocolError
 from pskv.partition import server_key, split
 from pskv.protocol import ArraySpec, Command, Flag, Header, Role, frame_array, node_name
 from pskv.protocol.bodies import (
     CheckpointRequest,
     CheckpointSaved,
     ControllerCall,
+    Failure,
     OptimizerConfig,
     SetMode,
     StatesRequest,
@@ -136,6 +138,18 @@ class KVWorker:
         """Map the shared-memory parts of ``layouts`` (once the servers created them: after init)."""
         self._shared.attach(layouts, self.client.node_id, self._rank)
 
+    def resume(self, layouts: Sequence[KeyLayout]) -> None:
+        """A replacement process (REJOIN): number each key's pushes on from those of this rank that arrived.
+
+        A key whose parts got different numbers of pushes (the old process died between
+        the messages of one push) starts at the fewest: pushing that step again is applied
+        only where it had not arrived (the servers ignore a push number they have).
+        """
+        landed = self.client.landed
+        for rec in layouts:
+            count = min(landed.get((rec.skey, offset), 0) for _, offset, _ in rec.parts)
+            rec.pushes = [count] * len(rec.parts)
+
     # -- key-value requests -------------------------------------------------------------
     def init(self, layouts: Sequence[KeyLayout], *, summed: bool = False, overwrite: bool = False,
              priority: int = 0, timeout: float | None = None) -> None:
@@ -193,7 +207,8 @@ class KVWorker:
         pushes = command in (Command.PUSH, Command.PUSHPULL)
         limit = self._limit(timeout)
         for (server, shared), items in by_server(layouts, pushes).items():
-            specs = tuple(part_spec(rec, i) for rec, i in items)
+            # a push carries its number: the servers apply each (worker, part, number) at most once
+            specs = tuple(part_spec(rec, i, rec.pushes[i] + 1 if pushes else 0) for rec, i in items)
             if shared:  # the data goes through this worker's slots; the message names the parts
                 write_slots(items)
                 pending = self.client.request(server, command, specs, priority=priority, timeout=limit,
@@ -295,12 +310,14 @@ class KVWorker:
         self._all_servers(Command.SET_OPTIMIZER, OptimizerConfig(config).encode(), "set_optimizer")
 
     def save_states(self, path: str, dump_optimizer: bool) -> None:
-        """Every server writes its optimizer state to ``<path>.server<rank>``."""
-        self._all_servers(Command.SAVE_STATES, StatesRequest(path, dump_optimizer).encode(), "save_optimizer_states")
+        """Every server writes its optimizer state to ``<path>.server<rank>`` (``path`` made absolute
+        here: the servers accept only paths inside their directories, :mod:`pskv.server.paths`)."""
+        self._all_servers(Command.SAVE_STATES, StatesRequest(os.path.abspath(path), dump_optimizer).encode(),
+                          "save_optimizer_states")
 
     def load_states(self, path: str) -> None:
-        """Every server loads ``<path>.server<rank>``."""
-        self._all_servers(Command.LOAD_STATES, StatesRequest(path).encode(), "load_optimizer_states")
+        """Every server loads ``<path>.server<rank>`` (``path`` made absolute here)."""
+        self._all_servers(Command.LOAD_STATES, StatesRequest(os.path.abspath(path)).encode(), "load_optimizer_states")
 
     def controller(self, head: int, body: str) -> None:
         """Run the controller registered for ``head`` on every server."""
@@ -325,9 +342,27 @@ class KVWorker:
         self._all_servers(Command.JOIN, "", "join", timeout)
 
     # -- membership ---------------------------------------------------------------------
-    def barrier(self, timeout: float) -> None:
-        """Wait until every worker reached the barrier (NodeFailedError names a dead one)."""
-        self.client.membership.barrier(Role.WORKER, timeout)
+    def barrier(self, timeout: float, name: str = "barrier", failure: BaseException | None = None,
+                result: str = "", agree: Sequence[tuple[str, str]] = (), mode: str = "") -> str:
+        """Meet every worker in the collective ``name``; returns rank 0's ``result``.
+
+        ``failure``: this worker's error in the collective, told to every worker (this
+        one's caller raises it; every other worker raises :class:`CollectiveFailedError`
+        naming it). ``agree``: ``(item, description)`` pairs every worker must have alike.
+        ``mode`` ``"post"`` (rank 0) / ``"read"``: the outcome of a call rank 0 may make
+        alone (:meth:`pskv.cluster.Membership.barrier`).
+
+        Raises:
+            CollectiveFailedError: the collective failed on another worker.
+            CollectiveMismatchError, InitMismatchError: the workers' calls differ.
+            NodeFailedError: a worker died (named). OperationTimeoutError: names who did not arrive.
+        """
+        met = self.client.membership.barrier(Role.WORKER, timeout, name, result=result, agree=agree, mode=mode,
+                                             failure=None if failure is None else Failure.of(failure))
+        if met.failed and failure is None:
+            rank, first = met.failed[0]
+            raise CollectiveFailedError(f"worker {rank}", name, first.type, first.message)
+        return met.result
 
     def num_dead_node(self, group: int, timeout: float) -> int:
         """Nodes of ``group`` (1 scheduler, 2 servers, 4 workers, sums) silent for > ``timeout`` s."""

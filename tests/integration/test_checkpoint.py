@@ -69,7 +69,7 @@ def test_resuming_from_a_checkpoint_gives_the_uninterrupted_result(tmp_path, shm
 
 
 def test_checkpoint_files_are_safetensors_and_json_with_every_part(tmp_path):
-    run(lambda kv: train(kv, range(2), save_at={1}, root=str(tmp_path)))
+    run(lambda kv: train(kv, range(2), save_at={1}, root=str(tmp_path)), state_dir=str(tmp_path))
     directory = tmp_path / "s1"
     manifest = json.loads((directory / "manifest.json").read_text())
     assert manifest["store"] == "dist_sync" and len(manifest["files"]) == 2
@@ -81,7 +81,7 @@ def test_checkpoint_files_are_safetensors_and_json_with_every_part(tmp_path):
 
 
 def test_a_directory_without_manifest_is_not_a_checkpoint_and_resume_refuses_it(tmp_path):
-    run(lambda kv: train(kv, range(2), save_at={1}, root=str(tmp_path)))
+    run(lambda kv: train(kv, range(2), save_at={1}, root=str(tmp_path)), state_dir=str(tmp_path))
     (tmp_path / "s1" / "manifest.json").unlink()  # as if the save had crashed before the commit point
     with pytest.raises(pskv.CheckpointError, match="no manifest.json"):
         read_manifest(tmp_path / "s1")
@@ -92,7 +92,7 @@ def test_a_directory_without_manifest_is_not_a_checkpoint_and_resume_refuses_it(
 
 
 def test_resume_refuses_a_checkpoint_of_another_server_count(tmp_path):
-    run(lambda kv: train(kv, range(1), save_at={0}, root=str(tmp_path)))
+    run(lambda kv: train(kv, range(1), save_at={0}, root=str(tmp_path)), state_dir=str(tmp_path))
     with InProcessCluster(3, 2, deadline=DEADLINE, resume_from=str(tmp_path / "s0")) as cluster:
         with pytest.raises(pskv.errors.OperationTimeoutError):
             cluster.run_workers(lambda cfg: pskv.create("dist_sync", cluster=cfg), timeout=3)
@@ -100,7 +100,7 @@ def test_resume_refuses_a_checkpoint_of_another_server_count(tmp_path):
 
 
 def test_init_that_does_not_fit_the_restored_value_fails_naming_the_key(tmp_path):
-    run(lambda kv: train(kv, range(1), save_at={0}, root=str(tmp_path)))
+    run(lambda kv: train(kv, range(1), save_at={0}, root=str(tmp_path)), state_dir=str(tmp_path))
 
     def fn(kv):  # one worker: a failed init on worker 0 leaves the others at init's barrier
         with pytest.raises(pskv.RemoteError, match="ShapeMismatchError.*key"):

@@ -253,7 +253,7 @@ def test_optimizer_states_are_saved_and_loaded_by_every_server(tmp_path):
         kv.load_optimizer_states(base)  # momentum back to the saved state
         return before, after_continuous
 
-    results = run(2, 2, fn)
+    results = run(2, 2, fn, state_dir=str(tmp_path))
     files = sorted(p.name for p in tmp_path.iterdir())
     assert files == ["opt.server0", "opt.server1"]
     np.testing.assert_allclose(results[0][0], -0.2)
