@@ -37,7 +37,7 @@ from typing import Any
 
 from pskv.arrays import describe, fan_out_many
 from pskv.config import ClusterConfig, Config
-from pskv.errors import InvalidTypeError, NodeFailedError, NotSupportedError
+from pskv.errors import InvalidArgumentError, InvalidTypeError, NodeFailedError, NotSupportedError
 from pskv.kvstore.collectives import ServerCollectives
 from pskv.kvstore.engine import Deferred
 from pskv.kvstore.frontend import StoreFrontEnd
@@ -75,6 +75,7 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         self._cluster = cluster
         self._on_device = self._store_type.on_device
         self._keys: dict[Key, KeyLayout] = {}
+        self._resumed: dict[Key, int] = {}  # a replacement: per key, pushes of this rank that had arrived
         self._worker = worker if worker is not None else KVWorker(cluster, context, sync=self._store_type.sync)
         self._client = self._worker.client  # the connection (tests reach in)
         try:
@@ -119,8 +120,62 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         the servers' current values), ``set_optimizer`` keeps the servers' optimizer, and
         ``broadcast`` of existing keys pulls them. Its pushes join the current rounds. Explicit
         ``barrier()`` calls are not skipped: guard them with ``if not kv.is_recovery``.
+
+        Where to go on: the servers told it how many pushes of its rank reached them
+        (:meth:`push_count`, :meth:`resume_step`); a push number that arrived already is
+        never applied again, so re-pushing a step that had landed changes nothing.
         """
         return self._recovery
+
+    def push_count(self, key: Any) -> int:
+        """How many pushes (and pushpulls) of ``key`` this worker rank has made.
+
+        In a replacement process (:attr:`is_recovery`) the count goes on from the pushes
+        of the processes it replaced that reached the servers (of a key split over
+        servers: that reached every one of them); the next push is numbered one more.
+
+        Raises:
+            UnknownKeyError: ``key`` was not initialised.
+            InvalidArgumentError: ``key`` is a list.
+        """
+        keys, single = self._key_list(key)
+        if not single:
+            raise InvalidArgumentError(f"push_count takes one key, not {key!r}")
+        return self._record(keys[0], "push_count").pushes[0]
+
+    def resume_step(self, keys: Any = None) -> int:
+        """The step to go on from, for a training loop that pushes each of ``keys`` once per step.
+
+        In a replacement process: the fewest pushes of any of ``keys`` (default: every key
+        initialised so far) that reached the servers from the processes it replaced. Each
+        of those keys' push numbering is set back to that step, so where the old process
+        had pushed that step for some keys only (it died in between), pushing the step
+        again is applied for the others and ignored by the servers for those. A pull
+        before pushing returns the values of the rounds the pushes before that step joined.
+        Elsewhere: the fewest pushes made of any of ``keys`` (0 before any push).
+
+        Raises:
+            UnknownKeyError: a key was not initialised.
+            InvalidArgumentError: a replacement process pushed one of ``keys`` already
+                (call it before the first push).
+        """
+        if keys is None:
+            names = list(self._keys)
+        else:
+            names, _ = self._key_list(keys)
+        recs = [self._record(k, "resume_step") for k in names]
+        if not recs:
+            return 0
+        step = min(rec.pushes[0] for rec in recs)
+        if self._recovery:
+            pushed = [rec.key for rec in recs if rec.pushes[0] != self._resumed.get(rec.key)]
+            if pushed:
+                raise InvalidArgumentError(f"resume_step: this replacement process pushed key {pushed[0]!r} "
+                                           "already; call resume_step before the first push")
+            for rec in recs:
+                rec.pushes = [step] * len(rec.parts)
+                self._resumed[rec.key] = step
+        return step
 
     # -- records, init -----------------------------------------------------------------
     def _lookup(self, key: Key) -> KeyLayout | None:
@@ -148,6 +203,9 @@ class DistStore(StoreFrontEnd[KeyLayout]):
                 reduce_outgoing(pairs, self._kernels, self._on_device)
                 self._worker.init(recs, summed=summed)
             self.barrier()  # rank 0's init (and the servers' shared buffers) exist for everyone now
+        else:  # number the pushes on from those of this rank that reached the servers (push_count)
+            self._worker.resume(recs)
+            self._resumed.update((rec.key, rec.pushes[0]) for rec in recs)
         self._worker.attach(recs)
         for rec in recs:
             self._keys[rec.key] = rec

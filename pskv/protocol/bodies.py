@@ -24,8 +24,8 @@ CONTROLLER        :class:`ControllerCall`   :class:`ControllerAnswer`
 SAVE_STATES       :class:`StatesRequest`    :class:`StatesFile`
 LOAD_STATES       :class:`StatesRequest`    :class:`StatesFile`
 SAVE_CHECKPOINT   :class:`CheckpointRequest`  :class:`CheckpointSaved`
-SYNC, JOIN,       (none)                 (none)
-REJOIN
+SYNC, JOIN        (none)                 (none)
+REJOIN            (none)                 :class:`Rejoined`
 ERROR (reply)     —                      :class:`ErrorReply`
 ================  =====================  ================================================
 """
@@ -39,7 +39,7 @@ from pskv.errors import ProtocolError
 from pskv.protocol.messages import Header
 
 __all__ = [
-    "Barrier", "CheckpointRequest", "CheckpointSaved", "ControllerAnswer", "ControllerCall", "ErrorReply", "Hello",
+    "Barrier", "CheckpointRequest", "CheckpointSaved", "ControllerAnswer", "ControllerCall", "ErrorReply", "Hello", "Rejoined",
     "Liveness", "NodeTable", "OptimizerConfig", "Register", "SetMode", "ShmInfo", "Shutdown", "StatesFile",
     "StatesRequest", "json_object",
 ]
@@ -355,6 +355,24 @@ class CheckpointSaved(NamedTuple):
 class ErrorReply(NamedTuple):
     """ERROR: ``{type: str, message: str, node?: str}``: the error class name, its message,
     and the failed node it names (NodeFailedError)."""
+class Rejoined(NamedTuple):
+    """REJOIN reply: ``{counts: [[key, offset, count], ...]}``: per part, how many pushes of the
+    rejoining worker's rank arrived (pushes 1..count), so its replacement numbers on from there."""
+
+    counts: tuple[tuple[int, int, int], ...]
+
+    def encode(self) -> str:
+        return _dump({"counts": [list(c) for c in self.counts]})
+
+    @classmethod
+    def parse(cls, header: Header) -> Rejoined:
+        counts = _field(header, json_object(header), "counts", list)
+        if any(type(c) is not list or len(c) != 3 or any(type(x) is not int for x in c) or c[1] < 0 or c[2] < 0
+               for c in counts):
+            raise ProtocolError("REJOIN reply field 'counts' must be [key, offset >= 0, count >= 0] triples")
+        return cls(tuple((c[0], c[1], c[2]) for c in counts))
+
+
 
     type: str
     message: str

@@ -62,7 +62,9 @@ class Command(enum.IntEnum):
     SHUTDOWN = 4  # a worker is done; the scheduler stops the job when all are
     # worker -> server: data (no body; options are Flag bits)
     INIT = 10  # one frame per part; SUMMED, OVERWRITE flags
-    PUSH = 11  # one frame per part, or SHM: parts named, data in the sender's slot; QUIET flag
+    # one frame per part, or SHM: parts named, data in the sender's slot; QUIET flag; a spec's
+    # round = the push's number n (the sender's n-th push of that part; each applied at most once)
+    PUSH = 11
     # specs name parts, round = n: the value including the round of the sender's n-th push
     # (or pushpull) of that part (n = 0: any); no data frames; SHM: answer with buffer indices
     PULL = 12
@@ -123,8 +125,9 @@ class ArraySpec(NamedTuple):
         offset: element offset of this frame inside the key's whole (flattened) value;
             0 for a key held by one server.
         round: sync round: in a reply with values, the round they include; in a PULL,
-            the number of the sender's push whose round the value must include; 0 in
-            other requests.
+            the number of the sender's push whose round the value must include; in a
+            PUSH / PUSHPULL, the push's own number (0: the sender's next); 0 in other
+            requests.
         buffer: in a shared-memory (``SHM``) reply, which of the part's two shared
             buffers holds the value (0 or 1); -1 everywhere else (not sent).
     """

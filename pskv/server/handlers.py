@@ -21,7 +21,7 @@ import numpy as np
 
 from pskv.errors import InvalidArgumentError, KVStoreError
 from pskv.protocol import TX_PREFIX, ArraySpec, Command, Flag, Header, frame_array, node_name
-from pskv.protocol.bodies import Hello
+from pskv.protocol.bodies import Hello, Rejoined
 from pskv.protocol.replies import reply_frames
 from pskv.server.dedup import ReplyCache
 from pskv.server.gather import Gather
@@ -130,31 +130,47 @@ class DataHandlers:
     def _apply_pushes(self, header: Header, buffers: list[memoryview], op: str) -> list[tuple[Part, int]]:
         """Validate and apply every push of a PUSH / PUSHPULL message: ``[(part, round joined)]``.
 
-        Each part the message names counts as the sender's next push of that part even
-        when the message is refused (:meth:`ServerShard.skip_push`): the worker counted
-        it when sending, and its pulls name pushes by number.
+        Each spec's ``round`` is the push's number (the sender's ``n``-th push of that part;
+        0: its next). A number that arrived already — a replayed message, or a replacement
+        process pushing again what its predecessor's push had delivered — is not applied
+        again: its part gets the round that push joined (:meth:`ServerShard.landed`). Each
+        part the message names counts as pushed even when the message is refused
+        (:meth:`ServerShard.skip_push`): the worker counted it when sending, and its pulls
+        name pushes by number.
         """
+        sender = header.sender
+        numbers = [a.round for a in header.arrays]
         try:
             checked = self._pushed(header, buffers, op)
+            repeats = [self._shard.landed(part, sender, number) for (part, _), number in zip(checked, numbers)]
         except Exception:
             self._skip_pushes(header)
             raise
         joined = []
-        for n, (part, data) in enumerate(checked):
+        for n, ((part, data), number) in enumerate(zip(checked, numbers)):
+            if repeats[n]:
+                joined.append((part, self._shard.joined_round(part, sender, number)))
+                continue
             try:
-                joined.append((part, self._shard.push(part, header.sender, data)))
+                joined.append((part, self._shard.push(part, sender, data, number)))
             except Exception:  # that push counted itself; the rest of the message never runs
-                for later, _ in checked[n + 1:]:
-                    self._shard.skip_push(later, header.sender)
+                for (later, _), m in zip(checked[n + 1:], numbers[n + 1:]):
+                    self._shard.skip_push(later, sender, m)
                 raise
+        if any(repeats):
+            first = repeats.index(True)
+            log.warning("%s: %s: %d push(es) of %s had arrived already (key %d push %d, ...): not applied again",
+                        self._name(), header.command.name, sum(repeats), node_name(sender), header.arrays[first].key,
+                        numbers[first])
         return joined
 
     def _skip_pushes(self, header: Header) -> None:
         """Count every existing part a refused push message names (see :meth:`_apply_pushes`)."""
-        for pid in dict.fromkeys((a.key, a.offset) for a in header.arrays):
+        numbers = {(a.key, a.offset): a.round for a in header.arrays}
+        for pid, number in numbers.items():
             part = self._shard.parts.get(pid)
             if part is not None:
-                self._shard.skip_push(part, header.sender)
+                self._shard.skip_push(part, header.sender, number)
 
     def push(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
         """Apply the pushes; acknowledged unless ``QUIET`` (then only a failure is answered)."""
@@ -233,6 +249,10 @@ class DataHandlers:
         self._ack(identity, header)
 
     def rejoin(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
-        """A replacement process of a dead worker: its push numbering restarts (DeadWorkers.rejoined)."""
-        self._dead.rejoined(header.sender)
-        self._ack(identity, header)
+        """A replacement process of a dead worker: answered with its rank's push counts (:class:`Rejoined`).
+
+        The replacement numbers its pushes on from them, so a push its predecessor made
+        is never applied twice (DeadWorkers.rejoined, ServerShard.replaced).
+        """
+        counts = self._dead.rejoined(header.sender)
+        self._reply(identity, reply_frames(header, self._node_id(), Rejoined(tuple(counts)).encode()))

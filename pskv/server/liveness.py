@@ -7,8 +7,8 @@ round it has not pushed to. What the server does about it (:class:`DeadWorkers`)
   waiting for a round it blocks fails at once with NodeFailedError naming it, and so
   does every later pull that would have to wait;
 * with recovery: its rounds keep waiting for a replacement process; a replacement
-  announces itself (membership's ``on_alive``, then a ``REJOIN`` request, after which
-  its push numbering restarts); a worker not replaced within the timeout is dead for
+  announces itself (membership's ``on_alive``, then a ``REJOIN`` request, answered with
+  its rank's push counts, from which it numbers on); a worker not replaced within the timeout is dead for
   good, as above.
 
 In async mode nothing waits for a worker, so a death changes nothing here.
@@ -89,12 +89,14 @@ class DeadWorkers:
         self._recovering.pop(nid, None)
         self.dead.discard(nid)
 
-    def rejoined(self, worker: int) -> None:
-        """A replacement process of ``worker`` rejoined: its push numbering restarts (ServerShard.forget_pushes)."""
+    def rejoined(self, worker: int) -> list[tuple[int, int, int]]:
+        """A replacement process of ``worker`` rejoined: its rank's push counts (ServerShard.replaced)."""
         self._recovering.pop(worker, None)
         self.dead.discard(worker)
-        self._shard.forget_pushes(worker)
-        log.warning("%s: %s rejoined (a replacement process)", self._name(), node_name(worker))
+        counts = self._shard.replaced(worker)
+        log.warning("%s: %s rejoined (a replacement process); %d of its part(s) had pushes", self._name(),
+                    node_name(worker), len(counts))
+        return counts
 
 
 class StallReport:

@@ -19,6 +19,15 @@ Sync mode (``dist_sync``), per part:
   push a worker sends counts, also one that failed (its "round" is that of the
   worker's previous push), so worker and server always agree on the numbers.
 
+Push numbers (at most once): every push of a part carries its number (the worker's
+``n``-th push of it, :attr:`ArraySpec.round`). A number that already landed — a replayed
+message, or a replacement process pushing again a step its predecessor's push of which
+had arrived — is ignored: not summed, not counted, acknowledged as before. The counts
+outlive the worker process that pushed: a replacement (``REJOIN``) learns them
+(:meth:`ServerShard.replaced`) and numbers its pushes on from them, so a push is applied
+at most once per (worker rank, part, push number). A push without a number (0) takes the
+next one.
+
 Async mode (``dist_async``): each push is applied on arrival through the updater, which
 is required; a pull waits only for the push it names to have arrived.
 
@@ -44,12 +53,15 @@ import numpy as np
 from pskv.arrays.dtypes import numpy_dtype
 from pskv.errors import DTypeMismatchError, DuplicateKeyError, InvalidArgumentError, ShapeMismatchError, UnknownKeyError
 
-__all__ = ["Part", "PushLog", "ServerShard", "PartId", "bf16_bits_to_f32", "f32_to_bf16_bits"]
+__all__ = ["MAX_PUSHES_AHEAD", "Part", "PushLog", "ServerShard", "PartId", "bf16_bits_to_f32", "f32_to_bf16_bits"]
 
 PartId = tuple[int, int]  # (key, offset)
 # allocate(key, offset, name, dtype, size) -> a shared 1-D array
 Allocator = Callable[[int, int, str, np.dtype[Any], int], np.ndarray[Any, Any]]
 Updater = Callable[[Any, Any, Any], None]
+# How far past a worker's contiguous pushes of a part a push number may be (pushes of one
+# part may overtake each other in the worker's priority queue, never by this many).
+MAX_PUSHES_AHEAD = 1024
 
 
 def bf16_bits_to_f32(bits: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -76,10 +88,29 @@ def to_storage(dtype: str, frame: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
 
 @dataclass
 class PushLog:
-    """One worker's pushes of one part: how many arrived, and those whose round is open."""
+    """One worker rank's pushes of one part: which numbers arrived, and those whose round is open."""
 
-    count: int = 0  # pushes that arrived (applied or failed)
-    open: deque[tuple[int, int]] = field(default_factory=deque)  # (push number, round), rounds not complete
+    count: int = 0  # pushes 1..count all arrived (applied or failed)
+    ahead: set[int] = field(default_factory=set)  # numbers past count + 1 that arrived (overtaking)
+    open: list[tuple[int, int]] = field(default_factory=list)  # (push number, round), rounds not complete
+
+    def landed(self, number: int) -> bool:
+        """True if push ``number`` arrived already (a repeat of it must not be applied)."""
+        return 0 < number <= self.count or number in self.ahead
+
+    def next_number(self) -> int:
+        """The number an unnumbered push takes: one past every push that arrived."""
+        return max(self.ahead, default=self.count) + 1
+
+    def mark(self, number: int) -> None:
+        """Push ``number`` arrived."""
+        if number == self.count + 1:
+            self.count = number
+            while self.count + 1 in self.ahead:
+                self.count += 1
+                self.ahead.discard(self.count)
+        elif number > self.count:
+            self.ahead.add(number)
 
 
 @dataclass
@@ -252,8 +283,24 @@ class ServerShard:
         return p
 
     # -- push -------------------------------------------------------------------------
-    def push(self, part: Part, worker: int, frame: np.ndarray[Any, Any]) -> int:
-        """Add ``worker``'s push to ``part`` (it counts as the worker's next push, also if it fails).
+    def landed(self, part: Part, worker: int, number: int) -> bool:
+        """True if ``worker``'s push ``number`` of ``part`` arrived already: a repeat, to be ignored.
+
+        Raises:
+            InvalidArgumentError: ``number`` is more than :data:`MAX_PUSHES_AHEAD` past the
+                worker's pushes that arrived (no worker numbers so; nothing is counted).
+        """
+        log = part.pushes.get(worker)
+        count = 0 if log is None else log.count
+        if number > count + MAX_PUSHES_AHEAD:
+            raise InvalidArgumentError(f"push of key {part.key}: push number {number} is more than "
+                                       f"{MAX_PUSHES_AHEAD} past the {count} push(es) of this worker that arrived")
+        return log is not None and log.landed(number)
+
+    def push(self, part: Part, worker: int, frame: np.ndarray[Any, Any], number: int = 0) -> int:
+        """Add ``worker``'s push ``number`` to ``part`` (0: its next one); the number counts also if it fails.
+
+        The caller has checked with :meth:`landed` that the number is new.
 
         Returns:
             The round this push belongs to (1-based): its effect is visible to a pull
@@ -263,38 +310,52 @@ class ServerShard:
             InvalidArgumentError: async mode without an updater.
             Exception: the updater's own error (the part is unchanged in sync mode).
         """
+        log = part.pushes.setdefault(worker, PushLog())
+        number = number or log.next_number()
         try:
             joined = self._push(part, worker, to_storage(part.dtype, frame.reshape(-1)))
         except Exception:
-            self.skip_push(part, worker)
+            self.skip_push(part, worker, number)
             raise
-        log = part.pushes.setdefault(worker, PushLog())
-        log.count += 1
+        log.mark(number)
         if joined > part.round:
-            log.open.append((log.count, joined))
+            log.open.append((number, joined))
         if part.early:
             self._resolve_early(part, worker)
         return joined
 
-    def skip_push(self, part: Part, worker: int) -> None:
-        """Count a push of ``worker`` that was refused: it has no effect, but its number is used.
+    def skip_push(self, part: Part, worker: int, number: int = 0) -> None:
+        """Count ``worker``'s push ``number`` (0: its next one) that was refused: no effect, its number used.
 
-        A pull naming it waits for what the worker's previous push joined.
+        A pull naming it waits for what the worker's previous push joined. A number far
+        past the worker's pushes (:meth:`landed` refuses it) is not recorded.
         """
-        part.pushes.setdefault(worker, PushLog()).count += 1
+        log = part.pushes.setdefault(worker, PushLog())
+        number = number or log.next_number()
+        if number > log.count + MAX_PUSHES_AHEAD:
+            return
+        log.mark(number)
         if part.early:
             self._resolve_early(part, worker)
 
-    def forget_pushes(self, worker: int) -> None:
-        """A replacement process took over ``worker``'s rank: its push numbering starts again.
+    def replaced(self, worker: int) -> list[tuple[int, int, int]]:
+        """A replacement process took over ``worker``'s rank: its pushes that arrived, per part.
 
-        Pushes the old process made stay in their rounds (their data is in the sums);
-        pulls of the old process that waited for a push of its that never came are dropped.
+        The counts stay (the replacement numbers its pushes on from them, so a push the old
+        process made is not applied again); pulls of the old process that waited for a
+        push of its that never came are dropped (nobody reads their answers).
+
+        Returns:
+            ``(key, offset, count)`` for every part the rank pushed: pushes 1..count arrived.
         """
+        counts = []
         for part in self.parts.values():
-            part.pushes.pop(worker, None)
+            log = part.pushes.get(worker)
+            if log is not None:
+                counts.append((part.key, part.offset, log.count))
             if part.early:
                 part.early = [e for e in part.early if e[0] != worker]
+        return counts
 
     def round_of_push(self, part: Part, worker: int, number: int) -> int | None:
         """The round a pull naming ``worker``'s push ``number`` must wait for.
@@ -307,14 +368,15 @@ class ServerShard:
         log = part.pushes.get(worker)
         if log is None or log.count < number:
             return None
-        while log.open and log.open[0][1] <= part.round:
-            log.open.popleft()
-        wanted = 0
-        for n, r in log.open:  # the last applied push up to `number` whose round is open
-            if n > number:
-                break
-            wanted = r
-        return wanted
+        if log.open and log.open[0][1] <= part.round:
+            log.open = [(n, r) for n, r in log.open if r > part.round]
+        # the latest open round of the applied pushes up to `number` (in any order of arrival)
+        return max((r for n, r in log.open if n <= number), default=0)
+
+    def joined_round(self, part: Part, worker: int, number: int) -> int:
+        """The round ``worker``'s push ``number`` joined if it may still be open; else 0 (complete)."""
+        log = part.pushes.get(worker)
+        return 0 if log is None else next((r for n, r in log.open if n == number), 0)
 
     def pull_after_push(self, part: Part, worker: int, number: int, ready: Callable[[Part], None],
                         fail: Callable[[str], None] | None = None) -> None:

@@ -57,7 +57,7 @@ from pskv.protocol import (
     node_name,
     node_role_rank,
 )
-from pskv.protocol.bodies import Hello
+from pskv.protocol.bodies import Hello, Rejoined
 from pskv.transport import IO_THREADS
 from pskv.transport.reactor import Sender
 from pskv.transport.shm import host_id
@@ -126,6 +126,8 @@ class WorkerClient:
         self._seq = itertools.count()
         self._tx = os.urandom(8).hex()  # names this worker's send-only sockets (HELLO)
         self.info: NodeInfo | None = None
+        # a replacement process (REJOIN): per (server key, offset), pushes of this rank that arrived
+        self.landed: dict[tuple[int, int], int] = {}
         self._reactor.add_timer(EXPIRY_INTERVAL, self._expire)
 
     # -- life cycle ---------------------------------------------------------------------
@@ -169,10 +171,11 @@ class WorkerClient:
             except OperationTimeoutError:
                 raise OperationTimeoutError(f"could not connect to the servers: {pending.what} to "
                                             f"{node_name(pending.node)} got no answer") from None
-        if info.recovery:  # a replacement of a dead worker: the servers restart its push numbering
+        if info.recovery:  # a replacement of a dead worker: each server says which pushes of this rank arrived
             for pending in [self.request(s, Command.REJOIN, what="rejoin", timeout=self._cluster.startup_timeout)
                             for s in range(len(info.servers))]:
-                pending.wait(self._cluster.startup_timeout)
+                for key, offset, count in Rejoined.parse(pending.wait(self._cluster.startup_timeout)).counts:
+                    self.landed[(key, offset)] = count
         return info
 
     def connect_in_process(self, info: NodeInfo, channels: Sequence[Channel], membership: Any) -> None:

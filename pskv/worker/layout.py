@@ -83,10 +83,10 @@ def _group(layouts: Sequence[KeyLayout], shared_ok: bool) -> Groups:
     return dict(groups)
 
 
-def part_spec(rec: KeyLayout, i: int) -> ArraySpec:
-    """The array spec of part ``i`` of ``rec`` in a request."""
+def part_spec(rec: KeyLayout, i: int, number: int = 0) -> ArraySpec:
+    """The array spec of part ``i`` of ``rec`` in a request (``number``: a push's number, in ``round``)."""
     _, offset, length = rec.parts[i]
-    return ArraySpec(rec.skey, rec.meta.dtype, (length,), offset)
+    return ArraySpec(rec.skey, rec.meta.dtype, (length,), offset, number)
 
 
 def part_view(rec: KeyLayout, buffer: Any, i: int) -> np.ndarray[Any, Any]:

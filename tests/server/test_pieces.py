@@ -111,8 +111,8 @@ def test_with_recovery_a_dead_worker_is_waited_for_then_given_up_on(monkeypatch)
     dead.check_recovery()
     assert dead.dead == {W1} and len(failed) == 1
     s.push(s.part(7, 0, "test"), W1, np.ones(4, np.float32))
-    dead.rejoined(W1)  # a replacement: alive again, its push numbering restarts
-    assert not dead and s.part(7, 0, "test").pushes.get(W1) is None
+    counts = dead.rejoined(W1)  # a replacement: alive again, told which pushes of its rank arrived
+    assert not dead and counts == [(7, 0, 1)] and s.part(7, 0, "test").pushes[W1].count == 1
 
 
 def test_a_worker_death_in_async_mode_changes_nothing():
