@@ -28,6 +28,7 @@ from pskv.cluster.requests import RequestTracker
 from pskv.config import ClusterConfig
 from pskv.errors import TransportError
 from pskv.transport import Reactor
+from pskv.transport.bounds import DEFAULT_BOUNDS, Bounds
 from pskv.transport.security import CurveSecurity
 
 __all__ = ["NodeRuntime"]
@@ -44,7 +45,8 @@ class NodeRuntime:
             the node stops.
         describe: the node's name for messages (``"server 0"``, ``"the worker"``);
             called when needed (a server learns its rank late).
-        cluster: the cluster contract; its ``curve_key_file`` (if any) secures every socket.
+        cluster: the cluster contract; its ``curve_key_file`` (if any) secures every socket,
+            its message and send-queue limits bound every peer (:mod:`pskv.transport.bounds`).
 
     Raises:
         InvalidArgumentError: the CURVE key file is missing, malformed or readable by
@@ -61,7 +63,9 @@ class NodeRuntime:
         self.tracker = tracker
         self._describe = describe
         self._stop_lock = threading.Lock()
-        self.reactor = Reactor(self.context, name, on_failure=self._on_reactor_failure, security=self.security)
+        bounds = Bounds.of(cluster) if cluster is not None else DEFAULT_BOUNDS
+        self.reactor = Reactor(self.context, name, on_failure=self._on_reactor_failure, security=self.security,
+                               bounds=bounds)
 
     def _on_reactor_failure(self, exc: BaseException) -> None:
         if self.tracker is not None:

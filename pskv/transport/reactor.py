@@ -37,7 +37,8 @@ from typing import Any, cast
 
 import zmq
 
-from pskv.errors import OperationTimeoutError, TransportError
+from pskv.errors import InvalidArgumentError, OperationTimeoutError, ProtocolError, TransportError
+from pskv.transport.bounds import DEFAULT_BOUNDS, SEND_HWM, Bounds
 from pskv.transport.security import CurveSecurity
 from pskv.transport.unix import LocalConnection, listen
 
@@ -48,9 +49,6 @@ log = logging.getLogger("pskv.transport")
 # Kernel socket buffers for every data socket. The OS default (~200 KB on loopback)
 # throttles large messages; 8 MiB measured 1.5x the throughput of 100 MB messages here.
 SOCKET_BUFFER_BYTES = 8 << 20
-
-# Seconds a service's reply may wait on a local connection whose peer reads nothing.
-LOCAL_REPLY_TIMEOUT = 10.0
 
 # ZeroMQ I/O threads per data node (server, worker): they move the bytes, outside the GIL.
 IO_THREADS = 2
@@ -63,26 +61,63 @@ DealerHandler = Callable[[list[zmq.Frame]], None]
 ZERO_COPY_BYTES = zmq.COPY_THRESHOLD
 # Plain ints: combining pyzmq's enum flags (e.g. EVENTS & POLLIN) runs Python-level enum code.
 _SNDMORE, _NOBLOCK, _POLLIN, _EVENTS = int(zmq.SNDMORE), int(zmq.NOBLOCK), int(zmq.POLLIN), int(zmq.EVENTS)
+_POLLOUT, _RCVMORE = int(zmq.POLLOUT), int(zmq.RCVMORE)
+# While replies wait for a peer whose ZeroMQ queue is full, the reactor retries this often (ms).
+_BACKLOG_RETRY_MS = 5
 
 
-def send_frames(sock: zmq.Socket[Any], frames: list[Any]) -> None:
+def send_frames(sock: zmq.Socket[Any], frames: list[Any], first_flags: int = 0) -> None:
     """``sock.send_multipart(frames)``, for less: one ``send`` per frame, big ones not copied.
 
     pyzmq's ``send_multipart`` checks and wraps every frame first, which costs more than
-    the send itself for the small messages of a parameter server.
+    the send itself for the small messages of a parameter server. ``first_flags``
+    (``NOBLOCK``) apply to the first frame only: ZeroMQ refuses a message whole at its
+    first frame (``zmq.Again``: the peer's queue is full) and never part-way through.
     """
     last = len(frames) - 1
     for i, f in enumerate(frames):
         big = isinstance(f, zmq.Frame) or (isinstance(f, memoryview) and f.nbytes >= ZERO_COPY_BYTES)
-        sock.send(f, _SNDMORE if i < last else 0, copy=not big)
+        sock.send(f, (_SNDMORE if i < last else 0) | (first_flags if i == 0 else 0), copy=not big)
 
 
-def recv_frames(sock: zmq.Socket[Any]) -> list[zmq.Frame]:
-    """``sock.recv_multipart(zmq.NOBLOCK, copy=False)``, for less (a message must be waiting)."""
-    frames = [sock.recv(_NOBLOCK, copy=False)]
-    while frames[-1].more:
-        frames.append(sock.recv(copy=False))
+def recv_frames(sock: zmq.Socket[Any], bounds: Bounds = DEFAULT_BOUNDS) -> list[zmq.Frame]:
+    """``sock.recv_multipart(zmq.NOBLOCK, copy=False)``, for less (a message must be waiting).
+
+    Frames and bytes are counted as they are read: past ``bounds.max_frames`` frames or
+    ``bounds.max_message_bytes`` bytes the rest of the message is read off the socket and
+    dropped one frame at a time, without building a list.
+
+    Raises:
+        ProtocolError: the message broke a bound (it was discarded whole).
+    """
+    frame = sock.recv(_NOBLOCK, copy=False)
+    frames = [frame]
+    size = len(frame)
+    max_frames, max_bytes = bounds.max_frames, bounds.max_message_bytes
+    while frame.more:
+        if len(frames) >= max_frames or size > max_bytes:
+            head = bytes(frames[0].buffer[:40])
+            count = len(frames)
+            frames.clear()
+            count += _discard_rest(sock)
+            raise ProtocolError(f"a message of {count}+ frames or {size}+ bytes (first frame {head!r}) over "
+                                f"PSKV_MAX_FRAMES={max_frames} / PSKV_MAX_MESSAGE_BYTES={max_bytes}: discarded")
+        frame = sock.recv(copy=False)
+        frames.append(frame)
+        size += len(frame)
+    if size > max_bytes:
+        raise ProtocolError(f"a message of {size} bytes over PSKV_MAX_MESSAGE_BYTES={max_bytes}: discarded")
     return frames
+
+
+def _discard_rest(sock: zmq.Socket[Any]) -> int:
+    """Read and drop the remaining frames of the message being received; how many there were."""
+    n = 0
+    recv, getsockopt = sock.recv, sock.getsockopt
+    while getsockopt(_RCVMORE):
+        recv(copy=False)
+        n += 1
+    return n
 
 
 class Sender:
@@ -93,19 +128,24 @@ class Sender:
     socket, and its send queue is unbounded, so a send never blocks on the peer.
     """
 
-    __slots__ = ("_sock", "_lock", "_name")
+    __slots__ = ("_sock", "_lock", "_name", "_max_bytes")
 
-    def __init__(self, sock: zmq.Socket[Any], name: str) -> None:
+    def __init__(self, sock: zmq.Socket[Any], name: str, max_message_bytes: int = DEFAULT_BOUNDS.max_message_bytes
+                 ) -> None:
         self._sock: zmq.Socket[Any] | None = sock
         self._lock = threading.Lock()
         self._name = name
+        self._max_bytes = max_message_bytes
 
     def send(self, frames: list[Any]) -> None:
         """Send one message (frames are not copied: keep their buffers unchanged until answered).
 
         Raises:
             TransportError: the sender was closed (its reactor stopped).
+            InvalidArgumentError: the message is bigger than the services take
+                (``PSKV_MAX_MESSAGE_BYTES``): they would drop it, or its connection.
         """
+        check_size(frames, self._max_bytes, self._name)
         with self._lock:
             if self._sock is None:
                 raise TransportError(f"{self._name} is stopped")
@@ -117,6 +157,54 @@ class Sender:
             if self._sock is not None:
                 self._sock.close(0)
                 self._sock = None
+
+
+def check_size(frames: list[Any], max_bytes: int, name: str) -> None:
+    """Refuse to send a message the receiving node would discard (``PSKV_MAX_MESSAGE_BYTES``).
+
+    Raises:
+        InvalidArgumentError: naming the size and the setting.
+    """
+    size = sum(f.nbytes if isinstance(f, memoryview) else len(f) for f in frames)
+    if size > max_bytes:
+        raise InvalidArgumentError(f"{name}: a message of {size} bytes exceeds PSKV_MAX_MESSAGE_BYTES={max_bytes} "
+                                   "(raise it on every node of the job to send bigger parts)")
+
+
+class _Backlog:
+    """Messages for one peer that ZeroMQ's queue to it (``SEND_HWM`` messages) had no room for, oldest first."""
+
+    __slots__ = ("sock", "prefix", "messages", "bytes", "progress")
+
+    def __init__(self, sock: zmq.Socket[Any], prefix: list[bytes], now: float) -> None:
+        self.sock = sock
+        self.prefix = prefix  # a ROUTER peer's identity frame; nothing for a DEALER
+        self.messages: collections.deque[tuple[list[Any], int]] = collections.deque()
+        self.bytes = 0
+        self.progress = now  # when the peer last took a message (or the backlog began)
+
+    def add(self, frames: list[Any]) -> None:
+        # small frames are copied now, as ZeroMQ would have copied them at once
+        kept = [bytes(f) if isinstance(f, memoryview) and f.nbytes < ZERO_COPY_BYTES else f for f in frames]
+        size = sum(f.nbytes if isinstance(f, memoryview) else len(f) for f in kept)
+        self.messages.append((kept, size))
+        self.bytes += size
+
+    def flush(self, now: float) -> None:
+        """Send what the peer takes now (never waits).
+
+        Raises:
+            zmq.ZMQError: the peer is gone (``EHOSTUNREACH``) or the socket failed.
+        """
+        while self.messages:
+            frames, size = self.messages[0]
+            try:
+                send_frames(self.sock, [*self.prefix, *frames], _NOBLOCK)
+            except zmq.Again:
+                return
+            self.messages.popleft()
+            self.bytes -= size
+            self.progress = now
 
 
 class Reactor:
@@ -131,12 +219,17 @@ class Reactor:
         security: the cluster's CURVE key (None: plain TCP). Every ``tcp://`` or
             ``ipc://`` socket made here then authenticates and encrypts: ROUTERs are CURVE
             servers behind the ZAP handler, DEALERs and senders CURVE clients.
+        bounds: what one peer may cost this node (:mod:`pskv.transport.bounds`): the
+            size of a message received, the replies queued for a peer that reads nothing.
     """
 
     def __init__(self, context: zmq.Context[Any], name: str, identity: bytes | None = None,
                  on_failure: Callable[[BaseException], None] | None = None,
-                 security: CurveSecurity | None = None) -> None:
+                 security: CurveSecurity | None = None, bounds: Bounds = DEFAULT_BOUNDS) -> None:
         self._ctx = context
+        self._bounds = bounds
+        self._backlogs: dict[tuple[int, bytes], _Backlog] = {}  # (socket id, peer identity) -> unsent replies
+        self._writable: dict[int, LocalConnection] = {}  # local connections with queued packets, by descriptor
         self._security = security
         self._on_failure = on_failure
         self._name = name
@@ -184,6 +277,7 @@ class Reactor:
         # A peer that reconnects (its TCP connection was reset) under its fixed routing
         # identity takes over the old route instead of being refused as a duplicate.
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        self._bound_peers(sock)
         secure = self._security is not None and not address.startswith("inproc://")
         if secure:
             assert self._security is not None
@@ -226,6 +320,13 @@ class Reactor:
         self._handlers[monitor] = on_event
         self._poller.register(monitor, zmq.POLLIN)
 
+    def _bound_peers(self, sock: zmq.Socket[Any]) -> None:
+        """A service socket's per-peer bounds: a frame over the message limit is refused by
+        ZeroMQ before it is allocated (the peer is disconnected); a peer's send queue holds
+        ``SEND_HWM`` messages, then sends report ``zmq.Again`` (see :meth:`send_router`)."""
+        sock.setsockopt(zmq.MAXMSGSIZE, self._bounds.max_message_bytes)
+        sock.setsockopt(zmq.SNDHWM, SEND_HWM)
+
     def bind_local(self, sid: int, path: str) -> None:
         """Also accept local connections at ``path`` for ROUTER ``sid``.
 
@@ -250,9 +351,9 @@ class Reactor:
         except (BlockingIOError, InterruptedError):
             return
         identity = b"\x00local-%d" % next(self._ids)
-        # A reply may wait this long for a peer that reads nothing (stopped process); then
-        # the connection is dropped rather than the whole reactor stalled any longer.
-        conn = LocalConnection(sock, f"{self._name} local connection", send_timeout=LOCAL_REPLY_TIMEOUT)
+        # Replies never wait for a peer that reads nothing: they queue on the connection
+        # (bounded, see send_router) and leave when it is writable.
+        conn = LocalConnection(sock, f"{self._name} local connection", bounds=self._bounds, queued=True)
         self._local_peers[identity] = conn
 
         def on_packet() -> None:
@@ -271,7 +372,7 @@ class Reactor:
         Raises:
             OSError: nobody listens at ``path``.
         """
-        conn = LocalConnection.connect(path, f"{self._name} local connection to {path}", send_timeout)
+        conn = LocalConnection.connect(path, f"{self._name} local connection to {path}", send_timeout, self._bounds)
 
         def on_packet() -> None:
             frames = self._receive_local(conn)
@@ -299,10 +400,15 @@ class Reactor:
             log.info("%s: %s", self._name, exc)
             self._drop_local(conn)
             return None
+        except ProtocolError as exc:  # a malformed or oversized packet: nothing after it can be framed
+            log.warning("%s: closed a local connection: %s", self._name, exc)
+            self._drop_local(conn)
+            return None
 
     def _drop_local(self, conn: LocalConnection) -> None:
         _, identity = self._locals.pop(conn.fd, (None, None))
         self._fd_handlers.pop(conn.fd, None)
+        self._writable.pop(conn.fd, None)
         if identity is not None:
             self._local_peers.pop(identity, None)
         try:
@@ -331,6 +437,7 @@ class Reactor:
         """Close a DEALER made by :meth:`connect_dealer` (on the reactor thread)."""
         self.unwatch(sid)
         sock = self._dealers.pop(sid, None)
+        self._backlogs.pop((sid, b""), None)
         if sock is None:
             return
         self._handlers.pop(sock, None)
@@ -376,7 +483,7 @@ class Reactor:
         """
         sock = self._dealer_socket(address, identity)
         sock.setsockopt(zmq.SNDHWM, 0)  # never block a caller: requests are bounded by their callers
-        sender = Sender(sock, f"{self._name} sender")
+        sender = Sender(sock, f"{self._name} sender", self._bounds.max_message_bytes)
         self._senders.append(sender)
         return sender
 
@@ -399,22 +506,31 @@ class Reactor:
 
     # -- sending (reactor thread only) --------------------------------------------------
     def send_router(self, sid: int, identity: bytes, frames: list[Any]) -> bool:
-        """Send ``frames`` to the peer ``identity`` through ROUTER ``sid``.
+        """Send ``frames`` to the peer ``identity`` through ROUTER ``sid``; never waits.
+
+        A peer whose queue is full (it reads nothing, or slowly) gets the message queued
+        in the reactor behind what already waits for it, sent when it takes more
+        (``_flush_backlogs``); past ``PSKV_SEND_QUEUE_BYTES`` queued, or none taken for
+        ``PSKV_SLOW_PEER_TIMEOUT`` seconds, the peer is dropped: its queue discarded,
+        a warning logged (a local connection is closed too).
 
         Returns:
-            False if the peer is gone (the message is dropped), True otherwise.
+            False if the peer is gone or dropped (the message is dropped), True otherwise.
         """
         conn = self._local_peers.get(identity)
         if conn is not None:
             try:
                 conn.send(frames)
-                return True
-            except ConnectionError as exc:  # the peer is gone (its end is closed)
-                log.warning("%s: reply to vanished local peer dropped: %s", self._name, exc)
+            except ConnectionError as exc:  # the peer is gone (its end is closed), or dropped as too slow
+                log.warning("%s: local peer dropped: %s", self._name, exc)
+                self._drop_local(conn)
                 return False
-        try:
-            send_frames(self._routers[sid], [identity, *frames])
+            if conn.pending and conn.fd not in self._writable:
+                self._writable[conn.fd] = conn
+                self._poller.register(conn.fd, _POLLIN | _POLLOUT)
             return True
+        try:
+            return self._send_zmq(sid, self._routers[sid], identity, frames)
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
                 log.warning("%s: reply to vanished peer %r dropped", self._name, identity)
@@ -422,8 +538,63 @@ class Reactor:
             raise
 
     def send_dealer(self, sid: int, frames: list[Any]) -> None:
-        """Send ``frames`` through DEALER ``sid`` (queued by ZeroMQ until connected)."""
-        send_frames(self._dealers[sid], frames)
+        """Send ``frames`` through DEALER ``sid`` (queued by ZeroMQ until connected); never waits.
+
+        Past ZeroMQ's queue the message waits in the reactor, bounded as for
+        :meth:`send_router`; what a service that takes nothing leaves queued is dropped
+        the same way, logged (its requests then time out, as every request does).
+        """
+        self._send_zmq(sid, self._dealers[sid], None, frames)
+
+    def _send_zmq(self, sid: int, sock: zmq.Socket[Any], identity: bytes | None, frames: list[Any]) -> bool:
+        key = (sid, b"" if identity is None else identity)
+        backlog = self._backlogs.get(key)
+        if backlog is None:
+            try:
+                send_frames(sock, frames if identity is None else [identity, *frames], _NOBLOCK)
+                return True
+            except zmq.Again:
+                backlog = self._backlogs[key] = _Backlog(sock, [] if identity is None else [identity],
+                                                         time.monotonic())
+        backlog.add(frames)
+        if backlog.bytes > self._bounds.send_queue_bytes:
+            self._drop_backlog(key, f"left more than PSKV_SEND_QUEUE_BYTES={self._bounds.send_queue_bytes} bytes "
+                                    "of messages unread")
+            return False
+        return True
+
+    def _drop_backlog(self, key: tuple[int, bytes], why: str) -> None:
+        backlog = self._backlogs.pop(key)
+        peer = f"peer {key[1]!r}" if key[1] else "the service"
+        log.warning("%s: %s %s: dropped it and %d queued message(s) (%d bytes)", self._name, peer, why,
+                    len(backlog.messages), backlog.bytes)
+
+    def _flush_backlogs(self) -> None:
+        """Send what slow peers take now; drop those that took nothing for too long (reactor thread)."""
+        now = time.monotonic()
+        timeout = self._bounds.slow_peer_timeout
+        for key, backlog in list(self._backlogs.items()):
+            try:
+                backlog.flush(now)
+            except zmq.ZMQError as exc:  # EHOSTUNREACH: the peer disconnected
+                self._drop_backlog(key, f"is gone ({exc})")
+                continue
+            if not backlog.messages:
+                del self._backlogs[key]
+            elif now - backlog.progress > timeout:
+                self._drop_backlog(key, f"took none of its messages for {timeout:g} s")
+        for conn in list(self._writable.values()):
+            if conn.overdue(now):
+                log.warning("%s: %s: the peer took none of its replies for %g s: dropped", self._name, conn.name,
+                            timeout)
+                self._drop_local(conn)
+
+    def _flush_local(self, fd: int) -> None:
+        """A local connection with queued replies is writable: send what it takes."""
+        conn = self._writable.get(fd)
+        if conn is not None and conn.flush():
+            del self._writable[fd]
+            self._poller.register(fd, _POLLIN)
 
     # -- cross-thread -------------------------------------------------------------------
     def call_soon(self, fn: Callable[[], None]) -> None:
@@ -483,6 +654,8 @@ class Reactor:
         try:
             while not self._stopping:
                 timeout_ms = self._run_timers()
+                if self._backlogs:  # ROUTER peers have no writability to poll: retry soon
+                    timeout_ms = min(timeout_ms, _BACKLOG_RETRY_MS)
                 events = dict(self._poller.poll(timeout_ms))
                 if self._wake_recv in events:
                     while True:
@@ -497,8 +670,15 @@ class Reactor:
                         self._drain(sock, handler)
                 if self._fd_handlers:
                     for fd, on_ready in list(self._fd_handlers.items()):
-                        if fd in events:
+                        flags = events.get(fd)
+                        if flags is None:
+                            continue
+                        if flags & _POLLOUT:
+                            self._flush_local(fd)
+                        if flags & ~_POLLOUT and fd in self._fd_handlers:
                             on_ready()
+                if self._backlogs or self._writable:
+                    self._flush_backlogs()
         except BaseException as exc:  # noqa: BLE001 - handed to the owner; the node fails loudly
             self._error = exc
             log.exception("%s: reactor thread failed", self._name)
@@ -510,17 +690,26 @@ class Reactor:
 
     def _drain(self, sock: zmq.Socket[Any], handler: Callable[[list[zmq.Frame]], None]) -> None:
         """Handle the messages waiting on ``sock`` (the poll said at least one is)."""
+        bounds = self._bounds
         try:
-            frames = recv_frames(sock)
+            frames = recv_frames(sock, bounds)
         except zmq.Again:
             return
-        handler(frames)
+        except ProtocolError as exc:
+            log.warning("%s: %s", self._name, exc)
+        else:
+            handler(frames)
         # Then asks the socket whether more are waiting instead of reading until zmq.Again:
         # raising that exception costs more than the check.
         for _ in range(255):  # bounded, so timers and other sockets get their turn
             if not cast(int, sock.getsockopt(_EVENTS)) & _POLLIN:
                 return
-            handler(recv_frames(sock))
+            try:
+                frames = recv_frames(sock, bounds)
+            except ProtocolError as exc:
+                log.warning("%s: %s", self._name, exc)
+                continue
+            handler(frames)
 
     def _run_timers(self) -> int:
         if not self._timers:
@@ -544,6 +733,8 @@ class Reactor:
             listener.close()
         self._locals.clear()
         self._local_peers.clear()
+        self._writable.clear()
+        self._backlogs.clear()
         self._fd_handlers.clear()
         for sock in [*self._monitors.values(), *self._routers.values(), *self._dealers.values(), self._wake_recv]:
             sock.close(0)

@@ -19,12 +19,17 @@ reactor) receives.
 
 from __future__ import annotations
 
+import collections
 import os
 import socket
 import struct
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
+
+from pskv.errors import ProtocolError
+from pskv.transport.bounds import DEFAULT_BOUNDS, Bounds
 
 __all__ = ["LocalConnection", "PACKET_BYTES", "local_path", "listen"]
 
@@ -75,18 +80,33 @@ def _packet_limit(sock: socket.socket) -> int:
 class LocalConnection:
     """One end of a connected local socket: whole messages out (any thread) and in (one thread).
 
+    Two ways of sending: a client's connection waits for a peer whose buffer is full, at
+    most ``send_timeout`` seconds; a service's connection (``queued``) never waits — what
+    the peer's buffer cannot take now waits in the connection's queue, sent by
+    :meth:`flush` when the socket is writable; a peer whose queue passes
+    ``bounds.send_queue_bytes`` is dropped (the connection closed), and so is one that
+    took none of it for ``bounds.slow_peer_timeout`` seconds (:meth:`overdue`).
+
+    Every packet received is validated before use (its flag byte, the frame table, the
+    lengths against the bytes that came, ``bounds``' frame and byte limits); a bad one
+    raises :class:`~pskv.errors.ProtocolError` and the owner closes the connection.
+
     Args:
         sock: the connected socket.
         name: for error messages.
         send_timeout: seconds a send may wait while the peer's buffer is full; then the
             connection is closed (a message may be half sent) and the send fails.
+        bounds: the limits of received messages and of the send queue.
+        queued: never wait to send: queue what the peer cannot take yet.
     """
 
-    __slots__ = ("_sock", "_lock", "name", "_limit", "_buffer", "_partial", "fd", "_timeout")
+    __slots__ = ("_sock", "_lock", "name", "_limit", "_buffer", "_partial", "fd", "_timeout", "_bounds", "_queued",
+                 "_queue", "_queue_bytes", "_progress")
 
-    def __init__(self, sock: socket.socket, name: str, send_timeout: float = 60.0) -> None:
+    def __init__(self, sock: socket.socket, name: str, send_timeout: float = 60.0, bounds: Bounds = DEFAULT_BOUNDS,
+                 queued: bool = False) -> None:
         # Blocking at the OS level, sends bounded by SO_SNDTIMEO (a Python-level timeout would
-        # also make the non-blocking reads wait); reads pass MSG_DONTWAIT.
+        # also make the non-blocking reads wait); reads pass MSG_DONTWAIT, queued sends too.
         sock.setblocking(True)
         whole = int(send_timeout)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
@@ -99,9 +119,15 @@ class LocalConnection:
         self._buffer = bytearray(PACKET_BYTES + 1)  # one packet (of any peer: theirs may be bigger)
         self._partial: bytearray | None = None  # the packets so far of a multi-packet message
         self.fd = sock.fileno()
+        self._bounds = bounds
+        self._queued = queued
+        self._queue: collections.deque[bytes] = collections.deque()  # whole packets the peer has not taken
+        self._queue_bytes = 0
+        self._progress = 0.0  # monotonic time the queue last moved (or began)
 
     @classmethod
-    def connect(cls, path: str, name: str, send_timeout: float = 60.0) -> LocalConnection:
+    def connect(cls, path: str, name: str, send_timeout: float = 60.0, bounds: Bounds = DEFAULT_BOUNDS
+                ) -> LocalConnection:
         """Connect to the listening socket at ``path``.
 
         Raises:
@@ -113,14 +139,15 @@ class LocalConnection:
         except OSError:
             sock.close()
             raise
-        return cls(sock, name, send_timeout)
+        return cls(sock, name, send_timeout, bounds)
 
     def send(self, frames: Sequence[Any]) -> None:
-        """Send one message (frames: bytes-like; copied into the socket before this returns).
+        """Send one message (frames: bytes-like; copied into the socket, or the queue, before this returns).
 
         Raises:
-            ConnectionError: the peer is gone, the connection was closed, or the peer took
-                no data for ``send_timeout`` seconds (the connection is closed then).
+            ConnectionError: the peer is gone, the connection was closed, the peer took
+                no data for ``send_timeout`` seconds, or (``queued``) its queue passed
+                its bound (the connection is closed then).
         """
         lengths = [memoryview(f).nbytes for f in frames]
         table = _COUNT.pack(len(lengths)) + struct.pack(f"<{len(lengths)}Q", *lengths)
@@ -132,32 +159,83 @@ class LocalConnection:
             if sock is None:
                 raise ConnectionError(f"{self.name} is closed")
             try:
-                self._send(sock, table, frames, total)
+                if self._queued:
+                    self._send_or_queue(sock, self._packets(table, frames, total))
+                else:
+                    for packet in self._packets(table, frames, total):
+                        sock.sendmsg(packet)
             except BlockingIOError:  # SO_SNDTIMEO passed
-                sock.close()
-                self._sock = None
+                self._close_locked()
                 raise ConnectionError(f"{self.name}: the peer took nothing for {self._timeout} s") from None
 
-    def _send(self, sock: socket.socket, table: bytes, frames: Sequence[Any], total: int) -> None:
+    def _packets(self, table: bytes, frames: Sequence[Any], total: int) -> list[list[Any]]:
+        """The message as packets, each a list of buffers starting with its flag byte."""
         if total <= self._limit:  # the usual case: one packet, one system call
-            sock.sendmsg([_LAST, table, *frames])
-            return
-        packet: list[Any] = []
+            return [[_LAST, table, *frames]]
+        packets: list[list[Any]] = []
+        packet: list[Any] = [_MORE]
         room = self._limit
         for buf in [table, *frames]:
             view = memoryview(buf).cast("B")
             while view.nbytes:
                 if not room:
-                    sock.sendmsg([_MORE, *packet])
-                    packet, room = [], self._limit
+                    packets.append(packet)
+                    packet, room = [_MORE], self._limit
                 part = view[:room]
                 packet.append(part)
                 room -= part.nbytes
                 view = view[part.nbytes:]
-        sock.sendmsg([_LAST, *packet])
+        packet[0] = _LAST
+        packets.append(packet)
+        return packets
+
+    def _send_or_queue(self, sock: socket.socket, packets: list[list[Any]]) -> None:
+        """Send what the peer takes now; queue the rest (copied), behind what already waits."""
+        sent = 0
+        if not self._queue:
+            try:
+                for packet in packets:
+                    sock.sendmsg(packet, (), socket.MSG_DONTWAIT)
+                    sent += 1
+                return
+            except BlockingIOError:
+                self._progress = time.monotonic()
+        for packet in packets[sent:]:
+            data = b"".join(packet)
+            self._queue.append(data)
+            self._queue_bytes += len(data)
+        if self._queue_bytes > self._bounds.send_queue_bytes:
+            queued = self._queue_bytes
+            self._close_locked()
+            raise ConnectionError(f"{self.name}: the peer left {queued} bytes of replies unread, more than "
+                                  f"PSKV_SEND_QUEUE_BYTES={self._bounds.send_queue_bytes}: dropped")
+
+    @property
+    def pending(self) -> bool:
+        """True while queued packets wait for the peer (call :meth:`flush` when the socket is writable)."""
+        return bool(self._queue)
+
+    def flush(self) -> bool:
+        """Send queued packets while the peer takes them (never waits); True once the queue is empty."""
+        with self._lock:
+            sock = self._sock
+            if sock is None:
+                return True
+            while self._queue:
+                try:
+                    sock.sendmsg([self._queue[0]], (), socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    return False
+                self._queue_bytes -= len(self._queue.popleft())
+                self._progress = time.monotonic()
+            return True
+
+    def overdue(self, now: float) -> bool:
+        """True if queued packets have waited, untouched by the peer, longer than the slow-peer timeout."""
+        return bool(self._queue) and now - self._progress > self._bounds.slow_peer_timeout
 
     def receive(self) -> list[memoryview] | None:
-        """Read one packet; the message's frames once it is whole.
+        """Read one packet; the message's frames once it is whole and valid.
 
         Returns:
             The frames, or None while a multi-packet message is incomplete.
@@ -166,6 +244,8 @@ class LocalConnection:
             BlockingIOError: no packet is waiting.
             EOFError: the peer closed the connection.
             ConnectionError: the connection failed.
+            ProtocolError: the packet or the message is malformed or over a bound (the
+                caller closes the connection: what follows cannot be framed).
         """
         sock = self._sock
         if sock is None:
@@ -173,38 +253,66 @@ class LocalConnection:
         n = sock.recv_into(self._buffer, 0, socket.MSG_DONTWAIT)  # raises BlockingIOError if none
         if n == 0:
             raise EOFError(f"{self.name}: the peer closed the connection")
-        more = self._buffer[0] == 1
-        if self._partial is not None or more:
+        flag = self._buffer[0]
+        if flag > 1:
+            raise ProtocolError(f"{self.name}: malformed packet of {n} bytes (flag byte {flag})")
+        if self._partial is not None or flag:
             if self._partial is None:
                 self._partial = bytearray()
+            if len(self._partial) + n - 1 > self._max_payload():
+                self._partial = None
+                raise ProtocolError(f"{self.name}: a message over PSKV_MAX_MESSAGE_BYTES="
+                                    f"{self._bounds.max_message_bytes}")
             self._partial += memoryview(self._buffer)[1:n]
-            if more:
+            if flag:
                 return None
             payload = self._partial
             self._partial = None
         else:
             payload = bytearray(memoryview(self._buffer)[1:n])  # writable, as ZeroMQ frames are
-        return _frames(payload)
+        return _frames(payload, self._bounds, self.name)
+
+    def _max_payload(self) -> int:
+        """The most bytes a valid message's packets carry (its frame table included)."""
+        return self._bounds.max_message_bytes + _COUNT.size + 8 * self._bounds.max_frames
 
     def close(self) -> None:
-        """Close the socket (idempotent); later sends raise ConnectionError."""
+        """Close the socket (idempotent); later sends raise ConnectionError; the queue is discarded."""
         with self._lock:
-            if self._sock is not None:
-                self._sock.close()
-                self._sock = None
+            self._close_locked()
+
+    def _close_locked(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        self._queue.clear()
+        self._queue_bytes = 0
 
 
-def _frames(payload: bytearray) -> list[memoryview]:
+def _frames(payload: bytearray, bounds: Bounds, name: str) -> list[memoryview]:
+    """A message's frames, after checking its table against ``payload`` and ``bounds``.
+
+    Raises:
+        ProtocolError: the table is cut short, names too many frames or bytes, or its
+            lengths do not add up to the bytes that came.
+    """
+    size = len(payload)
+    if size < _COUNT.size:
+        raise ProtocolError(f"{name}: malformed message of {size} bytes (no frame table)")
     (count,) = _COUNT.unpack_from(payload, 0)
     offset = _COUNT.size + 8 * count
-    if count > 1_000_000 or offset > len(payload):
-        raise ConnectionError(f"malformed local message: {count} frames in {len(payload)} bytes")
+    if count > bounds.max_frames or offset > size:
+        raise ProtocolError(f"{name}: malformed message: {count} frames in {size} bytes "
+                            f"(PSKV_MAX_FRAMES={bounds.max_frames})")
     lengths = struct.unpack_from(f"<{count}Q", payload, _COUNT.size)
+    if sum(lengths) != size - offset:
+        raise ProtocolError(f"{name}: malformed message: frames of {sum(lengths)} bytes in {size - offset}")
+    if size - offset > bounds.max_message_bytes:
+        raise ProtocolError(f"{name}: a message of {size - offset} bytes, over PSKV_MAX_MESSAGE_BYTES="
+                            f"{bounds.max_message_bytes}")
     view = memoryview(payload)
     frames = []
     for n in lengths:
         frames.append(view[offset: offset + n])
         offset += n
-    if offset != len(payload):
-        raise ConnectionError(f"malformed local message: frames of {offset} bytes in {len(payload)}")
     return frames
