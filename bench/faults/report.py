@@ -97,6 +97,7 @@ def summarize(results: list[dict[str, Any]], repeats: int) -> tuple[list[dict[st
     rows.append(restart_row(by, repeats, defects))
     for role in ("worker", "server"):
         rows.append(replace_row(by, role, repeats, defects))
+    rows.append(restart_exact_row(by, repeats, defects))
     for short in (False, True):
         rows.append(stop_row(by, short, repeats, defects))
     rows.append(uneven_none_row(by, repeats, defects))
@@ -275,6 +276,49 @@ def replace_row(by: Runs, role: str, repeats: int, defects: list[str]) -> dict[s
                            f"replacement's first line {fmt_stat(first, repeats, 2)}; scheduler logs it "
                            f"rejoined {fmt_stat(rejoined, repeats, 2)}; **first step completed after the "
                            f"kill {fmt_stat(progress, repeats, 2)}**",
+            "lost": lost, "lost_text": f"{lost} (final values == crash-free run: {sum(equal)}/{len(rs)})",
+            "notes": "; ".join(notes)}
+
+
+def restart_exact_row(by: Runs, repeats: int, defects: list[str]) -> dict[str, Any] | None:
+    """restart_exact: worker 1 SIGKILLed at random moments under --restart-workers; results vs a crash-free run."""
+    runs = by.get("restart_exact", [])
+    rs = [r for r in runs if r["ok"]]
+    failed = [r for r in runs if not r["ok"]]
+    if not runs:
+        return None
+    ref = (by.get("restart_exact:reference") or [{}])[0]
+    reference = ref.get("finals", {}) if ref.get("ok") and ref.get("exit_code") == 0 else {}
+    equal = [len(reference) == 2 and len(set(reference.values())) == 1 and r.get("finals") == reference
+             and r.get("exit_code") == 0 for r in rs]
+    hangs = sum(1 for r in rs if r.get("hang"))
+    # where the kill fell: the replacement goes on one step after the last finished one (its next
+    # push had not landed) or two (it had: killed right after a push, or in the pull after it)
+    gap = [r["rejoined_at_step"] - r["last_step_before_kill"] for r in rs
+           if r.get("rejoined_at_step") is not None and r.get("last_step_before_kill") is not None]
+    landed, not_landed = sum(1 for g in gap if g == 2), sum(1 for g in gap if g == 1)
+    late = sum(1 for r in rs if r.get("killed_after_final"))
+    rejoined, done = stat([r.get("rejoined_s") for r in rs]), stat([r.get("kill_to_exit_s") for r in rs])
+    lost = len(rs) - sum(equal)
+    if lost or not reference or hangs:
+        defects.append(f"restart_exact: final values differ from the crash-free run in {lost}/{len(rs)}, "
+                       f"{hangs} hang(s)" + ("" if reference else " (no crash-free reference)"))
+    notes = ["the replacement goes on from `kv.resume_step()`: the servers' count of its rank's pushes"]
+    if late:
+        notes.append(f"{late} kill(s) fell after worker 1's last step")
+    if failed:
+        notes.append(f"{len(failed)} run(s) failed to run: {failed[0]['failure'][:150]}")
+    return {"row": "restart_exact",
+            "fault": f"SIGKILL worker 1 at a random moment under `pskv launch --restart-workers 1 --recovery-timeout "
+                     f"{RECOVERY_TIMEOUT}` (60 steps, SGD + momentum, w split over both servers)",
+            "how": "`os.kill(pid, SIGKILL)` on the launcher's worker 1, uniformly within 0.8 s after its first step",
+            "outcome": f"the push after worker 1's last finished step had landed in {landed} kill(s) and not in "
+                       f"{not_landed}; exit {'/'.join(sorted({str(r.get('exit_code')) for r in rs}))}; {hangs} "
+                       f"hang(s); final values bitwise equal to a crash-free run in {sum(equal)}/{len(rs)} "
+                       "(SHA-256 of both keys, both workers)",
+            "detect": {"rejoined": rejoined, "done": done},
+            "detect_text": f"replacement went on {fmt_stat(rejoined, repeats, 2)} after the kill; job done "
+                           f"{fmt_stat(done, repeats, 2)} after it",
             "lost": lost, "lost_text": f"{lost} (final values == crash-free run: {sum(equal)}/{len(rs)})",
             "notes": "; ".join(notes)}
 

@@ -39,6 +39,11 @@ RESTART_SPEC = {"mode": "restart", "steps": 16, "every": 4, "pace": 0.15}
 REPLACE_WORKER_STEP = 6  # worker 1 is killed before pushing this step (16 steps, no checkpoints)
 REPLACE_SERVER_STEP = 5  # server 0 is killed after worker 0's step 5 (checkpoints after steps 3, 7, 11, 15)
 RECOVERY_TIMEOUT = "30"
+# restart_exact: worker 1 SIGKILLed at a random moment of this run (no pause, 60 short steps), its
+# replacement going on from kv.resume_step(); the kill falls uniformly within RESTART_EXACT_WINDOW s
+# after worker 1's first step (the run takes longer than that)
+RESTART_EXACT_SPEC = {"mode": "restart", "steps": 60, "every": 0, "pace": 0.01, "resume": "servers"}
+RESTART_EXACT_WINDOW = 0.8
 
 
 def use_source(path: Path) -> None:

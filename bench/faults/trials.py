@@ -28,6 +28,8 @@ from .settings import (
     REPLACE_SERVER_STEP,
     REPLACE_WORKER_STEP,
     REPO,
+    RESTART_EXACT_SPEC,
+    RESTART_EXACT_WINDOW,
     RESTART_SPEC,
     SHORT_HB,
     SIZES,
@@ -269,6 +271,49 @@ def trial_replace(tmp: Path, role: str, kill: bool) -> dict[str, Any]:
     return result
 
 
+def trial_restart_exact(tmp: Path, seed: int | None) -> dict[str, Any]:
+    """``--restart-workers 1``: worker 1 SIGKILLed at a random moment (``seed``; None: the crash-free reference).
+
+    The kill falls uniformly within RESTART_EXACT_WINDOW s after worker 1's first step: before,
+    during or right after a push, during a pull or between steps. The replacement goes on from
+    ``kv.resume_step()`` (what the servers say of its rank's pushes). Recorded: the last step
+    worker 1 finished before the kill, the step its replacement went on from (one more than
+    that: the push after it had not landed; two more: it had), the exit code, and both
+    workers' final values (SHA-256).
+    """
+    options = ["--restart-workers", "1", "--recovery-timeout", RECOVERY_TIMEOUT]
+    launch = Launch(tmp, 2, 2, dict(RESTART_EXACT_SPEC), DEFAULT_HB, options)
+    result: dict[str, Any] = {"seed": seed}
+    t0 = 0.0
+    try:
+        p = launch.proc
+        if seed is not None:
+            if p.wait_event("step", 90, "[worker 1]") is None:
+                raise RuntimeError("no training progress: " + " | ".join(p.text()[-6:]))
+            delay = random.Random(seed).uniform(0.0, RESTART_EXACT_WINDOW)
+            time.sleep(delay)
+            t0 = send_signal(launch.child("worker", 1), signal.SIGKILL)
+            result["delay_s"] = round(delay, 3)
+            result["last_step_before_kill"] = max([e["step"] for e in p.events("[worker 1]")
+                                                   if e["ev"] == "step" and e["t"] < t0], default=-1)
+            finished = [e for e in p.events("[worker 1]") if e["ev"] == "final" and e["t"] < t0]
+            result["killed_after_final"] = bool(finished)
+            ev = p.wait_event("rejoined", 60, "[worker 1]")
+            result["rejoined_at_step"] = ev["step"] if ev else None
+            result["rejoined_s"] = round(ev["t"] - t0, 3) if ev else None
+        rc = p.wait(120)
+        result["exit_code"] = rc
+        result["hang"] = rc is None
+        if seed is not None and rc is not None:
+            result["kill_to_exit_s"] = round(time.monotonic() - t0, 3)
+        result["launcher_lines"] = launch.launcher_lines()
+        result["finals"] = {e["rank"]: e["sha"] for e in p.events() if e["ev"] == "final"}  # each rank's last
+        result["tail"] = p.text()[-6:]
+    finally:
+        launch.reap()
+    return result
+
+
 def trial_uneven(tmp: Path, variant: str) -> dict[str, Any]:
     """Worker 0: 3 batches, worker 1: 5. ``none``: no mechanism; ``join``: kv.join(); ``fit``: fit(uneven=True)."""
     if variant == "fit":
@@ -494,11 +539,12 @@ class Trial:
 
 
 ROWS = ["kill_server", "kill_server_short", "kill_worker", "kill_worker_short", "kill_scheduler",
-        "kill_scheduler_short", "restart", "replace_worker", "replace_server", "stop_worker", "stop_worker_short",
+        "kill_scheduler_short", "restart", "replace_worker", "replace_server", "restart_exact", "stop_worker",
+        "stop_worker_short",
         "uneven_none", "uneven_join", "uneven_fit", "fuzz", "forged"]
 GROUPS = {"kill_server": ["kill_server", "kill_server_short"], "kill_worker": ["kill_worker", "kill_worker_short"],
           "kill_scheduler": ["kill_scheduler", "kill_scheduler_short"], "restart": ["restart"],
-          "replace_worker": ["replace_worker"], "replace_server": ["replace_server"],
+          "replace_worker": ["replace_worker"], "replace_server": ["replace_server"], "restart_exact": ["restart_exact"],
           "stop_worker": ["stop_worker", "stop_worker_short"], "uneven": ["uneven_none", "uneven_join", "uneven_fit"],
           "fuzz": ["fuzz"], "forged": ["forged"]}
 
@@ -539,6 +585,12 @@ def plan(rows: list[str], repeats: int, fuzz_count: int) -> list[Trial]:
                                 12))
             for r in range(repeats):
                 trials.append(Trial(row, f"{row}#{r}", lambda t, ro=role: trial_replace(t, ro, True), 18))
+    if "restart_exact" in rows:
+        trials.append(Trial("restart_exact:reference", "restart_exact:reference",
+                            lambda t: trial_restart_exact(t, None), 12))
+        for r in range(repeats):
+            trials.append(Trial("restart_exact", f"restart_exact#{r}", lambda t, s=r: trial_restart_exact(t, 4200 + s),
+                                14))
     for variant in ("none", "join", "fit"):
         row = f"uneven_{variant}"
         if row in rows:

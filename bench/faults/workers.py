@@ -105,6 +105,8 @@ def worker_restart(spec: dict[str, Any]) -> int:
     ``pause`` (``{"rank", "step", "marker", "max_s"}``): that rank writes ``step`` to the marker
     file before pushing it and waits up to ``max_s`` s to be killed, so the kill falls on a step
     boundary that the replacement (``kv.is_recovery``) reads back: it goes on from there.
+    ``resume`` ``"servers"``: a replacement goes on from ``kv.resume_step()`` instead (the steps of
+    its rank whose pushes reached the servers), wherever the kill fell.
     """
     import numpy as np
 
@@ -121,7 +123,10 @@ def worker_restart(spec: dict[str, Any]) -> int:
     kv.init(names, [np.linspace(-1, 1, 4096, dtype=np.float32), np.linspace(0, 1, 64, dtype=np.float32)])
     start = 0
     if recovery:  # a replacement of a killed worker: go on from the step it had not pushed
-        start = int(Path(pause["marker"]).read_text(encoding="ascii")) if pause else 0
+        if spec.get("resume") == "servers":
+            start = kv.resume_step()  # type: ignore[attr-defined]
+        else:
+            start = int(Path(pause["marker"]).read_text(encoding="ascii")) if pause else 0
         print(f"rejoined at step {start}", flush=True)
         emit("rejoined", rank=rank, step=start)
     elif kv.resumed is not None:
@@ -142,6 +147,8 @@ def worker_restart(spec: dict[str, Any]) -> int:
         if every and step % every == every - 1:
             kv.save_checkpoint(meta={"step": step})
         time.sleep(pace)
+    if not outs:  # a replacement of a worker killed after its last push
+        outs = kv.pull(names)
     digest = hashlib.sha256(b"".join(np.ascontiguousarray(o).tobytes() for o in outs)).hexdigest()
     emit("final", rank=rank, sha=digest, sum=float(sum(o.astype(np.float64).sum() for o in outs)))
     kv.close()
