@@ -1,7 +1,7 @@
 """Every command's body: one typed value per body, with ``encode()`` and ``parse(header)``.
 
-The data path has no bodies (its options are :class:`~pskv.protocol.messages.Flag`
-bits and its arrays' specs). Everything else carries one JSON object in
+The data path has no bodies but INIT's optional key names (its options are
+:class:`~pskv.protocol.messages.Flag` bits and its arrays' specs). Everything else carries one JSON object in
 :attr:`Header.body`, described field by field here and nowhere else. ``parse`` checks
 every field's type and range before anything uses it and raises
 :class:`~pskv.errors.ProtocolError` naming the command and the field; nothing in a
@@ -15,7 +15,8 @@ REGISTER          :class:`Register`      :class:`NodeTable`
 HEARTBEAT         (none)                 :class:`Liveness`
 BARRIER           :class:`Barrier`       (none)
 SHUTDOWN          :class:`Shutdown`      (none)
-INIT/PUSH/PULL/   (none: flags, specs)   (none: specs; SHM flag and ``buffer`` for
+INIT              :class:`InitBody`      (none)
+PUSH/PULL/        (none: flags, specs)   (none: specs; SHM flag and ``buffer`` for
 PUSHPULL                                 shared-memory replies)
 HELLO             :class:`Hello`         (none)
 SET_MODE          :class:`SetMode`       (none)
@@ -36,10 +37,11 @@ import json
 from typing import Any, NamedTuple, TypeVar
 
 from pskv.errors import ProtocolError
+from pskv.partition import server_key
 from pskv.protocol.messages import Header
 
 __all__ = [
-    "Barrier", "CheckpointRequest", "CheckpointSaved", "ControllerAnswer", "ControllerCall", "ErrorReply", "Hello", "Rejoined",
+    "Barrier", "CheckpointRequest", "CheckpointSaved", "ControllerAnswer", "ControllerCall", "ErrorReply", "Hello", "InitBody", "Rejoined",
     "Liveness", "NodeTable", "OptimizerConfig", "Register", "SetMode", "ShmInfo", "Shutdown", "StatesFile",
     "StatesRequest", "json_object",
 ]
@@ -235,6 +237,34 @@ class Hello(NamedTuple):
         if not isinstance(tx, str) or len(tx) != 16 or any(c not in "0123456789abcdef" for c in tx):
             raise ProtocolError("HELLO needs {tx: 16 lowercase hex digits}")
         return cls(tx)
+
+
+MAX_KEY_NAME = 256  # characters of a str key's name that INIT may carry
+
+
+class InitBody(NamedTuple):
+    """INIT (optional): ``{names: [str, ...]}``, the names of the message's str keys, so the
+    server's reports name them (:class:`~pskv.server.liveness.StallReport`).
+
+    Each name must hash to a server key the message's specs name
+    (:func:`pskv.partition.server_key`), so a name is bounded by the message and cannot be
+    attached to another key; names longer than :data:`MAX_KEY_NAME` are not sent.
+    """
+
+    names: tuple[str, ...] = ()
+
+    def encode(self) -> str:
+        return _dump({"names": list(self.names)}) if self.names else ""
+
+    @classmethod
+    def parse(cls, header: Header) -> InitBody:
+        names = _field(header, json_object(header), "names", list, [])
+        keys = {spec.key for spec in header.arrays}
+        if len(names) > len(keys) or any(
+                type(n) is not str or len(n) > MAX_KEY_NAME or server_key(n) not in keys for n in names):
+            raise ProtocolError(f"INIT body field 'names' must be at most one name (of at most {MAX_KEY_NAME} "
+                                "characters) per key of the message, each the name of one of its keys")
+        return cls(tuple(names))
 
 
 class SetMode(NamedTuple):

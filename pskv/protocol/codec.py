@@ -25,7 +25,7 @@ __all__ = ["encode", "decode", "frame_array", "Limits", "DEFAULT_LIMITS"]
 _DTYPE_CODE = {name: i for i, name in enumerate(SUPPORTED_DTYPES)}
 _COMMANDS = {int(c): c for c in Command}
 _INT64 = (-(2**63), 2**63 - 1)
-_DATA_COMMANDS = frozenset({Command.INIT, Command.PUSH, Command.PULL, Command.PUSHPULL})
+_DATA_COMMANDS = frozenset({Command.PUSH, Command.PULL, Command.PUSHPULL})  # INIT may name its str keys
 # bfloat16 travels as its raw 16-bit pattern; NumPy holds it as uint16.
 _NUMPY_FRAME_DTYPE: dict[str, np.dtype[Any]] = {
     "float16": np.dtype(np.float16),

@@ -5,7 +5,8 @@ says, for every array, which key it belongs to, its dtype and shape, and (for ar
 split over servers) where it sits inside the whole value. Array bytes are never pickled
 or otherwise interpreted beyond this description. What each command's ``body`` holds is
 :mod:`pskv.protocol.bodies`; the data path (PUSH, PULL, PUSHPULL and their replies)
-carries no body at all — its options are :class:`Flag` bits and its arrays' specs.
+carries no body at all — its options are :class:`Flag` bits and its arrays' specs (INIT's
+body may only name its str keys).
 
 Data frames: one per spec, except in a ``PULL`` request and in any message with the
 :attr:`Flag.SHM` bit, whose specs *name* parts without data (a pull names the parts it

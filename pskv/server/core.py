@@ -25,7 +25,9 @@ from typing import Any
 
 from pskv.config import ClusterConfig
 from pskv.errors import KVStoreError, ProtocolError
+from pskv.partition import server_key
 from pskv.protocol import Command, Header, Role, decode, node_id, node_name, node_role_rank
+from pskv.protocol.bodies import InitBody
 from pskv.protocol.replies import error_frames
 from pskv.server.checkpointing import ShardCheckpoints
 from pskv.server.control import ControlHandlers
@@ -72,6 +74,8 @@ class ServerCore:
                                  self.routes, name)
         control = ControlHandlers(self.shard, self.checkpoints, self._reply, node_id, rank, AllowedPaths.of(cluster))
         self._handlers: dict[Command, Handler] = {**self.data.handlers(), **control.handlers()}
+        self._handlers[Command.INIT] = self._init
+        self.key_names: dict[int, str] = {}  # str keys' names by server key, from INIT (for the stall report)
         self._held: list[tuple[bytes, list[Any]]] | None = None  # value replies held while a message is handled
 
     def handle(self, identity: bytes, frames: list[Any]) -> None:
@@ -101,6 +105,12 @@ class ServerCore:
             held, self._held = self._held, None
             for peer, reply in held:
                 self._send(peer, reply)
+
+    def _init(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
+        """INIT: the data handler's, then the names of its str keys are known (checked first)."""
+        names = InitBody.parse(header).names
+        self.data.init(identity, header, buffers)
+        self.key_names.update((server_key(n), n) for n in names)
 
     def _checked_handler(self, header: Header) -> Handler:
         """The handler of a request from a worker of this job.

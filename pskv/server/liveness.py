@@ -14,14 +14,15 @@ round it has not pushed to. What the server does about it (:class:`DeadWorkers`)
 In async mode nothing waits for a worker, so a death changes nothing here.
 
 :class:`StallReport` logs, once per round, sync rounds that wait longer than the
-stall limit, naming the workers they wait for — the usual sign of a worker that hangs.
+stall limit, naming the key (a str key by its name, which INIT carries) and the workers
+they wait for — the usual sign of a worker that hangs.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from pskv.protocol import Role, node_id, node_name, node_role_rank
 from pskv.server.shard import PartId, ServerShard
@@ -107,10 +108,13 @@ class StallReport:
         num_workers: the workers of the job.
         limit: seconds a round may wait before it is reported.
         name: the server's name, for the log.
+        key_names: the names of str keys by server key (:attr:`ServerCore.key_names`).
     """
 
-    def __init__(self, shard: ServerShard, num_workers: int, limit: float, name: Callable[[], str]) -> None:
+    def __init__(self, shard: ServerShard, num_workers: int, limit: float, name: Callable[[], str],
+                 key_names: Mapping[int, str]) -> None:
         self._shard = shard
+        self._key_names = key_names
         self._everyone = {node_id(Role.WORKER, r) for r in range(num_workers)}
         self._limit = limit
         self._name = name
@@ -124,5 +128,7 @@ class StallReport:
             self._reported.add((pid, rnd))
             missing = ", ".join(node_name(n) for n in sorted(self._everyone - pushed))
             have = ", ".join(node_name(n) for n in sorted(pushed))
-            log.warning("%s: round %d of key %d (offset %d) has waited %.0f s for %s (pushed: %s)",
-                        self._name(), rnd, pid[0], pid[1], age, missing, have)
+            known = self._key_names.get(pid[0])
+            key = f"{pid[0]}" if known is None else f"{known!r} (server key {pid[0]})"
+            log.warning("%s: round %d of key %s (offset %d) has waited %.0f s for %s (pushed: %s)",
+                        self._name(), rnd, key, pid[1], age, missing, have)

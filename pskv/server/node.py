@@ -77,7 +77,8 @@ class ServerNode:
         if cluster.server_modules:
             import_modules(cluster.server_modules)
         if cluster.stall_report > 0:
-            stalls = StallReport(self._shard, cluster.num_workers, cluster.stall_report, self._get_name)
+            stalls = StallReport(self._shard, cluster.num_workers, cluster.stall_report, self._get_name,
+                                 self._core.key_names)
             self._reactor.add_timer(min(cluster.stall_report / 4, 5.0), stalls.report)
 
     @property

@@ -38,10 +38,12 @@ from pskv.errors import CollectiveFailedError, ProtocolError
 from pskv.partition import server_key, split
 from pskv.protocol import ArraySpec, Command, Flag, Header, Role, frame_array, node_name
 from pskv.protocol.bodies import (
+    MAX_KEY_NAME,
     CheckpointRequest,
     CheckpointSaved,
     ControllerCall,
     Failure,
+    InitBody,
     OptimizerConfig,
     SetMode,
     StatesRequest,
@@ -215,7 +217,8 @@ class KVWorker:
                                               quiet=quiet, flags=flags | Flag.SHM)
             else:
                 data = [part_view(rec, rec.outgoing, i) for rec, i in items]
-                pending = self.client.request(server, command, specs, data, priority=priority, timeout=limit,
+                body = _key_names(items) if command is Command.INIT else ""
+                pending = self.client.request(server, command, specs, data, body, priority=priority, timeout=limit,
                                               quiet=quiet, flags=flags)
                 if pushes and self._replay is not None:  # kept until the next checkpoint
                     self._replay.record(server, command, pending, specs, data, flags)
@@ -387,3 +390,9 @@ def _place(rec: KeyLayout, i: int, frame: np.ndarray[Any, Any], values: dict[int
         rec.recv = empty(rec.meta, device="cpu")
     part_view(rec, rec.recv, i)[...] = frame
     values[id(rec)] = rec.recv
+
+
+def _key_names(items: list[Part]) -> str:
+    """INIT's body: the names of the str keys among ``items``, so the server's reports name them."""
+    names = dict.fromkeys(rec.key for rec, _ in items if isinstance(rec.key, str) and len(rec.key) <= MAX_KEY_NAME)
+    return InitBody(tuple(names)).encode()

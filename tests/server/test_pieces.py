@@ -18,6 +18,7 @@ from pskv.server.checkpointing import ShardCheckpoints
 from pskv.server.control import ControlHandlers
 from pskv.server.dedup import DROPPED, SEEN_PER_SOCKET, Regather, ReplyCache, Resend
 from pskv.server.liveness import DeadWorkers, StallReport
+from pskv.server.paths import AllowedPaths
 from pskv.server.shard import ServerShard
 
 W0, W1 = 9, 11  # node ids of workers 0 and 1
@@ -125,7 +126,7 @@ def test_a_worker_death_in_async_mode_changes_nothing():
 def test_a_stalled_round_is_reported_once_naming_the_missing_worker(caplog):
     s = shard()
     s.push(s.part(7, 0, "test"), W0, np.ones(4, np.float32))
-    report = StallReport(s, 2, 0.0, lambda: "server 0")
+    report = StallReport(s, 2, 0.0, lambda: "server 0", {})
     with caplog.at_level(logging.WARNING, logger="pskv.server"):
         report.report()
         report.report()
@@ -161,7 +162,8 @@ def control(s: ServerShard, tmp_path) -> tuple[ControlHandlers, list[list]]:
     sent: list[list] = []
     cluster = ClusterConfig(num_servers=1, num_workers=2, role="server", root_uri="127.0.0.1", root_port=1)
     checkpoints = ShardCheckpoints(s, cluster, lambda: "server 0")
-    return ControlHandlers(s, checkpoints, lambda identity, frames: sent.append(frames), lambda: 1, lambda: 0), sent
+    return ControlHandlers(s, checkpoints, lambda identity, frames: sent.append(frames), lambda: 1, lambda: 0,
+                           AllowedPaths([str(tmp_path)])), sent
 
 
 def call(handler, command: Command, body: dict) -> None:
