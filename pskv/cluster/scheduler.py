@@ -121,12 +121,19 @@ class Scheduler:
 
     def _dispatch(self, identity: bytes, header: Header) -> None:
         """Handle one request (bodies parsed here: a malformed one raises ProtocolError)."""
-        if header.command is Command.REGISTER:
-            self._register(identity, header, Register.parse(header))
-            return
         nid = self._by_identity.get(identity)
+        if header.command is Command.REGISTER:
+            body = Register.parse(header)
+            if nid is not None and nid != node_id(Role.SERVER if body.role == "server" else Role.WORKER, body.rank):
+                self._refuse_sender(identity, header, nid, f"REGISTER as a {body.role} of rank {body.rank}")
+                return
+            self._register(identity, header, body)
+            return
         if nid is None:
             self._send(identity, error_frames(header, SCHEDULER_ID, "ProtocolError", "register first"))
+            return
+        if header.sender != nid:  # a node id is bound to the connection it registered on
+            self._refuse_sender(identity, header, nid, f"{header.command.name} claiming node id {header.sender}")
             return
         self._nodes[nid].last_seen = time.monotonic()
         if header.command is Command.HEARTBEAT:
@@ -141,6 +148,12 @@ class Scheduler:
 
     def _send(self, identity: bytes, frames: list[Any]) -> None:
         self._reactor.send_router(self._sid, identity, frames)
+
+    def _refuse_sender(self, identity: bytes, header: Header, nid: int, what: str) -> None:
+        """Refuse a message that speaks for another node than the one its connection registered as."""
+        message = f"{what} from connection {identity!r}, which registered as {node_name(nid)}: refused"
+        log.error("scheduler: %s", message)
+        self._send(identity, error_frames(header, SCHEDULER_ID, "ProtocolError", message))
 
     # -- registration -------------------------------------------------------------------
     def _liveness(self, nid: int) -> Liveness:

@@ -162,6 +162,8 @@ def test_each_socket_has_its_own_request_ids(node):
     old, new = dealer(), dealer()
     send(old, Command.INIT, 1, W0, arrays=[ArraySpec(0, "float32", (3,))], data=[np.zeros(3, np.float32)])
     recv(old)
+    send(new, Command.HELLO, 7, W0, {"tx": "fedcba9876543210"})  # a new session starts with HELLO (senders.py)
+    assert recv(new)[0].command is Command.REPLY
     send(new, Command.INIT, 1, W0, arrays=[ArraySpec(5, "float32", (3,))], data=[np.zeros(3, np.float32)])
     assert recv(new)[0].command is Command.REPLY
     assert (5, 0) in server._shard.parts  # handled, not answered from the other socket's record

@@ -1,0 +1,145 @@
+"""A node id is bound to its connections: servers and the scheduler refuse a message claiming another's."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import zmq
+
+from pskv.cluster import Scheduler
+from pskv.config import ClusterConfig
+from pskv.protocol import TX_PREFIX, ArraySpec, Command, Header, decode, encode
+from pskv.protocol.bodies import ErrorReply, Register
+from pskv.server.node import ServerNode
+from pskv.server.senders import CONNECTIONS_PER_WORKER, SenderBindings
+
+W0, W1 = 9, 11  # node ids of workers 0 and 1
+WAIT_MS = 5000
+
+
+@pytest.fixture
+def ctx():
+    context = zmq.Context()
+    yield context
+    context.term()
+
+
+@pytest.fixture
+def dealers(ctx):
+    made = []
+
+    def dealer(address, identity=None):
+        sock = ctx.socket(zmq.DEALER)
+        sock.linger = 0
+        if identity is not None:
+            sock.identity = identity
+        sock.connect(address)
+        made.append(sock)
+        return sock
+
+    yield dealer
+    for sock in made:
+        sock.close(0)
+
+
+@pytest.fixture
+def server(ctx):
+    cfg = ClusterConfig(num_servers=1, num_workers=2, role="server", root_uri="127.0.0.1", root_port=1, shm=0)
+    node = ServerNode(cfg, ctx)
+    node._reactor.start()  # serving without registering: enough for the data commands
+    yield node
+    node.stop()
+
+
+def ask(sock, command, request, sender, body=None, arrays=(), data=()):
+    text = json.dumps(body) if body is not None else ""
+    sock.send_multipart(encode(Header(command, request, sender, tuple(arrays), 0, text), list(data)), copy=True)
+    assert sock.poll(WAIT_MS), "no reply"
+    return decode(sock.recv_multipart())[0]
+
+
+def init(sock, request, sender, key=0):
+    return ask(sock, Command.INIT, request, sender, arrays=[ArraySpec(key, "float32", (3,))],
+               data=[np.zeros(3, np.float32)])
+
+
+def push(sock, request, sender):
+    return ask(sock, Command.PUSH, request, sender, arrays=[ArraySpec(0, "float32", (3,))],
+               data=[np.ones(3, np.float32)])
+
+
+def test_a_connection_that_claims_another_workers_id_is_refused_and_logged(server, dealers, caplog):
+    w0, w1 = dealers(server.address), dealers(server.address)
+    assert init(w0, 1, W0).command is Command.REPLY  # binds w0 to worker 0
+    assert init(w1, 1, W1, key=1).command is Command.REPLY
+    with caplog.at_level("ERROR", logger="pskv.server"):
+        forged = push(w0, 2, W1)  # worker 0's connection pushes in worker 1's name
+    assert forged.command is Command.ERROR and ErrorReply.parse(forged).type == "ProtocolError"
+    assert "claims worker 1 (node id 11): refused, the connection is bound to worker 0" in ErrorReply.parse(forged).message
+    assert "PUSH from connection b'" in caplog.text and "claims worker 1 (node id 11)" in caplog.text
+    assert push(w1, 2, W1).command is Command.REPLY  # worker 1 itself still may
+
+
+def test_a_new_connection_speaks_for_a_bound_worker_only_after_hello_or_rejoin(server, dealers):
+    first = dealers(server.address)
+    assert init(first, 1, W0).command is Command.REPLY
+    stranger = dealers(server.address)
+    refused = push(stranger, 1, W0)
+    assert refused.command is Command.ERROR and "must start with HELLO or REJOIN" in ErrorReply.parse(refused).message
+    # a worker's session: HELLO on its reply socket also binds the send-only socket it names
+    rx, tx = dealers(server.address), dealers(server.address, TX_PREFIX + b"0123456789abcdef")
+    assert ask(rx, Command.HELLO, 1, W0, {"tx": "0123456789abcdef"}).command is Command.REPLY
+    tx.send_multipart(encode(Header(Command.SYNC, 2, W0)), copy=True)
+    assert rx.poll(WAIT_MS) and decode(rx.recv_multipart())[0].command is Command.REPLY  # answered on rx
+    # a HELLO cannot hand worker 0's send-only socket to worker 1
+    other = dealers(server.address)
+    stolen = ask(other, Command.HELLO, 1, W1, {"tx": "0123456789abcdef"})
+    assert stolen.command is Command.ERROR and "is bound to worker 0" in ErrorReply.parse(stolen).message
+
+
+def test_a_reconnect_keeps_its_binding(server, dealers):
+    # ZeroMQ reconnects a reset connection under the same routing identity
+    sock = dealers(server.address, b"pskv-rx-aaaaaaaaaaaaaaaa")
+    assert init(sock, 1, W0).command is Command.REPLY
+    sock.close(0)
+    again = dealers(server.address, b"pskv-rx-aaaaaaaaaaaaaaaa")
+    assert ask(again, Command.SYNC, 2, W0).command is Command.REPLY
+    assert ask(again, Command.SYNC, 3, W1).command is Command.ERROR
+
+
+def test_the_record_is_bounded_per_worker():
+    bindings = SenderBindings(lambda: "server 0")
+    for i in range(3 * CONNECTIONS_PER_WORKER):
+        bindings.check(b"c%d" % i, Header(Command.HELLO, 1, W0, body=json.dumps({"tx": f"{i:016x}"})))
+    assert sum(bindings.node_of(b"c%d" % i) == W0 for i in range(3 * CONNECTIONS_PER_WORKER)) <= CONNECTIONS_PER_WORKER
+    assert bindings.node_of(b"c%d" % (3 * CONNECTIONS_PER_WORKER - 1)) == W0  # the newest is kept
+
+
+def test_the_scheduler_refuses_a_message_claiming_another_nodes_id(ctx, dealers, caplog):
+    cfg = ClusterConfig(num_servers=1, num_workers=1)
+    scheduler = Scheduler(cfg, ctx, address="tcp://127.0.0.1:0")
+    scheduler.start()
+    try:
+        server, worker = dealers(scheduler.address), dealers(scheduler.address)
+        server.send_multipart(encode(Header(Command.REGISTER, 1, 0, body=Register("server", "tcp://x:1", 0).encode())))
+        reg = encode(Header(Command.REGISTER, 1, 0, body=Register("worker", "", 0).encode()))
+        worker.send_multipart(reg)
+        assert server.poll(WAIT_MS) and worker.poll(WAIT_MS)
+        decode(server.recv_multipart())
+        assert json.loads(decode(worker.recv_multipart())[0].body)["node_id"] == W0
+        with caplog.at_level("ERROR", logger="pskv.scheduler"):
+            worker.send_multipart(encode(Header(Command.HEARTBEAT, 2, 8)))  # worker 0 claims server 0's id
+            assert worker.poll(WAIT_MS)
+            refused = decode(worker.recv_multipart())[0]
+        assert refused.command is Command.ERROR and "claiming node id 8" in ErrorReply.parse(refused).message
+        assert "registered as worker 0: refused" in caplog.text
+        worker.send_multipart(encode(Header(Command.REGISTER, 3, 0, body=Register("server", "tcp://y:1", 0).encode())))
+        assert worker.poll(WAIT_MS)
+        again = decode(worker.recv_multipart())[0]
+        assert again.command is Command.ERROR and "REGISTER as a server of rank 0" in ErrorReply.parse(again).message
+        worker.send_multipart(encode(Header(Command.HEARTBEAT, 4, W0)))  # its own id: answered
+        assert worker.poll(WAIT_MS) and decode(worker.recv_multipart())[0].command is Command.REPLY
+    finally:
+        scheduler.stop()
