@@ -36,8 +36,11 @@ from pskv import optimizer
 from pskv.config import Config
 from pskv.errors import (
     CheckpointError,
+    CollectiveFailedError,
+    CollectiveMismatchError,
     DTypeMismatchError,
     DuplicateKeyError,
+    InitMismatchError,
     InvalidArgumentError,
     InvalidTypeError,
     KeyTypeError,
@@ -61,9 +64,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CheckpointError",
+    "CollectiveFailedError",
+    "CollectiveMismatchError",
     "Config",
     "DTypeMismatchError",
     "DuplicateKeyError",
+    "InitMismatchError",
     "InvalidArgumentError",
     "InvalidTypeError",
     "KVStoreBase",

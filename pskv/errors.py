@@ -25,6 +25,9 @@ class                          builtin             meaning
 ``OptimizerStateError``        ``ValueError``      an optimizer-state file is unusable
 ``CheckpointError``            ``ValueError``      a server checkpoint is missing, incomplete or unusable
 ``LaunchError``                ``RuntimeError``    ``pskv launch`` could not start or run the job
+``CollectiveMismatchError``    ``RuntimeError``    workers called different collectives (or in another order)
+``CollectiveFailedError``      ``RuntimeError``    a collective failed on another worker (a ``RemoteError``)
+``InitMismatchError``          ``ValueError``      workers ``init`` a key with different shapes or dtypes
 =============================  ==================  ==========================================
 """
 
@@ -52,6 +55,9 @@ __all__ = [
     "NodeFailedError",
     "RemoteError",
     "LaunchError",
+    "CollectiveMismatchError",
+    "CollectiveFailedError",
+    "InitMismatchError",
 ]
 
 
@@ -174,3 +180,24 @@ class RemoteError(KVStoreError, RuntimeError):
 
 class LaunchError(KVStoreError, RuntimeError):
     """``pskv launch`` could not start a process of the job, or the scheduler never became ready."""
+
+
+class CollectiveMismatchError(KVStoreError, RuntimeError):
+    """The workers that met were in different collectives (``worker 0 in save_checkpoint#3,
+    worker 1 in barrier#5``): raised on every worker that met, never a silent pairing."""
+
+
+class CollectiveFailedError(RemoteError):
+    """A collective failed on another worker; ``node`` names it (``'worker 0'``), ``collective``
+    the call, ``remote_type`` the error's class there (a server's, for a refused request)."""
+
+    def __init__(self, node: str, collective: str, remote_type: str, message: str) -> None:
+        KVStoreError.__init__(self, f"{collective} failed on {node}: {remote_type}: {message}")
+        self.node = node
+        self.collective = collective
+        self.remote_type = remote_type
+
+
+class InitMismatchError(KVStoreError, ValueError):
+    """Workers ``init`` a key with different shapes or dtypes; the message names the key, the
+    workers and what each of them gave (raised on every worker, at ``init``)."""

@@ -9,19 +9,39 @@ answering for longer than the heartbeat timeout is itself reported dead.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import zmq
 
 from pskv.cluster.requests import Pending, RequestTracker
 from pskv.config import ClusterConfig
-from pskv.errors import OperationTimeoutError, ProtocolError
+from pskv.errors import (
+    CollectiveMismatchError,
+    InitMismatchError,
+    OperationTimeoutError,
+    ProtocolError,
+    RemoteError,
+)
 from pskv.protocol import SCHEDULER_ID, Command, Role, decode, node_id, node_name, node_role_rank
-from pskv.protocol.bodies import Barrier, Liveness, NodeTable, Register, ShmInfo, Shutdown
+from pskv.protocol.bodies import (
+    MAX_AGREE,
+    MAX_ITEM,
+    Barrier,
+    ErrorReply,
+    Failure,
+    Liveness,
+    Met,
+    NodeTable,
+    Register,
+    ShmInfo,
+    Shutdown,
+)
 from pskv.protocol.replies import request_frames
 from pskv.transport import Reactor
 
@@ -57,12 +77,17 @@ class Membership:
             no longer (a worker replaced under ``PSKV_RECOVERY_TIMEOUT``).
         on_servers: called on the reactor thread with the ranks of servers that were
             replaced (``PSKV_SERVER_RECOVERY``); :attr:`info` has their new addresses.
+        on_left: called on the reactor thread with each worker's node id that left the
+            job (closed its store or ended its process: not dead). A server asks five
+            times per heartbeat interval, so that a round waiting for such a worker fails
+            within a fraction of a second.
     """
 
     def __init__(self, cluster: ClusterConfig, reactor: Reactor, tracker: RequestTracker, role: Role,
                  address: str = "", on_dead: Callable[[int], None] | None = None,
                  shm: dict[str, str] | None = None, on_alive: Callable[[int], None] | None = None,
-                 on_servers: Callable[[list[int]], None] | None = None) -> None:
+                 on_servers: Callable[[list[int]], None] | None = None,
+                 on_left: Callable[[int], None] | None = None) -> None:
         self._cluster = cluster
         self._reactor = reactor
         self._tracker = tracker
@@ -72,6 +97,8 @@ class Membership:
         self._on_dead = on_dead
         self._on_alive = on_alive
         self._on_servers = on_servers
+        self._on_left = on_left
+        self._left: set[int] = set()  # workers that left the job (SHUTDOWN), as the scheduler said
         self._servers_version = 0
         self._dead_since: dict[int, float] = {}  # replaceable dead nodes whose requests still wait
         # a fixed routing identity: after a reset connection ZeroMQ reconnects under it, and
@@ -86,6 +113,8 @@ class Membership:
         self._ages_at = time.monotonic()
         self._last_reply = time.monotonic()
         self._heartbeat_in_flight = False
+        self._meetings = 0  # this node's meetings (barriers), counted: the scheduler compares the counts
+        self._calls: dict[str, int] = {}  # name -> posts / reads since the last meeting (calls rank 0 may make alone)
 
     # -- plumbing -----------------------------------------------------------------------
     @property
@@ -158,6 +187,8 @@ class Membership:
                 # a replacement server's address comes with a heartbeat reply: ask 5x as
                 # often, so the workers find it within a fifth of an interval
                 interval = max(0.05, interval / 5)
+            if self._role is Role.SERVER:  # learn of departures soon (a round may wait for one)
+                interval = max(0.05, min(interval, 0.2))
             self._reactor.call_soon(lambda: self._reactor.add_timer(interval, self._beat))
         return self.info
 
@@ -205,6 +236,10 @@ class Membership:
                 self._revive(node_id(Role.SERVER, r))
             if changed and self._on_servers is not None:
                 self._on_servers(changed)
+        for nid in sorted(set(body.left) - self._left):
+            self._left.add(nid)
+            if self._on_left is not None:
+                self._on_left(nid)
         dead = set(body.dead)
         for nid in dead - self._dead:
             self._mark_dead(nid, "the scheduler lost its heartbeats")
@@ -255,18 +290,54 @@ class Membership:
         return count
 
     # -- barrier / shutdown -------------------------------------------------------------
-    def barrier(self, group: int, timeout: float) -> None:
-        """Wait until every member of ``group`` reached the barrier.
+    def barrier(self, group: int, timeout: float, name: str = "", *, failure: Failure | None = None,
+                result: str = "", agree: Sequence[tuple[str, str]] = (), mode: str = "") -> Met:
+        """Wait until every member of ``group`` reached the barrier; the meeting's answer.
+
+        ``name`` names the collective (:class:`~pskv.protocol.bodies.Barrier`): the
+        meetings are counted, and a meeting whose members are in different collectives
+        fails on all of them. ``failure`` (this node's), ``result`` (rank 0's) and ``agree``
+        (items every member must have alike) travel with it; ``mode`` ``"post"`` / ``"read"``
+        posts or reads rank 0's outcome of its n-th call of ``name`` instead of meeting.
+        The scheduler answers before ``timeout`` ends, naming who did not arrive.
 
         Raises:
             NodeFailedError: a member died (names it).
-            OperationTimeoutError: not complete within ``timeout``.
+            CollectiveMismatchError: the members are in different collectives (names each one's).
+            InitMismatchError: the members' ``agree`` items differ (names the first that does).
+            OperationTimeoutError: not complete within ``timeout`` (names who did not arrive).
         """
-        self._request(Command.BARRIER, Barrier(group).encode(), f"barrier (group {group})").wait(timeout)
+        seq = nth = 0
+        if name and mode:  # rank 0's n-th call of name since its last meeting matches another's n-th
+            nth = self._calls[name] = self._calls.get(name, 0) + 1
+            seq = self._meetings
+        elif name and not (self.info is not None and self.info.recovery):  # a replacement's count is not the job's
+            self._meetings += 1
+            seq = self._meetings
+            self._calls.clear()
+        digest = hashlib.sha256(json.dumps(list(agree)).encode()).hexdigest() if agree else ""
+        items = tuple((k[:MAX_ITEM], v[:MAX_ITEM]) for k, v in agree[:MAX_AGREE])
+        body = Barrier(group, name, seq, float(timeout), failure, result, items, digest, mode, nth)
+        pending = self._request(Command.BARRIER, body.encode(), f"{name or 'barrier'} (group {group})")
+        try:
+            header = pending.wait(timeout + min(5.0, max(1.0, timeout / 20)))  # the scheduler's answer comes first
+        except RemoteError as exc:
+            kind = _MEETING_ERRORS.get(exc.remote_type)
+            if kind is None or pending.header is None:
+                raise
+            raise kind(ErrorReply.parse(pending.header).message) from None
+        return Met.parse(header)
 
     def shutdown(self, wait: bool, timeout: float | None) -> None:
         """Tell the scheduler this node is done; with ``wait``, block until the job ends."""
         self._request(Command.SHUTDOWN, Shutdown(wait).encode(), "shutdown").wait(timeout)
+
+
+_MEETING_ERRORS: dict[str, type[Exception]] = {
+    "CollectiveMismatchError": CollectiveMismatchError,
+    "InitMismatchError": InitMismatchError,
+    "OperationTimeoutError": OperationTimeoutError,
+}
 
 
 def _shm_dicts(shm: tuple[ShmInfo | None, ...]) -> tuple[dict[str, str] | None, ...]:

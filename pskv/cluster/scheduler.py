@@ -16,6 +16,7 @@ It carries no array data. Every node connects to it and:
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -27,12 +28,22 @@ from pskv.cluster.runtime import NodeRuntime
 from pskv.config import ClusterConfig
 from pskv.errors import OperationTimeoutError, ProtocolError
 from pskv.protocol import SCHEDULER_ID, Command, Header, Role, decode, node_id, node_name
-from pskv.protocol.bodies import Barrier, Liveness, NodeTable, Register, ShmInfo, Shutdown
+from pskv.protocol.bodies import Barrier, Failure, Liveness, Met, NodeTable, Register, ShmInfo, Shutdown
 from pskv.protocol.replies import error_frames, reply_frames
 
 __all__ = ["Scheduler"]
 
 log = logging.getLogger("pskv.scheduler")
+
+
+@dataclass
+class _Arrival:
+    """A member waiting at a meeting (or for rank 0's posted outcome): its request and what it said."""
+
+    identity: bytes
+    header: Header
+    meeting: Barrier
+    deadline: float  # monotonic; inf when it gave no timeout
 
 
 @dataclass
@@ -66,12 +77,21 @@ class Scheduler:
         self._pending: list[tuple[bytes, Header, Register]] = []  # registrations before all arrived
         self._nodes: dict[int, _Node] = {}
         self._by_identity: dict[bytes, int] = {}
-        self._barriers: dict[int, dict[int, tuple[bytes, Header]]] = {}
-        self._done_workers: set[int] = set()
-        self._waiting_servers: dict[int, tuple[bytes, Header]] = {}
+        self._barriers: dict[int, dict[int, _Arrival]] = {}  # group -> node -> its arrival
+        self._broken: dict[int, tuple[str, set[int]]] = {}  # group -> mismatch message, members told
+        self._posts: dict[tuple[str, int, int], Failure | None] = {}  # rank 0's outcomes of calls it may make alone
+        self._posted: dict[str, tuple[int, int]] = {}  # name -> the last (meeting, nth) rank 0 posted
+        self._readers: dict[int, _Arrival] = {}  # node -> its read of such an outcome
+        self._done_workers: set[int] = set()  # workers that left the job (SHUTDOWN)
+        self._waiting: dict[int, tuple[bytes, Header]] = {}  # SHUTDOWN with wait, answered when every worker left
+        self._told: set[int] = set()  # nodes whose SHUTDOWN wait was answered
+        self._born = time.monotonic()
+        self._failure: Exception | None = None  # why the job ended badly (startup timeout)
         self._finished = threading.Event()
         self._servers_version = 0  # counts server replacements (heartbeat replies carry the table)
-        self._released: dict[int, int] = {}  # node -> request id of its last barrier released
+        self._released: dict[int, tuple[int, list[Any]]] = {}  # node -> (request id, reply) of its last meeting
+        self._reactor.add_timer(0.25, self._expire_barriers)
+        self._reactor.add_timer(min(1.0, max(0.05, cluster.startup_timeout / 4)), self._check_startup)
         if cluster.heartbeat_interval > 0:
             self._reactor.add_timer(max(0.05, cluster.heartbeat_interval / 2), self._check_liveness)
 
@@ -93,6 +113,8 @@ class Scheduler:
             if not self._finished.wait(timeout):
                 raise OperationTimeoutError(f"the job did not finish within {timeout} s")
             time.sleep(0.05)  # let the last replies leave
+            if self._failure is not None:
+                raise self._failure
         finally:
             self.stop()
 
@@ -139,7 +161,7 @@ class Scheduler:
         if header.command is Command.HEARTBEAT:
             self._send(identity, reply_frames(header, SCHEDULER_ID, self._liveness(nid).encode()))
         elif header.command is Command.BARRIER:
-            self._barrier(identity, header, nid, Barrier.parse(header).group)
+            self._barrier(identity, header, nid, Barrier.parse(header))
         elif header.command is Command.SHUTDOWN:
             self._shutdown(identity, header, nid, Shutdown.parse(header).wait)
         else:
@@ -160,10 +182,11 @@ class Scheduler:
         """The heartbeat reply: who is dead, how long since each node was heard, where servers are."""
         now = time.monotonic()
         ages = {n: round(now - node.last_seen, 3) for n, node in self._nodes.items()}
+        left = tuple(sorted(self._done_workers))
         if not self._servers_version:
-            return Liveness(tuple(self._dead_ids()), ages)
+            return Liveness(tuple(self._dead_ids()), ages, left=left)
         table = self._table(nid)  # a server was replaced: where the servers are now
-        return Liveness(tuple(self._dead_ids()), ages, self._servers_version, table.servers, table.server_shm)
+        return Liveness(tuple(self._dead_ids()), ages, self._servers_version, table.servers, table.server_shm, left)
 
     def _register(self, identity: bytes, header: Header, body: Register) -> None:
         role = Role.SERVER if body.role == "server" else Role.WORKER
@@ -253,32 +276,168 @@ class Scheduler:
     def _members(self, group: int) -> set[int]:
         return {nid for nid, n in self._nodes.items() if int(n.role) & group}
 
-    def _barrier(self, identity: bytes, header: Header, nid: int, group: int) -> None:
-        if self._released.get(nid) == header.request:  # a repeat (reset connection) of one released
-            self._send(identity, reply_frames(header, SCHEDULER_ID))
+    def _barrier(self, identity: bytes, header: Header, nid: int, meeting: Barrier) -> None:
+        """``nid`` arrives at a meeting of ``meeting.group`` (or posts / reads rank 0's outcome of a call).
+
+        A meeting whose members name different collectives, or different counts of their
+        meetings, fails on every member at once (:meth:`_mismatch`); members that had not
+        arrived get the same error when they do.
+        """
+        released = self._released.get(nid)
+        if released is not None and released[0] == header.request:  # a repeat (reset connection) of one released
+            self._send(identity, released[1])
             return
-        if not 1 <= group <= 7 or not int(self._nodes[nid].role) & group:
+        group = meeting.group
+        if not int(self._nodes[nid].role) & group:
             self._send(identity, error_frames(header, SCHEDULER_ID, "InvalidArgumentError",
                                               f"{node_name(nid)} is not in barrier group {group}"))
             return
+        arrival = _Arrival(identity, header, meeting, time.monotonic() + meeting.timeout if meeting.timeout else math.inf)
+        if meeting.mode:
+            self._post_or_read(nid, arrival)
+            return
+        broken = self._broken.get(group)
+        if broken is not None and nid not in broken[1]:  # the meeting it was late for failed
+            broken[1].add(nid)
+            self._send(identity, error_frames(header, SCHEDULER_ID, "CollectiveMismatchError", broken[0]))
+            if self._meeting_members(group) <= broken[1]:
+                del self._broken[group]
+            return
         arrived = self._barriers.setdefault(group, {})
-        arrived[nid] = (identity, header)
+        arrived[nid] = arrival
+        problem = self._mismatch(group, arrived)
+        if problem is None and nid == _WORKER0 and self._readers:  # rank 0 meets: it skipped a call others made
+            readers, self._readers = self._readers, {}
+            problem = self._mismatch_text(group, {**arrived, **readers})
+            for waiting in readers.values():
+                self._send(waiting.identity, error_frames(waiting.header, SCHEDULER_ID, "CollectiveMismatchError",
+                                                          problem))
+        if problem is not None:
+            self._barriers[group] = {}
+            for a in arrived.values():
+                self._send(a.identity, error_frames(a.header, SCHEDULER_ID, "CollectiveMismatchError", problem))
+            if not self._meeting_members(group) <= set(arrived):
+                self._broken[group] = (problem, set(arrived))
+            return
         self._settle_barrier(group)
+
+    def _meeting_members(self, group: int) -> set[int]:
+        return {m for m in self._members(group) if int(self._nodes[m].role) != Role.SCHEDULER}
+
+    def _mismatch(self, group: int, arrived: dict[int, _Arrival]) -> str | None:
+        """Why the members at a meeting are not in the same collective (None: they are)."""
+        named = [a.meeting for a in arrived.values() if a.meeting.name]  # nameless: an old node
+        if len({m.name for m in named}) <= 1 and len({m.seq for m in named if m.seq}) <= 1:
+            return None
+        return self._mismatch_text(group, arrived)
+
+    def _mismatch_text(self, group: int, arrived: dict[int, _Arrival]) -> str:
+        calls = ", ".join(f"{node_name(n)} in {_call(a.meeting)}" for n, a in sorted(arrived.items()))
+        missing = sorted(self._meeting_members(group) - set(arrived))
+        later = f" ({', '.join(node_name(n) for n in missing)} not there yet)" if missing else ""
+        return f"the workers are in different collectives: {calls}{later}. {_ADVICE}"
 
     def _settle_barrier(self, group: int) -> None:
         arrived = self._barriers.get(group, {})
-        members = {m for m in self._members(group) if int(self._nodes[m].role) != Role.SCHEDULER}
+        members = self._meeting_members(group)
         dead = sorted(m for m in members if self._nodes[m].dead and not self._may_return(m))
+        self._settle_readers()
         if dead and arrived:
             names = ", ".join(node_name(m) for m in dead)
-            for identity, header in arrived.values():
-                self._send(identity, error_frames(header, SCHEDULER_ID, "NodeFailedError", f"barrier cannot complete: {names} dead"))
+            for a in arrived.values():
+                self._send(a.identity, error_frames(a.header, SCHEDULER_ID, "NodeFailedError",
+                                                    f"barrier cannot complete: {names} dead"))
+            self._barriers[group] = {}
+        elif arrived and (left := sorted(members & self._done_workers)):
+            names = ", ".join(node_name(m) for m in left)
+            for a in arrived.values():  # NodeFailedError naming them: "worker 1 failed: ... left the job"
+                self._send(a.identity, error_frames(a.header, SCHEDULER_ID, "NodeFailedError",
+                                                    f"{_call(a.meeting)} cannot complete: {names} left the job "
+                                                    "(closed its store or ended its process)", node=names))
             self._barriers[group] = {}
         elif arrived and members <= set(arrived):
-            for nid, (identity, header) in arrived.items():
-                self._released[nid] = header.request
-                self._send(identity, reply_frames(header, SCHEDULER_ID))
             self._barriers[group] = {}
+            self._release(arrived)
+
+    def _release(self, arrived: dict[int, _Arrival]) -> None:
+        """Every member met: each gets rank 0's result and who failed, or why their inits differ."""
+        ranked = sorted(arrived.items(), key=lambda item: self._nodes[item[0]].rank)
+        failed = tuple((self._nodes[n].rank, a.meeting.failure) for n, a in ranked if a.meeting.failure is not None)
+        problem = None if failed else _disagreement([(self._nodes[n].rank, a.meeting) for n, a in ranked])
+        result = next((a.meeting.result for n, a in ranked if self._nodes[n].rank == 0), "")
+        for nid, a in arrived.items():
+            if problem is not None:
+                frames = error_frames(a.header, SCHEDULER_ID, "InitMismatchError", problem)
+            else:
+                frames = reply_frames(a.header, SCHEDULER_ID, Met(result, failed).encode())
+            self._released[nid] = (a.header.request, frames)
+            self._send(a.identity, frames)
+
+    def _post_or_read(self, nid: int, arrival: _Arrival) -> None:
+        """Rank 0 posts the outcome of its ``seq``-th call of a name; another worker reads it (waiting for it)."""
+        meeting = arrival.meeting
+        if meeting.mode == "post":
+            if nid != _WORKER0:
+                self._send(arrival.identity, error_frames(arrival.header, SCHEDULER_ID, "InvalidArgumentError",
+                                                          "only worker 0 posts the outcome of a call"))
+                return
+            self._posts[(meeting.name, meeting.seq, meeting.nth)] = meeting.failure
+            self._posted[meeting.name] = (meeting.seq, meeting.nth)
+            while len(self._posts) > _KEPT_POSTS:
+                del self._posts[next(iter(self._posts))]
+            self._send(arrival.identity, reply_frames(arrival.header, SCHEDULER_ID, Met().encode()))
+            self._settle_readers()
+            return
+        self._readers[nid] = arrival
+        zero = self._barriers.get(meeting.group, {}).get(_WORKER0)
+        if zero is not None and (meeting.name, meeting.seq, meeting.nth) not in self._posts:  # rank 0 went on
+            del self._readers[nid]
+            problem = self._mismatch_text(meeting.group, {_WORKER0: zero, nid: arrival})
+            for a in (zero, arrival):
+                self._send(a.identity, error_frames(a.header, SCHEDULER_ID, "CollectiveMismatchError", problem))
+            self._barriers[meeting.group].pop(_WORKER0, None)
+            return
+        self._settle_readers()
+
+    def _settle_readers(self) -> None:
+        """Answer the reads whose outcome rank 0 posted; fail them if rank 0 is dead or gone."""
+        zero = self._nodes.get(_WORKER0)
+        gone = zero is not None and ((zero.dead and not self._may_return(_WORKER0)) or _WORKER0 in self._done_workers)
+        for nid, a in list(self._readers.items()):
+            key = (a.meeting.name, a.meeting.seq, a.meeting.nth)
+            if key in self._posts or key[1:] <= self._posted.get(a.meeting.name, (-1, 0)):
+                failure = self._posts.get(key)
+                frames = reply_frames(a.header, SCHEDULER_ID, Met(failed=((0, failure),) if failure else ()).encode())
+            elif gone:
+                frames = error_frames(a.header, SCHEDULER_ID, "NodeFailedError",
+                                      f"{_call(a.meeting)} waits for worker 0's outcome, but worker 0 is gone")
+            else:
+                continue
+            del self._readers[nid]
+            self._released[nid] = (a.header.request, frames)
+            self._send(a.identity, frames)
+
+    def _expire_barriers(self) -> None:
+        """Timer: a member whose wait ends gets an error naming who did not arrive (before its own timeout)."""
+        now = time.monotonic()
+        for group, arrived in self._barriers.items():
+            late = [n for n, a in arrived.items() if a.deadline <= now]
+            if not late:
+                continue
+            missing = ", ".join(node_name(n) for n in sorted(self._meeting_members(group) - set(arrived)))
+            calls = ", ".join(f"{node_name(n)} in {_call(a.meeting)}" for n, a in sorted(arrived.items()))
+            for nid in late:
+                a = arrived.pop(nid)
+                self._send(a.identity, error_frames(a.header, SCHEDULER_ID, "OperationTimeoutError", (
+                    f"{_call(a.meeting)}: {missing} did not arrive within {a.meeting.timeout:g} s (at the scheduler: "
+                    f"{calls}). A worker that is not at the meeting is still in other calls (push, pull, wait, ...) "
+                    f"or blocked in one. {_ADVICE}")))
+        for nid, a in list(self._readers.items()):
+            if a.deadline <= now:
+                del self._readers[nid]
+                self._send(a.identity, error_frames(a.header, SCHEDULER_ID, "OperationTimeoutError", (
+                    f"{a.meeting.name}: worker 0 did not call it (call {a.meeting.nth} since meeting "
+                    f"#{a.meeting.seq}) within {a.meeting.timeout:g} s. {_ADVICE}")))
 
     # -- liveness -----------------------------------------------------------------------
     def _may_return(self, nid: int) -> bool:
@@ -317,11 +476,22 @@ class Scheduler:
 
     # -- shutdown -----------------------------------------------------------------------
     def _shutdown(self, identity: bytes, header: Header, nid: int, wait: bool) -> None:
+        """A node is done. A worker leaves the job at once (whether it waits or not): the
+        meetings that need it fail now naming it, and the servers learn it with their next
+        heartbeat reply (``Liveness.left``), so the sync rounds it never pushed fail too.
+        With ``wait`` the answer comes when every worker has left (or died): a worker's
+        exit barrier, a server's end of the job."""
         if self._nodes[nid].role is Role.WORKER:
-            self._done_workers.add(nid)
-            self._send(identity, reply_frames(header, SCHEDULER_ID))
-        elif wait:
-            self._waiting_servers[nid] = (identity, header)
+            if nid not in self._done_workers:
+                self._done_workers.add(nid)
+                if self._cluster.verbose:
+                    log.info("scheduler: %s left the job", node_name(nid))
+                for group in list(self._barriers):  # meetings that need it cannot complete any more
+                    self._settle_barrier(group)
+            if not wait:
+                self._send(identity, reply_frames(header, SCHEDULER_ID))
+        if wait:
+            self._waiting[nid] = (identity, header)
         self._settle_shutdown()
 
     def _settle_shutdown(self) -> None:
@@ -330,11 +500,80 @@ class Scheduler:
                                                                and not self._may_return(w)}:
             return
         servers = self._members(Role.SERVER)
-        for identity, header in self._waiting_servers.values():
-            self._send(identity, reply_frames(header, SCHEDULER_ID, Liveness(tuple(self._dead_ids()), {}).encode()))
-        told = set(self._waiting_servers)
-        if servers <= told | {s for s in servers if self._nodes[s].dead}:
+        reply = Liveness(tuple(self._dead_ids()), {}, left=tuple(sorted(self._done_workers))).encode()
+        for identity, header in self._waiting.values():
+            self._send(identity, reply_frames(header, SCHEDULER_ID, reply))
+        told = set(self._waiting)
+        self._waiting.clear()
+        self._told |= told
+        if servers <= self._told | {s for s in servers if self._nodes[s].dead}:
             self._finished.set()
+
+    # -- startup and the launcher's end ---------------------------------------------------
+    def _check_startup(self) -> None:
+        """Timer: a cluster that did not assemble within ``startup_timeout`` ends the scheduler."""
+        if self._nodes or self._finished.is_set() or time.monotonic() - self._born < self._cluster.startup_timeout:
+            return
+        roles = [body.role for _, _, body in self._pending]
+        text = (f"the cluster did not assemble within PSKV_STARTUP_TIMEOUT={self._cluster.startup_timeout:g} s: "
+                f"{roles.count('server')} of {self._cluster.num_servers} server(s) and {roles.count('worker')} of "
+                f"{self._cluster.num_workers} worker(s) registered (a worker registers when it creates its dist store)")
+        log.error("scheduler: %s", text)
+        for identity, header, _ in self._pending:
+            self._send(identity, error_frames(header, SCHEDULER_ID, "OperationTimeoutError", text))
+        self._pending = []
+        self._failure = OperationTimeoutError(text)
+        self._finished.set()
+
+    def end(self, reason: str) -> None:
+        """End the job from outside (any thread): no worker will come or stay (``reason`` is logged).
+
+        The launcher asks for this once every worker process has exited, or when it is
+        gone (:mod:`pskv.launch.guard`): workers that never created a store never register,
+        and without this the scheduler would wait for them until ``startup_timeout``.
+        """
+        if not self._finished.is_set():
+            log.info("scheduler: %s; ending", reason)
+            self._finished.set()
+
+
+_WORKER0 = node_id(Role.WORKER, 0)
+_KEPT_POSTS = 64  # rank 0's posted outcomes kept for readers
+_ADVICE = ("Every worker must call the same collectives (barrier, init, broadcast, set_optimizer, "
+           "load_optimizer_states, save_checkpoint, join) in the same order; of the state operations rank 0 may "
+           "call only save_optimizer_states alone (#n: the worker's n-th meeting)")
+
+
+def _call(meeting: Barrier) -> str:
+    """How a member's collective is named in errors: ``save_checkpoint#3``."""
+    name = meeting.name or "a barrier (unnamed)"
+    if meeting.mode:
+        return f"{name} (call {meeting.nth} after meeting #{meeting.seq})"
+    return f"{name}#{meeting.seq}" if meeting.seq else name
+
+
+def _disagreement(meetings: list[tuple[int, Barrier]]) -> str | None:
+    """Why the members' ``agree`` items differ (an init's key described differently), or None.
+
+    Only items every member that describes them has — a key named in one worker's call
+    and not in another's is not compared (workers may init keys in different orders);
+    a worker's calls past ``MAX_AGREE`` keys are compared by their digest only, which
+    tells nothing here.
+    """
+    if len({m.digest for _, m in meetings if m.digest}) <= 1:
+        return None
+    name = next((m.name for _, m in meetings if m.name), "init")
+    tables = [(rank, dict(m.agree)) for rank, m in meetings if m.digest]
+    for key in dict.fromkeys(k for _, t in tables for k in t):
+        seen: dict[str, list[int]] = {}
+        for rank, table in tables:
+            if key in table:
+                seen.setdefault(table[key], []).append(rank)
+        if len(seen) > 1:
+            told = "; ".join(f"{', '.join(f'worker {r}' for r in ranks)}: {what}" for what, ranks in seen.items())
+            return (f"{name} of key {key} differs between workers: {told}. Every worker must {name} a key "
+                    "with the same shape and dtype")
+    return None
 
 
 def _ranks(requested: list[int]) -> list[int]:

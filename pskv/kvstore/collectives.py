@@ -1,29 +1,46 @@
-"""Collectives that change the servers' state: every worker meets, rank 0 acts, every worker meets.
+"""Collectives: every worker meets at the scheduler, rank 0 acts, every worker meets — and learns the outcome.
 
-The distributed store's ``set_optimizer``, ``save_optimizer_states``,
-``load_optimizer_states`` and ``save_checkpoint`` are one pattern (MXNet's: rank 0 sends
-a command between two barriers). Every worker calls the method at the same point, then:
+The distributed store's ``set_optimizer``, ``load_optimizer_states``, ``save_checkpoint``,
+``broadcast`` (of existing keys), ``init`` and the store's creation are one pattern
+(MXNet's: rank 0 sends a command between two barriers). Every worker calls the method
+at the same point, then:
 
 1. it waits for its own outstanding operations;
-2. every worker meets at a barrier — so every worker's earlier pushes reached the servers;
+2. every worker meets (``init``: carrying its keys' shapes and dtypes, which must agree);
 3. rank 0 sends the request to every server and waits until all of them answered;
-4. every worker meets again — so nobody uses the servers before the change is made.
+4. every worker meets again, rank 0 carrying its outcome (and result: a checkpoint's
+   directory) — so nobody uses the servers before the change is made, and if it failed
+   every worker raises.
 
-Each wait is bounded by ``PSKV_REQUEST_TIMEOUT``. A server checkpoint (the directory
-layout is :mod:`pskv.checkpoints`'s) is written in step 3: each server writes its file,
-then rank 0 writes the manifest, which makes the directory a checkpoint.
+Every meeting names its collective and is counted: workers in different collectives
+(rank 0 in ``save_checkpoint``, rank 1 in ``barrier``) get
+:class:`~pskv.errors.CollectiveMismatchError` on every side at once, never a silent
+pairing. A worker that fails at any step still goes to the meeting, carrying its error:
+it raises its own error, and every other worker :class:`~pskv.errors.CollectiveFailedError`
+naming it. Each wait is bounded by ``PSKV_REQUEST_TIMEOUT``; the scheduler answers first,
+naming who did not arrive.
+
+``save_optimizer_states`` is the one state operation rank 0 may call alone
+(:meth:`ServerCollectives.alone`): rank 0 waits for its own operations, has every server
+write, and posts the outcome at the scheduler without meeting anyone; a worker of
+another rank that calls it too waits for its own operations, then for rank 0's outcome
+of its same-numbered call (and raises if it failed).
+
+A server checkpoint (the directory layout is :mod:`pskv.checkpoints`'s) is written in
+step 3: each server writes its file, then rank 0 writes the manifest, which makes the
+directory a checkpoint.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pskv.checkpoints import next_server_checkpoint, read_manifest, write_manifest
 from pskv.config import ClusterConfig
-from pskv.errors import InvalidArgumentError, InvalidTypeError
+from pskv.errors import CheckpointError, InvalidArgumentError, InvalidTypeError
 from pskv.kvstore.engine import Engine
 from pskv.optimizer import Optimizer
 from pskv.worker import KVWorker
@@ -50,21 +67,81 @@ class ServerCollectives:
         self._rank = rank
         self._engine = engine
 
-    def run(self, send: Callable[[], Any], settle: Callable[[], None] | None = None) -> None:
-        """Settle (``settle``: other than this worker's every operation), meet, ``send`` on rank 0, meet.
+    def meet(self, name: str, failure: BaseException | None = None, *, result: str = "",
+             agree: Sequence[tuple[str, str]] = (), mode: str = "", timeout: float | None = None) -> str:
+        """One meeting of the collective ``name`` (``mode``: rank 0's posted outcome instead); rank 0's result.
+
+        ``failure`` (this worker's error in the collective, or None) reaches every worker
+        first; then it is raised here.
 
         Raises:
-            NodeFailedError: a worker or server died.
-            RemoteError: a server refused rank 0's request (raised on rank 0).
+            BaseException: ``failure``.
+            CollectiveFailedError: the collective failed on another worker.
+            CollectiveMismatchError: the workers are in different collectives.
+            InitMismatchError: the workers' ``agree`` items differ.
+            NodeFailedError: a worker died. OperationTimeoutError: a worker did not come.
         """
-        if settle is None:
-            self._engine.wait_all(None, self._cluster.request_timeout)
-        else:
-            settle()
-        self._worker.barrier(self._cluster.request_timeout)
+        limit = self._cluster.request_timeout if timeout is None else timeout
+        try:
+            out = self._worker.barrier(limit, name, failure, result, agree, mode)
+        except Exception:
+            if failure is None:
+                raise
+            out = ""  # this worker's own error is the one to raise
+        if failure is not None:
+            raise failure
+        return out
+
+    def run(self, name: str, send: Callable[[], str | None], settle: Callable[[], None] | None = None, *,
+            before: bool = True, agree: Sequence[tuple[str, str]] = ()) -> str:
+        """Settle (default: every operation of this worker), meet, ``send`` on rank 0, meet; rank 0's result.
+
+        ``before=False`` skips the first meeting (nothing on the servers must settle
+        first). ``agree``: what the first meeting checks is alike on every worker.
+
+        Raises:
+            CollectiveFailedError: it failed on another worker (that worker raises its own error).
+            CollectiveMismatchError, InitMismatchError, NodeFailedError, OperationTimeoutError: see :meth:`meet`.
+        """
+        failure = self._settle(settle)
+        if before:
+            self.meet(name, failure, agree=agree)
+        result = None
+        if self._rank == 0 and failure is None:
+            try:
+                result = send()
+            except Exception as exc:  # noqa: BLE001 - told to every worker, then raised
+                failure = exc
+        return self.meet(name, failure, result=result or "")
+
+    def alone(self, name: str, send: Callable[[], None]) -> None:
+        """A call rank 0 may make alone: rank 0 settles, sends and posts the outcome; others read it.
+
+        Raises:
+            CollectiveFailedError: on a rank other than 0, rank 0's call failed.
+            NodeFailedError, OperationTimeoutError: rank 0 died or never made the call.
+        """
+        failure = self._settle(None)
         if self._rank == 0:
-            send()
-        self._worker.barrier(self._cluster.request_timeout)
+            if failure is None:
+                try:
+                    send()
+                except Exception as exc:  # noqa: BLE001 - posted for the workers that read it, then raised
+                    failure = exc
+            self.meet(name, failure, mode="post")
+        else:
+            self.meet(name, failure, mode="read")
+
+    def _settle(self, settle: Callable[[], None] | None) -> BaseException | None:
+        """Wait for this worker's operations (or run ``settle``); the error it raised, if any."""
+        try:
+            if settle is None:
+                self._engine.wait_all(None, self._cluster.request_timeout)
+            else:
+                settle()
+        except Exception as exc:  # noqa: BLE001 - carried to the meeting
+            return exc
+        return None
 
     def set_optimizer(self, optimizer: Optimizer, recovery: bool) -> None:
         """Install ``optimizer`` (sent as its config) on every server; a replacement worker keeps theirs.
@@ -76,7 +153,7 @@ class ServerCollectives:
             raise InvalidTypeError(f"set_optimizer needs a pskv.optimizer.Optimizer, got {type(optimizer).__qualname__}")
         if recovery:  # the servers run the job's optimizer already (with its state)
             return
-        self.run(lambda: self._worker.set_optimizer(optimizer.to_config()))
+        self.run("set_optimizer", lambda: self._worker.set_optimizer(optimizer.to_config()))
 
     def save_checkpoint(self, path: str | None, meta: Any, store: str, num_servers: int) -> str:
         """Have every server write its shard into ``path``, then rank 0 the manifest; the directory.
@@ -94,20 +171,24 @@ class ServerCollectives:
                 raise InvalidArgumentError("save_checkpoint() needs a path or PSKV_CHECKPOINT_DIR "
                                            "(pskv launch --checkpoint-dir)")
             path = str(next_server_checkpoint(self._cluster.checkpoint_dir))
-        directory = os.path.abspath(path)
-        self.run(lambda: self._write_checkpoint(directory, meta_json, store, num_servers))
+        directory = self.run("save_checkpoint",
+                             lambda: self._write_checkpoint(os.path.abspath(path), meta_json, store, num_servers))
         self._worker.checkpoint_saved()  # a replacement server will load this checkpoint
-        return directory
+        return directory or os.path.abspath(path)
 
-    def _write_checkpoint(self, directory: str, meta: Any, store: str, num_servers: int) -> None:
-        """Rank 0: every server writes its file into ``directory``, then the manifest makes it a checkpoint."""
-        os.makedirs(directory, exist_ok=True)
+    def _write_checkpoint(self, directory: str, meta: Any, store: str, num_servers: int) -> str:
+        """Rank 0: every server writes its file into ``directory``, then the manifest makes it a checkpoint; the directory."""
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as exc:
+            raise CheckpointError(f"save_checkpoint: cannot create the directory {directory}: {exc.strerror}") from None
         bodies = self._worker.save_checkpoint(directory)
         write_manifest(directory, {
             "store": store, "num_servers": num_servers, "num_workers": self._cluster.num_workers,
             "files": [b.get("file") for b in bodies], "bytes": sum(int(b.get("bytes", 0)) for b in bodies),
             "open_rounds": sum(int(b.get("open_rounds", 0)) for b in bodies), "meta": meta,
         })
+        return directory
 
     def resumed(self) -> dict[str, Any] | None:
         """The manifest of ``PSKV_RESUME_FROM`` with its ``"path"``, or None."""

@@ -32,7 +32,9 @@ and wait in the caller's thread; bigger or queued calls use the engine's threads
 
 from __future__ import annotations
 
+import atexit
 import logging
+import weakref
 from typing import Any
 
 from pskv.arrays import describe, fan_out_many
@@ -50,6 +52,25 @@ from pskv.worker import KeyLayout, KVWorker
 __all__ = ["DistStore"]
 
 log = logging.getLogger("pskv.dist")
+
+_AT_EXIT_TIMEOUT = 10.0  # seconds a store left open may take to leave at interpreter exit
+_OPEN: weakref.WeakSet[DistStore] = weakref.WeakSet()  # stores not closed yet (no strong reference)
+
+
+@atexit.register
+def _leave_at_exit() -> None:
+    """Interpreter exit: every store still open leaves the job (without the exit barrier).
+
+    A script that never calls ``close()`` still tells the scheduler it left, so nobody
+    takes it for dead (no heartbeat timeout, no ERROR line), and the servers and the
+    scheduler end as soon as every worker has left. Not waiting for the others keeps a
+    failing script's exit (and its exit code, the launcher's root cause) prompt.
+    """
+    for store in list(_OPEN):
+        try:
+            store._leave(wait=False, timeout=min(store._cluster.request_timeout, _AT_EXIT_TIMEOUT))
+        except Exception as exc:  # noqa: BLE001 - exiting anyway: say why leaving failed
+            log.error("worker %d: could not leave the job at exit: %s", store._rank, exc)
 
 
 class DistStore(StoreFrontEnd[KeyLayout]):
@@ -84,16 +105,16 @@ class DistStore(StoreFrontEnd[KeyLayout]):
             self._recovery = info.recovery
             self._num_workers = info.num_workers
             self._num_servers = info.num_servers
+            self._servers = ServerCollectives(self._worker, cluster, self._rank, self._engine)
             if self._recovery:  # the job runs already: nobody else is at a creation barrier
                 log.warning("worker %d: a replacement process joins the running job (is_recovery)", self._rank)
-            else:
-                if self._rank == 0:
-                    self._worker.set_mode(self._store_type.sync)
-                self.barrier()
+            else:  # rank 0 sets the servers' mode; every worker learns whether it could
+                self._servers.run("create", lambda: self._worker.set_mode(self._store_type.sync),
+                                  settle=lambda: None, before=False)
         except BaseException:
             self._worker.close()
             raise
-        self._servers = ServerCollectives(self._worker, cluster, self._rank, self._engine)
+        _OPEN.add(self)
 
     # -- properties ---------------------------------------------------------------------
     @property
@@ -199,10 +220,13 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         recs = [rec for _, rec, _ in pairs]
         self._key_kind.check(keys, fix=True)
         if not self._recovery:  # else the keys exist on the servers (created by the job before this process)
-            if self._rank == 0:
+            def send() -> None:
                 reduce_outgoing(pairs, self._kernels, self._on_device)
                 self._worker.init(recs, summed=summed)
-            self.barrier()  # rank 0's init (and the servers' shared buffers) exist for everyone now
+            # every worker's keys, shapes and dtypes must agree (InitMismatchError on every worker
+            # if not); once the call returns, rank 0's init (and the servers' shared buffers) exist
+            agree = [(repr(rec.key), f"shape {tuple(rec.meta.shape)} dtype {rec.meta.dtype}") for rec in recs]
+            self._servers.run("init", send, settle=lambda: None, agree=agree)
         else:  # number the pushes on from those of this rank that reached the servers (push_count)
             self._worker.resume(recs)
             self._resumed.update((rec.key, rec.pushes[0]) for rec in recs)
@@ -356,7 +380,7 @@ class DistStore(StoreFrontEnd[KeyLayout]):
                 reduce_outgoing(existing, self._kernels, self._on_device)
                 self._worker.init([rec for _, rec, _ in existing], overwrite=True, priority=priority, timeout=timeout)
             # Everyone must be done reading the old value before rank 0 overwrites it.
-            self._servers.run(overwrite, settle=lambda: self.wait([k for k, _, _ in existing]))
+            self._servers.run("broadcast", overwrite, settle=lambda: self.wait([k for k, _, _ in existing]))
         if out is not None:
             return self.pull(key, out=out, priority=priority, block=block, timeout=timeout)
         return None
@@ -389,7 +413,7 @@ class DistStore(StoreFrontEnd[KeyLayout]):
             RemoteError: a server has no optimizer, or could not write.
         """
         self._check_open("save_optimizer_states")
-        self._servers.run(lambda: self._worker.save_states(str(fname), bool(dump_optimizer)))
+        self._servers.alone("save_optimizer_states", lambda: self._worker.save_states(str(fname), bool(dump_optimizer)))
 
     def load_optimizer_states(self, fname: str) -> None:
         """Every server loads ``<fname>.server<rank>`` (written by :meth:`save_optimizer_states`).
@@ -398,7 +422,7 @@ class DistStore(StoreFrontEnd[KeyLayout]):
             RemoteError: a file is missing or not a pskv state file.
         """
         self._check_open("load_optimizer_states")
-        self._servers.run(lambda: self._worker.load_states(str(fname)))
+        self._servers.run("load_optimizer_states", lambda: self._worker.load_states(str(fname)))
 
     def save_checkpoint(self, path: str | None = None, meta: Any = None) -> str:
         """Save every server's shard — values, rounds, optimizer state and config — as a checkpoint.
@@ -452,13 +476,15 @@ class DistStore(StoreFrontEnd[KeyLayout]):
 
     # -- cluster ------------------------------------------------------------------------
     def barrier(self) -> None:
-        """Wait until every worker reached the barrier.
+        """Wait until every worker reached the barrier (a collective named ``"barrier"``).
 
         Raises:
             NodeFailedError: a worker died (named).
+            CollectiveMismatchError: another worker is in another collective (both named).
+            OperationTimeoutError: a worker did not come within ``PSKV_REQUEST_TIMEOUT`` (named).
         """
         self._check_open("barrier")
-        self._worker.barrier(self._cluster.request_timeout)
+        self._worker.barrier(self._cluster.request_timeout, "barrier")
 
     def join(self, timeout: float | None = None) -> None:
         """This worker has no more data: rounds go on without it until every worker joined.
@@ -474,9 +500,13 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         """
         self._check_open("join")
         limit = self._timeout(timeout)
-        self.wait(timeout=limit)
-        self._worker.join(limit)
-        self._worker.barrier(limit)
+        failure = None
+        try:
+            self.wait(timeout=limit)
+            self._worker.join(limit)
+        except Exception as exc:  # noqa: BLE001 - every worker learns it at the meeting
+            failure = exc
+        self._servers.meet("join", failure, timeout=limit)
 
     def num_dead_node(self, node_id: int, timeout: float = 60) -> int:
         """Nodes of group ``node_id`` (1 scheduler, 2 servers, 4 workers, sums) silent for > ``timeout`` s."""
@@ -484,20 +514,30 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         return self._worker.num_dead_node(node_id, timeout)
 
     def close(self) -> None:
-        """Finish queued work, meet the other workers (unless disabled), leave the job."""
+        """Finish queued work and leave the job; then wait until every worker has left (unless disabled).
+
+        The scheduler learns of the departure at once: a meeting (``barrier``, a
+        collective) that needs this worker fails on the others, and so does a sync round
+        this worker never pushed (both naming it), instead of waiting for it. The wait
+        that follows is the exit barrier (``set_barrier_before_exit``): it ends when every
+        other worker has left too, or died. A process that exits without ``close()``
+        leaves the same way, without that wait.
+
+        Raises:
+            OperationTimeoutError: the others did not leave within ``PSKV_REQUEST_TIMEOUT``.
+        """
+        self._leave(self._barrier_before_exit, self._cluster.request_timeout)
+
+    def _leave(self, wait: bool, timeout: float) -> None:
         if self._closed:
             return
         self._closed = True
+        _OPEN.discard(self)
         try:
-            self._engine.close(self._cluster.request_timeout)
-            if self._barrier_before_exit:
-                try:
-                    self._worker.barrier(self._cluster.request_timeout)
-                except NodeFailedError as exc:  # the job is failing anyway: still leave cleanly
-                    log.error("worker %d: skipping the exit barrier: %s", self._rank, exc)
+            self._engine.close(timeout)
             try:
-                self._worker.shutdown(self._cluster.request_timeout)
-            except NodeFailedError as exc:
+                self._worker.shutdown(timeout, wait=wait)
+            except NodeFailedError as exc:  # the job is failing anyway: still release everything
                 log.error("worker %d: could not report shutdown: %s", self._rank, exc)
         finally:
             self._kernels.close()

@@ -13,7 +13,7 @@ command           request body           reply body
 ================  =====================  ================================================
 REGISTER          :class:`Register`      :class:`NodeTable`
 HEARTBEAT         (none)                 :class:`Liveness`
-BARRIER           :class:`Barrier`       (none)
+BARRIER           :class:`Barrier`       :class:`Met`
 SHUTDOWN          :class:`Shutdown`      (none)
 INIT              :class:`InitBody`      (none)
 PUSH/PULL/        (none: flags, specs)   (none: specs; SHM flag and ``buffer`` for
@@ -41,7 +41,7 @@ from pskv.partition import server_key
 from pskv.protocol.messages import Header
 
 __all__ = [
-    "Barrier", "CheckpointRequest", "CheckpointSaved", "ControllerAnswer", "ControllerCall", "ErrorReply", "Hello", "InitBody", "Rejoined",
+    "Barrier", "CheckpointRequest", "CheckpointSaved", "ControllerAnswer", "ControllerCall", "ErrorReply", "Failure", "Hello", "InitBody", "Met", "Rejoined",
     "Liveness", "NodeTable", "OptimizerConfig", "Register", "SetMode", "ShmInfo", "Shutdown", "StatesFile",
     "StatesRequest", "json_object",
 ]
@@ -161,17 +161,21 @@ class NodeTable(NamedTuple):
 
 
 class Liveness(NamedTuple):
-    """HEARTBEAT reply: dead node ids, seconds since each node was heard (by id), and after a
-    server was replaced (``servers_version`` > 0) where the servers are now."""
+    """HEARTBEAT reply (and a waiting SHUTDOWN's): dead node ids, seconds since each node was
+    heard (by id), after a server was replaced (``servers_version`` > 0) where the servers are
+    now, and ``left``: the workers that left the job (sent SHUTDOWN; not dead)."""
 
     dead: tuple[int, ...]
     ages: dict[int, float]
     servers_version: int = 0
     servers: tuple[str, ...] = ()
     server_shm: tuple[ShmInfo | None, ...] = ()
+    left: tuple[int, ...] = ()
 
     def encode(self) -> str:
         body: dict[str, Any] = {"dead": list(self.dead), "ages": {str(n): a for n, a in self.ages.items()}}
+        if self.left:
+            body["left"] = list(self.left)
         if self.servers_version:
             body.update(servers_version=self.servers_version, servers=list(self.servers),
                         server_shm=[None if s is None else s._asdict() for s in self.server_shm])
@@ -182,30 +186,151 @@ class Liveness(NamedTuple):
         body = json_object(header)
         dead = _field(header, body, "dead", list, [])
         ages = _field(header, body, "ages", dict, {})
-        if any(type(n) is not int for n in dead) or any(
+        left = _field(header, body, "left", list, [])
+        if any(type(n) is not int for n in dead + left) or any(
                 not k.lstrip("-").isdigit() or type(v) not in (int, float) for k, v in ages.items()):
-            raise ProtocolError("HEARTBEAT reply: dead must be node ids and ages {node id: seconds}")
+            raise ProtocolError("HEARTBEAT reply: dead and left must be node ids and ages {node id: seconds}")
         version = _field(header, body, "servers_version", int, 0)
         servers = _strings(header, body, "servers") if version else ()
         shm = tuple(ShmInfo.parse_value(header, s) for s in _field(header, body, "server_shm", list, [])) \
             if version else ()
-        return cls(tuple(dead), {int(k): float(v) for k, v in ages.items()}, version, servers, shm)
+        return cls(tuple(dead), {int(k): float(v) for k, v in ages.items()}, version, servers, shm, tuple(left))
+
+
+MAX_NAME = 64  # a collective's name
+MAX_TEXT = 2000  # an error message carried by a meeting
+MAX_RESULT = 4096  # rank 0's result (a directory)
+MAX_AGREE = 256  # items described in a meeting that every worker must agree on
+MAX_ITEM = 200  # one item's description
+
+
+def _bounded(header: Header, name: str, value: str, limit: int) -> str:
+    if len(value) > limit:
+        raise ProtocolError(f"{header.command.name} body field {name!r} is longer than {limit} characters")
+    return value
+
+
+class Failure(NamedTuple):
+    """A worker's failure in a collective: the error's class name and its message (both bounded)."""
+
+    type: str
+    message: str
+
+    @classmethod
+    def of(cls, exc: BaseException) -> Failure:
+        """``exc`` as it travels (a server's refusal keeps the server's error class: ``remote_type``)."""
+        kind = getattr(exc, "remote_type", None) or type(exc).__name__
+        return cls(str(kind)[:MAX_NAME], str(exc)[:MAX_TEXT])
+
+    @classmethod
+    def parse_value(cls, header: Header, value: Any) -> Failure:
+        if not isinstance(value, dict) or type(value.get("type")) is not str or type(value.get("message")) is not str:
+            raise ProtocolError(f"{header.command.name}: a failure must be {{type: str, message: str}}")
+        return cls(_bounded(header, "type", value["type"], MAX_NAME),
+                   _bounded(header, "message", value["message"], MAX_TEXT))
 
 
 class Barrier(NamedTuple):
-    """BARRIER: ``{group: int}``, the node-group bits (1 scheduler, 2 servers, 4 workers) that meet."""
+    """BARRIER: ``{group: int, name?: str, seq?: int, timeout?: number, failure?: Failure, result?: str,
+    agree?: [[str, str]], digest?: str, mode?: "post"|"read", nth?: int}``.
+
+    ``group``: the node-group bits (1 scheduler, 2 servers, 4 workers) that meet. A worker's
+    collective names itself (``name``: ``"barrier"``, ``"init"``, ``"save_checkpoint"``, ...)
+    and counts its meetings (``seq``, 1-based; 0: not counted, as in a replacement process):
+    the scheduler refuses a meeting whose members differ in either. ``timeout``: how long
+    the member waits (the scheduler answers first, naming who did not arrive).
+    ``failure``: this worker's failure in the collective so far (every member then
+    raises); ``result``: rank 0's result, handed to every member (:class:`Met`); ``agree`` /
+    ``digest``: what every member must have alike (``init``: ``[key, "shape dtype"]``
+    items, the first ``MAX_AGREE`` of them, and a digest of all).
+
+    ``mode`` ``"post"``: no meeting — rank 0 records the outcome of its ``nth`` call of
+    ``name`` since its meeting ``seq`` (answered at once); ``"read"``: answered with that
+    outcome once rank 0 posted it (a call rank 0 may make alone, which the others may
+    make too). Old nodes send only ``group``.
+    """
 
     group: int
+    name: str = ""
+    seq: int = 0
+    timeout: float = 0.0
+    failure: Failure | None = None
+    result: str = ""
+    agree: tuple[tuple[str, str], ...] = ()
+    digest: str = ""
+    mode: str = ""
+    nth: int = 0
 
     def encode(self) -> str:
-        return _dump({"group": self.group})
+        body: dict[str, Any] = {"group": self.group}
+        if self.name:
+            body.update(name=self.name, seq=self.seq)
+        if self.timeout:
+            body["timeout"] = self.timeout
+        if self.mode:
+            body.update(mode=self.mode, nth=self.nth)
+        if self.failure is not None:
+            body["failure"] = self.failure._asdict()
+        if self.result:
+            body["result"] = self.result
+        if self.digest:
+            body.update(agree=[list(a) for a in self.agree], digest=self.digest)
+        return _dump(body)
 
     @classmethod
     def parse(cls, header: Header) -> Barrier:
-        group = _field(header, json_object(header), "group", int, 4)
+        body = json_object(header)
+        group = _field(header, body, "group", int, 4)
         if not 1 <= group <= 7:
             raise ProtocolError(f"BARRIER: group {group} is not a node group (1..7)")
-        return cls(group)
+        name = _bounded(header, "name", _field(header, body, "name", str, ""), MAX_NAME)
+        seq = _field(header, body, "seq", int, 0)
+        if seq < 0:
+            raise ProtocolError(f"BARRIER: seq {seq} is negative")
+        timeout = body.get("timeout", 0.0)
+        if type(timeout) not in (int, float) or not 0 <= timeout <= 1e7:
+            raise ProtocolError("BARRIER: timeout must be a number of seconds in [0, 1e7]")
+        mode = _field(header, body, "mode", str, "")
+        nth = _field(header, body, "nth", int, 0)
+        if mode not in ("", "post", "read") or (mode and not (name and nth > 0)):
+            raise ProtocolError("BARRIER: mode must be post or read, with a name and an nth > 0")
+        failure = Failure.parse_value(header, body["failure"]) if body.get("failure") is not None else None
+        result = _bounded(header, "result", _field(header, body, "result", str, ""), MAX_RESULT)
+        agree = _field(header, body, "agree", list, [])
+        if len(agree) > MAX_AGREE or any(
+                type(a) is not list or len(a) != 2 or any(type(x) is not str or len(x) > MAX_ITEM for x in a)
+                for a in agree):
+            raise ProtocolError(f"BARRIER: agree must be at most {MAX_AGREE} [str, str] pairs "
+                                f"of at most {MAX_ITEM} characters")
+        digest = _bounded(header, "digest", _field(header, body, "digest", str, ""), 64)
+        return cls(group, name, seq, float(timeout), failure, result, tuple((a[0], a[1]) for a in agree), digest, mode, nth)
+
+
+class Met(NamedTuple):
+    """BARRIER reply: ``{result?: str, failed?: [{rank: int, type: str, message: str}]}``: rank 0's
+    result, and the members that reported a failure (every member then raises)."""
+
+    result: str = ""
+    failed: tuple[tuple[int, Failure], ...] = ()
+
+    def encode(self) -> str:
+        body: dict[str, Any] = {}
+        if self.result:
+            body["result"] = self.result
+        if self.failed:
+            body["failed"] = [{"rank": r, **f._asdict()} for r, f in self.failed]
+        return _dump(body)
+
+    @classmethod
+    def parse(cls, header: Header) -> Met:
+        body = json_object(header)
+        result = _bounded(header, "result", _field(header, body, "result", str, ""), MAX_RESULT)
+        failed = []
+        for item in _field(header, body, "failed", list, [])[:MAX_AGREE]:
+            if not isinstance(item, dict) or type(item.get("rank")) is not int:
+                raise ProtocolError("BARRIER reply: failed must be [{rank: int, type: str, message: str}]")
+            failed.append((item["rank"], Failure.parse_value(header, item)))
+        return cls(result, tuple(failed))
 
 
 class Shutdown(NamedTuple):
@@ -237,6 +362,24 @@ class Hello(NamedTuple):
         if not isinstance(tx, str) or len(tx) != 16 or any(c not in "0123456789abcdef" for c in tx):
             raise ProtocolError("HELLO needs {tx: 16 lowercase hex digits}")
         return cls(tx)
+
+
+class Rejoined(NamedTuple):
+    """REJOIN reply: ``{counts: [[key, offset, count], ...]}``: per part, how many pushes of the
+    rejoining worker's rank arrived (pushes 1..count), so its replacement numbers on from there."""
+
+    counts: tuple[tuple[int, int, int], ...]
+
+    def encode(self) -> str:
+        return _dump({"counts": [list(c) for c in self.counts]})
+
+    @classmethod
+    def parse(cls, header: Header) -> Rejoined:
+        counts = _field(header, json_object(header), "counts", list)
+        if any(type(c) is not list or len(c) != 3 or any(type(x) is not int for x in c) or c[1] < 0 or c[2] < 0
+               for c in counts):
+            raise ProtocolError("REJOIN reply field 'counts' must be [key, offset >= 0, count >= 0] triples")
+        return cls(tuple((c[0], c[1], c[2]) for c in counts))
 
 
 MAX_KEY_NAME = 256  # characters of a str key's name that INIT may carry
@@ -385,24 +528,6 @@ class CheckpointSaved(NamedTuple):
 class ErrorReply(NamedTuple):
     """ERROR: ``{type: str, message: str, node?: str}``: the error class name, its message,
     and the failed node it names (NodeFailedError)."""
-class Rejoined(NamedTuple):
-    """REJOIN reply: ``{counts: [[key, offset, count], ...]}``: per part, how many pushes of the
-    rejoining worker's rank arrived (pushes 1..count), so its replacement numbers on from there."""
-
-    counts: tuple[tuple[int, int, int], ...]
-
-    def encode(self) -> str:
-        return _dump({"counts": [list(c) for c in self.counts]})
-
-    @classmethod
-    def parse(cls, header: Header) -> Rejoined:
-        counts = _field(header, json_object(header), "counts", list)
-        if any(type(c) is not list or len(c) != 3 or any(type(x) is not int for x in c) or c[1] < 0 or c[2] < 0
-               for c in counts):
-            raise ProtocolError("REJOIN reply field 'counts' must be [key, offset >= 0, count >= 0] triples")
-        return cls(tuple((c[0], c[1], c[2]) for c in counts))
-
-
 
     type: str
     message: str

@@ -371,9 +371,9 @@ class KVWorker:
         """Nodes of ``group`` (1 scheduler, 2 servers, 4 workers, sums) silent for > ``timeout`` s."""
         return self.client.membership.num_dead_node(group, timeout)
 
-    def shutdown(self, timeout: float) -> None:
-        """Tell the scheduler this worker leaves the job."""
-        self.client.membership.shutdown(False, timeout)
+    def shutdown(self, timeout: float, wait: bool = False) -> None:
+        """Tell the scheduler this worker leaves the job; with ``wait``, block until every worker has left."""
+        self.client.membership.shutdown(wait, timeout)
 
     def _recover_server(self, server: int) -> None:
         """A replacement of ``server`` joined (``PSKV_SERVER_RECOVERY``; its own thread)."""

@@ -30,6 +30,9 @@ BUILTIN_OF = {
     errors.NodeFailedError: ConnectionError,
     errors.RemoteError: RuntimeError,
     errors.LaunchError: RuntimeError,
+    errors.CollectiveMismatchError: RuntimeError,
+    errors.CollectiveFailedError: RuntimeError,
+    errors.InitMismatchError: ValueError,
 }
 
 

@@ -1,0 +1,207 @@
+"""Collectives succeed or fail together: named and counted meetings, rank 0's outcome on every rank.
+
+A whole cluster in this process (scheduler, servers, workers as threads); the launched
+test at the end runs the same promises through ``pskv launch``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pskv
+from pskv.optimizer import SGD
+from pskv.testing import InProcessCluster
+from tests.fault.launched import launch_job
+
+DEADLINE = 30.0
+
+
+def run(fn, workers=2, servers=1, request_timeout=None, **settings):
+    """``fn(kv)`` on every worker; each result, or the exception it raised, with the time it returned."""
+    with InProcessCluster(servers, workers, deadline=DEADLINE, **settings) as cluster:
+        def body(cfg):
+            if request_timeout is not None:
+                cfg = dataclasses.replace(cfg, request_timeout=request_timeout)
+            kv = pskv.create("dist_sync", cluster=cfg)
+            try:
+                try:
+                    return fn(kv), time.monotonic()
+                except pskv.KVStoreError as exc:
+                    return exc, time.monotonic()
+            finally:
+                kv.set_barrier_before_exit(False)  # a failed collective leaves the others elsewhere
+                kv.close()
+        return cluster.run_workers(body)
+
+
+class _Unknown(SGD):
+    """An optimizer whose config no server knows: the servers refuse rank 0's set_optimizer."""
+
+    def to_config(self):
+        return {**super().to_config(), "name": "no_such_optimizer"}
+
+
+def _fail_on_rank0(op, tmp_path):
+    def fn(kv):
+        kv.init(0, np.zeros(4, np.float32))
+        if op == "set_optimizer":
+            kv.set_optimizer(_Unknown(learning_rate=0.1))
+        else:
+            kv.set_optimizer(SGD(learning_rate=0.1))
+        if op == "load_optimizer_states":
+            kv.load_optimizer_states(str(tmp_path / "never_written"))
+        elif op == "save_optimizer_states":
+            kv.save_optimizer_states(str(tmp_path / "no" / "such" / "dir" / "states"))
+        elif op == "save_checkpoint":
+            (tmp_path / "a_file").write_text("not a directory")
+            kv.save_checkpoint(str(tmp_path / "a_file" / "ckpt"))  # rank 0 cannot even create it
+        return "returned"
+    return fn
+
+
+@pytest.mark.parametrize("op", ["set_optimizer", "load_optimizer_states", "save_optimizer_states",
+                                "save_checkpoint"])
+def test_a_failure_on_rank0_raises_on_every_rank_within_5_s(tmp_path, op):
+    (r0, t0), (r1, t1) = run(_fail_on_rank0(op, tmp_path), servers=2, state_dir=str(tmp_path))
+    assert isinstance(r0, pskv.KVStoreError), r0  # rank 0: its own error
+    assert not isinstance(r0, pskv.CollectiveFailedError), r0
+    assert isinstance(r1, pskv.CollectiveFailedError), r1  # the others: naming it
+    assert f"{op} failed on worker 0" in str(r1), r1
+    assert r1.node == "worker 0" and r1.collective == op
+    assert str(r0)[:40] in str(r1)  # what failed there
+    assert abs(t1 - t0) < 5
+
+
+def test_ranks_in_different_collectives_both_raise_naming_both_calls(tmp_path):
+    def fn(kv):
+        kv.init(0, np.zeros(2, np.float32))
+        if kv.rank == 0:
+            kv.save_checkpoint(str(tmp_path / "ckpt"))  # rank 1 never calls it
+        else:
+            kv.barrier()
+        return "returned"
+
+    start = time.monotonic()
+    (r0, _), (r1, _) = run(fn, state_dir=str(tmp_path))
+    assert time.monotonic() - start < 10  # at once, not after the request timeout
+    for r in (r0, r1):
+        assert isinstance(r, pskv.CollectiveMismatchError), r
+        assert "worker 0 in save_checkpoint#" in str(r) and "worker 1 in barrier#" in str(r), r
+    assert "same order" in str(r0)  # what to do
+
+
+def test_a_rank0_only_collective_fails_at_once_with_what_to_do():
+    def fn(kv):
+        kv.init(0, np.zeros(2, np.float32))
+        if kv.rank == 0:
+            kv.set_optimizer(SGD(learning_rate=0.1))  # a collective called by rank 0 alone
+        kv.barrier()
+        return "returned"
+
+    (r0, _), (r1, _) = run(fn)
+    for r in (r0, r1):
+        assert isinstance(r, pskv.CollectiveMismatchError), r
+        assert "worker 0 in set_optimizer#" in str(r) and "worker 1 in barrier#" in str(r), r
+        assert "rank 0 may call only save_optimizer_states alone" in str(r)
+
+
+def test_a_rank0_only_collective_while_the_others_push_names_who_did_not_come():
+    def fn(kv):
+        kv.init(0, np.zeros(2, np.float32))
+        if kv.rank == 0:
+            kv.set_optimizer(SGD(learning_rate=0.1))  # rank 1 is busy pushing and pulling
+        else:
+            kv.push(0, np.ones(2, np.float32))
+            kv.pull(0, timeout=8)  # the round needs rank 0's push: blocked, not at the scheduler
+        return "returned"
+
+    (r0, t0), (r1, _) = run(fn, request_timeout=3.0)
+    assert isinstance(r0, pskv.OperationTimeoutError), r0
+    assert "worker 1 did not arrive within 3 s" in str(r0) and "set_optimizer#" in str(r0), r0
+    assert "still in other calls (push, pull" in str(r0)
+    assert isinstance(r1, pskv.KVStoreError), r1  # its pull timed out too: nothing waits forever
+
+
+def test_save_optimizer_states_by_rank0_alone_works_and_the_others_go_on(tmp_path):
+    path = tmp_path / "states"
+
+    def fn(kv):
+        kv.init(0, np.zeros(2, np.float32))
+        kv.set_optimizer(SGD(learning_rate=1.0))
+        for step in range(3):
+            kv.push(0, np.ones(2, np.float32))
+            kv.pull(0)
+            if kv.rank == 0 and step == 1:
+                kv.save_optimizer_states(str(path))  # how MXNet / PyTorch users save
+                assert sorted(p.name for p in tmp_path.iterdir()) == ["states.server0", "states.server1"]
+        kv.barrier()  # later collectives still pair rightly
+        kv.save_optimizer_states(str(tmp_path / "every"))  # every rank calls it: fine too
+        assert (tmp_path / "every.server1").exists()  # on every rank, once it returned
+        kv.load_optimizer_states(str(path))
+        return kv.pull(0)[0]
+
+    (r0, _), (r1, _) = run(fn, servers=2, state_dir=str(tmp_path))
+    assert r0 == r1 == -6.0
+
+
+def test_init_with_another_shape_or_dtype_raises_on_every_rank_naming_key_ranks_and_both():
+    def fn(kv):
+        kv.init(1, np.zeros(3, np.float32))  # alike: fine
+        try:
+            kv.init(7, np.zeros(3 if kv.rank == 0 else 4, np.float32))
+        except pskv.InitMismatchError as exc:
+            shape = exc
+        try:
+            kv.init(8, np.zeros(3, np.float32 if kv.rank == 0 else np.float64))
+        except pskv.InitMismatchError as exc:
+            return shape, exc
+        return "returned"
+
+    for (shape, dtype), _ in run(fn):
+        assert isinstance(shape, ValueError)
+        assert "key 7" in str(shape) and "worker 0: shape (3,) dtype float32" in str(shape), shape
+        assert "worker 1: shape (4,) dtype float32" in str(shape), shape
+        assert "worker 0: shape (3,) dtype float32" in str(dtype) and "worker 1: shape (3,) dtype float64" in str(dtype)
+
+
+WORKER = """
+import sys, time
+import numpy as np
+import pskv
+from pskv.optimizer import SGD
+kv = pskv.create("dist_sync")
+kv.init(0, np.zeros(4, np.float32))
+kv.set_optimizer(SGD(learning_rate=0.1))
+kv.push(0, np.ones(4, np.float32))
+kv.pull(0)
+if kv.rank == 0:
+    kv.save_optimizer_states(sys.argv[1] + "/alone")
+kv.barrier()
+print("alone", kv.rank, sorted(p for p in __import__("os").listdir(sys.argv[1]) if p.startswith("alone")), flush=True)
+start = time.monotonic()
+try:
+    kv.load_optimizer_states(sys.argv[1] + "/never_written")
+except pskv.KVStoreError as exc:
+    print(f"raised {kv.rank} {type(exc).__name__} after {time.monotonic() - start:.1f}s: {exc}", flush=True)
+kv.close()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_launched_rank0_alone_save_then_a_failed_load_raises_on_both_ranks(tmp_path):
+    code, out = launch_job(tmp_path, WORKER, [str(tmp_path)], ["--env", "PSKV_REQUEST_TIMEOUT=60"])
+    assert code == 0, out
+    for rank in (0, 1):
+        assert f"alone {rank} ['alone.server0', 'alone.server1']" in out, out
+    raised = [line for line in out.splitlines() if "raised" in line]
+    assert len(raised) == 2, out
+    kinds = {line.split("raised ")[1].split()[1] for line in raised}
+    assert kinds == {"RemoteError", "CollectiveFailedError"}, raised
+    assert all(float(line.split("after ")[1].split("s:")[0]) < 5 for line in raised), raised
+    assert "load_optimizer_states failed on worker 0" in out
+    assert Path(tmp_path / "alone.server0").exists()
