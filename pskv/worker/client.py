@@ -172,11 +172,20 @@ class WorkerClient:
                 raise OperationTimeoutError(f"could not connect to the servers: {pending.what} to "
                                             f"{node_name(pending.node)} got no answer") from None
         if info.recovery:  # a replacement of a dead worker: each server says which pushes of this rank arrived
-            for pending in [self.request(s, Command.REJOIN, what="rejoin", timeout=self._cluster.startup_timeout)
-                            for s in range(len(info.servers))]:
-                for key, offset, count in Rejoined.parse(pending.wait(self._cluster.startup_timeout)).counts:
-                    self.landed[(key, offset)] = count
+            self.rejoin(len(info.servers), self._cluster.startup_timeout)
         return info
+
+    def rejoin(self, num_servers: int, timeout: float) -> None:
+        """A replacement process: ``REJOIN`` every server; :attr:`landed` gets their counts of this rank's pushes.
+
+        Raises:
+            OperationTimeoutError, RemoteError, NodeFailedError: a server did not answer.
+            ProtocolError: an answer is malformed.
+        """
+        pendings = [self.request(s, Command.REJOIN, what="rejoin", timeout=timeout) for s in range(num_servers)]
+        for pending in pendings:
+            for key, offset, count in Rejoined.parse(pending.wait(timeout)).counts:
+                self.landed[(key, offset)] = count
 
     def connect_in_process(self, info: NodeInfo, channels: Sequence[Channel], membership: Any) -> None:
         """Talk to servers of this process through ``channels`` (one per server rank), without sockets.

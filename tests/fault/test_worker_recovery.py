@@ -9,11 +9,14 @@ sent again (from another connection or the same one) changes nothing."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
+import pskv
 from pskv.config import ClusterConfig
 from pskv.kvstore.dist import DistStore
 from pskv.optimizer import SGD
@@ -95,7 +98,7 @@ def _tapped_store(num_servers: int = 2) -> tuple[DistStore, LoopbackNetwork, lis
     captured: list[tuple[int, bytes, list[bytes]]] = []
     post = network.post
 
-    def tap(target: int, frames: list[object]) -> None:
+    def tap(target: int, frames: list[Any]) -> None:
         if target >= 0:
             captured.append((target, b"loopback-worker", [bytes(memoryview(f).cast("B")) for f in frames]))
         post(target, frames)
@@ -154,3 +157,35 @@ def test_a_push_numbered_far_ahead_is_refused_and_changes_nothing():
     kv.push("w", np.ones(8, np.float32))
     assert kv.pull("w").tolist() == [-2.0] * 8
     kv.close()
+
+
+def test_a_replacement_of_a_worker_that_died_between_the_servers_of_one_push_applies_it_once(monkeypatch):
+    """w is split over 2 servers; the dying process's 2nd push reached server 0 only. The replacement
+    learns that (REJOIN), goes on at step 1, and its push of step 1 is applied on server 1 alone."""
+    kv, network, _ = _tapped_store()
+    kv.push("w", np.ones(8, np.float32))  # step 0: both servers
+    post = network.post
+    network.post = lambda target, frames: None if target == 1 else post(target, frames)  # type: ignore[method-assign]
+    kv.push("w", np.full(8, 2.0, np.float32), block=False)  # step 1: server 1's message is lost; the process dies
+    network.post = post  # type: ignore[method-assign]
+    kv._worker.client.close()  # the process is gone: its waiting request fails
+    with pytest.raises(pskv.KVStoreError):
+        kv.wait(timeout=5)
+    kv.close()
+
+    monkeypatch.setattr("pskv.testing.loopback._WORKER", b"replacement")  # the new process's connection
+    replacement = LoopbackNetwork(kv._cluster)
+    replacement.cores = network.cores  # the same servers ...
+    network.client = replacement.client  # ... answer the new process
+    replacement.client.info = replace(replacement.client.info, recovery=True)
+    replacement.client.rejoin(2, 5.0)
+    again = DistStore("dist_sync", None, kv._cluster, worker=KVWorker(kv._cluster, sync=True,
+                                                                        client=replacement.client))
+    assert again.is_recovery
+    again.init("w", np.zeros(8, np.float32))  # registers only
+    assert again.push_count("w") == 1 and again.resume_step() == 1
+    again.push("w", np.full(8, 2.0, np.float32))  # step 1 again: number 2, new on server 1 only
+    assert again.pull("w").tolist() == [-3.0] * 8  # 1 + 2, each once (server 0 ignored its repeat)
+    again.push("w", np.full(8, 4.0, np.float32))
+    assert again.pull("w").tolist() == [-7.0] * 8 and again.push_count("w") == 3
+    again.close()

@@ -234,3 +234,29 @@ def test_queued_pushes_of_the_remaining_worker_complete_after_a_join():
     s.push(p, 1, f(100))  # queued for round 3
     s.join(2)
     assert p.round == 3 and p.value.tolist() == [100] * 4 and not p.queued
+
+
+def test_a_push_number_is_applied_at_most_once_even_out_of_order_and_across_a_replacement():
+    s, p = shard()
+    s.updater = lambda key, grad, weight: np.add(weight, grad, out=weight)  # the value: every push summed
+    assert not s.landed(p, 9, 1)
+    s.push(p, 9, f(1), 1)
+    assert s.landed(p, 9, 1) and not s.landed(p, 9, 2)
+    s.push(p, 9, f(4), 3)  # overtook push 2: arrives, queued for the next round
+    assert s.landed(p, 9, 3) and not s.landed(p, 9, 2) and p.pushes[9].count == 1
+    assert s.round_of_push(p, 9, 3) is None  # a pull naming push 3 waits for push 2 too
+    s.push(p, 9, f(2), 2)
+    assert p.pushes[9].count == 3 and not p.pushes[9].ahead
+    assert s.replaced(9) == [(7, 0, 3)] and s.landed(p, 9, 3)  # the rank's counts outlive its process
+    s.push(p, 11, f(10), 1)
+    s.push(p, 11, f(20), 2)
+    s.push(p, 11, f(40), 3)
+    assert p.round == 3 and p.value.tolist() == [1 + 4 + 2 + 10 + 20 + 40] * 4  # each push exactly once
+
+
+def test_a_push_number_far_ahead_is_refused_without_counting():
+    s, p = shard()
+    with pytest.raises(pskv.InvalidArgumentError, match="push number 5000 is more than 1024 past"):
+        s.landed(p, 9, 5000)
+    s.skip_push(p, 9, 5000)  # the refusal's bookkeeping records nothing either
+    assert p.pushes[9].count == 0 and not p.pushes[9].ahead
