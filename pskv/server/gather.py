@@ -19,6 +19,20 @@ __all__ = ["Gather"]
 Answer = Callable[[bytes, list[Any]], None]  # (identity, frames): send a reply with values
 
 
+class Refused(str):
+    """Why a round cannot complete when nobody died: a push refused for its shape or dtype.
+
+    A ``str`` (what a pull's ``fail`` callback takes) that carries the error's class name.
+    """
+
+    kind: str
+
+    def __new__(cls, text: str, kind: str) -> Refused:
+        self = super().__new__(cls, text)
+        self.kind = kind
+        return self
+
+
 class Gather:
     """Collects the parts of one pull / pushpull and sends one reply (or one error).
 
@@ -80,8 +94,12 @@ class Gather:
         self._send(reply_frames(self._header, sender, arrays=tuple(specs), data=data))
 
     def fail(self, reason: str) -> None:
-        """Answer with NodeFailedError naming the dead worker(s) (the round cannot complete)."""
+        """Answer with NodeFailedError naming the dead worker(s) (the round cannot complete), or with
+        the error class of a :class:`Refused` reason."""
         if self._done:
             return
         self._done = True
+        if isinstance(reason, Refused):
+            self._send(error_frames(self._header, self._node_id(), reason.kind, str(reason)))
+            return
         self._send(error_frames(self._header, self._node_id(), "NodeFailedError", reason, node=self._dead_names()))

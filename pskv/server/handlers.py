@@ -19,12 +19,12 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from pskv.errors import InvalidArgumentError, KVStoreError
+from pskv.errors import DTypeMismatchError, InvalidArgumentError, KVStoreError, ShapeMismatchError
 from pskv.protocol import TX_PREFIX, ArraySpec, Command, Flag, Header, frame_array, node_name
 from pskv.protocol.bodies import Hello, Rejoined
 from pskv.protocol.replies import reply_frames
 from pskv.server.dedup import ReplyCache
-from pskv.server.gather import Gather
+from pskv.server.gather import Gather, Refused
 from pskv.server.liveness import DeadWorkers
 from pskv.server.shard import Part, ServerShard, to_storage
 
@@ -65,6 +65,7 @@ class DataHandlers:
         self._replies = replies
         self._dead = dead
         self._routes = routes
+        self._refused: dict[tuple[int, int], tuple[int, Refused]] = {}  # part -> (round, why): _refuse_rounds
         self._name = name
 
     def handlers(self) -> dict[Command, Handler]:
@@ -143,8 +144,10 @@ class DataHandlers:
         try:
             checked = self._pushed(header, buffers, op)
             repeats = [self._shard.landed(part, sender, number) for (part, _), number in zip(checked, numbers)]
-        except Exception:
+        except Exception as exc:
             self._skip_pushes(header)
+            if isinstance(exc, (ShapeMismatchError, DTypeMismatchError)):
+                self._refuse_rounds(header, exc)
             raise
         joined = []
         for n, ((part, data), number) in enumerate(zip(checked, numbers)):
@@ -163,6 +166,43 @@ class DataHandlers:
                         self._name(), header.command.name, sum(repeats), node_name(sender), header.arrays[first].key,
                         numbers[first])
         return joined
+
+    def _refuse_rounds(self, header: Header, exc: ShapeMismatchError | DTypeMismatchError) -> None:
+        """A sync push refused for its shape or dtype: the round it would have joined cannot complete.
+
+        The other workers' pulls waiting for that round fail now, and later ones at once,
+        with the same error (its class, naming the sender and both shapes or dtypes) — not
+        after the request timeout. The refusal is forgotten once the part's round passes it.
+        """
+        if not self._shard.sync:
+            return
+        for spec in header.arrays:
+            part = self._shard.parts.get((spec.key, spec.offset))
+            if part is None or (spec.dtype == part.dtype and spec.size == part.value.size):
+                continue
+            reason = Refused(f"{node_name(header.sender)}'s {exc}: sync round {part.round + 1} of key {spec.key} "
+                             "cannot complete", type(exc).__name__)
+            self._refused[(spec.key, spec.offset)] = (part.round + 1, reason)
+            waiting, part.waiting = part.waiting, []
+            early = [e for e in part.early if e[0] != header.sender]
+            part.early = [e for e in part.early if e[0] == header.sender]
+            for fail in [w[2] for w in waiting] + [e[3] for e in early]:
+                if fail is not None:
+                    fail(reason)
+
+    def _refusal(self, parts: list[tuple[Part, int]], sender: int, by_push: bool) -> Refused | None:
+        """The refusal (:meth:`_refuse_rounds`) a pull of ``parts`` would wait on forever, if any."""
+        for part, r in parts:
+            refused = self._refused.get((part.key, part.offset))
+            if refused is None:
+                continue
+            if part.round >= refused[0]:  # completed after all (the worker pushed again)
+                del self._refused[(part.key, part.offset)]
+                continue
+            needed = self._shard.round_of_push(part, sender, r) if by_push else r
+            if needed is None or needed >= refused[0]:
+                return refused[1]
+        return None
 
     def _skip_pushes(self, header: Header) -> None:
         """Count every existing part a refused push message names (see :meth:`_apply_pushes`)."""
@@ -214,11 +254,21 @@ class DataHandlers:
         gather = Gather(self._answer, self._node_id, self._dead.names, identity, header, len(parts),
                         snapshot=self._shard.updater is not None, shared=shared, on_answered=on_answered)
         sender = header.sender
+        refused = self._refusal(parts, sender, by_push) if self._refused else None
+        if refused is not None:
+            gather.fail(refused)
+            return
         if self._dead and self._shard.sync and any(
             _must_wait(part, self._shard.round_of_push(part, sender, r) if by_push else r) for part, r in parts
         ):
             gather.fail(self._dead.reason())
             return
+        if self._dead.left:  # a worker that left never pushes the rounds this may wait for
+            left = self._dead.left_reason([(p, self._shard.round_of_push(p, sender, r) if by_push else r)
+                                           for p, r in parts])
+            if left is not None:
+                gather.fail(left)
+                return
         for i, (part, r) in enumerate(parts):
             ready = partial(gather.ready, i)
             if by_push:

@@ -205,3 +205,50 @@ def test_launched_rank0_alone_save_then_a_failed_load_raises_on_both_ranks(tmp_p
     assert all(float(line.split("after ")[1].split("s:")[0]) < 5 for line in raised), raised
     assert "load_optimizer_states failed on worker 0" in out
     assert Path(tmp_path / "alone.server0").exists()
+
+
+def test_byteps_first_pushpull_of_another_shape_fails_on_both_ranks_at_once():
+    def fn(kv):
+        kv.pushpull("g", np.ones(2, np.float32))  # declared alike: fine
+        return kv.pushpull("h", np.ones(3 if kv.rank == 0 else 4, np.float32))
+
+    with InProcessCluster(1, 2, deadline=DEADLINE) as cluster:
+        def body(cfg):
+            kv = pskv.create("byteps", cluster=cfg)
+            try:
+                fn(kv)
+            except pskv.KVStoreError as exc:
+                return exc, time.monotonic()
+            finally:
+                kv.set_barrier_before_exit(False)
+                kv.close()
+            return None, time.monotonic()
+        (r0, t0), (r1, t1) = cluster.run_workers(body)
+    for r in (r0, r1):
+        assert isinstance(r, pskv.InitMismatchError), r
+        assert "key 'h'" in str(r) and "worker 0: shape (3,)" in str(r) and "worker 1: shape (4,)" in str(r), r
+    assert abs(t1 - t0) < 5
+
+
+def test_a_sync_push_the_server_refuses_for_its_size_fails_the_others_pull_of_that_round_at_once():
+    def fn(kv):
+        # the inits pair different keys (allowed): rank 1's idea of key 5 never meets rank 0's
+        if kv.rank == 0:
+            kv.init([5, 6], [np.zeros(3, np.float32)] * 2)
+            kv.init(7, np.zeros(3, np.float32))
+        else:
+            kv.init([6, 7], [np.zeros(3, np.float32)] * 2)
+            kv.init(5, np.zeros(4, np.float32))
+        start = time.monotonic()
+        try:
+            kv.pushpull(5, np.ones(3 if kv.rank == 0 else 4, np.float32))
+        except pskv.RemoteError as exc:
+            return exc, time.monotonic() - start
+        return None, 0.0
+
+    (r0, s0), (r1, s1) = [r for r, _ in run(fn, request_timeout=20.0)]
+    for r in (r0, r1):
+        assert isinstance(r, pskv.RemoteError) and r.remote_type == "ShapeMismatchError", r
+        assert "shape (4,) does not match the stored shape (3,)" in str(r), r
+    assert "worker 1's pushpull of key 5" in str(r0), r0  # the other rank learns who and what
+    assert s0 < 5 and s1 < 5
