@@ -120,6 +120,12 @@ class DataParallelExecutorGroup:
             another group, e.g. one bound for another batch shape.
         concurrent: run replicas in parallel threads (default: when there are several
             devices).
+        output_layouts: per output, its layout (``'TNC'``: the batch axis is 1; no
+            ``'N'``: not batched, device 0's copy is the merged one) — MXNet read them
+            from the symbol's ``__layout__``. Default: the first data input's batch
+            axis if the output holds the device's samples there (so a time-major
+            model's outputs are merged, shaped and scored along that axis, like its
+            inputs), else axis 0 if it holds them there; a 0-d output is not batched.
 
     Raises:
         InvalidArgumentError, InvalidTypeError: bad arguments, naming them.
@@ -131,8 +137,12 @@ class DataParallelExecutorGroup:
                  for_training: bool = True, inputs_need_grad: bool = False,
                  grad_req: str | Mapping[str, str] | Sequence[str] = "write",
                  fixed_param_names: Iterable[str] = (), shared_group: DataParallelExecutorGroup | None = None,
-                 concurrent: bool | None = None) -> None:
+                 concurrent: bool | None = None, output_layouts: Sequence[str | None] | None = None) -> None:
         self.devices = [_device(d) for d in devices]
+        if output_layouts is not None and (isinstance(output_layouts, str) or not all(
+                layout is None or isinstance(layout, str) for layout in output_layouts)):
+            raise InvalidTypeError(f"output_layouts must be a list of layout strings (or None), got {output_layouts!r}")
+        self.output_layouts = None if output_layouts is None else list(output_layouts)
         self.workload = check_workload(workload, len(self.devices))
         self.loss = loss
         self.for_training = bool(for_training)
@@ -294,10 +304,14 @@ class DataParallelExecutorGroup:
         return [f.result() for f in futures]
 
     def _split(self, x: Any, desc: _Desc, i: int) -> torch.Tensor:
+        return self._slice(x, desc, i).to(self.devices[i], non_blocking=True)
+
+    def _slice(self, x: Any, desc: _Desc, i: int) -> torch.Tensor:
+        """Device ``i``'s slice of ``x`` along ``desc``'s batch axis (all of it for -1), where ``x`` is."""
         t = _to_tensor(x)
         if desc.axis >= 0:
             t = t.narrow(desc.axis, self.slices[i].start, self.slices[i].stop - self.slices[i].start)
-        return t.to(self.devices[i], non_blocking=True)
+        return t
 
     def _inputs_for(self, arrays: list[Any], descs: list[_Desc], what: str) -> list[_Desc]:
         """Descriptions matching ``arrays``; the batch size follows the batch (auto-reshape)."""
@@ -411,7 +425,9 @@ class DataParallelExecutorGroup:
         def run(i: int) -> None:
             if grads:
                 outs = outputs[i][: len(grads)]
-                slices = [self._split(g, _Desc("out_grad", tuple(g.shape), 0), i) for g in grads]
+                slices = [self._split(g, _Desc(f"out_grad{k}", tuple(g.shape),
+                                                self._output_axis(k, tuple(g.shape), self.batch_size)), i)
+                          for k, g in enumerate(grads)]
                 torch.autograd.backward(outs, grad_tensors=slices)
             else:
                 loss = losses[i]
@@ -430,8 +446,35 @@ class DataParallelExecutorGroup:
         per_output = [[self._outputs[i][k] for i in devices] for k in range(len(self._outputs[devices[0]]))]
         if not merge_multi_context:
             return per_output
-        return [torch.cat([t.to(self.devices[0]) for t in outs]) if len(outs) > 1 else outs[0]
-                for outs in per_output]
+        merged = []
+        first = self.slices[devices[0]]
+        for k, outs in enumerate(per_output):
+            axis = self._output_axis(k, tuple(outs[0].shape), first.stop - first.start)
+            merged.append(torch.cat([t.to(self.devices[0]) for t in outs], dim=axis)
+                          if len(outs) > 1 and axis >= 0 else outs[0])
+        return merged
+
+    def _output_axis(self, k: int, shape: tuple[int, ...], n: int) -> int:
+        """The batch axis of output ``k``, of ``shape`` for ``n`` samples; -1: not batched.
+
+        Raises:
+            InvalidArgumentError: its layout in ``output_layouts`` has another number of
+                axes, or (no layout given) no candidate axis holds the ``n`` samples.
+        """
+        if self.output_layouts is not None and k < len(self.output_layouts):
+            layout = self.output_layouts[k]
+            if layout is not None and len(layout) != len(shape):
+                raise InvalidArgumentError(f"output {k} has {len(shape)} dimension(s), its layout {layout!r} "
+                                           f"(output_layouts) has {len(layout)}")
+            return _batch_axis(layout)
+        if not shape:
+            return -1
+        candidates = dict.fromkeys((max(self.data_shapes[0].axis, 0) if self.data_shapes else 0, 0))
+        for axis in candidates:
+            if axis < len(shape) and shape[axis] == n:
+                return axis
+        raise InvalidArgumentError(f"output {k} of shape {shape} holds the {n} samples of its batch slice on none "
+                                   f"of the axes {list(candidates)}; give its layout in output_layouts")
 
     def get_loss(self) -> float:
         """The summed loss of the last forward over all devices (a Python float)."""
@@ -471,11 +514,13 @@ class DataParallelExecutorGroup:
             i = self.active_devices[0]
             n = self.slices[i].stop - self.slices[i].start
             xs = []
+            first = next(replica.parameters(), None)  # a module without parameters: the default dtype
+            dtype = torch.get_default_dtype() if first is None else first.dtype
             for d in self.data_shapes:
                 shape = list(d.shape)
                 if d.axis >= 0:
                     shape[d.axis] = n
-                xs.append(torch.zeros(shape, device=device, dtype=next(replica.parameters()).dtype))
+                xs.append(torch.zeros(shape, device=device, dtype=dtype))
             was_training = replica.training
             replica.eval()
             try:
@@ -487,8 +532,9 @@ class DataParallelExecutorGroup:
             shapes = []
             for k, o in enumerate(outs):
                 shape = list(o.shape)
-                if shape:
-                    shape[0] = shape[0] * self.batch_size // n
+                axis = self._output_axis(k, tuple(shape), n)
+                if axis >= 0:
+                    shape[axis] = shape[axis] * self.batch_size // n
                 shapes.append((f"output{k}", tuple(shape)))
             self._output_shapes = shapes
         return self._output_shapes
@@ -496,19 +542,33 @@ class DataParallelExecutorGroup:
     def update_metric(self, eval_metric: Any, labels: Any, pre_sliced: bool = False) -> None:
         """Accumulate ``eval_metric`` on every device's outputs against its slice of ``labels``.
 
+        Each label is sliced along its batch axis (its layout's ``'N'`` in ``label_shapes``;
+        default 0), as in :meth:`forward`.
+
         Args:
             eval_metric: an object with MXNet's ``update(labels, preds)``.
             labels: the batch's label arrays (or, with ``pre_sliced``, one list per device).
+
+        Raises:
+            InvalidArgumentError: no forward yet, or a label's batch axis does not hold the batch.
         """
         if self._outputs is None:
             raise InvalidArgumentError("update_metric() needs a forward() first")
         labels = as_list(labels)
+        descs = []
+        if not pre_sliced:
+            for k, y in enumerate(labels):
+                t = _to_tensor(y)
+                axis = self.label_shapes[k].axis if k < len(self.label_shapes) else 0
+                if axis >= 0 and (t.ndim <= axis or t.shape[axis] != self.batch_size):
+                    raise InvalidArgumentError(f"update_metric: label {k} of shape {tuple(t.shape)} does not hold "
+                                               f"the batch of {self.batch_size} on its batch axis {axis}")
+                descs.append(_Desc(f"label{k}", tuple(t.shape), axis))
         for n, i in enumerate(self.active_devices):
             if pre_sliced:
                 device_labels = as_list(labels[n])
             else:
-                device_labels = [_to_tensor(y).narrow(0, self.slices[i].start, self.slices[i].stop - self.slices[i].start)
-                                 for y in labels]
+                device_labels = [self._slice(y, d, i) for y, d in zip(labels, descs)]
             eval_metric.update(device_labels, [o.detach() for o in self._outputs[i]])
 
     # -- parameters ----------------------------------------------------------------------

@@ -250,3 +250,77 @@ def test_a_device_this_machine_lacks_is_a_pskv_error_naming_it(device):
     name = device.format(beyond=torch.cuda.device_count() + 7)
     with pytest.raises(pskv.InvalidArgumentError, match=name.split(":")[0]):
         DataParallelExecutorGroup(torch.nn.Linear(2, 2), ["cpu", name])
+
+
+# -- time-major layouts: the batch axis of each input, output and label --------------------
+class TimeMajor(torch.nn.Module):
+    """(T, N, 5) -> (T, N, 3), and the last step's (N, 3) as a second output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(5, 3).double()
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.lin(torch.tanh(x))
+        return out, out[-1]
+
+
+def time_major_batch(t: int = 4, n: int = 7) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    return torch.randn(t, n, 5, dtype=torch.float64, generator=g), torch.randint(0, 3, (t, n), generator=g)
+
+
+def test_time_major_outputs_shapes_gradients_and_metrics_follow_each_batch_axis():
+    x, y = time_major_batch()
+    one = TimeMajor()
+    whole, last = one(x)
+    g = DataParallelExecutorGroup(TimeMajor(), ["cpu", "cpu", "cpu"], output_layouts=["TNC", "NC"],
+                                  data_shapes=[DataDesc("data", (4, 7, 5), layout="TNC")],
+                                  label_shapes=[DataDesc("label", (4, 7), layout="TN")])
+    assert g.output_shapes == [("output0", (4, 7, 3)), ("output1", (7, 3))]
+    g.forward((x, y))
+    merged = g.get_outputs()
+    torch.testing.assert_close(merged[0], whole)
+    torch.testing.assert_close(merged[1], last)
+    assert [tuple(p.shape) for p in g.get_outputs(merge_multi_context=False)[0]] == [(4, 3, 3), (4, 2, 3), (4, 2, 3)]
+    # gradients of time-major out_grads, split along the same axis: their sum is one device's
+    og = torch.randn(4, 7, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    g.backward([og])
+    whole.backward(og)
+    for name, grads in zip(g.param_names, g.grad_arrays):
+        torch.testing.assert_close(sum(grads), dict(one.named_parameters())[name].grad)
+    # the metric sees each device's labels (T, n) beside its outputs (T, n, 3)
+    seen = []
+
+    class Record:
+        def update(self, labels, preds):
+            seen.append((labels[0], preds[0]))
+    g.update_metric(Record(), [y])
+    assert [(tuple(lab.shape), tuple(pred.shape)) for lab, pred in seen] == [((4, 3), (4, 3, 3)), ((4, 2), (4, 2, 3)),
+                                                                            ((4, 2), (4, 2, 3))]
+    assert torch.equal(torch.cat([lab for lab, _ in seen], dim=1), y)
+    torch.testing.assert_close(torch.cat([pred for _, pred in seen], dim=1), whole.detach())
+    with pytest.raises(pskv.InvalidArgumentError, match="label 0 of shape \\(7, 4\\)"):
+        g.update_metric(Accuracy(axis=2), [y.T])
+
+
+def test_outputs_default_to_the_data_batch_axis_and_a_wrong_output_layout_is_named():
+    x, _ = time_major_batch()
+    g = DataParallelExecutorGroup(TimeMajor(), ["cpu", "cpu"], for_training=False,
+                                  data_shapes=[DataDesc("data", (4, 7, 5), layout="TNC")])
+    # output0 holds the samples on the data's batch axis 1, output1 (the last step) on axis 0
+    assert g.output_shapes == [("output0", (4, 7, 3)), ("output1", (7, 3))]
+    g.forward(x)
+    assert [tuple(o.shape) for o in g.get_outputs()] == [(4, 7, 3), (7, 3)]
+    odd = DataParallelExecutorGroup(torch.nn.Flatten(0, -1), ["cpu", "cpu"], for_training=False,
+                                    data_shapes=[DataDesc("data", (4, 6, 7), layout="TNC")])
+    with pytest.raises(pskv.InvalidArgumentError, match="output 0 of shape \\(84,\\) holds the 3 samples"):
+        odd.output_shapes  # noqa: B018 - a property that runs the replica
+    bad = DataParallelExecutorGroup(TimeMajor(), ["cpu", "cpu"], for_training=False, output_layouts=["NC"],
+                                    data_shapes=[DataDesc("data", (4, 7, 5), layout="TNC")])
+    bad.forward(x)
+    with pytest.raises(pskv.InvalidArgumentError, match="output 0 has 3 dimension\\(s\\), its layout 'NC'"):
+        bad.get_outputs()
+    with pytest.raises(pskv.InvalidTypeError, match="output_layouts"):
+        DataParallelExecutorGroup(TimeMajor(), ["cpu"], output_layouts="TNC")
