@@ -9,6 +9,8 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Callable
+from types import FrameType
 
 from pskv.cluster import Scheduler
 from pskv.config import ClusterConfig
@@ -31,6 +33,33 @@ def _exit_on_sigterm() -> None:
     """Turn SIGTERM into SystemExit, so a stopped role still removes its shared memory."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+
+
+_NO_WORKERS = "the launcher reports that no worker will come or stay (every worker exited, or the launcher is gone)"
+
+
+def _end_on_sigusr1(end: Callable[[], None]) -> None:
+    """SIGUSR1 (from :mod:`pskv.launch.guard`): no worker will come or stay; ``end()`` ends the role, once."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # the guard repeats it: once is enough
+        end()
+
+    signal.signal(signal.SIGUSR1, handler)
+
+
+def _ignore_sigusr1() -> None:
+    """The role is ending anyway: ignore the guard's SIGUSR1 from now on, through interpreter exit
+    (which would otherwise restore the default action, death by SIGUSR1)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+
+
+def _exit_now() -> None:
+    log.info("server: %s; ending", _NO_WORKERS)
+    sys.exit(0)
 
 
 def run_role(cluster: ClusterConfig, port_file: str | None = None) -> int:
@@ -60,10 +89,20 @@ def run_role(cluster: ClusterConfig, port_file: str | None = None) -> int:
         else:
             cluster.require_cluster()
             scheduler = Scheduler(cluster, address=f"tcp://{resolve_host(cluster.root_uri)}:{cluster.root_port}")
-        scheduler.run()
+        _end_on_sigusr1(lambda: scheduler.end(_NO_WORKERS))
+        try:
+            scheduler.run()
+        finally:
+            _ignore_sigusr1()
         return 0
     cluster.require_cluster()
     if cluster.role == "server":
-        ServerNode(cluster).run()
+        node = ServerNode(cluster)
+        try:
+            _end_on_sigusr1(_exit_now)  # waiting to register or serving: nobody is left to serve
+            node.run()
+        finally:
+            _ignore_sigusr1()
+            node.stop()  # idempotent: finishes a cleanup that a signal interrupted
         return 0
     raise ValueError(f"run_role serves servers and schedulers, not {cluster.role!r}")

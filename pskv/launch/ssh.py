@@ -12,9 +12,12 @@ host takes per round. Placement:
   order, starting over when there are more workers than slots;
 * a worker's local rank counts the workers before it on the same host.
 
-Each process is ``ssh -o BatchMode=yes HOST 'cd CWD && env ... COMMAND'``; everything
-starts at once, and servers and workers wait for the scheduler through their own
-registration timeout (``PSKV_STARTUP_TIMEOUT``).
+Each process is ``ssh -o BatchMode=yes HOST 'cd CWD && PYTHON -S -c GUARD ... -- env ...
+COMMAND'``; everything starts at once, and servers and workers wait for the scheduler
+through their own registration timeout (``PSKV_STARTUP_TIMEOUT``). GUARD is the text of
+:mod:`pskv.launch.guard`: ssh forwards the launcher's lifeline (the client's stdin), so
+when the ssh client ends — the launcher stopped it (Ctrl-C), or died — the remote
+process group ends too, instead of running on until its next write fails.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 from pskv.errors import InvalidArgumentError, LaunchError
 from pskv.launch.config import LaunchConfig
 from pskv.launch.contract import ProcessSpec, contract_env, env_argv, role_argv
-from pskv.launch.supervisor import Console, Supervisor
+from pskv.launch.supervisor import Console, Supervisor, guard_argv
 
 __all__ = ["Host", "Placement", "parse_hostfile", "read_hostfile", "place", "ssh_argv", "ssh_specs", "run_ssh"]
 
@@ -133,8 +136,9 @@ def ssh_specs(config: LaunchConfig, hosts: Sequence[Host]) -> list[ProcessSpec]:
     layout = config.layout(where.scheduler.address, config.port)
 
     def spec(role: str, rank: int | None, host: Host, env: dict[str, str], command: Sequence[str]) -> ProcessSpec:
+        guarded = guard_argv(config.python, role, config.stop_grace, config.exit_grace, inline=True)
         return ProcessSpec(role, rank, host.address, tuple(ssh_argv(host, config.cwd,
-                                                                   env_argv(env, config.env, command))))
+                                                                   guarded + env_argv(env, config.env, command))))
 
     specs = [spec("scheduler", None, where.scheduler, contract_env(layout, "scheduler", where.scheduler.address),
                   role_argv(config.python, "scheduler"))]

@@ -15,6 +15,14 @@ the same queue, so all decisions are taken on the main thread, in time order:
   at once; the ``timeout`` stops it with exit 124;
 * when every worker has exited 0, servers and scheduler get ``exit_grace`` seconds
   to exit by themselves (exit 0), else they are stopped (exit 1).
+
+No orphans: every child's stdin is a lifeline, a pipe from the launcher that nobody
+writes to, watched by :mod:`pskv.launch.guard` (around each local child; at the far end
+of each ssh connection). When the launcher dies — SIGKILL included — the kernel closes
+the pipes and every guard ends its process group (workers at once; scheduler and
+servers by SIGUSR1, ``pskv.roles``'s "no worker will come"). Once every worker has
+exited 0, the launcher closes the roles' lifeline itself: a job whose workers never
+created a store ends at once instead of waiting for its registrations.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import queue
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,9 +42,10 @@ from typing import IO, Any
 
 from pskv.checkpoints import latest_server_checkpoint
 from pskv.errors import LaunchError
+from pskv.launch import guard
 from pskv.launch.contract import ProcessSpec
 
-__all__ = ["Console", "Supervisor", "describe_exit", "signal_name"]
+__all__ = ["Console", "Supervisor", "describe_exit", "guard_argv", "signal_name"]
 
 _READER_JOIN = 2.0  # seconds an exit notice waits for the child's last output lines
 _KILL_WAIT = 5.0  # seconds to wait for SIGKILLed children before giving up on them
@@ -43,6 +53,21 @@ EXIT_TIMEOUT = 124  # as timeout(1)
 EXIT_FAILURE = 1  # lingering servers or scheduler, or the launcher's own error
 # "NodeFailedError: worker 1 failed: ..." in a child's output: the peer it saw fail
 _BLAMED = re.compile(rb"NodeFailedError: ((?:worker|server) \d+|scheduler) failed")
+
+
+def guard_argv(python: str, role: str, stop_grace: float, exit_grace: float, inline: bool = False) -> list[str]:
+    """The command prefix that runs a process of ``role`` under :mod:`pskv.launch.guard`.
+
+    A worker is stopped at once when the lifeline closes; a scheduler or server is asked
+    to end (SIGUSR1) and stopped only after ``exit_grace`` + ``stop_grace`` + 1 seconds
+    (by then a living launcher has stopped it itself). ``inline``: the guard's text on
+    the command line (``-c``), for a host where this file may not be (ssh).
+    """
+    mode = "worker" if role == "worker" else "role"
+    later = 0.0 if mode == "worker" else exit_grace + stop_grace + 1.0
+    with open(guard.__file__, encoding="utf-8") as f:
+        where = ["-c", f.read()] if inline else [guard.__file__]
+    return [python, "-S", *where, mode, f"{stop_grace:g}", f"{later:g}", "--"]
 
 
 def signal_name(signum: int) -> str:
@@ -190,6 +215,8 @@ class Supervisor:
         self._server_restarts = server_restarts
         self._servers_restarted = 0
         self._checkpoint_dir = checkpoint_dir
+        # the lifelines (read end, write end): one for the workers, one for scheduler and servers
+        self._lifelines = {"worker": os.pipe(), "role": os.pipe()}
 
     # -- life cycle ---------------------------------------------------------------------
     def __enter__(self) -> Supervisor:
@@ -217,6 +244,21 @@ class Supervisor:
         for signum, handler in self._previous_handlers.items():
             signal.signal(signum, handler)
         self._previous_handlers.clear()
+        for kind in list(self._lifelines):
+            for fd in self._lifelines.pop(kind):
+                if fd >= 0:
+                    os.close(fd)
+
+    def _lifeline(self, spec: ProcessSpec) -> int:
+        """The read end of the lifeline ``spec``'s process gets as stdin."""
+        return self._lifelines["worker" if spec.is_worker else "role"][0]
+
+    def _release_roles(self) -> None:
+        """Every worker exited 0: close the roles' lifeline (their guards ask them to end)."""
+        ends = self._lifelines.get("role")
+        if ends is not None and ends[1] >= 0:
+            os.close(ends[1])
+            self._lifelines["role"] = (ends[0], -1)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._events.put(_Event(time.monotonic(), "signal", code=signum))
@@ -228,8 +270,11 @@ class Supervisor:
         Raises:
             LaunchError: the process could not be started.
         """
+        argv = list(spec.argv)
+        if not self._via_ssh:  # over ssh the guard runs at the far end (pskv.launch.ssh)
+            argv = guard_argv(sys.executable, spec.role, self._stop_grace, self._exit_grace) + argv
         try:
-            proc = subprocess.Popen(spec.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            proc = subprocess.Popen(argv, stdin=self._lifeline(spec), stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as exc:
             raise LaunchError(f"could not start {spec.name} on {spec.host} ({spec.argv[0]}): {exc}") from exc
@@ -344,6 +389,7 @@ class Supervisor:
             elif self._grace_at is None and all(c.returncode == 0 for c in self._children
                                                 if c.spec.is_worker and not c.replaced):
                 self._grace_at = time.monotonic() + self._exit_grace
+                self._release_roles()
         elif child.stop_signal is not None and returncode in _deaths_by(child.stop_signal):
             self._stopped.append(child.spec.name)
         elif returncode != 0:

@@ -11,6 +11,11 @@ round it has not pushed to. What the server does about it (:class:`DeadWorkers`)
   its rank's push counts, from which it numbers on); a worker not replaced within the timeout is dead for
   good, as above.
 
+A worker that *left* (closed its store, or its process ended: the scheduler's
+``Liveness.left``) is not dead: it will never push again, so in sync mode exactly the
+waiting pulls whose rounds need a push of it fail, at once, naming it
+(:meth:`DeadWorkers.on_node_left`); rounds it pushed complete as usual.
+
 In async mode nothing waits for a worker, so a death changes nothing here.
 
 :class:`StallReport` logs, once per round, sync rounds that wait longer than the
@@ -25,7 +30,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from pskv.protocol import Role, node_id, node_name, node_role_rank
-from pskv.server.shard import PartId, ServerShard
+from pskv.server.shard import Part, PartId, ServerShard
 
 __all__ = ["DeadWorkers", "StallReport"]
 
@@ -47,18 +52,20 @@ class DeadWorkers:
         self._name = name
         self.dead: set[int] = set()  # node ids of workers dead for good (until replaced)
         self._recovering: dict[int, float] = {}  # dead workers that may be replaced -> when they died
+        self.left: set[int] = set()  # node ids of workers that left the job (not dead)
 
     def __bool__(self) -> bool:
         """True if some worker is dead for good."""
         return bool(self.dead)
 
     def names(self) -> str:
-        """The dead workers' names, comma-separated."""
-        return ", ".join(node_name(n) for n in sorted(self.dead))
+        """The dead workers' and those that left, comma-separated (the node a failed pull names)."""
+        return ", ".join(node_name(n) for n in sorted(self.dead | self.left))
 
     def reason(self) -> str:
         """Why a pull that waits for a round the dead workers block fails."""
-        return f"{self.names()} died, so the sync round this request waits for can never complete"
+        dead = ", ".join(node_name(n) for n in sorted(self.dead))
+        return f"{dead} died, so the sync round this request waits for can never complete"
 
     def on_node_dead(self, nid: int) -> None:
         """Membership callback (reactor thread): fail waits that a dead worker makes impossible."""
@@ -74,6 +81,51 @@ class DeadWorkers:
             failed = self._shard.fail_waiting(self.reason())
             if failed:
                 log.error("%s: failed %d waiting pull(s): %s", self._name(), failed, self.reason())
+
+    def on_node_left(self, nid: int) -> None:
+        """Membership callback (reactor thread): worker ``nid`` left the job; fail the waits that need it."""
+        role, _ = node_role_rank(nid)
+        if role is not Role.WORKER or nid in self.left:
+            return
+        self.left.add(nid)
+        if not self._shard.sync:
+            return
+        doomed = []
+        for part in self._shard.parts.values():
+            reach = self._reach(part, nid)
+            doomed += [w[2] for w in part.waiting if w[0] > reach and w[2] is not None]
+            part.waiting = [w for w in part.waiting if not (w[0] > reach and w[2] is not None)]
+        reason = self._left_reason(nid)
+        for fail in doomed:
+            fail(reason)
+        if doomed:
+            log.warning("%s: failed %d waiting pull(s): %s %s", self._name(), len(doomed), node_name(nid), reason)
+
+    def left_reason(self, waits: list[tuple[Part, int | None]]) -> str | None:
+        """Why a pull of these ``(part, round)`` waits can never complete because a worker left (None: it can).
+
+        A round of None (a push the pull names has not arrived) is not judged here.
+        """
+        if not self.left or not self._shard.sync:
+            return None
+        for nid in sorted(self.left):
+            if any(r is not None and r > self._reach(part, nid) for part, r in waits):
+                return self._left_reason(nid)
+        return None
+
+    def _reach(self, part: Part, worker: int) -> int:
+        """The last round of ``part`` that can complete without more pushes of ``worker``."""
+        if worker in self._shard.joined:  # rounds go on without it
+            return 1 << 62
+        if worker in part.pushed:
+            return part.round + 1 + len(part.queued.get(worker, ()))
+        return part.round
+
+    @staticmethod
+    def _left_reason(nid: int) -> str:
+        """The text of the NodeFailedError naming ``nid``: "worker 1 failed: left the job (...)"."""
+        return (f"left the job (closed its store or ended its process: {node_name(nid)} will never push again), "
+                "so the sync round this request waits for can never complete")
 
     def check_recovery(self) -> None:
         """Timer: dead workers not replaced within the recovery timeout fail the waits that need them."""

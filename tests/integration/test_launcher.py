@@ -78,7 +78,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 host="$1"; shift
-echo "$host $*" >> "$FAKE_SSH_LOG"
+echo "$host ${*//$'\n'/ }" >> "$FAKE_SSH_LOG"  # one line per call (the guard's text has newlines)
 exec bash -c "$*"
 """
 
@@ -290,7 +290,9 @@ def test_ssh_launcher_runs_each_role_through_ssh(tag, tmp_path, worker_script):
         assert f"[worker {rank}] rank {rank} of 3: sum 6" in out.splitlines(), out
     calls = log.read_text().splitlines()
     assert len(calls) == 1 + 2 + 3
-    assert all(call.startswith(f"127.0.0.1 cd {tmp_path} && env ") for call in calls), calls
+    # each runs under the guard (pskv.launch.guard's text), which ends it when ssh's stdin closes
+    assert all(call.startswith(f"127.0.0.1 cd {tmp_path} && {sys.executable} -S -c ") and " -- env " in call
+               for call in calls), calls
     seen = contracts(out)
     assert [seen[r]["PSKV_LOCAL_RANK"] for r in range(3)] == ["0", "1", "2"]  # one address: 0, 1, 2
     assert {seen[r]["DMLC_PS_ROOT_PORT"] for r in range(3)} == {str(port)}
