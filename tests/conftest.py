@@ -94,6 +94,7 @@ MULTIPROCESS_MODULES = frozenset({
     "tests/fault/test_worker_recovery.py",
     "tests/integration/test_dist_processes.py",
     "tests/integration/test_launcher.py",
+    "tests/integration/test_security.py",
     "tests/unit/test_example.py",
     "tests/parallel/test_example_digits.py",
 })

@@ -180,8 +180,11 @@ class CurveSecurity:
             why = "a peer without CURVE (plain TCP) was refused"
         elif value == zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
             why = "a peer whose CURVE keys are not the cluster key's was refused (cryptographic error)"
+        elif event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+            why = f"a peer's connection ended during the CURVE handshake ({os.strerror(value)}); nothing was accepted"
         else:
-            why = f"a peer failed the CURVE handshake (ZeroMQ event {event:#x}, value {value:#x}) and was refused"
+            why = (f"a peer failed the CURVE handshake (ZMTP protocol error {value:#x}, e.g. a replayed or "
+                   "corrupted handshake) and was refused")
         self._log(f"{endpoint} {why}", "%s on %s: %s", self.node or "node", endpoint, why)
 
     def _log(self, what: str, message: str, *args: Any) -> None:
