@@ -40,7 +40,7 @@ def run(fn, workers=2, servers=1, request_timeout=None, **settings):
 
 
 class _Unknown(SGD):
-    """An optimizer whose config no server knows: the servers refuse rank 0's set_optimizer."""
+    """An optimizer pskv does not know: rank 0 cannot build its config (rank 0 raises on its own)."""
 
     def to_config(self):
         return {**super().to_config(), "name": "no_such_optimizer"}
