@@ -28,6 +28,10 @@ Rows (see docs/reliability.md for the discussion):
   kill to the launcher's restart line, the replacement's first line, the scheduler's "rejoined"
   line and the first step completed after the kill; the launcher's lines; the final values must
   equal a crash-free run with the same options bit for bit.
+* restart_exact: SIGKILL worker 1 at a random moment (uniform within 0.8 s after its first of 60
+  steps) under ``pskv launch --restart-workers 1``; its replacement goes on from ``kv.resume_step()``
+  (what the servers say of its rank's pushes); the final values must equal a crash-free run's bit
+  for bit (``--repeats 20`` for the issue's bar).
 * stop_worker: SIGSTOP worker 1 (it hangs without dying): the servers' stall report
   (``PSKV_STALL_REPORT`` 2 s, or 0.5 s with the short heartbeat) names it, then the
   heartbeat timeout ends the job; SIGCONT afterwards shows what the resumed worker sees.
