@@ -12,6 +12,7 @@ Every variable is listed in ``docs/env.md``; a test keeps the two in step.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
@@ -54,13 +55,13 @@ CLUSTER_ENV_VARS: dict[str, tuple[str, str]] = {
     "DMLC_PS_ROOT_PORT": ("root_port", "the scheduler's port"),
     "DMLC_NUM_SERVER": ("num_servers", "number of server processes"),
     "DMLC_NUM_WORKER": ("num_workers", "number of worker processes"),
-    "DMLC_NODE_HOST": ("node_host", "address this node binds and advertises (default: 127.0.0.1)"),
+    "DMLC_NODE_HOST": ("node_host", "address this node binds and advertises (default: 127.0.0.1 when the scheduler is on loopback, else this host's address on the route to the scheduler)"),
     "DMLC_INTERFACE": ("interface", "network interface whose IPv4 address this node binds, if DMLC_NODE_HOST is unset"),
     "DMLC_WORKER_ID": ("rank", "this worker's rank, if the launcher assigns it (else by arrival)"),
     "PSKV_SERVER_RANK": ("server_rank", "this server's rank, if the launcher assigns it (else by arrival)"),
     # BytePS's name first: the later entry wins when both are set
     "BYTEPS_LOCAL_RANK": ("local_rank", "BytePS's name for PSKV_LOCAL_RANK (used when PSKV_LOCAL_RANK is unset)"),
-    "PSKV_LOCAL_RANK": ("local_rank", "this worker's index among the workers on its host (default 0)"),
+    "PSKV_LOCAL_RANK": ("local_rank", "this worker's index among the workers on its host (default: its rank when the scheduler is on loopback, else 0)"),
     "PS_VERBOSE": ("verbose", "1 logs connections, 2 logs every message (default 0)"),
     "PS_HEARTBEAT_INTERVAL": ("heartbeat_interval", "seconds between heartbeats; 0 disables (default 1)"),
     "PS_HEARTBEAT_TIMEOUT": ("heartbeat_timeout", "seconds without a heartbeat before a node counts as dead (default 10)"),
@@ -159,11 +160,14 @@ class ClusterConfig:
         num_workers: number of workers.
         node_host: address this node binds and advertises ("" = see ``interface``).
         interface: network interface whose address is bound when ``node_host`` is
-            unset; with neither, nodes bind 127.0.0.1.
+            unset; with neither, nodes bind 127.0.0.1 in a :attr:`local_job`, else
+            this host's address on the route to the scheduler
+            (:func:`pskv.transport.addresses.bind_host`).
         rank: the worker rank the launcher assigned, or -1 (assigned at registration).
         server_rank: the server rank the launcher assigned, or -1 (by arrival).
         local_rank: this worker's index among the workers on its host (set by
-            ``pskv launch``; selects a device per worker).
+            ``pskv launch``; selects a device per worker); -1: not set (see
+            :meth:`local_rank_of`).
         verbose: 0 quiet, 1 connections, 2 every message.
         heartbeat_interval: seconds between heartbeats (0 disables liveness checks).
         heartbeat_timeout: seconds of silence after which a node counts as dead.
@@ -206,7 +210,7 @@ class ClusterConfig:
     interface: str = ""
     rank: int = -1
     server_rank: int = -1
-    local_rank: int = 0
+    local_rank: int = -1
     verbose: int = 0
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 10.0
@@ -236,8 +240,8 @@ class ClusterConfig:
                      "recovery_timeout"):
             if getattr(self, name) < 0:
                 raise InvalidArgumentError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.local_rank < 0:
-            raise InvalidArgumentError(f"local_rank must be >= 0, got {self.local_rank}")
+        if self.local_rank < -1:
+            raise InvalidArgumentError(f"local_rank must be >= 0 (or -1: not set), got {self.local_rank}")
         if self.bigarray_bound < 1:
             raise InvalidArgumentError(f"bigarray_bound must be >= 1, got {self.bigarray_bound}")
         for name in ("max_message_bytes", "max_frames", "send_queue_bytes"):
@@ -282,6 +286,25 @@ class ClusterConfig:
         Off with ``server_recovery``: a replacement server's pushes are replayed over sockets.
         """
         return bool(self.shm) and not self.server_recovery
+
+    @property
+    def local_job(self) -> bool:
+        """True if the scheduler is on loopback (``DMLC_PS_ROOT_URI`` ``127.x.y.z``, ``::1`` or
+        ``localhost``): every node of the job runs on this host."""
+        if self.root_uri == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.root_uri).is_loopback
+        except ValueError:  # a host name other than localhost
+            return False
+
+    def local_rank_of(self, rank: int) -> int:
+        """The local rank of worker ``rank``: as set (``PSKV_LOCAL_RANK``, ``BYTEPS_LOCAL_RANK``),
+        else ``rank`` in a :attr:`local_job` (every worker is on this host), else 0 (one
+        worker per host, as in an MXJob pod)."""
+        if self.local_rank >= 0:
+            return self.local_rank
+        return rank if self.local_job else 0
 
     @property
     def scheduler_address(self) -> str:

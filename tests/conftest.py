@@ -88,6 +88,7 @@ def cuda_available() -> bool:
 # are also `slow`: `pytest -m "not slow"` is the inner loop (under a minute on 2 cores);
 # CI runs everything.
 MULTIPROCESS_MODULES = frozenset({
+    "tests/fault/test_cluster_env.py",
     "tests/fault/test_network.py",
     "tests/fault/test_restart.py",
     "tests/fault/test_server_recovery.py",

@@ -124,8 +124,9 @@ class DistStore(StoreFrontEnd[KeyLayout]):
 
     @property
     def local_rank(self) -> int:
-        """This worker's rank among the workers of its host (``PSKV_LOCAL_RANK``, set by ``pskv launch``)."""
-        return self._cluster.local_rank
+        """This worker's rank among the workers of its host: ``PSKV_LOCAL_RANK`` (set by ``pskv launch``)
+        or ``BYTEPS_LOCAL_RANK``; unset, its rank in a job on one host, else 0 (docs/env.md)."""
+        return self._cluster.local_rank_of(self._rank)
 
     @property
     def num_workers(self) -> int:
