@@ -23,7 +23,9 @@ class Node:
         self.reactor = Reactor(ctx, f"test-{role.name.lower()}")
         self.tracker = RequestTracker()
         self.dead: list[int] = []
-        self.member = Membership(cluster, self.reactor, self.tracker, role, address, on_dead=self.dead.append)
+        self.left: list[int] = []
+        self.member = Membership(cluster, self.reactor, self.tracker, role, address, on_dead=self.dead.append,
+                                 on_left=self.left.append)
         self.reactor.start()
 
     def stop(self) -> None:
@@ -149,3 +151,51 @@ def test_registration_timeout_names_the_scheduler(ctx):
             node.member.register()
     finally:
         node.stop()
+
+
+def test_a_cluster_that_does_not_assemble_in_time_ends_the_scheduler_naming_who_came(ctx):
+    cluster = ClusterConfig(num_servers=1, num_workers=2, startup_timeout=0.5)
+    scheduler = Scheduler(cluster, ctx, address="tcp://127.0.0.1:0")
+    scheduler.start()
+    port = int(scheduler.address.rsplit(":", 1)[1])
+    server = Node(ctx, ClusterConfig(root_uri="127.0.0.1", root_port=port, num_servers=1, num_workers=2,
+                                     startup_timeout=WAIT), Role.SERVER, "tcp://127.0.0.1:5000")
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            registering = pool.submit(server.member.register)
+            started = time.monotonic()
+            with pytest.raises(pskv.OperationTimeoutError, match=(
+                    r"did not assemble within PSKV_STARTUP_TIMEOUT=0.5 s: 1 of 1 server\(s\) and 0 of 2 "
+                    r"worker\(s\) registered")):
+                scheduler.run(timeout=WAIT)
+            assert time.monotonic() - started < 5
+            with pytest.raises(pskv.RemoteError, match="did not assemble"):  # the node that came is told
+                registering.result(WAIT)
+    finally:
+        server.stop()
+        scheduler.stop()
+
+
+def test_a_worker_that_leaves_fails_the_barriers_that_need_it_and_servers_hear_of_it(ctx):
+    scheduler, nodes, infos = start_cluster(ctx, 1, 2)
+    server = nodes[0]
+    w0, w1 = sorted(nodes[1:], key=lambda n: n.member.info.rank)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(w0.member.barrier, 4, WAIT, "barrier")
+            time.sleep(0.2)  # w0 waits at the scheduler (if not, it fails on arrival all the same)
+            started = time.monotonic()
+            w1.member.shutdown(False, WAIT)
+            with pytest.raises(pskv.NodeFailedError, match=r"worker 1 failed: barrier#1 cannot complete: "
+                                                            r"worker 1 left the job"):
+                waiting.result(WAIT)
+            assert time.monotonic() - started < 1.0
+        limit = time.monotonic() + 5
+        while not server.left and time.monotonic() < limit:  # the server's next heartbeat reply (every 0.2 s)
+            time.sleep(0.02)
+        assert server.left == [w1.member.node_id]
+        assert server.dead == [] and w0.dead == []  # left is not dead
+    finally:
+        for n in nodes:
+            n.stop()
+        scheduler.stop()
