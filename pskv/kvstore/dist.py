@@ -213,21 +213,34 @@ class DistStore(StoreFrontEnd[KeyLayout]):
 
         Raises:
             DuplicateKeyError, KeyTypeError, UnsupportedValueError: as the local store.
+            InitMismatchError: workers gave a key different shapes or dtypes (on every worker).
+            CollectiveFailedError: ``init`` failed on another worker (named).
             NodeFailedError: a server or worker died meanwhile.
         """
         self._check_open("init")
-        keys, staged = self._new_values(key, value, "init")
-        pairs = [(k, self._worker.layout(k, describe(v)), [v]) for k, v in staged]
+        pairs: list[tuple[Key, KeyLayout, list[Any]]] = []
+        failure: Exception | None = None
+        try:
+            keys, staged = self._new_values(key, value, "init")
+            pairs = [(k, self._worker.layout(k, describe(v)), [v]) for k, v in staged]
+            self._key_kind.check(keys, fix=True)
+        except Exception as exc:
+            if self._recovery:
+                raise
+            failure = exc  # the other workers must not wait for this one: told at the meeting
         recs = [rec for _, rec, _ in pairs]
-        self._key_kind.check(keys, fix=True)
         if not self._recovery:  # else the keys exist on the servers (created by the job before this process)
+            def settle() -> None:
+                if failure is not None:
+                    raise failure
+
             def send() -> None:
                 reduce_outgoing(pairs, self._kernels, self._on_device)
                 self._worker.init(recs, summed=summed)
             # every worker's keys, shapes and dtypes must agree (InitMismatchError on every worker
             # if not); once the call returns, rank 0's init (and the servers' shared buffers) exist
             agree = [(repr(rec.key), f"shape {tuple(rec.meta.shape)} dtype {rec.meta.dtype}") for rec in recs]
-            self._servers.run("init", send, settle=lambda: None, agree=agree)
+            self._servers.run("init", send, settle=settle, agree=agree)
         else:  # number the pushes on from those of this rank that reached the servers (push_count)
             self._worker.resume(recs)
             self._resumed.update((rec.key, rec.pushes[0]) for rec in recs)
@@ -374,14 +387,15 @@ class DistStore(StoreFrontEnd[KeyLayout]):
             self.init([k for k, _ in values if k in fresh], [v for k, v in values if k in fresh])
         existing = [(k, self._keys[k], [v]) for k, v in values if k not in fresh]
         if existing and not self._recovery:  # a replacement process only reads the current values
-            for k, rec, vals in existing:
-                self._check_like(k, rec, vals, "broadcast")
+            def settle() -> None:  # a value that does not fit fails the broadcast on every worker
+                for k, rec, vals in existing:
+                    self._check_like(k, rec, vals, "broadcast")
+                self.wait([k for k, _, _ in existing])  # everyone must be done reading the old value
 
             def overwrite() -> None:
                 reduce_outgoing(existing, self._kernels, self._on_device)
                 self._worker.init([rec for _, rec, _ in existing], overwrite=True, priority=priority, timeout=timeout)
-            # Everyone must be done reading the old value before rank 0 overwrites it.
-            self._servers.run("broadcast", overwrite, settle=lambda: self.wait([k for k, _, _ in existing]))
+            self._servers.run("broadcast", overwrite, settle=settle)
         if out is not None:
             return self.pull(key, out=out, priority=priority, block=block, timeout=timeout)
         return None

@@ -252,3 +252,26 @@ def test_a_sync_push_the_server_refuses_for_its_size_fails_the_others_pull_of_th
         assert "shape (4,) does not match the stored shape (3,)" in str(r), r
     assert "worker 1's pushpull of key 5" in str(r0), r0  # the other rank learns who and what
     assert s0 < 5 and s1 < 5
+
+
+def test_a_worker_whose_own_init_or_broadcast_fails_tells_the_others_at_once():
+    def fn(kv):
+        kv.init(3, np.zeros(2, np.float32))
+        errors = []
+        try:
+            kv.init(3 if kv.rank == 1 else 4, np.zeros(2, np.float32))  # rank 1: a duplicate, refused locally
+        except pskv.KVStoreError as exc:
+            errors.append(exc)
+        try:
+            kv.broadcast(3, np.zeros(5 if kv.rank == 1 else 2, np.float32))  # rank 1: another shape
+        except pskv.KVStoreError as exc:
+            errors.append(exc)
+        return errors
+
+    start = time.monotonic()
+    (r0, _), (r1, _) = run(fn)
+    assert time.monotonic() - start < 10
+    assert [type(e) for e in r1] == [pskv.DuplicateKeyError, pskv.ShapeMismatchError], r1
+    assert [type(e) for e in r0] == [pskv.CollectiveFailedError] * 2, r0
+    assert "init failed on worker 1: DuplicateKeyError" in str(r0[0])
+    assert "broadcast failed on worker 1: ShapeMismatchError" in str(r0[1]) and "(5,)" in str(r0[1])
