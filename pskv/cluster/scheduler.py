@@ -44,6 +44,7 @@ class _Arrival:
     header: Header
     meeting: Barrier
     deadline: float  # monotonic; inf when it gave no timeout
+    posts_seen: int = 0  # a read: how many outcomes rank 0 had posted under its name when it came
 
 
 @dataclass
@@ -80,7 +81,7 @@ class Scheduler:
         self._barriers: dict[int, dict[int, _Arrival]] = {}  # group -> node -> its arrival
         self._broken: dict[int, tuple[str, set[int]]] = {}  # group -> mismatch message, members told
         self._posts: dict[tuple[str, int, int], Failure | None] = {}  # rank 0's outcomes of calls it may make alone
-        self._posted: dict[str, tuple[int, int]] = {}  # name -> the last (meeting, nth) rank 0 posted
+        self._posted: dict[str, tuple[int, int, int, Failure | None]] = {}  # name -> last (meeting, nth), posts, outcome
         self._readers: dict[int, _Arrival] = {}  # node -> its read of such an outcome
         self._done_workers: set[int] = set()  # workers that left the job (SHUTDOWN)
         self._waiting: dict[int, tuple[bytes, Header]] = {}  # SHUTDOWN with wait, answered when every worker left
@@ -382,12 +383,14 @@ class Scheduler:
                                                           "only worker 0 posts the outcome of a call"))
                 return
             self._posts[(meeting.name, meeting.seq, meeting.nth)] = meeting.failure
-            self._posted[meeting.name] = (meeting.seq, meeting.nth)
+            count = self._posted.get(meeting.name, (0, 0, 0, None))[2] + 1
+            self._posted[meeting.name] = (meeting.seq, meeting.nth, count, meeting.failure)
             while len(self._posts) > _KEPT_POSTS:
                 del self._posts[next(iter(self._posts))]
             self._send(arrival.identity, reply_frames(arrival.header, SCHEDULER_ID, Met().encode()))
             self._settle_readers()
             return
+        arrival.posts_seen = self._posted.get(meeting.name, (0, 0, 0, None))[2]
         self._readers[nid] = arrival
         zero = self._barriers.get(meeting.group, {}).get(_WORKER0)
         if zero is not None and (meeting.name, meeting.seq, meeting.nth) not in self._posts:  # rank 0 went on
@@ -405,8 +408,15 @@ class Scheduler:
         gone = zero is not None and ((zero.dead and not self._may_return(_WORKER0)) or _WORKER0 in self._done_workers)
         for nid, a in list(self._readers.items()):
             key = (a.meeting.name, a.meeting.seq, a.meeting.nth)
-            if key in self._posts or key[1:] <= self._posted.get(a.meeting.name, (-1, 0)):
+            last = self._posted.get(a.meeting.name)
+            if not a.meeting.seq or (last is not None and not last[0]):
+                # a replacement process on either side (its meetings are not counted): rank 0's next call answers
+                answer = last is not None and last[2] > a.posts_seen
+                failure = last[3] if last is not None else None
+            else:
+                answer = key in self._posts or (last is not None and key[1:] <= last[:2])
                 failure = self._posts.get(key)
+            if answer:
                 frames = reply_frames(a.header, SCHEDULER_ID, Met(failed=((0, failure),) if failure else ()).encode())
             elif gone:
                 frames = error_frames(a.header, SCHEDULER_ID, "NodeFailedError",

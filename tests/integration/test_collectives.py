@@ -275,3 +275,38 @@ def test_a_worker_whose_own_init_or_broadcast_fails_tells_the_others_at_once():
     assert [type(e) for e in r0] == [pskv.CollectiveFailedError] * 2, r0
     assert "init failed on worker 1: DuplicateKeyError" in str(r0[0])
     assert "broadcast failed on worker 1: ShapeMismatchError" in str(r0[1]) and "(5,)" in str(r0[1])
+
+
+def test_a_worker_late_for_a_mismatched_meeting_gets_the_same_error():
+    def fn(kv):
+        kv.init(0, np.zeros(2, np.float32))
+        if kv.rank == 0:
+            kv.set_optimizer(SGD(learning_rate=0.1))
+        else:
+            if kv.rank == 2:
+                time.sleep(0.5)  # arrives after the others found the mismatch
+            kv.barrier()
+        return "returned"
+
+    results = [r for r, _ in run(fn, workers=3)]
+    for r in results:
+        assert isinstance(r, pskv.CollectiveMismatchError), results
+        assert "worker 0 in set_optimizer#" in str(r) and "worker 1 in barrier#" in str(r), r
+    assert "worker 2 not there yet" in str(results[2])
+
+
+def test_save_optimizer_states_on_another_rank_but_not_rank0_fails_at_once_naming_both(tmp_path):
+    def fn(kv):
+        kv.init(0, np.zeros(2, np.float32))
+        kv.set_optimizer(SGD(learning_rate=0.1))
+        if kv.rank == 1:
+            kv.save_optimizer_states(str(tmp_path / "states"))  # waits for rank 0's outcome, which never comes
+        kv.barrier()
+        return "returned"
+
+    start = time.monotonic()
+    (r0, _), (r1, _) = run(fn, state_dir=str(tmp_path))
+    assert time.monotonic() - start < 10
+    for r in (r0, r1):
+        assert isinstance(r, pskv.CollectiveMismatchError), r
+        assert "worker 0 in barrier#" in str(r) and "worker 1 in save_optimizer_states" in str(r), r
