@@ -188,12 +188,20 @@ try:
     kv.load_optimizer_states(sys.argv[1] + "/never_written")
 except pskv.KVStoreError as exc:
     print(f"raised {kv.rank} {type(exc).__name__} after {time.monotonic() - start:.1f}s: {exc}", flush=True)
+try:
+    kv.init(9, np.zeros(3 if kv.rank == 0 else 4, np.float32))
+except pskv.InitMismatchError as exc:
+    print(f"init {kv.rank} {exc}", flush=True)
+try:
+    kv.set_optimizer(SGD(learning_rate=0.2)) if kv.rank == 0 else kv.barrier()
+except pskv.CollectiveMismatchError as exc:
+    print(f"mismatch {kv.rank} {exc}", flush=True)
 kv.close()
 """
 
 
 @pytest.mark.timeout(120)
-def test_launched_rank0_alone_save_then_a_failed_load_raises_on_both_ranks(tmp_path):
+def test_launched_rank0_alone_save_a_failed_load_an_init_and_a_collective_mismatch(tmp_path):
     code, out = launch_job(tmp_path, WORKER, [str(tmp_path)], ["--env", "PSKV_REQUEST_TIMEOUT=60"])
     assert code == 0, out
     for rank in (0, 1):
@@ -204,6 +212,11 @@ def test_launched_rank0_alone_save_then_a_failed_load_raises_on_both_ranks(tmp_p
     assert kinds == {"RemoteError", "CollectiveFailedError"}, raised
     assert all(float(line.split("after ")[1].split("s:")[0]) < 5 for line in raised), raised
     assert "load_optimizer_states failed on worker 0" in out
+    for rank in (0, 1):
+        assert f"init {rank} init of key 9 differs between workers: worker 0: shape (3,) dtype float32; " \
+               "worker 1: shape (4,) dtype float32" in out, out
+        line = next(line for line in out.splitlines() if f"mismatch {rank} " in line)
+        assert "worker 0 in set_optimizer#" in line and "worker 1 in barrier#" in line, line
     assert Path(tmp_path / "alone.server0").exists()
 
 
