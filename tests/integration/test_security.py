@@ -58,7 +58,7 @@ from pskv.protocol.bodies import Hello, Register
 from pskv.transport.security import generate_keys, read_key_file
 
 mode, go_file = sys.argv[1], sys.argv[2]
-WAIT_MS = 1000
+WAIT_MS = 500  # loopback replies take milliseconds
 pattern = np.frombuffer(b"pskv-known-array" * 8, np.float32).copy()
 kv = pskv.create("dist_sync")
 kv.init(0, np.zeros(pattern.size, np.float32))
@@ -172,8 +172,10 @@ def pattern_array() -> list[float]:
 
 # -- a process without the key ------------------------------------------------------------
 @pytest.mark.timeout(90)
-def test_with_a_key_a_stranger_gets_no_reply_changes_nothing_and_is_logged(tmp_path, worker_script, key_file):
-    code, out = run_job(launch_argv(worker_script, "attack", tmp_path / "go", "--curve-key", str(key_file)), tmp_path)
+@pytest.mark.parametrize("option", ["--curve-key", "--secure"])
+def test_with_a_key_a_stranger_gets_no_reply_changes_nothing_and_is_logged(tmp_path, worker_script, key_file, option):
+    options = ["--curve-key", str(key_file)] if option == "--curve-key" else ["--secure"]
+    code, out = run_job(launch_argv(worker_script, "attack", tmp_path / "go", *options), tmp_path)
     assert code == 0, out
     result = json.loads(line_value(out, "result"))
     # no reply to REGISTER, HELLO or PUSH: plain TCP, a key pair of its own, another cluster's key
@@ -252,6 +254,9 @@ def test_the_local_socket_directory_is_private_to_the_user():
         directory = node._shm_dir.path if node._shm_dir is not None else ""
         assert directory and os.stat(directory).st_mode & 0o777 == 0o700
         assert os.path.exists(local_path(directory))
+        assert node._shm_dir is not None
+        node._shm_dir.create(0, 0, "value", np.dtype(np.float32), 4)
+        assert os.stat(node._shm_dir.file(0, 0, "value")).st_mode & 0o777 == 0o600
     finally:
         node.stop()
         ctx.term()
@@ -398,6 +403,9 @@ def test_captured_traffic_holds_no_plaintext_and_a_replay_is_refused(netns, tmp_
 
 @pytest.mark.timeout(120)
 def test_captured_traffic_without_a_key_holds_the_array_in_plaintext(netns, tmp_path, worker_script):
-    code, out, capture = captured_job(netns, tmp_path, worker_script, [], replay=False)
+    code, out, capture = captured_job(netns, tmp_path, worker_script, [], replay=True)
     assert code == 0, out
     assert PATTERN * 8 in capture  # the pushed array, byte for byte: what the keyed job hides
+    # replayed under the worker's own routing identities, its requests are repeats: not applied again
+    result = json.loads(line_value(out, "result"))
+    assert result["before"] == result["after"] == pattern_array(), out
