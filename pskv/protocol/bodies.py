@@ -189,7 +189,7 @@ class Liveness(NamedTuple):
         left = _field(header, body, "left", list, [])
         if any(type(n) is not int for n in dead + left) or any(
                 not k.lstrip("-").isdigit() or type(v) not in (int, float) for k, v in ages.items()):
-            raise ProtocolError("HEARTBEAT reply: dead and left must be node ids and ages {node id: seconds}")
+            raise ProtocolError("HEARTBEAT reply: dead must be node ids (and left too), ages {node id: seconds}")
         version = _field(header, body, "servers_version", int, 0)
         servers = _strings(header, body, "servers") if version else ()
         shm = tuple(ShmInfo.parse_value(header, s) for s in _field(header, body, "server_shm", list, [])) \
