@@ -200,6 +200,8 @@ kv.close()
 """
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_launched_rank0_alone_save_a_failed_load_an_init_and_a_collective_mismatch(tmp_path):
     code, out = launch_job(tmp_path, WORKER, [str(tmp_path)], ["--env", "PSKV_REQUEST_TIMEOUT=60"])
