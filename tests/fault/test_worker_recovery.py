@@ -9,6 +9,7 @@ sent again (from another connection or the same one) changes nothing."""
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,7 @@ kv.set_optimizer(SGD(learning_rate=0.1, momentum=0.9))    # a replacement keeps 
 kv.init(["w", "b"], [np.linspace(-1, 1, 3000, dtype=np.float32), np.zeros(5)])  # a replacement only registers
 start = kv.resume_step()  # 0, or in a replacement: the steps of this rank whose pushes reached the servers
 if kv.is_recovery:
-    print(f"rejoined at step {start} with w[0] = {float(kv.pull('w')[0])!r}", flush=True)
+    print(f"rejoined at step {start} with w[-1] = {float(kv.pull('w')[-1])!r}", flush=True)
 for step in range(start, steps):
     dies = kv.rank == 1 and step == crash_at and not kv.is_recovery
     if dies and when == "before":
@@ -51,6 +52,7 @@ for step in range(start, steps):
         print("worker 1 dies", flush=True)
         os._exit(3)  # right after the push returned: it is in its round; the replacement must not push it again
     w, b = kv.pull("w"), kv.pull("b")
+    print(f"after {step} {kv.rank} {float(w[-1])!r}", flush=True)
 print(f"final {kv.rank} {float(w.astype(np.float64).sum())!r} {float(b.sum())!r} {w.tobytes().hex()[:64]}",
       flush=True)
 kv.close()
@@ -62,12 +64,13 @@ def launch(tmp: Path, crash_at: int, when: str, *extra: str) -> tuple[int, str]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[int, str], dict[int, str]]:
+    """The crash-free run: both workers' final values, and w[-1] (of w's part on server 1) after each step."""
     code, clean = launch(tmp_path_factory.mktemp("clean"), -1, "after")
     assert code == 0, clean
     values = finals(clean)
     assert len(values) == 2 and values[0] == values[1]
-    return values
+    return values, {int(m.group(1)): m.group(2) for m in re.finditer(r"\[worker 1\] after (\d+) 1 (\S+)", clean)}
 
 
 @pytest.mark.timeout(200)
@@ -78,8 +81,10 @@ def test_a_dead_worker_is_replaced_and_the_job_ends_as_without_the_crash(tmp_pat
     assert code == 0, out
     assert "worker 1 dies" in out
     assert "worker 1 on 127.0.0.1 exited with code 3; starting it again (1 of at most 1 worker restarts)" in out, out
-    assert f"rejoined at step {resumes_at} " in out, out  # the servers told it which of its pushes had arrived
-    assert finals(out) == reference, out  # every round got both workers' pushes, exactly once
+    final, after = reference
+    # the servers told it which of its pushes had arrived; its first pull has the values after the last of them
+    assert f"rejoined at step {resumes_at} with w[-1] = {after[resumes_at - 1]}\n" in out, out
+    assert finals(out) == final, out  # every round got both workers' pushes, exactly once
 
 
 @pytest.mark.timeout(120)
