@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import stat
 
+import numpy as np
 import pytest
 import zmq
 
 import pskv
 from pskv.cli import main as cli_main
 from pskv.launch.config import LaunchConfig
+from pskv.testing import InProcessCluster
 from pskv.transport.security import CurveSecurity, generate_keys, read_key_file, write_key_file
 
 pytestmark = pytest.mark.skipif(not zmq.has("curve"), reason="libzmq without CURVE")
@@ -106,3 +108,43 @@ def test_launcher_security_options_are_checked():
         LaunchConfig(1, 1, ("true",), curve_key_file="/k", secure=True)
     with pytest.raises(pskv.InvalidArgumentError, match="--secure makes a key on this machine only"):
         LaunchConfig(1, 1, ("true",), launcher="ssh", hostfile="h", secure=True)
+
+
+def test_nodes_sharing_a_context_share_one_zap_handler_until_the_last_stops():
+    keys = generate_keys()
+    ctx = zmq.Context()
+    first, second = CurveSecurity(keys, "a"), CurveSecurity(keys, "b")
+    try:
+        first.start(ctx)
+        second.start(ctx)  # a second handler could not bind ZeroMQ's one ZAP endpoint per context
+        with pytest.raises(pskv.TransportError, match="another CURVE cluster key"):
+            CurveSecurity(generate_keys()).start(ctx)
+        first.stop()
+        router = ctx.socket(zmq.ROUTER)
+        second.server(router)
+        port = router.bind_to_random_port("tcp://127.0.0.1")
+        dealer = ctx.socket(zmq.DEALER)
+        second.client(dealer)
+        dealer.connect(f"tcp://127.0.0.1:{port}")
+        dealer.send(b"still admitted")
+        assert router.poll(5000) and router.recv_multipart()[-1] == b"still admitted"
+        dealer.close(0)
+        router.close(0)
+    finally:
+        second.stop()
+        ctx.term()  # returns: the handler's socket is closed
+
+
+def test_an_in_process_cluster_with_a_key_pushes_and_pulls(tmp_path):
+    key = write_key_file(tmp_path / "k", generate_keys())
+    with InProcessCluster(2, 2, deadline=30.0, shm=0, curve_key_file=str(key)) as cluster:
+        def work(cfg):
+            kv = pskv.create("dist_sync", cluster=cfg)
+            kv.init(0, np.zeros(5, np.float32))
+            kv.push(0, np.full(5, kv.rank + 1.0, np.float32))
+            out = kv.pull(0)
+            kv.close()
+            return out.tolist()
+
+        assert cluster.run_workers(work) == [[3.0] * 5, [3.0] * 5]
+        assert cluster.scheduler._runtime.security is not None
