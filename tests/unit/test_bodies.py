@@ -82,3 +82,13 @@ def test_a_malformed_body_names_the_command_and_field(cls, command, text, match)
 def test_an_unreadable_error_body_still_becomes_an_error():
     got = b.ErrorReply.parse(Header(Command.ERROR, 1, 8, body="oops" * 100))
     assert got.type == "Error" and got.message == ("oops" * 100)[:200]
+
+
+def test_a_failure_travels_bounded_and_keeps_a_servers_error_class():
+    from pskv.errors import RemoteError
+
+    failure = b.Failure.of(RemoteError("server 1", "OptimizerStateError", "x" * 10_000))
+    assert failure.type == "OptimizerStateError" and len(failure.message) == b.MAX_TEXT
+    assert b.Failure.of(ValueError("bad")) == b.Failure("ValueError", "bad")
+    header = Header(Command.BARRIER, 1, 9, body=b.Barrier(4, "init", 2, failure=failure).encode())
+    assert b.Barrier.parse(header).failure == failure
