@@ -105,7 +105,31 @@ class BytePSStore(KVStoreBase):
         The first call for a key declares it (collective).
         """
         self._declare(key, value)
+        self._refuse_misfits(key, value)
         return self._dist.pushpull(key, value, out, priority, block=block, timeout=timeout)
+
+    def _refuse_misfits(self, key: Any, value: Any) -> None:
+        """A value of another dtype or size than its key's: the servers refuse it for the round.
+
+        An allreduce every worker takes part in (horovod's semantics): this worker's store
+        then refuses the call (ShapeMismatchError / DTypeMismatchError), and the other
+        workers' pushpulls of that round fail at once with the same error naming this
+        worker and both shapes, instead of waiting for it. A value of the same size and
+        dtype but another shape is refused here only.
+        """
+        try:
+            keys, single = as_key_list(key)
+            pairs = pair_up(keys, single, value, "value")
+        except Exception:  # noqa: BLE001 - malformed arguments: the store's own checks name them
+            return
+        for k, vals in pairs:
+            for v in vals:
+                try:
+                    meta = describe(v)
+                except Exception:  # noqa: BLE001 - not an array: the store's own checks name it
+                    return
+                if self._dist._refuse_push(k, meta):
+                    break
 
     def broadcast(self, key: Any, value: Any, out: Any = None, priority: int = 0, *, block: bool = True,
                   timeout: float | None = None) -> Any:  # KVStoreBase's overloads type the calls

@@ -400,6 +400,20 @@ class DistStore(StoreFrontEnd[KeyLayout]):
             return self.pull(key, out=out, priority=priority, block=block, timeout=timeout)
         return None
 
+    def _refuse_push(self, key: Key, meta: Any) -> bool:
+        """If a value described by ``meta`` does not fit ``key``'s dtype or size, push it for the
+        servers to refuse (the sync round fails on every worker; :meth:`KVWorker.refuse`); True if so.
+
+        The byteps store's allreduce does (:meth:`BytePSStore.pushpull`); the MXNet API's
+        push keeps a refused value on this worker.
+        """
+        rec = self._keys.get(key)
+        if rec is None or not self._store_type.sync or (meta.dtype, meta.size) == (rec.meta.dtype, rec.meta.size):
+            return False
+        self.wait([key])  # in this worker's order of operations on the key
+        self._worker.refuse(rec, meta)
+        return True
+
     # -- the servers' state: collectives (pskv.kvstore.collectives) ------------------------
     def set_optimizer(self, optimizer: Optimizer) -> None:
         """Install ``optimizer`` on every server (its config, never pickled). Collective.

@@ -34,7 +34,7 @@ import numpy as np
 from pskv.arrays import ArrayMeta, empty, from_wire, itemsize
 from pskv.cluster import NodeInfo
 from pskv.config import ClusterConfig
-from pskv.errors import CollectiveFailedError, ProtocolError
+from pskv.errors import CollectiveFailedError, KVStoreError, ProtocolError
 from pskv.partition import server_key, split
 from pskv.protocol import ArraySpec, Command, Flag, Header, Role, frame_array, node_name
 from pskv.protocol.bodies import (
@@ -228,6 +228,29 @@ class KVWorker:
             sent.messages.append((items, pending))
             sent.replies.append(pending)
         return sent
+
+    def refuse(self, rec: KeyLayout, meta: ArrayMeta, timeout: float | None = None) -> None:
+        """Push ``rec`` a value described by ``meta`` that does not fit it, for the servers to refuse.
+
+        Only a value of another dtype or size (the servers check those): each part's server
+        refuses it, counts it as this worker's next push of the part (as this worker does
+        here) and fails the sync round it would have joined on every worker
+        (:meth:`pskv.server.handlers.DataHandlers._refuse_rounds`). Waits for the refusals.
+        """
+        if (meta.dtype, meta.size) == (rec.meta.dtype, rec.meta.size):
+            return
+        pendings = []
+        for i, (server, _, length) in enumerate(rec.parts):
+            size = meta.size if meta.dtype == rec.meta.dtype else length
+            spec = part_spec(rec, i, rec.pushes[i] + 1)._replace(dtype=meta.dtype, shape=(size,))
+            data = np.zeros(size * itemsize(meta.dtype), np.uint8)
+            pendings.append(self.client.request(server, Command.PUSH, (spec,), [data], timeout=self._limit(timeout)))
+            rec.pushes[i] += 1
+        for pending in pendings:
+            try:
+                pending.wait(self._limit(timeout))
+            except KVStoreError:  # the refusal expected (or the server is gone: nothing to tell)
+                pass
 
     # -- replies ------------------------------------------------------------------------
     def values(self, sent: Exchange, timeout: float | None = None) -> dict[int, Any]:

@@ -7,6 +7,7 @@ test at the end runs the same promises through ``pskv launch``.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from pathlib import Path
 
@@ -325,3 +326,35 @@ def test_save_optimizer_states_on_another_rank_but_not_rank0_fails_at_once_namin
     for r in (r0, r1):
         assert isinstance(r, pskv.CollectiveMismatchError), r
         assert "worker 0 in barrier#" in str(r) and "worker 1 in save_optimizer_states" in str(r), r
+
+
+def test_byteps_pushpull_of_another_size_on_one_rank_fails_on_both_ranks_at_once():
+    done = threading.Event()
+
+    def fn(kv):
+        kv.pushpull("g", np.ones(3, np.float32))  # declared alike
+        start = time.monotonic()
+        try:
+            kv.pushpull("g", np.ones(4 if kv.rank == 1 else 3, np.float32))
+        except pskv.KVStoreError as exc:
+            return exc, time.monotonic() - start
+        finally:
+            if kv.rank == 0:
+                done.set()
+            else:
+                done.wait(15)  # rank 1 stays in the job: rank 0 must not learn it from its leaving
+        return None, time.monotonic() - start
+
+    with InProcessCluster(1, 2, deadline=DEADLINE) as cluster:
+        def body(cfg):
+            kv = pskv.create("byteps", cluster=dataclasses.replace(cfg, request_timeout=20.0))
+            try:
+                return fn(kv)
+            finally:
+                kv.set_barrier_before_exit(False)
+                kv.close()
+        (r0, s0), (r1, s1) = cluster.run_workers(body)
+    assert isinstance(r1, pskv.ShapeMismatchError), r1  # its own store refused it
+    assert isinstance(r0, pskv.RemoteError) and r0.remote_type == "ShapeMismatchError", r0
+    assert "worker 1's push of key" in str(r0) and "shape (4,) does not match the stored shape (3,)" in str(r0), r0
+    assert s0 < 5 and s1 < 5
