@@ -78,9 +78,9 @@ class Membership:
         on_servers: called on the reactor thread with the ranks of servers that were
             replaced (``PSKV_SERVER_RECOVERY``); :attr:`info` has their new addresses.
         on_left: called on the reactor thread with each worker's node id that left the
-            job (closed its store or ended its process: not dead). A server asks five
-            times per heartbeat interval, so that a round waiting for such a worker fails
-            within a fraction of a second.
+            job (closed its store or ended its process: not dead). A server asks at
+            least every 0.2 s, so that a round waiting for such a worker fails within a
+            fraction of a second.
     """
 
     def __init__(self, cluster: ClusterConfig, reactor: Reactor, tracker: RequestTracker, role: Role,
