@@ -75,9 +75,12 @@ def test_replies_go_where_the_hello_came_from_and_quiet_pushes_are_answered_only
     push(rx1, 5, W1, np.ones(4, np.float32))  # wrong size: refused, and answered at once
     header, _ = recv(rx1)
     assert (header.command, header.request) == (Command.ERROR, 5) and "ShapeMismatchError" in header.body
-    push(rx1, 6, W1, np.full(3, 2.0, np.float32))  # completes round 1
+    header, _ = recv(rx0)  # the round it would have joined fails for the others at once, naming it
+    assert (header.command, header.request) == (Command.ERROR, 4) and "worker 1's push of key 0" in header.body
+    push(rx1, 6, W1, np.full(3, 2.0, np.float32))  # completes round 1 after all
+    pull(tx0, 8, W0, 1)
     header, buffers = recv(rx0)
-    assert header.request == 4 and np.frombuffer(buffers[0], np.float32).tolist() == [3.0] * 3
+    assert header.request == 8 and np.frombuffer(buffers[0], np.float32).tolist() == [3.0] * 3
     send(tx0, Command.SYNC, 7, W0)
     assert recv(rx0)[0].request == 7  # a SYNC is answered at once
     assert not tx0.poll(50) and not rx1.poll(50)
