@@ -95,6 +95,9 @@ class DeadWorkers:
             reach = self._reach(part, nid)
             doomed += [w[2] for w in part.waiting if w[0] > reach and w[2] is not None]
             part.waiting = [w for w in part.waiting if not (w[0] > reach and w[2] is not None)]
+            if reach <= part.round:  # a pull waiting for its sender's push: that joins an open round at least
+                doomed += [e[3] for e in part.early if e[3] is not None]
+                part.early = [e for e in part.early if e[3] is None]
         reason = self._left_reason(nid)
         for fail in doomed:
             fail(reason)
@@ -104,12 +107,12 @@ class DeadWorkers:
     def left_reason(self, waits: list[tuple[Part, int | None]]) -> str | None:
         """Why a pull of these ``(part, round)`` waits can never complete because a worker left (None: it can).
 
-        A round of None (a push the pull names has not arrived) is not judged here.
+        A round of None (a push the pull names has not arrived yet) is at least the open round.
         """
         if not self.left or not self._shard.sync:
             return None
         for nid in sorted(self.left):
-            if any(r is not None and r > self._reach(part, nid) for part, r in waits):
+            if any((part.round + 1 if r is None else r) > self._reach(part, nid) for part, r in waits):
                 return self._left_reason(nid)
         return None
 

@@ -116,6 +116,31 @@ def test_with_recovery_a_dead_worker_is_waited_for_then_given_up_on(monkeypatch)
     assert not dead and counts == [(7, 0, 1)] and s.part(7, 0, "test").pushes[W1].count == 1
 
 
+def test_a_worker_that_left_fails_exactly_the_pulls_whose_rounds_need_its_pushes():
+    s = ServerShard(3, True)
+    s.init(7, 0, "float32", np.zeros(4, np.float32))
+    s.init(8, 0, "float32", np.zeros(4, np.float32))
+    p7, p8 = s.part(7, 0, "test"), s.part(8, 0, "test")
+    w2 = 15  # node id of worker 2
+    dead = DeadWorkers(s, 0.0, lambda: "server 0")
+    failed7: list[str] = []
+    failed8: list[str] = []
+    s.push(p7, W0, np.ones(4, np.float32))  # worker 0 pushed key 7's open round, not key 8's
+    s.push(p7, W1, np.ones(4, np.float32))
+    s.push(p8, W1, np.ones(4, np.float32))
+    s.pull(p7, 1, lambda part: None, failed7.append)  # waits for worker 2 only
+    s.pull(p8, 1, lambda part: None, failed8.append)  # waits for workers 0 and 2
+    dead.on_node_left(W0)
+    assert failed7 == [] and len(failed8) == 1 and "worker 0 will never push again" in failed8[0]
+    assert not dead and dead.names() == "worker 0"  # left is not dead; a failed pull names it
+    assert dead.left_reason([(p7, 1)]) is None and dead.left_reason([(p7, 2)]) is not None
+    assert dead.left_reason([(p8, None)]) is not None  # a push not arrived yet joins key 8's open round
+    done: list[int] = []
+    s.pull(p7, 1, lambda part: done.append(part.round))
+    s.push(p7, w2, np.ones(4, np.float32))  # the round worker 0 pushed completes as usual
+    assert done == [1] and failed7 == []
+
+
 def test_a_worker_death_in_async_mode_changes_nothing():
     s = shard(sync=False)
     dead = DeadWorkers(s, 0.0, lambda: "server 0")
