@@ -1,17 +1,22 @@
-"""The reactor: ROUTER/DEALER round trips over inproc and loopback TCP, calls, timers, stop."""
+"""The reactor: ROUTER/DEALER round trips over inproc and loopback TCP, calls, timers, stop; hostile and
+slow peers (bounded messages, bounded per-peer queues, junk on the local socket)."""
 
 from __future__ import annotations
 
+import socket
+import struct
 import threading
+import time
 
 import numpy as np
 import pytest
 import zmq
 
-from pskv.errors import TransportError
+from pskv.errors import InvalidArgumentError, TransportError
 from pskv.transport import Reactor
+from pskv.transport.bounds import Bounds
 from pskv.transport.reactor import ZERO_COPY_BYTES, recv_frames, send_frames
-from pskv.transport.unix import PACKET_BYTES, local_path
+from pskv.transport.unix import PACKET_BYTES, LocalConnection, local_path
 
 WAIT = 10.0
 
@@ -232,3 +237,197 @@ def test_send_and_recv_frames_keep_frames_and_copy_only_small_ones(context):
     assert np.frombuffer(frames[1].buffer, np.float32).tolist() == [1.0] * 4
     a.close(0)
     b.close(0)
+
+
+# -- hostile and slow peers (issue 10): bounded, and the reactor never waits ------------------
+SMALL = Bounds(max_message_bytes=1 << 20, max_frames=1000, send_queue_bytes=4 << 20, slow_peer_timeout=1.0)
+
+
+@pytest.fixture
+def owned(context):
+    """Reactors and sockets a test made, stopped or closed however it ends (the context can then end)."""
+    things: list[Reactor | zmq.Socket | LocalConnection] = []
+    yield things
+    for thing in reversed(things):
+        if isinstance(thing, Reactor):
+            thing.stop()
+        elif isinstance(thing, LocalConnection):
+            thing.close()
+        else:
+            thing.close(0)
+
+
+def _dealer(context: zmq.Context, owned: list, address: str, reads: bool = True) -> zmq.Socket:
+    sock = context.socket(zmq.DEALER)
+    owned.append(sock)
+    sock.linger = 0
+    if not reads:  # takes as little as ZeroMQ allows before its sender's queue fills
+        sock.setsockopt(zmq.RCVBUF, 4096)
+        sock.setsockopt(zmq.RCVHWM, 1)
+    sock.connect(address)
+    return sock
+
+
+def _echo_service(context: zmq.Context, owned: list, bounds: Bounds, reply: bytes | memoryview = b""
+                  ) -> tuple[Reactor, str, list[float]]:
+    """A ROUTER service answering every message with its first frame (and ``reply``); records each send's time."""
+    server = Reactor(context, "server", bounds=bounds)
+    owned.append(server)
+    took: list[float] = []
+
+    def echo(identity: bytes, frames: list[zmq.Frame]) -> None:
+        start = time.monotonic()
+        server.send_router(sid, identity, [bytes(frames[0].buffer), reply])
+        took.append(time.monotonic() - start)
+
+    sid, address = server.bind_router("tcp://127.0.0.1:0", echo)
+    server.start()
+    return server, address, took
+
+
+def _round_trip(context: zmq.Context, address: str, payload: bytes = b"ping") -> list[bytes]:
+    sock = context.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.connect(address)
+    try:
+        sock.send(payload)
+        assert sock.poll(WAIT * 1000), "the service did not answer"
+        return sock.recv_multipart()
+    finally:
+        sock.close(0)
+
+
+def test_a_peer_that_reads_nothing_is_dropped_and_others_are_served(context, owned, caplog):
+    reply = memoryview(bytes(100_000))  # zero-copy: ZeroMQ's queue holds references, not copies
+    server, address, took = _echo_service(context, owned, SMALL, reply)
+    hog = _dealer(context, owned, address, reads=False)
+    for _ in range(3000):  # ~300 MB of replies if all were kept; it never reads one
+        hog.send(b"x")
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline and "dropped it" not in caplog.text:
+        assert _round_trip(context, address)[0] == b"ping"  # served all along
+        time.sleep(0.05)
+    assert "took none of its messages" in caplog.text or "PSKV_SEND_QUEUE_BYTES" in caplog.text
+    assert max(took) < 0.5 and server.error is None  # no send waited on the hog
+    assert sum(b.bytes for b in server._backlogs.values()) <= SMALL.send_queue_bytes
+    assert _round_trip(context, address)[0] == b"ping"
+
+
+def test_a_slow_peer_that_reads_late_gets_every_reply_in_order(context, owned):
+    roomy = Bounds(SMALL.max_message_bytes, SMALL.max_frames, send_queue_bytes=64 << 20, slow_peer_timeout=10.0)
+    server, address, _ = _echo_service(context, owned, roomy, memoryview(bytes(10_000)))
+    slow = _dealer(context, owned, address, reads=False)
+    n = 3000  # past ZeroMQ's 1000 queued and the socket buffers: the rest wait in the reactor's backlog
+    for i in range(n):
+        slow.send(b"%d" % i)
+    deadline = time.monotonic() + WAIT
+    while not server._backlogs and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert server._backlogs, "the replies never filled ZeroMQ's queue"
+    got = []
+    while len(got) < n and slow.poll(WAIT * 1000):
+        got.append(int(slow.recv_multipart()[0]))
+    assert got == list(range(n))
+
+
+def test_a_message_of_more_frames_than_allowed_is_discarded_unbuilt(context, owned, caplog):
+    seen: list[int] = []
+    server = Reactor(context, "server")  # the default bounds
+    owned.append(server)
+
+    def handle(identity: bytes, frames: list[zmq.Frame]) -> None:
+        seen.append(len(frames))
+        server.send_router(sid, identity, [b"ok"])
+
+    sid, address = server.bind_router("tcp://127.0.0.1:0", handle)
+    hostile = _dealer(context, owned, address)
+    hostile.send_multipart([b""] * 400_000)  # twice PSKV_MAX_FRAMES (bench/faults sends 2 million)
+    hostile.send(b"after")  # behind the big one on the same connection
+    start = time.monotonic()
+    server.start()
+    assert hostile.poll(3 * WAIT * 1000) and hostile.recv_multipart() == [b"ok"]
+    assert _round_trip(context, address)[0] == b"ok"
+    assert "a message of 400001 frames" in caplog.text and "discarded" in caplog.text
+    assert seen == [1, 1] and server.error is None
+    assert time.monotonic() - start < 2 * WAIT
+
+
+def test_oversize_messages_are_refused_and_senders_refuse_to_send_them(context, owned, caplog):
+    _, address, _ = _echo_service(context, owned, SMALL)
+    hostile = _dealer(context, owned, address)
+    hostile.send(bytes(2 << 20))  # one frame over the limit: ZeroMQ refuses it before allocating
+    hostile.send_multipart([b"many"] + [bytes(600_000)] * 3)  # frames under, the message over
+    assert _round_trip(context, address)[0] == b"ping"
+    deadline = time.monotonic() + WAIT
+    while "PSKV_MAX_MESSAGE_BYTES" not in caplog.text and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert "PSKV_MAX_MESSAGE_BYTES=1048576: discarded" in caplog.text
+    assert not hostile.poll(200)  # neither was answered
+    client = Reactor(context, "client", bounds=SMALL)
+    owned.append(client)
+    sender = client.connect_sender(address)
+    with pytest.raises(InvalidArgumentError, match="exceeds PSKV_MAX_MESSAGE_BYTES"):
+        sender.send([b"h", memoryview(bytes(SMALL.max_message_bytes))])
+
+
+@pytest.mark.parametrize("junk", [b"\x00", b"\x00\x01", b"\x00\x01\x02", b"\x07abcdefgh",
+                                  b"\x00" + struct.pack("<I", 5) + struct.pack("<Q", 1 << 40) * 5,
+                                  b"\x00" + struct.pack("<I", 1) + struct.pack("<Q", 99) + b"short",
+                                  b"\x00" + struct.pack("<I", 1 << 30)],
+                         ids=["1 byte", "2 bytes", "3 bytes", "bad flag", "lying lengths", "short frame",
+                              "huge count"])
+def test_junk_packets_on_the_local_socket_close_that_connection_only(context, owned, tmp_path, caplog, junk):
+    server = Reactor(context, "server", bounds=SMALL)
+    owned.append(server)
+    handled: list[bytes] = []
+
+    def handle(identity: bytes, frames: list[memoryview]) -> None:
+        handled.append(bytes(frames[0]))
+        server.send_router(sid, identity, [b"re:" + bytes(frames[0])])
+
+    sid, _ = server.bind_router("tcp://127.0.0.1:0", handle)
+    path = local_path(str(tmp_path))
+    server.bind_local(sid, path)
+    server.start()
+    raw = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    raw.settimeout(WAIT)
+    raw.connect(path)
+    raw.send(junk)
+    assert raw.recv(100) == b""  # the server closed this connection
+    raw.close()
+    assert "closed a local connection" in caplog.text and server.error is None and not handled
+    client = Reactor(context, "client")
+    owned.append(client)
+    got: list[bytes] = []
+    done = threading.Event()
+    conn = client.connect_local(path, lambda frames: (got.append(bytes(frames[0])), done.set()))
+    client.start()
+    conn.send([b"legit"])
+    assert done.wait(WAIT) and got == [b"re:legit"]
+
+
+def test_a_local_peer_that_reads_nothing_is_dropped_without_stalling_the_reactor(context, owned, tmp_path, caplog):
+    server = Reactor(context, "server", bounds=SMALL)
+    owned.append(server)
+    took: list[float] = []
+
+    def handle(identity: bytes, frames: list[memoryview]) -> None:
+        start = time.monotonic()
+        server.send_router(sid, identity, [bytes(frames[0]), bytes(200_000)])
+        took.append(time.monotonic() - start)
+
+    sid, address = server.bind_router("tcp://127.0.0.1:0", handle)
+    path = local_path(str(tmp_path))
+    server.bind_local(sid, path)
+    server.start()
+    hog = LocalConnection.connect(path, "hog")  # sends, never reads
+    owned.append(hog)
+    with pytest.raises(ConnectionError):  # the server closes it once its replies pass the 4 MB bound
+        for _ in range(1000):  # 200 MB of replies if all were kept
+            hog.send([b"x"])
+    deadline = time.monotonic() + WAIT
+    while "dropped" not in caplog.text and time.monotonic() < deadline:
+        assert _round_trip(context, address)[0] == b"ping"  # the TCP side is served meanwhile
+        time.sleep(0.05)
+    assert "PSKV_SEND_QUEUE_BYTES" in caplog.text and max(took) < 0.5 and server.error is None
+    assert not server._local_peers and not server._writable
