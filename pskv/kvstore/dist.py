@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import weakref
 from typing import Any
 
@@ -71,6 +72,11 @@ def _leave_at_exit() -> None:
             store._leave(wait=False, timeout=min(store._cluster.request_timeout, _AT_EXIT_TIMEOUT))
         except Exception as exc:  # noqa: BLE001 - exiting anyway: say why leaving failed
             log.error("worker %d: could not leave the job at exit: %s", store._rank, exc)
+
+
+# A forked child (a data-loading process) has the parent's stores but not their threads:
+# it must not make them leave when it exits.
+os.register_at_fork(after_in_child=_OPEN.clear)
 
 
 class DistStore(StoreFrontEnd[KeyLayout]):

@@ -268,3 +268,27 @@ def test_workers_that_never_create_a_store_end_the_job_at_once(tag, tmp_path):
     assert ranks == ["0", "1", "2", "3"], out
     assert elapsed < 15, (elapsed, out)  # was: the exit grace (30 s), then exit 1
     assert wait_gone(tag, 5) == []
+
+
+# -- the exit hook ---------------------------------------------------------------------------
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the store dropped unclosed
+def test_the_exit_hook_holds_open_stores_weakly_and_forked_children_leave_them_alone():
+    import gc
+    import weakref
+
+    from pskv.kvstore import dist
+    from pskv.testing.loopback import loopback_store
+
+    kv = loopback_store()
+    assert kv in dist._OPEN
+    pid = os.fork()
+    if pid == 0:  # a data-loading child: it has the store, not its threads; its exit must not close it
+        os._exit(0 if len(dist._OPEN) == 0 else 1)
+    assert os.waitpid(pid, 0)[1] == 0
+    kv.close()
+    assert kv not in dist._OPEN
+    other = loopback_store()
+    ref = weakref.ref(other)
+    del other
+    gc.collect()
+    assert ref() is None  # nothing (no hook, no cycle) keeps an open store alive
