@@ -429,6 +429,9 @@ class DistStore(StoreFrontEnd[KeyLayout]):
 
         Raises:
             InvalidTypeError: ``optimizer`` is not a :class:`pskv.optimizer.Optimizer`.
+            RemoteError: a server refused it (on rank 0).
+            CollectiveFailedError: it failed on rank 0 (on every other rank, at once).
+            CollectiveMismatchError: the workers are in different collectives.
         """
         self._check_open("set_optimizer")
         self._servers.set_optimizer(optimizer, self._recovery)
@@ -441,20 +444,27 @@ class DistStore(StoreFrontEnd[KeyLayout]):
     def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
         """Every server writes its shard's optimizer state to ``<fname>.server<rank>``.
 
-        Collective: returns when all servers have written (on their hosts: use a shared
-        file system across hosts).
+        Rank 0 may call it alone (``if kv.rank == 0: kv.save_optimizer_states(f)``): it
+        waits for its own operations, has every server write (on their hosts: use a shared
+        file system across hosts) and returns; the other workers go on. Every worker may
+        call it too: the others wait for their own operations and for rank 0's outcome of
+        the same call. A worker of another rank calling it while rank 0 does not fails.
 
         Raises:
-            RemoteError: a server has no optimizer, or could not write.
+            RemoteError: a server has no optimizer, or could not write (on rank 0).
+            CollectiveFailedError: rank 0's call failed (on the other ranks that called it).
+            CollectiveMismatchError: rank 0 went on to a collective without making this call.
         """
         self._check_open("save_optimizer_states")
         self._servers.alone("save_optimizer_states", lambda: self._worker.save_states(str(fname), bool(dump_optimizer)))
 
     def load_optimizer_states(self, fname: str) -> None:
-        """Every server loads ``<fname>.server<rank>`` (written by :meth:`save_optimizer_states`).
+        """Every server loads ``<fname>.server<rank>`` (written by :meth:`save_optimizer_states`). Collective.
 
         Raises:
-            RemoteError: a file is missing or not a pskv state file.
+            RemoteError: a file is missing or not a pskv state file (on rank 0).
+            CollectiveFailedError: it failed on rank 0 (on every other rank, at once).
+            CollectiveMismatchError: the workers are in different collectives.
         """
         self._check_open("load_optimizer_states")
         self._servers.run("load_optimizer_states", lambda: self._worker.load_states(str(fname)))
@@ -474,12 +484,15 @@ class DistStore(StoreFrontEnd[KeyLayout]):
                 after a restart.
 
         Returns:
-            The checkpoint directory.
+            The checkpoint directory (rank 0's, on every worker).
 
         Raises:
             InvalidArgumentError: no ``path`` and no ``PSKV_CHECKPOINT_DIR``, or ``meta``
                 is not JSON-serialisable.
-            RemoteError: a server could not write its file (CheckpointError there).
+            RemoteError: a server could not write its file (CheckpointError there; on rank 0).
+            CheckpointError: rank 0 could not create the directory.
+            CollectiveFailedError: it failed on rank 0 (on every other rank, at once).
+            CollectiveMismatchError: the workers are in different collectives.
         """
         self._check_open("save_checkpoint")
         return self._servers.save_checkpoint(path, meta, self._type, self._num_servers)
