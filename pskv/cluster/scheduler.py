@@ -190,6 +190,10 @@ class Scheduler:
         return Liveness(tuple(self._dead_ids()), ages, self._servers_version, table.servers, table.server_shm, left)
 
     def _register(self, identity: bytes, header: Header, body: Register) -> None:
+        """A registration before the cluster is complete waits in ``_pending``, bounded: one
+        entry per socket (a repeat replaces it) and per role at most the job's count — a
+        registration past that is refused alone (a stray or hostile extra node cannot
+        make the real ones fail)."""
         role = Role.SERVER if body.role == "server" else Role.WORKER
         expected = self._cluster.num_servers + self._cluster.num_workers
         if self._nodes and self._cluster.recovery_timeout > 0 and (
@@ -199,6 +203,15 @@ class Scheduler:
         if self._nodes or len(self._pending) >= expected:
             self._send(identity, error_frames(header, SCHEDULER_ID, "ProtocolError",
                                               f"the cluster is already complete ({expected} nodes)"))
+            return
+        for i, (pending, _, _) in enumerate(self._pending):
+            if pending == identity:  # the same socket again (a resend): the later registration counts
+                self._pending[i] = (identity, header, body)
+                return
+        wanted = self._cluster.num_servers if role is Role.SERVER else self._cluster.num_workers
+        if sum(1 for _, _, b in self._pending if (b.role == "server") == (role is Role.SERVER)) >= wanted:
+            self._send(identity, error_frames(header, SCHEDULER_ID, "ProtocolError",
+                                              f"all {wanted} {role.name.lower()}s of the job have registered"))
             return
         self._pending.append((identity, header, body))
         if self._cluster.verbose:

@@ -35,7 +35,8 @@ from pskv.server.dedup import Dropped, Regather, Repeat, ReplyCache
 from pskv.server.handlers import DataHandlers, Handler
 from pskv.server.liveness import DeadWorkers
 from pskv.server.paths import AllowedPaths
-from pskv.server.senders import SenderBindings
+from pskv.server.routes import Routes
+from pskv.server.senders import CONNECTIONS_PER_WORKER, SenderBindings
 from pskv.server.shard import Allocator, ServerShard
 
 __all__ = ["ServerCore", "Send"]
@@ -66,10 +67,10 @@ class ServerCore:
         workers = tuple(node_id_of(r) for r in range(cluster.num_workers))
         self.shard = ServerShard(cluster.num_workers, sync=True, allocate=allocate, workers=workers)
         self.dead = DeadWorkers(self.shard, cluster.recovery_timeout, name)
-        self.replies = ReplyCache()
+        self.replies = ReplyCache(CONNECTIONS_PER_WORKER * max(1, cluster.num_workers))
         self.senders = SenderBindings(name)  # which worker each connection speaks for
         self.checkpoints = ShardCheckpoints(self.shard, cluster, name)
-        self.routes: dict[bytes, bytes] = {}  # a worker's send-only socket -> where its replies go (HELLO)
+        self.routes = Routes()  # a worker's send-only socket -> where its replies go (HELLO); bounded
         self.data = DataHandlers(self.shard, self._reply, self._answer, node_id, self.replies, self.dead,
                                  self.routes, name)
         control = ControlHandlers(self.shard, self.checkpoints, self._reply, node_id, rank, AllowedPaths.of(cluster))
@@ -86,7 +87,7 @@ class ServerCore:
             log.error("%s: rejected a malformed message from %r: %s", self._name(), identity, exc)
             return
         origin = identity  # the socket it came from: one process's (fixed across reconnects)
-        identity = self.routes.get(identity, identity)  # from a send-only socket: answer where its HELLO came from
+        identity = self.routes.get(identity)  # from a send-only socket: answer where its HELLO came from
         self._held = []
         try:
             handler = self._checked_handler(header)

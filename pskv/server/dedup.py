@@ -3,7 +3,8 @@
 A worker resends every unanswered request when a reset connection comes back; some of
 them had arrived. The server remembers the recent request ids of each socket requests
 come from (``SEEN_PER_SOCKET`` of them; a socket belongs to one process, so a
-replacement process starts afresh), and for each what a repeat gets:
+replacement process starts afresh) — of a bounded number of sockets, the least recently
+used forgotten first — and for each what a repeat gets:
 
 * a request still being answered (a parked pull, a quiet push): the repeat is dropped;
 * a request answered with a short reply (acknowledgement, error): the same frames again;
@@ -67,11 +68,24 @@ class ReplyCache:
     Used on the node's reactor thread only, one request at a time: :meth:`begin`,
     then the handler's reply (:meth:`answered`) or deferred reply (:meth:`later`),
     then :meth:`end`.
+
+    Args:
+        sockets: the sockets whose windows are kept; past it the least recently used
+            one's is forgotten (a repeat from it is then handled as a new request).
     """
 
-    def __init__(self) -> None:
-        self._seen: dict[bytes, Seen] = {}
+    def __init__(self, sockets: int = 1024) -> None:
+        self._sockets = max(1, sockets)
+        self._seen: OrderedDict[bytes, Seen] = OrderedDict()
         self._current: tuple[Seen, int] | None = None  # the request being handled
+
+    def __len__(self) -> int:
+        """The sockets whose request ids are remembered."""
+        return len(self._seen)
+
+    def remembered(self) -> int:
+        """Request ids remembered, over every socket."""
+        return sum(len(seen) for seen in self._seen.values())
 
     def begin(self, origin: bytes, request: int) -> Repeat | None:
         """None for a request to handle (new, or a pull to serve again); else what its repeat gets.
@@ -83,6 +97,10 @@ class ReplyCache:
         seen = self._seen.get(origin)
         if seen is None:
             seen = self._seen[origin] = OrderedDict()
+            if len(self._seen) > self._sockets:
+                self._seen.popitem(last=False)
+        else:
+            self._seen.move_to_end(origin)
         state = seen.get(request)
         if state is None:
             seen[request] = _IN_FLIGHT

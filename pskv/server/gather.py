@@ -3,6 +3,7 @@
 A request names several parts; each completes its round on its own time (the shard
 calls :meth:`Gather.ready` for each). The reply goes out once, when the last part is
 ready — or an error, the first time the shard fails one of them (:meth:`Gather.fail`).
+:class:`Parking` bounds how many pulled parts each worker may have waiting.
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pskv.protocol import ArraySpec, Flag, Header
+from pskv.errors import InvalidArgumentError
+from pskv.protocol import ArraySpec, Flag, Header, node_name
 from pskv.protocol.replies import error_frames, reply_frames
 from pskv.server.shard import Part
 
-__all__ = ["Gather"]
+__all__ = ["Gather", "Parking", "PARKED_PER_PART", "PARKED_SLACK"]
 
 Answer = Callable[[bytes, list[Any]], None]  # (identity, frames): send a reply with values
 
@@ -103,3 +105,52 @@ class Gather:
             self._send(error_frames(self._header, self._node_id(), reason.kind, str(reason)))
             return
         self._send(error_frames(self._header, self._node_id(), "NodeFailedError", reason, node=self._dead_names()))
+
+
+PARKED_PER_PART = 4  # pulled parts one worker may have waiting per part of the shard (a worker has ~1)
+PARKED_SLACK = 1024  # and this many more
+
+
+class Parking:
+    """How many pulled parts each worker has waiting on this server, bounded.
+
+    A pull waits (is parked) until the rounds it needs complete, or until the push it
+    names arrives; a peer naming pushes far ahead would park pulls forever. Each worker
+    may have ``PARKED_PER_PART`` x (parts of the shard) + ``PARKED_SLACK`` parts waiting;
+    past that a pull is refused (an ``InvalidArgumentError`` reply naming the worker).
+
+    Args:
+        shard: the shard (its number of parts scales the bound).
+        name: the server's name, for messages.
+    """
+
+    def __init__(self, shard: Any, name: Callable[[], str]) -> None:
+        self._shard = shard
+        self._name = name
+        self.held: dict[int, int] = {}  # worker node id -> parts of its pulls not answered yet
+
+    def limit(self) -> int:
+        """The most pulled parts one worker may have waiting now."""
+        return PARKED_PER_PART * len(self._shard.parts) + PARKED_SLACK
+
+    def park(self, worker: int, n: int, then: Callable[[], None] | None) -> Callable[[], None]:
+        """Count a pull of ``n`` parts by ``worker`` until it is answered: call the result then (it calls ``then``).
+
+        Raises:
+            InvalidArgumentError: the worker's waiting pulls would pass the bound.
+        """
+        held = self.held.get(worker, 0)
+        if held + n > self.limit():
+            raise InvalidArgumentError(f"{self._name()}: {node_name(worker)} has pulls of {held} parts waiting; "
+                                       f"{n} more would pass the bound of {self.limit()}: refused")
+        self.held[worker] = held + n
+
+        def answered() -> None:
+            left = self.held.get(worker, 0) - n
+            if left > 0:
+                self.held[worker] = left
+            else:
+                self.held.pop(worker, None)
+            if then is not None:
+                then()
+        return answered

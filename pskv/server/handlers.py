@@ -24,8 +24,9 @@ from pskv.protocol import TX_PREFIX, ArraySpec, Command, Flag, Header, frame_arr
 from pskv.protocol.bodies import Hello, Rejoined
 from pskv.protocol.replies import reply_frames
 from pskv.server.dedup import ReplyCache
-from pskv.server.gather import Gather, Refused
+from pskv.server.gather import Gather, Parking, Refused
 from pskv.server.liveness import DeadWorkers
+from pskv.server.routes import Routes
 from pskv.server.shard import Part, ServerShard, to_storage
 
 __all__ = ["DataHandlers", "Handler", "Reply"]
@@ -53,11 +54,14 @@ class DataHandlers:
         replies: the record of answered requests (what a repeat of a pull gets).
         dead: the workers given up on (their rounds cannot complete).
         routes: a worker's send-only socket -> where its replies go; HELLO fills it.
+
+    Pulls that wait (for a round, or for a push that has not arrived) are bounded per
+    worker (:class:`~pskv.server.gather.Parking`): past the bound a pull is refused.
         name: the server's name, for the log.
     """
 
     def __init__(self, shard: ServerShard, reply: Reply, answer: Reply, node_id: Callable[[], int],
-                 replies: ReplyCache, dead: DeadWorkers, routes: dict[bytes, bytes], name: Callable[[], str]) -> None:
+                 replies: ReplyCache, dead: DeadWorkers, routes: Routes, name: Callable[[], str]) -> None:
         self._shard = shard
         self._reply = reply
         self._answer = answer
@@ -65,6 +69,7 @@ class DataHandlers:
         self._replies = replies
         self._dead = dead
         self._routes = routes
+        self.parking = Parking(shard, name)
         self._refused: dict[tuple[int, int], tuple[int, Refused]] = {}  # part -> (round, why): _refuse_rounds
         self._name = name
 
@@ -251,6 +256,7 @@ class DataHandlers:
         if shared and any(part.buffers is None for part, _ in parts):
             raise InvalidArgumentError("a shared-memory pull names a part that is not in shared memory")
         on_answered = self._replies.later(parts if header.command is Command.PUSHPULL else None, shared)
+        on_answered = self.parking.park(header.sender, len(parts), on_answered)
         gather = Gather(self._answer, self._node_id, self._dead.names, identity, header, len(parts),
                         snapshot=self._shard.updater is not None, shared=shared, on_answered=on_answered)
         sender = header.sender
@@ -283,7 +289,7 @@ class DataHandlers:
         Only messages arriving from that socket are rerouted: a peer can redirect the
         answers to its own requests, no one else's.
         """
-        self._routes[TX_PREFIX + Hello.parse(header).tx.encode()] = identity
+        self._routes.add(TX_PREFIX + Hello.parse(header).tx.encode(), identity, header.sender)
         self._ack(identity, header)
 
     def sync(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:

@@ -199,3 +199,40 @@ def test_a_worker_that_leaves_fails_the_barriers_that_need_it_and_servers_hear_o
         for n in nodes:
             n.stop()
         scheduler.stop()
+
+
+def test_extra_and_repeated_registrations_do_not_spoil_the_real_ones(ctx):
+    """Pending registrations are bounded: a socket counts once, a role at most the job's count (issue 10)."""
+    from pskv.protocol import SCHEDULER_ID, Command, Header, decode, encode
+    from pskv.protocol.bodies import Register
+
+    cfg = ClusterConfig(num_servers=1, num_workers=1)
+    scheduler = Scheduler(cfg, ctx, address="tcp://127.0.0.1:0")
+    scheduler.start()
+    stranger = ctx.socket(zmq.DEALER)
+    stranger.linger = 0
+    stranger.connect(scheduler.address)
+    try:
+        for request in range(50):  # the same socket again and again: one pending entry
+            stranger.send_multipart(encode(Header(Command.REGISTER, request, 0,
+                                                  body=Register("worker", "tcp://127.0.0.1:1").encode())))
+        extra = ctx.socket(zmq.DEALER)
+        extra.linger = 0
+        extra.connect(scheduler.address)
+        extra.send_multipart(encode(Header(Command.REGISTER, 1, 0, body=Register("worker", "").encode())))
+        assert extra.poll(WAIT * 1000)
+        reply = decode(extra.recv_multipart())[0]
+        extra.close(0)
+        assert reply.command is Command.ERROR and "all 1 workers of the job have registered" in reply.body
+        assert reply.sender == SCHEDULER_ID and len(scheduler._pending) == 1
+        port = int(scheduler.address.rsplit(":", 1)[1])
+        node = Node(ctx, ClusterConfig(root_uri="127.0.0.1", root_port=port, num_servers=1, num_workers=1),
+                    Role.SERVER, "tcp://127.0.0.1:5000")
+        try:
+            info = node.member.register()  # the server still completes the cluster
+            assert info.rank == 0
+        finally:
+            node.stop()
+    finally:
+        stranger.close(0)
+        scheduler.stop()
