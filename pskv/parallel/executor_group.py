@@ -123,7 +123,7 @@ class DataParallelExecutorGroup:
         output_layouts: per output, its layout (``'TNC'``: the batch axis is 1; no
             ``'N'``: not batched, device 0's copy is the merged one) — MXNet read them
             from the symbol's ``__layout__``. Default: the first data input's batch
-            axis if the output holds the device's samples there (so a time-major
+            axis if every device's output holds its samples there (so a time-major
             model's outputs are merged, shaped and scored along that axis, like its
             inputs), else axis 0 if it holds them there; a 0-d output is not batched.
 
@@ -426,8 +426,12 @@ class DataParallelExecutorGroup:
             if grads:
                 outs = outputs[i][: len(grads)]
                 slices = [self._split(g, _Desc(f"out_grad{k}", tuple(g.shape),
-                                                self._output_axis(k, tuple(g.shape), self.batch_size)), i)
+                                                self._output_axis(k, [tuple(g.shape)], [self.batch_size])), i)
                           for k, g in enumerate(grads)]
+                for k, (out, piece) in enumerate(zip(outs, slices)):
+                    if out.shape != piece.shape:
+                        raise InvalidArgumentError(f"backward: out_grads[{k}] gives device {i} a slice of shape "
+                                                   f"{tuple(piece.shape)} for its output {k} of shape {tuple(out.shape)}")
                 torch.autograd.backward(outs, grad_tensors=slices)
             else:
                 loss = losses[i]
@@ -447,34 +451,39 @@ class DataParallelExecutorGroup:
         if not merge_multi_context:
             return per_output
         merged = []
-        first = self.slices[devices[0]]
+        sizes = [self.slices[i].stop - self.slices[i].start for i in devices]
         for k, outs in enumerate(per_output):
-            axis = self._output_axis(k, tuple(outs[0].shape), first.stop - first.start)
+            axis = self._output_axis(k, [tuple(t.shape) for t in outs], sizes)
             merged.append(torch.cat([t.to(self.devices[0]) for t in outs], dim=axis)
                           if len(outs) > 1 and axis >= 0 else outs[0])
         return merged
 
-    def _output_axis(self, k: int, shape: tuple[int, ...], n: int) -> int:
-        """The batch axis of output ``k``, of ``shape`` for ``n`` samples; -1: not batched.
+    def _output_axis(self, k: int, shapes: list[tuple[int, ...]], sizes: list[int]) -> int:
+        """The batch axis of output ``k``, whose copies have ``shapes`` for ``sizes`` samples; -1: not batched.
 
         Raises:
-            InvalidArgumentError: its layout in ``output_layouts`` has another number of
-                axes, or (no layout given) no candidate axis holds the ``n`` samples.
+            InvalidArgumentError: its layout in ``output_layouts`` does not fit the shapes,
+                or (no layout given) no candidate axis holds the samples in every copy.
         """
         if self.output_layouts is not None and k < len(self.output_layouts):
             layout = self.output_layouts[k]
-            if layout is not None and len(layout) != len(shape):
-                raise InvalidArgumentError(f"output {k} has {len(shape)} dimension(s), its layout {layout!r} "
-                                           f"(output_layouts) has {len(layout)}")
-            return _batch_axis(layout)
-        if not shape:
+            axis = _batch_axis(layout)
+            for shape, n in zip(shapes, sizes):
+                if layout is not None and len(layout) != len(shape):
+                    raise InvalidArgumentError(f"output {k} has {len(shape)} dimension(s), its layout {layout!r} "
+                                               f"(output_layouts) has {len(layout)}")
+                if axis >= 0 and shape[axis] != n:
+                    raise InvalidArgumentError(f"output {k} of shape {shape}: its batch axis {axis} (layout "
+                                               f"{layout!r}) holds {shape[axis]}, not the {n} samples of its batch")
+            return axis
+        if not shapes[0]:
             return -1
         candidates = dict.fromkeys((max(self.data_shapes[0].axis, 0) if self.data_shapes else 0, 0))
         for axis in candidates:
-            if axis < len(shape) and shape[axis] == n:
+            if all(axis < len(shape) and shape[axis] == n for shape, n in zip(shapes, sizes)):
                 return axis
-        raise InvalidArgumentError(f"output {k} of shape {shape} holds the {n} samples of its batch slice on none "
-                                   f"of the axes {list(candidates)}; give its layout in output_layouts")
+        raise InvalidArgumentError(f"output {k} of shape {shapes[0]} holds the {sizes[0]} samples of its batch slice "
+                                   f"on none of the axes {list(candidates)}; give its layout in output_layouts")
 
     def get_loss(self) -> float:
         """The summed loss of the last forward over all devices (a Python float)."""
@@ -532,7 +541,7 @@ class DataParallelExecutorGroup:
             shapes = []
             for k, o in enumerate(outs):
                 shape = list(o.shape)
-                axis = self._output_axis(k, tuple(shape), n)
+                axis = self._output_axis(k, [tuple(shape)], [n])
                 if axis >= 0:
                     shape[axis] = shape[axis] * self.batch_size // n
                 shapes.append((f"output{k}", tuple(shape)))

@@ -324,3 +324,19 @@ def test_outputs_default_to_the_data_batch_axis_and_a_wrong_output_layout_is_nam
         bad.get_outputs()
     with pytest.raises(pskv.InvalidTypeError, match="output_layouts"):
         DataParallelExecutorGroup(TimeMajor(), ["cpu"], output_layouts="TNC")
+    wrong_axis = DataParallelExecutorGroup(TimeMajor(), ["cpu", "cpu"], for_training=False, output_layouts=["NTC"],
+                                           data_shapes=[DataDesc("data", (4, 7, 5), layout="TNC")])
+    wrong_axis.forward(x)
+    with pytest.raises(pskv.InvalidArgumentError, match="its batch axis 0 \\(layout 'NTC'\\) holds 4, not the 3 "):
+        wrong_axis.get_outputs()
+
+
+def test_out_grads_of_another_shape_are_a_pskv_error():
+    x, y = time_major_batch()
+    g = DataParallelExecutorGroup(TimeMajor(), ["cpu", "cpu"], data_shapes=[DataDesc("data", (4, 7, 5), layout="TNC")])
+    g.forward(x)
+    with pytest.raises(pskv.InvalidArgumentError, match="holds the 7 samples of its batch slice on none"):
+        g.backward([torch.ones(4, 6, 3, dtype=torch.float64)])  # a batch of 6, not 7
+    with pytest.raises(pskv.InvalidArgumentError, match="out_grads\\[0\\] gives device 0 a slice of shape "
+                                                       "\\(4, 4, 2\\) for its output 0 of shape \\(4, 4, 3\\)"):
+        g.backward([torch.ones(4, 7, 2, dtype=torch.float64)])
