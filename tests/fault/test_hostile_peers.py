@@ -1,0 +1,106 @@
+"""A live server under hostile or slow peers keeps serving the job's workers exactly (issue 10).
+
+Black-box peers, as an attacker on the host or network would be (without CURVE anyone
+who reaches a port can send): a ZeroMQ DEALER that asks for big replies and never reads
+them, junk packets on the server's Unix socket. Meanwhile real workers run a job and
+must get exact results; the slow peer is dropped and logged, the junk refused.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+
+import numpy as np
+import zmq
+
+import pskv
+from pskv.protocol import ArraySpec, Command, Header, encode
+from pskv.protocol.bodies import Hello
+from pskv.testing import InProcessCluster
+from pskv.transport.unix import local_path
+
+KEYS = list(range(10_000, 10_008))
+BIG = 10_099  # a 1 MB key the hostile peer pulls again and again
+
+
+def _job(cfg, started=None, steps: int = 20, pause: float = 0.0) -> bool:
+    kv = pskv.create("dist_sync", cluster=cfg)
+    try:
+        kv.init(BIG, np.zeros(1 << 18, np.float32))
+        kv.init(KEYS, [np.zeros((4, 3), np.float32)] * len(KEYS))
+        kv.barrier()
+        if started is not None and kv.rank == 0:
+            started()
+        for step in range(steps):
+            kv.push(KEYS, [np.full((4, 3), kv.rank + step, np.float32)] * len(KEYS))
+            out = kv.pull(KEYS)
+            assert all(np.all(o == 2 * step + 1) for o in out), (step, out[0])
+            time.sleep(pause)
+        kv.barrier()
+        return True
+    finally:
+        kv.close()
+
+
+def test_a_peer_that_never_reads_is_dropped_while_workers_get_exact_results(caplog):
+    with InProcessCluster(1, 2, deadline=60, shm=0, slow_peer_timeout=1.0, send_queue_bytes=32 << 20) as c:
+        stop = threading.Event()
+        stats = {"sent": 0}
+
+        def hog() -> None:  # worker 1's name after a HELLO of its own, then pulls of the big key, never reading
+            ctx = zmq.Context.instance()
+            sock = ctx.socket(zmq.DEALER)
+            sock.linger = 0
+            sock.setsockopt(zmq.RCVBUF, 4096)
+            sock.setsockopt(zmq.RCVHWM, 1)
+            sock.connect(c.servers[0].address)
+            try:
+                sock.send_multipart(encode(Header(Command.HELLO, 1, 11, body=Hello("00000000000000ff").encode())))
+                request = 2
+                while not stop.is_set() and request < 20_000:
+                    pull = encode(Header(Command.PULL, request, 11, (ArraySpec(BIG, "float32", (1 << 18,)),)))
+                    sock.send_multipart(pull)
+                    request += 1
+                    stats["sent"] += 1
+                    if request % 200 == 0:
+                        time.sleep(0.01)
+            finally:
+                sock.close(0)
+
+        thread = threading.Thread(target=hog, daemon=True)
+
+        def job(cfg):  # ~3 s of steps while the peer floods the server with pulls it never reads
+            return _job(cfg, thread.start, steps=60, pause=0.05)
+
+        try:
+            assert c.run_workers(job) == [True, True]
+        finally:
+            stop.set()
+            thread.join(10)
+        assert stats["sent"] > 1000
+        assert "dropped it" in caplog.text, "the peer that never reads was not dropped"
+        assert not c.errors and all(s._reactor.error is None for s in c.servers)
+
+
+def test_junk_packets_on_the_server_unix_socket_are_refused_and_the_job_runs(caplog):
+    junk = [b"\x00", b"\x01\x02", b"\x00\x01\x02", b"\x09" * 64,
+            b"\x00" + struct.pack("<I", 3) + struct.pack("<Q", 1 << 60) * 3,
+            b"\x00" + struct.pack("<I", 2**31), b"\x01" + b"\x00" * 100 + b"\x00"]
+    with InProcessCluster(1, 2, deadline=60) as c:
+        path = local_path(c.servers[0]._shm_dir.path)
+        for packet in junk:
+            raw = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            raw.settimeout(10)
+            raw.connect(path)
+            raw.send(packet)
+            if packet[0] == 1:  # an unfinished message: the server waits for the rest; ours closes
+                raw.close()
+                continue
+            assert raw.recv(64) == b"", packet  # the server closed this connection
+            raw.close()
+        assert caplog.text.count("closed a local connection") == len(junk) - 2
+        assert c.run_workers(_job) == [True, True]
+        assert not c.errors and all(s._reactor.error is None for s in c.servers)
