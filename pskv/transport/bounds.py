@@ -24,9 +24,10 @@ from pskv.config import ClusterConfig
 
 __all__ = ["Bounds", "DEFAULT_BOUNDS", "SEND_HWM"]
 
-# Messages ZeroMQ queues per peer before a send reports EAGAIN (its default, made explicit);
-# past it a reply waits in the reactor's own per-peer queue, bounded in bytes.
-SEND_HWM = 1000
+# Messages ZeroMQ queues per peer before a send reports EAGAIN (its default is 1000, each of any
+# size: a peer reading nothing could pin 1000 big replies); past it a reply waits in the reactor's
+# own per-peer queue, bounded in bytes (``send_queue_bytes``).
+SEND_HWM = 100
 
 
 @dataclass(frozen=True)
