@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fault.netns import CORE_IP, Unavailable, VethPair
+from tests.fault.netns import CORE_IP
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE = 60.0
@@ -28,18 +28,6 @@ kv.push(3, np.full(4, kv.rank + 1, np.float32))
 print(f"worker {kv.rank} local_rank {kv.local_rank} sum {kv.pull(3)[0]:g}", flush=True)
 kv.close()
 """
-
-
-@pytest.fixture
-def net():
-    try:
-        pair = VethPair()
-    except Unavailable as exc:
-        pytest.skip(str(exc))
-    try:
-        yield pair
-    finally:
-        pair.destroy()
 
 
 @pytest.mark.timeout(120)

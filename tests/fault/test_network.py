@@ -37,7 +37,7 @@ import time
 import pytest
 
 from pskv.transport.shm import remove_job_files
-from tests.fault.netns import NetJob, Unavailable, VethPair, probe_qdisc
+from tests.fault.netns import NetJob, Unavailable, probe_qdisc
 
 HEARTBEAT_INTERVAL = 0.25
 HEARTBEAT_TIMEOUT = 4.0
@@ -111,19 +111,6 @@ except (pskv.NodeFailedError, pskv.OperationTimeoutError) as exc:
 print(f"done iters={iters} elapsed={time.monotonic() - start:.3f} max_stall={stall:.3f} value={want}", flush=True)
 kv.close()
 """
-
-
-@pytest.fixture
-def net():
-    """A veth pair between two fresh namespaces; deleted when the test ends, whatever happens."""
-    try:
-        pair = VethPair()
-    except Unavailable as exc:
-        pytest.skip(f"network namespaces are not available here: {exc}")
-    try:
-        yield pair
-    finally:
-        pair.destroy()
 
 
 @pytest.fixture
