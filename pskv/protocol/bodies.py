@@ -34,6 +34,7 @@ ERROR (reply)     —                      :class:`ErrorReply`
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any, NamedTuple, TypeVar
 
 from pskv.errors import ProtocolError
@@ -383,6 +384,7 @@ class Rejoined(NamedTuple):
 
 
 MAX_KEY_NAME = 256  # characters of a str key's name that INIT may carry
+MAX_NAMES_CHARS = 1 << 20  # characters of names one INIT carries (keys past it are reported by number)
 
 
 class InitBody(NamedTuple):
@@ -391,10 +393,22 @@ class InitBody(NamedTuple):
 
     Each name must hash to a server key the message's specs name
     (:func:`pskv.partition.server_key`), so a name is bounded by the message and cannot be
-    attached to another key; names longer than :data:`MAX_KEY_NAME` are not sent.
+    attached to another key; names longer than :data:`MAX_KEY_NAME`, or past
+    :data:`MAX_NAMES_CHARS` in one message, are not sent (:meth:`of`).
     """
 
     names: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, names: Iterable[str]) -> InitBody:
+        """The names one INIT sends: distinct, short enough, within the message's budget."""
+        sent: list[str] = []
+        total = 0
+        for name in dict.fromkeys(names):
+            if len(name) <= MAX_KEY_NAME and total + len(name) <= MAX_NAMES_CHARS:
+                sent.append(name)
+                total += len(name)
+        return cls(tuple(sent))
 
     def encode(self) -> str:
         return _dump({"names": list(self.names)}) if self.names else ""

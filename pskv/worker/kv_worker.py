@@ -38,7 +38,6 @@ from pskv.errors import CollectiveFailedError, KVStoreError, ProtocolError
 from pskv.partition import server_key, split
 from pskv.protocol import ArraySpec, Command, Flag, Header, Role, frame_array, node_name
 from pskv.protocol.bodies import (
-    MAX_KEY_NAME,
     CheckpointRequest,
     CheckpointSaved,
     ControllerCall,
@@ -417,5 +416,4 @@ def _place(rec: KeyLayout, i: int, frame: np.ndarray[Any, Any], values: dict[int
 
 def _key_names(items: list[Part]) -> str:
     """INIT's body: the names of the str keys among ``items``, so the server's reports name them."""
-    names = dict.fromkeys(rec.key for rec, _ in items if isinstance(rec.key, str) and len(rec.key) <= MAX_KEY_NAME)
-    return InitBody(tuple(names)).encode()
+    return InitBody.of(rec.key for rec, _ in items if isinstance(rec.key, str)).encode()

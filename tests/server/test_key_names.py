@@ -12,7 +12,7 @@ import pskv
 from pskv.errors import ProtocolError
 from pskv.partition import server_key
 from pskv.protocol import ArraySpec, Command, Header
-from pskv.protocol.bodies import MAX_KEY_NAME, InitBody
+from pskv.protocol.bodies import MAX_KEY_NAME, MAX_NAMES_CHARS, InitBody
 from pskv.testing import InProcessCluster
 
 
@@ -30,6 +30,13 @@ def test_init_names_round_trip_and_must_name_the_message_s_keys():
             InitBody.parse(_init(forged.encode(), "bias"))
     with pytest.raises(ProtocolError, match="names"):
         InitBody.parse(_init('{"names": [7]}', "bias"))
+
+
+def test_the_names_an_init_sends_are_distinct_short_and_bounded_in_all():
+    assert InitBody.of(["a", "b", "a", "x" * (MAX_KEY_NAME + 1)]).names == ("a", "b")
+    many = [f"{i:0{MAX_KEY_NAME}d}" for i in range(2 * MAX_NAMES_CHARS // MAX_KEY_NAME)]
+    sent = InitBody.of(many).names
+    assert sent == tuple(many[: MAX_NAMES_CHARS // MAX_KEY_NAME]) and sum(map(len, sent)) <= MAX_NAMES_CHARS
 
 
 class _Stalls(logging.Handler):
