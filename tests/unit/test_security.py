@@ -148,3 +148,27 @@ def test_an_in_process_cluster_with_a_key_pushes_and_pulls(tmp_path):
 
         assert cluster.run_workers(work) == [[3.0] * 5, [3.0] * 5]
         assert cluster.scheduler._runtime.security is not None
+
+
+def test_without_a_running_zap_handler_no_peer_is_admitted():
+    # ZAP_ENFORCE_DOMAIN: a CURVE server socket whose handler is not (yet) running admits
+    # nobody, rather than any peer that knows its public key
+    keys = generate_keys()
+    sec = CurveSecurity(keys)
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    sec.server(router)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    try:
+        for member in (True, False):
+            dealer = ctx.socket(zmq.DEALER)
+            dealer.linger = 0
+            CurveSecurity(keys if member else generate_keys()).client(dealer)
+            dealer.curve_serverkey = keys.public
+            dealer.connect(f"tcp://127.0.0.1:{port}")
+            dealer.send(b"hello")
+            assert not router.poll(500)
+            dealer.close(0)
+    finally:
+        router.close(0)
+        ctx.term()
