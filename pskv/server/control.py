@@ -10,6 +10,7 @@ fixed at start (:mod:`pskv.server.paths`).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from pskv.errors import InvalidArgumentError, OptimizerStateError
@@ -34,6 +35,8 @@ from pskv.server.paths import AllowedPaths
 from pskv.server.shard import ServerShard
 
 __all__ = ["ControlHandlers"]
+
+log = logging.getLogger("pskv.server")
 
 
 class ControlHandlers:
@@ -101,9 +104,17 @@ class ControlHandlers:
         answer = fn(head, text)
         self._ack(identity, header, ControllerAnswer("" if answer is None else str(answer)).encode())
 
+    def _allowed(self, path: str, what: str) -> str:
+        """``path`` resolved, inside the allowed directories; a refusal is logged here too (a peer chose it)."""
+        try:
+            return self._paths.check(path, f"{self._name}: {what}")
+        except InvalidArgumentError as exc:
+            log.warning("%s", exc)
+            raise
+
     def _states_path(self, request: StatesRequest, what: str) -> str:
         """``<path>.server<rank>``, resolved, inside the allowed directories (else InvalidArgumentError)."""
-        return self._paths.check(f"{request.path}.server{self._rank()}", f"{self._name}: {what}")
+        return self._allowed(f"{request.path}.server{self._rank()}", what)
 
     def save_states(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
         """:class:`StatesRequest`: write the optimizer state to ``<path>.server<rank>``."""
@@ -135,6 +146,6 @@ class ControlHandlers:
 
     def save_checkpoint(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
         """:class:`CheckpointRequest`: write this server's shard into that checkpoint directory."""
-        directory = self._paths.check(CheckpointRequest.parse(header).dir, f"{self._name}: save_checkpoint")
+        directory = self._allowed(CheckpointRequest.parse(header).dir, "save_checkpoint")
         saved = self._checkpoints.save(directory, self._rank())
         self._ack(identity, header, CheckpointSaved(str(saved.file), saved.bytes, saved.open_rounds).encode())

@@ -77,7 +77,7 @@ def test_state_files_outside_the_allowed_directories_are_refused_naming_the_path
     assert sorted(p.name for p in (tmp / "ckpt").iterdir()) == ["b.server0", "c.server0"]
 
 
-def test_checkpoints_outside_the_allowed_directories_are_refused_naming_the_path(confined):
+def test_checkpoints_outside_the_allowed_directories_are_refused_naming_the_path(confined, caplog):
     kv, tmp = confined
     for how, path in _outside_paths(tmp).items():
         if how == "root":  # rank 0 makes the directory (on its own host) before the servers write
@@ -85,6 +85,8 @@ def test_checkpoints_outside_the_allowed_directories_are_refused_naming_the_path
         with pytest.raises(pskv.RemoteError, match=REFUSED.format(what="save_checkpoint", path=re.escape(os.path.abspath(path)))):
             kv.save_checkpoint(path)
     assert not list((tmp / "outside").rglob("server-*"))
+    refusals = [r.getMessage() for r in caplog.records if r.name == "pskv.server" and "refused path" in r.getMessage()]
+    assert len(refusals) == 3 and all(r.startswith("server 0: save_checkpoint: refused path") for r in refusals)
     saved = kv.save_checkpoint()  # under PSKV_CHECKPOINT_DIR
     assert os.path.dirname(saved) == str(tmp / "ckpt") and os.path.exists(os.path.join(saved, "manifest.json"))
     kv.save_checkpoint(str(tmp / "state" / "mine"))
