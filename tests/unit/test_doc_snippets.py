@@ -21,3 +21,17 @@ def first_python_block(doc: str) -> str:
 def test_the_first_snippet_runs(doc, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # it may write files
     exec(compile(first_python_block(doc), doc, "exec"), {})
+
+
+def python_blocks() -> list[tuple[str, int, str]]:
+    """Every ```python block of the README and docs/: (doc, index, code)."""
+    docs = ["README.md", *sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md"))]
+    return [(doc, i, m.group(1)) for doc in docs
+            for i, m in enumerate(re.finditer(r"```python\n(.*?)```", (ROOT / doc).read_text(encoding="utf-8"), re.S))]
+
+
+def test_every_python_snippet_of_the_docs_is_valid_python():
+    blocks = python_blocks()
+    assert len(blocks) >= 7  # README, distributed, launch, optimizers, training at least
+    for doc, i, code in blocks:
+        compile(code, f"{doc} (python block {i})", "exec")  # a SyntaxError names the doc and block
