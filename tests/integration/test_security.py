@@ -39,7 +39,11 @@ import zmq
 import pskv
 from pskv.config import ClusterConfig
 from pskv.transport.security import generate_keys, write_key_file
+from pskv.transport.shm import remove_job_files
 from pskv.worker.client import WorkerClient
+from tests.fault.netns import NetJob, Unavailable, VethPair
+from tests.fault.test_network import ENV, PLACEMENTS, WORKERS, finish
+from tests.fault.test_network import WORKER as NET_WORKER
 
 pytestmark = [pytest.mark.skipif(sys.platform != "linux", reason="Linux processes and namespaces"),
               pytest.mark.skipif(not zmq.has("curve"), reason="libzmq without CURVE")]
@@ -409,3 +413,37 @@ def test_captured_traffic_without_a_key_holds_the_array_in_plaintext(netns, tmp_
     # replayed under the worker's own routing identities, its requests are repeats: not applied again
     result = json.loads(line_value(out, "result"))
     assert result["before"] == result["after"] == pattern_array(), out
+
+
+# -- reconnects under CURVE -------------------------------------------------------------------
+@pytest.mark.timeout(90)
+def test_connections_reset_under_curve_reconnect_and_keep_their_bindings(tmp_path, key_file):
+    """Every TCP connection of the workers is reset mid-loop in a keyed job: ZeroMQ reconnects
+    with a new CURVE handshake under the same routing identities, the servers' sender
+    bindings still hold, and every pulled value is exact (the worker program checks them)."""
+    try:
+        net = VethPair()
+    except Unavailable as exc:
+        pytest.skip(f"network namespaces are not available here: {exc}")
+    job = None
+    try:
+        iters = 100
+        env = {**ENV, "NET_ITERS": str(iters), "NET_PACE": "0.02", "NET_SIZE": "1024",
+               "PSKV_CURVE_KEY_FILE": str(key_file)}
+        job = NetJob(net, tmp_path, NET_WORKER, PLACEMENTS["workers-cut"], env)
+        for w in WORKERS:
+            job.expect(w, "iter 15 ", 40)
+        try:
+            killed = net.reset_connections("edge")
+        except Unavailable as exc:
+            pytest.skip(f"cannot reset connections here: {exc}")
+        assert killed, "no connection was reset"
+        finish(job, iters, 40)
+        for w in WORKERS:
+            assert any("unanswered request(s) again" in line for line in job.drain(w)), job.describe()
+        assert not any("refused" in line for name in job.output for line in job.drain(name)), job.describe()
+    finally:
+        if job is not None:
+            job.reap()
+            remove_job_files(job.job_id)
+        net.destroy()
