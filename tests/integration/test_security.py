@@ -41,9 +41,11 @@ from pskv.config import ClusterConfig
 from pskv.transport.security import generate_keys, write_key_file
 from pskv.transport.shm import remove_job_files
 from pskv.worker.client import WorkerClient
+from tests.fault.launched import finals, launch_job
 from tests.fault.netns import NetJob, Unavailable, VethPair
 from tests.fault.test_network import ENV, PLACEMENTS, WORKERS, finish
 from tests.fault.test_network import WORKER as NET_WORKER
+from tests.fault.test_worker_recovery import WORKER as RECOVERY_WORKER
 
 pytestmark = [pytest.mark.skipif(sys.platform != "linux", reason="Linux processes and namespaces"),
               pytest.mark.skipif(not zmq.has("curve"), reason="libzmq without CURVE")]
@@ -447,3 +449,19 @@ def test_connections_reset_under_curve_reconnect_and_keep_their_bindings(tmp_pat
             job.reap()
             remove_job_files(job.job_id)
         net.destroy()
+
+
+@pytest.mark.timeout(200)
+def test_a_replacement_worker_rejoins_a_keyed_job_and_ends_as_without_the_crash(tmp_path):
+    """--restart-workers in a --secure job over TCP: the replacement opens new CURVE connections
+    with HELLO and REJOIN (its worker id was bound to the dead process's connections) and the
+    job ends with the values of a crash-free keyed run, bit for bit."""
+    options = ["--secure", "--env", "PSKV_SHM=0"]
+    code, clean = launch_job(tmp_path / "clean", RECOVERY_WORKER, ["-1", "after"], options, deadline=90.0)
+    assert code == 0, clean
+    code, out = launch_job(tmp_path / "crash", RECOVERY_WORKER, ["6", "after"],
+                           [*options, "--restart-workers", "1", "--recovery-timeout", "30"], deadline=90.0)
+    assert code == 0, out
+    assert "[worker 1] rejoined at step 7" in out, out
+    assert "refused" not in out, out
+    assert finals(out) == finals(clean) and len(finals(clean)) == 2, out
