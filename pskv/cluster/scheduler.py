@@ -30,6 +30,7 @@ from pskv.errors import OperationTimeoutError, ProtocolError
 from pskv.protocol import SCHEDULER_ID, Command, Header, Role, decode, node_id, node_name
 from pskv.protocol.bodies import Barrier, Failure, Liveness, Met, NodeTable, Register, ShmInfo, Shutdown
 from pskv.protocol.replies import error_frames, reply_frames
+from pskv.transport.security import RefusalLog
 
 __all__ = ["Scheduler"]
 
@@ -78,6 +79,7 @@ class Scheduler:
         self._pending: list[tuple[bytes, Header, Register]] = []  # registrations before all arrived
         self._nodes: dict[int, _Node] = {}
         self._by_identity: dict[bytes, int] = {}
+        self._refusals = RefusalLog(log)  # messages refused for their sender, logged at most every 10 s per peer
         self._barriers: dict[int, dict[int, _Arrival]] = {}  # group -> node -> its arrival
         self._broken: dict[int, tuple[str, set[int]]] = {}  # group -> mismatch message, members told
         self._posts: dict[tuple[str, int, int], Failure | None] = {}  # rank 0's outcomes of calls it may make alone
@@ -175,7 +177,7 @@ class Scheduler:
     def _refuse_sender(self, identity: bytes, header: Header, nid: int, what: str) -> None:
         """Refuse a message that speaks for another node than the one its connection registered as."""
         message = f"{what} from connection {identity!r}, which registered as {node_name(nid)}: refused"
-        log.error("scheduler: %s", message)
+        self._refusals.error(identity, f"scheduler: {message}")
         self._send(identity, error_frames(header, SCHEDULER_ID, "ProtocolError", message))
 
     # -- registration -------------------------------------------------------------------

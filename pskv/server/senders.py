@@ -25,19 +25,18 @@ server cannot tell it from an impostor. Keep strangers out with CURVE
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
 from pskv.errors import ProtocolError
 from pskv.protocol import TX_PREFIX, Command, Header, node_name
 from pskv.protocol.bodies import Hello
+from pskv.transport.security import RefusalLog
 
-__all__ = ["SenderBindings", "CONNECTIONS_PER_WORKER", "LOG_INTERVAL"]
+__all__ = ["SenderBindings", "CONNECTIONS_PER_WORKER"]
 
 log = logging.getLogger("pskv.server")
 
 CONNECTIONS_PER_WORKER = 8  # connections remembered per worker (a session uses 1 or 2; replacements add theirs)
-LOG_INTERVAL = 10.0  # seconds between two log lines about refused messages from one connection
 _OPENING = (Command.HELLO, Command.REJOIN)  # what a worker's new connection may start with
 
 
@@ -52,7 +51,7 @@ class SenderBindings:
         self._name = name
         self._node_of: dict[bytes, int] = {}
         self._connections: dict[int, list[bytes]] = {}  # worker -> its connections, oldest first
-        self._logged: dict[bytes, tuple[float, int]] = {}  # connection -> (last log line, refusals since)
+        self._refusals = RefusalLog(log, limit=4096)  # a line per connection and interval (a peer may flood)
 
     def check(self, connection: bytes, header: Header) -> None:
         """Bind ``connection`` to the worker ``header.sender`` names, or refuse the message.
@@ -90,19 +89,10 @@ class SenderBindings:
         while len(connections) > CONNECTIONS_PER_WORKER:
             forgotten = connections.pop(0)
             self._node_of.pop(forgotten, None)
-            self._logged.pop(forgotten, None)
+            self._refusals.forget(forgotten)
 
     def _refuse(self, connection: bytes, header: Header, why: str) -> None:
         message = (f"{header.command.name} from connection {connection!r} claims {node_name(header.sender)} "
                    f"(node id {header.sender}): refused, {why}")
-        now = time.monotonic()
-        last, since = self._logged.get(connection, (-LOG_INTERVAL, 0))
-        if now - last >= LOG_INTERVAL:
-            more = f" ({since} more refused from it in the last {LOG_INTERVAL:g} s)" if since else ""
-            log.error("%s: %s%s", self._name(), message, more)
-            if len(self._logged) >= 4 * CONNECTIONS_PER_WORKER * max(1, len(self._connections)):
-                self._logged.pop(next(iter(self._logged)))  # bounded: forget the oldest entry
-            self._logged[connection] = (now, 0)
-        else:
-            self._logged[connection] = (last, since + 1)
+        self._refusals.error(connection, f"{self._name()}: {message}")
         raise ProtocolError(message)

@@ -26,7 +26,7 @@ import zmq
 
 from pskv.errors import InvalidArgumentError, TransportError
 
-__all__ = ["CurveKeys", "CurveSecurity", "generate_keys", "write_key_file", "read_key_file"]
+__all__ = ["CurveKeys", "CurveSecurity", "RefusalLog", "generate_keys", "write_key_file", "read_key_file"]
 
 log = logging.getLogger("pskv.security")
 KEY_FILE_HEADER = "# pskv CURVE cluster key (keep secret: anyone holding this file can join the job)"
@@ -130,7 +130,7 @@ class CurveSecurity:
         self._context: zmq.Context[Any] | None = None
         self.refused = 0  # peers refused so far (for tests and diagnostics)
         self.failed_handshakes = 0  # connections whose CURVE handshake failed (no key, another key)
-        self._logged: dict[str, tuple[float, int]] = {}  # what -> (last logged, occurrences not logged since)
+        self._refusals = RefusalLog(log)
 
     def start(self, context: zmq.Context[Any]) -> None:
         """Start the ZAP handler on ``context`` (before binding server sockets; idempotent).
@@ -162,8 +162,8 @@ class CurveSecurity:
         ok = key == self.keys.public
         if not ok:
             self.refused += 1
-            self._log(f"key {key!r}", "%s refused a peer presenting CURVE public key %s (not the cluster key)",
-                      self.node or "node", key.decode(errors="replace"))
+            self._refusals.error(key, f"{self.node or 'node'} refused a peer presenting CURVE public key "
+                                      f"{key.decode(errors='replace')} (not the cluster key)")
         return ok
 
     def handshake_failed(self, endpoint: str, event: int, value: int) -> None:
@@ -185,20 +185,7 @@ class CurveSecurity:
         else:
             why = (f"a peer failed the CURVE handshake (ZMTP protocol error {value:#x}, e.g. a replayed or "
                    "corrupted handshake) and was refused")
-        self._log(f"{endpoint} {why}", "%s on %s: %s", self.node or "node", endpoint, why)
-
-    def _log(self, what: str, message: str, *args: Any) -> None:
-        now = time.monotonic()
-        last, since = self._logged.get(what, (-LOG_INTERVAL, 0))
-        if now - last < LOG_INTERVAL:
-            self._logged[what] = (last, since + 1)
-            return
-        if len(self._logged) >= 1024:  # bounded: forget what was logged longest ago
-            del self._logged[min(self._logged, key=lambda k: self._logged[k][0])]
-        self._logged[what] = (now, 0)
-        if since:
-            message += f" ({since} more time(s) in the last {LOG_INTERVAL:g} s)"
-        log.error(message, *args)
+        self._refusals.error((endpoint, why), f"{self.node or 'node'} on {endpoint}: {why}")
 
     def server(self, sock: zmq.Socket[Any]) -> None:
         """Make a binding socket a CURVE server with the cluster key (call :meth:`start` first).
@@ -242,6 +229,42 @@ class CurveSecurity:
                 (see :func:`read_key_file`).
         """
         return cls(read_key_file(path), node) if path else None
+
+
+class RefusalLog:
+    """Log lines about refused peers, at most one per peer (or kind) every :data:`LOG_INTERVAL` s.
+
+    A refused peer may retry at once, and forever (ZeroMQ reconnects every 100 ms); the
+    repeats are counted and the next line says how many there were. The record is
+    bounded (the entry logged longest ago is forgotten first).
+
+    Args:
+        logger: where the lines go.
+        limit: peers (or kinds) remembered.
+    """
+
+    def __init__(self, logger: logging.Logger, limit: int = 1024) -> None:
+        self._logger = logger
+        self._limit = limit
+        self._logged: dict[Any, tuple[float, int]] = {}  # what -> (last logged, repeats not logged since)
+
+    def error(self, what: Any, message: str) -> None:
+        """Log ``message`` at ERROR unless a line about ``what`` went out in the last interval."""
+        now = time.monotonic()
+        last, since = self._logged.get(what, (-LOG_INTERVAL, 0))
+        if now - last < LOG_INTERVAL:
+            self._logged[what] = (last, since + 1)
+            return
+        if what not in self._logged and len(self._logged) >= self._limit:
+            del self._logged[min(self._logged, key=lambda k: self._logged[k][0])]
+        self._logged[what] = (now, 0)
+        if since:
+            message += f" ({since} more time(s) in the last {LOG_INTERVAL:g} s)"
+        self._logger.error("%s", message)
+
+    def forget(self, what: Any) -> None:
+        """Drop what is remembered about ``what``."""
+        self._logged.pop(what, None)
 
 
 @dataclass
