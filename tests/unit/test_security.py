@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 
@@ -172,3 +173,21 @@ def test_without_a_running_zap_handler_no_peer_is_admitted():
     finally:
         router.close(0)
         ctx.term()
+
+
+def test_refusals_are_logged_once_per_peer_and_interval_with_the_count(monkeypatch, caplog):
+    import pskv.transport.security as security
+
+    now = [100.0]
+    monkeypatch.setattr(security.time, "monotonic", lambda: now[0])
+    refusals = security.RefusalLog(logging.getLogger("pskv.test.refusals"), limit=2)
+    with caplog.at_level("ERROR", logger="pskv.test.refusals"):
+        for _ in range(50):
+            refusals.error(b"peer a", "a refused")
+        refusals.error(b"peer b", "b refused")
+        now[0] += security.LOG_INTERVAL
+        refusals.error(b"peer a", "a refused")
+        refusals.error(b"peer c", "c refused")  # a third peer: the record keeps 2
+    assert [r.getMessage() for r in caplog.records] == [
+        "a refused", "b refused", f"a refused (49 more time(s) in the last {security.LOG_INTERVAL:g} s)", "c refused"]
+    assert len(refusals._logged) == 2
