@@ -143,3 +143,24 @@ def test_the_scheduler_refuses_a_message_claiming_another_nodes_id(ctx, dealers,
         assert worker.poll(WAIT_MS) and decode(worker.recv_multipart())[0].command is Command.REPLY
     finally:
         scheduler.stop()
+
+
+def test_without_a_key_the_scheduler_cannot_tell_a_stranger_from_a_node(ctx, dealers):
+    # what docs/security.md says a keyless peer can do at the scheduler: take a slot while
+    # the job assembles, and (recovery on) take over a worker's rank by naming it
+    cfg = ClusterConfig(num_servers=1, num_workers=1, recovery_timeout=30.0)
+    scheduler = Scheduler(cfg, ctx, address="tcp://127.0.0.1:0")
+    scheduler.start()
+    try:
+        server, stranger = dealers(scheduler.address), dealers(scheduler.address)
+        server.send_multipart(encode(Header(Command.REGISTER, 1, 0, body=Register("server", "tcp://x:1", 0).encode())))
+        stranger.send_multipart(encode(Header(Command.REGISTER, 1, 0, body=Register("worker", "", -1).encode())))
+        assert stranger.poll(WAIT_MS)
+        assert json.loads(decode(stranger.recv_multipart())[0].body)["node_id"] == W0  # it is worker 0 now
+        second = dealers(scheduler.address)
+        second.send_multipart(encode(Header(Command.REGISTER, 1, 0, body=Register("worker", "", 0).encode())))
+        assert second.poll(WAIT_MS)
+        table = json.loads(decode(second.recv_multipart())[0].body)
+        assert table["node_id"] == W0 and table["recovery"]  # taken for worker 0's replacement
+    finally:
+        scheduler.stop()
