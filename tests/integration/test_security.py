@@ -59,8 +59,9 @@ import json, os, sys, time
 import numpy as np
 import zmq
 import pskv
-from pskv.protocol import ArraySpec, Command, Header, Role, encode, node_id
-from pskv.protocol.bodies import Hello, Register
+from pskv.optimizer import SGD
+from pskv.protocol import ArraySpec, Command, Header, Role, decode, encode, node_id
+from pskv.protocol.bodies import Hello, OptimizerConfig, Register
 from pskv.transport.security import generate_keys, read_key_file
 
 mode, go_file = sys.argv[1], sys.argv[2]
@@ -80,6 +81,7 @@ HELLO = encode(Header(Command.HELLO, 2, W0, body=Hello("00000000deadbeef").encod
 READ = encode(Header(Command.PULL, 4, W0, (ArraySpec(0, "float32", (pattern.size,)),)))
 FORGED = encode(Header(Command.PUSH, 3, W0, (ArraySpec(0, "float32", (pattern.size,)),)),
                 [np.full(pattern.size, 1000.0, np.float32)])
+CONTROL = encode(Header(Command.SET_OPTIMIZER, 5, W0, body=OptimizerConfig(SGD(learning_rate=0.5).to_config()).encode()))
 
 
 def probe(address, messages, keys=None, server_key=None):
@@ -98,7 +100,7 @@ def probe(address, messages, keys=None, server_key=None):
         except zmq.Again:  # no connection to queue on: the peer refused it
             break
         if sock.poll(WAIT_MS):
-            replies.append(b"".join(sock.recv_multipart()))
+            replies.append(sock.recv_multipart())
     sock.close(0)
     ctx.term()
     return replies
@@ -107,18 +109,19 @@ def probe(address, messages, keys=None, server_key=None):
 result = {}
 if mode == "attack":
     result["plain_scheduler"] = len(probe(scheduler, [REGISTER]))
-    replies = probe(server, [HELLO, READ, FORGED])
+    replies = probe(server, [HELLO, READ, FORGED, CONTROL])
     result["plain_server"] = len(replies)
-    result["read_the_values"] = any(pattern.tobytes() in reply for reply in replies)
+    result["plain_server_accepted"] = [decode(r)[0].command.name for r in replies]
+    result["read_the_values"] = any(pattern.tobytes() in b"".join(r) for r in replies)
     key_file = os.environ.get("PSKV_CURVE_KEY_FILE")
     if key_file:
         cluster_public = read_key_file(key_file).public
         intruder = generate_keys()  # its own pair; knows the cluster's public key, not its secret
         print("intruder " + intruder.public.decode(), flush=True)
         result["intruder_scheduler"] = len(probe(scheduler, [REGISTER], intruder, cluster_public))
-        result["intruder_server"] = len(probe(server, [HELLO, READ, FORGED], intruder, cluster_public))
+        result["intruder_server"] = len(probe(server, [HELLO, READ, FORGED, CONTROL], intruder, cluster_public))
         other = generate_keys()  # another cluster's key altogether
-        result["other_cluster_server"] = len(probe(server, [HELLO, READ, FORGED], other, other.public))
+        result["other_cluster_server"] = len(probe(server, [HELLO, READ, FORGED, CONTROL], other, other.public))
 else:  # "wait": the test captures and replays, then creates go_file
     print("waiting", flush=True)
     deadline = time.monotonic() + 30
@@ -186,7 +189,8 @@ def test_with_a_key_a_stranger_gets_no_reply_changes_nothing_and_is_logged(tmp_p
     result = json.loads(line_value(out, "result"))
     # no reply to REGISTER, HELLO or PUSH: plain TCP, a key pair of its own, another cluster's key
     assert {k: v for k, v in result.items() if k not in ("before", "after")} == {
-        "plain_scheduler": 0, "plain_server": 0, "read_the_values": False, "intruder_scheduler": 0,
+        "plain_scheduler": 0, "plain_server": 0, "plain_server_accepted": [], "read_the_values": False,
+        "intruder_scheduler": 0,
         "intruder_server": 0, "other_cluster_server": 0}, out
     assert result["before"] == result["after"] == pattern_array(), out  # the forged push was not applied
     intruder = line_value(out, "intruder")
@@ -203,7 +207,8 @@ def test_without_a_key_a_stranger_registers_pushes_and_changes_values(tmp_path, 
     assert code == 0, out
     result = json.loads(line_value(out, "result"))
     assert result["plain_scheduler"] == 1  # answered (the cluster is complete: an ERROR, but an answer)
-    assert result["plain_server"] == 3  # HELLO acknowledged, the values read (PULL), the forged PUSH acknowledged
+    # HELLO acknowledged, the values read (PULL), the forged PUSH and a new optimizer (SET_OPTIMIZER) accepted
+    assert result["plain_server_accepted"] == ["REPLY"] * 4, out
     assert result["read_the_values"]
     assert result["before"] == pattern_array()
     assert result["after"] != result["before"], out  # the forged push was applied
