@@ -21,6 +21,7 @@ from typing import Any
 from . import __doc__ as package_doc
 from . import settings
 from .harness import log, reap_all
+from .hostile import hostile_markdown, hostile_rows
 from .report import markdown, summarize
 from .settings import COMMON_ENV, DEFAULT_HB, REPO, SHORT_HB
 from .trials import GROUPS, ROWS, Trial, plan, run_trial
@@ -145,13 +146,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     table_rows, defects = summarize(results, args.repeats)
     table = markdown(table_rows)
     print(table)
+    hostile = hostile_rows(results)
+    hostile_table = hostile_markdown(hostile) if hostile else ""
+    if hostile:
+        print("\nHostile inputs:\n\n" + hostile_table)
+        defects += [f"hostile {r['category']}: {r['crashes']} crashes, {r['hangs']} hangs, {r['wrong_values']} "
+                    "wrong values" for r in hostile if r["crashes"] or r["hangs"] or r["wrong_values"]]
     print(f"total wall time {wall:.0f} s; {len(trials)} runs, {args.parallel} at a time")
     if defects:
         print("\nDEFECTS:\n" + "\n".join(f"- {d}" for d in defects))
     out = {"settings": {"repeats": args.repeats, "parallel": args.parallel, "rows": rows, "fuzz_count": args.fuzz_count,
                         "default_heartbeat": DEFAULT_HB, "short_heartbeat": SHORT_HB, "common_env": COMMON_ENV,
                         "wall_s": round(wall, 1)},
-           "environment": env, "rows": table_rows, "defects": defects, "table_markdown": table, "runs": results}
+           "environment": env, "rows": table_rows, "defects": defects, "table_markdown": table,
+           "hostile": hostile, "hostile_markdown": hostile_table, "runs": results}
     _write_json(Path(args.json), out)
     log(f"wrote {args.json}")
     return 0

@@ -541,12 +541,14 @@ class Trial:
 ROWS = ["kill_server", "kill_server_short", "kill_worker", "kill_worker_short", "kill_scheduler",
         "kill_scheduler_short", "restart", "replace_worker", "replace_server", "restart_exact", "stop_worker",
         "stop_worker_short",
-        "uneven_none", "uneven_join", "uneven_fit", "fuzz", "forged"]
+        "uneven_none", "uneven_join", "uneven_fit", "fuzz", "forged", "hostile"]
 GROUPS = {"kill_server": ["kill_server", "kill_server_short"], "kill_worker": ["kill_worker", "kill_worker_short"],
           "kill_scheduler": ["kill_scheduler", "kill_scheduler_short"], "restart": ["restart"],
           "replace_worker": ["replace_worker"], "replace_server": ["replace_server"], "restart_exact": ["restart_exact"],
           "stop_worker": ["stop_worker", "stop_worker_short"], "uneven": ["uneven_none", "uneven_join", "uneven_fit"],
-          "fuzz": ["fuzz"], "forged": ["forged"]}
+          "fuzz": ["fuzz"], "forged": ["forged"], "hostile": ["hostile"],
+          **{f"hostile_{c}": [f"hostile_{c}"] for c in ("slow_reader", "many_frames", "oversize", "forged_sender",
+                                                        "replay", "unix_junk", "state_growth", "chosen_paths")}}
 
 
 def plan(rows: list[str], repeats: int, fuzz_count: int) -> list[Trial]:
@@ -603,6 +605,13 @@ def plan(rows: list[str], repeats: int, fuzz_count: int) -> list[Trial]:
     if "forged" in rows:
         for variant in FORGED:
             trials.append(Trial("forged", f"forged_{variant}#0", lambda t, v=variant: trial_fuzz(t, v, 0, 7), 10))
+    from .hostile import CATEGORIES, trial_hostile
+
+    for category in CATEGORIES:
+        if "hostile" in rows or f"hostile_{category}" in rows:
+            for r in range(min(repeats, 2)):
+                trials.append(Trial("hostile", f"hostile_{category}#{r}",
+                                    lambda t, c=category: trial_hostile(t, c), 12))
     trials.sort(key=lambda tr: -tr.weight)  # longest first: the pool ends together
     return trials
 

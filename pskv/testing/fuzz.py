@@ -13,7 +13,9 @@ imported only by :func:`message_strategy`.
 
 from __future__ import annotations
 
+import json
 import random
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,19 +28,24 @@ from pskv.protocol import PROTOCOL_VERSION, ArraySpec, Command, Flag, Header, en
 __all__ = [
     "BODIES",
     "FUZZ_COMMANDS",
+    "UNIX_JUNK",
     "HEADER_FIELDS",
     "HOSTILE_KINDS",
     "SENDERS",
     "big_header",
+    "chosen_paths",
     "dtype_code",
     "forged_messages",
     "fuzz_case",
     "header_fields",
+    "hello",
     "hostile_messages",
     "message_strategy",
     "mutate",
     "pack",
     "probe_pull",
+    "pull_of",
+    "push_of",
     "raw_array",
     "raw_header",
     "reply_request",
@@ -262,3 +269,46 @@ def big_header(arrays: int = 2_000_000) -> list[bytes]:
     """A PUSH declaring ``arrays`` arrays of 4 float32 but carrying one data frame: with the default
     2,000,000 a 14 MB header, under the 16 MB limit, that the decoder must refuse cheaply."""
     return [raw_header(Command.PUSH, arrays=[raw_array(5, dtype_code("float32"), [4])] * arrays), b"\0" * 16]
+
+
+# -- hostile peers at the transport: slow readers, many frames, oversize, junk, state growth -------------
+UNIX_JUNK = {  # name -> one packet for a server's Unix socket (flag byte, then the message bytes)
+    "1 byte": b"\x00",
+    "2 bytes": b"\x00\x01",
+    "3 bytes": b"\x00\x01\x02",
+    "bad flag byte": b"\x09" + b"\x00" * 16,
+    "lying frame lengths": b"\x00" + struct.pack("<I", 3) + struct.pack("<Q", 1 << 60) * 3,
+    "frame table past the packet": b"\x00" + struct.pack("<I", 2**31),
+    "lengths short of the data": b"\x00" + struct.pack("<I", 1) + struct.pack("<Q", 2) + b"abcdef",
+}
+
+
+def hello(tx: int, sender: int = 9, request: int = 1) -> list[bytes]:
+    """A HELLO claiming ``sender`` that names the send-only socket ``pskv-tx-<tx as 16 hex digits>``."""
+    return [raw_header(Command.HELLO, request, sender, body=json.dumps({"tx": f"{tx:016x}"}))]
+
+
+def pull_of(key: int, count: int, copies: int = 1, push: int = 0, sender: int = 9, request: int = 1) -> list[bytes]:
+    """A PULL naming part 0 of float32 ``key`` (``count`` elements) ``copies`` times, after push number
+    ``push`` of ``sender`` (0: any; a number far ahead parks the pull until that push arrives)."""
+    spec = raw_array(key, dtype_code("float32"), [count], 0, push)
+    return [raw_header(Command.PULL, request, sender, arrays=[spec] * copies)]
+
+
+def push_of(key: int, values: np.ndarray[Any, Any], number: int, sender: int = 9, request: int = 1) -> list[bytes]:
+    """A well-formed PUSH of float32 ``values`` to part 0 of ``key`` as ``sender``'s push number ``number``."""
+    data = np.ascontiguousarray(values, np.float32)
+    return [raw_header(Command.PUSH, request, sender, arrays=[raw_array(key, dtype_code("float32"), [data.size], 0,
+                                                                         number)]), data.tobytes()]
+
+
+def chosen_paths(outside: str) -> dict[str, list[bytes]]:
+    """Requests claiming worker 0 that name files outside a server's directories: ``outside`` (an
+    absolute directory the caller can check) and relative ``..`` escapes."""
+    return {
+        "save_states absolute": [raw_header(Command.SAVE_STATES, 31, 9, body=json.dumps({"path": f"{outside}/states"}))],
+        "save_states ..": [raw_header(Command.SAVE_STATES, 32, 9, body='{"path": "../../pskv-chosen-states"}')],
+        "save_checkpoint absolute": [raw_header(Command.SAVE_CHECKPOINT, 33, 9,
+                                                body=json.dumps({"dir": f"{outside}/ckpt"}))],
+        "load_states /etc/passwd": [raw_header(Command.LOAD_STATES, 34, 9, body='{"path": "/etc/passwd"}')],
+    }

@@ -64,6 +64,8 @@ _SNDMORE, _NOBLOCK, _POLLIN, _EVENTS = int(zmq.SNDMORE), int(zmq.NOBLOCK), int(z
 _POLLOUT = int(zmq.POLLOUT)
 # While replies wait for a peer whose ZeroMQ queue is full, the reactor retries this often (ms).
 _BACKLOG_RETRY_MS = 5
+# Frames of an oversized message dropped between two turns of the reactor's other work (~50 ms).
+_DISCARD_STEP = 30_000
 
 
 def send_frames(sock: zmq.Socket[Any], frames: list[Any], first_flags: int = 0) -> None:
@@ -80,15 +82,18 @@ def send_frames(sock: zmq.Socket[Any], frames: list[Any], first_flags: int = 0) 
         sock.send(f, (_SNDMORE if i < last else 0) | (first_flags if i == 0 else 0), copy=not big)
 
 
-def recv_frames(sock: zmq.Socket[Any], bounds: Bounds = DEFAULT_BOUNDS) -> list[zmq.Frame]:
+def recv_frames(sock: zmq.Socket[Any], bounds: Bounds = DEFAULT_BOUNDS, drain: bool = True) -> list[zmq.Frame]:
     """``sock.recv_multipart(zmq.NOBLOCK, copy=False)``, for less (a message must be waiting).
 
     Frames and bytes are counted as they are read: past ``bounds.max_frames`` frames or
-    ``bounds.max_message_bytes`` bytes the rest of the message is read off the socket and
-    dropped one frame at a time, without building a list.
+    ``bounds.max_message_bytes`` bytes the frames read are let go and the rest of the
+    message is dropped one frame at a time, without building a list — here (``drain``),
+    or by the caller in steps (:meth:`Discarding.step`), so that a reactor's timers run
+    meanwhile.
 
     Raises:
-        ProtocolError: the message broke a bound (it was discarded whole).
+        Discarding: the message broke a bound (a :class:`~pskv.errors.ProtocolError`);
+            with ``drain`` it was read to its end.
     """
     frame = sock.recv(_NOBLOCK, copy=False)
     frames = [frame]
@@ -96,32 +101,48 @@ def recv_frames(sock: zmq.Socket[Any], bounds: Bounds = DEFAULT_BOUNDS) -> list[
     max_frames, max_bytes = bounds.max_frames, bounds.max_message_bytes
     while frame.more:
         if len(frames) >= max_frames or size > max_bytes:
-            head = bytes(frames[0].buffer[:40])
-            count = len(frames)
+            over = Discarding(bytes(frames[0].buffer[:40]), len(frames), size, frame, bounds)
             frames.clear()
-            count += _discard_rest(sock, frame)
-            raise ProtocolError(f"a message of {count} frames, {size}+ bytes (first frame {head!r}), over "
-                                f"PSKV_MAX_FRAMES={max_frames} or PSKV_MAX_MESSAGE_BYTES={max_bytes}: discarded")
+            if drain:
+                over.step(sock)
+            raise over
         frame = sock.recv(copy=False)
         frames.append(frame)
         size += len(frame)
     if size > max_bytes:
-        raise ProtocolError(f"a message of {size} bytes over PSKV_MAX_MESSAGE_BYTES={max_bytes}: discarded")
+        raise Discarding(bytes(frames[0].buffer[:40]), len(frames), size, frame, bounds)
     return frames
 
 
-def _discard_rest(sock: zmq.Socket[Any], frame: zmq.Frame) -> int:
-    """Read and drop the frames that follow ``frame`` in its message; how many there were.
+class Discarding(ProtocolError):
+    """A message over the bounds being dropped: what was counted, and whether frames of it are left."""
 
-    The fastest way pyzmq offers (measured: faster than ``recv_into`` or checking
-    ``RCVMORE``): about 1.5 us per frame, so 2 million empty frames cost ~3 s.
-    """
-    n = 0
-    recv = sock.recv
-    while frame.more:
-        frame = recv(copy=False)
-        n += 1
-    return n
+    def __init__(self, head: bytes, count: int, size: int, last: zmq.Frame, bounds: Bounds) -> None:
+        super().__init__()
+        self.head, self.count, self.size, self._last, self._bounds = head, count, size, last, bounds
+
+    @property
+    def done(self) -> bool:
+        """True once the message's last frame was read."""
+        return not self._last.more
+
+    def step(self, sock: zmq.Socket[Any], limit: int | None = None) -> bool:
+        """Read and drop up to ``limit`` (None: all) more frames of the message; True once it ended.
+
+        The fastest way pyzmq offers (measured: faster than ``recv_into`` or checking
+        ``RCVMORE``): ~1.5 us per frame, so 2 million empty frames cost ~3 s.
+        """
+        recv, last, n = sock.recv, self._last, 0
+        while last.more and (limit is None or n < limit):
+            last = recv(copy=False)
+            n += 1
+        self._last, self.count = last, self.count + n
+        return not last.more
+
+    def __str__(self) -> str:
+        return (f"a message of {self.count} frames, {self.size}+ bytes (first frame {self.head!r}), over "
+                f"PSKV_MAX_FRAMES={self._bounds.max_frames} or PSKV_MAX_MESSAGE_BYTES="
+                f"{self._bounds.max_message_bytes}: discarded")
 
 
 class Sender:
@@ -234,6 +255,7 @@ class Reactor:
         self._bounds = bounds
         self._backlogs: dict[tuple[int, bytes], _Backlog] = {}  # (socket id, peer identity) -> unsent replies
         self._writable: dict[int, LocalConnection] = {}  # local connections with queued packets, by descriptor
+        self._discarding: dict[zmq.Socket[Any], Discarding] = {}  # sockets in the middle of an oversized message
         self._security = security
         self._on_failure = on_failure
         self._name = name
@@ -444,6 +466,7 @@ class Reactor:
         self._backlogs.pop((sid, b""), None)
         if sock is None:
             return
+        self._discarding.pop(sock, None)
         self._handlers.pop(sock, None)
         self._poller.unregister(sock)
         sock.close(linger=0)
@@ -660,6 +683,9 @@ class Reactor:
                 timeout_ms = self._run_timers()
                 if self._backlogs:  # ROUTER peers have no writability to poll: retry soon
                     timeout_ms = min(timeout_ms, _BACKLOG_RETRY_MS)
+                if self._discarding:
+                    self._discard_some()
+                    timeout_ms = 0 if self._discarding else timeout_ms
                 events = dict(self._poller.poll(timeout_ms))
                 if self._wake_recv in events:
                     while True:
@@ -670,7 +696,7 @@ class Reactor:
                 while self._calls:
                     self._calls.popleft()()
                 for sock, handler in list(self._handlers.items()):
-                    if sock in events:
+                    if sock in events and sock not in self._discarding:
                         self._drain(sock, handler)
                 if self._fd_handlers:
                     for fd, on_ready in list(self._fd_handlers.items()):
@@ -695,25 +721,29 @@ class Reactor:
     def _drain(self, sock: zmq.Socket[Any], handler: Callable[[list[zmq.Frame]], None]) -> None:
         """Handle the messages waiting on ``sock`` (the poll said at least one is)."""
         bounds = self._bounds
-        try:
-            frames = recv_frames(sock, bounds)
-        except zmq.Again:
-            return
-        except ProtocolError as exc:
-            log.warning("%s: %s", self._name, exc)
-        else:
-            handler(frames)
         # Then asks the socket whether more are waiting instead of reading until zmq.Again:
         # raising that exception costs more than the check.
-        for _ in range(255):  # bounded, so timers and other sockets get their turn
-            if not cast(int, sock.getsockopt(_EVENTS)) & _POLLIN:
+        for i in range(256):  # bounded, so timers and other sockets get their turn
+            if i and not cast(int, sock.getsockopt(_EVENTS)) & _POLLIN:
                 return
             try:
-                frames = recv_frames(sock, bounds)
-            except ProtocolError as exc:
-                log.warning("%s: %s", self._name, exc)
+                frames = recv_frames(sock, bounds, drain=False)
+            except zmq.Again:
+                return
+            except Discarding as over:
+                if not over.done:  # the rest is dropped in steps between the reactor's other work
+                    self._discarding[sock] = over
+                    return
+                log.warning("%s: %s", self._name, over)
                 continue
             handler(frames)
+
+    def _discard_some(self) -> None:
+        """Drop the next frames of oversized messages being discarded; log each one that ended."""
+        for sock, over in list(self._discarding.items()):
+            if over.step(sock, _DISCARD_STEP):
+                del self._discarding[sock]
+                log.warning("%s: %s", self._name, over)
 
     def _run_timers(self) -> int:
         if not self._timers:
@@ -739,6 +769,7 @@ class Reactor:
         self._local_peers.clear()
         self._writable.clear()
         self._backlogs.clear()
+        self._discarding.clear()
         self._fd_handlers.clear()
         for sock in [*self._monitors.values(), *self._routers.values(), *self._dealers.values(), self._wake_recv]:
             sock.close(0)

@@ -340,6 +340,8 @@ def test_a_message_of_more_frames_than_allowed_is_discarded_unbuilt(context, own
         server.send_router(sid, identity, [b"ok"])
 
     sid, address = server.bind_router("tcp://127.0.0.1:0", handle)
+    ticks: list[float] = []
+    server.add_timer(0.02, lambda: ticks.append(time.monotonic()))  # as a node's heartbeats run
     hostile = _dealer(context, owned, address)
     hostile.send_multipart([b""] * 400_000)  # twice PSKV_MAX_FRAMES (bench/faults sends 2 million)
     hostile.send(b"after")  # behind the big one on the same connection
@@ -350,6 +352,8 @@ def test_a_message_of_more_frames_than_allowed_is_discarded_unbuilt(context, own
     assert "a message of 400001 frames" in caplog.text and "discarded" in caplog.text
     assert seen == [1, 1] and server.error is None
     assert time.monotonic() - start < 2 * WAIT
+    gaps = [b - a for a, b in zip(ticks, ticks[1:])]
+    assert max(gaps) < 2.0, max(gaps)  # the rest was dropped in steps: timers kept running
 
 
 def test_oversize_messages_are_refused_and_senders_refuse_to_send_them(context, owned, caplog):
