@@ -5,8 +5,9 @@ Each trial starts the fuzz rows' job (scheduler, 1 server, 2 workers pushing and
 from this process as a stranger on the host would (plain ZeroMQ sockets, raw Unix
 sockets; no CURVE key):
 
-* slow_reader: a peer says HELLO as worker 1, then asks for 3000 pulls of 16 copies of
-  key 103 (256 KB each, 750 MB in all) and never reads a reply;
+* slow_reader: a peer says HELLO as worker 1, then sends 60,000 pulls of 16 copies of
+  key 103 (256 KB each if answered with values; an error reply if refused) and never
+  reads a reply (``PSKV_SLOW_PEER_TIMEOUT`` 2 s, ``PSKV_SEND_QUEUE_BYTES`` 64 MB);
 * many_frames: one message of 2,000,000 empty frames (4 MB on the wire);
 * oversize: with ``PSKV_MAX_MESSAGE_BYTES`` = 16 MB, one 32 MB frame, then 5 messages of
   three 12 MB frames;
@@ -17,7 +18,7 @@ sockets; no CURVE key):
 * unix_junk: 10 rounds of 7 malformed packets (1-3 bytes, a bad flag byte, lying frame
   lengths, a frame table past the packet) on the server's Unix socket, each on a new
   connection;
-* state_growth: 500 connections each saying HELLO as worker 1 under a new send-only
+* state_growth: 500 connections (100 at a time) each saying HELLO as worker 1 under a new send-only
   socket name, 20,000 requests with distinct ids on one connection, 3000 pulls after
   push number 10^9 (they would wait forever);
 * chosen_paths: SAVE_STATES / SAVE_CHECKPOINT / LOAD_STATES claiming worker 0 that name
@@ -77,7 +78,7 @@ def _drain(sock: Any, wait_ms: int = 0) -> dict[str, int]:
 def _said_hello(sock: Any, sender: int, tx: int) -> None:
     fuzz = fuzz_module()
     sock.send_multipart(fuzz.hello(tx, sender, request=1))
-    sock.poll(5000)
+    sock.poll(2000)
     if sock.poll(0):
         sock.recv_multipart()
 
@@ -100,14 +101,14 @@ def attack_slow_reader(job: Job, address: str, tmp: Path, result: dict[str, Any]
     sock = _dealer(address, reads=False)
     try:
         _said_hello(sock, W1, 0xBAD1)
-        for i in range(3000):
+        for i in range(60_000):
             sock.send_multipart(fuzz.pull_of(KEY_BIG, SIZES[3], copies=16, sender=W1, request=100 + i))
-            if i % 100 == 99:
+            if i % 1000 == 999:
                 time.sleep(0.02)
         time.sleep(4.0)  # past PSKV_SLOW_PEER_TIMEOUT=2
     finally:
         sock.close(0)
-    return 3000
+    return 60_000
 
 
 def attack_many_frames(job: Job, address: str, tmp: Path, result: dict[str, Any]) -> int:
@@ -209,11 +210,13 @@ def attack_unix_junk(job: Job, address: str, tmp: Path, result: dict[str, Any]) 
 
 def attack_state_growth(job: Job, address: str, tmp: Path, result: dict[str, Any]) -> int:
     fuzz = fuzz_module()
-    for i in range(500):
-        sock = _dealer(address)
-        try:
-            _said_hello(sock, W1, 0x5000 + i)
-        finally:
+    for batch in range(5):  # 500 connections, 100 open at a time
+        socks = [_dealer(address) for _ in range(100)]
+        for i, sock in enumerate(socks):
+            sock.send_multipart(fuzz.hello(0x5000 + 100 * batch + i, W1, request=1))
+        deadline = time.monotonic() + 10
+        for sock in socks:
+            sock.poll(max(0, int(1000 * (deadline - time.monotonic()))))
             sock.close(0)
     sock = _dealer(address)
     try:

@@ -283,9 +283,11 @@ UNIX_JUNK = {  # name -> one packet for a server's Unix socket (flag byte, then 
 }
 
 
-def hello(tx: int, sender: int = 9, request: int = 1) -> list[bytes]:
-    """A HELLO claiming ``sender`` that names the send-only socket ``pskv-tx-<tx as 16 hex digits>``."""
-    return [raw_header(Command.HELLO, request, sender, body=json.dumps({"tx": f"{tx:016x}"}))]
+def hello(tx: int, sender: int = 9, request: int = 1, token: str = "") -> list[bytes]:
+    """A HELLO claiming ``sender`` that names the send-only socket ``pskv-tx-<tx as 16 hex digits>``
+    (with ``token``, the proof of identity a worker gets from the scheduler, if given)."""
+    body = {"tx": f"{tx:016x}", **({"token": token} if token else {})}
+    return [raw_header(Command.HELLO, request, sender, body=json.dumps(body))]
 
 
 def pull_of(key: int, count: int, copies: int = 1, push: int = 0, sender: int = 9, request: int = 1) -> list[bytes]:
