@@ -10,6 +10,7 @@ as a HANG in the table, never as a hung benchmark.
     python bench/bench_faults.py --pskv-commit HEAD # pskv/ as committed, not the working tree
     python bench/bench_faults.py --only kill_server,fuzz --repeats 1
     python bench/bench_faults.py --only replace_worker,replace_server --json bench/results/faults_replacement.json
+    python bench/bench_faults.py --only hostile --repeats 1 --json bench/results/faults_hostile.json
 
 Rows (see docs/reliability.md for the discussion):
 
@@ -45,6 +46,10 @@ Rows (see docs/reliability.md for the discussion):
   well-formed message claiming worker 0's id per run (a PUSH of the job's key with a
   wrong dtype or shape, a data-less PUSH naming the key in its shared-memory list, a
   JOIN): pskv does not authenticate peers without CURVE.
+* hostile (``hostile_<category>`` for one): slow reader, many frames, oversize, forged
+  sender, replay, Unix-socket junk, state growth, chosen paths against a live server
+  (:mod:`.hostile` describes each); per category the inputs tried, crashes, hangs, wrong
+  values and the server's RSS, in a table of its own.
 
 Acknowledged updates: the training workers use ``SGD(learning_rate=1)`` on the servers
 and push ``-v``, so every completed round adds the sum of the pushes exactly (small
@@ -63,5 +68,6 @@ The program is this package; ``bench/bench_faults.py`` runs it (and is the worke
 * :mod:`.harness` — processes with timestamped output, hand-started jobs, ``pskv launch``, the reaper.
 * :mod:`.trials` — one function per kind of run; :func:`.trials.plan` lists the runs of the chosen rows.
 * :mod:`.report` — one function per table row.
+* :mod:`.hostile` — the hostile categories: their attacks, trial and table.
 * :mod:`.__main__` — options, the thread pool, the JSON file.
 """
