@@ -18,11 +18,14 @@ reply, with their settings in :mod:`pskv.config` (``PSKV_MAX_MESSAGE_BYTES``,
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pskv.config import ClusterConfig
+from pskv.errors import InvalidArgumentError
 
-__all__ = ["Bounds", "DEFAULT_BOUNDS", "SEND_HWM"]
+__all__ = ["Bounds", "DEFAULT_BOUNDS", "SEND_HWM", "check_size"]
 
 # Messages ZeroMQ queues per peer before a send reports EAGAIN (its default is 1000, each of any
 # size: a peer reading nothing could pin 1000 big replies); past it a reply waits in the reactor's
@@ -54,3 +57,15 @@ class Bounds:
 
 
 DEFAULT_BOUNDS = Bounds.of(ClusterConfig())  # the defaults of the settings (checked there)
+
+
+def check_size(frames: Sequence[Any], max_bytes: int, name: str) -> None:
+    """Refuse to send a message the receiving node would discard (``PSKV_MAX_MESSAGE_BYTES``).
+
+    Raises:
+        InvalidArgumentError: naming the size and the setting.
+    """
+    size = sum(f.nbytes if isinstance(f, memoryview) else len(f) for f in frames)
+    if size > max_bytes:
+        raise InvalidArgumentError(f"{name}: a message of {size} bytes exceeds PSKV_MAX_MESSAGE_BYTES={max_bytes} "
+                                   "(raise it on every node of the job to send bigger parts)")

@@ -37,8 +37,8 @@ from typing import Any, cast
 
 import zmq
 
-from pskv.errors import InvalidArgumentError, OperationTimeoutError, ProtocolError, TransportError
-from pskv.transport.bounds import DEFAULT_BOUNDS, SEND_HWM, Bounds
+from pskv.errors import OperationTimeoutError, ProtocolError, TransportError
+from pskv.transport.bounds import DEFAULT_BOUNDS, SEND_HWM, Bounds, check_size
 from pskv.transport.security import CurveSecurity
 from pskv.transport.unix import LocalConnection, listen
 
@@ -182,18 +182,6 @@ class Sender:
             if self._sock is not None:
                 self._sock.close(0)
                 self._sock = None
-
-
-def check_size(frames: list[Any], max_bytes: int, name: str) -> None:
-    """Refuse to send a message the receiving node would discard (``PSKV_MAX_MESSAGE_BYTES``).
-
-    Raises:
-        InvalidArgumentError: naming the size and the setting.
-    """
-    size = sum(f.nbytes if isinstance(f, memoryview) else len(f) for f in frames)
-    if size > max_bytes:
-        raise InvalidArgumentError(f"{name}: a message of {size} bytes exceeds PSKV_MAX_MESSAGE_BYTES={max_bytes} "
-                                   "(raise it on every node of the job to send bigger parts)")
 
 
 class _Backlog:

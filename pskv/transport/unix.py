@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pskv.errors import ProtocolError
-from pskv.transport.bounds import DEFAULT_BOUNDS, Bounds
+from pskv.transport.bounds import DEFAULT_BOUNDS, Bounds, check_size
 
 __all__ = ["LocalConnection", "PACKET_BYTES", "local_path", "listen"]
 
@@ -148,7 +148,11 @@ class LocalConnection:
             ConnectionError: the peer is gone, the connection was closed, the peer took
                 no data for ``send_timeout`` seconds, or (``queued``) its queue passed
                 its bound (the connection is closed then).
+            InvalidArgumentError: the message is bigger than the peer takes
+                (``PSKV_MAX_MESSAGE_BYTES``; a client's connection only).
         """
+        if not self._queued:
+            check_size(frames, self._bounds.max_message_bytes, self.name)
         lengths = [memoryview(f).nbytes for f in frames]
         table = _COUNT.pack(len(lengths)) + struct.pack(f"<{len(lengths)}Q", *lengths)
         total = len(table) + sum(lengths)

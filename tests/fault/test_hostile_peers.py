@@ -14,6 +14,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 import zmq
 
 import pskv
@@ -104,3 +105,23 @@ def test_junk_packets_on_the_server_unix_socket_are_refused_and_the_job_runs(cap
         assert caplog.text.count("closed a local connection") == len(junk) - 2
         assert c.run_workers(_job) == [True, True]
         assert not c.errors and all(s._reactor.error is None for s in c.servers)
+
+
+@pytest.mark.parametrize("shm", [0, 1], ids=["zeromq", "local socket"])
+def test_a_request_over_the_message_limit_fails_at_once_on_the_worker(shm):
+    """The servers would drop it (and ZeroMQ the connection): the worker refuses to send it."""
+    with InProcessCluster(1, 1, deadline=30, shm=shm, max_message_bytes=1 << 20) as c:
+        def job(cfg):
+            kv = pskv.create("dist_sync", cluster=cfg)
+            try:
+                kv.init(1, np.zeros(10, np.float32))
+                start = time.monotonic()
+                with pytest.raises(pskv.InvalidArgumentError, match="exceeds PSKV_MAX_MESSAGE_BYTES=1048576"):
+                    kv.init(2, np.zeros(1 << 19, np.float32))  # 2 MB
+                assert time.monotonic() - start < 5
+                kv.push(1, np.ones(10, np.float32))  # the store goes on
+                return float(kv.pull(1)[0])
+            finally:
+                kv.close()
+
+        assert c.run_workers(job) == [1.0]
