@@ -1,13 +1,18 @@
-"""Local (Unix-domain packet) connections: framing, big messages, timeouts, closed peers."""
+"""Local (Unix-domain packet) connections: framing, big messages, timeouts, closed peers, a service's
+queued sends, validation of every packet."""
 
 from __future__ import annotations
 
 import socket
+import struct
 import threading
+import time
 
 import numpy as np
 import pytest
 
+from pskv.errors import ProtocolError
+from pskv.transport.bounds import Bounds
 from pskv.transport.unix import LocalConnection
 
 
@@ -59,3 +64,52 @@ def test_a_send_to_a_peer_that_reads_nothing_times_out_and_closes():
     with pytest.raises(ConnectionError, match="closed"):
         a.send([b"y"])
     b.close()
+
+
+def test_a_service_connection_queues_what_the_peer_cannot_take_and_never_waits():
+    bounds = Bounds(max_message_bytes=1 << 20, max_frames=16, send_queue_bytes=8 << 20, slow_peer_timeout=0.3)
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    service, peer = LocalConnection(a, "service", bounds=bounds, queued=True), LocalConnection(b, "peer")
+    start = time.monotonic()
+    for i in range(20):  # 4 MB: more than the socket buffers take
+        service.send([b"%d" % i, bytes(200_000)])
+    assert time.monotonic() - start < 1.0 and service.pending  # nothing waited
+    assert not service.overdue(time.monotonic())
+    time.sleep(0.35)
+    assert service.overdue(time.monotonic())  # untouched past slow_peer_timeout: the owner drops it
+    got = []
+    while len(got) < 20:
+        service.flush()
+        try:
+            frames = peer.receive()
+        except BlockingIOError:
+            continue
+        if frames is not None:
+            got.append(bytes(frames[0]))
+    assert got == [b"%d" % i for i in range(20)] and service.flush() and not service.pending  # all, in order
+    for _ in range(20):  # the peer reads nothing now: the queue is bounded, then dropped
+        try:
+            service.send([b"x", bytes(1 << 19)])
+        except ConnectionError as exc:
+            assert "PSKV_SEND_QUEUE_BYTES" in str(exc)
+            break
+    else:
+        raise AssertionError("the queue was not bounded")
+    with pytest.raises(ConnectionError, match="closed"):
+        service.send([b"late"])
+    peer.close()
+
+
+def test_received_packets_are_validated_before_use():
+    bounds = Bounds(max_message_bytes=1000, max_frames=4, send_queue_bytes=1 << 20, slow_peer_timeout=1.0)
+    for junk, why in [(b"\x00", "no frame table"), (b"\x00\x01\x02", "no frame table"), (b"\x05abcd", "flag byte"),
+                      (b"\x00" + struct.pack("<I", 5) + bytes(40), "5 frames"),
+                      (b"\x00" + struct.pack("<I", 1) + struct.pack("<Q", 9) + b"abc", "frames of 9 bytes in 3"),
+                      (b"\x00" + struct.pack("<I", 1) + struct.pack("<Q", 2000) + bytes(2000), "over PSKV_MAX_MESSAGE")]:
+        a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        conn = LocalConnection(b, "server side", bounds=bounds, queued=True)
+        a.send(junk)
+        with pytest.raises(ProtocolError, match=why):
+            receive_whole(conn)
+        a.close()
+        conn.close()
