@@ -9,7 +9,6 @@ must get exact results; the slow peer is dropped and logged, the junk refused.
 from __future__ import annotations
 
 import socket
-import struct
 import threading
 import time
 
@@ -20,7 +19,7 @@ import zmq
 import pskv
 from pskv.protocol import ArraySpec, Command, Header, encode
 from pskv.protocol.bodies import Hello
-from pskv.testing import InProcessCluster
+from pskv.testing import InProcessCluster, fuzz
 from pskv.transport.unix import local_path
 
 KEYS = list(range(10_000, 10_008))
@@ -87,9 +86,7 @@ def test_a_peer_that_never_reads_is_dropped_while_workers_get_exact_results(capl
 
 
 def test_junk_packets_on_the_server_unix_socket_are_refused_and_the_job_runs(caplog):
-    junk = [b"\x00", b"\x01\x02", b"\x00\x01\x02", b"\x09" * 64,
-            b"\x00" + struct.pack("<I", 3) + struct.pack("<Q", 1 << 60) * 3,
-            b"\x00" + struct.pack("<I", 2**31), b"\x01" + b"\x00" * 100 + b"\x00"]
+    junk = [*fuzz.UNIX_JUNK.values(), b"\x01\x02", b"\x01" + b"\x00" * 100]  # the last two: messages left unfinished
     with InProcessCluster(1, 2, deadline=60) as c:
         path = local_path(c.servers[0]._shm_dir.path)
         for packet in junk:
