@@ -607,7 +607,15 @@ class Reactor:
     def _flush_local(self, fd: int) -> None:
         """A local connection with queued replies is writable: send what it takes."""
         conn = self._writable.get(fd)
-        if conn is not None and conn.flush():
+        if conn is None:
+            return
+        try:
+            done = conn.flush()
+        except ConnectionError as exc:  # the peer is gone
+            log.warning("%s: local peer dropped: %s", self._name, exc)
+            self._drop_local(conn)
+            return
+        if done:
             del self._writable[fd]
             self._poller.register(fd, _POLLIN)
 

@@ -220,7 +220,11 @@ class LocalConnection:
         return bool(self._queue)
 
     def flush(self) -> bool:
-        """Send queued packets while the peer takes them (never waits); True once the queue is empty."""
+        """Send queued packets while the peer takes them (never waits); True once the queue is empty.
+
+        Raises:
+            ConnectionError: the connection failed (it is closed, its queue discarded).
+        """
         with self._lock:
             sock = self._sock
             if sock is None:
@@ -230,6 +234,9 @@ class LocalConnection:
                     sock.sendmsg([self._queue[0]], (), socket.MSG_DONTWAIT)
                 except BlockingIOError:
                     return False
+                except OSError as exc:
+                    self._close_locked()
+                    raise ConnectionError(f"{self.name}: {exc}") from None
                 self._queue_bytes -= len(self._queue.popleft())
                 self._progress = time.monotonic()
             return True

@@ -113,3 +113,17 @@ def test_received_packets_are_validated_before_use():
             receive_whole(conn)
         a.close()
         conn.close()
+
+
+def test_flushing_to_a_peer_that_is_gone_raises_connection_error_and_closes():
+    bounds = Bounds(max_message_bytes=1 << 20, max_frames=16, send_queue_bytes=64 << 20, slow_peer_timeout=10.0)
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    service = LocalConnection(a, "service", bounds=bounds, queued=True)
+    while not service.pending:
+        service.send([bytes(200_000)])
+    b.close()
+    with pytest.raises(ConnectionError):
+        service.flush()
+    assert not service.pending
+    with pytest.raises(ConnectionError, match="closed"):
+        service.send([b"late"])
