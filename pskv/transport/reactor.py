@@ -64,6 +64,8 @@ _SNDMORE, _NOBLOCK, _POLLIN, _EVENTS = int(zmq.SNDMORE), int(zmq.NOBLOCK), int(z
 _POLLOUT = int(zmq.POLLOUT)
 # While replies wait for a peer whose ZeroMQ queue is full, the reactor retries this often (ms).
 _BACKLOG_RETRY_MS = 5
+# All slow peers together may hold this many times PSKV_SEND_QUEUE_BYTES in the reactor's queues.
+BACKLOG_PEERS = 4
 # Frames of an oversized message dropped between two turns of the reactor's other work (~50 ms).
 _DISCARD_STEP = 30_000
 
@@ -576,6 +578,12 @@ class Reactor:
             self._drop_backlog(key, f"left more than PSKV_SEND_QUEUE_BYTES={self._bounds.send_queue_bytes} bytes "
                                     "of messages unread")
             return False
+        total = sum(b.bytes for b in self._backlogs.values()) if len(self._backlogs) > 1 else backlog.bytes
+        if total > BACKLOG_PEERS * self._bounds.send_queue_bytes:  # many slow peers at once: the biggest goes
+            biggest = max(self._backlogs, key=lambda k: self._backlogs[k].bytes)
+            self._drop_backlog(biggest, f"held the most of {total} bytes queued for slow peers, more than "
+                                        f"{BACKLOG_PEERS} x PSKV_SEND_QUEUE_BYTES")
+            return biggest != key
         return True
 
     def _drop_backlog(self, key: tuple[int, bytes], why: str) -> None:

@@ -435,3 +435,19 @@ def test_a_local_peer_that_reads_nothing_is_dropped_without_stalling_the_reactor
         time.sleep(0.05)
     assert "PSKV_SEND_QUEUE_BYTES" in caplog.text and max(took) < 0.5 and server.error is None
     assert not server._local_peers and not server._writable
+
+
+def test_many_slow_peers_together_are_bounded_the_biggest_dropped_first(context, owned, caplog):
+    patient = Bounds(SMALL.max_message_bytes, SMALL.max_frames, send_queue_bytes=4 << 20, slow_peer_timeout=60.0)
+    server, address, took = _echo_service(context, owned, patient, memoryview(bytes(100_000)))
+    hogs = [_dealer(context, owned, address, reads=False) for _ in range(8)]
+    for hog in hogs:  # each stays under its own 4 MB bound; together they pass 4 x 4 MB
+        for _ in range(300):
+            hog.send(b"x")
+    deadline = time.monotonic() + WAIT
+    while "held the most" not in caplog.text and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "held the most" in caplog.text and "4 x PSKV_SEND_QUEUE_BYTES" in caplog.text
+    assert sum(b.bytes for b in server._backlogs.values()) <= 4 * patient.send_queue_bytes
+    assert max(took) < 0.5 and server.error is None
+    assert _round_trip(context, address)[0] == b"ping"
