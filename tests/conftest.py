@@ -102,6 +102,7 @@ MULTIPROCESS_MODULES = frozenset({
 })
 SLOW_MODULES = MULTIPROCESS_MODULES | frozenset({
     "tests/fault/test_fuzz_server.py",  # in-process clusters, but seconds per test
+    "tests/fault/test_hostile_peers.py",  # in-process clusters under hostile peers, seconds per test
     "tests/fault/test_load.py",
     "tests/integration/test_checkpoint.py",  # restarts whole in-process clusters
 })
