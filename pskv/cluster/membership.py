@@ -15,7 +15,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import zmq
 
@@ -61,6 +61,8 @@ class NodeInfo:
     num_workers: int
     server_shm: tuple[dict[str, str] | None, ...] = ()  # per server: shared-memory dir and host id
     recovery: bool = False  # this process replaces a dead worker of a running job (is_recovery)
+    secret: str = field(default="", repr=False)  # a server's: the job's secret (hex), to check workers' tokens
+    token: str = field(default="", repr=False)  # a worker's: its proof of identity, opening each server connection
 
 
 class Membership:
@@ -168,7 +170,8 @@ class Membership:
         """
         role = "server" if self._role is Role.SERVER else "worker"
         shm = ShmInfo(self._shm["dir"], self._shm["host"]) if self._shm is not None else None
-        pending = self._request(Command.REGISTER, Register(role, self._address, rank, shm).encode(), "registration")
+        pending = self._request(Command.REGISTER, Register(role, self._address, rank, shm).encode(), "registration",
+                                self._on_registered)
         try:
             reply = pending.wait(self._cluster.startup_timeout)
         except TimeoutError:
@@ -177,9 +180,7 @@ class Membership:
                 f"{self._cluster.scheduler_address} did not answer or not all "
                 f"{self._cluster.num_servers + self._cluster.num_workers} nodes registered"
             ) from None
-        table = NodeTable.parse(reply)
-        self.info = NodeInfo(table.node_id, table.rank, table.servers, table.num_servers, table.num_workers,
-                             _shm_dicts(table.server_shm), table.recovery)
+        self.info = _node_info(NodeTable.parse(reply))
         self._last_reply = time.monotonic()
         if self._cluster.heartbeat_interval > 0:
             interval = self._cluster.heartbeat_interval
@@ -191,6 +192,15 @@ class Membership:
                 interval = max(0.05, min(interval, 0.2))
             self._reactor.call_soon(lambda: self._reactor.add_timer(interval, self._beat))
         return self.info
+
+    def _on_registered(self, pending: Pending) -> None:
+        """Reactor thread: the registration reply, taken in before any other message is handled
+        (a server checks the workers' first messages with the secret it brings)."""
+        if pending.error is None and pending.header is not None:
+            try:
+                self.info = _node_info(NodeTable.parse(pending.header))
+            except ProtocolError:
+                pass  # register() raises it
 
     # -- heartbeats ---------------------------------------------------------------------
     def _beat(self) -> None:
@@ -230,8 +240,7 @@ class Membership:
             servers = body.servers
             shm = _shm_dicts(body.server_shm)
             changed = [r for r, a in enumerate(servers) if r < len(self.info.servers) and a != self.info.servers[r]]
-            self.info = NodeInfo(self.info.node_id, self.info.rank, servers, self.info.num_servers,
-                                 self.info.num_workers, shm, self.info.recovery)
+            self.info = replace(self.info, servers=servers, server_shm=shm)
             for r in changed:
                 self._revive(node_id(Role.SERVER, r))
             if changed and self._on_servers is not None:
@@ -338,6 +347,12 @@ _MEETING_ERRORS: dict[str, type[Exception]] = {
     "InitMismatchError": InitMismatchError,
     "OperationTimeoutError": OperationTimeoutError,
 }
+
+
+def _node_info(table: NodeTable) -> NodeInfo:
+    """What a registration reply tells a node."""
+    return NodeInfo(table.node_id, table.rank, table.servers, table.num_servers, table.num_workers,
+                    _shm_dicts(table.server_shm), table.recovery, table.secret, table.token)
 
 
 def _shm_dicts(shm: tuple[ShmInfo | None, ...]) -> tuple[dict[str, str] | None, ...]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -28,7 +29,18 @@ from pskv.cluster.runtime import NodeRuntime
 from pskv.config import ClusterConfig
 from pskv.errors import OperationTimeoutError, ProtocolError
 from pskv.protocol import SCHEDULER_ID, Command, Header, Role, decode, node_id, node_name
-from pskv.protocol.bodies import Barrier, Failure, Liveness, Met, NodeTable, Register, ShmInfo, Shutdown
+from pskv.protocol.bodies import (
+    DIGEST_CHARS,
+    Barrier,
+    Failure,
+    Liveness,
+    Met,
+    NodeTable,
+    Register,
+    ShmInfo,
+    Shutdown,
+    node_token,
+)
 from pskv.protocol.replies import error_frames, reply_frames
 from pskv.transport.security import RefusalLog
 
@@ -77,6 +89,8 @@ class Scheduler:
         self._reactor = self._runtime.reactor
         self._sid, self.address = self._reactor.bind_router(address or cluster.scheduler_address, self._on_message)
         self._pending: list[tuple[bytes, Header, Register]] = []  # registrations before all arrived
+        # the job's secret: servers get it, each worker HMAC(secret, its id), which proves its id to them
+        self._secret = os.urandom(DIGEST_CHARS // 2).hex()
         self._nodes: dict[int, _Node] = {}
         self._by_identity: dict[bytes, int] = {}
         self._refusals = RefusalLog(log)  # messages refused for their sender, logged at most every 10 s per peer
@@ -239,16 +253,20 @@ class Scheduler:
                 nid = node_id(role, rank)
                 self._nodes[nid] = _Node(identity, role, rank, body.address, now, shm=body.shm)
                 self._by_identity[identity] = nid
-        for identity, header, _ in self._pending:
+        # servers first: each learns the job's secret before a worker's HELLO can reach it
+        for identity, header, _ in sorted(self._pending, key=lambda item: item[2].role != "server"):
             self._send(identity, reply_frames(header, SCHEDULER_ID, self._table(self._by_identity[identity]).encode()))
         self._pending = []
         log.info("scheduler: all %d nodes registered", len(self._nodes))
 
     def _table(self, nid: int, recovery: bool = False) -> NodeTable:
-        """The registration reply of node ``nid``: its rank and the servers."""
+        """The registration reply of node ``nid``: its rank and the servers; a server's carries the
+        job's secret, a worker's its token (the same for a replacement of its rank)."""
         servers = [self._nodes[node_id(Role.SERVER, r)] for r in range(self._cluster.num_servers)]
+        server = self._nodes[nid].role is Role.SERVER
         return NodeTable(nid, self._nodes[nid].rank, tuple(s.address for s in servers), tuple(s.shm for s in servers),
-                         self._cluster.num_servers, self._cluster.num_workers, recovery)
+                         self._cluster.num_servers, self._cluster.num_workers, recovery,
+                         self._secret if server else "", "" if server else node_token(self._secret, nid))
 
     def _rejoin(self, identity: bytes, header: Header, body: Register, role: Role) -> None:
         """A replacement process takes over a worker's or server's rank (``PSKV_RECOVERY_TIMEOUT`` > 0).

@@ -26,13 +26,15 @@ SAVE_STATES       :class:`StatesRequest`    :class:`StatesFile`
 LOAD_STATES       :class:`StatesRequest`    :class:`StatesFile`
 SAVE_CHECKPOINT   :class:`CheckpointRequest`  :class:`CheckpointSaved`
 SYNC, JOIN        (none)                 (none)
-REJOIN            (none)                 :class:`Rejoined`
+REJOIN            :class:`Rejoin`        :class:`Rejoined`
 ERROR (reply)     —                      :class:`ErrorReply`
 ================  =====================  ================================================
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 from collections.abc import Iterable
 from typing import Any, NamedTuple, TypeVar
@@ -42,7 +44,8 @@ from pskv.partition import server_key
 from pskv.protocol.messages import Header
 
 __all__ = [
-    "Barrier", "CheckpointRequest", "CheckpointSaved", "ControllerAnswer", "ControllerCall", "ErrorReply", "Failure", "Hello", "InitBody", "Met", "Rejoined",
+    "Barrier", "CheckpointRequest", "CheckpointSaved", "ControllerAnswer", "ControllerCall", "ErrorReply", "Failure", "Hello", "InitBody", "Met", "Rejoin",
+    "Rejoined", "node_token", "DIGEST_CHARS",
     "Liveness", "NodeTable", "OptimizerConfig", "Register", "SetMode", "ShmInfo", "Shutdown", "StatesFile",
     "StatesRequest", "json_object",
 ]
@@ -134,7 +137,10 @@ class Register(NamedTuple):
 
 
 class NodeTable(NamedTuple):
-    """REGISTER reply: the node's id and rank, every server's address and shared memory, sizes."""
+    """REGISTER reply: the node's id and rank, every server's address and shared memory, sizes;
+    and the proof of identity: a server gets the job's ``secret``, a worker its ``token``
+    (:func:`node_token` of its id; it opens every connection to a server with it). Both are
+    optional (64 lowercase hex digits, or absent)."""
 
     node_id: int
     rank: int
@@ -143,11 +149,15 @@ class NodeTable(NamedTuple):
     num_servers: int
     num_workers: int
     recovery: bool = False
+    secret: str = ""  # a server's: the job's secret, hex
+    token: str = ""  # a worker's: node_token(secret, node_id)
 
     def encode(self) -> str:
-        return _dump({"node_id": self.node_id, "rank": self.rank, "servers": list(self.servers),
-                      "server_shm": [None if s is None else s._asdict() for s in self.server_shm],
-                      "num_servers": self.num_servers, "num_workers": self.num_workers, "recovery": self.recovery})
+        body = {"node_id": self.node_id, "rank": self.rank, "servers": list(self.servers),
+                "server_shm": [None if s is None else s._asdict() for s in self.server_shm],
+                "num_servers": self.num_servers, "num_workers": self.num_workers, "recovery": self.recovery}
+        body.update((k, v) for k, v in (("secret", self.secret), ("token", self.token)) if v)
+        return _dump(body)
 
     @classmethod
     def parse(cls, header: Header) -> NodeTable:
@@ -158,7 +168,26 @@ class NodeTable(NamedTuple):
             raise ProtocolError("REGISTER reply: server_shm and servers differ in length")
         return cls(_field(header, body, "node_id", int), _field(header, body, "rank", int), servers,
                    tuple(ShmInfo.parse_value(header, s) for s in shm), _field(header, body, "num_servers", int),
-                   _field(header, body, "num_workers", int), _field(header, body, "recovery", bool, False))
+                   _field(header, body, "num_workers", int), _field(header, body, "recovery", bool, False),
+                   _digest(header, body, "secret"), _digest(header, body, "token"))
+
+
+DIGEST_CHARS = 64  # a job secret's and a token's length: 32 bytes as lowercase hex
+
+
+def node_token(secret: str, node: int) -> str:
+    """The proof that a worker is node ``node`` of the job whose secret (hex) is ``secret``:
+    HMAC-SHA256 of the node id, hex. The scheduler hands it to the worker; a server
+    recomputes it (compare with :func:`hmac.compare_digest`)."""
+    return hmac.new(bytes.fromhex(secret), b"pskv-node-%d" % node, hashlib.sha256).hexdigest()
+
+
+def _digest(header: Header, body: dict[str, Any], name: str) -> str:
+    """An optional field of :data:`DIGEST_CHARS` lowercase hex digits (``""`` when absent)."""
+    value = _field(header, body, name, str, "")
+    if value and (len(value) != DIGEST_CHARS or any(c not in "0123456789abcdef" for c in value)):
+        raise ProtocolError(f"{header.command.name} body field {name!r} must be {DIGEST_CHARS} lowercase hex digits")
+    return value
 
 
 class Liveness(NamedTuple):
@@ -349,20 +378,43 @@ class Shutdown(NamedTuple):
 
 # -- worker -> server: control --------------------------------------------------------------
 class Hello(NamedTuple):
-    """HELLO: ``{tx: 16 lowercase hex digits}``, naming the worker's send-only socket
-    (routing identity ``pskv-tx-<tx>``) whose requests are answered on this message's socket."""
+    """HELLO, how a worker opens each connection to a server: ``{token, tx?}``.
 
-    tx: str
+    ``token``: the worker's proof of identity from the scheduler (:class:`NodeTable`);
+    the server binds the connection to the worker only if it is right
+    (:mod:`pskv.server.senders`). ``tx`` (16 lowercase hex digits; ZeroMQ sessions only)
+    names the worker's send-only socket (routing identity ``pskv-tx-<tx>``), whose
+    requests are answered on this message's socket; a local connection, which carries
+    requests and replies both ways, names none.
+    """
+
+    tx: str = ""
+    token: str = ""
 
     def encode(self) -> str:
-        return _dump({"tx": self.tx})
+        return _dump({"tx": self.tx, "token": self.token} if self.tx else {"token": self.token})
 
     @classmethod
     def parse(cls, header: Header) -> Hello:
-        tx = json_object(header).get("tx")
-        if not isinstance(tx, str) or len(tx) != 16 or any(c not in "0123456789abcdef" for c in tx):
-            raise ProtocolError("HELLO needs {tx: 16 lowercase hex digits}")
-        return cls(tx)
+        body = json_object(header)
+        tx = body.get("tx", "")
+        if not isinstance(tx, str) or tx and (len(tx) != 16 or any(c not in "0123456789abcdef" for c in tx)):
+            raise ProtocolError("HELLO needs {tx: 16 lowercase hex digits} (or no tx)")
+        return cls(tx, _digest(header, body, "token"))
+
+
+class Rejoin(NamedTuple):
+    """REJOIN: ``{token}``, the replacement worker's proof of identity (as :class:`Hello`'s): a
+    replacement may open a connection with it."""
+
+    token: str = ""
+
+    def encode(self) -> str:
+        return _dump({"token": self.token})
+
+    @classmethod
+    def parse(cls, header: Header) -> Rejoin:
+        return cls(_digest(header, json_object(header), "token"))
 
 
 class Rejoined(NamedTuple):

@@ -76,10 +76,12 @@ class Command(enum.IntEnum):
     SAVE_STATES = 22  # body: JSON {path}
     LOAD_STATES = 23
     SET_MODE = 25  # body: JSON {sync: bool}; sent by worker 0 when a dist store is created
-    # body: JSON {tx: "<16 hex digits>"}. A worker sends HELLO to each server (over ZeroMQ)
-    # on its polled DEALER when it connects, naming its send-only socket (routing identity
-    # "pskv-tx-" + tx); the server then answers requests that arrive from that socket on
-    # the DEALER the HELLO came from (workers send from the calling thread).
+    # body: JSON {token, tx?: "<16 hex digits>"} (bodies.Hello). A worker opens every
+    # connection to a server with HELLO carrying its token from the scheduler; the server
+    # binds the connection to the worker only if it is right (server/senders.py). Over
+    # ZeroMQ it is sent on the polled DEALER and names the send-only socket (routing
+    # identity "pskv-tx-" + tx); the server then answers requests that arrive from that
+    # socket on the DEALER the HELLO came from (workers send from the calling thread).
     HELLO = 26
     # Answered at once: its reply tells the worker that every message it sent to this
     # server before was handled (a QUIET push is answered only when it fails).
@@ -91,7 +93,8 @@ class Command(enum.IntEnum):
     # (pskv.server.snapshot); reply body {file, bytes, open_rounds}
     SAVE_CHECKPOINT = 29
     # A replacement process of a dead worker (PSKV_RECOVERY_TIMEOUT) announces itself: the
-    # server restarts its push numbering and stops waiting for the old process. No body.
+    # server restarts its push numbering and stops waiting for the old process. Body: JSON
+    # {token} (bodies.Rejoin), as HELLO's: it may open a connection.
     REJOIN = 30
     # replies
     REPLY = 40

@@ -55,11 +55,13 @@ class ServerCore:
         node_id: this server's node id (the replies' sender; known after registering).
         name: this server's name for messages (``'server 0'``).
         rank: this server's rank (names its state files).
+        secret: the job's secret, hex (known after registering; ``""`` before): workers
+            prove their identity with tokens made from it (:mod:`pskv.server.senders`).
         allocate: makes a part's shared-memory buffers (None: no shared memory).
     """
 
     def __init__(self, cluster: ClusterConfig, send: Send, node_id: Callable[[], int], name: Callable[[], str],
-                 rank: Callable[[], int], allocate: Allocator | None = None) -> None:
+                 rank: Callable[[], int], secret: Callable[[], str], allocate: Allocator | None = None) -> None:
         self._cluster = cluster
         self._send = send
         self._node_id = node_id
@@ -68,7 +70,7 @@ class ServerCore:
         self.shard = ServerShard(cluster.num_workers, sync=True, allocate=allocate, workers=workers)
         self.dead = DeadWorkers(self.shard, cluster.recovery_timeout, name)
         self.replies = ReplyCache(CONNECTIONS_PER_WORKER * max(1, cluster.num_workers))
-        self.senders = SenderBindings(name)  # which worker each connection speaks for
+        self.senders = SenderBindings(name, secret)  # which worker each connection speaks for (by its token)
         self.checkpoints = ShardCheckpoints(self.shard, cluster, name)
         self.routes = Routes()  # a worker's send-only socket -> where its replies go (HELLO); bounded
         self.data = DataHandlers(self.shard, self._reply, self._answer, node_id, self.replies, self.dead,

@@ -289,7 +289,9 @@ class DataHandlers:
         Only messages arriving from that socket are rerouted: a peer can redirect the
         answers to its own requests, no one else's.
         """
-        self._routes.add(TX_PREFIX + Hello.parse(header).tx.encode(), identity, header.sender)
+        tx = Hello.parse(header).tx  # none from a local connection: it carries its own replies
+        if tx:
+            self._routes.add(TX_PREFIX + tx.encode(), identity, header.sender)
         self._ack(identity, header)
 
     def sync(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:

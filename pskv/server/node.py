@@ -66,7 +66,7 @@ class ServerNode:
                 self._reactor.bind_local(self._sid, local_path(self._shm_dir.path))
             except TransportError as exc:
                 log.info("no local socket, workers on this host use TCP: %s", exc)
-        self._core = ServerCore(cluster, self._send, self._node_id, self._get_name, self._get_rank,
+        self._core = ServerCore(cluster, self._send, self._node_id, self._get_name, self._get_rank, self._secret,
                                 self._shm_dir.create if self._shm_dir is not None else None)
         self._shard = self._core.shard
         dead = self._core.dead
@@ -133,3 +133,8 @@ class ServerNode:
 
     def _node_id(self) -> int:
         return self._membership.node_id
+
+    def _secret(self) -> str:
+        """The job's secret (from the registration reply; ``""`` before it)."""
+        info = self._membership.info
+        return info.secret if info is not None else ""

@@ -19,6 +19,7 @@ time, so each server sees one message at a time, as on its reactor thread.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -29,7 +30,7 @@ from pskv.config import ClusterConfig, Config
 from pskv.kvstore.dist import DistStore
 from pskv.kvstore.types import StoreType
 from pskv.protocol import Role, node_id
-from pskv.protocol.bodies import Met
+from pskv.protocol.bodies import DIGEST_CHARS, Met, node_token
 from pskv.server.core import ServerCore
 from pskv.worker import KVWorker
 from pskv.worker.client import WorkerClient
@@ -43,19 +44,28 @@ _WORKER = b"loopback-worker"  # the routing identity the servers see
 class LoopbackNetwork:
     """The in-process "wire" between one worker's client and the servers' cores.
 
+    As the scheduler would, it makes the job's secret (or takes ``secret``: a replacement
+    worker of the same job) and gives the servers the secret and the worker its token, so
+    the worker's connections are bound by the same proof as over sockets
+    (:mod:`pskv.server.senders`): the client opens each with ``HELLO``.
+
     Args:
         cluster: the cluster contract (one worker).
+        secret: the job's secret, hex (a new random one by default).
     """
 
-    def __init__(self, cluster: ClusterConfig) -> None:
+    def __init__(self, cluster: ClusterConfig, secret: str | None = None) -> None:
+        self.secret = secret or os.urandom(DIGEST_CHARS // 2).hex()
         self.client = WorkerClient(cluster)
         self.cores = [ServerCore(cluster, self._to_worker, _constant(node_id(Role.SERVER, r)), _constant(f"server {r}"),
-                                 _constant(r)) for r in range(cluster.num_servers)]
+                                 _constant(r), _constant(self.secret)) for r in range(cluster.num_servers)]
         self._queue: deque[tuple[int, list[bytes]]] = deque()  # (server rank, or -1 for the worker; frames)
         self._lock = threading.Lock()
         self._draining = False
-        info = NodeInfo(node_id(Role.WORKER, 0), 0, tuple(f"loopback:{r}" for r in range(cluster.num_servers)),
-                        cluster.num_servers, 1, (None,) * cluster.num_servers, False)
+        worker = node_id(Role.WORKER, 0)
+        info = NodeInfo(worker, 0, tuple(f"loopback:{r}" for r in range(cluster.num_servers)),
+                        cluster.num_servers, 1, (None,) * cluster.num_servers, False,
+                        token=node_token(self.secret, worker))
         self.client.connect_in_process(info, [_Channel(self, r) for r in range(cluster.num_servers)], _OneWorker())
 
     def post(self, target: int, frames: list[Any]) -> None:

@@ -57,7 +57,7 @@ from pskv.protocol import (
     node_name,
     node_role_rank,
 )
-from pskv.protocol.bodies import Hello, Rejoined
+from pskv.protocol.bodies import Hello, Rejoin, Rejoined
 from pskv.transport import IO_THREADS
 from pskv.transport.reactor import Sender
 from pskv.transport.shm import host_id
@@ -156,24 +156,37 @@ class WorkerClient:
         if not connected.wait(self._cluster.startup_timeout):
             raise OperationTimeoutError("could not connect to the servers")
         self.info = info
-        # Each server learns where this worker's replies go before any request reaches it.
-        hellos = []
-        for server, sid in enumerate(self._servers):
-            if sid is None:  # a local connection: replies come back on it
-                continue
-            pending = self.tracker.new(node_id(Role.SERVER, server), "hello")
-            frames = encode(Header(Command.HELLO, pending.request, info.node_id, body=Hello(self._tx).encode()))
-            self._reactor.call_soon(partial(self._reactor.send_dealer, sid, frames))
-            hellos.append(pending)
-        for pending in hellos:
-            try:
-                pending.wait(self._cluster.startup_timeout)
-            except OperationTimeoutError:
-                raise OperationTimeoutError(f"could not connect to the servers: {pending.what} to "
-                                            f"{node_name(pending.node)} got no answer") from None
+        self._hello_all(info, self._cluster.startup_timeout)
         if info.recovery:  # a replacement of a dead worker: each server says which pushes of this rank arrived
             self.rejoin(len(info.servers), self._cluster.startup_timeout)
         return info
+
+    def _hello_all(self, info: NodeInfo, timeout: float) -> None:
+        """Open every connection with ``HELLO`` carrying this worker's token, before any request.
+
+        The server binds the connection to this worker only then (:mod:`pskv.server.senders`);
+        over ZeroMQ it also learns where this worker's replies go.
+
+        Raises:
+            OperationTimeoutError: a server did not answer within ``timeout``.
+            RemoteError: a server refused (a wrong token).
+        """
+        hellos = []
+        for server, sid in enumerate(self._servers):
+            pending = self.tracker.new(node_id(Role.SERVER, server), "hello")
+            tx = self._tx if sid is not None else ""  # a local connection carries its replies itself
+            frames = encode(Header(Command.HELLO, pending.request, info.node_id, body=Hello(tx, info.token).encode()))
+            if sid is None:
+                self._senders[server].send(frames)
+            else:
+                self._reactor.call_soon(partial(self._reactor.send_dealer, sid, frames))
+            hellos.append(pending)
+        for pending in hellos:
+            try:
+                pending.wait(timeout)
+            except OperationTimeoutError:
+                raise OperationTimeoutError(f"could not connect to the servers: {pending.what} to "
+                                            f"{node_name(pending.node)} got no answer") from None
 
     def rejoin(self, num_servers: int, timeout: float) -> None:
         """A replacement process: ``REJOIN`` every server; :attr:`landed` gets their counts of this rank's pushes.
@@ -182,7 +195,9 @@ class WorkerClient:
             OperationTimeoutError, RemoteError, NodeFailedError: a server did not answer.
             ProtocolError: an answer is malformed.
         """
-        pendings = [self.request(s, Command.REJOIN, what="rejoin", timeout=timeout) for s in range(num_servers)]
+        body = Rejoin(self.info.token if self.info is not None else "").encode()
+        pendings = [self.request(s, Command.REJOIN, what="rejoin", timeout=timeout, body=body)
+                    for s in range(num_servers)]
         for pending in pendings:
             for key, offset, count in Rejoined.parse(pending.wait(timeout)).counts:
                 self.landed[(key, offset)] = count
@@ -202,6 +217,7 @@ class WorkerClient:
         self._servers = [None] * len(self._senders)
         self._sent = [itertools.count(1) for _ in self._senders]
         self._epoch = [0] * len(self._senders)
+        self._hello_all(info, self._cluster.startup_timeout)
 
     def deliver(self, frames: Sequence[Any]) -> None:
         """A reply arrived (from a channel of :meth:`connect_in_process`; sockets call it themselves)."""
@@ -334,7 +350,8 @@ class WorkerClient:
                 raise OperationTimeoutError(f"could not reconnect to server {server} within {timeout} s")
             self.info = info
             hello = self.tracker.new(node_id(Role.SERVER, server), "hello", timeout=timeout)
-            frames = encode(Header(Command.HELLO, hello.request, info.node_id, body=Hello(self._tx).encode()))
+            frames = encode(Header(Command.HELLO, hello.request, info.node_id,
+                                   body=Hello(self._tx, self.info.token).encode()))
             sid = self._servers[server]
             assert sid is not None
             self._reactor.call_soon(partial(self._reactor.send_dealer, sid, frames))

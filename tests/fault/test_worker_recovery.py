@@ -118,8 +118,9 @@ def _pushes(captured: list[tuple[int, bytes, list[bytes]]]) -> list[tuple[int, l
     return [(t, f) for t, _, f in captured if decode(f)[0].command in (Command.PUSH, Command.PUSHPULL)]
 
 
-def _hello(sender: int) -> list[bytes]:
-    return encode(Header(Command.HELLO, 7, sender, body=Hello("0123456789abcdef").encode()))
+def _hello(sender: int, token: str) -> list[bytes]:
+    """A HELLO as worker ``sender``'s new session opens with (its token from the job)."""
+    return encode(Header(Command.HELLO, 7, sender, body=Hello("0123456789abcdef", token).encode()))
 
 
 def test_a_replayed_push_message_is_not_applied_again(caplog):
@@ -131,8 +132,8 @@ def test_a_replayed_push_message_is_not_applied_again(caplog):
     assert len(replays) == 4  # two pushes, each one message per server
     caplog.set_level(logging.WARNING, "pskv.server")
     sender = kv._worker.client.node_id
-    for core in network.cores:  # a new connection that opens as a worker session does (HELLO) ...
-        core.handle(b"a-replayer", _hello(sender))
+    for core in network.cores:  # a new connection that opens as a worker session does (HELLO, its token) ...
+        core.handle(b"a-replayer", _hello(sender, network.client.info.token))
     for target, frames in replays:  # ... sends the captured bytes again; the same connection under new request ids
         network.cores[target].handle(b"a-replayer", frames)
         header, buffers = decode(frames)
@@ -153,7 +154,7 @@ def test_a_push_numbered_far_ahead_is_refused_and_changes_nothing():
     send = core._send  # type: ignore[attr-defined]
     core._send = lambda identity, frames: replies.append(frames) if identity == b"x" else send(identity, frames)  # type: ignore[attr-defined]
     sender = kv._worker.client.node_id
-    core.handle(b"x", _hello(sender))
+    core.handle(b"x", _hello(sender, network.client.info.token))
     spec = ArraySpec(kv._keys["w"].skey, "float32", (8,), 0, 10**9)
     core.handle(b"x", encode(Header(Command.PUSH, 99, sender, (spec,)), [np.ones(8, np.float32)]))
     reply = replies[-1]
@@ -182,7 +183,7 @@ def test_a_replacement_of_a_worker_that_died_between_the_servers_of_one_push_app
     kv.close()
 
     monkeypatch.setattr("pskv.testing.loopback._WORKER", b"replacement")  # the new process's connection
-    replacement = LoopbackNetwork(kv._cluster)
+    replacement = LoopbackNetwork(kv._cluster, network.secret)  # a process of the same job
     replacement.cores = network.cores  # the same servers ...
     network.client = replacement.client  # ... answer the new process
     replacement.client.info = replace(replacement.client.info, recovery=True)

@@ -8,7 +8,7 @@ import pytest
 from pskv.config import ClusterConfig
 from pskv.errors import InvalidArgumentError
 from pskv.protocol import ArraySpec, Command, Header, decode, encode
-from pskv.protocol.bodies import Hello
+from pskv.protocol.bodies import Hello, node_token
 from pskv.server.core import ServerCore
 from pskv.server.dedup import SEEN_PER_SOCKET, ReplyCache
 from pskv.server.gather import PARKED_PER_PART, PARKED_SLACK
@@ -43,9 +43,18 @@ def test_routes_keep_a_few_per_worker_and_the_newest_wins():
     assert routes.get(b"tx-w1") == b"rx-w1"  # another worker's route is untouched
 
 
+SECRET = "5e" * 32  # the job's secret (the scheduler's, in a job)
+
+
 def _core(sent: list) -> ServerCore:
     return ServerCore(ClusterConfig(num_servers=1, num_workers=2), lambda peer, frames: sent.append((peer, frames)),
-                      lambda: 8, lambda: "server 0", lambda: 0)
+                      lambda: 8, lambda: "server 0", lambda: 0, lambda: SECRET)
+
+
+def _hello(core: ServerCore, connection: bytes, sender: int = W0, tx: str = "") -> None:
+    """Open ``connection`` as worker ``sender`` does: HELLO with its token."""
+    core.handle(connection, _request(Command.HELLO, 10**9, body=Hello(tx, node_token(SECRET, sender)).encode(),
+                                     sender=sender))
 
 
 def _request(command: Command, request: int, arrays=(), data=(), body: str = "", sender: int = W0) -> list:
@@ -56,9 +65,10 @@ def test_a_server_core_bounds_routes_windows_and_parked_pulls_of_a_hostile_peer(
     sent: list = []
     core = _core(sent)
     spec = ArraySpec(5, "float32", (4,))
+    _hello(core, b"conn")
     core.handle(b"conn", _request(Command.INIT, 1, [spec], [np.zeros(4, np.float32)]))
     for i in range(500):  # many send-only sockets said HELLO, each on a new connection
-        core.handle(b"conn-%d" % i, _request(Command.HELLO, 2, body=Hello(f"{i:016x}").encode()))
+        _hello(core, b"conn-%d" % i, tx=f"{i:016x}")
     assert len(core.routes) <= ROUTES_PER_WORKER
     assert len(core.replies) <= CONNECTIONS_PER_WORKER * 2
     for request in range(3 * SEEN_PER_SOCKET):  # one socket, ever new request ids
@@ -79,6 +89,8 @@ def test_a_parked_pull_answered_frees_its_place():
     sent: list = []
     core = _core(sent)
     spec = ArraySpec(5, "float32", (4,))
+    _hello(core, b"conn")
+    _hello(core, b"conn-w1", sender=11)
     core.handle(b"conn", _request(Command.INIT, 1, [spec], [np.zeros(4, np.float32)]))
     core.handle(b"conn", _request(Command.PULL, 2, [ArraySpec(5, "float32", (4,), 0, 1)]))  # after push 1: parked
     assert core.data.parking.held == {W0: 1}

@@ -8,12 +8,15 @@ import numpy as np
 import pytest
 import zmq
 
+from pskv.cluster import NodeInfo
 from pskv.config import ClusterConfig
 from pskv.protocol import TX_PREFIX, ArraySpec, Command, Flag, Header, decode, encode
+from pskv.protocol.bodies import node_token
 from pskv.server.node import ServerNode
 
 WAIT_MS = 10_000
 W0, W1 = 9, 11  # node ids of workers 0 and 1
+SECRET = "5e" * 32  # the job's secret, as the scheduler would hand it to the server
 
 
 @pytest.fixture
@@ -21,16 +24,21 @@ def node():
     ctx = zmq.Context()
     cfg = ClusterConfig(num_servers=1, num_workers=2, role="server", root_uri="127.0.0.1", root_port=1, shm=0)
     server = ServerNode(cfg, ctx)
+    server._membership.info = NodeInfo(8, 0, (server.address,), 1, 2, secret=SECRET)  # what registering gives
     server._reactor.start()  # serving without registering: enough for the data commands
     sockets = []
 
-    def dealer(identity=None):
+    def dealer(identity=None, worker=None):
+        """A connection; with ``worker``, opened as that worker's (HELLO with its token)."""
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         if identity is not None:
             sock.setsockopt(zmq.IDENTITY, identity)
         sock.connect(server.address)
         sockets.append(sock)
+        if worker is not None:
+            send(sock, Command.HELLO, 10**9, worker, {"token": node_token(SECRET, worker)})
+            assert recv(sock)[0].command is Command.REPLY
         return sock
 
     yield server, dealer
@@ -62,8 +70,8 @@ def push(sock, request, sender, value, quiet=True):
 
 def test_replies_go_where_the_hello_came_from_and_quiet_pushes_are_answered_only_on_failure(node):
     server, dealer = node
-    rx0, tx0, rx1 = dealer(), dealer(TX_PREFIX + b"0123456789abcdef"), dealer()
-    send(rx0, Command.HELLO, 1, W0, {"tx": "0123456789abcdef"})
+    rx0, tx0, rx1 = dealer(), dealer(TX_PREFIX + b"0123456789abcdef"), dealer(worker=W1)
+    send(rx0, Command.HELLO, 1, W0, {"tx": "0123456789abcdef", "token": node_token(SECRET, W0)})
     assert recv(rx0)[0].command is Command.REPLY
     send(rx1, Command.HELLO, 1, W1, {"tx": "../not-hex-digits"})  # refused: names no send-only socket
     assert recv(rx1)[0].command is Command.ERROR
@@ -88,7 +96,7 @@ def test_replies_go_where_the_hello_came_from_and_quiet_pushes_are_answered_only
 
 def test_a_pull_sent_before_its_push_waits_for_it_and_refused_pushes_count(node):
     server, dealer = node
-    s0, s1 = dealer(), dealer()
+    s0, s1 = dealer(worker=W0), dealer(worker=W1)
     send(s0, Command.INIT, 1, W0, arrays=[ArraySpec(0, "float32", (3,))], data=[np.zeros(3, np.float32)])
     recv(s0)
     pull(s1, 2, W1, 2)  # worker 1's push 2 has not arrived
@@ -106,7 +114,7 @@ def test_a_pull_sent_before_its_push_waits_for_it_and_refused_pushes_count(node)
 
 def test_a_push_is_acknowledged_before_the_pulls_its_round_answers(node):
     server, dealer = node
-    s0, s1 = dealer(), dealer()
+    s0, s1 = dealer(worker=W0), dealer(worker=W1)
     send(s0, Command.INIT, 1, W0, arrays=[ArraySpec(0, "float32", (3,))], data=[np.zeros(3, np.float32)])
     recv(s0)
     push(s1, 2, W1, np.ones(3, np.float32))
@@ -120,7 +128,7 @@ def test_a_push_is_acknowledged_before_the_pulls_its_round_answers(node):
 @pytest.mark.parametrize("sender", [-1, 2, 8, 2**40])
 def test_a_sender_that_is_no_worker_of_the_job_gets_a_protocol_error(node, sender):
     server, dealer = node
-    sock = dealer()
+    sock = dealer(worker=W0)
     send(sock, Command.SYNC, 7, sender)
     header, _ = recv(sock)
     assert header.command is Command.ERROR and "ProtocolError" in header.body, header.body
@@ -131,7 +139,7 @@ def test_a_sender_that_is_no_worker_of_the_job_gets_a_protocol_error(node, sende
 # -- repeats after a reset connection ---------------------------------------------------------
 def test_repeated_requests_are_answered_again_but_applied_once(node):
     server, dealer = node
-    s0, s1 = dealer(), dealer()
+    s0, s1 = dealer(worker=W0), dealer(worker=W1)
     send(s0, Command.INIT, 1, W0, arrays=[ArraySpec(0, "float32", (3,))], data=[np.zeros(3, np.float32)])
     recv(s0)
     send(s0, Command.INIT, 1, W0, arrays=[ArraySpec(0, "float32", (3,))], data=[np.zeros(3, np.float32)])
@@ -162,10 +170,10 @@ def test_repeated_requests_are_answered_again_but_applied_once(node):
 def test_each_socket_has_its_own_request_ids(node):
     # a replacement process starts its request ids again, on new sockets: not a repeat
     server, dealer = node
-    old, new = dealer(), dealer()
+    old, new = dealer(worker=W0), dealer()
     send(old, Command.INIT, 1, W0, arrays=[ArraySpec(0, "float32", (3,))], data=[np.zeros(3, np.float32)])
     recv(old)
-    send(new, Command.HELLO, 7, W0, {"tx": "fedcba9876543210"})  # a new session starts with HELLO (senders.py)
+    send(new, Command.HELLO, 7, W0, {"tx": "fedcba9876543210", "token": node_token(SECRET, W0)})  # a new session starts with HELLO (senders.py)
     assert recv(new)[0].command is Command.REPLY
     send(new, Command.INIT, 1, W0, arrays=[ArraySpec(5, "float32", (3,))], data=[np.zeros(3, np.float32)])
     assert recv(new)[0].command is Command.REPLY

@@ -23,6 +23,11 @@ EXAMPLES = [
     (Command.REPLY, b.Met()),
     (Command.SHUTDOWN, b.Shutdown(True)),
     (Command.HELLO, b.Hello("0123456789abcdef")),
+    (Command.HELLO, b.Hello("0123456789abcdef", "ab" * 32)),
+    (Command.HELLO, b.Hello("", "cd" * 32)),  # a local connection names no send-only socket
+    (Command.REJOIN, b.Rejoin("ef" * 32)),
+    (Command.REPLY, b.NodeTable(8, 0, ("tcp://a:1",), (None,), 1, 2, secret="01" * 32)),
+    (Command.REPLY, b.NodeTable(9, 0, ("tcp://a:1",), (None,), 1, 2, token="23" * 32)),
     (Command.REPLY, b.Rejoined(((7, 0, 3), (-5, 1000, 0)))),
     (Command.SET_MODE, b.SetMode(False)),
     (Command.SET_OPTIMIZER, b.OptimizerConfig({"name": "sgd", "params": {"learning_rate": 0.1}})),
@@ -64,6 +69,11 @@ def test_each_body_round_trips(command, body):
     (b.Barrier, Command.BARRIER, '{"group": 4, "name": "save", "mode": "post"}', "nth > 0"),
     (b.Met, Command.REPLY, '{"failed": [{"rank": "0"}]}', "failed must be"),
     (b.Hello, Command.HELLO, '{"tx": "XYZ"}', "16 lowercase hex"),
+    (b.Hello, Command.HELLO, '{"token": "AB' + "0" * 62 + '"}', "'token' must be 64 lowercase hex"),
+    (b.Hello, Command.HELLO, '{"token": "' + "0" * 65 + '"}', "'token' must be 64 lowercase hex"),
+    (b.Rejoin, Command.REJOIN, '{"token": 7}', "'token' must be str"),
+    (b.NodeTable, Command.REPLY, '{"node_id": 8, "rank": 0, "servers": [], "server_shm": [], "num_servers": 0, '
+     '"num_workers": 1, "secret": "../x"}', "'secret' must be 64 lowercase hex"),
     (b.Rejoined, Command.REPLY, '{"counts": [[1, 0, -2]]}', "count >= 0"),
     (b.Rejoined, Command.REPLY, '{"counts": [[1, 0]]}', "triples"),
     (b.SetMode, Command.SET_MODE, "{}", "needs field 'sync'"),
@@ -92,3 +102,15 @@ def test_a_failure_travels_bounded_and_keeps_a_servers_error_class():
     assert b.Failure.of(ValueError("bad")) == b.Failure("ValueError", "bad")
     header = Header(Command.BARRIER, 1, 9, body=b.Barrier(4, "init", 2, failure=failure).encode())
     assert b.Barrier.parse(header).failure == failure
+
+
+def test_a_token_is_the_hmac_of_the_node_id_under_the_jobs_secret():
+    import hashlib
+    import hmac
+
+    secret = "5e" * 32
+    assert b.node_token(secret, 9) == hmac.new(bytes.fromhex(secret), b"pskv-node-9", hashlib.sha256).hexdigest()
+    assert len({b.node_token(secret, 9), b.node_token(secret, 11), b.node_token("5f" * 32, 9)}) == 3
+    # bodies of older senders parse: no token is "" (a server then refuses the HELLO), no secret is ""
+    assert b.Hello.parse(Header(Command.HELLO, 1, 9, body='{"tx": "0123456789abcdef"}')).token == ""
+    assert b.Rejoin.parse(Header(Command.REJOIN, 1, 9)).token == ""
