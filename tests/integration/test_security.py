@@ -8,8 +8,9 @@ knows the cluster's public key, another cluster's key — and sends well-formed
 
 * with a key, none of them gets a reply, every refusal is logged by the node, and the
   value the real worker pushed is unchanged at the end of the job;
-* without a key (the control: shows the test can fail), the same stranger gets replies
-  and its forged push changes the value;
+* without a key, the same stranger at the server's port alone is refused (it has no
+  worker's token) — and with worker 0's token, which travels in plaintext (the control:
+  shows the test can fail), its forged push changes the value;
 * a missing or world-readable key file stops ``pskv launch`` and a role before anything
   binds, with an error naming the file;
 * in a network namespace the test makes, the captured bytes of a keyed job hold no
@@ -76,8 +77,11 @@ server = kv._client.info.servers[0]
 print("addresses " + json.dumps({"scheduler": scheduler, "server": server}), flush=True)
 
 W0 = node_id(Role.WORKER, 0)
+TOKEN = kv._client.info.token  # worker 0's proof from the scheduler: plaintext on the wire without a key
+print("token " + TOKEN, flush=True)
 REGISTER = encode(Header(Command.REGISTER, 1, 0, body=Register("worker", "", 0).encode()))
-HELLO = encode(Header(Command.HELLO, 2, W0, body=Hello("00000000deadbeef").encode()))
+HELLO = encode(Header(Command.HELLO, 2, W0, body=Hello("00000000deadbeef").encode()))  # no token
+SNIFFED = encode(Header(Command.HELLO, 2, W0, body=Hello("00000000feedbeef", TOKEN).encode()))  # the token, learnt
 READ = encode(Header(Command.PULL, 4, W0, (ArraySpec(0, "float32", (pattern.size,)),)))
 FORGED = encode(Header(Command.PUSH, 3, W0, (ArraySpec(0, "float32", (pattern.size,)),)),
                 [np.full(pattern.size, 1000.0, np.float32)])
@@ -113,6 +117,8 @@ if mode == "attack":
     result["plain_server"] = len(replies)
     result["plain_server_accepted"] = [decode(r)[0].command.name for r in replies]
     result["read_the_values"] = any(pattern.tobytes() in b"".join(r) for r in replies)
+    sniffed = probe(server, [SNIFFED, READ, FORGED, CONTROL])  # a stranger that read worker 0's token
+    result["sniffed_accepted"] = [decode(r)[0].command.name for r in sniffed]
     key_file = os.environ.get("PSKV_CURVE_KEY_FILE")
     if key_file:
         cluster_public = read_key_file(key_file).public
@@ -190,7 +196,7 @@ def test_with_a_key_a_stranger_gets_no_reply_changes_nothing_and_is_logged(tmp_p
     # no reply to REGISTER, HELLO or PUSH: plain TCP, a key pair of its own, another cluster's key
     assert {k: v for k, v in result.items() if k not in ("before", "after")} == {
         "plain_scheduler": 0, "plain_server": 0, "plain_server_accepted": [], "read_the_values": False,
-        "intruder_scheduler": 0,
+        "sniffed_accepted": [], "intruder_scheduler": 0,
         "intruder_server": 0, "other_cluster_server": 0}, out
     assert result["before"] == result["after"] == pattern_array(), out  # the forged push was not applied
     intruder = line_value(out, "intruder")
@@ -201,15 +207,19 @@ def test_with_a_key_a_stranger_gets_no_reply_changes_nothing_and_is_logged(tmp_p
 
 
 @pytest.mark.timeout(90)
-def test_without_a_key_a_stranger_registers_pushes_and_changes_values(tmp_path, worker_script):
+def test_without_a_key_a_stranger_cannot_speak_for_a_worker_unless_it_learnt_its_token(tmp_path, worker_script):
     # what docs/security.md says a peer can do without a key (and proof the test above can fail)
     code, out = run_job(launch_argv(worker_script, "attack", tmp_path / "go"), tmp_path)
     assert code == 0, out
     result = json.loads(line_value(out, "result"))
     assert result["plain_scheduler"] == 1  # answered (the cluster is complete: an ERROR, but an answer)
-    # HELLO acknowledged, the values read (PULL), the forged PUSH and a new optimizer (SET_OPTIMIZER) accepted
-    assert result["plain_server_accepted"] == ["REPLY"] * 4, out
-    assert result["read_the_values"]
+    # at the server's port alone, without worker 0's token: HELLO, PULL, PUSH and SET_OPTIMIZER all refused
+    assert result["plain_server_accepted"] == ["ERROR"] * 4, out
+    assert not result["read_the_values"]
+    # logged (the connection's later refusals are counted into its next line: one per 10 s)
+    assert "HELLO from connection b'" in out and "claims worker 0 (node id 9): refused, its token is missing" in out
+    # with the token (plaintext on the wire without a key: a peer reading the traffic learns it), all accepted
+    assert result["sniffed_accepted"] == ["REPLY"] * 4, out
     assert result["before"] == pattern_array()
     assert result["after"] != result["before"], out  # the forged push was applied
 
@@ -403,7 +413,7 @@ def test_captured_traffic_holds_no_plaintext_and_a_replay_is_refused(netns, tmp_
     code, out, capture = captured_job(netns, tmp_path, worker_script, ["--curve-key", str(key_file)], replay=True)
     assert code == 0, out
     assert len(capture) > 10_000, len(capture)  # the job's traffic was captured
-    assert PATTERN not in capture
+    assert PATTERN not in capture and line_value(out, "token").encode() not in capture
     result = json.loads(line_value(out, "result"))
     assert result["before"] == result["after"] == pattern_array(), out  # the replayed push was not applied
     # every replayed stream failed its handshake: the replayed HELLO is answered with a fresh cookie,
@@ -417,6 +427,7 @@ def test_captured_traffic_without_a_key_holds_the_array_in_plaintext(netns, tmp_
     code, out, capture = captured_job(netns, tmp_path, worker_script, [], replay=True)
     assert code == 0, out
     assert PATTERN * 8 in capture  # the pushed array, byte for byte: what the keyed job hides
+    assert line_value(out, "token").encode() in capture  # and the worker's token: a sniffer can speak for it
     # replayed under the worker's own routing identities, its requests are repeats: not applied again
     result = json.loads(line_value(out, "result"))
     assert result["before"] == result["after"] == pattern_array(), out
