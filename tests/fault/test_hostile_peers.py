@@ -18,7 +18,7 @@ import zmq
 
 import pskv
 from pskv.protocol import ArraySpec, Command, Header, encode
-from pskv.protocol.bodies import Hello
+from pskv.protocol.bodies import Hello, node_token
 from pskv.testing import InProcessCluster, fuzz
 from pskv.transport.unix import local_path
 
@@ -50,7 +50,7 @@ def test_a_peer_that_never_reads_is_dropped_while_workers_get_exact_results(capl
         stop = threading.Event()
         stats = {"sent": 0}
 
-        def hog() -> None:  # worker 1's name after a HELLO of its own, then pulls of the big key, never reading
+        def hog() -> None:  # worker 1's name after a HELLO with its token, then pulls of the big key, never reading
             ctx = zmq.Context.instance()
             sock = ctx.socket(zmq.DEALER)
             sock.linger = 0
@@ -58,7 +58,8 @@ def test_a_peer_that_never_reads_is_dropped_while_workers_get_exact_results(capl
             sock.setsockopt(zmq.RCVHWM, 1)
             sock.connect(c.servers[0].address)
             try:
-                sock.send_multipart(encode(Header(Command.HELLO, 1, 11, body=Hello("00000000000000ff").encode())))
+                token = node_token(c.scheduler._secret, 11)  # as a worker (or a peer that learnt its token) holds it
+                sock.send_multipart(encode(Header(Command.HELLO, 1, 11, body=Hello("00000000000000ff", token).encode())))
                 request = 2
                 while not stop.is_set() and request < 20_000:
                     pull = encode(Header(Command.PULL, request, 11, (ArraySpec(BIG, "float32", (1 << 18,)),)))
