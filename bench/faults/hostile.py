@@ -8,6 +8,8 @@ sockets; no CURVE key):
 * slow_reader: a peer says HELLO as worker 1, then sends 60,000 pulls of 16 copies of
   key 103 (256 KB each if answered with values; an error reply if refused) and never
   reads a reply (``PSKV_SLOW_PEER_TIMEOUT`` 2 s, ``PSKV_SEND_QUEUE_BYTES`` 64 MB);
+  slow_member: the same from inside worker 1's process, with its token (a member that
+  stops reading): 3000 pulls, 750 MB of replies if all were kept;
 * many_frames: one message of 2,000,000 empty frames (4 MB on the wire);
 * oversize: with ``PSKV_MAX_MESSAGE_BYTES`` = 16 MB, one 32 MB frame, then 5 messages of
   three 12 MB frames;
@@ -44,10 +46,11 @@ from .harness import Job
 from .settings import DEFAULT_HB, SIZES
 from .trials import _fuzz_outcome, _probe, _server_address, _stop_workers, fuzz_module
 
-CATEGORIES = ["slow_reader", "many_frames", "oversize", "forged_sender", "replay", "unix_junk", "state_growth",
+CATEGORIES = ["slow_reader", "slow_member", "many_frames", "oversize", "forged_sender", "replay", "unix_junk", "state_growth",
               "chosen_paths"]
 ENV = {  # settings of each category's job (short timeouts keep the runs short)
     "slow_reader": {"PSKV_SLOW_PEER_TIMEOUT": "2", "PSKV_SEND_QUEUE_BYTES": str(64 << 20)},
+    "slow_member": {"PSKV_SLOW_PEER_TIMEOUT": "2", "PSKV_SEND_QUEUE_BYTES": str(64 << 20)},
     "oversize": {"PSKV_MAX_MESSAGE_BYTES": str(16 << 20)},
 }
 W0, W1 = 9, 11  # node ids of workers 0 and 1
@@ -109,6 +112,15 @@ def attack_slow_reader(job: Job, address: str, tmp: Path, result: dict[str, Any]
     finally:
         sock.close(0)
     return 60_000
+
+
+def attack_slow_member(job: Job, address: str, tmp: Path, result: dict[str, Any]) -> int:
+    """The job's worker 1 runs the hog (its spec says so); wait for it to have sent and lingered."""
+    hog = job.procs["worker 1"].wait_event("hog", 60)
+    if hog is None:
+        raise RuntimeError("worker 1's hog did not report")
+    time.sleep(4.5)  # its linger, past PSKV_SLOW_PEER_TIMEOUT=2
+    return int(hog["sent"])
 
 
 def attack_many_frames(job: Job, address: str, tmp: Path, result: dict[str, Any]) -> int:
@@ -260,7 +272,10 @@ WATCH = ("dropped it", "discarded", "closed a local connection", "refused", "wou
 def trial_hostile(tmp: Path, category: str) -> dict[str, Any]:
     """One category's attack on the live server of a training job; what it cost and what the job saw."""
     stop_file = tmp / "hostile-done"
-    job = Job(tmp, 1, 2, {"mode": "train", "pace": 0.02, "stop_file": str(stop_file)},
+    spec: dict[str, Any] = {"mode": "train", "pace": 0.02, "stop_file": str(stop_file)}
+    if category == "slow_member":
+        spec["hog"] = {"pulls": 3000, "copies": 16, "linger": 4.0}
+    job = Job(tmp, 1, 2, spec,
               {**DEFAULT_HB, "PSKV_REQUEST_TIMEOUT": "30", **ENV.get(category, {})})
     result: dict[str, Any] = {"category": category}
     try:

@@ -46,6 +46,43 @@ def _error_event(exc: BaseException, **fields: Any) -> None:
          node=getattr(exc, "node", None), msg=str(exc)[:400], **fields)
 
 
+def _hog(info: Any, spec: dict[str, Any]) -> None:
+    """A member that never reads: a connection of this worker (HELLO with its own token) that asks
+    server 0 for ``spec["pulls"]`` pulls of ``spec["copies"]`` copies of key 103 and reads nothing."""
+    import threading
+
+    import zmq
+
+    def run() -> None:
+        from pskv.protocol import Command, Header, encode
+        from pskv.protocol.bodies import Hello
+        from pskv.testing import fuzz
+
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.linger = 0
+        sock.setsockopt(zmq.RCVBUF, 4096)
+        sock.setsockopt(zmq.RCVHWM, 1)
+        sock.connect(info.servers[0])
+        sent = 0
+        try:
+            sock.send_multipart(encode(Header(Command.HELLO, 1, info.node_id,
+                                              body=Hello("00000000000000a7", info.token).encode())))
+            for i in range(int(spec["pulls"])):
+                sock.send_multipart(fuzz.pull_of(KEYS[3], SIZES[3], copies=int(spec["copies"]), sender=info.node_id,
+                                                 request=10 + i))
+                sent += 1
+                if i % 500 == 499:
+                    time.sleep(0.01)
+            emit("hog", sent=sent)
+            time.sleep(float(spec.get("linger", 4.0)))
+        finally:
+            sock.close(0)
+            ctx.term()
+
+    threading.Thread(target=run, name="bench-hog", daemon=True).start()
+
+
 def worker_train(spec: dict[str, Any]) -> int:
     """Push/pull the 4 keys until an error, ``max_steps``, or the step number written into ``stop_file``."""
     import numpy as np
@@ -82,6 +119,8 @@ def worker_train(spec: dict[str, Any]) -> int:
             step += 1
             if step == 3:
                 emit("ready", rank=rank, pskv=os.path.dirname(pskv.__file__))
+                if spec.get("hog") and rank == 1:  # this worker also opens a connection that never reads
+                    _hog(kv._client.info, spec["hog"])
             if step % 10 == 0:
                 emit("step", rank=rank, step=step)
             if stop_file and stop_at is None and os.path.exists(stop_file):
