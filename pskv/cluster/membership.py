@@ -170,8 +170,7 @@ class Membership:
         """
         role = "server" if self._role is Role.SERVER else "worker"
         shm = ShmInfo(self._shm["dir"], self._shm["host"]) if self._shm is not None else None
-        pending = self._request(Command.REGISTER, Register(role, self._address, rank, shm).encode(), "registration",
-                                self._on_registered)
+        pending = self._request(Command.REGISTER, Register(role, self._address, rank, shm).encode(), "registration")
         try:
             reply = pending.wait(self._cluster.startup_timeout)
         except TimeoutError:
@@ -192,15 +191,6 @@ class Membership:
                 interval = max(0.05, min(interval, 0.2))
             self._reactor.call_soon(lambda: self._reactor.add_timer(interval, self._beat))
         return self.info
-
-    def _on_registered(self, pending: Pending) -> None:
-        """Reactor thread: the registration reply, taken in before any other message is handled
-        (a server checks the workers' first messages with the secret it brings)."""
-        if pending.error is None and pending.header is not None:
-            try:
-                self.info = _node_info(NodeTable.parse(pending.header))
-            except ProtocolError:
-                pass  # register() raises it
 
     # -- heartbeats ---------------------------------------------------------------------
     def _beat(self) -> None:

@@ -15,6 +15,11 @@ turn any exception into an ``ERROR`` reply naming it. Replies leave through one
 A value reply produced while a message is handled (a push completing a round answers
 the pulls that waited for it) is held until that message's own reply went out, so a
 worker sees its push acknowledged before any pull that includes it returns.
+
+A worker's ``HELLO`` (or ``REJOIN``) may arrive before this server has taken in its own
+registration reply, which brings the job's secret that checks the worker's token
+(:mod:`pskv.server.senders`): such opening messages are held (bounded, without array
+frames) and handled in order once :meth:`ServerCore.registered` is called.
 """
 
 from __future__ import annotations
@@ -80,6 +85,9 @@ class ServerCore:
         self._handlers[Command.INIT] = self._init
         self.key_names: dict[int, str] = {}  # str keys' names by server key, from INIT (for the stall report)
         self._held: list[tuple[bytes, list[Any]]] | None = None  # value replies held while a message is handled
+        self._secret = secret
+        self._early: list[tuple[bytes, list[bytes]]] | None = []  # HELLO/REJOIN that came before the secret
+        self._early_limit = 2 * cluster.num_workers + 16  # a worker's connections open one at a time per server
 
     def handle(self, identity: bytes, frames: list[Any]) -> None:
         """Handle one message from the socket ``identity`` (malformed frames are logged and dropped)."""
@@ -87,6 +95,8 @@ class ServerCore:
             header, buffers = decode(frames)
         except ProtocolError as exc:
             log.error("%s: rejected a malformed message from %r: %s", self._name(), identity, exc)
+            return
+        if self._early is not None and self._hold_early(identity, header, buffers, frames):
             return
         origin = identity  # the socket it came from: one process's (fixed across reconnects)
         identity = self.routes.get(identity)  # from a send-only socket: answer where its HELLO came from
@@ -108,6 +118,27 @@ class ServerCore:
             held, self._held = self._held, None
             for peer, reply in held:
                 self._send(peer, reply)
+
+    def registered(self) -> None:
+        """The job's secret is known now: handle the opening messages held until now, in order."""
+        early, self._early = self._early, None
+        for identity, frames in early or ():
+            self.handle(identity, frames)
+
+    def _hold_early(self, identity: bytes, header: Header, buffers: list[memoryview], frames: list[Any]) -> bool:
+        """Before the secret is known, hold an opening message (bounded) to handle at :meth:`registered`.
+
+        Returns whether it was held. Past the bound, or with array frames, it is not: the
+        sender check then refuses it (this server has not registered yet).
+        """
+        if self._secret():
+            self.registered()  # the secret came: what was held goes first
+            return False
+        assert self._early is not None
+        if header.command not in (Command.HELLO, Command.REJOIN) or buffers or len(self._early) >= self._early_limit:
+            return False
+        self._early.append((identity, [bytes(memoryview(f).cast("B")) for f in frames]))  # copied: small
+        return True
 
     def _init(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
         """INIT: the data handler's, then the names of its str keys are known (checked first)."""

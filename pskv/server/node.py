@@ -108,6 +108,7 @@ class ServerNode:
             self._reactor.start()
             info = self._membership.register(self._cluster.server_rank)
             self._rank = info.rank
+            self._reactor.call_soon(self._core.registered)  # workers' HELLOs that came first: checked now
             if info.recovery:  # a replacement in a running job: the workers go on numbering their pushes
                 self._reactor.call_soon(self._core.checkpoints.apply_saved_counts)
             log.info("%s serving on %s", self.name, self.address)

@@ -137,13 +137,23 @@ def test_a_new_connection_with_the_token_binds_a_session_or_a_replacement(server
     assert ask(first, Command.SYNC, 3, W0).command is Command.REPLY  # the old connections stay bound (bounded)
 
 
-def test_before_registering_a_server_binds_no_connection(ctx, dealers):
+def test_a_hello_that_comes_before_the_servers_registration_is_held_until_it(ctx, dealers):
+    # a worker may learn the server's address and say HELLO before the server took in its own
+    # registration reply (the secret): the HELLO waits, bounded, and is checked then
     cfg = ClusterConfig(num_servers=1, num_workers=2, role="server", root_uri="127.0.0.1", root_port=1, shm=0)
     node = ServerNode(cfg, ctx)
-    node._reactor.start()  # no secret yet: no token can be checked
+    node._reactor.start()  # serving, not registered yet: no secret
     try:
-        sock = dealers(node.address)
-        assert "has not registered yet" in refusal(hello(sock, W0, token="0" * 64))
+        worker, stranger = dealers(node.address), dealers(node.address)
+        worker.send_multipart(encode(Header(Command.HELLO, 1, W0, body=json.dumps({"token": node_token(SECRET, W0)}))))
+        stranger.send_multipart(encode(Header(Command.HELLO, 1, W1, body=json.dumps({"token": "0" * 64}))))
+        assert "not bound to a worker" in refusal(push(stranger, 2, W1))  # only openings wait
+        assert not worker.poll(300) and not stranger.poll(10)  # held
+        node._membership.info = NodeInfo(8, 0, (node.address,), 1, 2, secret=SECRET)  # the registration reply
+        node._reactor.call_soon(node._core.registered)
+        assert worker.poll(WAIT_MS) and decode(worker.recv_multipart())[0].command is Command.REPLY
+        assert stranger.poll(WAIT_MS) and "its token is wrong" in refusal(decode(stranger.recv_multipart())[0])
+        assert init(worker, 2, W0).command is Command.REPLY  # bound
     finally:
         node.stop()
 
