@@ -548,7 +548,8 @@ GROUPS = {"kill_server": ["kill_server", "kill_server_short"], "kill_worker": ["
           "stop_worker": ["stop_worker", "stop_worker_short"], "uneven": ["uneven_none", "uneven_join", "uneven_fit"],
           "fuzz": ["fuzz"], "forged": ["forged"], "hostile": ["hostile"],
           **{f"hostile_{c}": [f"hostile_{c}"] for c in ("slow_reader", "many_frames", "oversize", "forged_sender",
-                                                        "replay", "unix_junk", "state_growth", "chosen_paths", "slow_member")}}
+                                                        "replay", "unix_junk", "state_growth", "chosen_paths", "slow_member",
+                                                        "growth_member")}}
 
 
 def plan(rows: list[str], repeats: int, fuzz_count: int) -> list[Trial]:

@@ -83,6 +83,63 @@ def _hog(info: Any, spec: dict[str, Any]) -> None:
     threading.Thread(target=run, name="bench-hog", daemon=True).start()
 
 
+def _grow(info: Any, spec: dict[str, Any]) -> None:
+    """A member that makes a server keep state for it: ``spec["connections"]`` connections each opened
+    with HELLO (its token) under a new send-only socket name, ``spec["ids"]`` requests with distinct
+    ids, ``spec["parked"]`` pulls after push 10^9 (they would wait forever); counts the replies."""
+    import threading
+
+    import zmq
+
+    def run() -> None:
+        from pskv.protocol import Command, Header, encode
+        from pskv.protocol.bodies import Hello
+        from pskv.testing import fuzz
+
+        ctx = zmq.Context()
+        replies = {"error": 0, "other": 0, "bound": 0}
+
+        def hello(sock: Any, tx: int) -> None:
+            sock.send_multipart(encode(Header(Command.HELLO, 1, info.node_id, body=Hello(f"{tx:016x}", info.token)
+                                              .encode())))
+
+        def drain(sock: Any, wait_ms: int) -> None:
+            while sock.poll(wait_ms):
+                head = sock.recv_multipart()[0]
+                replies["error" if b"Error" in head else "other"] += 1
+                replies["bound"] += b"would pass the bound" in head
+                wait_ms = min(wait_ms, 200)
+
+        try:
+            for batch in range(int(spec["connections"]) // 50):
+                socks = [ctx.socket(zmq.DEALER) for _ in range(50)]
+                for i, sock in enumerate(socks):
+                    sock.linger = 0
+                    sock.connect(info.servers[0])
+                    hello(sock, 0xB000 + 50 * batch + i)
+                for sock in socks:
+                    drain(sock, 2000)
+                    sock.close(0)
+            sock = ctx.socket(zmq.DEALER)
+            sock.linger = 0
+            sock.connect(info.servers[0])
+            hello(sock, 0xC000)
+            for i in range(int(spec["ids"])):
+                sock.send_multipart(fuzz.probe_pull(100 + i, key=KEYS[0], sender=info.node_id))
+                if i % 500 == 499:
+                    drain(sock, 0)
+            for i in range(int(spec["parked"])):
+                sock.send_multipart(fuzz.pull_of(KEYS[0], SIZES[0], push=10**9, sender=info.node_id,
+                                                 request=10**6 + i))
+            drain(sock, 2000)
+            sock.close(0)
+            emit("grow", **replies)
+        finally:
+            ctx.term()
+
+    threading.Thread(target=run, name="bench-grow", daemon=True).start()
+
+
 def worker_train(spec: dict[str, Any]) -> int:
     """Push/pull the 4 keys until an error, ``max_steps``, or the step number written into ``stop_file``."""
     import numpy as np
@@ -121,6 +178,8 @@ def worker_train(spec: dict[str, Any]) -> int:
                 emit("ready", rank=rank, pskv=os.path.dirname(pskv.__file__))
                 if spec.get("hog") and rank == 1:  # this worker also opens a connection that never reads
                     _hog(kv._client.info, spec["hog"])
+                if spec.get("grow") and rank == 1:  # ... or connections that make the server keep state
+                    _grow(kv._client.info, spec["grow"])
             if step % 10 == 0:
                 emit("step", rank=rank, step=step)
             if stop_file and stop_at is None and os.path.exists(stop_file):

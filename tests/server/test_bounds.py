@@ -101,3 +101,12 @@ def test_a_parked_pull_answered_frees_its_place():
     assert 2 in [decode(f)[0].request for _, f in sent]
     with pytest.raises(InvalidArgumentError):
         core.data.parking.park(W0, core.data.parking.limit() + 1, None)
+
+
+def test_a_route_in_use_is_kept_while_new_ones_come():
+    routes = Routes()
+    routes.add(b"tx-live", b"rx-live", W0)
+    for i in range(100):
+        routes.add(b"tx-%d" % i, b"rx-%d" % i, W0)
+        assert routes.get(b"tx-live") == b"rx-live"  # its requests keep coming: never the least recently used
+    assert len(routes) == ROUTES_PER_WORKER
