@@ -6,10 +6,12 @@ queued while another thread is sending go out by priority (higher first). Per se
 * on the same host (shared memory on): one local connection
   (:mod:`pskv.transport.unix`, a Unix-domain packet socket in the server's
   shared-memory directory) carries the requests and their replies — no ZeroMQ I/O
-  threads on the way, which roughly halves the cost of a small message;
+  threads on the way, which roughly halves the cost of a small message; it opens with a
+  ``HELLO`` carrying this worker's token (the server binds it to this worker only then);
 * otherwise ZeroMQ: requests leave on a send-only socket (a
   :class:`~pskv.transport.reactor.Sender`) and replies arrive on a DEALER the reactor
-  polls; the server learns that pairing from the ``HELLO`` sent when connecting.
+  polls; the server learns that pairing, and that the sockets are this worker's (its
+  token from the scheduler), from the ``HELLO`` sent when connecting.
 
 Each request returns a :class:`~pskv.cluster.requests.Pending` that the caller waits on
 with a timeout, or that completes callbacks. A request made with a timeout fails with
