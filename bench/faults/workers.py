@@ -99,9 +99,9 @@ def _grow(info: Any, spec: dict[str, Any]) -> None:
         ctx = zmq.Context()
         replies = {"error": 0, "other": 0, "bound": 0}
 
-        def hello(sock: Any, tx: int) -> None:
-            sock.send_multipart(encode(Header(Command.HELLO, 1, info.node_id, body=Hello(f"{tx:016x}", info.token)
-                                              .encode())))
+        def hello(sock: Any, tx: int | None) -> None:
+            name = f"{tx:016x}" if tx is not None else ""  # no send-only socket: answered on this one
+            sock.send_multipart(encode(Header(Command.HELLO, 1, info.node_id, body=Hello(name, info.token).encode())))
 
         def drain(sock: Any, wait_ms: int) -> None:
             while sock.poll(wait_ms):
@@ -111,19 +111,20 @@ def _grow(info: Any, spec: dict[str, Any]) -> None:
                 wait_ms = min(wait_ms, 200)
 
         try:
-            for batch in range(int(spec["connections"]) // 50):
-                socks = [ctx.socket(zmq.DEALER) for _ in range(50)]
+            total = int(spec["connections"])
+            for batch in range(0, total, 50):
+                socks = [ctx.socket(zmq.DEALER) for _ in range(min(50, total - batch))]
                 for i, sock in enumerate(socks):
                     sock.linger = 0
                     sock.connect(info.servers[0])
-                    hello(sock, 0xB000 + 50 * batch + i)
+                    hello(sock, 0xB000 + batch + i)
                 for sock in socks:
                     drain(sock, 2000)
                     sock.close(0)
             sock = ctx.socket(zmq.DEALER)
             sock.linger = 0
             sock.connect(info.servers[0])
-            hello(sock, 0xC000)
+            hello(sock, None)
             for i in range(int(spec["ids"])):
                 sock.send_multipart(fuzz.probe_pull(100 + i, key=KEYS[0], sender=info.node_id))
                 if i % 500 == 499:

@@ -16,7 +16,7 @@ from pskv.protocol import ArraySpec, Flag, Header, node_name
 from pskv.protocol.replies import error_frames, reply_frames
 from pskv.server.shard import Part
 
-__all__ = ["Gather", "Parking", "PARKED_PER_PART", "PARKED_SLACK"]
+__all__ = ["Gather", "Parking", "PARKED_CONNECTIONS", "PARKED_PER_PART", "PARKED_SLACK"]
 
 Answer = Callable[[bytes, list[Any]], None]  # (identity, frames): send a reply with values
 
@@ -107,17 +107,29 @@ class Gather:
         self._send(error_frames(self._header, self._node_id(), "NodeFailedError", reason, node=self._dead_names()))
 
 
-PARKED_PER_PART = 4  # pulled parts one worker may have waiting per part of the shard (a worker has ~1)
+PARKED_PER_PART = 4  # pulled parts one connection may have waiting per part of the shard (a worker has ~1)
 PARKED_SLACK = 1024  # and this many more
+PARKED_CONNECTIONS = 8  # a worker's connections together: this many times one connection's bound
+
+
+def _count(table: dict[Any, int], key: Any, delta: int) -> None:
+    left = table.get(key, 0) + delta
+    if left > 0:
+        table[key] = left
+    else:
+        table.pop(key, None)
 
 
 class Parking:
-    """How many pulled parts each worker has waiting on this server, bounded.
+    """How many pulled parts each connection, and each worker, has waiting on this server; bounded.
 
     A pull waits (is parked) until the rounds it needs complete, or until the push it
-    names arrives; a peer naming pushes far ahead would park pulls forever. Each worker
-    may have ``PARKED_PER_PART`` x (parts of the shard) + ``PARKED_SLACK`` parts waiting;
-    past that a pull is refused (an ``InvalidArgumentError`` reply naming the worker).
+    names arrives; a peer naming pushes far ahead would park pulls forever. Each
+    connection (where the replies go) may have ``PARKED_PER_PART`` x (parts of the shard)
+    + ``PARKED_SLACK`` parts waiting, and a worker's connections together
+    ``PARKED_CONNECTIONS`` times that; past either a pull is refused (an
+    ``InvalidArgumentError`` reply naming the worker). A connection that fills its own
+    bound leaves the worker's other connections their room.
 
     Args:
         shard: the shard (its number of parts scales the bound).
@@ -128,29 +140,31 @@ class Parking:
         self._shard = shard
         self._name = name
         self.held: dict[int, int] = {}  # worker node id -> parts of its pulls not answered yet
+        self.held_by: dict[bytes, int] = {}  # reply connection -> parts of its pulls not answered yet
 
     def limit(self) -> int:
-        """The most pulled parts one worker may have waiting now."""
+        """The most pulled parts one connection may have waiting now."""
         return PARKED_PER_PART * len(self._shard.parts) + PARKED_SLACK
 
-    def park(self, worker: int, n: int, then: Callable[[], None] | None) -> Callable[[], None]:
-        """Count a pull of ``n`` parts by ``worker`` until it is answered: call the result then (it calls ``then``).
+    def park(self, worker: int, connection: bytes, n: int, then: Callable[[], None] | None) -> Callable[[], None]:
+        """Count a pull of ``n`` parts by ``worker`` answered on ``connection`` until it is answered: call the
+        result then (it calls ``then``).
 
         Raises:
-            InvalidArgumentError: the worker's waiting pulls would pass the bound.
+            InvalidArgumentError: the connection's or the worker's waiting pulls would pass the bound.
         """
-        held = self.held.get(worker, 0)
-        if held + n > self.limit():
-            raise InvalidArgumentError(f"{self._name()}: {node_name(worker)} has pulls of {held} parts waiting; "
-                                       f"{n} more would pass the bound of {self.limit()}: refused")
-        self.held[worker] = held + n
+        limit = self.limit()
+        held, mine = self.held.get(worker, 0), self.held_by.get(connection, 0)
+        if mine + n > limit or held + n > PARKED_CONNECTIONS * limit:
+            raise InvalidArgumentError(f"{self._name()}: {node_name(worker)} has pulls of {mine} parts waiting on "
+                                       f"this connection ({held} on all); {n} more would pass the bound of {limit} "
+                                       f"({PARKED_CONNECTIONS * limit}): refused")
+        _count(self.held, worker, n)
+        _count(self.held_by, connection, n)
 
         def answered() -> None:
-            left = self.held.get(worker, 0) - n
-            if left > 0:
-                self.held[worker] = left
-            else:
-                self.held.pop(worker, None)
+            _count(self.held, worker, -n)
+            _count(self.held_by, connection, -n)
             if then is not None:
                 then()
         return answered

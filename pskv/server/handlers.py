@@ -256,7 +256,7 @@ class DataHandlers:
         if shared and any(part.buffers is None for part, _ in parts):
             raise InvalidArgumentError("a shared-memory pull names a part that is not in shared memory")
         on_answered = self._replies.later(parts if header.command is Command.PUSHPULL else None, shared)
-        on_answered = self.parking.park(header.sender, len(parts), on_answered)
+        on_answered = self.parking.park(header.sender, identity, len(parts), on_answered)
         gather = Gather(self._answer, self._node_id, self._dead.names, identity, header, len(parts),
                         snapshot=self._shard.updater is not None, shared=shared, on_answered=on_answered)
         sender = header.sender

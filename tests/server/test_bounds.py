@@ -83,6 +83,9 @@ def test_a_server_core_bounds_routes_windows_and_parked_pulls_of_a_hostile_peer(
     assert len(refused) == 50 and all(h.command is Command.ERROR for h in refused)
     assert "would pass the bound" in refused[0].body and "worker 0" in refused[0].body
     assert core.data.parking.held[W0] == limit
+    sent.clear()  # the worker's other connection keeps its own room
+    core.handle(b"conn-498", _request(Command.PULL, 2 * 10**6, [ArraySpec(5, "float32", (4,), 0, 1)]))
+    assert not sent and core.data.parking.held_by[b"conn-498"] == 1
 
 
 def test_a_parked_pull_answered_frees_its_place():
@@ -100,7 +103,7 @@ def test_a_parked_pull_answered_frees_its_place():
     assert core.data.parking.held == {}  # answered: its place is free
     assert 2 in [decode(f)[0].request for _, f in sent]
     with pytest.raises(InvalidArgumentError):
-        core.data.parking.park(W0, core.data.parking.limit() + 1, None)
+        core.data.parking.park(W0, b"conn", core.data.parking.limit() + 1, None)
 
 
 def test_a_route_in_use_is_kept_while_new_ones_come():
