@@ -39,12 +39,17 @@ import zmq
 
 from pskv.errors import OperationTimeoutError, ProtocolError, TransportError
 from pskv.transport.bounds import DEFAULT_BOUNDS, SEND_HWM, Bounds, check_size
-from pskv.transport.security import CurveSecurity
+from pskv.transport.security import CurveSecurity, RefusalLog
 from pskv.transport.unix import LocalConnection, listen
 
 __all__ = ["IO_THREADS", "Reactor", "RouterHandler", "DealerHandler", "Sender"]
 
 log = logging.getLogger("pskv.transport")
+
+# Identities of a ROUTER's local connections (bind_local). A ZeroMQ peer may choose any
+# routing identity: one with this prefix is dropped, so it cannot speak on a local
+# connection's binding (pskv.server.senders).
+LOCAL_PREFIX = b"\x00local-"
 
 # Kernel socket buffers for every data socket. The OS default (~200 KB on loopback)
 # throttles large messages; 8 MiB measured 1.5x the throughput of 100 MB messages here.
@@ -309,8 +314,15 @@ class Reactor:
             sock.close(0)
             raise TransportError(f"cannot bind {address}: {exc}") from None
 
+        impostors = RefusalLog(log, limit=64)  # a line per identity every 10 s at most
+
         def on_frames(frames: list[zmq.Frame]) -> None:
-            handler(frames[0].bytes, frames[1:])
+            identity = frames[0].bytes
+            if identity.startswith(LOCAL_PREFIX):  # a ZeroMQ peer posing as a local connection (its binding)
+                impostors.error(identity, f"{self._name}: dropped a message from a ZeroMQ peer whose routing "
+                                          f"identity {identity!r} is a local connection's")
+                return
+            handler(identity, frames[1:])
 
         sid = next(self._ids)
         self._routers[sid] = sock
@@ -366,7 +378,7 @@ class Reactor:
             sock, _ = listener.accept()
         except (BlockingIOError, InterruptedError):
             return
-        identity = b"\x00local-%d" % next(self._ids)
+        identity = LOCAL_PREFIX + b"%d" % next(self._ids)
         # Replies never wait for a peer that reads nothing: they queue on the connection
         # (bounded, see send_router) and leave when it is writable.
         conn = LocalConnection(sock, f"{self._name} local connection", bounds=self._bounds, queued=True)

@@ -4,6 +4,7 @@ message claiming another's."""
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from pskv.protocol import TX_PREFIX, ArraySpec, Command, Header, decode, encode
 from pskv.protocol.bodies import ErrorReply, NodeTable, Register, node_token
 from pskv.server.node import ServerNode
 from pskv.server.senders import CONNECTIONS_PER_WORKER, SenderBindings
+from pskv.transport.unix import LocalConnection, local_path
 
 W0, W1 = 9, 11  # node ids of workers 0 and 1
 SECRET = "5e" * 32  # the job's secret, as the scheduler would hand it to the server
@@ -154,6 +156,34 @@ def test_a_hello_that_comes_before_the_servers_registration_is_held_until_it(ctx
         assert worker.poll(WAIT_MS) and decode(worker.recv_multipart())[0].command is Command.REPLY
         assert stranger.poll(WAIT_MS) and "its token is wrong" in refusal(decode(stranger.recv_multipart())[0])
         assert init(worker, 2, W0).command is Command.REPLY  # bound
+    finally:
+        node.stop()
+
+
+def test_a_zeromq_peer_cannot_pose_as_a_bound_local_connection(ctx, dealers, caplog):
+    # local connections' identities are the server's own (b"\x00local-<n>"); a ZeroMQ peer may
+    # choose any routing identity, but one of those is dropped: it cannot use their bindings
+    cfg = ClusterConfig(num_servers=1, num_workers=2, role="server", root_uri="127.0.0.1", root_port=1,
+                        job_id="senders-test")
+    node = ServerNode(cfg, ctx)
+    node._membership.info = NodeInfo(8, 0, (node.address,), 1, 2, secret=SECRET)
+    node._reactor.start()
+    try:
+        local = LocalConnection.connect(local_path(node._shm_dir.path), "test", 5.0)
+        local.send(encode(Header(Command.HELLO, 1, W0, body=json.dumps({"token": node_token(SECRET, W0)}))))
+        deadline = time.monotonic() + WAIT_MS / 1000
+        while not node._core.senders._node_of and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (identity,) = node._core.senders._node_of  # the local connection, bound to worker 0
+        assert identity.startswith(b"\x00local-")
+        impostor = dealers(node.address, identity)
+        with caplog.at_level("ERROR", logger="pskv.transport"):
+            impostor.send_multipart(encode(Header(Command.INIT, 2, W0, (ArraySpec(5, "float32", (3,)),)),
+                                           [np.zeros(3, np.float32)]), copy=True)
+            assert not impostor.poll(500)
+        assert (5, 0) not in node._shard.parts  # dropped, not handled as worker 0's
+        assert "whose routing identity" in caplog.text and "is a local connection's" in caplog.text
+        local.close()
     finally:
         node.stop()
 
