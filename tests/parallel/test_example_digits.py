@@ -14,9 +14,12 @@ pytest.importorskip("sklearn")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def launch(*args: str) -> subprocess.CompletedProcess[str]:
+def launch(*args: str, state_dir: Path | None = None) -> subprocess.CompletedProcess[str]:
+    # servers write optimizer-state files only inside PSKV_STATE_DIR (default: the job's
+    # working directory); a checkpoint directory elsewhere is named to them at launch
+    env = ["--env", f"PSKV_STATE_DIR={state_dir}"] if state_dir is not None else []
     return subprocess.run(
-        [sys.executable, "-m", "pskv", "launch", "-n", "2", "-s", "2", "--timeout", "150", "--",
+        [sys.executable, "-m", "pskv", "launch", "-n", "2", "-s", "2", "--timeout", "150", *env, "--",
          sys.executable, str(ROOT / "examples" / "train_digits.py"), *args],
         capture_output=True, text=True, timeout=180, cwd=ROOT,
     )
@@ -24,13 +27,15 @@ def launch(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_digits_example_trains_under_the_launcher_and_resumes_from_its_checkpoint(tmp_path):
     ckpt = tmp_path / "ckpt"
-    first = launch("--model", "mlp", "--epochs", "2", "--checkpoint-dir", str(ckpt), "--min-accuracy", "0.8")
+    first = launch("--model", "mlp", "--epochs", "2", "--checkpoint-dir", str(ckpt), "--min-accuracy", "0.8",
+                   state_dir=tmp_path)
     assert first.returncode == 0, first.stdout + first.stderr
     assert "[worker 0] epoch 2/2" in first.stdout and "[worker 1] epoch" not in first.stdout
     assert sorted(p.name for p in (ckpt / "mlp" / "epoch-0001").iterdir()) == [
         "meta.json", "optimizer.safetensors.server0", "optimizer.safetensors.server1", "params.safetensors"]
 
-    second = launch("--model", "mlp", "--epochs", "8", "--checkpoint-dir", str(ckpt), "--resume", "--min-accuracy", "0.9")
+    second = launch("--model", "mlp", "--epochs", "8", "--checkpoint-dir", str(ckpt), "--resume", "--min-accuracy", "0.9",
+                    state_dir=tmp_path)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "resumed from" in second.stdout and "epoch-0001" in second.stdout
     assert "epoch 1/8" not in second.stdout and "epoch 3/8" in second.stdout and "epoch 8/8" in second.stdout
