@@ -10,9 +10,9 @@ sockets; no CURVE key):
   reads a reply (``PSKV_SLOW_PEER_TIMEOUT`` 2 s, ``PSKV_SEND_QUEUE_BYTES`` 64 MB);
   slow_member: the same from inside worker 1's process, with its token (a member that
   stops reading): 3000 pulls, 750 MB of replies if all were kept;
-  growth_member: from inside worker 1's process, with its token: 2 more connections each
-  opened with HELLO under a new send-only socket name and one without (more would make the
-  server forget worker 1's own connection: at most 8 are kept per worker, oldest first),
+  growth_member: from inside worker 1's process, with its token: 500 more connections each
+  opened with HELLO under a new send-only socket name and one without (at most 64 are kept
+  per worker, the least recently used forgotten: worker 1's own, in use, stays bound),
   20,000 requests with distinct ids, 3000 pulls after push 10^9;
 * many_frames: one message of 2,000,000 empty frames (4 MB on the wire);
 * oversize: with ``PSKV_MAX_MESSAGE_BYTES`` = 16 MB, one 32 MB frame, then 5 messages of
@@ -290,7 +290,7 @@ def trial_hostile(tmp: Path, category: str) -> dict[str, Any]:
     if category == "slow_member":
         spec["hog"] = {"pulls": 3000, "copies": 16, "linger": 4.0}
     if category == "growth_member":
-        spec["grow"] = {"connections": 2, "ids": 20_000, "parked": 3000}
+        spec["grow"] = {"connections": 500, "ids": 20_000, "parked": 3000}
     job = Job(tmp, 1, 2, spec,
               {**DEFAULT_HB, "PSKV_REQUEST_TIMEOUT": "30", **ENV.get(category, {})})
     result: dict[str, Any] = {"category": category}

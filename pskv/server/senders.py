@@ -20,9 +20,10 @@ connection's):
 
 A refusal is a ``ProtocolError`` reply and a log line naming the claimed id and the
 connection (at most one per connection every 10 s, with the count of repeats). A
-worker's connections are kept per worker, the oldest forgotten past
-:data:`CONNECTIONS_PER_WORKER`, so the record stays bounded; a replacement's new
-connections simply bind with the same token. ZeroMQ reconnects a reset connection under
+worker's connections are kept per worker; past :data:`CONNECTIONS_PER_WORKER` the least
+recently used of those that said nothing since their opening message is forgotten (else the
+least recently used of all): the record stays bounded, and a flood of new connections
+cannot push out one in use. A replacement's new connections simply bind with the same token. ZeroMQ reconnects a reset connection under
 the same routing identity, so a reconnect keeps its binding.
 
 What this does *not* stop (``docs/security.md``): without CURVE, a peer that reads the
@@ -47,7 +48,7 @@ __all__ = ["SenderBindings", "CONNECTIONS_PER_WORKER"]
 
 log = logging.getLogger("pskv.server")
 
-CONNECTIONS_PER_WORKER = 8  # connections remembered per worker (a session uses 1 or 2; replacements add theirs)
+CONNECTIONS_PER_WORKER = 64  # connections remembered per worker (a session uses 2 per server; replacements and reconnects add theirs)
 
 
 class SenderBindings:
@@ -63,7 +64,8 @@ class SenderBindings:
         self._name = name
         self._secret = secret
         self._node_of: dict[bytes, int] = {}
-        self._connections: dict[int, list[bytes]] = {}  # worker -> its connections, oldest first
+        # worker -> its connections, least recently used first; True once it spoke after its opening message
+        self._connections: dict[int, dict[bytes, bool]] = {}
         self._refusals = RefusalLog(log, limit=4096)  # a line per connection and interval (a peer may flood)
 
     def check(self, connection: bytes, header: Header) -> None:
@@ -88,8 +90,11 @@ class SenderBindings:
         elif bound is None:
             self._refuse(connection, header, "the connection is not bound to a worker (a worker's connection opens "
                                              "with HELLO or REJOIN carrying its token from the scheduler)")
-        else:
-            return  # a bound connection speaking for its worker: the common case
+        else:  # a bound connection speaking for its worker: the common case
+            used = self._connections[bound]
+            del used[connection]  # now the most recently used, and one in use: a flood forgets others first
+            used[connection] = True
+            return
         if not self._proves(claimed, token):
             self._refuse(connection, header, "its token is " + ("wrong" if token else "missing") +
                          ("" if self._secret() else " (this server has not registered yet)"))
@@ -110,11 +115,13 @@ class SenderBindings:
         return bool(secret and token) and hmac.compare_digest(node_token(secret, node), token)
 
     def _bind(self, connection: bytes, node: int) -> None:
-        connections = self._connections.setdefault(node, [])
-        connections.append(connection)
+        connections = self._connections.setdefault(node, {})
+        connections[connection] = False
         self._node_of[connection] = node
         while len(connections) > CONNECTIONS_PER_WORKER:
-            forgotten = connections.pop(0)
+            # the least recently used of those that said nothing after opening, else of all
+            forgotten = next((c for c, spoke in connections.items() if not spoke), next(iter(connections)))
+            del connections[forgotten]
             self._node_of.pop(forgotten, None)
             self._refusals.forget(forgotten)
 

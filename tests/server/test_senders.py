@@ -207,6 +207,19 @@ def test_the_record_is_bounded_per_worker():
     assert bindings.node_of(b"c%d" % (3 * CONNECTIONS_PER_WORKER - 1)) == W0  # the newest is kept
 
 
+def test_a_flood_of_new_connections_forgets_idle_ones_not_the_one_in_use():
+    """Eviction is by last use: a worker's live connection survives any number of new ones."""
+    bindings = SenderBindings(lambda: "server 0", lambda: SECRET)
+    token = node_token(SECRET, W0)
+    hello = lambda i: Header(Command.HELLO, 1, W0, body=json.dumps({"tx": f"{i:016x}", "token": token}))  # noqa: E731
+    bindings.check(b"live", hello(0))
+    bindings.check(b"live", Header(Command.SYNC, 1, W0))  # the live connection has spoken once
+    for i in range(1, 50 * CONNECTIONS_PER_WORKER):
+        bindings.check(b"c%d" % i, hello(i))  # a burst: the live one says nothing meanwhile
+    assert bindings.node_of(b"live") == W0
+    assert bindings.node_of(b"c1") is None  # an idle one was forgotten
+
+
 def test_the_scheduler_refuses_a_message_claiming_another_nodes_id(ctx, dealers, caplog):
     cfg = ClusterConfig(num_servers=1, num_workers=1)
     scheduler = Scheduler(cfg, ctx, address="tcp://127.0.0.1:0")
