@@ -153,6 +153,7 @@ class _Child:
     abandoned: bool = False
     replaced: bool = False  # a failed worker that was started again (--restart-workers)
     blamed: str | None = None  # the node its last NodeFailedError named (a peer it saw die or hang)
+    blamed_left: bool = False  # ... and that node had left the job (closed its store), not failed
 
     @property
     def running(self) -> bool:
@@ -295,6 +296,7 @@ class Supervisor:
                     m = _BLAMED.search(line)
                     if m is not None:
                         child.blamed = m.group(1).decode(errors="replace")
+                        child.blamed_left = b"left the job" in line
                 self._console.child_line(prefix, line if line.endswith(b"\n") else line + b"\n")
 
     def _wait(self, child: _Child) -> None:
@@ -382,7 +384,11 @@ class Supervisor:
         if self._outcome is None:
             if returncode != 0:
                 hint = ""
-                if child.blamed and child.blamed != child.spec.name:  # e.g. a peer that hung, not died
+                if child.blamed and child.blamed != child.spec.name and child.blamed_left:
+                    hint = (f" after its NodeFailedError said {child.blamed} left the job early (it closed its "
+                            "store or ended before this worker was done: with uneven data see kv.join() or "
+                            "fit(uneven=True))")
+                elif child.blamed and child.blamed != child.spec.name:  # e.g. a peer that hung, not died
                     hint = f" after its NodeFailedError named {child.blamed} (look there first)"
                 self._decide(_exit_status(returncode), f"{child.where} {describe_exit(returncode, self._via_ssh)}"
                              f"{hint}; stopping the job", f"{child.spec.name}'s failure")

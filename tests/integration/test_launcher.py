@@ -59,6 +59,12 @@ if kv.rank == 1 and mode == "sigkill":
 if mode == "hang":
     print("ready")
     time.sleep(120)
+if mode == "leave":  # worker 0 is done early (out of data); worker 1 pulls a round it will never push
+    if kv.rank == 0:
+        kv.close()
+        sys.exit(0)
+    kv.push(7, np.ones((2, 3), np.float32))
+    kv.pull(7)
 if mode == "stop":  # worker 1 hangs (stopped, not dead); worker 0 keeps training until it notices
     if kv.rank == 1:
         os.kill(os.getpid(), signal.SIGSTOP)
@@ -433,3 +439,12 @@ def test_a_hung_worker_is_named_next_to_the_survivor_that_noticed_it(tag, tmp_pa
     assert code == 1, out
     assert ("pskv launch: worker 0 on 127.0.0.1 exited with code 1 after its NodeFailedError named worker 1 "
             "(look there first); stopping the job") in out, out
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_that_left_early_is_named_as_having_left_not_as_failed(tag, tmp_path, worker_script):
+    code, out = run_launcher(job(2, 1, worker_script, "leave"), tag, tmp_path)
+    assert code == 1, out
+    assert ("pskv launch: worker 1 on 127.0.0.1 exited with code 1 after its NodeFailedError said worker 0 "
+            "left the job early") in out, out
+    assert "(look there first)" not in out, out
