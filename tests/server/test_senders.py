@@ -98,7 +98,7 @@ def test_a_connection_that_claims_another_workers_id_is_refused_and_logged(serve
         also = hello(w0, W1, request=3)  # even with worker 1's token: w0 speaks for worker 0
     assert "claims worker 1 (node id 11): refused, the connection is bound to worker 0" in refusal(forged)
     assert "the connection is bound to worker 0" in refusal(also)
-    assert "PUSH from connection b'" in caplog.text and "claims worker 1 (node id 11)" in caplog.text
+    assert "PUSH from connection b" in caplog.text and "claims worker 1 (node id 11)" in caplog.text
     assert push(w1, 2, W1).command is Command.REPLY  # worker 1 itself still may
 
 
@@ -111,7 +111,7 @@ def test_a_stranger_that_speaks_first_cannot_take_a_workers_id(server, dealers, 
         guessed = hello(stranger, W0, token="0" * 64, request=102)
         rejoin = ask(stranger, Command.REJOIN, 103, W0, {"token": "f" * 64})
     assert "refused, the connection is not bound to a worker" in refusal(first)
-    assert "INIT from connection b'" in caplog.text and "claims worker 0 (node id 9)" in caplog.text
+    assert "INIT from connection b" in caplog.text and "claims worker 0 (node id 9)" in caplog.text
     assert "its token is missing" in refusal(missing)
     assert all("its token is wrong" in refusal(r) for r in (wrong, guessed, rejoin))
     assert "token" in refusal(ask(stranger, Command.HELLO, 104, W0, {"token": "../x"}))  # malformed: refused too
