@@ -8,7 +8,7 @@ It carries no array data. Every node connects to it and:
    dead (silent for longer than the heartbeat timeout), so every survivor learns of a
    death within about one timeout;
 3. sends ``BARRIER`` (group mask) — answered when every live member arrived, or with an
-   error naming the dead members;
+   error naming the dead members (the meetings: :mod:`pskv.cluster.meetings`);
 4. at the end: workers send ``SHUTDOWN``; servers send ``SHUTDOWN`` with ``wait`` and
    are answered once every worker is done. Then the scheduler's :meth:`run` returns.
 """
@@ -16,7 +16,6 @@ It carries no array data. Every node connects to it and:
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 import time
@@ -25,6 +24,7 @@ from typing import Any
 
 import zmq
 
+from pskv.cluster.meetings import Meetings
 from pskv.cluster.runtime import NodeRuntime
 from pskv.config import ClusterConfig
 from pskv.errors import OperationTimeoutError, ProtocolError
@@ -32,9 +32,7 @@ from pskv.protocol import SCHEDULER_ID, Command, Header, Role, decode, node_id, 
 from pskv.protocol.bodies import (
     DIGEST_CHARS,
     Barrier,
-    Failure,
     Liveness,
-    Met,
     NodeTable,
     Register,
     ShmInfo,
@@ -47,17 +45,6 @@ from pskv.transport.security import RefusalLog
 __all__ = ["Scheduler"]
 
 log = logging.getLogger("pskv.scheduler")
-
-
-@dataclass
-class _Arrival:
-    """A member waiting at a meeting (or for rank 0's posted outcome): its request and what it said."""
-
-    identity: bytes
-    header: Header
-    meeting: Barrier
-    deadline: float  # monotonic; inf when it gave no timeout
-    posts_seen: int = 0  # a read: how many outcomes rank 0 had posted under its name when it came
 
 
 @dataclass
@@ -94,11 +81,6 @@ class Scheduler:
         self._nodes: dict[int, _Node] = {}
         self._by_identity: dict[bytes, int] = {}
         self._refusals = RefusalLog(log)  # messages refused for their sender, logged at most every 10 s per peer
-        self._barriers: dict[int, dict[int, _Arrival]] = {}  # group -> node -> its arrival
-        self._broken: dict[int, tuple[str, set[int]]] = {}  # group -> mismatch message, members told
-        self._posts: dict[tuple[str, int, int], Failure | None] = {}  # rank 0's outcomes of calls it may make alone
-        self._posted: dict[str, tuple[int, int, int, Failure | None]] = {}  # name -> last (meeting, nth), posts, outcome
-        self._readers: dict[int, _Arrival] = {}  # node -> its read of such an outcome
         self._done_workers: set[int] = set()  # workers that left the job (SHUTDOWN)
         self._waiting: dict[int, tuple[bytes, Header]] = {}  # SHUTDOWN with wait, answered when every worker left
         self._told: set[int] = set()  # nodes whose SHUTDOWN wait was answered
@@ -106,8 +88,9 @@ class Scheduler:
         self._failure: Exception | None = None  # why the job ended badly (startup timeout)
         self._finished = threading.Event()
         self._servers_version = 0  # counts server replacements (heartbeat replies carry the table)
-        self._released: dict[int, tuple[int, list[Any]]] = {}  # node -> (request id, reply) of its last meeting
-        self._reactor.add_timer(0.25, self._expire_barriers)
+        self._meetings = Meetings(self._send, lambda nid: self._nodes[nid].role, lambda nid: self._nodes[nid].rank,
+                                  self._members, self._lost, lambda: self._done_workers)
+        self._reactor.add_timer(0.25, self._meetings.expire)
         self._reactor.add_timer(min(1.0, max(0.05, cluster.startup_timeout / 4)), self._check_startup)
         if cluster.heartbeat_interval > 0:
             self._reactor.add_timer(max(0.05, cluster.heartbeat_interval / 2), self._check_liveness)
@@ -178,7 +161,7 @@ class Scheduler:
         if header.command is Command.HEARTBEAT:
             self._send(identity, reply_frames(header, SCHEDULER_ID, self._liveness(nid).encode()))
         elif header.command is Command.BARRIER:
-            self._barrier(identity, header, nid, Barrier.parse(header))
+            self._meetings.arrive(identity, header, nid, Barrier.parse(header))
         elif header.command is Command.SHUTDOWN:
             self._shutdown(identity, header, nid, Shutdown.parse(header).wait)
         else:
@@ -295,8 +278,7 @@ class Scheduler:
                                               f"PSKV_RECOVERY_TIMEOUT={self._cluster.recovery_timeout:g} s"))
             return
         self._by_identity.pop(node.identity, None)
-        for arrived in self._barriers.values():  # the old process may have died inside a barrier
-            arrived.pop(nid, None)
+        self._meetings.forget(nid)  # the old process may have died inside a barrier
         node.identity, node.address, node.dead, node.given_up = identity, body.address, False, False
         node.last_seen = time.monotonic()
         self._by_identity[identity] = nid
@@ -306,181 +288,9 @@ class Scheduler:
         log.warning("scheduler: %s rejoined (a replacement process)", node_name(nid))
         self._send(identity, reply_frames(header, SCHEDULER_ID, self._table(nid, recovery=True).encode()))
 
-    # -- barrier ------------------------------------------------------------------------
+    # -- groups -------------------------------------------------------------------------
     def _members(self, group: int) -> set[int]:
         return {nid for nid, n in self._nodes.items() if int(n.role) & group}
-
-    def _barrier(self, identity: bytes, header: Header, nid: int, meeting: Barrier) -> None:
-        """``nid`` arrives at a meeting of ``meeting.group`` (or posts / reads rank 0's outcome of a call).
-
-        A meeting whose members name different collectives, or different counts of their
-        meetings, fails on every member at once (:meth:`_mismatch`); members that had not
-        arrived get the same error when they do.
-        """
-        released = self._released.get(nid)
-        if released is not None and released[0] == header.request:  # a repeat (reset connection) of one released
-            self._send(identity, released[1])
-            return
-        group = meeting.group
-        if not int(self._nodes[nid].role) & group:
-            self._send(identity, error_frames(header, SCHEDULER_ID, "InvalidArgumentError",
-                                              f"{node_name(nid)} is not in barrier group {group}"))
-            return
-        arrival = _Arrival(identity, header, meeting, time.monotonic() + meeting.timeout if meeting.timeout else math.inf)
-        if meeting.mode:
-            self._post_or_read(nid, arrival)
-            return
-        broken = self._broken.get(group)
-        if broken is not None and nid not in broken[1]:  # the meeting it was late for failed
-            broken[1].add(nid)
-            self._send(identity, error_frames(header, SCHEDULER_ID, "CollectiveMismatchError", broken[0]))
-            if self._meeting_members(group) <= broken[1]:
-                del self._broken[group]
-            return
-        arrived = self._barriers.setdefault(group, {})
-        arrived[nid] = arrival
-        problem = self._mismatch(group, arrived)
-        if problem is None and nid == _WORKER0 and self._readers:  # rank 0 meets: it skipped a call others made
-            readers, self._readers = self._readers, {}
-            problem = self._mismatch_text(group, {**arrived, **readers})
-            for waiting in readers.values():
-                self._send(waiting.identity, error_frames(waiting.header, SCHEDULER_ID, "CollectiveMismatchError",
-                                                          problem))
-        if problem is not None:
-            self._barriers[group] = {}
-            for a in arrived.values():
-                self._send(a.identity, error_frames(a.header, SCHEDULER_ID, "CollectiveMismatchError", problem))
-            if not self._meeting_members(group) <= set(arrived):
-                self._broken[group] = (problem, set(arrived))
-            return
-        self._settle_barrier(group)
-
-    def _meeting_members(self, group: int) -> set[int]:
-        return {m for m in self._members(group) if int(self._nodes[m].role) != Role.SCHEDULER}
-
-    def _mismatch(self, group: int, arrived: dict[int, _Arrival]) -> str | None:
-        """Why the members at a meeting are not in the same collective (None: they are)."""
-        named = [a.meeting for a in arrived.values() if a.meeting.name]  # nameless: an old node
-        if len({m.name for m in named}) <= 1 and len({m.seq for m in named if m.seq}) <= 1:
-            return None
-        return self._mismatch_text(group, arrived)
-
-    def _mismatch_text(self, group: int, arrived: dict[int, _Arrival]) -> str:
-        calls = ", ".join(f"{node_name(n)} in {_call(a.meeting)}" for n, a in sorted(arrived.items()))
-        missing = sorted(self._meeting_members(group) - set(arrived))
-        later = f" ({', '.join(node_name(n) for n in missing)} not there yet)" if missing else ""
-        return f"the workers are in different collectives: {calls}{later}. {_ADVICE}"
-
-    def _settle_barrier(self, group: int) -> None:
-        arrived = self._barriers.get(group, {})
-        members = self._meeting_members(group)
-        dead = sorted(m for m in members if self._nodes[m].dead and not self._may_return(m))
-        self._settle_readers()
-        if dead and arrived:
-            names = ", ".join(node_name(m) for m in dead)
-            for a in arrived.values():
-                self._send(a.identity, error_frames(a.header, SCHEDULER_ID, "NodeFailedError",
-                                                    f"barrier cannot complete: {names} dead"))
-            self._barriers[group] = {}
-        elif arrived and (left := sorted(members & self._done_workers)):
-            names = ", ".join(node_name(m) for m in left)
-            for a in arrived.values():  # NodeFailedError naming them: "worker 1 failed: ... left the job"
-                self._send(a.identity, error_frames(a.header, SCHEDULER_ID, "NodeFailedError",
-                                                    f"{_call(a.meeting)} cannot complete: {names} left the job "
-                                                    "(closed its store or ended its process)", node=names))
-            self._barriers[group] = {}
-        elif arrived and members <= set(arrived):
-            self._barriers[group] = {}
-            self._release(arrived)
-
-    def _release(self, arrived: dict[int, _Arrival]) -> None:
-        """Every member met: each gets rank 0's result and who failed, or why their inits differ."""
-        ranked = sorted(arrived.items(), key=lambda item: self._nodes[item[0]].rank)
-        failed = tuple((self._nodes[n].rank, a.meeting.failure) for n, a in ranked if a.meeting.failure is not None)
-        problem = None if failed else _disagreement([(self._nodes[n].rank, a.meeting) for n, a in ranked])
-        result = next((a.meeting.result for n, a in ranked if self._nodes[n].rank == 0), "")
-        for nid, a in arrived.items():
-            if problem is not None:
-                frames = error_frames(a.header, SCHEDULER_ID, "InitMismatchError", problem)
-            else:
-                frames = reply_frames(a.header, SCHEDULER_ID, Met(result, failed).encode())
-            self._released[nid] = (a.header.request, frames)
-            self._send(a.identity, frames)
-
-    def _post_or_read(self, nid: int, arrival: _Arrival) -> None:
-        """Rank 0 posts the outcome of its ``seq``-th call of a name; another worker reads it (waiting for it)."""
-        meeting = arrival.meeting
-        if meeting.mode == "post":
-            if nid != _WORKER0:
-                self._send(arrival.identity, error_frames(arrival.header, SCHEDULER_ID, "InvalidArgumentError",
-                                                          "only worker 0 posts the outcome of a call"))
-                return
-            self._posts[(meeting.name, meeting.seq, meeting.nth)] = meeting.failure
-            count = self._posted.get(meeting.name, (0, 0, 0, None))[2] + 1
-            self._posted[meeting.name] = (meeting.seq, meeting.nth, count, meeting.failure)
-            while len(self._posts) > _KEPT_POSTS:
-                del self._posts[next(iter(self._posts))]
-            self._send(arrival.identity, reply_frames(arrival.header, SCHEDULER_ID, Met().encode()))
-            self._settle_readers()
-            return
-        arrival.posts_seen = self._posted.get(meeting.name, (0, 0, 0, None))[2]
-        self._readers[nid] = arrival
-        zero = self._barriers.get(meeting.group, {}).get(_WORKER0)
-        if zero is not None and (meeting.name, meeting.seq, meeting.nth) not in self._posts:  # rank 0 went on
-            del self._readers[nid]
-            problem = self._mismatch_text(meeting.group, {_WORKER0: zero, nid: arrival})
-            for a in (zero, arrival):
-                self._send(a.identity, error_frames(a.header, SCHEDULER_ID, "CollectiveMismatchError", problem))
-            self._barriers[meeting.group].pop(_WORKER0, None)
-            return
-        self._settle_readers()
-
-    def _settle_readers(self) -> None:
-        """Answer the reads whose outcome rank 0 posted; fail them if rank 0 is dead or gone."""
-        zero = self._nodes.get(_WORKER0)
-        gone = zero is not None and ((zero.dead and not self._may_return(_WORKER0)) or _WORKER0 in self._done_workers)
-        for nid, a in list(self._readers.items()):
-            key = (a.meeting.name, a.meeting.seq, a.meeting.nth)
-            last = self._posted.get(a.meeting.name)
-            if not a.meeting.seq or (last is not None and not last[0]):
-                # a replacement process on either side (its meetings are not counted): rank 0's next call answers
-                answer = last is not None and last[2] > a.posts_seen
-                failure = last[3] if last is not None else None
-            else:
-                answer = key in self._posts or (last is not None and key[1:] <= last[:2])
-                failure = self._posts.get(key)
-            if answer:
-                frames = reply_frames(a.header, SCHEDULER_ID, Met(failed=((0, failure),) if failure else ()).encode())
-            elif gone:
-                frames = error_frames(a.header, SCHEDULER_ID, "NodeFailedError",
-                                      f"{_call(a.meeting)} waits for worker 0's outcome, but worker 0 is gone")
-            else:
-                continue
-            del self._readers[nid]
-            self._released[nid] = (a.header.request, frames)
-            self._send(a.identity, frames)
-
-    def _expire_barriers(self) -> None:
-        """Timer: a member whose wait ends gets an error naming who did not arrive (before its own timeout)."""
-        now = time.monotonic()
-        for group, arrived in self._barriers.items():
-            late = [n for n, a in arrived.items() if a.deadline <= now]
-            if not late:
-                continue
-            missing = ", ".join(node_name(n) for n in sorted(self._meeting_members(group) - set(arrived)))
-            calls = ", ".join(f"{node_name(n)} in {_call(a.meeting)}" for n, a in sorted(arrived.items()))
-            for nid in late:
-                a = arrived.pop(nid)
-                self._send(a.identity, error_frames(a.header, SCHEDULER_ID, "OperationTimeoutError", (
-                    f"{_call(a.meeting)}: {missing} did not arrive within {a.meeting.timeout:g} s (at the scheduler: "
-                    f"{calls}). A worker that is not at the meeting is still in other calls (push, pull, wait, ...) "
-                    f"or blocked in one. {_ADVICE}")))
-        for nid, a in list(self._readers.items()):
-            if a.deadline <= now:
-                del self._readers[nid]
-                self._send(a.identity, error_frames(a.header, SCHEDULER_ID, "OperationTimeoutError", (
-                    f"{a.meeting.name}: worker 0 did not call it (call {a.meeting.nth} since meeting "
-                    f"#{a.meeting.seq}) within {a.meeting.timeout:g} s. {_ADVICE}")))
 
     # -- liveness -----------------------------------------------------------------------
     def _may_return(self, nid: int) -> bool:
@@ -489,6 +299,11 @@ class Scheduler:
         replaceable = node.role is Role.WORKER or (node.role is Role.SERVER and bool(self._cluster.server_recovery))
         return (replaceable and self._cluster.recovery_timeout > 0
                 and time.monotonic() - node.dead_since <= self._cluster.recovery_timeout)
+
+    def _lost(self, nid: int) -> bool:
+        """True for a node that is dead and will not be replaced (no recovery, or its window closed)."""
+        node = self._nodes.get(nid)
+        return node is not None and node.dead and not self._may_return(nid)
 
     def _dead_ids(self) -> list[int]:
         return sorted(nid for nid, n in self._nodes.items() if n.dead)
@@ -513,8 +328,7 @@ class Scheduler:
             self._nodes[nid].given_up = True
             log.error("scheduler: %s was not replaced within %.1f s", node_name(nid), self._cluster.recovery_timeout)
         if newly or expired:
-            for group in list(self._barriers):
-                self._settle_barrier(group)
+            self._meetings.settle()
             self._settle_shutdown()
 
     # -- shutdown -----------------------------------------------------------------------
@@ -529,8 +343,7 @@ class Scheduler:
                 self._done_workers.add(nid)
                 if self._cluster.verbose:
                     log.info("scheduler: %s left the job", node_name(nid))
-                for group in list(self._barriers):  # meetings that need it cannot complete any more
-                    self._settle_barrier(group)
+                self._meetings.settle()  # meetings that need it cannot complete any more
             if not wait:
                 self._send(identity, reply_frames(header, SCHEDULER_ID))
         if wait:
@@ -539,8 +352,7 @@ class Scheduler:
 
     def _settle_shutdown(self) -> None:
         workers = self._members(Role.WORKER)
-        if not workers or not workers <= self._done_workers | {w for w in workers if self._nodes[w].dead
-                                                               and not self._may_return(w)}:
+        if not workers or not workers <= self._done_workers | {w for w in workers if self._lost(w)}:
             return
         servers = self._members(Role.SERVER)
         reply = Liveness(tuple(self._dead_ids()), {}, left=tuple(sorted(self._done_workers))).encode()
@@ -578,46 +390,6 @@ class Scheduler:
         if not self._finished.is_set():
             log.info("scheduler: %s; ending", reason)
             self._finished.set()
-
-
-_WORKER0 = node_id(Role.WORKER, 0)
-_KEPT_POSTS = 64  # rank 0's posted outcomes kept for readers
-_ADVICE = ("Every worker must call the same collectives (barrier, init, broadcast, set_optimizer, "
-           "load_optimizer_states, save_checkpoint, join) in the same order; of the state operations rank 0 may "
-           "call only save_optimizer_states alone (#n: the worker's n-th meeting)")
-
-
-def _call(meeting: Barrier) -> str:
-    """How a member's collective is named in errors: ``save_checkpoint#3``."""
-    name = meeting.name or "a barrier (unnamed)"
-    if meeting.mode:
-        return f"{name} (call {meeting.nth} after meeting #{meeting.seq})"
-    return f"{name}#{meeting.seq}" if meeting.seq else name
-
-
-def _disagreement(meetings: list[tuple[int, Barrier]]) -> str | None:
-    """Why the members' ``agree`` items differ (an init's key described differently), or None.
-
-    Only items every member that describes them has — a key named in one worker's call
-    and not in another's is not compared (workers may init keys in different orders);
-    a worker's calls past ``MAX_AGREE`` keys are compared by their digest only, which
-    tells nothing here.
-    """
-    if len({m.digest for _, m in meetings if m.digest}) <= 1:
-        return None
-    name = next((m.name for _, m in meetings if m.name), "init")
-    tables = [(rank, dict(m.agree)) for rank, m in meetings if m.digest]
-    for key in dict.fromkeys(k for _, t in tables for k in t):
-        seen: dict[str, list[int]] = {}
-        for rank, table in tables:
-            if key in table:
-                seen.setdefault(table[key], []).append(rank)
-        if len(seen) > 1:
-            told = "; ".join(f"{', '.join(f'worker {r}' for r in ranks)}: {what}" for what, ranks in seen.items())
-            return (f"{name} of key {key} differs between workers: {told}. Every worker must {name} a key "
-                    "with the same shape and dtype")
-    return None
-
 
 def _ranks(requested: list[int]) -> list[int]:
     """Ranks for nodes in arrival order: requested ranks if they form 0..n-1, else arrival order."""

@@ -19,7 +19,7 @@ from pskv.testing import InProcessCluster
 def test_a_worker_pushing_another_dtype_is_refused_on_both_paths(shm, monkeypatch):
     # init's agreement would refuse the disagreeing init first (InitMismatchError); the
     # servers' own check is the second line, tested here without the first
-    monkeypatch.setattr("pskv.cluster.scheduler._disagreement", lambda meetings: None)
+    monkeypatch.setattr("pskv.cluster.meetings._disagreement", lambda meetings: None)
 
     def worker(cfg):
         kv = pskv.create("dist_sync", cluster=cfg)
