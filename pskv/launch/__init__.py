@@ -78,6 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="local: everything on this machine, on 127.0.0.1 (default); ssh: on the hostfile's hosts")
     parser.add_argument("-H", "--hostfile", default=None, metavar="FILE",
                         help="ssh: hosts, one 'HOST [SLOTS]' per line")
+    parser.add_argument("--ssh-command", default="ssh", metavar="CMD",
+                        help="ssh only: the remote-shell program (and options) run as 'CMD -o BatchMode=yes HOST "
+                             "COMMAND' (default: ssh)")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="set a variable in every process (repeatable)")
     parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
@@ -130,6 +133,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         command=tuple(command),
         launcher=args.launcher,
         hostfile=args.hostfile,
+        ssh_command=args.ssh_command,
         env=parse_env_pairs(args.env),
         timeout=args.timeout,
         port=args.port,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import sys
 import uuid
 from collections.abc import Mapping, Sequence
@@ -61,6 +62,8 @@ class LaunchConfig:
         exit_grace: seconds servers and scheduler may take to exit after the last worker.
         python: the interpreter that runs the server and scheduler roles.
         cwd: ssh only: the directory remote processes start in (default: this one).
+        ssh_command: ssh only: the remote-shell program and its options (``--ssh-command``,
+            split as a shell would), called as ``SSH_COMMAND -o BatchMode=yes HOST COMMAND``.
         curve_key_file: a CURVE cluster key file every process uses (``--curve-key``;
             over ssh it must exist at the same path on every host).
         secure: local only: make a fresh cluster key for this job (``--secure``).
@@ -98,6 +101,7 @@ class LaunchConfig:
     exit_grace: float = 30.0
     python: str = sys.executable
     cwd: str = field(default_factory=os.getcwd)
+    ssh_command: str = "ssh"
     job_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     curve_key_file: str = ""
     secure: bool = False
@@ -140,6 +144,13 @@ class LaunchConfig:
             out.append("--launcher ssh needs a hostfile (-H FILE)")
         elif self.launcher == "local" and self.hostfile:
             out.append("-H/--hostfile only applies to --launcher ssh")
+        if self.launcher == "local" and self.ssh_command != "ssh":
+            out.append("--ssh-command only applies to --launcher ssh")
+        try:
+            if not shlex.split(self.ssh_command):
+                out.append("--ssh-command is empty")
+        except ValueError as exc:
+            out.append(f"--ssh-command {self.ssh_command!r}: {exc}")
         for name in self.env:
             if not _ENV_NAME.match(name):
                 out.append(f"--env: {name!r} is not a valid environment variable name")

@@ -13,7 +13,7 @@ host takes per round. Placement:
 * a worker's local rank counts the workers before it on the same host.
 
 Each process is ``ssh -o BatchMode=yes HOST 'cd CWD && PYTHON -S -c GUARD ... -- env ...
-COMMAND'``; everything starts at once, and servers and workers wait for the scheduler
+COMMAND'`` (``--ssh-command`` replaces ``ssh``: e.g. :mod:`pskv.testing.hosts`); everything starts at once, and servers and workers wait for the scheduler
 through their own registration timeout (``PSKV_STARTUP_TIMEOUT``). GUARD is the text of
 :mod:`pskv.launch.guard`: ssh forwards the launcher's lifeline (the client's stdin), so
 when the ssh client ends — the launcher stopped it (Ctrl-C), or died — the remote
@@ -125,9 +125,13 @@ def place(hosts: Sequence[Host], num_servers: int, num_workers: int) -> Placemen
     return Placement(hosts[0], servers, tuple(workers))
 
 
-def ssh_argv(host: Host, cwd: str, argv: Sequence[str]) -> list[str]:
-    """``ssh -o BatchMode=yes HOST 'cd CWD && ARGV'``, quoted for the remote shell."""
-    return ["ssh", "-o", "BatchMode=yes", host.name, f"cd {shlex.quote(cwd)} && {shlex.join(argv)}"]
+def ssh_argv(host: Host, cwd: str, argv: Sequence[str], ssh_command: str = "ssh") -> list[str]:
+    """``SSH_COMMAND -o BatchMode=yes HOST 'cd CWD && ARGV'``, quoted for the remote shell.
+
+    ``ssh_command`` (``--ssh-command``) is split as a shell would: a program and its options.
+    """
+    return [*shlex.split(ssh_command), "-o", "BatchMode=yes", host.name,
+            f"cd {shlex.quote(cwd)} && {shlex.join(argv)}"]
 
 
 def ssh_specs(config: LaunchConfig, hosts: Sequence[Host]) -> list[ProcessSpec]:
@@ -138,7 +142,8 @@ def ssh_specs(config: LaunchConfig, hosts: Sequence[Host]) -> list[ProcessSpec]:
     def spec(role: str, rank: int | None, host: Host, env: dict[str, str], command: Sequence[str]) -> ProcessSpec:
         guarded = guard_argv(config.python, role, config.stop_grace, config.exit_grace, inline=True)
         return ProcessSpec(role, rank, host.address, tuple(ssh_argv(host, config.cwd,
-                                                                   guarded + env_argv(env, config.env, command))))
+                                                                   guarded + env_argv(env, config.env, command),
+                                                                   config.ssh_command)))
 
     specs = [spec("scheduler", None, where.scheduler, contract_env(layout, "scheduler", where.scheduler.address),
                   role_argv(config.python, "scheduler"))]

@@ -9,6 +9,7 @@ their group when a test runs out of time.
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import os
@@ -27,9 +28,10 @@ import pytest
 
 import pskv
 from pskv.cli import main as cli_main
-from pskv.launch import CONTRACT, LaunchConfig, parse_env_pairs
+from pskv.launch import CONTRACT, LaunchConfig, config_from_args, parse_env_pairs
+from pskv.launch import add_arguments as add_launch_arguments
 from pskv.launch.contract import JobLayout, ProcessSpec, contract_env, env_argv
-from pskv.launch.ssh import Host, parse_hostfile, place
+from pskv.launch.ssh import Host, parse_hostfile, place, ssh_argv, ssh_specs
 from pskv.launch.supervisor import Console, Supervisor, describe_exit
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="finds leftover processes through /proc")
@@ -394,6 +396,22 @@ def test_hostfile_and_placement():
             parse_hostfile(bad)
 
 
+def test_ssh_command_replaces_the_remote_shell_program():
+    assert ssh_argv(Host("u@h"), "/w d", ["prog", "a b"]) == ["ssh", "-o", "BatchMode=yes", "u@h",
+                                                              "cd '/w d' && prog 'a b'"]
+    assert ssh_argv(Host("h"), "/w", ["prog"], "python -m 'my shell' -q")[:5] == [
+        "python", "-m", "my shell", "-q", "-o"]
+    config = LaunchConfig(num_workers=2, num_servers=1, command=("prog",), launcher="ssh", hostfile="hosts",
+                          ssh_command="enter --x")
+    specs = ssh_specs(config, [Host("10.0.0.1"), Host("10.0.0.2")])
+    assert [s.argv[:4] for s in specs] == [("enter", "--x", "-o", "BatchMode=yes")] * 4
+    assert [s.argv[4] for s in specs] == ["10.0.0.1", "10.0.0.1", "10.0.0.1", "10.0.0.2"]
+    args = argparse.ArgumentParser()
+    add_launch_arguments(args)
+    parsed = args.parse_args(["-n", "1", "--launcher", "ssh", "-H", "h", "--ssh-command", "my-ssh -v", "--", "p"])
+    assert config_from_args(parsed).ssh_command == "my-ssh -v"
+
+
 @pytest.mark.parametrize("change,match", [
     ({"num_workers": 0}, "-n/--num-workers must be >= 1"),
     ({"num_servers": 0}, "-s/--num-servers must be >= 1"),
@@ -405,6 +423,9 @@ def test_hostfile_and_placement():
     ({"env": {"DMLC_NUM_WORKER": "3"}}, "DMLC_NUM_WORKER is set by the launcher"),
     ({"timeout": 0}, "--timeout must be > 0"),
     ({"port": 70000}, "--port must be a TCP port"),
+    ({"ssh_command": "my-ssh"}, "--ssh-command only applies to --launcher ssh"),
+    ({"launcher": "ssh", "hostfile": "h", "ssh_command": " "}, "--ssh-command is empty"),
+    ({"launcher": "ssh", "hostfile": "h", "ssh_command": "a 'b"}, "--ssh-command \"a 'b\": No closing quotation"),
 ])
 def test_launch_config_rejects(change, match):
     settings = {"num_workers": 2, "num_servers": 1, "command": ("python", "train.py"), **change}
