@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["SUBNET", "SimHost", "SimulatedHosts", "Unavailable", "enter_argv", "main"]
+__all__ = ["SUBNET", "SimHost", "SimulatedHosts", "Unavailable", "enter_argv", "main", "strip_ssh_options"]
 
 SUBNET = "10.215.0"  # /24; the addresses exist only inside the namespaces made here
 PREFIX_LEN = 24
@@ -221,7 +221,7 @@ def _parse_table(text: str) -> dict[str, tuple[str, str]]:
     return table
 
 
-def _strip_ssh_options(args: list[str]) -> list[str]:
+def strip_ssh_options(args: list[str]) -> list[str]:
     """``[ssh options] HOST COMMAND...`` -> ``[HOST, COMMAND...]``."""
     i = 0
     while i < len(args) and args[i].startswith("-") and args[i] != "--":
@@ -245,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"pskv.testing.hosts: {exc}", file=sys.stderr)
         return 2
-    rest = _strip_ssh_options(args[2:])
+    rest = strip_ssh_options(args[2:])
     if len(rest) < 2:
         print("pskv.testing.hosts: expected HOST COMMAND after the ssh options", file=sys.stderr)
         return 2

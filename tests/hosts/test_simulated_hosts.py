@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pskv.testing.hosts import SimulatedHosts, Unavailable
+from pskv.testing.hosts import SimulatedHosts, Unavailable, strip_ssh_options
 from pskv.testing.hosts import main as hosts_main
 
 WORKERS = 4
@@ -164,6 +164,24 @@ def test_enter_refuses_an_unknown_host_and_bad_tables(capsys):
     assert hosts_main(["enter", "10.0.0.1=ns0"]) == 2
     assert hosts_main(["enter", "10.0.0.1=ns0/h0", "-o", "BatchMode=yes"]) == 2
     assert hosts_main(["ls"]) == 2
+    assert strip_ssh_options(["-oBatchMode=yes", "-T", "-p", "22", "-l", "me", "u@h", "cmd", "x"]) == [
+        "u@h", "cmd", "x"]
+
+
+def test_without_the_privilege_to_make_namespaces_it_is_unavailable_and_leaves_nothing():
+    """In a user namespace of its own (no capability over the machine's namespaces) making hosts fails cleanly."""
+    code = ("from pskv.testing.hosts import SimulatedHosts, Unavailable\n"
+            "try:\n    SimulatedHosts(2)\nexcept Unavailable as exc:\n    print('Unavailable:', exc)")
+    try:
+        res = subprocess.run(["unshare", "--user", sys.executable, "-c", code], capture_output=True, text=True,
+                             timeout=30)
+    except FileNotFoundError:
+        pytest.skip("no `unshare` command")
+    if res.returncode != 0 and "unshare failed" in res.stderr:
+        pytest.skip(f"user namespaces not permitted: {res.stderr.strip()}")
+    assert res.returncode == 0 and res.stdout.startswith("Unavailable: `ip netns add pskvh"), res
+    made = re.search(r"ip netns add (pskvh\d+x)", res.stdout)
+    assert made is not None and made[1] not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
 
 
 # Host 1 receives bytes on a TCP port and prints how many and how long from the first to the end; host 0 sends.
