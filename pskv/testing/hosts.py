@@ -29,6 +29,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -190,12 +191,23 @@ class SimulatedHosts:
         return [w for w in (line.split()[0] for line in out.splitlines() if line.strip()) if w in names]
 
     def destroy(self) -> None:
-        """Delete every namespace (idempotent); the veth links and the bridge go with them.
+        """Kill what still runs inside the hosts, then delete every namespace (idempotent).
 
-        Processes still running inside a host keep its namespace alive until they exit,
-        but its name is gone and nothing new can enter it.
+        The veth links and the bridge go with the namespaces. A process left behind (a job
+        that did not end) gets SIGKILL by its id (``ip netns pids``), so nothing outlives
+        the hosts.
         """
         for ns in reversed(self._made):
+            try:
+                pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True,
+                                      timeout=_CMD_TIMEOUT, check=False).stdout.split()
+            except (OSError, subprocess.TimeoutExpired):  # pragma: no cover - best effort
+                pids = []
+            for pid in pids:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ValueError, ProcessLookupError, PermissionError):
+                    pass
             try:
                 subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=_CMD_TIMEOUT, check=False)
             except (OSError, subprocess.TimeoutExpired):  # pragma: no cover - best effort

@@ -226,3 +226,17 @@ def test_a_delay_needs_netem_or_is_unavailable(simulated_hosts):
     out = subprocess.run(["ip", "netns", "exec", hosts[0].netns, "tc", "qdisc", "show", "dev", "eth0"],
                          capture_output=True, text=True, check=True).stdout
     assert "netem" in out and "delay 1ms" in out, out
+
+
+def test_destroy_kills_what_still_runs_inside_and_removes_every_namespace(simulated_hosts):
+    hosts = simulated_hosts(2)
+    with subprocess.Popen(enter(hosts, 1, "import time; print('up', flush=True); time.sleep(60)"),
+                          stdout=subprocess.PIPE, text=True) as left:
+        try:
+            assert left.stdout is not None and left.stdout.readline() == "up\n"
+            hosts.destroy()
+            assert left.wait(timeout=10) == -9  # ip netns exec ... exec'd into the python that got SIGKILL
+        finally:
+            if left.poll() is None:
+                left.kill()
+    assert hosts.all_of_this_process() == []
