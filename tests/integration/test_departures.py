@@ -24,12 +24,11 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.integration.conftest import tagged_pids
 from tests.integration.test_launcher import (
     JOB_DEADLINE,
     WORKER,
@@ -109,48 +108,10 @@ sys.exit(code if code >= 0 else 255)
 """
 
 
-def job_pids(tag: str) -> list[int]:
-    """Live processes with ``PSKV_TEST_TAG=tag`` in their environment or command line."""
-    needle = f"PSKV_TEST_TAG={tag}".encode()
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        for what in ("environ", "cmdline"):
-            try:
-                with open(f"/proc/{entry}/{what}", "rb") as f:
-                    found = needle in f.read().split(b"\0")
-            except OSError:
-                found = False
-            if found and not _zombie(int(entry)):
-                pids.append(int(entry))
-                break
-    return pids
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
-    except OSError:
-        return True
-
-
-@pytest.fixture
-def tag() -> Iterator[str]:
-    value = uuid.uuid4().hex
-    yield value
-    for pid in job_pids(value):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 def wait_gone(tag: str, within: float) -> list[int]:
     """Wait until no process of the job is left (at most ``within`` s); the survivors."""
     limit = time.monotonic() + within
-    while (left := job_pids(tag)) and time.monotonic() < limit:
+    while (left := tagged_pids(tag)) and time.monotonic() < limit:
         time.sleep(0.1)
     return left
 
@@ -223,7 +184,7 @@ def test_sigkill_of_the_launcher_ends_every_process_of_the_job(tag, tmp_path):
     proc = start_launcher(["-n", "2", "-s", "2", "--", sys.executable, str(worker), "hang"], tag, tmp_path)
     try:
         read_until_ready(proc, 2)
-        assert len(job_pids(tag)) >= 2 * 5  # scheduler, 2 servers, 2 workers, each with its guard
+        assert len(tagged_pids(tag)) >= 2 * 5  # scheduler, 2 servers, 2 workers, each with its guard
         os.kill(proc.pid, signal.SIGKILL)  # the launcher alone, not its group
         assert proc.wait(timeout=10) == -signal.SIGKILL
         assert wait_gone(tag, GONE_WITHIN) == []

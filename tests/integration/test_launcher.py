@@ -20,8 +20,6 @@ import socket
 import subprocess
 import sys
 import threading
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,6 +31,7 @@ from pskv.launch import add_arguments as add_launch_arguments
 from pskv.launch.contract import JobLayout, ProcessSpec, contract_env, env_argv
 from pskv.launch.ssh import Host, parse_hostfile, place, ssh_argv, ssh_specs
 from pskv.launch.supervisor import Console, Supervisor, describe_exit
+from tests.integration.conftest import tagged_pids
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="finds leftover processes through /proc")
 
@@ -92,34 +91,6 @@ exec bash -c "$*"
 
 
 # -- helpers ------------------------------------------------------------------------------
-def tagged_pids(tag: str) -> list[int]:
-    """Live processes whose environment holds ``PSKV_TEST_TAG=tag``."""
-    needle = f"PSKV_TEST_TAG={tag}".encode()
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    pids.append(int(entry))
-        except OSError:
-            continue
-    return pids
-
-
-@pytest.fixture
-def tag() -> Iterator[str]:
-    """A unique tag for the processes of one test; stragglers are killed at the end."""
-    value = uuid.uuid4().hex
-    yield value
-    for pid in tagged_pids(value):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 @pytest.fixture
 def worker_script(tmp_path: Path) -> Path:
     path = tmp_path / "worker.py"
