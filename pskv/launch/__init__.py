@@ -78,6 +78,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="local: everything on this machine, on 127.0.0.1 (default); ssh: on the hostfile's hosts")
     parser.add_argument("-H", "--hostfile", default=None, metavar="FILE",
                         help="ssh: hosts, one 'HOST [SLOTS]' per line")
+    parser.add_argument("--server-hostfile", default=None, metavar="FILE",
+                        help="ssh only: dedicated server hosts (same syntax as -H, slots ignored); server i runs on "
+                             "entry i mod len (default: servers share the -H hosts with the workers)")
     parser.add_argument("--ssh-command", default="ssh", metavar="CMD",
                         help="ssh only: the remote-shell program (and options) run as 'CMD -o BatchMode=yes HOST "
                              "COMMAND' (default: ssh)")
@@ -133,6 +136,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         command=tuple(command),
         launcher=args.launcher,
         hostfile=args.hostfile,
+        server_hostfile=args.server_hostfile,
         ssh_command=args.ssh_command,
         env=parse_env_pairs(args.env),
         timeout=args.timeout,

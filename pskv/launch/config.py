@@ -53,6 +53,9 @@ class LaunchConfig:
         command: the worker command line (program and arguments).
         launcher: ``'local'`` (every process on this machine, loopback only) or ``'ssh'``.
         hostfile: ssh only: the file listing the hosts (``host [slots]`` per line).
+        server_hostfile: ssh only: a file of dedicated server hosts (``--server-hostfile``,
+            the hostfile's syntax, slots ignored): server ``i`` runs on its entry ``i mod
+            len``; None: the servers run on the hostfile's hosts, with the workers.
         env: extra variables for every process (``--env``); they may not name a
             variable of the launch contract, which the launcher owns.
         timeout: seconds the whole job may take (None: no limit).
@@ -93,6 +96,7 @@ class LaunchConfig:
     command: tuple[str, ...]
     launcher: str = "local"
     hostfile: str | None = None
+    server_hostfile: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     timeout: float | None = None
     port: int = DEFAULT_SSH_PORT
@@ -144,6 +148,10 @@ class LaunchConfig:
             out.append("--launcher ssh needs a hostfile (-H FILE)")
         elif self.launcher == "local" and self.hostfile:
             out.append("-H/--hostfile only applies to --launcher ssh")
+        if self.server_hostfile is not None and self.launcher != "ssh":
+            out.append("--server-hostfile only applies to --launcher ssh")
+        elif self.server_hostfile is not None and not self.server_hostfile:
+            out.append("--server-hostfile needs a file name")
         if self.launcher == "local" and self.ssh_command != "ssh":
             out.append("--ssh-command only applies to --launcher ssh")
         try:

@@ -6,7 +6,10 @@ host takes per round. Placement:
 
 * the scheduler runs on the first host, on ``--port`` (default 9091): over ssh the
   launcher cannot learn a port the scheduler picked, so it picks it;
-* server ``i`` runs on host entry ``i mod H`` (file order);
+* server ``i`` runs on host entry ``i mod H`` (file order) of the hostfile — co-located
+  with the workers, one per host when there are as many servers as hosts — or, given a
+  server hostfile (``--server-hostfile``, same syntax, slots ignored), on its entry
+  ``i mod len`` instead: dedicated server hosts, as BytePS places them;
 * workers fill the hosts round-robin by slots: round ``r`` visits, in file order,
   every host with more than ``r`` slots; worker ``i`` takes the ``i``-th place of that
   order, starting over when there are more workers than slots;
@@ -92,8 +95,8 @@ def parse_hostfile(text: str, source: str = "hostfile") -> list[Host]:
     return hosts
 
 
-def read_hostfile(path: str) -> list[Host]:
-    """The hosts listed in the file ``path``.
+def read_hostfile(path: str, what: str = "hostfile") -> list[Host]:
+    """The hosts listed in the file ``path`` (``what`` names it in errors: ``'server hostfile'``).
 
     Raises:
         InvalidArgumentError: the file cannot be read, is malformed, or lists no host.
@@ -101,20 +104,33 @@ def read_hostfile(path: str) -> list[Host]:
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
-    except OSError as exc:
-        raise InvalidArgumentError(f"cannot read the hostfile {path!r}: {exc.strerror or exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise InvalidArgumentError(f"cannot read the {what} {path!r}: {reason}") from None
     return parse_hostfile(text, path)
 
 
-def place(hosts: Sequence[Host], num_servers: int, num_workers: int) -> Placement:
+def place(hosts: Sequence[Host], num_servers: int, num_workers: int,
+          server_hosts: Sequence[Host] | None = None) -> Placement:
     """Place the scheduler, servers and workers on ``hosts`` (policy: see the module doc).
 
+    Args:
+        hosts: the hostfile's hosts: the scheduler, the workers, and the servers unless
+            ``server_hosts`` is given.
+        num_servers: servers to place.
+        num_workers: workers to place.
+        server_hosts: dedicated server hosts (``--server-hostfile``): server ``i`` on entry
+            ``i mod len``; None: the servers share ``hosts`` with the workers.
+
     Raises:
-        InvalidArgumentError: ``hosts`` is empty.
+        InvalidArgumentError: ``hosts`` (or a given ``server_hosts``) is empty.
     """
     if not hosts:
         raise InvalidArgumentError("no host to place the job on")
-    servers = tuple(hosts[i % len(hosts)] for i in range(num_servers))
+    if server_hosts is not None and not server_hosts:
+        raise InvalidArgumentError("no server host to place the servers on")
+    on = hosts if server_hosts is None else server_hosts
+    servers = tuple(on[i % len(on)] for i in range(num_servers))
     order = [h for r in range(max(h.slots for h in hosts)) for h in hosts if h.slots > r]
     per_host: dict[str, int] = {}
     workers = []
@@ -134,9 +150,10 @@ def ssh_argv(host: Host, cwd: str, argv: Sequence[str], ssh_command: str = "ssh"
             f"cd {shlex.quote(cwd)} && {shlex.join(argv)}"]
 
 
-def ssh_specs(config: LaunchConfig, hosts: Sequence[Host]) -> list[ProcessSpec]:
-    """The scheduler, servers and workers of a job on ``hosts``, in start order."""
-    where = place(hosts, config.num_servers, config.num_workers)
+def ssh_specs(config: LaunchConfig, hosts: Sequence[Host],
+              server_hosts: Sequence[Host] | None = None) -> list[ProcessSpec]:
+    """The scheduler, servers and workers of a job on ``hosts`` (servers on ``server_hosts`` if given), in start order."""
+    where = place(hosts, config.num_servers, config.num_workers, server_hosts)
     layout = config.layout(where.scheduler.address, config.port)
 
     def spec(role: str, rank: int | None, host: Host, env: dict[str, str], command: Sequence[str]) -> ProcessSpec:
@@ -160,10 +177,13 @@ def run_ssh(config: LaunchConfig, console: Console) -> int:
     """Run the job on the hostfile's hosts; returns the launcher's exit code.
 
     Raises:
-        InvalidArgumentError: the hostfile is unreadable or malformed (nothing started).
+        InvalidArgumentError: the hostfile or the server hostfile is unreadable or malformed
+            (nothing started).
     """
     assert config.hostfile is not None  # LaunchConfig checks it
-    specs = ssh_specs(config, read_hostfile(config.hostfile))
+    hosts = read_hostfile(config.hostfile)
+    server_hosts = read_hostfile(config.server_hostfile, "server hostfile") if config.server_hostfile else None
+    specs = ssh_specs(config, hosts, server_hosts)
     with Supervisor(console, stop_grace=config.stop_grace, exit_grace=config.exit_grace,
                     timeout=config.timeout, via_ssh=True, worker_restarts=config.worker_restarts) as supervisor:
         try:

@@ -63,20 +63,32 @@ kv.close()
 
 
 def launch_argv(hosts: SimulatedHosts, tmp_path: Path, slots: list[int], iters: int = ITERS, pace: float = 0.0,
-                env: tuple[str, ...] = ()) -> list[str]:
-    """``pskv launch --launcher ssh`` of the worker job on ``hosts`` (``slots[i]`` workers on host i)."""
+                env: tuple[str, ...] = (), server_hosts: int = 0) -> list[str]:
+    """``pskv launch --launcher ssh`` of the worker job on ``hosts`` (``slots[i]`` workers on host i).
+
+    ``server_hosts``: the last that many hosts are dedicated server hosts (``--server-hostfile``)
+    and the hostfile lists the others.
+    """
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    hostfile = hosts.hostfile(tmp_path / "hosts", slots)
+    hostfile = tmp_path / "hosts"
+    if not server_hosts:
+        hosts.hostfile(hostfile, slots)
+    else:
+        workers_on, servers_on = hosts.hosts[:-server_hosts], hosts.hosts[-server_hosts:]
+        hostfile.write_text("".join(f"{h.address} {n}\n" for h, n in zip(workers_on, slots)), encoding="utf-8")
+        (tmp_path / "servers").write_text("".join(f"{h.address}\n" for h in servers_on), encoding="utf-8")
+        env = ("--server-hostfile", str(tmp_path / "servers"), *env)
     return [sys.executable, "-m", "pskv", "launch", "-n", str(WORKERS), "-s", str(SERVERS), "--launcher", "ssh",
             "-H", str(hostfile), "--ssh-command", hosts.ssh_command(), "--timeout", str(JOB_TIMEOUT),
             "--exit-grace", "5", "--stop-grace", "2", *ENV, *env, "--",
             sys.executable, str(script), str(BIG), str(iters), str(pace)]
 
 
-def launch(hosts: SimulatedHosts, tmp_path: Path, slots: list[int]) -> tuple[int, str]:
+def launch(hosts: SimulatedHosts, tmp_path: Path, slots: list[int], server_hosts: int = 0) -> tuple[int, str]:
     """Run the worker job on ``hosts`` through the ssh launcher; (exit code, output)."""
-    res = subprocess.run(launch_argv(hosts, tmp_path, slots), cwd=tmp_path, capture_output=True, text=True,
+    res = subprocess.run(launch_argv(hosts, tmp_path, slots, server_hosts=server_hosts), cwd=tmp_path,
+                         capture_output=True, text=True,
                          timeout=JOB_TIMEOUT + 15)
     return res.returncode, res.stdout + res.stderr
 
@@ -122,6 +134,25 @@ def test_a_job_on_several_hosts_gives_the_one_host_values(count, simulated_hosts
         sent = hosts.link_bytes(i)["tx"] - before[i]["tx"]
         assert sent > ITERS * BIG * 4 / SERVERS, (i, sent, out)
     print(f"{count} hosts: job {elapsed:.1f} s")
+
+
+@pytest.mark.timeout(60)
+def test_dedicated_server_hosts_give_the_one_host_values_and_every_worker_uses_sockets(simulated_hosts,
+                                                                                       one_host_values, tmp_path):
+    """``--server-hostfile``: hosts 0 and 1 run two workers each, hosts 2 and 3 one server each (BytePS's placement)."""
+    hosts = simulated_hosts(4)
+    before = [hosts.link_bytes(i) for i in range(4)]
+    code, out = launch(hosts, tmp_path, [WORKERS // 2] * 2, server_hosts=2)
+    assert code == 0, out
+    assert values(out) == one_host_values
+    assert shm_dirs(out) == {r: 0 for r in range(WORKERS)}, out  # no server on a worker's host: no shared memory
+    assert {m[1] for m in re.finditer(r"shm rank=\d+ host=(\S+)", out)} == {"simhost0", "simhost1"}, out
+    moved = [{k: hosts.link_bytes(i)[k] - before[i][k] for k in ("tx", "rx")} for i in range(4)]
+    pushed = WORKERS * ITERS * BIG * 4 / SERVERS  # what each server receives of the big key alone
+    for i in (2, 3):  # the server hosts receive every worker's pushes and send the pulls back
+        assert moved[i]["rx"] > pushed and moved[i]["tx"] > pushed, (i, moved, out)
+    for i in (0, 1):  # a worker host sends its two workers' pushes of the whole key
+        assert moved[i]["tx"] > 2 * ITERS * BIG * 4, (i, moved, out)
 
 
 @pytest.mark.timeout(60)

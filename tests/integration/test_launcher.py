@@ -29,7 +29,7 @@ from pskv.cli import main as cli_main
 from pskv.launch import CONTRACT, LaunchConfig, config_from_args, parse_env_pairs
 from pskv.launch import add_arguments as add_launch_arguments
 from pskv.launch.contract import JobLayout, ProcessSpec, contract_env, env_argv
-from pskv.launch.ssh import Host, parse_hostfile, place, ssh_argv, ssh_specs
+from pskv.launch.ssh import Host, parse_hostfile, place, read_hostfile, ssh_argv, ssh_specs
 from pskv.launch.supervisor import Console, Supervisor, describe_exit
 from tests.integration.conftest import tagged_pids
 
@@ -367,6 +367,33 @@ def test_hostfile_and_placement():
             parse_hostfile(bad)
 
 
+def test_dedicated_server_hosts_take_the_servers_and_the_workers_stay_on_the_hostfile(tmp_path):
+    hosts, server_hosts = [Host("a", 2), Host("b", 2)], [Host("s1"), Host("root@s2", 4), Host("s3")]
+    where = place(hosts, num_servers=4, num_workers=4, server_hosts=server_hosts)
+    assert where.scheduler.address == "a"  # the scheduler stays on the first (worker) host
+    assert [h.name for h in where.servers] == ["s1", "root@s2", "s3", "s1"]  # entry i mod len; slots ignored
+    assert [(h.address, lr) for h, lr in where.workers] == [("a", 0), ("b", 0), ("a", 1), ("b", 1)]
+    assert place(hosts, 2, 4).servers == (Host("a", 2), Host("b", 2))  # without: co-located, one per host
+    with pytest.raises(pskv.InvalidArgumentError, match="no server host"):
+        place(hosts, 2, 4, server_hosts=[])
+    # through the launcher's specs: the servers' ssh targets and DMLC_NODE_HOST are the server hosts
+    config = LaunchConfig(num_workers=2, num_servers=2, command=("prog",), launcher="ssh", hostfile="h",
+                          server_hostfile="s")
+    specs = ssh_specs(config, [Host("10.0.0.1"), Host("10.0.0.2")], [Host("10.0.1.1"), Host("10.0.1.2")])
+    assert [(s.role, s.rank, s.host, s.argv[3]) for s in specs] == [
+        ("scheduler", None, "10.0.0.1", "10.0.0.1"), ("server", 0, "10.0.1.1", "10.0.1.1"),
+        ("server", 1, "10.0.1.2", "10.0.1.2"), ("worker", 0, "10.0.0.1", "10.0.0.1"),
+        ("worker", 1, "10.0.0.2", "10.0.0.2")]
+    assert "DMLC_NODE_HOST=10.0.1.2" in specs[2].argv[-1] and "DMLC_PS_ROOT_URI=10.0.0.1" in specs[2].argv[-1]
+    args = argparse.ArgumentParser()
+    add_launch_arguments(args)
+    parsed = args.parse_args(["-n", "1", "--launcher", "ssh", "-H", "h", "--server-hostfile", "s", "--", "p"])
+    assert config_from_args(parsed).server_hostfile == "s"
+    (tmp_path / "bad").write_bytes(b"\xff\xfe host\n")
+    with pytest.raises(pskv.InvalidArgumentError, match="cannot read the server hostfile"):
+        read_hostfile(str(tmp_path / "bad"), "server hostfile")
+
+
 def test_ssh_command_replaces_the_remote_shell_program():
     assert ssh_argv(Host("u@h"), "/w d", ["prog", "a b"]) == ["ssh", "-o", "BatchMode=yes", "u@h",
                                                               "cd '/w d' && prog 'a b'"]
@@ -395,6 +422,8 @@ def test_ssh_command_replaces_the_remote_shell_program():
     ({"timeout": 0}, "--timeout must be > 0"),
     ({"port": 70000}, "--port must be a TCP port"),
     ({"ssh_command": "my-ssh"}, "--ssh-command only applies to --launcher ssh"),
+    ({"server_hostfile": "servers"}, "--server-hostfile only applies to --launcher ssh"),
+    ({"launcher": "ssh", "hostfile": "h", "server_hostfile": ""}, "--server-hostfile needs a file name"),
     ({"launcher": "ssh", "hostfile": "h", "ssh_command": " "}, "--ssh-command is empty"),
     ({"launcher": "ssh", "hostfile": "h", "ssh_command": "a 'b"}, "--ssh-command \"a 'b\": No closing quotation"),
 ])
@@ -417,8 +446,16 @@ def test_bad_env_pairs(pairs, match):
     (["-n", "2"], "no worker command given"),
     (["-n", "2", "--launcher", "ssh", "--", "prog"], "needs a hostfile"),
     (["-n", "2", "--launcher", "ssh", "-H", "/nonexistent/hosts", "--", "prog"], "cannot read the hostfile"),
+    (["-n", "2", "--server-hostfile", "servers", "--", "prog"], "--server-hostfile only applies to --launcher ssh"),
+    (["-n", "2", "--launcher", "ssh", "-H", "{hosts}", "--server-hostfile", "/nonexistent/servers", "--", "prog"],
+     "cannot read the server hostfile '/nonexistent/servers'"),
+    (["-n", "2", "--launcher", "ssh", "-H", "{hosts}", "--server-hostfile", "{bad}", "--", "prog"],
+     "bad:1: slots must be a positive integer"),
 ])
-def test_cli_usage_errors_start_nothing(argv, match, capsys):
+def test_cli_usage_errors_start_nothing(argv, match, capsys, tmp_path):
+    (tmp_path / "hosts").write_text("127.0.0.1\n")  # a good hostfile, for the server hostfile's errors
+    (tmp_path / "bad").write_text("127.0.0.1 0\n")
+    argv = [a.format(hosts=tmp_path / "hosts", bad=tmp_path / "bad") for a in argv]
     assert cli_main(["launch", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("pskv launch: error: ") and match in err, err
