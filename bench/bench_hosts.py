@@ -1,9 +1,13 @@
-"""Benchmark (a) of issue 11: pskv against Gloo all-reduce on two simulated hosts, over the same links.
+"""Benchmarks (a) and (b) of issue 11: pskv against Gloo all-reduce on simulated hosts, over the same links.
 
 Usage (needs root: network namespaces, see :mod:`pskv.testing.hosts`)::
 
-    python bench/bench_hosts.py [--quick] [--rate RATE] [--delay DELAY] [--rounds R] [--repeats N]
-                                [--only resnet50,64mb] [--json PATH]
+    python bench/bench_hosts.py [--setup a|b] [--quick] [--rate RATE] [--delay DELAY] [--rounds R]
+                                [--repeats N] [--only resnet50,64mb] [--json PATH]
+
+``--setup a`` (the default) is benchmark (a), below. ``--setup b`` is benchmark (b): see
+:func:`main_b` — four worker hosts on rate-limited links, pskv with servers co-located
+and with four dedicated server hosts, and Gloo's ring.
 
 Two hosts are made with :class:`~pskv.testing.hosts.SimulatedHosts` (a network namespace
 each, with its own host name, joined by veth links to a bridge; ``--rate`` shapes every
@@ -51,51 +55,71 @@ REPO_DIR = BENCH_DIR.parent
 sys.path[:0] = [str(BENCH_DIR), str(REPO_DIR)]
 
 from _procs import ProcError, ProcGroup, install_sigterm_handler  # noqa: E402
-from bench_dist import WORKERS, DistWorkload, display, make_workloads  # noqa: E402
+from bench_dist import CALL_LABEL, WORKERS, DistWorkload, display, make_workloads  # noqa: E402
 
-from pskv.testing.hosts import HOST_DEV, SimulatedHosts, Unavailable  # noqa: E402
+from pskv.testing.hosts import HOST_DEV, SimHost, SimulatedHosts, Unavailable  # noqa: E402
 
 GLOO_PORT = 29500  # a fresh namespace: nothing else listens there
 SCHEDULER_PORT = 9091
 _JSON_LINE = re.compile(r"^\[worker (\d+)\] (\{.*\})\s*$", re.M)
 
 
-def spec_file(path: Path, workloads: Sequence[DistWorkload], repeats: int, pskv: bool) -> Path:
-    """The workers' JSON spec (pskv runs every pskv mode of the workload, Gloo push_pull)."""
-    spec = {"repeats": repeats,
-            "workloads": [w.spec(i, w.pskv_modes if pskv else ("push_pull",)) for i, w in enumerate(workloads)]}
+def spec_file(path: Path, workloads: Sequence[DistWorkload], repeats: int, pskv: bool,
+              workers: int = WORKERS) -> Path:
+    """The workers' JSON spec (pskv runs every pskv mode of the workload, Gloo push_pull) for ``workers`` workers."""
+    works = [w.spec(i, w.pskv_modes if pskv else ("push_pull",)) for i, w in enumerate(workloads)]
+    for work in works:
+        work["expect"] = workers * (workers + 1) / 2  # the sum of the ranks' values 1..W (no optimizer here)
+    spec = {"repeats": repeats, "workloads": works}
     path.write_text(json.dumps(spec), encoding="utf-8")
     return path
 
 
-def run_pskv(hosts: SimulatedHosts, spec: Path, tmp: Path, timeout: float) -> list[dict[str, Any]]:
-    """One pskv job through ``pskv launch --launcher ssh``; the workers' JSON, by rank."""
-    hostfile = hosts.hostfile(tmp / "hostfile", [1] * len(hosts))
-    argv = [sys.executable, "-m", "pskv", "launch", "-n", str(WORKERS), "-s", str(len(hosts)), "--launcher", "ssh",
-            "-H", str(hostfile), "--ssh-command", hosts.ssh_command(), "--port", str(SCHEDULER_PORT),
-            "--timeout", str(timeout), "--exit-grace", "10", "--stop-grace", "2",
-            "--env", "PSKV_STARTUP_TIMEOUT=60", "--",
-            sys.executable, str(BENCH_DIR / "_dist_worker_pskv.py"), str(spec)]
+def write_hostfile(path: Path, hosts: Sequence[SimHost]) -> Path:
+    """A hostfile of ``hosts``, one worker slot each."""
+    path.write_text("".join(f"{h.address} 1  # {h.hostname}\n" for h in hosts), encoding="utf-8")
+    return path
+
+
+def run_pskv(hosts: SimulatedHosts, spec: Path, tmp: Path, timeout: float, workers: int = WORKERS,
+             worker_hosts: Sequence[SimHost] | None = None,
+             server_hosts: Sequence[SimHost] = ()) -> list[dict[str, Any]]:
+    """One pskv job through ``pskv launch --launcher ssh``; the workers' JSON, by rank.
+
+    ``worker_hosts`` (default: all) form the hostfile, one worker slot each, and run one
+    server each unless ``server_hosts`` are given (``--server-hostfile``, one server each).
+    """
+    on = list(worker_hosts or hosts.hosts)
+    servers = len(server_hosts) if server_hosts else len(on)
+    argv = [sys.executable, "-m", "pskv", "launch", "-n", str(workers), "-s", str(servers), "--launcher", "ssh",
+            "-H", str(write_hostfile(tmp / "hostfile", on)), "--ssh-command", hosts.ssh_command(),
+            "--port", str(SCHEDULER_PORT), "--timeout", str(timeout), "--exit-grace", "10", "--stop-grace", "2",
+            "--env", "PSKV_STARTUP_TIMEOUT=60"]
+    if server_hosts:
+        argv += ["--server-hostfile", str(write_hostfile(tmp / "server-hostfile", server_hosts))]
+    argv += ["--", sys.executable, str(BENCH_DIR / "_dist_worker_pskv.py"), str(spec)]
     res = subprocess.run(argv, cwd=REPO_DIR, capture_output=True, text=True, timeout=timeout + 30)
     out = res.stdout + res.stderr
     (tmp / "pskv.log").write_text(out, encoding="utf-8")
     found = {int(m[1]): json.loads(m[2]) for m in _JSON_LINE.finditer(res.stdout)}
-    if res.returncode != 0 or sorted(found) != list(range(WORKERS)):
+    if res.returncode != 0 or sorted(found) != list(range(workers)):
         raise ProcError(f"pskv launch exited {res.returncode} with results of ranks {sorted(found)}:\n{out[-3000:]}")
-    return [found[r] for r in range(WORKERS)]
+    return [found[r] for r in range(workers)]
 
 
-def run_gloo(hosts: SimulatedHosts, spec: Path, tmp: Path, timeout: float) -> list[dict[str, Any]]:
-    """Gloo's two ranks, one per host, started through the hosts' remote shell; their JSON, by rank."""
+def run_gloo(hosts: SimulatedHosts, spec: Path, tmp: Path, timeout: float, workers: int = WORKERS,
+             worker_hosts: Sequence[SimHost] | None = None) -> list[dict[str, Any]]:
+    """Gloo's ranks, rank r on worker host r mod H, started through the hosts' remote shell; their JSON, by rank."""
+    on = list(worker_hosts or hosts.hosts)
     enter = shlex.split(hosts.ssh_command())
-    init = f"tcp://{hosts[0].address}:{GLOO_PORT}"
+    init = f"tcp://{on[0].address}:{GLOO_PORT}"
     script = str(BENCH_DIR / "_dist_worker_gloo.py")
     with ProcGroup("gloo", tmp / "gloo") as group:
         procs = []
-        for r in range(WORKERS):
-            remote = shlex.join(["env", f"GLOO_INIT={init}", f"GLOO_SOCKET_IFNAME={HOST_DEV}", f"RANK={r}", f"WORLD_SIZE={WORKERS}",
-                                 sys.executable, script, str(spec)])
-            procs.append(group.start(f"worker{r}", [*enter, "-o", "BatchMode=yes", hosts[r % len(hosts)].address,
+        for r in range(workers):
+            remote = shlex.join(["env", f"GLOO_INIT={init}", f"GLOO_SOCKET_IFNAME={HOST_DEV}", f"RANK={r}",
+                                 f"WORLD_SIZE={workers}", sys.executable, script, str(spec)])
+            procs.append(group.start(f"worker{r}", [*enter, "-o", "BatchMode=yes", on[r % len(on)].address,
                                                     f"cd {shlex.quote(str(REPO_DIR))} && {remote}"],
                                      {k: v for k, v in os.environ.items()
                                       if k not in ("RANK", "WORLD_SIZE", "GLOO_INIT")}))
@@ -108,8 +132,9 @@ def link_sent(hosts: SimulatedHosts) -> list[int]:
     return [hosts.link_bytes(i)["tx"] for i in range(len(hosts))]
 
 
-def summarize(runs: dict[str, list[list[dict[str, Any]]]], workloads: Sequence[DistWorkload]) -> list[dict[str, Any]]:
-    """One row per workload and pskv mode: medians (slower worker), sample ranges, ratio to Gloo."""
+def summarize(runs: dict[str, list[list[dict[str, Any]]]], workloads: Sequence[DistWorkload],
+              system: str = "pskv") -> list[dict[str, Any]]:
+    """One row per workload and pskv mode of ``runs[system]``: medians (slower worker), sample ranges, ratio to Gloo."""
     def stats(system: str, wid: str, mode: str, rnd: int | None = None) -> tuple[float, float, float] | None:
         per_rank: dict[int, list[float]] = {}
         chosen = runs.get(system, [])
@@ -125,16 +150,16 @@ def summarize(runs: dict[str, list[list[dict[str, Any]]]], workloads: Sequence[D
     for work in workloads:
         gloo = stats("gloo", work.id, "push_pull")
         for mode in work.pskv_modes:
-            mine = stats("pskv", work.id, mode)
+            mine = stats(system, work.id, mode)
             row: dict[str, Any] = {"workload": work.id, "name": work.name, "mode": mode, "unit": work.unit}
-            for system, st in (("pskv", mine), ("gloo", gloo)):
+            for who, st in (("pskv", mine), ("gloo", gloo)):
                 if st is not None:
-                    row[system] = {"median_s": st[0], "min_s": st[1], "max_s": st[2],
+                    row[who] = {"median_s": st[0], "min_s": st[1], "max_s": st[2],
                                    "median": display(st[0], work),
                                    "range": sorted([display(st[1], work), display(st[2], work)])}
             row["ratio_vs_gloo"] = gloo[0] / mine[0] if gloo and mine else None
-            by_round = [(stats("gloo", work.id, "push_pull", i), stats("pskv", work.id, mode, i))
-                        for i in range(min(len(runs.get("pskv", [])), len(runs.get("gloo", []))))]
+            by_round = [(stats("gloo", work.id, "push_pull", i), stats(system, work.id, mode, i))
+                        for i in range(min(len(runs.get(system, [])), len(runs.get("gloo", []))))]
             row["ratio_by_round"] = [g[0] / m[0] for g, m in by_round if g and m]
             rows.append(row)
     return rows
@@ -160,20 +185,32 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """Command-line options."""
-    p = argparse.ArgumentParser(description="pskv vs Gloo all-reduce on two simulated hosts (issue 11, benchmark a)")
-    p.add_argument("--quick", action="store_true", help="1 round, 3 samples, short loops (about a minute)")
-    p.add_argument("--rate", default=None, help="tc tbf rate of every host's link, both ways (e.g. 10gbit); default none")
+    p = argparse.ArgumentParser(description="pskv vs Gloo all-reduce on simulated hosts (issue 11, benchmarks a, b)")
+    p.add_argument("--setup", choices=("a", "b"), default="a",
+                   help="a: two hosts, one worker and one server each (default); b: four worker hosts on "
+                        f"rate-limited links (default {B_RATE}), servers co-located vs four dedicated server hosts")
+    p.add_argument("--quick", action="store_true", help="1 round, fewer samples, short loops")
+    p.add_argument("--rate", default=None, help="tc tbf rate of every host's link, both ways (e.g. 10gbit); "
+                                                f"default none (a), {B_RATE} (b)")
     p.add_argument("--delay", default=None, help="tc netem delay on every host's outgoing traffic (e.g. 0.1ms)")
-    p.add_argument("--rounds", type=int, default=None, help="rounds, each runs pskv then Gloo (default 3, quick 1)")
+    p.add_argument("--rounds", type=int, default=None, help="rounds, each runs every system once "
+                                                            f"(default 3 (a), {B_ROUNDS} (b); quick 1)")
     p.add_argument("--repeats", type=int, default=None, help="timed samples per workload and mode per round "
-                                                             "(default 5, quick 3)")
-    p.add_argument("--only", default="resnet50,64mb", help="workload ids, comma-separated (default resnet50,64mb)")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds one job may take (default 300)")
+                                                             f"(default 5 (a), {B_REPEATS} (b); quick 3 (a), 2 (b))")
+    p.add_argument("--only", default=None, help="workload ids, comma-separated (default resnet50,64mb (a), "
+                                                "resnet50 (b))")
+    p.add_argument("--timeout", type=float, default=None, help="seconds one job may take (default 300 (a), 600 (b))")
     p.add_argument("--json", type=Path, default=None,
-                   help="result file (default bench/results/hosts2_<UTC date>[_RATE][_quick].json)")
+                   help="result file (default bench/results/hosts2_<UTC date>[_RATE][_quick].json (a), "
+                        "hosts8b_<UTC date>_<RATE>[_quick].json (b))")
     args = p.parse_args(argv)
-    args.rounds = args.rounds or (1 if args.quick else 3)
-    args.repeats = args.repeats or (3 if args.quick else 5)
+    b = args.setup == "b"
+    args.rounds = args.rounds or (1 if args.quick else B_ROUNDS if b else 3)
+    args.repeats = args.repeats or ((2 if b else 3) if args.quick else B_REPEATS if b else 5)
+    args.only = args.only or ("resnet50" if b else "resnet50,64mb")
+    args.timeout = args.timeout or (600.0 if b else 300.0)
+    if b:
+        args.rate = args.rate or B_RATE
     return args
 
 
@@ -194,6 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not workloads:
         print(f"no workload among {sorted(wanted)} (known: resnet50, 64mb, 4kb)", file=sys.stderr)
         return 2
+    if args.setup == "b":
+        return main_b(args, workloads, sys.argv[1:] if argv is None else list(argv))
     stamp = datetime.now(timezone.utc)
     suffix = (f"_{args.rate}" if args.rate else "") + ("_quick" if args.quick else "")
     json_path = args.json or BENCH_DIR / "results" / f"hosts2_{stamp:%Y%m%d}{suffix}.json"
@@ -230,6 +269,179 @@ def main(argv: Sequence[str] | None = None) -> int:
                "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                            "python": platform.python_version()},
                "wall_s": time.perf_counter() - started, "rows": rows, "link_bytes_sent": sent, "runs": runs}
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(payload, indent=1), encoding="utf-8")
+    print(f"\nwrote {json_path}")
+    return 0
+
+
+# -- benchmark (b): four worker hosts, servers co-located vs dedicated, vs Gloo's ring --------------------------
+B_WORKERS = 4
+B_RATE = "300mbit"
+B_ROUNDS = 2
+B_REPEATS = 3
+B_SYSTEMS = ("dedicated", "colocated", "gloo")
+B_LABEL = {"dedicated": "pskv, 4 dedicated server hosts", "colocated": "pskv, servers co-located (1 per worker host)",
+           "gloo": "Gloo all-reduce (ring)"}
+_RATE_UNITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
+               "bps": 8.0, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9, "tbps": 8e12}
+
+
+def rate_bits(rate: str) -> float | None:
+    """A tc rate (``300mbit``, ``1gbit``, ``50mbps``; SI multiples as tc takes them) in bits per second, or None."""
+    m = re.fullmatch(r"([0-9.]+)([a-z]*)", rate.strip().lower())
+    if not m or m[2] not in _RATE_UNITS:
+        return None
+    return float(m[1]) * _RATE_UNITS[m[2]]
+
+
+def model_traffic(system: str, workers: int) -> float:
+    """Bytes each worker host's link carries each way per iteration, in units of one model value.
+
+    A parameter server on dedicated hosts: the worker's push out, the pull back in (1x).
+    Ring all-reduce: reduce-scatter and all-gather, (n-1)/n each (2(n-1)/n). Servers
+    co-located one per worker host: (n-1)/n of a push out plus (n-1)/n of the local
+    server's replies to the others, the same 2(n-1)/n.
+    """
+    return 1.0 if system == "dedicated" else 2 * (workers - 1) / workers
+
+
+def link_counters(hosts: SimulatedHosts) -> list[dict[str, int]]:
+    """Bytes each host has sent and received on its link so far."""
+    return [hosts.link_bytes(i) for i in range(len(hosts))]
+
+
+def iterations_per_job(workloads: Sequence[DistWorkload], repeats: int, pskv: bool) -> int:
+    """Iterations one worker runs in a job: per workload and mode, the checked one, the warm-up and the samples."""
+    return sum(len(w.pskv_modes if pskv else ("push_pull",)) * (1 + max(1, w.warmup) + repeats * w.iters)
+               for w in workloads)
+
+
+def summarize_b(runs: dict[str, list[list[dict[str, Any]]]], workloads: Sequence[DistWorkload],
+                moved: dict[str, list[list[dict[str, int]]]], bits: float | None,
+                repeats: int) -> list[dict[str, Any]]:
+    """Rows per pskv placement and mode (as :func:`summarize`), with the fraction of the link rate and link bytes."""
+    rows = []
+    for system in ("dedicated", "colocated"):
+        for row in summarize(runs, workloads, system):
+            work = next(w for w in workloads if w.id == row["workload"])
+            row["placement"] = system
+            for who in (system, "gloo"):
+                key = "pskv" if who == system else "gloo"
+                factor = model_traffic(who, B_WORKERS)
+                ideal = factor * work.value_bytes * 8 / bits if bits else None
+                if key in row and ideal is not None:
+                    row[key]["model_traffic_each_way"] = factor
+                    row[key]["link_bound_s"] = ideal
+                    row[key]["link_fraction"] = ideal / row[key]["median_s"]
+            rows.append(row)
+    for row in rows:  # measured link bytes per worker host and iteration, each way (whole jobs: incl. init, checks)
+        for who, key in ((row["placement"], "pskv"), ("gloo", "gloo")):
+            iters = iterations_per_job(workloads, repeats, who != "gloo")
+            per_job = moved.get(who, [])
+            if key in row and per_job:
+                tx = [h["tx"] for job in per_job for h in job[:B_WORKERS]]
+                rx = [h["rx"] for job in per_job for h in job[:B_WORKERS]]
+                row[key]["worker_link_bytes_per_iter"] = {"tx": statistics.mean(tx) / iters,
+                                                          "rx": statistics.mean(rx) / iters}
+    return rows
+
+
+def table_b(rows: Sequence[dict[str, Any]]) -> str:
+    """The Markdown table of benchmark (b)."""
+    def cell(d: dict[str, Any] | None) -> str:
+        if not d:
+            return "—"
+        lo, hi = d["range"]
+        return f"{d['median']:.3g} ({lo:.3g}–{hi:.3g})"
+
+    def pct(d: dict[str, Any] | None) -> str:
+        return f"{100 * d['link_fraction']:.0f} %" if d and "link_fraction" in d else "—"
+
+    lines = ["| placement | pskv call | pskv it/s median (range) | Gloo it/s median (range) | pskv / Gloo | by round "
+             "| pskv: % of link rate | Gloo: % of link rate |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        ratio = f"{r['ratio_vs_gloo']:.2f}x" if r["ratio_vs_gloo"] else "—"
+        rounds = ", ".join(f"{x:.2f}" for x in r["ratio_by_round"]) or "—"
+        lines.append(f"| {r['placement']} | {CALL_LABEL.get(('pskv', r['mode']), r['mode'])} | {cell(r.get('pskv'))} "
+                     f"| {cell(r.get('gloo'))} | {ratio} | {rounds} | {pct(r.get('pskv'))} | {pct(r.get('gloo'))} |")
+    return "\n".join(lines)
+
+
+def main_b(args: argparse.Namespace, workloads: Sequence[DistWorkload], argv: list[str]) -> int:
+    """Benchmark (b): 8 hosts (0-3 workers, 4-7 servers); per round pskv dedicated, pskv co-located, Gloo.
+
+    The order of the three systems alternates between rounds (forward, then backward), so
+    a drift of the shared machine does not favour one of them.
+    """
+    stamp = datetime.now(timezone.utc)
+    json_path = args.json or BENCH_DIR / "results" / f"hosts8b_{stamp:%Y%m%d}_{args.rate}" \
+                                                     f"{'_quick' if args.quick else ''}.json"
+    bits = rate_bits(args.rate)
+    runs: dict[str, list[list[dict[str, Any]]]] = {s: [] for s in B_SYSTEMS}
+    moved: dict[str, list[list[dict[str, int]]]] = {s: [] for s in B_SYSTEMS}
+    walls: dict[str, list[float]] = {s: [] for s in B_SYSTEMS}
+    load = [os.getloadavg()]
+    started = time.perf_counter()
+    try:
+        hosts = SimulatedHosts(2 * B_WORKERS, rate=args.rate, delay=args.delay)
+    except Unavailable as exc:
+        print(f"simulated hosts unavailable: {exc}", file=sys.stderr)
+        return 2
+    worker_hosts, server_hosts = hosts.hosts[:B_WORKERS], hosts.hosts[B_WORKERS:]
+    with hosts, tempfile.TemporaryDirectory(prefix="pskv-bench-hosts-b-") as tmp_name:
+        tmp = Path(tmp_name)
+        pskv_spec = spec_file(tmp / "pskv.json", workloads, args.repeats, True, B_WORKERS)
+        gloo_spec = spec_file(tmp / "gloo.json", workloads, args.repeats, False, B_WORKERS)
+        jobs = {"dedicated": lambda d: run_pskv(hosts, pskv_spec, d, args.timeout, B_WORKERS, worker_hosts,
+                                                server_hosts),
+                "colocated": lambda d: run_pskv(hosts, pskv_spec, d, args.timeout, B_WORKERS, worker_hosts),
+                "gloo": lambda d: run_gloo(hosts, gloo_spec, d, args.timeout, B_WORKERS, worker_hosts)}
+        for rnd in range(args.rounds):
+            for system in B_SYSTEMS if rnd % 2 == 0 else reversed(B_SYSTEMS):
+                rdir = tmp / f"r{rnd}-{system}"
+                rdir.mkdir()
+                before = link_counters(hosts)
+                t0 = time.perf_counter()
+                runs[system].append(jobs[system](rdir))
+                walls[system].append(time.perf_counter() - t0)
+                moved[system].append([{k: a[k] - b[k] for k in ("tx", "rx")}
+                                      for a, b in zip(link_counters(hosts), before)])
+                print(f"round {rnd} {system}: {walls[system][-1]:.1f} s, link MB sent per host "
+                      f"{[round(h['tx'] / 1e6) for h in moved[system][-1]]}", flush=True)
+                load.append(os.getloadavg())
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps({"setup": "b", "partial": True, "argv": argv, "link_bytes": moved, "runs": runs}),
+                         encoding="utf-8")  # the raw samples are kept even if the summary fails
+    rows = summarize_b(runs, workloads, moved, bits, args.repeats)
+    target = {r["mode"]: r["ratio_vs_gloo"] for r in rows if r["placement"] == "dedicated" and r["workload"] == "resnet50"}
+    verdict = "PASS" if target and all(x is not None and x >= 1.3 for x in target.values()) else "MISS"
+    print(f"\nFour worker hosts, links {args.rate} both ways (delay {args.delay or 'none'}), {args.rounds} round(s) x "
+          f"{args.repeats} samples; ratio = Gloo time / pskv time (> 1: pskv faster); % of link rate = the time the "
+          f"link rate alone allows (dedicated {model_traffic('dedicated', B_WORKERS):g}x the model each way per "
+          f"worker link, ring and co-located {model_traffic('gloo', B_WORKERS):g}x) / the median\n")
+    print(table_b(rows))
+    for system in B_SYSTEMS:
+        iters = iterations_per_job(workloads, args.repeats, system != "gloo")
+        per_host = [statistics.mean(job[i]["tx"] for job in moved[system]) / iters / 1e6 for i in range(len(hosts))]
+        print(f"{system}: MB sent per iteration by host (jobs' totals / {iters} iterations): "
+              f"{[round(x) for x in per_host]}")
+    print(f"\ntarget: ResNet-50 list, dedicated servers >= 1.3x Gloo: {verdict} "
+          f"({', '.join(f'{m} {x:.2f}x' for m, x in target.items() if x)})")
+    payload = {"benchmark": "bench_hosts", "setup": "b", "date_utc": stamp.isoformat(timespec="seconds"),
+               "commit": git_commit(), "argv": argv, "quick": args.quick, "rate": args.rate,
+               "rate_bits_per_s": bits, "delay": args.delay, "rounds": args.rounds, "repeats": args.repeats,
+               "workers": B_WORKERS,
+               "hosts": [{"address": h.address, "hostname": h.hostname,
+                          "role": "worker" if h.index < B_WORKERS else "server (dedicated runs)"} for h in hosts.hosts],
+               "model_traffic_each_way_per_worker": {s: model_traffic(s, B_WORKERS) for s in B_SYSTEMS},
+               "iterations_per_job": {s: iterations_per_job(workloads, args.repeats, s != "gloo") for s in B_SYSTEMS},
+               "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                           "python": platform.python_version(), "loadavg_1_5_15_per_job": load},
+               "wall_s": time.perf_counter() - started, "job_wall_s": walls,
+               "target": {"what": "ResNet-50 list, dedicated server hosts, >= 1.3x Gloo (each pskv call)",
+                          "ratios": target, "verdict": verdict},
+               "rows": rows, "link_bytes": moved, "runs": runs}
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(payload, indent=1), encoding="utf-8")
     print(f"\nwrote {json_path}")
