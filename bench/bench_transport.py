@@ -72,7 +72,9 @@ import json
 import math
 import os
 import platform
+import queue
 import re
+import resource
 import shlex
 import socket
 import statistics
@@ -113,11 +115,12 @@ RESNET50_BYTES = 4 * sum(math.prod(s) for s in resnet50_shapes())
 PIECE_BYTES = 4 * MiB  # the ResNet-50 list travels in pieces of this size
 
 TRANSPORTS = ("raw1", "raw4", "zmq_io1", "zmq_io2", "zmq_io2x2")
-TRANSPORT_NAMES = {"memcpy": "memcpy", "raw1": "raw TCP, 1 conn", "raw4": "raw TCP, 4 conns",
+TRANSPORT_NAMES = {"memcpy": "memcpy", "raw1": "raw TCP, 1 conn", "raw1t": "raw TCP, 1 conn, receive thread",
+                   "raw4": "raw TCP, 4 conns",
                    "zmq_io1": "ZeroMQ, 1 I/O thread", "zmq_io2": f"ZeroMQ, {IO_THREADS} I/O threads (pskv)",
                    "zmq_io2x2": "ZeroMQ, 2 I/O threads, 2 sockets"}
-CONNECTIONS = {"raw1": 1, "raw4": 4, "zmq_io1": 1, "zmq_io2": 1, "zmq_io2x2": 2}
-PIPE_TRANSPORTS = ("raw1", "zmq_io2")
+CONNECTIONS = {"raw1": 1, "raw1t": 1, "raw4": 4, "zmq_io1": 1, "zmq_io2": 1, "zmq_io2x2": 2}
+PIPE_TRANSPORTS = ("raw1", "raw1t", "zmq_io2")
 PIPE_PIECES_MIB = (0, 16, 4, 1)  # 0: the payload as one message
 PIPE_PHASES = ("receive", "receive_sum", "sum_alone")  # one sample of each in turn, paired
 
@@ -179,6 +182,11 @@ def granted(sock: socket.socket) -> dict[str, int]:
             "rcvbuf": sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)}
 
 
+def minor_faults() -> int:
+    """Minor page faults of this process so far, all threads (ZeroMQ's I/O threads included)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def recv_exact(sock: socket.socket, view: memoryview) -> None:
     """Fill ``view`` from ``sock`` (``recv_into``, no allocation)."""
     got, n = 0, len(view)
@@ -206,8 +214,9 @@ def send_parts(sock: socket.socket, parts: Sequence[tuple[int, int]], mv: memory
             send_part(sock, off, mv[off:off + n])
 
 
-def recv_parts(sock: socket.socket, nparts: int, rmv: memoryview, acc: np.ndarray | None, rf32: np.ndarray) -> None:
-    """Receive ``nparts`` parts into ``rmv`` at their offsets; with ``acc``, add each into it on arrival."""
+def recv_parts(sock: socket.socket, nparts: int, rmv: memoryview, on_part: Callable[[int, int], None] | None = None
+               ) -> None:
+    """Receive ``nparts`` parts into ``rmv`` at their offsets; ``on_part(offset, bytes)`` after each."""
     hdr = bytearray(HDR.size)
     hv = memoryview(hdr)
     for _ in range(nparts):
@@ -216,9 +225,16 @@ def recv_parts(sock: socket.socket, nparts: int, rmv: memoryview, acc: np.ndarra
         if off + n > len(rmv) or off % 4 or n % 4:  # bounded before it is used
             raise ValueError(f"bad part header: offset {off}, {n} bytes, buffer of {len(rmv)}")
         recv_exact(sock, rmv[off:off + n])
-        if acc is not None:
-            s = slice(off // 4, (off + n) // 4)
-            np.add(acc[s], rf32[s], out=acc[s])
+        if on_part is not None:
+            on_part(off, n)
+
+
+def adder(acc: np.ndarray, rf32: np.ndarray) -> Callable[[int, int], None]:
+    """``on_part`` that adds the part just received (float32) into ``acc``."""
+    def add(off: int, n: int) -> None:
+        s = slice(off // 4, (off + n) // 4)
+        np.add(acc[s], rf32[s], out=acc[s])
+    return add
 
 
 def on_all(pool: ThreadPoolExecutor | None, k: int, fn: Callable[[int], None]) -> None:
@@ -335,6 +351,7 @@ class Server:
         reply({"ready": True})
         src = expected.view(np.float32)
         for s in range(samples):
+            faults = minor_faults()
             # a pipe command cycles through 3 phases: receive only, receive and sum, the sums alone
             phase = PIPE_PHASES[s % 3] if kind == "pipe" else kind
             check = s < (3 if kind == "pipe" else 1)
@@ -347,7 +364,7 @@ class Server:
                         for off, n in pieces:
                             sl = slice(off // 4, (off + n) // 4)
                             np.add(acc[sl], src[sl], out=acc[sl])
-                reply({"done": s, "time_s": time.perf_counter() - t0})
+                reply({"done": s, "time_s": time.perf_counter() - t0, "faults": minor_faults() - faults})
                 continue
             add = acc if phase == "receive_sum" else None
             if transport.startswith("raw"):
@@ -360,7 +377,7 @@ class Server:
                     error = "accumulated sums differ from the payload's"
                 elif add is None and not np.array_equal(rbuf, expected):
                     error = "received bytes differ from the payload"
-            reply({"done": s, "error": error})
+            reply({"done": s, "error": error, "faults": minor_faults() - faults})
 
     def run_raw(self, cmd: dict[str, Any], rmv: memoryview, rf32: np.ndarray, acc: np.ndarray | None) -> None:
         k = CONNECTIONS[cmd["transport"]]
@@ -369,11 +386,29 @@ class Server:
         pool = self.pools.get(k)
         if cmd["mode"] == "echo":
             for _ in range(int(cmd["count"])):
-                on_all(pool, k, lambda j: recv_parts(conns[j], len(parts[j]), rmv, None, rf32))
+                on_all(pool, k, lambda j: recv_parts(conns[j], len(parts[j]), rmv))
                 on_all(pool, k, lambda j: send_parts(conns[j], parts[j], rmv))
+        elif cmd["transport"] == "raw1t":
+            self.run_raw_threaded(conns[0], len(cmd["pieces"]) * int(cmd["count"]), rmv, rf32, acc)
         else:
             count = int(cmd["count"])
-            on_all(pool, k, lambda j: recv_parts(conns[j], len(parts[j]) * count, rmv, acc, rf32))
+            add = None if acc is None else adder(acc, rf32)
+            on_all(pool, k, lambda j: recv_parts(conns[j], len(parts[j]) * count, rmv, add))
+
+    def run_raw_threaded(self, conn: socket.socket, nparts: int, rmv: memoryview, rf32: np.ndarray,
+                         acc: np.ndarray | None) -> None:
+        """A receiving thread ``recv_into``s the parts and hands each over; this thread sums them."""
+        arrived: queue.SimpleQueue[tuple[int, int] | None] = queue.SimpleQueue()
+        receiving = self.pools[4].submit(recv_parts, conn, nparts, rmv, lambda off, n: arrived.put((off, n)))
+        receiving.add_done_callback(lambda f: arrived.put(None) if f.exception() else None)
+        add = None if acc is None else adder(acc, rf32)
+        for _ in range(nparts):
+            item = arrived.get(timeout=IO_TIMEOUT_S)
+            if item is None:
+                break  # the receiver failed: result() raises its error
+            if add is not None:
+                add(*item)
+        receiving.result(timeout=IO_TIMEOUT_S)
 
     def run_zmq(self, cmd: dict[str, Any], rbuf: np.ndarray, rf32: np.ndarray, acc: np.ndarray | None,
                 check: bool) -> None:
@@ -458,8 +493,9 @@ class Client:
             raise ValueError(f"server: {out['error']}")
         return out
 
-    def measure(self, cmd: dict[str, Any], samples: int) -> dict[str, list[float]]:
-        """``samples`` timed samples (after one checked sample) of one command, seconds each, by phase.
+    def measure(self, cmd: dict[str, Any], samples: int) -> tuple[dict[str, list[float]], dict[str, list[int]]]:
+        """``samples`` timed samples (after one checked sample) of one command, by phase: seconds each, and
+        the minor page faults of both processes during each.
 
         A pipe command has three phases, one sample of each in turn (:data:`PIPE_PHASES`);
         the others one (``""``).
@@ -469,22 +505,26 @@ class Client:
         self.command(cmd)
         self.answer()  # ready
         times: dict[str, list[float]] = {ph: [] for ph in phases}
+        faults: dict[str, list[int]] = {ph: [] for ph in phases}
         for s in range(cmd["samples"]):
             phase = phases[s % len(phases)]
+            mine = minor_faults()
             if cmd["kind"] == "local" or phase == "sum_alone":
-                t = float(self.answer()["time_s"])
+                answer = self.answer()
+                t = float(answer["time_s"])
             else:
                 t0 = time.perf_counter()
                 (self.send_raw if cmd["transport"].startswith("raw") else self.send_zmq)(cmd, s == 0)
                 if cmd["mode"] == "oneway":
-                    self.answer()  # the server has received (and summed) every byte
+                    answer = self.answer()  # the server has received (and summed) every byte
                     t = time.perf_counter() - t0
                 else:
                     t = time.perf_counter() - t0
-                    self.answer()
+                    answer = self.answer()
             if s >= len(phases):  # the first of each phase was the checked one
                 times[phase].append(t)
-        return times
+                faults[phase].append(minor_faults() - mine + int(answer["faults"]))
+        return times, faults
 
     def reply_buffer(self, total: int) -> np.ndarray:
         if total not in self.buffers:
@@ -500,13 +540,13 @@ class Client:
             on_all(pool, k, lambda j: send_parts(conns[j], parts[j], mv, count))
             return
         back = self.reply_buffer(len(payload))
-        bmv, bf32 = memoryview(back), back.view(np.float32)
+        bmv = memoryview(back)
         if check:
             back.fill(0)
 
         def exchange(j: int) -> None:
             send_parts(conns[j], parts[j], mv)
-            recv_parts(conns[j], len(parts[j]), bmv, None, bf32)
+            recv_parts(conns[j], len(parts[j]), bmv)
 
         for _ in range(count):
             on_all(pool, k, exchange)
@@ -583,11 +623,12 @@ def client_main(address: str, ports: dict[str, int], spec_path: Path) -> int:
     t_start = time.perf_counter()
     for cmd in plan(spec):
         t0 = time.perf_counter()
-        by_phase = client.measure(cmd, int(spec["repeats"]))
+        by_phase, faults = client.measure(cmd, int(spec["repeats"]))
         wall = time.perf_counter() - t0
         for phase, times in by_phase.items():
             rec = {k: v for k, v in cmd.items() if k != "pieces"}
-            rec.update(phase=phase or None, pieces=len(cmd["pieces"]), samples_s=times, wall_s=wall)
+            rec.update(phase=phase or None, pieces=len(cmd["pieces"]), samples_s=times, minor_faults=faults[phase],
+                       wall_s=wall)
             results.append(rec)
             print(f"{rec['kind']} {rec['payload']} {rec['transport']} {rec['mode']} {phase} "
                   f"piece={rec.get('piece_mib')}: {statistics.median(times) * 1e3:.2f} ms", file=sys.stderr,
@@ -646,16 +687,19 @@ def metric(rec: dict[str, Any], t: float) -> float:
 def summarize(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per measurement key: median over every sample of the metric, per-round medians, sample range."""
     groups: dict[str, dict[int, list[float]]] = {}
+    faults: dict[str, list[float]] = {}
     for rec in records:
         key = "|".join(str(rec.get(k)) for k in ("network", "kind", "payload", "transport", "mode", "phase",
                                                  "piece_mib"))
         groups.setdefault(key, {}).setdefault(int(rec["round"]), []).extend(metric(rec, t) for t in rec["samples_s"])
+        faults.setdefault(key, []).extend(f / rec["count"] for f in rec.get("minor_faults", []))
     out = {}
     for key, by_round in groups.items():
         every = [v for vals in by_round.values() for v in vals]
         out[key] = {"median": statistics.median(every), "by_round": [statistics.median(by_round[r])
                                                                      for r in sorted(by_round)],
-                    "min": min(every), "max": max(every), "samples": len(every)}
+                    "min": min(every), "max": max(every), "samples": len(every),
+                    "faults_per_message": statistics.median(faults[key]) if faults.get(key) else None}
     return out
 
 
@@ -729,6 +773,12 @@ def tables(stats: dict[str, dict[str, Any]], networks: Sequence[str], payloads: 
                              + " | ".join(cell(cells[t], scale) for t in TRANSPORTS)
                              + f" | {rcell(ratios['zmq_pskv_vs_raw1'])} | {rcell(ratios['best_zmq_vs_best_raw'])}"
                                f" ({zb_name} / {rb_name}) | {rcell(ratios['best_raw_vs_memcpy'])} |")
+        lines += [f"\n**{net}: minor page faults per one-way message** (client + server, median)\n",
+                  "| message | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+        for pid in payloads:
+            p = next(x for x in PAYLOADS if x.id == pid)
+            fl = [(stats.get(key(net, "xfer", pid, t, "oneway")) or {}).get("faults_per_message") for t in TRANSPORTS]
+            lines.append(f"| {p.name} | " + " | ".join("—" if f is None else f"{f:.0f}" for f in fl) + " |")
         if not pipe_payloads:
             continue
         lines += [f"\n**{net}: pipelining**, ms per message (median, range of the round medians); overlap = "
