@@ -159,6 +159,11 @@ class RequestTracker(Generic[P]):
         with self._lock:
             return sorted((p for p in self._pending.values() if p.node == node), key=lambda p: p.request)
 
+    def any_to(self, node: int, which: Callable[[P], bool]) -> bool:
+        """True if a request to ``node`` for which ``which(request)`` holds still waits for its reply."""
+        with self._lock:
+            return any(p.node == node and which(p) for p in self._pending.values())
+
     def complete(self, header: Header, buffers: list[Any]) -> bool:
         """Deliver a reply; returns False for an unknown (late or duplicate) request id."""
         p = self.take(header.request)

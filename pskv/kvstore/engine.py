@@ -41,7 +41,12 @@ __all__ = ["Deferred", "Engine", "OpHandle"]
 
 
 class Waitable(Protocol):
-    """What a :class:`Deferred` waits for (e.g. :class:`pskv.cluster.requests.Pending`)."""
+    """What a :class:`Deferred` waits for (e.g. :class:`pskv.cluster.requests.Pending`).
+
+    One that also has a ``background()`` method gets it called when the engine, not a
+    thread waiting on it directly, is to finish its operation (a request whose waiter
+    would read its reply itself then has it read by its network thread).
+    """
 
     def done(self) -> bool: ...
 
@@ -298,6 +303,9 @@ class Engine:
         on_reply = partial(self._one_reply_in, op)
         for p in pendings:
             p.add_done_callback(on_reply)
+            background = getattr(p, "background", None)
+            if background is not None:  # no thread waits on it directly: its reply is read in the background
+                background()
         if waited_on and result.poke is not None:  # someone waits already: they may have poked too early
             _poke([op])
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import select
 import socket
 import struct
 import threading
@@ -71,6 +72,9 @@ _POLLOUT = int(zmq.POLLOUT)
 _BACKLOG_RETRY_MS = 5
 # All slow peers together may hold this many times PSKV_SEND_QUEUE_BYTES in the reactor's queues.
 BACKLOG_PEERS = 4
+# A thread reading its replies itself (Reactor.read_local) checks whether its request ended
+# otherwise (a timeout, a dead peer) at least this often (seconds).
+_READ_SLICE = 0.05
 # Frames of an oversized message dropped between two turns of the reactor's other work (~50 ms).
 _DISCARD_STEP = 30_000
 
@@ -265,6 +269,7 @@ class Reactor:
         self._listeners: list[socket.socket] = []
         self._locals: dict[int, tuple[LocalConnection, bytes | None]] = {}  # by descriptor
         self._local_peers: dict[bytes, LocalConnection] = {}  # accepted connections by identity
+        self._client_locals: list[LocalConnection] = []  # connect_local's: a waiting thread may read them
         self._ids = itertools.count(1)
         self._calls: collections.deque[Callable[[], None]] = collections.deque()
         self._timers: list[tuple[float, float, Callable[[], None]]] = []
@@ -403,11 +408,87 @@ class Reactor:
         conn = LocalConnection.connect(path, f"{self._name} local connection to {path}", send_timeout, self._bounds)
 
         def on_packet() -> None:
-            frames = self._receive_local(conn)
-            if frames is not None:
-                handler(frames)  # type: ignore[arg-type]
+            if not conn.reading.acquire(blocking=False):
+                return  # a thread waiting for a reply reads it now (read_local)
+            try:  # handled under the lock: replies reach the handler in the order they came
+                frames = self._receive_local(conn)
+                if frames is not None:
+                    handler(frames)  # type: ignore[arg-type]
+            finally:
+                conn.reading.release()
         self._watch_local(conn, on_packet, None)
+        self._client_locals.append(conn)
         return conn
+
+    def read_local(self, conn: LocalConnection, handler: DealerHandler, done: Callable[[], bool],
+                   deadline: float) -> None:
+        """Read ``conn``'s packets in the calling thread, handing each message to ``handler``, until ``done()``.
+
+        For a thread about to wait for a reply on a client's local connection (made by
+        :meth:`connect_local`): it is woken by the reply itself, instead of the reactor
+        being woken, reading it and waking the thread. Meanwhile the reactor leaves the
+        connection out of its poll (from its next turn); it takes it back when the
+        caller is done — the caller calls :meth:`wake` if replies are due that nobody
+        else will read (the reactor's timers turn it at least every 0.1 s anyway).
+
+        Returns at once if another thread reads the connection now, when ``done()``
+        holds, once ``deadline`` (``time.monotonic()``) passed, or if the connection
+        failed (the reactor drops it, as if it had read the failure itself). Checks
+        ``done()`` at least every ``_READ_SLICE`` s (a request failed by a timeout or a
+        dead peer completes without a packet). Never call it on the reactor thread.
+        """
+        if not conn.reading.acquire(blocking=False):
+            return
+        conn.claimed = True
+        failure: BaseException | None = None
+        try:
+            poller = conn.poller
+            if poller is None:
+                poller = conn.poller = select.poll()
+                poller.register(conn.fd, select.POLLIN)
+            while not done():
+                try:
+                    frames = conn.receive()
+                except (BlockingIOError, InterruptedError):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return
+                    poller.poll(min(left, _READ_SLICE) * 1000.0)
+                    continue
+                except (EOFError, OSError, ProtocolError) as exc:
+                    failure = exc
+                    return
+                if frames is not None:
+                    handler(frames)  # type: ignore[arg-type]
+        finally:
+            conn.claimed = False
+            conn.reading.release()
+            if failure is not None:
+                try:
+                    self.call_soon(lambda: self._local_failed(conn, failure))
+                except TransportError:
+                    pass  # stopped: the connection is closed with the reactor
+
+    def _local_failed(self, conn: LocalConnection, exc: BaseException) -> None:
+        """A connection that failed while a waiting thread read it (reactor thread): dropped, as by _receive_local."""
+        if conn.fd not in self._locals:
+            return
+        if isinstance(exc, ProtocolError):
+            log.warning("%s: closed a local connection: %s", self._name, exc)
+        else:
+            log.log(logging.DEBUG if isinstance(exc, EOFError) else logging.INFO, "%s: %s", self._name, exc)
+        self._drop_local(conn)
+
+    def _poll_locals(self) -> None:
+        """Leave client connections that a waiting thread reads out of the poll; take the others back."""
+        for conn in self._client_locals:
+            if conn.claimed == conn.polled and conn.fd in self._locals:
+                if conn.claimed:
+                    self._poller.unregister(conn.fd)
+                    conn.polled = False
+                else:
+                    self._poller.register(conn.fd, _POLLIN)
+                    conn.polled = True
 
     def _watch_local(self, conn: LocalConnection, on_packet: Callable[[], None], identity: bytes | None) -> None:
         self._locals[conn.fd] = (conn, identity)
@@ -435,6 +516,8 @@ class Reactor:
 
     def _drop_local(self, conn: LocalConnection) -> None:
         _, identity = self._locals.pop(conn.fd, (None, None))
+        if conn in self._client_locals:
+            self._client_locals.remove(conn)
         self._fd_handlers.pop(conn.fd, None)
         self._writable.pop(conn.fd, None)
         if identity is not None:
@@ -651,6 +734,10 @@ class Reactor:
         self._calls.append(fn)
         self._wake()
 
+    def wake(self) -> None:
+        """Make the reactor take a turn (thread-safe; e.g. to poll a connection a waiting thread let go)."""
+        self._wake()
+
     def _wake(self) -> None:
         """Interrupt the reactor's poll. Never blocks: a PUSH socket whose peer is gone (the
         reactor closed it) or full (wake-ups already pending) would block a plain send —
@@ -702,6 +789,8 @@ class Reactor:
                 if self._discarding:
                     self._discard_some()
                     timeout_ms = 0 if self._discarding else timeout_ms
+                if self._client_locals:
+                    self._poll_locals()
                 events = dict(self._poller.poll(timeout_ms))
                 if self._wake_recv in events:
                     while True:
@@ -782,6 +871,7 @@ class Reactor:
         for listener in self._listeners:
             listener.close()
         self._locals.clear()
+        self._client_locals.clear()
         self._local_peers.clear()
         self._writable.clear()
         self._backlogs.clear()

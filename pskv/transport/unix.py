@@ -13,14 +13,18 @@ A ``SOCK_SEQPACKET`` socket keeps message boundaries and order. A message (a lis
 frames, as for ZeroMQ) travels as one or more packets; each packet starts with one flag
 byte (``1``: more packets of this message follow), and the message itself is a table —
 the frame count and every frame's length, little-endian — followed by the frames. Any
-thread may send (a lock keeps one message's packets together); one thread (the
-reactor) receives.
+thread may send (a lock keeps one message's packets together); one thread at a time
+receives (:attr:`LocalConnection.reading`): the reactor, or — on a client's connection —
+a thread waiting for a reply, which then reads the packets itself while the reactor
+leaves the connection out of its poll (:meth:`pskv.transport.reactor.Reactor.read_local`):
+one thread woken per reply instead of two.
 """
 
 from __future__ import annotations
 
 import collections
 import os
+import select
 import socket
 import struct
 import threading
@@ -101,7 +105,7 @@ class LocalConnection:
     """
 
     __slots__ = ("_sock", "_lock", "name", "_limit", "_buffer", "_partial", "fd", "_timeout", "_bounds", "_queued",
-                 "_queue", "_queue_bytes", "_progress")
+                 "_queue", "_queue_bytes", "_progress", "reading", "claimed", "polled", "poller")
 
     def __init__(self, sock: socket.socket, name: str, send_timeout: float = 60.0, bounds: Bounds = DEFAULT_BOUNDS,
                  queued: bool = False) -> None:
@@ -124,6 +128,11 @@ class LocalConnection:
         self._queue: collections.deque[bytes] = collections.deque()  # whole packets the peer has not taken
         self._queue_bytes = 0
         self._progress = 0.0  # monotonic time the queue last moved (or began)
+        # Receiving: held by the one thread that reads packets and hands them on, in order.
+        self.reading = threading.Lock()
+        self.claimed = False  # a thread waiting for a reply reads it (the reactor leaves it out of its poll)
+        self.polled = True  # in the reactor's poll set (changed by the reactor thread only)
+        self.poller: select.poll | None = None  # the waiting reader's poll of this descriptor (made once)
 
     @classmethod
     def connect(cls, path: str, name: str, send_timeout: float = 60.0, bounds: Bounds = DEFAULT_BOUNDS

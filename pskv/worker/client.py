@@ -35,6 +35,7 @@ import logging
 import math
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Protocol
@@ -87,9 +88,13 @@ class Channel(Protocol):
 
 
 class WorkerRequest(Pending):
-    """A request to a server, with what the worker's send queue records about it."""
+    """A request to a server, with what the worker's send queue records about it.
 
-    __slots__ = ("quiet", "sent", "epoch")
+    Sent on a local connection, its waiter reads the replies itself
+    (:meth:`WorkerClient._read_local`) instead of waiting for the reactor thread to.
+    """
+
+    __slots__ = ("quiet", "sent", "epoch", "local")
 
     def __init__(self, request: int, node: int, what: str,
                  callback: Callable[[Pending], None] | None = None, timeout: float | None = None) -> None:
@@ -97,6 +102,27 @@ class WorkerRequest(Pending):
         self.quiet = False  # answered only on failure: a later reply from the server confirms it
         self.sent: int | None = None  # the per-server sequence number of the message, once sent
         self.epoch: int | None = None  # which incarnation of the server it was sent to (None: not sent yet)
+        self.local: WorkerClient | None = None  # sent on a local connection of this client
+
+    def wait(self, timeout: float | None) -> Header:
+        """Wait for the reply (see :meth:`Pending.wait`); on a local connection, read it in this thread."""
+        client = self.local
+        if client is not None and not self._done:
+            deadline = math.inf if timeout is None else time.monotonic() + timeout
+            client._read_local(self, deadline)
+            if timeout is not None:
+                timeout = max(0.0, deadline - time.monotonic())
+        return super().wait(timeout)
+
+    def background(self) -> None:
+        """Nobody in this thread waits for the reply now: make sure it is read (by the reactor)."""
+        client = self.local
+        if client is not None and not self.quiet and not self._done:
+            client._attend(self.node)
+
+
+def _answered(pending: WorkerRequest) -> bool:
+    return not pending.quiet
 
 
 class WorkerClient:
@@ -414,6 +440,7 @@ class WorkerClient:
         pending = self.tracker.new(node_id(Role.SERVER, server), what or command.name.lower(),
                                    timeout=None if quiet else timeout)
         pending.quiet = quiet
+        pending.local = self if self._local_conn(server) is not None else None
         if quiet:
             flags |= Flag.QUIET
         frames = encode(Header(command, pending.request, self.node_id, arrays, priority, body, flags), data or [])
@@ -430,10 +457,43 @@ class WorkerClient:
         """Queue a ``SYNC`` to server ``node`` after everything queued now (for :class:`QuietPushes`)."""
         _, server = node_role_rank(node)
         sync = self.tracker.new(node, "sync", timeout=timeout)
+        sync.local = self if self._local_conn(server) is not None else None
         sync.add_done_callback(on_done)
         frames = encode(Header(Command.SYNC, sync.request, self.node_id))
         self._queue_and_send(math.inf, server, frames, sync)  # after everything queued
+        sync.background()  # completes callbacks: its reply must be read without a waiter
         return sync
+
+    # -- replies read by the waiting thread (local connections) -----------------------------
+    def _local_conn(self, server: int) -> LocalConnection | None:
+        """The local connection that carries requests to server ``server`` and their replies, if any."""
+        conn = self._senders[server] if 0 <= server < len(self._senders) else None
+        return conn if type(conn) is LocalConnection else None
+
+    def _read_local(self, pending: WorkerRequest, deadline: float) -> None:
+        """Read the replies of ``pending``'s local connection in this thread until it is done (or ``deadline``).
+
+        Every reply read is handled as the reactor would (:meth:`_on_reply`), in order.
+        Returns early if another thread reads the connection (that one hands this reply
+        on) or on the reactor thread (which reads it anyway).
+        """
+        conn = self._local_conn(node_role_rank(pending.node)[1])
+        if conn is None or self._reactor.on_reactor_thread():
+            return
+        self._reactor.read_local(conn, self._on_reply, pending.done, deadline)
+        self._attend(pending.node)
+
+    def _attend(self, node: int) -> None:
+        """If answers from ``node`` are due that no thread reads now, have the reactor poll its connection.
+
+        Quiet pushes do not count: their (error) answers wait for the next reader, or the
+        reactor's next timer turn (at most ``EXPIRY_INTERVAL``).
+        """
+        conn = self._local_conn(node_role_rank(node)[1])
+        if conn is None or conn.claimed or conn.polled:
+            return
+        if self.tracker.any_to(node, _answered):
+            self._reactor.wake()
 
     def _flush(self) -> None:
         """Send queued requests, highest priority first, from this thread.

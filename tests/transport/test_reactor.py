@@ -7,6 +7,7 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -456,3 +457,92 @@ def test_many_slow_peers_together_are_bounded_the_biggest_dropped_first(context,
     assert sum(b.bytes for b in server._backlogs.values()) <= 4 * patient.send_queue_bytes
     assert max(took) < 0.5 and server.error is None
     assert _round_trip(context, address)[0] == b"ping"
+
+
+def _local_echo(context: zmq.Context, owned: list, tmp_path, ready: Callable[[], bool] | None = None
+                ) -> tuple[Reactor, str]:
+    """A service answering each local message with ``re:`` + its first frame; its local socket's path.
+
+    With ``ready``, each answer (but to ``later``) leaves only once ``ready()`` holds.
+    """
+    server = Reactor(context, "server")
+    owned.append(server)
+
+    def handle(identity: bytes, frames: list[memoryview]) -> None:
+        if bytes(frames[0]) == b"bye":
+            server._drop_local(server._local_peers[identity])  # closes the connection: the client reads EOF
+            return
+        reply = [b"re:" + bytes(frames[0])]
+        if ready is None or frames[0] == b"later":
+            server.send_router(sid, identity, reply)
+            return
+
+        def when_read() -> None:
+            deadline = time.monotonic() + WAIT
+            while not ready() and time.monotonic() < deadline:
+                time.sleep(0.001)
+            server.call_soon(lambda: server.send_router(sid, identity, reply))
+        threading.Thread(target=when_read, daemon=True).start()
+
+    sid, _ = server.bind_router("tcp://127.0.0.1:0", handle)
+    path = local_path(str(tmp_path))
+    server.bind_local(sid, path)
+    server.start()
+    return server, path
+
+
+def test_a_waiting_thread_reads_its_replies_itself_and_the_reactor_takes_the_connection_back(context, owned,
+                                                                                                tmp_path):
+    client = Reactor(context, "client")
+    owned.append(client)
+    got: list[tuple[bytes, str]] = []
+    arrived = threading.Event()
+
+    def on_reply(frames: list[memoryview]) -> None:
+        got.append((bytes(frames[0]), threading.current_thread().name))
+        arrived.set()
+
+    conns: list[LocalConnection] = []
+    _, path = _local_echo(context, owned, tmp_path, ready=lambda: conns[0].claimed)  # answers once read
+    conn = client.connect_local(path, on_reply)
+    conns.append(conn)
+    client.start()
+    for i in range(20):  # each reply read by the thread that waits for it; none by the reactor
+        conn.send([b"%d" % i])
+        client.read_local(conn, on_reply, lambda n=i + 1: len(got) == n, time.monotonic() + WAIT)
+        assert got[-1] == (b"re:%d" % i, "MainThread")
+    assert not conn.claimed
+    for _ in range(3):  # nobody waits now: the reactor reads (its poll takes the connection back when woken)
+        arrived.clear()
+        conn.send([b"later"])
+        client.wake()
+        assert arrived.wait(WAIT)
+        assert got[-1] == (b"re:later", "client")
+    assert conn.polled and client.error is None
+
+
+def test_a_waiting_reader_stops_when_told_at_its_deadline_and_when_the_connection_fails(context, owned, tmp_path):
+    _, path = _local_echo(context, owned, tmp_path)
+    client = Reactor(context, "client")
+    owned.append(client)
+    got: list[bytes] = []
+    conn = client.connect_local(path, lambda frames: got.append(bytes(frames[0])))
+    client.start()
+    start = time.monotonic()
+    client.read_local(conn, lambda frames: got.append(bytes(frames[0])), lambda: False, start + 0.2)
+    assert 0.2 <= time.monotonic() - start < 2.0 and not got  # no reply: the deadline ends it
+    told = threading.Event()
+    threading.Timer(0.2, told.set).start()  # e.g. its request failed on another thread (dead peer, expiry)
+    start = time.monotonic()
+    client.read_local(conn, lambda frames: got.append(bytes(frames[0])), told.is_set, start + WAIT)
+    assert time.monotonic() - start < 2.0 and not got
+    conn.send([b"bye"])  # the service closes the connection while this thread reads it
+    start = time.monotonic()
+    client.read_local(conn, lambda frames: got.append(bytes(frames[0])), lambda: False, start + WAIT)
+    assert time.monotonic() - start < 2.0
+    deadline = time.monotonic() + WAIT
+    while conn.fd in client._locals and time.monotonic() < deadline:  # the reactor drops it
+        time.sleep(0.01)
+    assert conn.fd not in client._locals and not client._client_locals and client.error is None
+    with pytest.raises(ConnectionError):
+        conn.send([b"late"])
