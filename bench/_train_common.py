@@ -59,6 +59,7 @@ class ModelSpec:
         batch: samples per worker per step.
         iters: steps per timed sample (full run); ``--quick`` divides it.
         warmup: untimed steps before the first sample (full run).
+        probe: steps with the loss recorded at the start and at the end (the checks).
     """
 
     id: str
@@ -69,6 +70,7 @@ class ModelSpec:
     batch: int
     iters: int
     warmup: int
+    probe: int = PROBE_STEPS
 
     def build(self) -> Any:
         """The model, with the shared initial parameters."""
@@ -116,12 +118,48 @@ def mlp_large() -> Any:
     )
 
 
-FACTORIES = {"mlp": mlp, "cnn": cnn, "mlp_large": mlp_large}
+def resnet18() -> Any:
+    """ResNet-18 for 32x32 inputs (11,173,962 parameters, 44.7 MB of float32 gradients).
+
+    He et al.'s 18-layer layout (four stages of two basic blocks, 64-128-256-512 channels,
+    batch norm, 1x1 projection shortcuts where the shape changes, global average pool,
+    one dense layer) with the usual CIFAR stem: a 3x3 stride-1 first convolution and no
+    max-pool, so the first stage sees 32x32 (torchvision's ``resnet18`` with that stem
+    and 10 classes; written out here so that the benchmark needs no torchvision).
+    """
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self, cin: int, cout: int, stride: int) -> None:
+            super().__init__()
+            self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(cout)
+            self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(cout)
+            self.shortcut = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+                             if stride != 1 or cin != cout else nn.Identity())
+
+        def forward(self, x: Any) -> Any:
+            out = torch.relu(self.bn1(self.conv1(x)))
+            return torch.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+    layers: list[Any] = [nn.Conv2d(3, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU()]
+    cin = 64
+    for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        layers += [Block(cin, cout, stride), Block(cout, cout, 1)]
+        cin = cout
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 10)]
+    return nn.Sequential(*layers)
+
+
+FACTORIES = {"mlp": mlp, "cnn": cnn, "mlp_large": mlp_large, "resnet18": resnet18}
 
 MODELS: dict[str, ModelSpec] = {
     "mlp": ModelSpec("mlp", "MLP 64-128-64-10 (digits)", "digits", 0.1, 0.9, 32, 250, 50),
     "cnn": ModelSpec("cnn", "CNN 2 conv + 2 dense (digits)", "digits", 0.1, 0.9, 32, 60, 15),
     "mlp_large": ModelSpec("mlp_large", "MLP 784-1024-1024-10 (synthetic)", "synthetic784", 0.01, 0.9, 32, 25, 8),
+    "resnet18": ModelSpec("resnet18", "ResNet-18 (synthetic 3x32x32)", "synthetic3x32", 0.01, 0.9, 8, 2, 1, 4),
 }
 
 
@@ -138,6 +176,11 @@ def _dataset(kind: str) -> tuple[np.ndarray, np.ndarray]:
         y = rng.integers(0, 10, 4096).astype(np.int64)
         centroids = 0.5 * rng.standard_normal((10, 784), dtype=np.float32)
         return centroids[y] + rng.standard_normal((4096, 784), dtype=np.float32), y
+    if kind == "synthetic3x32":
+        rng = np.random.default_rng(13)
+        y = rng.integers(0, 10, 1024).astype(np.int64)
+        centroids = rng.standard_normal((10, 3, 32, 32), dtype=np.float32)
+        return centroids[y] + rng.standard_normal((1024, 3, 32, 32), dtype=np.float32), y
     raise ValueError(f"unknown data set {kind!r}")
 
 
@@ -171,6 +214,37 @@ def preload(spec: dict[str, Any]) -> None:
     the clusters' start-up overlaps, the gated phases then do only per-model work."""
     for work in spec["models"]:
         _dataset(MODELS[work["id"]].data)
+
+
+class StepSplit:
+    """Where a worker's timed steps (``train``, not the probes) spend their time: forward (with the loss),
+    backward (with what the system does in its gradient hooks), and the rest (pskv: ``trainer.step()``,
+    waiting for the new weights; DDP: ``opt.step()``, DDP's all-reduce having finished in backward)."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.wall = [0.0, 0.0, 0.0]
+        self.cpu = [0.0, 0.0, 0.0]
+        self.process_cpu = 0.0
+
+    def add(self, *seconds: float) -> None:
+        """One step's three parts' wall times, the main thread's CPU times, then the whole process's
+        CPU time (all its threads), in seconds."""
+        self.steps += 1
+        for k in range(3):
+            self.wall[k] += seconds[k]
+            self.cpu[k] += seconds[3 + k]
+        self.process_cpu += seconds[6]
+
+    def json(self) -> dict[str, Any]:
+        """Mean milliseconds per step of each part (wall time and the main thread's CPU time) and of
+        the process's CPU time."""
+        n = max(1, self.steps)
+        out: dict[str, Any] = {"steps": self.steps, "process_cpu_ms": 1e3 * self.process_cpu / n}
+        for k, name in enumerate(("forward", "backward", "step")):
+            out[f"{name}_ms"] = 1e3 * self.wall[k] / n
+            out[f"{name}_cpu_ms"] = 1e3 * self.cpu[k] / n
+        return out
 
 
 class Cycle:
@@ -240,8 +314,8 @@ class TrainJob(Protocol):
     def train(self, n: int) -> None:
         """``n`` complete steps."""
 
-    def probe(self) -> list[float]:
-        """``PROBE_STEPS`` steps, returning each step's mean loss over the worker's batch."""
+    def probe(self, n: int) -> list[float]:
+        """``n`` steps, returning each step's mean loss over the worker's batch."""
 
     def final_params(self) -> Any:
         """The parameters, in order, after the last step (synchronised)."""
@@ -260,14 +334,14 @@ def run_models(spec: dict[str, Any], gate: Gate, barrier: Callable[[], None],
     """
     results: dict[str, Any] = {}
     for work in spec["models"]:
-        mid, iters = work["id"], int(work["iters"])
+        mid, iters, probe = work["id"], int(work["iters"]), int(work.get("probe", PROBE_STEPS))
         state: dict[str, Any] = {}
 
-        def prep(mid: str = mid, work: dict[str, Any] = work, state: dict[str, Any] = state) -> None:
+        def prep(mid: str = mid, work: dict[str, Any] = work, state: dict[str, Any] = state, probe: int = probe) -> None:
             started = time.perf_counter()
             job = make_job(MODELS[mid])
             barrier()
-            state.update(job=job, first=job.probe())
+            state.update(job=job, first=job.probe(probe))
             job.train(max(1, int(work["warmup"])))
             state["prep_s"] = time.perf_counter() - started
 
@@ -277,9 +351,9 @@ def run_models(spec: dict[str, Any], gate: Gate, barrier: Callable[[], None],
             state["job"].train(iters)
             return (time.perf_counter() - start) / iters
 
-        def final(state: dict[str, Any] = state) -> None:
+        def final(state: dict[str, Any] = state, probe: int = probe) -> None:
             job = state["job"]
-            state["last"] = job.probe()
+            state["last"] = job.probe(probe)
             barrier()
             state["digest"] = param_digest(job.final_params())
             state["extra"] = job.close()
@@ -290,6 +364,6 @@ def run_models(spec: dict[str, Any], gate: Gate, barrier: Callable[[], None],
         results[mid] = {"samples_s": samples, "iters": iters, "warmup": int(work["warmup"]),
                         "first_losses": state["first"], "last_losses": state["last"],
                         "final_params": state["digest"],
-                        "steps": 2 * PROBE_STEPS + int(work["warmup"]) + iters * len(samples),
+                        "steps": 2 * probe + int(work["warmup"]) + iters * len(samples),
                         "prep_s": state["prep_s"], **state["extra"]}
     return results

@@ -23,12 +23,13 @@ from __future__ import annotations
 import os
 import platform
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _procs import emit, read_spec  # noqa: E402
-from _train_common import PROBE_STEPS, Cycle, Gate, ModelSpec, preload, run_models, worker_batches  # noqa: E402
+from _train_common import Cycle, Gate, ModelSpec, StepSplit, preload, run_models, worker_batches  # noqa: E402
 
 
 class DdpJob:
@@ -43,19 +44,26 @@ class DdpJob:
         self.opt = torch.optim.SGD(self.model.parameters(), lr=spec.learning_rate, momentum=spec.momentum)
         self.criterion = torch.nn.CrossEntropyLoss()
         self.data = Cycle(worker_batches(spec, rank, world))
+        self.split = StepSplit()
 
     def train(self, n: int) -> None:
-        ddp, opt, criterion, data = self.ddp, self.opt, self.criterion, self.data
+        ddp, opt, criterion, data, split = self.ddp, self.opt, self.criterion, self.data, self.split
+        clock, cpu, proc = time.perf_counter, time.thread_time, time.process_time
         for _ in range(n):
+            t0, c0, p0 = clock(), cpu(), proc()
             x, y = data.next()
             opt.zero_grad()
             loss = criterion(ddp(x), y)
+            t1, c1 = clock(), cpu()
             loss.backward()
+            t2, c2 = clock(), cpu()
             opt.step()
+            t3, c3, p3 = clock(), cpu(), proc()
+            split.add(t1 - t0, t2 - t1, t3 - t2, c1 - c0, c2 - c1, c3 - c2, p3 - p0)
 
-    def probe(self) -> list[float]:
+    def probe(self, n: int) -> list[float]:
         losses = []
-        for _ in range(PROBE_STEPS):
+        for _ in range(n):
             x, y = self.data.next()
             self.opt.zero_grad()
             loss = self.criterion(self.ddp(x), y)
@@ -68,7 +76,8 @@ class DdpJob:
         return list(self.model.parameters())
 
     def close(self) -> dict[str, Any]:
-        return {"params": sum(p.numel() for p in self.model.parameters()), "steps_taken": self.data.i}
+        return {"params": sum(p.numel() for p in self.model.parameters()), "steps_taken": self.data.i,
+                "split": self.split.json()}
 
 
 def main() -> int:

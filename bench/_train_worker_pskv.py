@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import platform
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 sys.path[:0] = [str(BENCH_DIR), os.environ.get("PSKV_BENCH_SRC") or str(BENCH_DIR.parent)]
 
 from _procs import emit, read_spec  # noqa: E402
-from _train_common import PROBE_STEPS, Cycle, Gate, ModelSpec, preload, run_models, worker_batches  # noqa: E402
+from _train_common import Cycle, Gate, ModelSpec, StepSplit, preload, run_models, worker_batches  # noqa: E402
 
 
 class PskvJob:
@@ -51,17 +52,24 @@ class PskvJob:
         self.data = Cycle(worker_batches(spec, kv.rank, kv.num_workers))
         x0, y0 = self.data.batches[0]
         self.group.bind_exec([("data", tuple(x0.shape))], [("label", tuple(y0.shape))])
+        self.split = StepSplit()
 
     def train(self, n: int) -> None:
-        group, trainer, data = self.group, self.trainer, self.data
+        group, trainer, data, split = self.group, self.trainer, self.data, self.split
+        clock, cpu, proc = time.perf_counter, time.thread_time, time.process_time
         for _ in range(n):
+            t0, c0, p0 = clock(), cpu(), proc()
             group.forward(data.next())
+            t1, c1 = clock(), cpu()
             group.backward()
+            t2, c2 = clock(), cpu()
             trainer.step()
+            t3, c3, p3 = clock(), cpu(), proc()
+            split.add(t1 - t0, t2 - t1, t3 - t2, c1 - c0, c2 - c1, c3 - c2, p3 - p0)
 
-    def probe(self) -> list[float]:
+    def probe(self, n: int) -> list[float]:
         losses = []
-        for _ in range(PROBE_STEPS):
+        for _ in range(n):
             self.group.forward(self.data.next())
             losses.append(self.group.get_loss() / self.group.batch_size)  # the group's loss is the batch's sum
             self.group.backward()
@@ -74,7 +82,7 @@ class PskvJob:
     def close(self) -> dict[str, Any]:
         facts = {"params": sum(p.numel() for p in self.model.parameters()), "steps_taken": self.data.i,
                  "buckets": len(getattr(self.trainer, "_buckets", [])),
-                 "update_on_kvstore": bool(self.trainer.update_on_kvstore)}
+                 "update_on_kvstore": bool(self.trainer.update_on_kvstore), "split": self.split.json()}
         self.trainer.close()
         self.group.close()
         return facts
