@@ -34,6 +34,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any, cast
 
 import zmq
@@ -72,6 +73,8 @@ _POLLOUT = int(zmq.POLLOUT)
 _BACKLOG_RETRY_MS = 5
 # All slow peers together may hold this many times PSKV_SEND_QUEUE_BYTES in the reactor's queues.
 BACKLOG_PEERS = 4
+# Packets read from one local connection in one turn of the reactor.
+_LOCAL_BATCH = 16
 # A thread reading its replies itself (Reactor.read_local) checks whether its request ended
 # otherwise (a timeout, a dead peer) at least this often (seconds).
 _READ_SLICE = 0.05
@@ -389,10 +392,10 @@ class Reactor:
         conn = LocalConnection(sock, f"{self._name} local connection", bounds=self._bounds, queued=True)
         self._local_peers[identity] = conn
 
+        deliver = partial(handler, identity)
+
         def on_packet() -> None:
-            frames = self._receive_local(conn)
-            if frames is not None:
-                handler(identity, frames)  # type: ignore[arg-type]
+            self._receive_local(conn, deliver)  # type: ignore[arg-type]
         self._watch_local(conn, on_packet, identity)
 
     def connect_local(self, path: str, handler: DealerHandler, send_timeout: float = 60.0) -> LocalConnection:
@@ -411,9 +414,7 @@ class Reactor:
             if not conn.reading.acquire(blocking=False):
                 return  # a thread waiting for a reply reads it now (read_local)
             try:  # handled under the lock: replies reach the handler in the order they came
-                frames = self._receive_local(conn)
-                if frames is not None:
-                    handler(frames)  # type: ignore[arg-type]
+                self._receive_local(conn, handler)  # type: ignore[arg-type]
             finally:
                 conn.reading.release()
         self._watch_local(conn, on_packet, None)
@@ -470,13 +471,15 @@ class Reactor:
                     pass  # stopped: the connection is closed with the reactor
 
     def _local_failed(self, conn: LocalConnection, exc: BaseException) -> None:
-        """A connection that failed while a waiting thread read it (reactor thread): dropped, as by _receive_local."""
-        if conn.fd not in self._locals:
+        """``conn`` failed (``exc`` from its receive; reactor thread): dropped, its peer is gone."""
+        if self._locals.get(conn.fd, (None, None))[0] is not conn:  # dropped already (its number may be reused)
             return
-        if isinstance(exc, ProtocolError):
+        if isinstance(exc, ProtocolError):  # a malformed or oversized packet: nothing after it can be framed
             log.warning("%s: closed a local connection: %s", self._name, exc)
+        elif isinstance(exc, EOFError):  # an orderly close (a worker leaving): not worth a line at the end of every job
+            log.debug("%s: %s", self._name, exc)
         else:
-            log.log(logging.DEBUG if isinstance(exc, EOFError) else logging.INFO, "%s: %s", self._name, exc)
+            log.info("%s: %s", self._name, exc)
         self._drop_local(conn)
 
     def _poll_locals(self) -> None:
@@ -495,24 +498,24 @@ class Reactor:
         self._fd_handlers[conn.fd] = on_packet
         self._poller.register(conn.fd, zmq.POLLIN)
 
-    def _receive_local(self, conn: LocalConnection) -> list[memoryview] | None:
-        """One packet from ``conn``; a closed or failed connection is dropped (its peer is gone)."""
-        try:
-            return conn.receive()
-        except (BlockingIOError, InterruptedError):
-            return None
-        except EOFError as exc:  # an orderly close (a worker leaving): not worth a line at the end of every job
-            log.debug("%s: %s", self._name, exc)
-            self._drop_local(conn)
-            return None
-        except OSError as exc:
-            log.info("%s: %s", self._name, exc)
-            self._drop_local(conn)
-            return None
-        except ProtocolError as exc:  # a malformed or oversized packet: nothing after it can be framed
-            log.warning("%s: closed a local connection: %s", self._name, exc)
-            self._drop_local(conn)
-            return None
+    def _receive_local(self, conn: LocalConnection, handle: Callable[[list[memoryview]], None]) -> None:
+        """Hand the messages waiting on ``conn`` to ``handle``, in order; a closed or failed connection is dropped.
+
+        At most ``_LOCAL_BATCH`` packets a turn (the reactor's other work gets its turn):
+        a worker's push and the pull right behind it are handled on one wake-up.
+        """
+        for _ in range(_LOCAL_BATCH):
+            try:
+                frames = conn.receive()
+            except (BlockingIOError, InterruptedError):
+                return
+            except (EOFError, OSError, ProtocolError) as exc:
+                self._local_failed(conn, exc)
+                return
+            if frames is not None:
+                handle(frames)
+                if conn.closed:  # the handler dropped it
+                    return
 
     def _drop_local(self, conn: LocalConnection) -> None:
         _, identity = self._locals.pop(conn.fd, (None, None))

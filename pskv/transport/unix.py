@@ -224,6 +224,11 @@ class LocalConnection:
                                   f"PSKV_SEND_QUEUE_BYTES={self._bounds.send_queue_bytes}: dropped")
 
     @property
+    def closed(self) -> bool:
+        """True once the connection was closed (by either side's failure, or :meth:`close`)."""
+        return self._sock is None
+
+    @property
     def pending(self) -> bool:
         """True while queued packets wait for the peer (call :meth:`flush` when the socket is writable)."""
         return bool(self._queue)
