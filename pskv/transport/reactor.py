@@ -28,7 +28,6 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-import select
 import socket
 import struct
 import threading
@@ -433,28 +432,23 @@ class Reactor:
         else will read (the reactor's timers turn it at least every 0.1 s anyway).
 
         Returns at once if another thread reads the connection now, when ``done()``
-        holds, once ``deadline`` (``time.monotonic()``) passed, or if the connection
-        failed (the reactor drops it, as if it had read the failure itself). Checks
-        ``done()`` at least every ``_READ_SLICE`` s (a request failed by a timeout or a
-        dead peer completes without a packet). Never call it on the reactor thread.
+        holds, once ``deadline`` (``time.monotonic()``) passed (checked every
+        ``_READ_SLICE`` s: it may be passed by that much), or if the connection failed
+        (the reactor drops it, as if it had read the failure itself). Checks ``done()``
+        at least every ``_READ_SLICE`` s (a request failed by a timeout or a dead peer
+        completes without a packet). Never call it on the reactor thread.
         """
         if not conn.reading.acquire(blocking=False):
             return
         conn.claimed = True
         failure: BaseException | None = None
         try:
-            poller = conn.poller
-            if poller is None:
-                poller = conn.poller = select.poll()
-                poller.register(conn.fd, select.POLLIN)
             while not done():
                 try:
-                    frames = conn.receive()
+                    frames = conn.receive(wait=_READ_SLICE)  # one system call, woken by the packet
                 except (BlockingIOError, InterruptedError):
-                    left = deadline - time.monotonic()
-                    if left <= 0:
+                    if time.monotonic() >= deadline:
                         return
-                    poller.poll(min(left, _READ_SLICE) * 1000.0)
                     continue
                 except (EOFError, OSError, ProtocolError) as exc:
                     failure = exc

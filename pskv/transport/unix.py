@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import collections
 import os
-import select
 import socket
 import struct
 import threading
@@ -105,7 +104,7 @@ class LocalConnection:
     """
 
     __slots__ = ("_sock", "_lock", "name", "_limit", "_buffer", "_partial", "fd", "_timeout", "_bounds", "_queued",
-                 "_queue", "_queue_bytes", "_progress", "reading", "claimed", "polled", "poller")
+                 "_queue", "_queue_bytes", "_progress", "reading", "claimed", "polled", "_read_timeout")
 
     def __init__(self, sock: socket.socket, name: str, send_timeout: float = 60.0, bounds: Bounds = DEFAULT_BOUNDS,
                  queued: bool = False) -> None:
@@ -132,7 +131,7 @@ class LocalConnection:
         self.reading = threading.Lock()
         self.claimed = False  # a thread waiting for a reply reads it (the reactor leaves it out of its poll)
         self.polled = True  # in the reactor's poll set (changed by the reactor thread only)
-        self.poller: select.poll | None = None  # the waiting reader's poll of this descriptor (made once)
+        self._read_timeout: float | None = None  # SO_RCVTIMEO: how long a waiting receive blocks at most
 
     @classmethod
     def connect(cls, path: str, name: str, send_timeout: float = 60.0, bounds: Bounds = DEFAULT_BOUNDS
@@ -259,14 +258,18 @@ class LocalConnection:
         """True if queued packets have waited, untouched by the peer, longer than the slow-peer timeout."""
         return bool(self._queue) and now - self._progress > self._bounds.slow_peer_timeout
 
-    def receive(self) -> list[memoryview] | None:
+    def receive(self, wait: float | None = None) -> list[memoryview] | None:
         """Read one packet; the message's frames once it is whole and valid.
+
+        Args:
+            wait: seconds to wait for a packet (one system call; a thread waiting for its
+                reply); None: none, the packet must be there (the reactor, after its poll).
 
         Returns:
             The frames, or None while a multi-packet message is incomplete.
 
         Raises:
-            BlockingIOError: no packet is waiting.
+            BlockingIOError: no packet is waiting (came within ``wait``).
             EOFError: the peer closed the connection.
             ConnectionError: the connection failed.
             ProtocolError: the packet or the message is malformed or over a bound (the
@@ -275,7 +278,15 @@ class LocalConnection:
         sock = self._sock
         if sock is None:
             raise EOFError(f"{self.name} is closed")
-        n = sock.recv_into(self._buffer, 0, socket.MSG_DONTWAIT)  # raises BlockingIOError if none
+        if wait is None:
+            n = sock.recv_into(self._buffer, 0, socket.MSG_DONTWAIT)  # raises BlockingIOError if none
+        else:
+            if wait != self._read_timeout:  # a blocking read, bounded by SO_RCVTIMEO
+                whole = int(wait)
+                usec = max(int((wait - whole) * 1e6), 0 if whole else 1)  # zero would mean: without limit
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", whole, usec))
+                self._read_timeout = wait
+            n = sock.recv_into(self._buffer)  # raises BlockingIOError once SO_RCVTIMEO passed
         if n == 0:
             raise EOFError(f"{self.name}: the peer closed the connection")
         flag = self._buffer[0]

@@ -449,6 +449,17 @@ class WorkerClient:
         return pending
 
     def _queue_and_send(self, key: float, server: int, frames: list[Any], pending: WorkerRequest) -> None:
+        if not self._queue and server not in self._paused and self._send_lock.acquire(blocking=False):
+            try:  # nothing queued and nobody sending: no order to keep, straight out
+                direct = not self._queue
+                if direct:
+                    self._send_one(server, frames, pending)
+            finally:
+                self._send_lock.release()
+            if direct:
+                if self._queue:  # queued by another thread while this one held the send lock
+                    self._flush()
+                return
         with self._queue_lock:
             heapq.heappush(self._queue, (key, next(self._seq), server, frames, pending))
         self._flush()
@@ -513,16 +524,7 @@ class WorkerClient:
                     if server in self._paused:  # being replaced: sent after the replay
                         held.append(item)
                         continue
-                    pending.sent = next(self._sent[server])
-                    pending.epoch = self._epoch[server]
-                    if pending.quiet:
-                        self.quiet.sent(pending)
-                    try:
-                        self._senders[server].send(frames)
-                    except ConnectionError as exc:  # a local connection whose server is gone: as ZeroMQ does
-                        # with a vanished peer, the request waits (membership declares the server
-                        # dead and fails it with NodeFailedError, or its timeout passes)
-                        log.warning("worker: request to server %d not sent: %s", server, exc)
+                    self._send_one(server, frames, pending)
             finally:
                 if held:
                     with self._queue_lock:
@@ -532,6 +534,19 @@ class WorkerClient:
             with self._queue_lock:
                 if len(self._queue) == len(held):  # nothing new, or only held requests
                     return
+
+    def _send_one(self, server: int, frames: list[Any], pending: WorkerRequest) -> None:
+        """Send one request (the send lock is held), numbered in its server's order."""
+        pending.sent = next(self._sent[server])
+        pending.epoch = self._epoch[server]
+        if pending.quiet:
+            self.quiet.sent(pending)
+        try:
+            self._senders[server].send(frames)
+        except ConnectionError as exc:  # a local connection whose server is gone: as ZeroMQ does
+            # with a vanished peer, the request waits (membership declares the server
+            # dead and fails it with NodeFailedError, or its timeout passes)
+            log.warning("worker: request to server %d not sent: %s", server, exc)
 
     def _on_reply(self, frames: Sequence[Any]) -> None:
         try:
