@@ -590,7 +590,7 @@ class Client:
 
 def counts(total: int, target: int, max_messages: int) -> tuple[int, int]:
     """Messages per one-way sample, round trips per echo sample, for about ``target`` bytes per sample."""
-    return (max(1, min(max_messages, -(-target // total))), max(1, min(max_messages // 4, -(-target // (2 * total)))))
+    return (max(1, min(max_messages, -(-target // total))), max(1, min(max_messages // 10, -(-target // (2 * total)))))
 
 
 def rotated(items: Sequence[str], by: int) -> list[str]:
@@ -825,17 +825,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--delay", default=None, help="tc netem delay on the simulated hosts' outgoing traffic")
     p.add_argument("--rounds", type=int, default=None, help="rounds, fresh processes each (default 3, quick 1)")
     p.add_argument("--repeats", type=int, default=None, help="timed samples per measurement per round "
-                                                             "(default 3, quick 2)")
+                                                             "(default 2, quick 2)")
     p.add_argument("--only", default=",".join(x.id for x in PAYLOADS), help="message sizes (ids), comma-separated")
     p.add_argument("--no-pipe", action="store_true", help="leave out the pipelining measurements")
     p.add_argument("--target-mb", type=float, default=None,
-                   help="MiB moved per one-way sample (default 96, quick 24; with --rate at most 0.1 s of the rate)")
+                   help="MiB moved per one-way sample (default 64, quick 24; with --rate at most 0.1 s of the rate)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds one round on one network may take")
     p.add_argument("--json", type=Path, default=None,
                    help="result file (default bench/results/transport_<UTC date>[_RATE][_quick].json)")
     args = p.parse_args(argv)
     args.rounds = args.rounds or (1 if args.quick else 3)
-    args.repeats = args.repeats or (2 if args.quick else 3)
+    args.repeats = args.repeats or 2
     return args
 
 
@@ -864,7 +864,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     pipe_payloads = [] if args.no_pipe else [x for x in PIPE_PAYLOADS if x in payloads]
     pieces = [0, 4] if args.quick else list(PIPE_PIECES_MIB)
-    target = int((args.target_mb or (24 if args.quick else 96)) * MiB)
+    target = int((args.target_mb or (24 if args.quick else 64)) * MiB)
     wire = rate_bytes_per_s(args.rate)
     stamp = datetime.now(timezone.utc)
     suffix = (f"_{args.rate}" if args.rate else "") + ("_quick" if args.quick else "")
@@ -889,7 +889,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     spec = {"round": rnd, "repeats": args.repeats, "payloads": payloads,
                             "pipe_payloads": pipe_payloads, "pipe_pieces_mib": pieces,
                             "target_bytes": min(target, int(0.1 * wire)) if shaped and wire else target,
-                            "max_messages": 1000 if args.quick else 4000}
+                            "max_messages": 1000 if args.quick else 2000}
                     t0 = time.perf_counter()
                     out = run_pair(net, hosts if net == "hosts" else None, spec, Path(tmp_name), args.timeout)
                     granted_by_net[net] = out["granted"]
