@@ -6,6 +6,10 @@
   different orders silently swapped values).
 * Arrays with at least ``bigarray_bound`` elements are split into one contiguous slice
   per server; smaller ones go whole to one server chosen by a stable hash of the key.
+* Every slice longer than ``max_part`` elements is cut again into near-equal pieces of at
+  most that many: each piece is a part of its own on the server, with its own round, so
+  a big value travels as a pipeline of pieces (the server sums piece ``i`` while ``i + 1``
+  arrives and answers each as soon as its round completes).
 """
 
 from __future__ import annotations
@@ -47,13 +51,23 @@ def home_server(skey: int, num_servers: int) -> int:
     return _mix(skey & _MASK64) % num_servers
 
 
-def split(skey: int, size: int, num_servers: int, bound: int) -> list[tuple[int, int, int]]:
+def split(skey: int, size: int, num_servers: int, bound: int, max_part: int = 0) -> list[tuple[int, int, int]]:
     """``(server rank, element offset, element count)`` for each part of a key's value.
 
     Big values (``size >= bound``) get one contiguous slice per server (boundaries
-    ``size * i // S``); smaller ones one part on :func:`home_server`.
+    ``size * i // S``); smaller ones one part on :func:`home_server`. With ``max_part``
+    > 0, a slice of more elements is cut into ``ceil(n / max_part)`` near-equal pieces,
+    in order, on the same server. Every worker must use the same arguments.
     """
     if size >= bound and num_servers > 1:
         cuts = [size * i // num_servers for i in range(num_servers + 1)]
-        return [(s, cuts[s], cuts[s + 1] - cuts[s]) for s in range(num_servers)]
-    return [(home_server(skey, num_servers), 0, size)]
+        slices = [(s, cuts[s], cuts[s + 1] - cuts[s]) for s in range(num_servers)]
+    else:
+        slices = [(home_server(skey, num_servers), 0, size)]
+    if max_part <= 0 or all(n <= max_part for _, _, n in slices):
+        return slices
+    parts: list[tuple[int, int, int]] = []
+    for server, offset, n in slices:
+        k = -(-n // max_part)
+        parts.extend((server, offset + n * j // k, n * (j + 1) // k - n * j // k) for j in range(k))
+    return parts

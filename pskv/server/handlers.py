@@ -27,7 +27,7 @@ from pskv.server.dedup import ReplyCache
 from pskv.server.gather import Gather, Parking, Refused
 from pskv.server.liveness import DeadWorkers
 from pskv.server.routes import Routes
-from pskv.server.shard import Part, ServerShard, to_storage
+from pskv.server.shard import Part, ServerShard
 
 __all__ = ["DataHandlers", "Handler", "Reply"]
 
@@ -101,7 +101,7 @@ class DataHandlers:
             parts = [(self._shard.check(spec.key, spec.offset, spec.dtype, data.size, "broadcast"), data)
                      for spec, data in items]
             for part, data in parts:  # in place: everyone finished reading at the barrier before
-                np.copyto(part.value, to_storage(part.dtype, data.reshape(-1)))
+                self._shard.overwrite(part, data)
             self._ack(identity, header)
             return
         for spec, _ in items:

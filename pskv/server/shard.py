@@ -37,7 +37,8 @@ bfloat16 values) and rounded back when sent.
 Replies are sent without copying, so a value array that may be in flight is never
 written again: without an updater a completed round *replaces* the value by the merge
 buffer (and the next round gets a fresh one); with an updater, which changes the value
-in place, :meth:`Part.wire_value` hands out a snapshot.
+in place, :meth:`Part.wire_value` hands out a snapshot — one per round, shared by every
+pull of that round.
 """
 
 from __future__ import annotations
@@ -134,6 +135,7 @@ class Part:
     pushes: dict[int, PushLog] = field(default_factory=dict)  # per worker
     # pulls that arrived before the push they must see: (worker, push number, ready, fail)
     early: list[tuple[int, int, Callable[[Part], None], Callable[[str], None] | None]] = field(default_factory=list)
+    published: tuple[int, np.ndarray[Any, Any]] | None = None  # (round, the snapshot pulls of it got)
 
     def buffer_index(self) -> int:
         """Which shared buffer holds the value (0 or 1)."""
@@ -146,10 +148,14 @@ class Part:
         return np.empty_like(self.value)
 
     def wire_value(self, snapshot: bool) -> np.ndarray[Any, Any]:
-        """The value as it travels (bfloat16 as bits); ``snapshot`` copies it."""
+        """The value as it travels (bfloat16 as bits); ``snapshot``: a copy, made once per round."""
         if self.dtype == "bfloat16":
             return f32_to_bf16_bits(self.value)
-        return self.value.copy() if snapshot else self.value
+        if not snapshot:
+            return self.value
+        if self.published is None or self.published[0] != self.round:
+            self.published = (self.round, self.value.copy())
+        return self.published[1]
 
 
 class ServerShard:
@@ -171,6 +177,7 @@ class ServerShard:
         # Workers that joined (ran out of data, see :meth:`join`): sync rounds complete
         # without them until every worker has joined.
         self.joined: set[int] = set()
+        self._pieces: dict[int, list[Part]] = {}  # key -> its parts here, by offset (one slice, maybe cut)
 
     def _full(self, part: Part) -> bool:
         """True if the open round of ``part`` has a push from every worker that has not joined."""
@@ -238,6 +245,12 @@ class ServerShard:
         part.restored = False
         return True
 
+    @staticmethod
+    def overwrite(part: Part, data: np.ndarray[Any, Any]) -> None:
+        """Replace ``part``'s value in place (a broadcast; every reader finished at the barrier before)."""
+        np.copyto(part.value, to_storage(part.dtype, data.reshape(-1)))
+        part.published = None
+
     def snapshot(self) -> list[tuple[Part, np.ndarray[Any, Any]]]:
         """Every part with a copy of its value (as stored), for a checkpoint."""
         return [(p, p.value.copy()) for p in self.parts.values()]
@@ -253,10 +266,12 @@ class ServerShard:
             part = Part(key, offset, dtype, a, buffers=(a, b))
             part.slots = {w: self._allocate(key, offset, f"w{w}", dt, data.size) for w in self._workers}
             part.summed = summed
-            self.parts[pid] = part
-            return
-        value = np.array(data, dtype=storage_dtype(dtype), copy=True)
-        self.parts[pid] = Part(key, offset, dtype, value, summed=summed)
+        else:
+            part = Part(key, offset, dtype, np.array(data, dtype=storage_dtype(dtype), copy=True), summed=summed)
+        self.parts[pid] = part
+        pieces = self._pieces.setdefault(key, [])
+        pieces.append(part)
+        pieces.sort(key=lambda p: p.offset)
 
     def part(self, key: int, offset: int, op: str) -> Part:
         """The part ``(key, offset)``.
@@ -437,23 +452,58 @@ class ServerShard:
         part.pushed.add(worker)
 
     def _complete(self, part: Part) -> None:
-        """Apply a full round, answer pulls, and start queued pushes (possibly repeatedly)."""
+        """Apply a full round, answer pulls, and start queued pushes (possibly repeatedly).
+
+        With an updater, the pieces of a key on this server (its slice, cut by
+        ``PSKV_PART_BYTES``) are updated together once every piece's round is full: the
+        updater sees the whole slice as if it were uncut (one state, one update count).
+        Until then a full piece stays full, so its next pushes queue.
+        """
         while True:
             assert part.merge is not None
             if self.updater is None or part.summed:
                 part.value, part.merge = part.merge, None  # the old value may be in flight
+                self._advance(part)
             else:
-                self.updater(part.key, part.merge, part.value)
-            part.round += 1
-            part.pushed.clear()
-            self._answer(part)
-            for worker in list(part.queued):
-                queue = part.queued[worker]
-                self._add(part, worker, queue.popleft())
-                if not queue:
-                    del part.queued[worker]
+                pieces = self._pieces[part.key]
+                if len(pieces) == 1:
+                    self.updater(part.key, part.merge, part.value)
+                    self._advance(part)
+                elif all(p.merge is not None and p.pushed and self._full(p) for p in pieces):
+                    self._update_pieces(pieces)
+                    for p in pieces:
+                        if p is not part:
+                            self._advance(p)
+                    self._advance(part)  # last: its queued pushes may fill the round again
+                    if self.updater is not None and all(p.pushed and self._full(p) for p in pieces):
+                        continue
+                    return
+                else:
+                    return  # the other pieces are not full yet
             if not self._full(part):
                 return
+
+    def _advance(self, part: Part) -> None:
+        """``part``'s round is applied: count it, answer its pulls, start its queued pushes."""
+        part.round += 1
+        part.pushed.clear()
+        self._answer(part)
+        for worker in list(part.queued):
+            queue = part.queued[worker]
+            self._add(part, worker, queue.popleft())
+            if not queue:
+                del part.queued[worker]
+
+    def _update_pieces(self, pieces: list[Part]) -> None:
+        """One updater call over the slice ``pieces`` make up (in offset order), written back into them."""
+        assert self.updater is not None
+        merged = np.concatenate([p.merge for p in pieces if p.merge is not None])
+        value = np.concatenate([p.value for p in pieces])
+        self.updater(pieces[0].key, merged, value)
+        at = 0
+        for p in pieces:
+            np.copyto(p.value, value[at: at + p.value.size])
+            at += p.value.size
 
     # -- pull -------------------------------------------------------------------------
     def pull(self, part: Part, min_round: int, ready: Callable[[Part], None],

@@ -7,7 +7,8 @@ layer, which decides *how*:
 * the layout of a key on the servers (:meth:`KVWorker.layout`, :mod:`pskv.worker.layout`);
 * one message per server (and per socket / shared-memory path) per call, holding
   every part of every key of the call (its specs; ``SHM`` / ``QUIET`` / init options as
-  header flags: no body on the data path, :mod:`pskv.protocol.messages`);
+  header flags: no body on the data path, :mod:`pskv.protocol.messages`) — through a
+  socket, messages of at most ``PSKV_PART_BYTES`` of values, so big values are pipelined;
 * per part, the number of pushes sent (a pull names "the round of my ``n``-th push");
 * the shared-memory parts (:mod:`pskv.worker.shared`), the quiet pushes
   (:mod:`pskv.worker.quiet`, through the client) and the push log replayed to a
@@ -132,8 +133,11 @@ class KVWorker:
     def layout(self, key: int | str, meta: ArrayMeta) -> KeyLayout:
         """The layout of a new key whose values are described by ``meta``."""
         skey = server_key(key)
-        parts = split(skey, meta.size, self._num_servers, self._cluster.bigarray_bound)
-        return KeyLayout(key, skey, meta, parts, [0] * len(parts), nbytes=meta.size * itemsize(meta.dtype))
+        size = itemsize(meta.dtype)
+        # async servers apply each push of a part through the updater alone: no pieces there
+        max_part = max(self._cluster.part_bytes // size, 1) if self._cluster.part_bytes and self._sync else 0
+        parts = split(skey, meta.size, self._num_servers, self._cluster.bigarray_bound, max_part)
+        return KeyLayout(key, skey, meta, parts, [0] * len(parts), nbytes=meta.size * size, itemsize=size)
 
     def attach(self, layouts: Sequence[KeyLayout]) -> None:
         """Map the shared-memory parts of ``layouts`` (once the servers created them: after init)."""
@@ -186,7 +190,7 @@ class KVWorker:
         """Ask for the values of the round of this worker's last push of each part (:meth:`values`)."""
         sent = Exchange()
         limit = self._limit(timeout)
-        for (server, shared), items in by_server(layouts, True).items():
+        for server, shared, items in by_server(layouts, True, self._cluster.part_bytes):
             # each part named with the number of this worker's last push of it (round = n)
             specs = tuple(ArraySpec(rec.skey, rec.meta.dtype, (rec.parts[i][2],), rec.parts[i][1], rec.pushes[i])
                           for rec, i in items)
@@ -207,7 +211,7 @@ class KVWorker:
         sent = Exchange()
         pushes = command in (Command.PUSH, Command.PUSHPULL)
         limit = self._limit(timeout)
-        for (server, shared), items in by_server(layouts, pushes).items():
+        for server, shared, items in by_server(layouts, pushes, self._cluster.part_bytes):
             # a push carries its number: the servers apply each (worker, part, number) at most once
             specs = tuple(part_spec(rec, i, rec.pushes[i] + 1 if pushes else 0) for rec, i in items)
             if shared:  # the data goes through this worker's slots; the message names the parts

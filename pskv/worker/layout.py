@@ -12,8 +12,12 @@ record for speed. They are safe because the store's engine runs the operations o
 key in issue order, and a push reuses them only after the key's previous push was
 acknowledged (``acks``).
 
-:func:`by_server` groups the parts of a call into one message per (server, through
-shared memory?) — ps-lite's slicer, computed once per key for single-key calls.
+:func:`by_server` groups the parts of a call into messages per (server, through
+shared memory?) — ps-lite's slicer, computed once per key for single-key calls. Values
+that travel through a socket are cut into messages of at most ``PSKV_PART_BYTES`` (at
+least one part each), taken from the servers in turn, so the first pieces are summed and
+answered while later ones are still on the wire; shared-memory messages only name their
+parts and are never cut.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -31,10 +36,10 @@ from pskv.protocol import ArraySpec
 if TYPE_CHECKING:
     from pskv.worker.shared import SharedPart
 
-__all__ = ["Groups", "KeyLayout", "Part", "by_server", "part_spec", "part_view"]
+__all__ = ["KeyLayout", "Message", "Part", "by_server", "part_spec", "part_view"]
 
 Part = tuple["KeyLayout", int]  # a key's layout and the index of one of its parts
-Groups = dict[tuple[int, bool], list[Part]]  # (server, shared?) -> the parts of one message
+Message = tuple[int, bool, list[Part]]  # (server, through shared memory?, the parts it carries)
 
 
 @dataclass
@@ -51,8 +56,9 @@ class KeyLayout:
     send: Any = None  # CPU buffer of the meta's kind: the locally reduced value
     outgoing: Any = None  # what the current operation sends: the caller's value or `send`
     recv: Any = None  # CPU buffer assembling a split value
-    groups: dict[bool, Groups] = field(default_factory=dict)  # by_server of this key alone, per shared_ok
+    groups: dict[tuple[bool, int], list[Message]] = field(default_factory=dict)  # by_server of this key alone
     nbytes: int = 0  # of one value; set with the layout
+    itemsize: int = 0  # bytes of one element on the wire; set with the layout
 
     @property
     def shared(self) -> bool:
@@ -60,27 +66,47 @@ class KeyLayout:
         return any(p is not None for p in self.shm)
 
 
-def by_server(layouts: Sequence[KeyLayout], shared_ok: bool) -> Groups:
-    """Parts grouped by (server, through shared memory?): one message per group (do not modify).
+def by_server(layouts: Sequence[KeyLayout], shared_ok: bool, max_bytes: int = 0) -> list[Message]:
+    """The messages of a call: its parts grouped by (server, through shared memory?) (do not modify).
 
     ``shared_ok`` False sends every part over the socket (pulls may use shared memory,
-    pushes too; ``INIT`` never does).
+    pushes too; ``INIT`` never does). A socket group whose values exceed ``max_bytes``
+    (> 0) is cut into messages of at most that many bytes (a bigger part alone); the
+    messages of several servers alternate, so every server gets its first piece early.
     """
     if len(layouts) == 1:  # a key's own grouping never changes: computed once
-        cached = layouts[0].groups.get(shared_ok)
+        cached = layouts[0].groups.get((shared_ok, max_bytes))
         if cached is None:
-            cached = layouts[0].groups[shared_ok] = _group(layouts, shared_ok)
+            cached = layouts[0].groups[(shared_ok, max_bytes)] = _group(layouts, shared_ok, max_bytes)
         return cached
-    return _group(layouts, shared_ok)
+    return _group(layouts, shared_ok, max_bytes)
 
 
-def _group(layouts: Sequence[KeyLayout], shared_ok: bool) -> Groups:
+def _group(layouts: Sequence[KeyLayout], shared_ok: bool, max_bytes: int) -> list[Message]:
     groups: dict[tuple[int, bool], list[Part]] = defaultdict(list)
     for rec in layouts:
         for i, (server, _, _) in enumerate(rec.parts):
             shared = shared_ok and bool(rec.shm) and rec.shm[i] is not None
             groups[(server, shared)].append((rec, i))
-    return dict(groups)
+    queues = [[(server, shared, chunk) for chunk in ([items] if shared else _cut(items, max_bytes))]
+              for (server, shared), items in groups.items()]
+    return [m for turn in zip_longest(*queues) for m in turn if m is not None]
+
+
+def _cut(items: list[Part], max_bytes: int) -> list[list[Part]]:
+    """``items`` in runs of at most ``max_bytes`` of values (each run at least one part; 0: one run)."""
+    if max_bytes <= 0:
+        return [items]
+    runs: list[list[Part]] = [[]]
+    size = 0
+    for rec, i in items:
+        nbytes = rec.parts[i][2] * rec.itemsize
+        if runs[-1] and size + nbytes > max_bytes:
+            runs.append([])
+            size = 0
+        runs[-1].append((rec, i))
+        size += nbytes
+    return runs
 
 
 def part_spec(rec: KeyLayout, i: int, number: int = 0) -> ArraySpec:

@@ -564,3 +564,43 @@ def test_a_summed_key_keeps_plain_sums_while_an_optimizer_updates_the_others():
     for w, count in run(2, 2, fn):
         np.testing.assert_allclose(w, 1 - 0.5 * 2)  # SGD on the sum of two pushes of 1
         assert count.tolist() == [2, 20]  # the plain sum, not an SGD step
+
+
+# -- big values travel as a pipeline of pieces (PSKV_PART_BYTES) ------------------------------
+@pytest.mark.parametrize("shm", [0, 1])
+def test_big_values_are_cut_into_pieces_sent_as_separate_messages(shm):
+    n, piece = 100_000, 10_000  # float32: 40,000-byte pieces; split over 2 servers, then 5 pieces each
+
+    def fn(kv):
+        sent = []
+        request = kv._client.request
+
+        def counting(server, command, *args, **kwargs):
+            sent.append((server, command.name))
+            return request(server, command, *args, **kwargs)
+
+        kv._client.request = counting
+        kv.init([0, 1], [np.zeros(n, np.float32), np.zeros(3, np.float32)])
+        parts = kv._keys[0].parts
+        kv.push([0, 1], [np.arange(n, dtype=np.float32) * (kv.rank + 1), np.ones(3, np.float32)])
+        pulled = kv.pull(0)
+        del sent[:]
+        out = np.zeros(n, np.float32)
+        kv.pushpull(0, np.ones(n, np.float32), out=out)
+        pushpulls = [s for s, c in sent if c == "PUSHPULL"]
+        kv.set_optimizer(SGD(learning_rate=0.5))
+        kv.push(0, np.ones(n, np.float32))
+        stepped = kv.pull(0)
+        kv.broadcast(0, np.full(n, 9.0, np.float32), out=np.zeros(n, np.float32))
+        return parts, pulled, out, pushpulls, stepped, kv.pull(0)
+
+    for parts, pulled, out, pushpulls, stepped, broadcast in run(2, 2, fn, shm=shm, bigarray_bound=50_000,
+                                                                 part_bytes=4 * piece):
+        assert len(parts) == 10 and all(length <= piece for _, _, length in parts)
+        assert sorted({server for server, _, _ in parts}) == [0, 1]
+        np.testing.assert_array_equal(pulled, 3 * np.arange(n, dtype=np.float32))
+        assert (out == 2).all()
+        # through sockets one message per piece, the servers in turn; shared memory: one per server
+        assert pushpulls == ([0, 1] * 5 if not shm else [0, 1])
+        assert (stepped == 2 - 0.5 * 2).all()
+        assert (broadcast == 9).all()

@@ -260,3 +260,42 @@ def test_a_push_number_far_ahead_is_refused_without_counting():
         s.landed(p, 9, 5000)
     s.skip_push(p, 9, 5000)  # the refusal's bookkeeping records nothing either
     assert p.pushes[9].count == 0 and not p.pushes[9].ahead
+
+
+def test_with_an_updater_every_pull_of_a_round_shares_one_snapshot_and_a_broadcast_renews_it():
+    s, p = shard()
+    s.updater = lambda key, merged, stored: np.add(stored, merged, out=stored)
+    s.push(p, 9, f(1))
+    s.push(p, 11, f(1))
+    first = p.wire_value(snapshot=True)
+    assert p.wire_value(snapshot=True) is first  # one copy per round, not one per pull
+    s.push(p, 9, f(1))
+    s.push(p, 11, f(1))  # the next round updates the value in place: the snapshot stays as sent
+    assert first.tolist() == [2] * 4 and p.wire_value(snapshot=True).tolist() == [4] * 4
+    s.overwrite(p, f(7))  # a broadcast: same round, new value
+    assert p.wire_value(snapshot=True).tolist() == [7] * 4
+
+
+def test_the_pieces_of_a_key_are_updated_together_once_every_piece_is_full():
+    s = ServerShard(2, True)
+    s.init(7, 0, "float32", np.zeros(2, np.float32))
+    s.init(7, 2, "float32", np.zeros(2, np.float32))
+    a, b = s.part(7, 0, "test"), s.part(7, 2, "test")
+    calls = []
+
+    def upd(key, merged, stored):  # sees the whole slice, once per round
+        calls.append((key, merged.tolist()))
+        stored -= merged
+
+    s.updater = upd
+    pulled = []
+    s.pull(a, 1, lambda part: pulled.append(part.value.tolist()))
+    s.push(a, 9, np.array([1, 2], np.float32))
+    s.push(a, 11, np.array([1, 2], np.float32))
+    assert a.round == 0 and not calls and not pulled  # piece a is full, b is not: no update yet
+    assert s.push(a, 9, np.array([5, 5], np.float32)) == 2  # a's next round queues meanwhile
+    s.push(b, 9, np.array([3, 4], np.float32))
+    s.push(b, 11, np.array([3, 4], np.float32))
+    assert calls == [(7, [2, 4, 6, 8])]
+    assert (a.round, b.round) == (1, 1) and pulled == [[-2, -4]] and b.value.tolist() == [-6, -8]
+    assert a.pushed == {9}  # the queued push opened round 2
