@@ -44,6 +44,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -199,6 +200,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                                                              f"(default 5 (a), {B_REPEATS} (b); quick 3 (a), 2 (b))")
     p.add_argument("--only", default=None, help="workload ids, comma-separated (default resnet50,64mb (a), "
                                                 "resnet50 (b))")
+    p.add_argument("--systems", default=",".join(B_SYSTEMS),
+                   help=f"b only: which systems to run, comma-separated (default {','.join(B_SYSTEMS)})")
     p.add_argument("--timeout", type=float, default=None, help="seconds one job may take (default 300 (a), 600 (b))")
     p.add_argument("--json", type=Path, default=None,
                    help="result file (default bench/results/hosts2_<UTC date>[_RATE][_quick].json (a), "
@@ -209,6 +212,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.repeats = args.repeats or ((2 if b else 3) if args.quick else B_REPEATS if b else 5)
     args.only = args.only or ("resnet50" if b else "resnet50,64mb")
     args.timeout = args.timeout or (600.0 if b else 300.0)
+    args.systems = [x.strip() for x in args.systems.split(",") if x.strip()]
+    if not args.systems or not set(args.systems) <= set(B_SYSTEMS):
+        p.error(f"--systems: expected some of {', '.join(B_SYSTEMS)}, got {args.systems}")
     if b:
         args.rate = args.rate or B_RATE
     return args
@@ -311,6 +317,61 @@ def link_counters(hosts: SimulatedHosts) -> list[dict[str, int]]:
     return [hosts.link_bytes(i) for i in range(len(hosts))]
 
 
+class LinkTrace:
+    """Every host link's byte counters, sampled at the bridge every ``interval`` s by a thread, during a job.
+
+    A bridge port's received bytes are its host's sent bytes and the other way round; one
+    ``ip -s -j link show`` in the bridge's namespace reads all of them at once.
+    """
+
+    def __init__(self, hosts: SimulatedHosts, interval: float = 0.2) -> None:
+        self.hosts, self.interval = hosts, interval
+        self.samples: list[tuple[float, list[tuple[int, int]]]] = []  # (perf_counter, [(host tx, host rx)])
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="link-trace", daemon=True)
+
+    def _read(self) -> list[tuple[int, int]]:
+        out = subprocess.run(["ip", "-n", self.hosts.bridge_ns, "-s", "-j", "link", "show"], capture_output=True,
+                             text=True, timeout=5, check=True).stdout
+        ports = {d["ifname"]: d["stats64"] for d in json.loads(out)}
+        return [(int(ports[h.link]["rx"]["bytes"]), int(ports[h.link]["tx"]["bytes"])) for h in self.hosts.hosts]
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.samples.append((time.perf_counter(), self._read()))
+            except (OSError, subprocess.SubprocessError, KeyError, ValueError):
+                pass  # a missed sample only widens one interval
+
+    def __enter__(self) -> LinkTrace:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def summary(self, host: int, window: Sequence[float], bytes_per_s: float | None) -> dict[str, Any]:
+        """Host ``host``'s send / receive rates over ``window`` (perf_counter seconds) as fractions of the rate.
+
+        ``both_busy``: the share of the window's time in which the link carried more than
+        half the rate in both directions at once; ``one_way``: in exactly one direction.
+        """
+        inside = [(t, c[host]) for t, c in self.samples if window and window[0] <= t <= window[1]]
+        if len(inside) < 3 or not bytes_per_s:
+            return {"intervals": max(0, len(inside) - 1)}
+        both = one = 0.0
+        for (t0, (tx0, rx0)), (t1, (tx1, rx1)) in zip(inside, inside[1:]):
+            busy = [(tx1 - tx0) / (t1 - t0) > bytes_per_s / 2, (rx1 - rx0) / (t1 - t0) > bytes_per_s / 2]
+            both += (t1 - t0) * all(busy)
+            one += (t1 - t0) * (sum(busy) == 1)
+        span = inside[-1][0] - inside[0][0]
+        return {"intervals": len(inside) - 1, "span_s": span,
+                "tx_fraction": (inside[-1][1][0] - inside[0][1][0]) / span / bytes_per_s,
+                "rx_fraction": (inside[-1][1][1] - inside[0][1][1]) / span / bytes_per_s,
+                "both_busy": both / span, "one_way": one / span}
+
+
 def iterations_per_job(workloads: Sequence[DistWorkload], repeats: int, pskv: bool) -> int:
     """Iterations one worker runs in a job: per workload and mode, the checked one, the warm-up and the samples."""
     return sum(len(w.pskv_modes if pskv else ("push_pull",)) * (1 + max(1, w.warmup) + repeats * w.iters)
@@ -381,6 +442,7 @@ def main_b(args: argparse.Namespace, workloads: Sequence[DistWorkload], argv: li
     runs: dict[str, list[list[dict[str, Any]]]] = {s: [] for s in B_SYSTEMS}
     moved: dict[str, list[list[dict[str, int]]]] = {s: [] for s in B_SYSTEMS}
     walls: dict[str, list[float]] = {s: [] for s in B_SYSTEMS}
+    traces: dict[str, list[dict[str, Any]]] = {s: [] for s in B_SYSTEMS}
     load = [os.getloadavg()]
     started = time.perf_counter()
     try:
@@ -398,13 +460,19 @@ def main_b(args: argparse.Namespace, workloads: Sequence[DistWorkload], argv: li
                 "colocated": lambda d: run_pskv(hosts, pskv_spec, d, args.timeout, B_WORKERS, worker_hosts),
                 "gloo": lambda d: run_gloo(hosts, gloo_spec, d, args.timeout, B_WORKERS, worker_hosts)}
         for rnd in range(args.rounds):
-            for system in B_SYSTEMS if rnd % 2 == 0 else reversed(B_SYSTEMS):
+            chosen = [x for x in B_SYSTEMS if x in args.systems]
+            for system in chosen if rnd % 2 == 0 else reversed(chosen):
                 rdir = tmp / f"r{rnd}-{system}"
                 rdir.mkdir()
                 before = link_counters(hosts)
                 t0 = time.perf_counter()
-                runs[system].append(jobs[system](rdir))
+                with LinkTrace(hosts) as trace:
+                    runs[system].append(jobs[system](rdir))
                 walls[system].append(time.perf_counter() - t0)
+                # worker host 1 (rank 0 on host 0 also sends the init values) and, dedicated, server host 5
+                window = runs[system][-1][1]["results"][workloads[0].id].get("window_monotonic_s") or []
+                traces[system].append({f"host{i}": trace.summary(i, window, bits / 8 if bits else None)
+                                       for i in (1, B_WORKERS + 1)})
                 moved[system].append([{k: a[k] - b[k] for k in ("tx", "rx")}
                                       for a, b in zip(link_counters(hosts), before)])
                 print(f"round {rnd} {system}: {walls[system][-1]:.1f} s, link MB sent per host "
@@ -415,17 +483,25 @@ def main_b(args: argparse.Namespace, workloads: Sequence[DistWorkload], argv: li
                          encoding="utf-8")  # the raw samples are kept even if the summary fails
     rows = summarize_b(runs, workloads, moved, bits, args.repeats)
     target = {r["mode"]: r["ratio_vs_gloo"] for r in rows if r["placement"] == "dedicated" and r["workload"] == "resnet50"}
-    verdict = "PASS" if target and all(x is not None and x >= 1.3 for x in target.values()) else "MISS"
+    verdict = ("not measured" if not target or None in target.values()
+               else "PASS" if all(x >= 1.3 for x in target.values()) else "MISS")
     print(f"\nFour worker hosts, links {args.rate} both ways (delay {args.delay or 'none'}), {args.rounds} round(s) x "
           f"{args.repeats} samples; ratio = Gloo time / pskv time (> 1: pskv faster); % of link rate = the time the "
           f"link rate alone allows (dedicated {model_traffic('dedicated', B_WORKERS):g}x the model each way per "
           f"worker link, ring and co-located {model_traffic('gloo', B_WORKERS):g}x) / the median\n")
     print(table_b(rows))
-    for system in B_SYSTEMS:
+    for system in (x for x in B_SYSTEMS if moved[x]):
         iters = iterations_per_job(workloads, args.repeats, system != "gloo")
         per_host = [statistics.mean(job[i]["tx"] for job in moved[system]) / iters / 1e6 for i in range(len(hosts))]
         print(f"{system}: MB sent per iteration by host (jobs' totals / {iters} iterations): "
               f"{[round(x) for x in per_host]}")
+    for system in (x for x in B_SYSTEMS if traces[x]):
+        for t in traces[system]:
+            h = t["host1"]
+            if "both_busy" in h:
+                print(f"{system}: worker host 1 in the timed window: sends at {100 * h['tx_fraction']:.0f} %, "
+                      f"receives at {100 * h['rx_fraction']:.0f} % of the rate; both ways > half the rate "
+                      f"{100 * h['both_busy']:.0f} % of the time, one way only {100 * h['one_way']:.0f} %")
     print(f"\ntarget: ResNet-50 list, dedicated servers >= 1.3x Gloo: {verdict} "
           f"({', '.join(f'{m} {x:.2f}x' for m, x in target.items() if x)})")
     payload = {"benchmark": "bench_hosts", "setup": "b", "date_utc": stamp.isoformat(timespec="seconds"),
@@ -441,7 +517,7 @@ def main_b(args: argparse.Namespace, workloads: Sequence[DistWorkload], argv: li
                "wall_s": time.perf_counter() - started, "job_wall_s": walls,
                "target": {"what": "ResNet-50 list, dedicated server hosts, >= 1.3x Gloo (each pskv call)",
                           "ratios": target, "verdict": verdict},
-               "rows": rows, "link_bytes": moved, "runs": runs}
+               "rows": rows, "link_bytes": moved, "link_trace": traces, "runs": runs}
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(payload, indent=1), encoding="utf-8")
     print(f"\nwrote {json_path}")
