@@ -506,6 +506,8 @@ def main_b(args: argparse.Namespace, workloads: Sequence[DistWorkload], argv: li
           f"({', '.join(f'{m} {x:.2f}x' for m, x in target.items() if x)})")
     payload = {"benchmark": "bench_hosts", "setup": "b", "date_utc": stamp.isoformat(timespec="seconds"),
                "commit": git_commit(), "argv": argv, "quick": args.quick, "rate": args.rate,
+               "uncommitted_in_pskv": subprocess.run(["git", "status", "--porcelain", "pskv"], cwd=REPO_DIR,
+                                                     capture_output=True, text=True).stdout.splitlines(),
                "rate_bits_per_s": bits, "delay": args.delay, "rounds": args.rounds, "repeats": args.repeats,
                "workers": B_WORKERS,
                "hosts": [{"address": h.address, "hostname": h.hostname,
