@@ -91,8 +91,9 @@ class Trainer:
         update_on_kvstore: run the optimizer in the store (None: decide by MXNet's rules).
         overlap: send gradients during backward (groups whose parameters all have
             ``grad_req='write'``; plain modules only with ``update_on_kvstore=False``).
-        bucket_bytes: gradients are sent in groups of about this many bytes (0: one
-            key per send).
+        bucket_bytes: gradients are sent in groups of about this many bytes: a group
+            is closed by the parameter that makes it reach the size (0: one key per
+            parameter).
         prefix: prepended to parameter names to make the store keys (several models
             in one store need distinct prefixes).
 
@@ -210,15 +211,21 @@ class Trainer:
         return True if requested is None else bool(requested)
 
     def _make_buckets(self, cap: int) -> list[list[int]]:
-        """Parameter indices in reverse order, grouped into buckets of at most ``cap`` bytes
-        (one dtype and device per bucket)."""
+        """Parameter indices in reverse order, grouped into buckets (one dtype and device per bucket).
+
+        A bucket takes parameters until it holds ``cap`` bytes or more (as DDP's buckets do):
+        the parameter that crosses the cap closes it. So a small parameter (a bias, a batch
+        norm's scale) travels with the big one next to it instead of costing a round of its
+        own, and a bucket is at most one parameter beyond ``cap``; 0 gives one bucket per
+        parameter.
+        """
         buckets: list[list[int]] = []
         size, kind = 0, None
         for i in reversed(range(len(self.names))):
             p = self._leaves[i][0]
             nbytes = p.numel() * p.element_size()
             this = (p.dtype, tuple(str(c.device) for c in self._leaves[i]))
-            if not buckets or size + nbytes > cap or this != kind:
+            if not buckets or size >= cap or this != kind:
                 buckets.append([])
                 size, kind = 0, this
             buckets[-1].append(i)

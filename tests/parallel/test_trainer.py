@@ -143,6 +143,22 @@ def test_gradients_leave_during_backward_in_buckets():
     assert len(big._buckets) == 1
 
 
+def test_a_bucket_closes_at_the_parameter_that_crosses_its_size():
+    # float64, reverse order: 2.bias 24 B, 2.weight 384 B, 0.bias 128 B, 0.weight 1024 B
+    x, y = dataset()
+    g = make_group(["cpu", "cpu"], 2 * B)
+    t = Trainer(g, "sgd", {"learning_rate": 0.1}, kvstore="local", bucket_bytes=400)
+    # 24 + 384 >= 400 closes the first bucket; no small parameter is left in a round of its own
+    assert t._buckets == [[3, 2], [1, 0]]
+    assert t.keys == ["bucket0", "bucket1"]
+    g.forward((x[:2 * B], y[:2 * B]))
+    g.backward()
+    assert len(t._handles) == 2
+    t.step()
+    one = Trainer(make_group(["cpu"], B), "sgd", kvstore="local", bucket_bytes=1)
+    assert one._buckets == [[3], [2], [1], [0]]  # every parameter reaches a 1-byte cap by itself
+
+
 def test_grad_req_add_waits_for_step_and_accumulates():
     x, y = dataset()
     g = make_group(["cpu", "cpu"], 2 * B, grad_req="add")
