@@ -10,8 +10,8 @@ benchmark (b) (``--setup b``, four worker hosts on shaped links): iterations per
 of the ResNet-50 list for Gloo's ring and pskv with servers co-located and on dedicated
 server hosts (bar: the slower worker's median; whisker: every sample's range), with the
 rates the links alone allow (1x the model each way per worker link for dedicated
-servers, 2(n-1)/n for the ring) and the target (1.3x Gloo). Defaults: the newest
-``bench/results/hosts2_*.json`` and ``hosts8b_*.json`` that are not quick runs.
+servers, 2(n-1)/n for the ring) and the target (1.3x Gloo). Defaults: the newest (by
+their ``date_utc``) ``bench/results/hosts2_*.json`` and ``hosts8b_*.json`` that are not quick runs.
 """
 
 from __future__ import annotations
@@ -30,9 +30,13 @@ COLORS = {"gloo": "#7f7f7f", "colocated": "#6baed6", "dedicated": "#08519c"}
 
 
 def newest(pattern: str) -> Path | None:
-    """The newest (by name: the UTC date) result matching ``pattern`` that is not a quick run."""
-    found = sorted(p for p in RESULTS.glob(pattern) if "_quick" not in p.name)
-    return found[-1] if found else None
+    """The newest (by its ``date_utc``) result matching ``pattern`` that is not a quick run."""
+    found = []
+    for path in RESULTS.glob(pattern):
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not data.get("quick") and "rows" in data:
+            found.append((str(data.get("date_utc", "")), path.name, path))
+    return max(found)[2] if found else None
 
 
 def plot_a(ax: Any, data: dict[str, Any], name: str) -> None:
