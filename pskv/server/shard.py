@@ -257,6 +257,13 @@ class ServerShard:
 
     def _create(self, key: int, offset: int, dtype: str, data: np.ndarray[Any, Any], summed: bool) -> None:
         pid = (key, offset)
+        for other in self._pieces.get(key, ()):
+            if offset < other.offset + other.value.size and other.offset < offset + data.size:
+                raise InvalidArgumentError(
+                    f"key {key}: a part of elements [{offset}, {offset + data.size}) overlaps the part "
+                    f"[{other.offset}, {other.offset + other.value.size}) this server holds (a checkpoint made "
+                    "with another PSKV_PART_BYTES, MXNET_KVSTORE_BIGARRAY_BOUND or number of servers?)"
+                )
         if self._allocate is not None and self.sync and dtype != "bfloat16":
             # shared buffers: co-located workers push into their slot and read the value in place
             dt = storage_dtype(dtype)

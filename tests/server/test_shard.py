@@ -299,3 +299,11 @@ def test_the_pieces_of_a_key_are_updated_together_once_every_piece_is_full():
     assert calls == [(7, [2, 4, 6, 8])]
     assert (a.round, b.round) == (1, 1) and pulled == [[-2, -4]] and b.value.tolist() == [-6, -8]
     assert a.pushed == {9}  # the queued push opened round 2
+
+
+def test_a_part_overlapping_one_held_is_refused_with_both_ranges():
+    s = ServerShard(2, True)
+    s.restore(7, 0, "float32", np.zeros(4, np.float32), rounds=3)  # e.g. from a checkpoint cut otherwise
+    with pytest.raises(pskv.InvalidArgumentError, match=r"key 7: .*\[2, 4\) overlaps the part \[0, 4\)"):
+        s.init(7, 2, "float32", np.zeros(2, np.float32))
+    s.init(7, 4, "float32", np.zeros(2, np.float32))  # adjacent: fine
