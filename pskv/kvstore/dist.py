@@ -38,7 +38,7 @@ import os
 import weakref
 from typing import Any
 
-from pskv.arrays import describe, fan_out_many
+from pskv.arrays import describe
 from pskv.config import ClusterConfig, Config
 from pskv.errors import InvalidArgumentError, InvalidTypeError, NodeFailedError, NotSupportedError
 from pskv.kvstore.collectives import ServerCollectives
@@ -46,7 +46,7 @@ from pskv.kvstore.engine import Deferred
 from pskv.kvstore.frontend import StoreFrontEnd
 from pskv.kvstore.keys import Key
 from pskv.kvstore.rows import apply_row_plan, plan_row_pulls
-from pskv.kvstore.staging import deliver, is_quick, reduce_outgoing, reuses_buffers
+from pskv.kvstore.staging import deliver, fan_out_rest, is_quick, landing, reduce_outgoing, reuses_buffers
 from pskv.optimizer import Optimizer
 from pskv.worker import KeyLayout, KVWorker
 
@@ -316,7 +316,9 @@ class DistStore(StoreFrontEnd[KeyLayout]):
 
         def start() -> Deferred:
             sent = worker.pull(recs, priority, timeout)
-            return Deferred(sent.replies, lambda: deliver(recs, worker.values(sent, timeout), outs, single, self._kernels),
+            into = landing(recs, outs)
+            return Deferred(sent.replies,
+                            lambda: deliver(recs, worker.values(sent, timeout, into), outs, single, self._kernels),
                             inline=quick)
         result = self._submit("pull", keys, priority, start, block, timeout, quick)
         return result if (not block or out is None) else None
@@ -372,10 +374,11 @@ class DistStore(StoreFrontEnd[KeyLayout]):
                 worker.await_acks(recs, timeout)
             reduce_outgoing(pairs, self._kernels, self._on_device)
             sent = worker.pushpull(recs, priority, timeout)
+            into = landing(recs, targets)  # a piece's result lands after its own bytes were sent
 
             def finish() -> None:
-                values = worker.values(sent, timeout)
-                fan_out_many([(o, values[id(rec)]) for rec, o in zip(recs, targets)], self._kernels)
+                values = worker.values(sent, timeout, into)
+                fan_out_rest([(o, values[id(rec)]) for rec, o in zip(recs, targets)], self._kernels)
             return Deferred(sent.replies, finish, inline=quick)
         result = self._submit("pushpull", [k for k, _, _ in pairs], priority, start, block, timeout, quick)
         return result if not block else None

@@ -16,11 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from pskv.arrays import CpuKernels, describe, empty, fan_out_many, sum_into_many
+from pskv.arrays import CpuKernels, describe, empty, fan_out_many, is_torch, sum_into_many, wire_view
 from pskv.kvstore.keys import Key
 from pskv.worker import KeyLayout
 
-__all__ = ["QUICK_BYTES", "Pairs", "deliver", "is_quick", "reduce_outgoing", "reuses_buffers"]
+__all__ = ["QUICK_BYTES", "Pairs", "deliver", "fan_out_rest", "is_quick", "landing", "reduce_outgoing",
+           "reuses_buffers"]
 
 #: Calls on CPU values of at most this many bytes are "quick": with block=False they send
 #: from the caller's thread, and their replies are handled on the network thread — a
@@ -83,6 +84,42 @@ def reuses_buffers(pairs: Pairs) -> bool:
     return False
 
 
+def landing(recs: Sequence[KeyLayout], outs: Sequence[Sequence[Any]] | None) -> dict[int, tuple[Any, np.ndarray]]:
+    """Where each key's received parts may land directly: ``id(layout) -> (out, flat view of it)``.
+
+    Only for a key with exactly one out that is a contiguous, writable CPU array of the
+    key's kind, dtype and size: its parts (pieces, or slices of several servers) are
+    then written into it as they arrive, not assembled elsewhere and copied again.
+    """
+    views: dict[int, tuple[Any, np.ndarray]] = {}
+    for rec, o in zip(recs, outs or ()):
+        if len(o) == 1 and id(rec) not in views:
+            view = _flat_out(o[0], rec)
+            if view is not None:
+                views[id(rec)] = (o[0], view)
+    return views
+
+
+def _flat_out(out: Any, rec: KeyLayout) -> np.ndarray | None:
+    meta = rec.meta
+    if type(out) is np.ndarray:
+        fits = (out.flags.c_contiguous and out.flags.writeable and meta.backend == "numpy"
+                and out.dtype.name == meta.dtype and out.size == meta.size)
+        return out.reshape(-1) if fits else None
+    if is_torch(out) and not out.requires_grad and out.is_contiguous():
+        have = describe(out)
+        if have.device == "cpu" and (have.backend, have.dtype, have.size) == (meta.backend, meta.dtype, meta.size):
+            return wire_view(out)
+    return None
+
+
+def fan_out_rest(pairs: Sequence[tuple[Sequence[Any], Any]], kernels: CpuKernels) -> None:
+    """``fan_out_many`` without the outs that already are the value (landed there, :func:`landing`)."""
+    rest = [(dsts, v) for dsts, v in ((tuple(d for d in o if d is not v), v) for o, v in pairs) if dsts]
+    if rest:
+        fan_out_many(rest, kernels)
+
+
 def deliver(recs: Sequence[KeyLayout], values: dict[int, Any], outs: list[list[Any]] | None, single: bool,
             kernels: CpuKernels) -> Any:
     """The received ``values`` (by ``id`` of the layout) into ``outs``; None.
@@ -98,7 +135,8 @@ def deliver(recs: Sequence[KeyLayout], values: dict[int, Any], outs: list[list[A
             arrays.append(new)
         return arrays[0] if single else arrays
     if len(outs) == 1 and len(outs[0]) == 1 and type(outs[0][0]) is np.ndarray and recs[0].nbytes <= QUICK_BYTES:
-        np.copyto(outs[0][0], values[id(recs[0])])  # the usual small case, directly
+        if outs[0][0] is not values[id(recs[0])]:
+            np.copyto(outs[0][0], values[id(recs[0])])  # the usual small case, directly
         return None
-    fan_out_many([(o, values[id(rec)]) for rec, o in zip(recs, outs)], kernels)
+    fan_out_rest([(o, values[id(rec)]) for rec, o in zip(recs, outs)], kernels)
     return None

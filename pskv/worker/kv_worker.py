@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -256,8 +256,12 @@ class KVWorker:
                 pass
 
     # -- replies ------------------------------------------------------------------------
-    def values(self, sent: Exchange, timeout: float | None = None) -> dict[int, Any]:
+    def values(self, sent: Exchange, timeout: float | None = None,
+               into: Mapping[int, tuple[Any, np.ndarray[Any, Any]]] | None = None) -> dict[int, Any]:
         """Wait for the replies; the received value of each key (a CPU array of its kind) by ``id(layout)``.
+
+        ``into``: ``id(layout) -> (array, flat view of it)`` where a key's parts are written
+        as their replies arrive; its value is then that array.
 
         Raises:
             ProtocolError: a reply does not match the layout it answers.
@@ -271,7 +275,7 @@ class KVWorker:
                 continue
             if header.flags & Flag.SHM:  # the values are in shared memory
                 for (rec, i), frame in zip(items, self._shared.read(items, header, pending.node)):
-                    _place(rec, i, frame, values)
+                    _place(rec, i, frame, values, into)
                 continue
             if len(header.arrays) != len(items):
                 raise ProtocolError(
@@ -281,7 +285,7 @@ class KVWorker:
                 frame = frame_array(spec, buf)
                 if spec.offset != rec.parts[i][1] or frame.size != rec.parts[i][2]:
                     raise ProtocolError(f"{node_name(pending.node)}'s reply for key {rec.key!r} does not match its layout")
-                _place(rec, i, frame, values)
+                _place(rec, i, frame, values, into)
         return values
 
     def wait_acks(self, sent: Exchange, timeout: float | None = None) -> None:
@@ -407,8 +411,15 @@ class KVWorker:
         self._replay.recover(server, self.client, self._rank, self._cluster.request_timeout)
 
 
-def _place(rec: KeyLayout, i: int, frame: np.ndarray[Any, Any], values: dict[int, Any]) -> None:
-    """Record part ``i`` of ``rec``'s received value (assembling split keys)."""
+def _place(rec: KeyLayout, i: int, frame: np.ndarray[Any, Any], values: dict[int, Any],
+           into: Mapping[int, tuple[Any, np.ndarray[Any, Any]]] | None) -> None:
+    """Record part ``i`` of ``rec``'s received value (assembling split keys, maybe in place)."""
+    target = into.get(id(rec)) if into else None
+    if target is not None:
+        _, offset, length = rec.parts[i]
+        np.copyto(target[1][offset: offset + length], frame)
+        values[id(rec)] = target[0]
+        return
     if len(rec.parts) == 1:
         values[id(rec)] = from_wire(frame, rec.meta).reshape(rec.meta.shape)
         return

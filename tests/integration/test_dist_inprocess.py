@@ -604,3 +604,28 @@ def test_big_values_are_cut_into_pieces_sent_as_separate_messages(shm):
         assert pushpulls == ([0, 1] * 5 if not shm else [0, 1])
         assert (stepped == 2 - 0.5 * 2).all()
         assert (broadcast == 9).all()
+
+
+@pytest.mark.parametrize("shm", [0, 1])
+def test_the_parts_of_a_value_land_directly_in_a_fitting_out(shm):
+    import torch
+
+    n = 40_000  # 4 pieces on each of 2 servers
+
+    def fn(kv):
+        kv.init([0, 1], [np.zeros(n, np.float32), torch.zeros(n)])
+        rec0, rec1 = kv._keys[0], kv._keys[1]
+        kv.push([0, 1], [np.full(n, kv.rank + 1.0, np.float32), torch.full((n,), kv.rank + 1.0)])
+        out0, out1 = np.zeros(n, np.float32), torch.zeros(n)
+        kv.pull([0, 1], out=[out0, out1])
+        landed = rec0.recv is None and rec1.recv is None  # no assembly buffer: the parts went into the outs
+        strided = np.zeros((n, 2), np.float32)[:, 0]  # does not fit: assembled, then copied
+        kv.pull(0, out=strided)
+        value = np.ones(n, np.float32)
+        kv.pushpull(0, value)  # out=None: the result lands in the pushed value itself
+        return landed, out0[[0, -1]], out1[[0, -1]].tolist(), strided[[0, -1]], value[[0, -1]], rec0.recv is not None
+
+    for landed, a, b, strided, value, assembled in run(2, 2, fn, shm=shm, bigarray_bound=10_000, part_bytes=20_000):
+        assert landed and assembled
+        assert a.tolist() == b == strided.tolist() == [3.0, 3.0]
+        assert value.tolist() == [2.0, 2.0]
