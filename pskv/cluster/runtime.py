@@ -40,7 +40,7 @@ class NodeRuntime:
     Args:
         name: the reactor thread's name (``pskv-server``, ...).
         context: a ZeroMQ context to borrow; None makes one this runtime owns.
-        io_threads: ZeroMQ I/O threads of an owned context.
+        io_threads: ZeroMQ I/O threads of an owned context (``cluster.io_threads``, if set, wins).
         tracker: the node's request tracker, failed when the network thread fails or
             the node stops.
         describe: the node's name for messages (``"server 0"``, ``"the worker"``);
@@ -59,6 +59,8 @@ class NodeRuntime:
         key_file = cluster.curve_key_file if cluster is not None else ""
         self.security = CurveSecurity.from_file(key_file, name.removeprefix("pskv-")) if key_file else None
         self._own_context = context is None
+        if cluster is not None and cluster.io_threads:
+            io_threads = cluster.io_threads
         self.context: zmq.Context[Any] = zmq.Context(io_threads=io_threads) if context is None else context
         self.tracker = tracker
         self._describe = describe

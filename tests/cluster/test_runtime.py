@@ -36,3 +36,15 @@ def test_a_borrowed_context_is_left_open():
         assert not ctx.closed
     finally:
         ctx.term()
+
+
+@pytest.mark.parametrize(("setting", "threads"), [(0, 2), (1, 1), (3, 3)])
+def test_pskv_io_threads_sets_the_owned_contexts_io_threads(setting, threads):
+    from pskv.config import ClusterConfig
+
+    cluster = ClusterConfig.from_env({"PSKV_IO_THREADS": str(setting)})
+    runtime = NodeRuntime("pskv-test", io_threads=2, cluster=cluster)
+    try:
+        assert runtime.context.get(zmq.IO_THREADS) == threads
+    finally:
+        runtime.stop()
