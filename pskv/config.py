@@ -66,6 +66,7 @@ CLUSTER_ENV_VARS: dict[str, tuple[str, str]] = {
     "PS_HEARTBEAT_INTERVAL": ("heartbeat_interval", "seconds between heartbeats; 0 disables (default 1)"),
     "PS_HEARTBEAT_TIMEOUT": ("heartbeat_timeout", "seconds without a heartbeat before a node counts as dead (default 10)"),
     "MXNET_KVSTORE_BIGARRAY_BOUND": ("bigarray_bound", "arrays with at least this many elements are split over all servers (default 1000000)"),
+    "PSKV_KEEP_FREED_BYTES": ("keep_freed_bytes", "bytes of freed memory a server or worker process keeps for its next messages instead of handing it back to the kernel (glibc malloc settings; default 1073741824; 0: malloc's defaults)"),
     "PSKV_IO_THREADS": ("io_threads", "ZeroMQ I/O threads of a server or worker process (default 0: pskv's choice, 2)"),
     "PSKV_PART_BYTES": ("part_bytes", "bytes of one part of a value on a server and of one socket message's values: longer slices are cut, so big values travel as a pipeline of pieces; the same in every worker of a job (default 4194304; 0: no cut)"),
     "PSKV_STARTUP_TIMEOUT": ("startup_timeout", "seconds to wait for every node to register (default 60)"),
@@ -174,6 +175,8 @@ class ClusterConfig:
         heartbeat_interval: seconds between heartbeats (0 disables liveness checks).
         heartbeat_timeout: seconds of silence after which a node counts as dead.
         bigarray_bound: element count from which arrays are split over all servers.
+        keep_freed_bytes: freed memory a server's or worker's process keeps for reuse
+            (:func:`pskv.transport.memory.keep_freed_memory`); 0: malloc's defaults.
         io_threads: ZeroMQ I/O threads of a server's or worker's context; 0: pskv's
             choice (:data:`pskv.transport.reactor.IO_THREADS`).
         part_bytes: most bytes of one part on a server (longer slices are cut into
@@ -225,6 +228,7 @@ class ClusterConfig:
     bigarray_bound: int = 1_000_000
     part_bytes: int = 4 << 20
     io_threads: int = 0
+    keep_freed_bytes: int = 1 << 30
     startup_timeout: float = 60.0
     request_timeout: float = 300.0
     server_modules: str = ""
@@ -254,6 +258,8 @@ class ClusterConfig:
             raise InvalidArgumentError(f"local_rank must be >= 0 (or -1: not set), got {self.local_rank}")
         if self.bigarray_bound < 1:
             raise InvalidArgumentError(f"bigarray_bound must be >= 1, got {self.bigarray_bound}")
+        if self.keep_freed_bytes < 0:
+            raise InvalidArgumentError(f"keep_freed_bytes must be >= 0 (0: malloc's defaults), got {self.keep_freed_bytes}")
         if not 0 <= self.io_threads <= 64:
             raise InvalidArgumentError(f"io_threads must be in 0..64 (0: pskv's choice), got {self.io_threads}")
         if self.part_bytes < 0:

@@ -29,6 +29,7 @@ from pskv.config import ClusterConfig
 from pskv.errors import TransportError
 from pskv.transport import Reactor
 from pskv.transport.bounds import DEFAULT_BOUNDS, Bounds
+from pskv.transport.memory import keep_freed_memory
 from pskv.transport.security import CurveSecurity
 
 __all__ = ["NodeRuntime"]
@@ -59,8 +60,10 @@ class NodeRuntime:
         key_file = cluster.curve_key_file if cluster is not None else ""
         self.security = CurveSecurity.from_file(key_file, name.removeprefix("pskv-")) if key_file else None
         self._own_context = context is None
-        if cluster is not None and cluster.io_threads:
-            io_threads = cluster.io_threads
+        if cluster is not None:
+            keep_freed_memory(cluster.keep_freed_bytes)  # message buffers reuse memory (once per process)
+            if cluster.io_threads:
+                io_threads = cluster.io_threads
         self.context: zmq.Context[Any] = zmq.Context(io_threads=io_threads) if context is None else context
         self.tracker = tracker
         self._describe = describe
