@@ -76,3 +76,42 @@ def _unpolled(conn, reactor) -> None:
             time.sleep(0.001)
         conn.claimed = False
     assert not conn.polled
+
+
+def test_threads_waiting_on_one_connection_each_get_their_reply():
+    """One thread reads the connection at a time; the others' replies reach them (read by it, or by the
+    reactor once it lets go)."""
+    threads, rounds = 4, 30
+
+    def worker(cfg):
+        kv = pskv.create("dist_sync", cluster=cfg)
+        try:
+            keys = [f"k{t}" for t in range(threads)]
+            kv.init(keys, [np.zeros(256, np.float32)] * threads)
+            errors: list[BaseException] = []
+
+            def run(t: int) -> None:
+                val = np.full(256, (kv.rank + 1) * (t + 1), np.float32)
+                out = np.zeros(256, np.float32)
+                try:
+                    for i in range(rounds):
+                        if i % 2:
+                            kv.pushpull(keys[t], val, out=out, timeout=20)
+                        else:
+                            kv.push(keys[t], val, block=False)
+                            kv.pull(keys[t], out=out, timeout=20)
+                        assert np.all(out == 3.0 * (t + 1)), (t, i, out[0])
+                except BaseException as exc:  # noqa: BLE001 - reported below
+                    errors.append(exc)
+
+            pool = [threading.Thread(target=run, args=(t,)) for t in range(threads)]
+            for th in pool:
+                th.start()
+            for th in pool:
+                th.join(60)
+            assert not any(th.is_alive() for th in pool) and not errors, errors
+        finally:
+            kv.close()
+
+    with InProcessCluster(1, 2, deadline=60, shm=1) as cluster:
+        cluster.run_workers(worker)
