@@ -609,6 +609,8 @@ def evaluate_targets(rows: Sequence[dict[str, Any]], servers: Sequence[int]) -> 
 def _steps_range(values: Sequence[float]) -> str:
     if not values:
         return "n/a"
+    if max(values) < 10:  # ResNet-18's ~1 step/s: whole numbers would say nothing
+        return f"{_fmt(min(values))}-{_fmt(max(values))}" if len(values) > 1 else _fmt(values[0])
     return f"{min(values):.0f}-{max(values):.0f}" if len(values) > 1 else f"{values[0]:.0f}"
 
 
