@@ -449,9 +449,9 @@ class WorkerClient:
         return pending
 
     def _queue_and_send(self, key: float, server: int, frames: list[Any], pending: WorkerRequest) -> None:
-        if not self._queue and server not in self._paused and self._send_lock.acquire(blocking=False):
+        if not self._queue and self._send_lock.acquire(blocking=False):
             try:  # nothing queued and nobody sending: no order to keep, straight out
-                direct = not self._queue
+                direct = not self._queue and server not in self._paused  # paused before a swap of its sender
                 if direct:
                     self._send_one(server, frames, pending)
             finally:
