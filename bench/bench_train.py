@@ -778,7 +778,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "repeats samples",
             "cluster_cpu": "per sample, CPU seconds (user + system) used by all the cluster's processes (scheduler, "
                            "servers, workers, from /proc) from 'go' to the last 'done', / iters; reported: the median; "
-                           "on a shared machine a load-independent measure of the work a step costs",
+                           "on a shared machine a much less load-dependent measure of the work a step costs than wall time",
             "split": "per worker (runs.*.ranks.*.split): mean ms per timed step of forward, backward and the rest "
                      "(pskv: trainer.step(); DDP: opt.step()), wall and the main thread's CPU time, and the "
                      "process's CPU time",
