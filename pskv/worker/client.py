@@ -94,7 +94,7 @@ class WorkerRequest(Pending):
     (:meth:`WorkerClient._read_local`) instead of waiting for the reactor thread to.
     """
 
-    __slots__ = ("quiet", "sent", "epoch", "local")
+    __slots__ = ("quiet", "sent", "epoch", "local", "overtook")
 
     def __init__(self, request: int, node: int, what: str,
                  callback: Callable[[Pending], None] | None = None, timeout: float | None = None) -> None:
@@ -103,6 +103,7 @@ class WorkerRequest(Pending):
         self.sent: int | None = None  # the per-server sequence number of the message, once sent
         self.epoch: int | None = None  # which incarnation of the server it was sent to (None: not sent yet)
         self.local: WorkerClient | None = None  # sent on a local connection of this client
+        self.overtook = False  # sent on the reply connection, ahead of the request connection's queue
 
     def wait(self, timeout: float | None) -> Header:
         """Wait for the reply (see :meth:`Pending.wait`); on a local connection, read it in this thread."""
@@ -424,7 +425,8 @@ class WorkerClient:
     # -- requests -----------------------------------------------------------------------
     def request(self, server: int, command: Command, arrays: tuple[ArraySpec, ...] = (),
                 data: list[Any] | None = None, body: str = "", priority: int = 0, what: str = "",
-                timeout: float | None = None, quiet: bool = False, flags: int = 0) -> WorkerRequest:
+                timeout: float | None = None, quiet: bool = False, flags: int = 0,
+                overtake: bool = False) -> WorkerRequest:
         """Queue a request to server ``server`` (rank); returns its pending reply.
 
         ``data`` buffers must stay unchanged until the reply arrives. With ``timeout``
@@ -433,6 +435,10 @@ class WorkerClient:
         with :attr:`Flag.QUIET`, so the server answers only a failure) completes when a
         later reply from the server confirms it (:meth:`QuietPushes.confirm`); it has no
         timeout of its own. ``flags``: further :class:`Flag` bits (SHM, SUMMED, ...).
+        ``overtake`` (a pull): send it on the server's reply connection when that is
+        ZeroMQ and no quiet request to the server awaits confirmation, so it passes the
+        megabytes of pushes the request connection still carries (the server holds a pull
+        until the pushes it names arrive); its reply then confirms nothing.
 
         Raises:
             NodeFailedError: that server is already known dead.
@@ -445,8 +451,24 @@ class WorkerClient:
             flags |= Flag.QUIET
         frames = encode(Header(command, pending.request, self.node_id, arrays, priority, body, flags), data or [])
         pending.frames = frames  # sent again after a reset connection, or to a replacement server
+        if overtake and not quiet and self._overtake(server, frames, pending):
+            return pending
         self._queue_and_send(-priority, server, frames, pending)
         return pending
+
+    def _overtake(self, server: int, frames: list[Any], pending: WorkerRequest) -> bool:
+        """Send ``pending`` on ``server``'s reply connection (see :meth:`request`); False: not possible."""
+        sid = self._servers[server] if 0 <= server < len(self._servers) else None
+        if sid is None:
+            return False
+        with self._send_lock:  # as _send_one: numbered, and never to a server being replaced
+            if server in self._paused or self.quiet.waiting(pending.node):
+                return False
+            pending.sent = next(self._sent[server])  # sent again after a reset, like any request
+            pending.epoch = self._epoch[server]
+            pending.overtook = True
+            self._reactor.call_soon(partial(self._reactor.send_dealer, sid, frames))
+        return True
 
     def _queue_and_send(self, key: float, server: int, frames: list[Any], pending: WorkerRequest) -> None:
         if not self._queue and self._send_lock.acquire(blocking=False):
@@ -558,7 +580,7 @@ class WorkerClient:
         if pending is None:
             log.warning("worker: reply to unknown request %d dropped", header.request)
             return
-        if pending.sent is not None:
+        if pending.sent is not None and not pending.overtook:
             self.quiet.settle(pending.node, pending.sent)  # before this reply's own completion
         self.tracker.deliver(pending, header, buffers)
 

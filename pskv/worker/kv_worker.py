@@ -53,7 +53,13 @@ from pskv.worker.layout import KeyLayout, Part, by_server, part_spec, part_view
 from pskv.worker.replay import ReplayLog
 from pskv.worker.shared import SharedParts, write_slots
 
-__all__ = ["Exchange", "KVWorker"]
+__all__ = ["BIG_CALL_BYTES", "Exchange", "KVWorker"]
+
+#: A push or pull of at least this many bytes of values is "big": a big push is always
+#: acknowledged (one small reply per message of megabytes), so the pull behind it may
+#: overtake it on the reply connection (:meth:`WorkerClient.request`, ``overtake``) and its
+#: results flow back while the pushed pieces are still on the wire.
+BIG_CALL_BYTES = 1 << 20
 
 class Exchange:
     """The messages of one call: per message the parts it carries and its pending reply.
@@ -173,11 +179,12 @@ class KVWorker:
              quiet: bool = False) -> Exchange:
         """Send the ``outgoing`` buffers of ``layouts`` (one message per server); counts the pushes.
 
-        A ``quiet`` push is answered only if it fails (see :meth:`confirm`). Its replies
-        become the keys' ``acks``: their buffers are reused only once those are done
+        A ``quiet`` push is answered only if it fails (see :meth:`confirm`); a big one
+        (:data:`BIG_CALL_BYTES`) is acknowledged anyway. Its replies become the keys' ``acks``: their buffers are reused only once those are done
         (:meth:`await_acks`).
         """
-        sent = self._send(Command.PUSH, layouts, priority, timeout=timeout, quiet=quiet)
+        big = sum(rec.nbytes for rec in layouts) >= BIG_CALL_BYTES
+        sent = self._send(Command.PUSH, layouts, priority, timeout=timeout, quiet=quiet and not big)
         for rec in layouts:
             rec.acks = sent.replies
         return sent
@@ -190,12 +197,13 @@ class KVWorker:
         """Ask for the values of the round of this worker's last push of each part (:meth:`values`)."""
         sent = Exchange()
         limit = self._limit(timeout)
+        big = sum(rec.nbytes for rec in layouts) >= BIG_CALL_BYTES
         for server, shared, items in by_server(layouts, True, self._cluster.part_bytes):
             # each part named with the number of this worker's last push of it (round = n)
             specs = tuple(ArraySpec(rec.skey, rec.meta.dtype, (rec.parts[i][2],), rec.parts[i][1], rec.pushes[i])
                           for rec, i in items)
             pending = self.client.request(server, Command.PULL, specs, priority=priority, timeout=limit,
-                                          flags=Flag.SHM if shared else 0)
+                                          flags=Flag.SHM if shared else 0, overtake=big and not shared)
             sent.messages.append((items, pending))
             sent.replies.append(pending)
         return sent

@@ -55,6 +55,11 @@ class QuietPushes:
         with self._lock:
             self._queues.setdefault(pending.node, deque()).append(pending)
 
+    def waiting(self, node: int) -> bool:
+        """True if a quiet request sent to ``node`` awaits confirmation."""
+        with self._lock:
+            return bool(self._queues.get(node))
+
     def settle(self, node: int, sent: int) -> None:
         """A reply to message ``sent`` came from ``node``: every quiet request sent there before succeeded."""
         with self._lock:

@@ -629,3 +629,32 @@ def test_the_parts_of_a_value_land_directly_in_a_fitting_out(shm):
         assert landed and assembled
         assert a.tolist() == b == strided.tolist() == [3.0, 3.0]
         assert value.tolist() == [2.0, 2.0]
+
+
+def test_a_pull_behind_a_big_non_blocking_push_overtakes_it_on_the_reply_connection():
+    n = 2_000_000  # 8 MB: one 4 MB piece on each of 2 servers
+
+    def fn(kv):
+        kv.init([0, 1], [np.zeros(n, np.float32), np.zeros(10, np.float32)])
+        client = kv._client
+        overtaking, send_dealer = [], client._reactor.send_dealer
+
+        def spy(sid, frames):
+            overtaking.append(sid)
+            return send_dealer(sid, frames)
+
+        client._reactor.send_dealer = spy
+        seen = []
+        for step in range(1, 4):
+            big = kv.push(0, np.full(n, float(step), np.float32), block=False)  # acknowledged: big
+            out = np.zeros(n, np.float32)
+            kv.pull(0, out=out)  # leaves on the reply connections, ahead of the pushed megabytes
+            small = kv.push(1, np.full(10, float(step), np.float32), block=False)  # quiet
+            seen.append((out[0], out[-1], kv.pull(1)[0]))  # small: the request connection, confirms the push
+            big.wait(DEADLINE)
+            small.wait(DEADLINE)
+        return seen, len(overtaking)
+
+    for seen, overtaken in run(2, 2, fn, shm=0):
+        assert seen == [(2.0 * s, 2.0 * s, 2.0 * s) for s in range(1, 4)]
+        assert overtaken == 3 * 2  # every big pull, to both servers; no small one
