@@ -552,6 +552,7 @@ def summed_keys_ignore_the_optimizer(kv: KVStoreBase, keys: Keys) -> None:
     start = 0.0 if kv.store_type.sync else 5.0
     same(kv.pull(counter), start + over_workers(kv, full((3,), 2.0)), "summed key after a push")
     same(kv.pull(w), full((3,), 1.0) - 0.5 * over_workers(kv, full((3,), 2.0)), "weight next to a summed key")
+    kv.barrier()  # every worker has read before anyone pushes again (async applies a push on arrival)
     kv.push(counter, mine(kv, full((3,), 4.0)))
     _settle(kv)
     if kv.store_type.sync:

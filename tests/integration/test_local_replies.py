@@ -62,8 +62,8 @@ def test_blocking_calls_read_their_replies_in_the_calling_thread_and_the_rest_st
 
     with InProcessCluster(1, 2, deadline=60, shm=1) as cluster:
         took = cluster.run_workers(worker)
-    # left to the reactor's next timer turn (at most 0.1 s away) each would take ~50 ms
-    assert max(took) < 0.025, took
+    # left to the reactor's next timer turn (at most 0.1 s away) each would take ~50 ms (median)
+    assert max(took) < 0.04, took
 
 
 def _unpolled(conn, reactor) -> None:
