@@ -83,8 +83,8 @@ def write_hostfile(path: Path, hosts: Sequence[SimHost]) -> Path:
 
 
 def run_pskv(hosts: SimulatedHosts, spec: Path, tmp: Path, timeout: float, workers: int = WORKERS,
-             worker_hosts: Sequence[SimHost] | None = None,
-             server_hosts: Sequence[SimHost] = ()) -> list[dict[str, Any]]:
+             worker_hosts: Sequence[SimHost] | None = None, server_hosts: Sequence[SimHost] = (),
+             env: Sequence[str] = ()) -> list[dict[str, Any]]:
     """One pskv job through ``pskv launch --launcher ssh``; the workers' JSON, by rank.
 
     ``worker_hosts`` (default: all) form the hostfile, one worker slot each, and run one
@@ -95,7 +95,7 @@ def run_pskv(hosts: SimulatedHosts, spec: Path, tmp: Path, timeout: float, worke
     argv = [sys.executable, "-m", "pskv", "launch", "-n", str(workers), "-s", str(servers), "--launcher", "ssh",
             "-H", str(write_hostfile(tmp / "hostfile", on)), "--ssh-command", hosts.ssh_command(),
             "--port", str(SCHEDULER_PORT), "--timeout", str(timeout), "--exit-grace", "10", "--stop-grace", "2",
-            "--env", "PSKV_STARTUP_TIMEOUT=60"]
+            "--env", "PSKV_STARTUP_TIMEOUT=60", *(f"--env={pair}" for pair in env)]
     if server_hosts:
         argv += ["--server-hostfile", str(write_hostfile(tmp / "server-hostfile", server_hosts))]
     argv += ["--", sys.executable, str(BENCH_DIR / "_dist_worker_pskv.py"), str(spec)]
@@ -202,6 +202,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                                                 "resnet50 (b))")
     p.add_argument("--systems", default=",".join(B_SYSTEMS),
                    help=f"b only: which systems to run, comma-separated (default {','.join(B_SYSTEMS)})")
+    p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                   help="b only: a setting for every pskv process (pskv launch --env; repeatable), "
+                        "e.g. PSKV_PART_BYTES=262144")
     p.add_argument("--timeout", type=float, default=None, help="seconds one job may take (default 300 (a), 600 (b))")
     p.add_argument("--json", type=Path, default=None,
                    help="result file (default bench/results/hosts2_<UTC date>[_RATE][_quick].json (a), "
@@ -215,6 +218,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.systems = [x.strip() for x in args.systems.split(",") if x.strip()]
     if not args.systems or not set(args.systems) <= set(B_SYSTEMS):
         p.error(f"--systems: expected some of {', '.join(B_SYSTEMS)}, got {args.systems}")
+    if args.env and not b:
+        p.error("--env applies to --setup b")
     if b:
         args.rate = args.rate or B_RATE
     return args
@@ -456,8 +461,9 @@ def main_b(args: argparse.Namespace, workloads: Sequence[DistWorkload], argv: li
         pskv_spec = spec_file(tmp / "pskv.json", workloads, args.repeats, True, B_WORKERS)
         gloo_spec = spec_file(tmp / "gloo.json", workloads, args.repeats, False, B_WORKERS)
         jobs = {"dedicated": lambda d: run_pskv(hosts, pskv_spec, d, args.timeout, B_WORKERS, worker_hosts,
-                                                server_hosts),
-                "colocated": lambda d: run_pskv(hosts, pskv_spec, d, args.timeout, B_WORKERS, worker_hosts),
+                                                server_hosts, args.env),
+                "colocated": lambda d: run_pskv(hosts, pskv_spec, d, args.timeout, B_WORKERS, worker_hosts,
+                                                env=args.env),
                 "gloo": lambda d: run_gloo(hosts, gloo_spec, d, args.timeout, B_WORKERS, worker_hosts)}
         for rnd in range(args.rounds):
             chosen = [x for x in B_SYSTEMS if x in args.systems]
@@ -508,7 +514,7 @@ def main_b(args: argparse.Namespace, workloads: Sequence[DistWorkload], argv: li
                "commit": git_commit(), "argv": argv, "quick": args.quick, "rate": args.rate,
                "uncommitted_in_pskv": subprocess.run(["git", "status", "--porcelain", "pskv"], cwd=REPO_DIR,
                                                      capture_output=True, text=True).stdout.splitlines(),
-               "rate_bits_per_s": bits, "delay": args.delay, "rounds": args.rounds, "repeats": args.repeats,
+               "pskv_env": args.env, "rate_bits_per_s": bits, "delay": args.delay, "rounds": args.rounds, "repeats": args.repeats,
                "workers": B_WORKERS,
                "hosts": [{"address": h.address, "hostname": h.hostname,
                           "role": "worker" if h.index < B_WORKERS else "server (dedicated runs)"} for h in hosts.hosts],
