@@ -347,8 +347,13 @@ class KVWorker:
         self._all_servers(Command.SET_MODE, SetMode(sync).encode(), "set mode")
 
     def set_optimizer(self, config: dict[str, Any]) -> None:
-        """Install the optimizer described by ``config`` on every server."""
-        self._all_servers(Command.SET_OPTIMIZER, OptimizerConfig(config).encode(), "set_optimizer")
+        """Install the optimizer described by ``config`` on every server.
+
+        The servers know keys only as server keys: str keys of ``lr_mult`` / ``wd_mult``
+        are sent as theirs (:func:`~pskv.partition.server_key`), or their multipliers
+        would never apply.
+        """
+        self._all_servers(Command.SET_OPTIMIZER, OptimizerConfig(_server_keyed(config)).encode(), "set_optimizer")
 
     def save_states(self, path: str, dump_optimizer: bool) -> None:
         """Every server writes its optimizer state to ``<path>.server<rank>`` (``path`` made absolute
@@ -435,6 +440,20 @@ def _place(rec: KeyLayout, i: int, frame: np.ndarray[Any, Any], values: dict[int
         rec.recv = empty(rec.meta, device="cpu")
     part_view(rec, rec.recv, i)[...] = frame
     values[id(rec)] = rec.recv
+
+
+def _server_keyed(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` (an optimizer's ``to_config``) with the str keys of its multipliers as server keys."""
+    params = config.get("params")
+    if not isinstance(params, dict):
+        return config
+    mults = {}
+    for name in ("lr_mult", "wd_mult"):
+        pairs = params.get(name)
+        if isinstance(pairs, list):
+            mults[name] = [[server_key(p[0]), *p[1:]] if isinstance(p, list) and p and isinstance(p[0], str) else p
+                           for p in pairs]
+    return {**config, "params": {**params, **mults}} if mults else config
 
 
 def _key_names(items: list[Part]) -> str:

@@ -658,3 +658,19 @@ def test_a_pull_behind_a_big_non_blocking_push_overtakes_it_on_the_reply_connect
     for seen, overtaken in run(2, 2, fn, shm=0):
         assert seen == [(2.0 * s, 2.0 * s, 2.0 * s) for s in range(1, 4)]
         assert overtaken == 3 * 2  # every big pull, to both servers; no small one
+
+
+def test_lr_and_wd_multipliers_of_str_keys_reach_the_servers_optimizer():
+    def fn(kv):
+        opt = SGD(learning_rate=1.0, wd=0.5)
+        opt.set_lr_mult({"frozen": 0.0})
+        opt.set_wd_mult({"no_decay": 0.0})
+        kv.set_optimizer(opt)
+        kv.init(["frozen", "no_decay", "plain"], [np.ones(3, np.float32)] * 3)
+        kv.push(["frozen", "no_decay", "plain"], [np.ones(3, np.float32)] * 3)
+        return [kv.pull(k)[0] for k in ("frozen", "no_decay", "plain")]
+
+    for frozen, no_decay, plain in run(2, 2, fn):
+        assert frozen == 1.0  # lr_mult 0: unchanged (the servers saw its name's hash and missed it before)
+        assert no_decay == 1.0 - 1.0 * 2  # gradient sum 2, no decay
+        assert plain == 1.0 - 1.0 * (2 + 0.5 * 1.0)
