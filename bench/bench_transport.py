@@ -102,7 +102,8 @@ from bench_local import resnet50_shapes  # noqa: E402
 
 from pskv.testing.hosts import SimulatedHosts, Unavailable, enter_argv  # noqa: E402
 from pskv.transport.bounds import DEFAULT_BOUNDS, SEND_HWM  # noqa: E402
-from pskv.transport.reactor import IO_THREADS, SOCKET_BUFFER_BYTES, recv_frames, send_frames  # noqa: E402
+from pskv.transport.frames import SOCKET_BUFFER_BYTES, recv_frames, send_frames  # noqa: E402
+from pskv.transport.reactor import IO_THREADS  # noqa: E402
 
 MiB = 1 << 20
 GB = 1e9

@@ -62,7 +62,7 @@ from pskv.protocol import (
 )
 from pskv.protocol.bodies import Hello, Rejoin, Rejoined
 from pskv.transport import IO_THREADS
-from pskv.transport.reactor import Sender
+from pskv.transport.frames import Sender
 from pskv.transport.shm import host_id
 from pskv.transport.unix import LocalConnection, local_path
 from pskv.worker.quiet import QuietPushes

@@ -16,7 +16,7 @@ import zmq
 from pskv.errors import InvalidArgumentError, TransportError
 from pskv.transport import Reactor
 from pskv.transport.bounds import Bounds
-from pskv.transport.reactor import ZERO_COPY_BYTES, recv_frames, send_frames
+from pskv.transport.frames import ZERO_COPY_BYTES, recv_frames, send_frames
 from pskv.transport.unix import PACKET_BYTES, LocalConnection, local_path
 
 WAIT = 10.0
