@@ -65,7 +65,7 @@ def plot_b(ax: Any, data: dict[str, Any], name: str) -> None:
     bars: list[tuple[str, str, dict[str, Any]]] = [("Gloo ring\n(all-reduce)", "gloo", gloo)]
     for placement, title in (("colocated", "pskv co-located"), ("dedicated", "pskv dedicated")):
         for r in rows:
-            if r["placement"] == placement:
+            if r["placement"] == placement and "pskv" in r:  # a run of --systems may lack a placement
                 bars.append((f"{title}\n{MODE_LABEL.get(r['mode'], r['mode'])}", placement, r["pskv"]))
     xs = list(range(len(bars)))
     medians = [b[2]["median"] for b in bars]
