@@ -87,13 +87,15 @@ def reuses_buffers(pairs: Pairs) -> bool:
 def landing(recs: Sequence[KeyLayout], outs: Sequence[Sequence[Any]] | None) -> dict[int, tuple[Any, np.ndarray]]:
     """Where each key's received parts may land directly: ``id(layout) -> (out, flat view of it)``.
 
-    Only for a key with exactly one out that is a contiguous, writable CPU array of the
-    key's kind, dtype and size: its parts (pieces, or slices of several servers) are
-    then written into it as they arrive, not assembled elsewhere and copied again.
+    Only for a key of several parts (pieces, or slices of several servers) with exactly
+    one out that is a contiguous, writable CPU array of the key's kind, dtype and size:
+    its parts are then written into it as they arrive, not assembled elsewhere and
+    copied again.
     """
     views: dict[int, tuple[Any, np.ndarray]] = {}
     for rec, o in zip(recs, outs or ()):
-        if len(o) == 1 and id(rec) not in views:
+        # a one-part key is copied once either way (from its reply): nothing to save there
+        if len(o) == 1 and len(rec.parts) > 1 and id(rec) not in views:
             view = _flat_out(o[0], rec)
             if view is not None:
                 views[id(rec)] = (o[0], view)
