@@ -68,6 +68,7 @@ CLUSTER_ENV_VARS: dict[str, tuple[str, str]] = {
     "MXNET_KVSTORE_BIGARRAY_BOUND": ("bigarray_bound", "arrays with at least this many elements are split over all servers (default 1000000)"),
     "PSKV_KEEP_FREED_BYTES": ("keep_freed_bytes", "bytes of freed memory a server or worker process keeps for its next messages instead of handing it back to the kernel (glibc malloc settings; default 1073741824; 0: malloc's defaults)"),
     "PSKV_IO_THREADS": ("io_threads", "ZeroMQ I/O threads of a server or worker process (default 0: pskv's choice, 2)"),
+    "PSKV_DATA_CHANNEL": ("data_channel", "how workers send arrays to servers on other hosts: tcp (plain TCP connections, pskv.transport.stream) or zmq (ZeroMQ); a job with PSKV_CURVE_KEY_FILE always uses zmq (default tcp)"),
     "PSKV_PART_BYTES": ("part_bytes", "bytes of one part of a value on a server and of one socket message's values: longer slices are cut, so big values travel as a pipeline of pieces; the same in every worker of a job (default 4194304; 0: no cut)"),
     "PSKV_STARTUP_TIMEOUT": ("startup_timeout", "seconds to wait for every node to register (default 60)"),
     "PSKV_REQUEST_TIMEOUT": ("request_timeout", "seconds a request waits for its reply before TimeoutError (default 300)"),
@@ -183,6 +184,9 @@ class ClusterConfig:
             pieces, :func:`pskv.partition.split`) and of the values of one socket
             message; big values travel as a pipeline of pieces. 0: no cut. Every worker
             of a job must use the same value.
+        data_channel: ``"tcp"``: workers send to servers on other hosts over plain TCP
+            connections (:mod:`pskv.transport.stream`); ``"zmq"``: over ZeroMQ. A job
+            with ``curve_key_file`` uses ZeroMQ either way.
         startup_timeout: seconds to wait for every node to register.
         request_timeout: seconds a request waits for its reply.
         server_modules: modules a server imports at start (controllers register there).
@@ -227,6 +231,7 @@ class ClusterConfig:
     heartbeat_timeout: float = 10.0
     bigarray_bound: int = 1_000_000
     part_bytes: int = 4 << 20
+    data_channel: str = "tcp"
     io_threads: int = 0
     keep_freed_bytes: int = 1 << 30
     startup_timeout: float = 60.0
@@ -262,6 +267,8 @@ class ClusterConfig:
             raise InvalidArgumentError(f"keep_freed_bytes must be >= 0 (0: malloc's defaults), got {self.keep_freed_bytes}")
         if not 0 <= self.io_threads <= 64:
             raise InvalidArgumentError(f"io_threads must be in 0..64 (0: pskv's choice), got {self.io_threads}")
+        if self.data_channel not in ("tcp", "zmq"):
+            raise InvalidArgumentError(f"data_channel (PSKV_DATA_CHANNEL) must be tcp or zmq, got {self.data_channel!r}")
         if self.part_bytes < 0:
             raise InvalidArgumentError(f"part_bytes must be >= 0 (0: no cut), got {self.part_bytes}")
         for name in ("max_message_bytes", "max_frames", "send_queue_bytes"):

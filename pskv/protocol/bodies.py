@@ -18,7 +18,7 @@ SHUTDOWN          :class:`Shutdown`      (none)
 INIT              :class:`InitBody`      (none)
 PUSH/PULL/        (none: flags, specs)   (none: specs; SHM flag and ``buffer`` for
 PUSHPULL                                 shared-memory replies)
-HELLO             :class:`Hello`         (none)
+HELLO             :class:`Hello`         :class:`HelloReply`
 SET_MODE          :class:`SetMode`       (none)
 SET_OPTIMIZER     :class:`OptimizerConfig`  (none)
 CONTROLLER        :class:`ControllerCall`   :class:`ControllerAnswer`
@@ -44,7 +44,7 @@ from pskv.partition import server_key
 from pskv.protocol.messages import Header
 
 __all__ = [
-    "Barrier", "CheckpointRequest", "CheckpointSaved", "ControllerAnswer", "ControllerCall", "ErrorReply", "Failure", "Hello", "InitBody", "Met", "Rejoin",
+    "Barrier", "CheckpointRequest", "CheckpointSaved", "ControllerAnswer", "ControllerCall", "ErrorReply", "Failure", "Hello", "HelloReply", "InitBody", "Met", "Rejoin",
     "Rejoined", "node_token", "DIGEST_CHARS",
     "Liveness", "NodeTable", "OptimizerConfig", "Register", "SetMode", "ShmInfo", "Shutdown", "StatesFile",
     "StatesRequest", "json_object",
@@ -401,6 +401,24 @@ class Hello(NamedTuple):
         if not isinstance(tx, str) or tx and (len(tx) != 16 or any(c not in "0123456789abcdef" for c in tx)):
             raise ProtocolError("HELLO needs {tx: 16 lowercase hex digits} (or no tx)")
         return cls(tx, _digest(header, body, "token"))
+
+
+class HelloReply(NamedTuple):
+    """HELLO reply: ``{stream?: port}``. ``stream``: the TCP port of the server's data
+    connections (:mod:`pskv.transport.stream`), on the host of its ZeroMQ address; only in
+    the answer to a ZeroMQ session's HELLO, and only where the server takes them (0: not)."""
+
+    stream: int = 0
+
+    def encode(self) -> str:
+        return _dump({"stream": self.stream}) if self.stream else ""
+
+    @classmethod
+    def parse(cls, header: Header) -> HelloReply:
+        stream = _field(header, json_object(header), "stream", int, 0)
+        if not 0 <= stream < 65536:
+            raise ProtocolError(f"HELLO reply: stream {stream} is not a TCP port")
+        return cls(stream)
 
 
 class Rejoin(NamedTuple):

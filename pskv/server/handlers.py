@@ -21,7 +21,7 @@ import numpy as np
 
 from pskv.errors import DTypeMismatchError, InvalidArgumentError, KVStoreError, ShapeMismatchError
 from pskv.protocol import TX_PREFIX, ArraySpec, Command, Flag, Header, frame_array, node_name
-from pskv.protocol.bodies import Hello, Rejoined
+from pskv.protocol.bodies import Hello, HelloReply, Rejoined
 from pskv.protocol.replies import reply_frames
 from pskv.server.dedup import ReplyCache
 from pskv.server.gather import Gather, Parking, Refused
@@ -72,6 +72,7 @@ class DataHandlers:
         self.parking = Parking(shard, name)
         self._refused: dict[tuple[int, int], tuple[int, Refused]] = {}  # part -> (round, why): _refuse_rounds
         self._name = name
+        self.stream_port = 0  # the TCP port of this server's data connections, if it takes them (HELLO says it)
 
     def handlers(self) -> dict[Command, Handler]:
         """The handler of each data command."""
@@ -292,7 +293,8 @@ class DataHandlers:
         tx = Hello.parse(header).tx  # none from a local connection: it carries its own replies
         if tx:
             self._routes.add(TX_PREFIX + tx.encode(), identity, header.sender)
-        self._ack(identity, header)
+        body = HelloReply(self.stream_port).encode() if tx else ""  # a ZeroMQ session: its data port
+        self._reply(identity, reply_frames(header, self._node_id(), body))
 
     def sync(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
         """Answered at once: confirms the worker's earlier (quiet) messages were handled."""

@@ -42,6 +42,7 @@ from pskv.errors import OperationTimeoutError, ProtocolError, TransportError
 from pskv.transport.bounds import DEFAULT_BOUNDS, SEND_HWM, Bounds
 from pskv.transport.frames import SOCKET_BUFFER_BYTES, Backlog, Discarding, Sender, recv_frames, send_frames
 from pskv.transport.security import CurveSecurity, RefusalLog
+from pskv.transport.stream import OPENING_TIMEOUT, StreamConnection, listen_tcp
 from pskv.transport.unix import LocalConnection, listen
 
 __all__ = ["IO_THREADS", "Reactor", "RouterHandler", "DealerHandler"]
@@ -57,6 +58,7 @@ LOCAL_PREFIX = b"\x00local-"
 IO_THREADS = 2
 
 RouterHandler = Callable[[bytes, list[zmq.Frame]], None]  # (peer identity, frames)
+Connection = LocalConnection | StreamConnection  # a connection the reactor polls itself, outside ZeroMQ
 DealerHandler = Callable[[list[zmq.Frame]], None]
 
 # Plain ints: combining pyzmq's enum flags (e.g. EVENTS & POLLIN) runs Python-level enum code.
@@ -73,6 +75,10 @@ _LOCAL_BATCH = 16
 _READ_SLICE = 0.05
 # Frames of an oversized message dropped between two turns of the reactor's other work (~50 ms).
 _DISCARD_STEP = 30_000
+# Data connections (bind_stream) a service keeps open at most, and of those at most this many
+# that have not sent their first message yet; more are closed as they come, logged.
+MAX_STREAMS = 4096
+MAX_OPENING = 256
 
 
 class Reactor:
@@ -97,7 +103,7 @@ class Reactor:
         self._ctx = context
         self._bounds = bounds
         self._backlogs: dict[tuple[int, bytes], Backlog] = {}  # (socket id, peer identity) -> unsent replies
-        self._writable: dict[int, LocalConnection] = {}  # local connections with queued packets, by descriptor
+        self._writable: dict[int, Connection] = {}  # service connections with queued replies, by descriptor
         self._discarding: dict[zmq.Socket[Any], Discarding] = {}  # sockets in the middle of an oversized message
         self._security = security
         self._on_failure = on_failure
@@ -111,9 +117,13 @@ class Reactor:
         self._router_handlers: dict[int, RouterHandler] = {}
         self._fd_handlers: dict[int, Callable[[], None]] = {}  # raw descriptors polled with the sockets
         self._listeners: list[socket.socket] = []
-        self._locals: dict[int, tuple[LocalConnection, bytes | None]] = {}  # by descriptor
-        self._local_peers: dict[bytes, LocalConnection] = {}  # accepted connections by identity
-        self._client_locals: list[LocalConnection] = []  # connect_local's: a waiting thread may read them
+        self._locals: dict[int, tuple[Connection, bytes | None]] = {}  # by descriptor
+        self._local_peers: dict[bytes, Connection] = {}  # accepted connections by identity
+        self._client_locals: list[Connection] = []  # connect_local's, adopt_stream's: a waiting thread may read them
+        self._masks: dict[int, int] = {}  # poll flags of client connections, where not POLLIN
+        self._opening: dict[int, StreamConnection] = {}  # accepted data connections before their first message
+        self._on_lost: dict[int, Callable[[], None]] = {}  # client data connections: called once dropped
+        self._refused = RefusalLog(log, limit=16)
         self._ids = itertools.count(1)
         self._calls: collections.deque[Callable[[], None]] = collections.deque()
         self._timers: list[tuple[float, float, Callable[[], None]]] = []
@@ -239,6 +249,95 @@ class Reactor:
             self._receive_local(conn, deliver)  # type: ignore[arg-type]
         self._watch_local(conn, on_packet, identity)
 
+    def bind_stream(self, sid: int, host: str) -> int:
+        """Also accept TCP data connections (:mod:`pskv.transport.stream`) on ``host`` for ROUTER ``sid``.
+
+        As for :meth:`bind_local`, their messages reach the ROUTER's handler — under the
+        identity their preamble names, from their first message on — and
+        :meth:`send_router` answers them on their connection. A connection that sends no
+        first message within ``OPENING_TIMEOUT`` s is closed; so are connections past
+        :data:`MAX_STREAMS` (or :data:`MAX_OPENING` not yet opened). Returns the port.
+
+        Raises:
+            TransportError: the address cannot be bound.
+        """
+        try:
+            listener = listen_tcp(host)
+        except OSError as exc:
+            raise TransportError(f"cannot listen on {host}: {exc}") from None
+        handler = self._router_handlers[sid]
+        self._listeners.append(listener)
+        self._fd_handlers[listener.fileno()] = lambda: self._accept_stream(listener, handler)
+        self._poller.register(listener.fileno(), zmq.POLLIN)
+        self.add_timer(1.0, self._close_unopened)
+        return int(listener.getsockname()[1])
+
+    def _accept_stream(self, listener: socket.socket, handler: RouterHandler) -> None:
+        try:
+            sock, peer = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:  # e.g. out of descriptors: the peer retries
+            self._refused.error("accept", f"{self._name}: cannot accept a data connection: {exc}")
+            return
+        where = f"{peer[0]}:{peer[1]}"
+        if len(self._opening) >= MAX_OPENING or len(self._locals) >= MAX_STREAMS:
+            sock.close()
+            self._refused.error("full", f"{self._name}: closed a data connection from {where}: "
+                                        f"{len(self._opening)} connections have not opened yet, {len(self._locals)} "
+                                        f"are open (at most {MAX_OPENING} and {MAX_STREAMS})")
+            return
+        conn = StreamConnection(sock, f"{self._name} data connection from {where}", self._bounds,
+                                queue_limit=self._bounds.send_queue_bytes, accepted=True)
+        self._opening[conn.fd] = conn
+        identity = b""
+
+        def deliver(frames: list[memoryview]) -> None:
+            nonlocal identity
+            if not identity:  # its first message: the connection speaks under its tag from now on
+                assert conn.tag is not None
+                identity = LOCAL_PREFIX + b"tcp-" + conn.tag
+                self._opening.pop(conn.fd, None)
+                old = self._local_peers.get(identity)
+                if old is not None:  # the same worker connecting again (a reset): this one takes over
+                    log.info("%s: %s replaces the older connection of %r", self._name, conn.name, identity)
+                    self._drop_local(old)
+                self._local_peers[identity] = conn
+                self._locals[conn.fd] = (conn, identity)
+            handler(identity, frames)  # type: ignore[arg-type]
+
+        def on_packet() -> None:
+            self._receive_local(conn, deliver)
+        self._watch_local(conn, on_packet, None)
+
+    def _close_unopened(self) -> None:
+        """Close the data connections that sent no first message in ``OPENING_TIMEOUT`` seconds."""
+        now = time.monotonic()
+        for conn in [c for c in self._opening.values() if now - c.opened > OPENING_TIMEOUT]:
+            self._refused.error("unopened", f"{self._name}: closed {conn.name}: no first message in "
+                                            f"{OPENING_TIMEOUT:g} s")
+            self._drop_local(conn)
+
+    def adopt_stream(self, conn: StreamConnection, handler: DealerHandler, on_lost: Callable[[], None]) -> None:
+        """Poll a client's data connection (:meth:`StreamConnection.connect`) as :meth:`connect_local` does.
+
+        ``handler(frames)`` gets what the service sends back; a thread waiting for a reply
+        may read it itself (:meth:`read_local`). The connection's sends never wait: make it
+        with ``on_pending=reactor.wake`` so the reactor writes what the socket did not take.
+        ``on_lost()`` is called (reactor thread) once the connection failed and was dropped.
+        Call on the reactor thread.
+        """
+        def on_packet() -> None:
+            if not conn.reading.acquire(blocking=False):
+                return  # a thread waiting for a reply reads it now (read_local)
+            try:
+                self._receive_local(conn, handler)  # type: ignore[arg-type]
+            finally:
+                conn.reading.release()
+        self._watch_local(conn, on_packet, None)
+        self._client_locals.append(conn)
+        self._on_lost[conn.fd] = on_lost
+
     def connect_local(self, path: str, handler: DealerHandler, send_timeout: float = 60.0) -> LocalConnection:
         """Connect to a service's local socket; ``handler(frames)`` gets what it sends back.
 
@@ -262,7 +361,7 @@ class Reactor:
         self._client_locals.append(conn)
         return conn
 
-    def read_local(self, conn: LocalConnection, handler: DealerHandler, done: Callable[[], bool],
+    def read_local(self, conn: Connection, handler: DealerHandler, done: Callable[[], bool],
                    deadline: float) -> None:
         """Read ``conn``'s packets in the calling thread, handing each message to ``handler``, until ``done()``.
 
@@ -306,7 +405,7 @@ class Reactor:
                 except TransportError:
                     pass  # stopped: the connection is closed with the reactor
 
-    def _local_failed(self, conn: LocalConnection, exc: BaseException) -> None:
+    def _local_failed(self, conn: Connection, exc: BaseException) -> None:
         """``conn`` failed (``exc`` from its receive; reactor thread): dropped, its peer is gone."""
         if self._locals.get(conn.fd, (None, None))[0] is not conn:  # dropped already (its number may be reused)
             return
@@ -319,22 +418,26 @@ class Reactor:
         self._drop_local(conn)
 
     def _poll_locals(self) -> None:
-        """Leave client connections that a waiting thread reads out of the poll; take the others back."""
+        """Leave client connections that a waiting thread reads out of the poll for reading, take the others
+        back; poll those with queued bytes for writing."""
         for conn in self._client_locals:
-            if conn.claimed == conn.polled and conn.fd in self._locals:
-                if conn.claimed:
-                    self._poller.unregister(conn.fd)
-                    conn.polled = False
+            if conn.fd not in self._locals:
+                continue
+            mask = (0 if conn.claimed else _POLLIN) | (_POLLOUT if conn.pending else 0)
+            if mask != self._masks.get(conn.fd, _POLLIN):
+                if mask:
+                    self._poller.register(conn.fd, mask)
                 else:
-                    self._poller.register(conn.fd, _POLLIN)
-                    conn.polled = True
+                    self._poller.unregister(conn.fd)
+                self._masks[conn.fd] = mask
+            conn.polled = not conn.claimed
 
-    def _watch_local(self, conn: LocalConnection, on_packet: Callable[[], None], identity: bytes | None) -> None:
+    def _watch_local(self, conn: Connection, on_packet: Callable[[], None], identity: bytes | None) -> None:
         self._locals[conn.fd] = (conn, identity)
         self._fd_handlers[conn.fd] = on_packet
         self._poller.register(conn.fd, zmq.POLLIN)
 
-    def _receive_local(self, conn: LocalConnection, handle: Callable[[list[memoryview]], None]) -> None:
+    def _receive_local(self, conn: Connection, handle: Callable[[list[memoryview]], None]) -> None:
         """Hand the messages waiting on ``conn`` to ``handle``, in order; a closed or failed connection is dropped.
 
         At most ``_LOCAL_BATCH`` packets a turn (the reactor's other work gets its turn):
@@ -353,19 +456,29 @@ class Reactor:
                 if conn.closed:  # the handler dropped it
                     return
 
-    def _drop_local(self, conn: LocalConnection) -> None:
-        _, identity = self._locals.pop(conn.fd, (None, None))
+    def _drop_local(self, conn: Connection) -> None:
+        entry = self._locals.get(conn.fd)
+        if entry is None or entry[0] is not conn:  # dropped already (its descriptor may be reused)
+            conn.close()
+            return
+        del self._locals[conn.fd]
+        identity = entry[1]
         if conn in self._client_locals:
             self._client_locals.remove(conn)
         self._fd_handlers.pop(conn.fd, None)
         self._writable.pop(conn.fd, None)
-        if identity is not None:
-            self._local_peers.pop(identity, None)
+        self._masks.pop(conn.fd, None)
+        self._opening.pop(conn.fd, None)
+        if identity is not None and self._local_peers.get(identity) is conn:
+            del self._local_peers[identity]
         try:
             self._poller.unregister(conn.fd)
         except KeyError:
             pass
         conn.close()
+        on_lost = self._on_lost.pop(conn.fd, None)
+        if on_lost is not None:
+            on_lost()
 
     def connect_dealer(self, address: str, handler: DealerHandler, identity: bytes | None = None) -> int:
         """Connect a DEALER socket to a service; ``handler(frames)`` gets its replies.
@@ -547,9 +660,16 @@ class Reactor:
                 self._drop_local(conn)
 
     def _flush_local(self, fd: int) -> None:
-        """A local connection with queued replies is writable: send what it takes."""
+        """A connection with queued messages is writable: send what it takes."""
         conn = self._writable.get(fd)
-        if conn is None:
+        if conn is None:  # a client's connection: polled for writing while its queue is not empty (_poll_locals)
+            entry = self._locals.get(fd)
+            if entry is not None:
+                try:
+                    entry[0].flush()
+                except ConnectionError as exc:
+                    log.warning("%s: %s", self._name, exc)
+                    self._drop_local(entry[0])
             return
         try:
             done = conn.flush()
@@ -586,6 +706,21 @@ class Reactor:
                 self._wake_send.send(b"", zmq.NOBLOCK, copy=True)
             except zmq.ZMQError:
                 pass  # Again: a wake-up is already pending, or the reactor is closing
+
+    @property
+    def bounds(self) -> Bounds:
+        """What one peer may cost this node."""
+        return self._bounds
+
+    @property
+    def stopped(self) -> bool:
+        """True once the reactor stops (or stopped)."""
+        return self._stopping
+
+    def close_connection(self, conn: Connection) -> None:
+        """Stop polling ``conn`` and close it, without calling its ``on_lost`` (reactor thread)."""
+        self._on_lost.pop(conn.fd, None)
+        self._drop_local(conn)
 
     def on_reactor_thread(self) -> bool:
         """True when called from the reactor thread."""
@@ -711,6 +846,9 @@ class Reactor:
             listener.close()
         self._locals.clear()
         self._client_locals.clear()
+        self._masks.clear()
+        self._opening.clear()
+        self._on_lost.clear()
         self._local_peers.clear()
         self._writable.clear()
         self._backlogs.clear()

@@ -8,10 +8,16 @@ queued while another thread is sending go out by priority (higher first). Per se
   shared-memory directory) carries the requests and their replies — no ZeroMQ I/O
   threads on the way, which roughly halves the cost of a small message; it opens with a
   ``HELLO`` carrying this worker's token (the server binds it to this worker only then);
-* otherwise ZeroMQ: requests leave on a send-only socket (a
+* otherwise ZeroMQ opens the session: requests leave on a send-only socket (a
   :class:`~pskv.transport.reactor.Sender`) and replies arrive on a DEALER the reactor
   polls; the server learns that pairing, and that the sockets are this worker's (its
-  token from the scheduler), from the ``HELLO`` sent when connecting.
+  token from the scheduler), from the ``HELLO`` sent when connecting. If its answer
+  offers a data port (``PSKV_DATA_CHANNEL=tcp``, no CURVE), a plain TCP connection
+  (:mod:`pskv.transport.stream`) opened with its own ``HELLO`` then carries the
+  requests and their replies, as a local connection does; one that fails is opened
+  again under the same tag and the unanswered requests sent again (the server answers
+  a repeat without applying it twice). The ZeroMQ session stays, for pulls that
+  overtake (:meth:`WorkerClient.request`).
 
 Each request returns a :class:`~pskv.cluster.requests.Pending` that the caller waits on
 with a timeout, or that completes callbacks. A request made with a timeout fails with
@@ -45,7 +51,7 @@ import zmq
 from pskv.cluster import Membership, NodeInfo, Pending, RequestTracker
 from pskv.cluster.runtime import NodeRuntime
 from pskv.config import ClusterConfig
-from pskv.errors import NodeFailedError, OperationTimeoutError, ProtocolError
+from pskv.errors import KVStoreError, NodeFailedError, OperationTimeoutError, ProtocolError, TransportError
 from pskv.protocol import (
     SCHEDULER_ID,
     TX_PREFIX,
@@ -60,10 +66,11 @@ from pskv.protocol import (
     node_name,
     node_role_rank,
 )
-from pskv.protocol.bodies import Hello, Rejoin, Rejoined
+from pskv.protocol.bodies import Hello, HelloReply, Rejoin, Rejoined
 from pskv.transport import IO_THREADS
 from pskv.transport.frames import Sender
 from pskv.transport.shm import host_id
+from pskv.transport.stream import StreamConnection, tag_of
 from pskv.transport.unix import LocalConnection, local_path
 from pskv.worker.quiet import QuietPushes
 
@@ -77,6 +84,8 @@ log = logging.getLogger("pskv.worker")
 
 # How often the reactor fails requests whose timeout passed (seconds).
 EXPIRY_INTERVAL = 0.1
+# A lost data connection is opened again this often (seconds) until it is back or its server is dead.
+RESTREAM_INTERVAL = 0.5
 
 
 class Channel(Protocol):
@@ -153,7 +162,8 @@ class WorkerClient:
         self._paused: set[int] = set()  # servers being replaced: their requests wait in the queue
         self.quiet = QuietPushes(self.tracker, self._sync)  # quiet requests sent, not yet confirmed
         self._seq = itertools.count()
-        self._tx = os.urandom(8).hex()  # names this worker's send-only sockets (HELLO)
+        self._tx = os.urandom(8).hex()  # names this worker's send-only sockets (HELLO) and data connections
+        self._stream_ports: dict[int, int] = {}  # server rank -> its data port, while a data connection is used
         self.info: NodeInfo | None = None
         # a replacement process (REJOIN): per (server key, offset), pushes of this rank that arrived
         self.landed: dict[tuple[int, int], int] = {}
@@ -185,16 +195,21 @@ class WorkerClient:
         if not connected.wait(self._cluster.startup_timeout):
             raise OperationTimeoutError("could not connect to the servers")
         self.info = info
-        self._hello_all(info, self._cluster.startup_timeout)
+        answers = self._hello_all(info, self._cluster.startup_timeout)
+        for server, answer in enumerate(answers):
+            self._open_stream(server, answer, self._cluster.startup_timeout)
         if info.recovery:  # a replacement of a dead worker: each server says which pushes of this rank arrived
             self.rejoin(len(info.servers), self._cluster.startup_timeout)
         return info
 
-    def _hello_all(self, info: NodeInfo, timeout: float) -> None:
+    def _hello_all(self, info: NodeInfo, timeout: float) -> list[Header]:
         """Open every connection with ``HELLO`` carrying this worker's token, before any request.
 
         The server binds the connection to this worker only then (:mod:`pskv.server.senders`);
         over ZeroMQ it also learns where this worker's replies go.
+
+        Returns:
+            Every server's answer, by rank.
 
         Raises:
             OperationTimeoutError: a server did not answer within ``timeout``.
@@ -210,12 +225,113 @@ class WorkerClient:
             else:
                 self._reactor.call_soon(partial(self._reactor.send_dealer, sid, frames))
             hellos.append(pending)
+        answers = []
         for pending in hellos:
             try:
-                pending.wait(timeout)
+                answers.append(pending.wait(timeout))
             except OperationTimeoutError:
                 raise OperationTimeoutError(f"could not connect to the servers: {pending.what} to "
                                             f"{node_name(pending.node)} got no answer") from None
+        return answers
+
+    # -- data connections (pskv.transport.stream) ---------------------------------------------
+    def _open_stream(self, server: int, answer: Header, timeout: float) -> None:
+        """Send requests to ``server`` on a data connection from now on, if its HELLO answer offers one.
+
+        A data port that cannot be reached leaves the ZeroMQ session in use (logged).
+        Call before requests go to ``server`` (connecting, or a replacement server).
+        """
+        if self._cluster.data_channel != "tcp" or self._servers[server] is None:
+            return
+        try:
+            port = HelloReply.parse(answer).stream
+        except ProtocolError as exc:
+            log.warning("worker: server %d's HELLO answer is malformed, using ZeroMQ: %s", server, exc)
+            return
+        if not port:
+            return
+        try:
+            conn = self._stream(server, port, timeout)
+        except (OSError, OperationTimeoutError, KVStoreError) as exc:
+            log.warning("worker: server %d's data port %d is unusable, using ZeroMQ: %s", server, port, exc)
+            return
+        with self._send_lock:
+            self._senders[server] = conn
+        self._stream_ports[server] = port
+
+    def _stream(self, server: int, port: int, timeout: float) -> StreamConnection:
+        """A data connection to ``server`` that its HELLO opened (polled by the reactor).
+
+        Raises:
+            OSError: no connection.
+            OperationTimeoutError, RemoteError, NodeFailedError: no answer to the HELLO, or a refusal.
+        """
+        assert self.info is not None
+        address = self.membership.info.servers[server] if self.membership.info else self.info.servers[server]
+        host = address.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
+        conn = StreamConnection.connect(host, port, tag_of(self._tx, 0), f"worker data connection to server {server}",
+                                        min(timeout, 10.0), self._reactor.bounds, on_pending=self._reactor.wake)
+        adopted = threading.Event()
+
+        def adopt() -> None:
+            self._reactor.adopt_stream(conn, self._on_reply, partial(self._stream_lost, server, conn))
+            adopted.set()
+        try:
+            self._reactor.call_soon(adopt)
+            if not adopted.wait(timeout):
+                raise OperationTimeoutError(f"the worker's reactor took no data connection to server {server}")
+            hello = self.tracker.new(node_id(Role.SERVER, server), "hello", timeout=timeout)
+            conn.send(encode(Header(Command.HELLO, hello.request, self.info.node_id,
+                                    body=Hello("", self.info.token).encode())))
+            hello.wait(timeout)
+        except BaseException:
+            self._close_stream(conn)
+            raise
+        return conn
+
+    def _close_stream(self, conn: StreamConnection) -> None:
+        try:
+            self._reactor.call_soon(partial(self._reactor.close_connection, conn))
+        except TransportError:  # the reactor stopped: it closed everything
+            conn.close()
+
+    def _stream_lost(self, server: int, conn: StreamConnection) -> None:
+        """Reactor callback: the data connection to ``server`` failed. It is opened again (another thread)."""
+        if self._senders[server] is not conn or self._reactor.stopped:
+            return  # replaced already (a replacement server), or the worker is closing
+        log.warning("worker: data connection to server %d lost; opening it again", server)
+        with self._queue_lock:
+            self._paused.add(server)  # requests wait in the queue until it is back
+        threading.Thread(target=self._restream, args=(server, conn), daemon=True,
+                         name=f"pskv-worker-restream-{server}").start()
+
+    def _restream(self, server: int, lost: StreamConnection) -> None:
+        """Open the data connection to ``server`` again, then send every unanswered request again.
+
+        Tries every :data:`RESTREAM_INTERVAL` s while the server lives; requests fail
+        meanwhile only by their own timeouts or the server's death (NodeFailedError).
+        """
+        node = node_id(Role.SERVER, server)
+        try:
+            while not self._reactor.stopped and node not in self.membership.dead():
+                try:
+                    conn = self._stream(server, self._stream_ports[server], 5.0)
+                except (OSError, KVStoreError) as exc:
+                    log.info("worker: data connection to server %d not back yet: %s", server, exc)
+                    time.sleep(RESTREAM_INTERVAL)
+                    continue
+                with self._send_lock:
+                    if self._senders[server] is not lost:  # replaced meanwhile
+                        self._close_stream(conn)
+                        return
+                    self._senders[server] = conn
+                log.warning("worker: data connection to server %d is back", server)
+                self._resend_outstanding(server)
+                return
+        finally:
+            with self._queue_lock:
+                self._paused.discard(server)
+            self._flush()
 
     def rejoin(self, num_servers: int, timeout: float) -> None:
         """A replacement process: ``REJOIN`` every server; :attr:`landed` gets their counts of this rank's pushes.
@@ -369,7 +485,10 @@ class WorkerClient:
                 self._reactor.close_dealer(old_sid)
             if isinstance(old_sender, Sender):
                 self._reactor.unwatch(old_sender)
-            old_sender.close()
+            if isinstance(old_sender, (StreamConnection, LocalConnection)):
+                self._reactor.close_connection(old_sender)  # not polled any more, not opened again
+            else:
+                old_sender.close()
             self._watch(server, sid, sender)
             swapped.set()
 
@@ -384,7 +503,7 @@ class WorkerClient:
             sid = self._servers[server]
             assert sid is not None
             self._reactor.call_soon(partial(self._reactor.send_dealer, sid, frames))
-            hello.wait(timeout)
+            self._open_stream(server, hello.wait(timeout), timeout)
             with self._send_lock:  # nothing goes to this server while the replay is queued
                 messages = replay(self._epoch[server])
                 for pending, _ in messages:
@@ -467,6 +586,7 @@ class WorkerClient:
             pending.sent = next(self._sent[server])  # sent again after a reset, like any request
             pending.epoch = self._epoch[server]
             pending.overtook = True
+            pending.local = None  # its reply comes through ZeroMQ: the reactor reads it
             self._reactor.call_soon(partial(self._reactor.send_dealer, sid, frames))
         return True
 
@@ -498,10 +618,10 @@ class WorkerClient:
         return sync
 
     # -- replies read by the waiting thread (local connections) -----------------------------
-    def _local_conn(self, server: int) -> LocalConnection | None:
-        """The local connection that carries requests to server ``server`` and their replies, if any."""
+    def _local_conn(self, server: int) -> LocalConnection | StreamConnection | None:
+        """The local or data connection that carries requests to server ``server`` and their replies, if any."""
         conn = self._senders[server] if 0 <= server < len(self._senders) else None
-        return conn if type(conn) is LocalConnection else None
+        return conn if type(conn) is LocalConnection or type(conn) is StreamConnection else None
 
     def _read_local(self, pending: WorkerRequest, deadline: float) -> None:
         """Read the replies of ``pending``'s local connection in this thread until it is done (or ``deadline``).
