@@ -368,6 +368,12 @@ class WorkerClient:
         """A reply arrived (from a channel of :meth:`connect_in_process`; sockets call it themselves)."""
         self._on_reply(frames)
 
+    def channels(self) -> list[str]:
+        """How requests reach each server, by rank: ``"local"`` (a Unix socket: the server is on
+        this host), ``"tcp"`` (a data connection), ``"zmq"``, or ``"in-process"`` (tests)."""
+        kinds = {LocalConnection: "local", StreamConnection: "tcp", Sender: "zmq"}
+        return [kinds.get(type(c), "in-process") for c in self._senders]
+
     def _local_path(self, server: int, info: NodeInfo) -> str | None:
         """The local socket of ``server`` if it runs on this host (and shared memory is on)."""
         shm = info.server_shm[server] if server < len(info.server_shm) else None

@@ -58,6 +58,7 @@ for k, o in zip(keys, out):
 maps = open("/proc/self/maps").read()
 dirs = sorted({line.split("/")[-2] for line in maps.splitlines() if "server-" in line and "/pskv-" in line})
 print(f"shm rank={rank} host={os.uname().nodename} dirs={len(dirs)}", flush=True)
+print(f"channels rank={rank} {','.join(kv._client.channels())}", flush=True)
 kv.close()
 """
 
@@ -99,6 +100,11 @@ def values(out: str) -> dict[tuple[int, str], str]:
     return found
 
 
+def channels(out: str) -> dict[int, list[str]]:
+    """worker rank -> how its requests reach each server (WorkerClient.channels)."""
+    return {int(m[1]): m[2].split(",") for m in re.finditer(r"channels rank=(\d+) (\S+)", out)}
+
+
 def shm_dirs(out: str) -> dict[int, int]:
     return {int(m[1]): int(m[2]) for m in re.finditer(r"shm rank=(\d+) host=\S+ dirs=(\d+)", out)}
 
@@ -130,6 +136,9 @@ def test_a_job_on_several_hosts_gives_the_one_host_values(count, simulated_hosts
     # placement (pskv.launch.ssh): servers on hosts 0 and 1; workers round-robin over the hosts
     worker_host = [r % count for r in range(WORKERS)]
     assert shm_dirs(out) == {r: int(worker_host[r] < SERVERS) for r in range(WORKERS)}, out
+    # the server of a worker's host through its local socket, the others through data connections
+    assert channels(out) == {r: ["local" if worker_host[r] == s else "tcp" for s in range(SERVERS)]
+                             for r in range(WORKERS)}, out
     for i in range(count):  # every host sent its pushes over its link (the servers are not all local)
         sent = hosts.link_bytes(i)["tx"] - before[i]["tx"]
         assert sent > ITERS * BIG * 4 / SERVERS, (i, sent, out)
@@ -146,6 +155,7 @@ def test_dedicated_server_hosts_give_the_one_host_values_and_every_worker_uses_s
     assert code == 0, out
     assert values(out) == one_host_values
     assert shm_dirs(out) == {r: 0 for r in range(WORKERS)}, out  # no server on a worker's host: no shared memory
+    assert channels(out) == {r: ["tcp"] * SERVERS for r in range(WORKERS)}, out
     assert {m[1] for m in re.finditer(r"shm rank=\d+ host=(\S+)", out)} == {"simhost0", "simhost1"}, out
     moved = [{k: hosts.link_bytes(i)[k] - before[i][k] for k in ("tx", "rx")} for i in range(4)]
     pushed = WORKERS * ITERS * BIG * 4 / SERVERS  # what each server receives of the big key alone
