@@ -35,6 +35,7 @@ came, and that confirms them. Server replacement (``PSKV_SERVER_RECOVERY``):
 
 from __future__ import annotations
 
+import collections
 import heapq
 import itertools
 import logging
@@ -159,7 +160,9 @@ class WorkerClient:
         self._send_lock = threading.Lock()  # held by the thread emptying the queue
         self._sent: list[itertools.count[int]] = []  # per server: sequence numbers of the messages sent there
         self._epoch: list[int] = []  # per server: replacements so far (PSKV_SERVER_RECOVERY)
-        self._paused: set[int] = set()  # servers being replaced: their requests wait in the queue
+        # servers being replaced or reconnected: their requests wait in the queue (a count per
+        # server: a lost data connection and a replacement may overlap)
+        self._paused: collections.Counter[int] = collections.Counter()
         self.quiet = QuietPushes(self.tracker, self._sync)  # quiet requests sent, not yet confirmed
         self._seq = itertools.count()
         self._tx = os.urandom(8).hex()  # names this worker's send-only sockets (HELLO) and data connections
@@ -301,7 +304,7 @@ class WorkerClient:
             return  # replaced already (a replacement server), or the worker is closing
         log.warning("worker: data connection to server %d lost; opening it again", server)
         with self._queue_lock:
-            self._paused.add(server)  # requests wait in the queue until it is back
+            self._paused[server] += 1  # requests wait in the queue until it is back
         threading.Thread(target=self._restream, args=(server, conn), daemon=True,
                          name=f"pskv-worker-restream-{server}").start()
 
@@ -311,9 +314,9 @@ class WorkerClient:
         Tries every :data:`RESTREAM_INTERVAL` s while the server lives; requests fail
         meanwhile only by their own timeouts or the server's death (NodeFailedError).
         """
-        node = node_id(Role.SERVER, server)
-        try:
-            while not self._reactor.stopped and node not in self.membership.dead():
+        node, epoch = node_id(Role.SERVER, server), self._epoch[server]
+        try:  # until it is back, the worker closes, the server is dead or replaced (reconnect takes over)
+            while not self._reactor.stopped and node not in self.membership.dead() and self._epoch[server] == epoch:
                 try:
                     conn = self._stream(server, self._stream_ports[server], 5.0)
                 except (OSError, KVStoreError) as exc:
@@ -330,7 +333,7 @@ class WorkerClient:
                 return
         finally:
             with self._queue_lock:
-                self._paused.discard(server)
+                self._resume(server)
             self._flush()
 
     def rejoin(self, num_servers: int, timeout: float) -> None:
@@ -475,7 +478,7 @@ class WorkerClient:
         address = info.servers[server]
         swapped = threading.Event()
         with self._queue_lock:
-            self._paused.add(server)
+            self._paused[server] += 1
 
         def swap() -> None:
             old_sid, old_sender = self._servers[server], self._senders[server]
@@ -517,8 +520,14 @@ class WorkerClient:
                 self._queue_first(server, messages)
         finally:
             with self._queue_lock:
-                self._paused.discard(server)
+                self._resume(server)
             self._flush()
+
+    def _resume(self, server: int) -> None:
+        """One reason to hold ``server``'s requests is over (the queue lock is held)."""
+        self._paused[server] -= 1
+        if self._paused[server] <= 0:
+            del self._paused[server]
 
     def _expire(self) -> None:
         self.tracker.expire()
