@@ -104,7 +104,7 @@ class WorkerRequest(Pending):
     (:meth:`WorkerClient._read_local`) instead of waiting for the reactor thread to.
     """
 
-    __slots__ = ("quiet", "sent", "epoch", "local", "overtook")
+    __slots__ = ("quiet", "sent", "epoch", "local", "overtook", "reader")
 
     def __init__(self, request: int, node: int, what: str,
                  callback: Callable[[Pending], None] | None = None, timeout: float | None = None) -> None:
@@ -114,6 +114,7 @@ class WorkerRequest(Pending):
         self.epoch: int | None = None  # which incarnation of the server it was sent to (None: not sent yet)
         self.local: WorkerClient | None = None  # sent on a local connection of this client
         self.overtook = False  # sent on the reply connection, ahead of the request connection's queue
+        self.reader: LocalConnection | StreamConnection | None = None  # where its reply comes, if not the server's usual
 
     def wait(self, timeout: float | None) -> Header:
         """Wait for the reply (see :meth:`Pending.wait`); on a local connection, read it in this thread."""
@@ -167,6 +168,7 @@ class WorkerClient:
         self._seq = itertools.count()
         self._tx = os.urandom(8).hex()  # names this worker's send-only sockets (HELLO) and data connections
         self._stream_ports: dict[int, int] = {}  # server rank -> its data port, while a data connection is used
+        self._lanes: dict[int, StreamConnection] = {}  # server rank -> its data connection for overtaking pulls
         self.info: NodeInfo | None = None
         # a replacement process (REJOIN): per (server key, offset), pushes of this rank that arrived
         self.landed: dict[tuple[int, int], int] = {}
@@ -254,15 +256,29 @@ class WorkerClient:
         if not port:
             return
         try:
-            conn = self._stream(server, port, timeout)
+            requests, overtaking = self._streams(server, port, timeout)
         except (OSError, OperationTimeoutError, KVStoreError) as exc:
             log.warning("worker: server %d's data port %d is unusable, using ZeroMQ: %s", server, port, exc)
             return
         with self._send_lock:
-            self._senders[server] = conn
+            self._senders[server] = requests
+            self._lanes[server] = overtaking
         self._stream_ports[server] = port
 
-    def _stream(self, server: int, port: int, timeout: float) -> StreamConnection:
+    def _streams(self, server: int, port: int, timeout: float) -> tuple[StreamConnection, StreamConnection]:
+        """The two data connections to ``server``: lane 0 for requests in order, lane 1 for pulls that overtake.
+
+        Raises:
+            as :meth:`_stream`.
+        """
+        requests = self._stream(server, port, 0, timeout)
+        try:
+            return requests, self._stream(server, port, 1, timeout)
+        except BaseException:
+            self._close_stream(requests)
+            raise
+
+    def _stream(self, server: int, port: int, lane: int, timeout: float) -> StreamConnection:
         """A data connection to ``server`` that its HELLO opened (polled by the reactor).
 
         Raises:
@@ -272,7 +288,8 @@ class WorkerClient:
         assert self.info is not None
         address = self.membership.info.servers[server] if self.membership.info else self.info.servers[server]
         host = address.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
-        conn = StreamConnection.connect(host, port, tag_of(self._tx, 0), f"worker data connection to server {server}",
+        conn = StreamConnection.connect(host, port, tag_of(self._tx, lane),
+                                        f"worker data connection to server {server} (lane {lane})",
                                         min(timeout, 10.0), self._reactor.bounds, on_pending=self._reactor.wake)
         adopted = threading.Event()
 
@@ -299,13 +316,19 @@ class WorkerClient:
             conn.close()
 
     def _stream_lost(self, server: int, conn: StreamConnection) -> None:
-        """Reactor callback: the data connection to ``server`` failed. It is opened again (another thread)."""
-        if self._senders[server] is not conn or self._reactor.stopped:
-            return  # replaced already (a replacement server), or the worker is closing
+        """Reactor callback: a data connection to ``server`` failed. Both are opened again (another thread)."""
+        lanes = (self._senders[server], self._lanes.get(server))
+        if conn not in lanes or self._reactor.stopped:
+            return  # replaced already (a replacement server, or the other lane failed first), or closing
         log.warning("worker: data connection to server %d lost; opening it again", server)
+        with self._send_lock:
+            self._lanes.pop(server, None)
+        for other in lanes:
+            if other is not conn and isinstance(other, StreamConnection):
+                self._reactor.close_connection(other)  # its requests are sent again with the others
         with self._queue_lock:
             self._paused[server] += 1  # requests wait in the queue until it is back
-        threading.Thread(target=self._restream, args=(server, conn), daemon=True,
+        threading.Thread(target=self._restream, args=(server, lanes[0]), daemon=True,
                          name=f"pskv-worker-restream-{server}").start()
 
     def _restream(self, server: int, lost: StreamConnection) -> None:
@@ -318,16 +341,18 @@ class WorkerClient:
         try:  # until it is back, the worker closes, the server is dead or replaced (reconnect takes over)
             while not self._reactor.stopped and node not in self.membership.dead() and self._epoch[server] == epoch:
                 try:
-                    conn = self._stream(server, self._stream_ports[server], 5.0)
+                    requests, overtaking = self._streams(server, self._stream_ports[server], 5.0)
                 except (OSError, KVStoreError) as exc:
                     log.info("worker: data connection to server %d not back yet: %s", server, exc)
                     time.sleep(RESTREAM_INTERVAL)
                     continue
                 with self._send_lock:
-                    if self._senders[server] is not lost:  # replaced meanwhile
-                        self._close_stream(conn)
+                    if self._senders[server] is not lost and self._lanes.get(server) is not lost:  # replaced
+                        self._close_stream(requests)
+                        self._close_stream(overtaking)
                         return
-                    self._senders[server] = conn
+                    self._senders[server] = requests
+                    self._lanes[server] = overtaking
                 log.warning("worker: data connection to server %d is back", server)
                 self._resend_outstanding(server)
                 return
@@ -487,6 +512,7 @@ class WorkerClient:
             with self._send_lock:
                 self._servers[server] = sid
                 self._senders[server] = sender
+                old_lane = self._lanes.pop(server, None)
                 self._sent[server] = itertools.count(1)
                 self._epoch[server] += 1
             self.quiet.forget(node_id(Role.SERVER, server))  # they are sent again, answered
@@ -494,6 +520,8 @@ class WorkerClient:
                 self._reactor.close_dealer(old_sid)
             if isinstance(old_sender, Sender):
                 self._reactor.unwatch(old_sender)
+            if old_lane is not None:
+                self._reactor.close_connection(old_lane)
             if isinstance(old_sender, (StreamConnection, LocalConnection)):
                 self._reactor.close_connection(old_sender)  # not polled any more, not opened again
             else:
@@ -569,10 +597,12 @@ class WorkerClient:
         with :attr:`Flag.QUIET`, so the server answers only a failure) completes when a
         later reply from the server confirms it (:meth:`QuietPushes.confirm`); it has no
         timeout of its own. ``flags``: further :class:`Flag` bits (SHM, SUMMED, ...).
-        ``overtake`` (a pull): send it on the server's reply connection when that is
-        ZeroMQ and no quiet request to the server awaits confirmation, so it passes the
-        megabytes of pushes the request connection still carries (the server holds a pull
-        until the pushes it names arrive); its reply then confirms nothing.
+        ``overtake`` (a pull): send it on a connection of its own — the server's second
+        data connection (lane 1), else the ZeroMQ reply connection — when no quiet request
+        to the server awaits confirmation, so it passes the megabytes of pushes the request
+        connection still carries (the server holds a pull until the pushes it names
+        arrive, and answers each piece as its round completes); its reply then confirms
+        nothing.
 
         Raises:
             NodeFailedError: that server is already known dead.
@@ -601,8 +631,16 @@ class WorkerClient:
             pending.sent = next(self._sent[server])  # sent again after a reset, like any request
             pending.epoch = self._epoch[server]
             pending.overtook = True
-            pending.local = None  # its reply comes through ZeroMQ: the reactor reads it
-            self._reactor.call_soon(partial(self._reactor.send_dealer, sid, frames))
+            lane = self._lanes.get(server)
+            if lane is None:
+                pending.local = None  # its reply comes through ZeroMQ: the reactor reads it
+                self._reactor.call_soon(partial(self._reactor.send_dealer, sid, frames))
+                return True
+            pending.reader = lane  # its waiter reads the reply there
+            try:
+                lane.send(frames)
+            except ConnectionError as exc:  # sent again once the data connections are back
+                log.warning("worker: request to server %d not sent: %s", server, exc)
         return True
 
     def _queue_and_send(self, key: float, server: int, frames: list[Any], pending: WorkerRequest) -> None:
@@ -645,7 +683,8 @@ class WorkerClient:
         Returns early if another thread reads the connection (that one hands this reply
         on) or on the reactor thread (which reads it anyway).
         """
-        conn = self._local_conn(node_role_rank(pending.node)[1])
+        server = node_role_rank(pending.node)[1]
+        conn = pending.reader if pending.reader is not None else self._local_conn(server)
         if conn is None or self._reactor.on_reactor_thread():
             return
         self._reactor.read_local(conn, self._on_reply, pending.done, deadline)
@@ -657,11 +696,11 @@ class WorkerClient:
         Quiet pushes do not count: their (error) answers wait for the next reader, or the
         reactor's next timer turn (at most ``EXPIRY_INTERVAL``).
         """
-        conn = self._local_conn(node_role_rank(node)[1])
-        if conn is None or conn.claimed or conn.polled:
-            return
-        if self.tracker.any_to(node, _answered):
-            self._reactor.wake()
+        server = node_role_rank(node)[1]
+        for conn in (self._local_conn(server), self._lanes.get(server)):
+            if conn is not None and not conn.claimed and not conn.polled and self.tracker.any_to(node, _answered):
+                self._reactor.wake()
+                return
 
     def _flush(self) -> None:
         """Send queued requests, highest priority first, from this thread.
