@@ -203,7 +203,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--systems", default=",".join(B_SYSTEMS),
                    help=f"b only: which systems to run, comma-separated (default {','.join(B_SYSTEMS)})")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
-                   help="b only: a setting for every pskv process (pskv launch --env; repeatable), "
+                   help="a setting for every pskv process (pskv launch --env; repeatable), "
                         "e.g. PSKV_PART_BYTES=262144")
     p.add_argument("--timeout", type=float, default=None, help="seconds one job may take (default 300 (a), 600 (b))")
     p.add_argument("--json", type=Path, default=None,
@@ -218,8 +218,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.systems = [x.strip() for x in args.systems.split(",") if x.strip()]
     if not args.systems or not set(args.systems) <= set(B_SYSTEMS):
         p.error(f"--systems: expected some of {', '.join(B_SYSTEMS)}, got {args.systems}")
-    if args.env and not b:
-        p.error("--env applies to --setup b")
     if b:
         args.rate = args.rate or B_RATE
     return args
@@ -265,7 +263,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rdir.mkdir()
                 before = link_sent(hosts)
                 t0 = time.perf_counter()
-                runs[system].append(run(hosts, specs[system], rdir, args.timeout))
+                runs[system].append(run_pskv(hosts, specs[system], rdir, args.timeout, env=args.env)
+                                    if system == "pskv" else run(hosts, specs[system], rdir, args.timeout))
                 sent[system].append([a - b for a, b in zip(link_sent(hosts), before)])
                 print(f"round {rnd} {system}: {time.perf_counter() - t0:.1f} s, link bytes sent per host "
                       f"{[f'{b / 1e6:.0f} MB' for b in sent[system][-1]]}", flush=True)
@@ -275,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table(rows))
     payload = {"benchmark": "bench_hosts", "date_utc": stamp.isoformat(timespec="seconds"), "commit": git_commit(),
                "argv": sys.argv[1:] if argv is None else list(argv), "quick": args.quick, "rate": args.rate,
-               "delay": args.delay, "rounds": args.rounds, "repeats": args.repeats,
+               "pskv_env": args.env, "delay": args.delay, "rounds": args.rounds, "repeats": args.repeats,
                "hosts": [{"address": h.address, "hostname": h.hostname} for h in hosts.hosts],
                "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                            "python": platform.python_version()},
