@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -125,3 +126,62 @@ def test_a_launched_job_without_shared_memory_uses_data_connections(tmp_path):
     assert res.returncode == 0, out
     for rank in (0, 1):
         assert f"rank={rank} channels=tcp,tcp value=3.0,3.0" in out, out
+
+
+def test_a_stranger_on_the_data_port_is_refused_and_the_job_is_unaffected(monkeypatch):
+    """Without the worker's token nothing is applied; silent or malformed connections are closed."""
+    from pskv.protocol import Command, Header, decode, encode, node_id
+    from pskv.protocol import Role as R
+    from pskv.protocol.bodies import Hello
+    from pskv.transport import reactor
+    from pskv.transport.stream import StreamConnection, tag_of
+
+    monkeypatch.setattr(reactor, "OPENING_TIMEOUT", 0.5)
+
+    def reply(conn):
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                frames = conn.receive(wait=0.1)
+            except BlockingIOError:
+                continue
+            if frames is not None:
+                return decode(frames)[0]
+        raise AssertionError("no answer")
+
+    def closed(sock, within=5.0):
+        sock.settimeout(within)
+        try:
+            return sock.recv(1) == b""
+        except ConnectionResetError:
+            return True
+
+    with InProcessCluster(1, 2, deadline=DEADLINE, shm=0) as cluster:
+        def body(cfg):
+            kv = pskv.create("dist_sync", cluster=cfg)
+            try:
+                kv.init("w", np.zeros(1000, np.float32))
+                if kv.rank == 0:
+                    port = cluster.servers[0]._core.data.stream_port
+                    me = node_id(R.WORKER, 0)
+                    stranger = StreamConnection.connect("127.0.0.1", port, tag_of("00000000000000aa", 0), "stranger",
+                                                        5.0)
+                    stranger.send(encode(Header(Command.PUSH, 7, me)))
+                    assert "not bound to a worker" in reply(stranger).body
+                    stranger.send(encode(Header(Command.HELLO, 8, me, body=Hello("", "0" * 64).encode())))
+                    assert "its token is wrong" in reply(stranger).body
+                    stranger.close()
+                    silent = socket.create_connection(("127.0.0.1", port))
+                    junk = socket.create_connection(("127.0.0.1", port))
+                    junk.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b" " * 16)
+                    assert closed(junk) and closed(silent)  # malformed at once, silent after OPENING_TIMEOUT
+                    silent.close()
+                    junk.close()
+                for i in range(3):
+                    kv.push("w", np.full(1000, kv.rank + 1.0, np.float32))
+                    out = kv.pull("w")
+                return kv._client.channels(), float(out.min()), float(out.max())
+            finally:
+                kv.close()
+
+        assert cluster.run_workers(body) == [(["tcp"], 3.0, 3.0)] * 2
