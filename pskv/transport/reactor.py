@@ -14,10 +14,13 @@ Socket patterns (as in ps-lite's ZMQ van):
   use (its lock serialises them; nobody polls it): a worker sends its requests from the
   calling thread — no hand-off to the reactor — and the service routes the replies to
   the worker's polled DEALER instead (see ``HELLO`` in :mod:`pskv.protocol.messages`);
-* between nodes of one host, a service may also listen on a Unix-domain packet socket
-  (:meth:`Reactor.bind_local`, :mod:`pskv.transport.unix`); its connections look like
-  ROUTER peers to the handler, and a client's connection (:meth:`Reactor.connect_local`)
-  carries its requests (sent from any thread) and its replies.
+* besides, the reactor polls plain sockets outside ZeroMQ — Unix-domain connections
+  between nodes of one host (:meth:`Reactor.bind_local`, :meth:`Reactor.connect_local`)
+  and TCP data connections between hosts (:meth:`Reactor.bind_stream`,
+  :meth:`Reactor.adopt_stream`). A service's connections look like ROUTER peers to its
+  handler; a client's carries its requests (sent from any thread) and its replies, which
+  a waiting thread may read itself (:meth:`Reactor.read_local`). That part lives in
+  :mod:`pskv.transport.polled`; the reactor delegates to it and runs it on its thread.
 
 Addresses are ZeroMQ endpoints: ``tcp://127.0.0.1:0`` (port chosen by the OS — the
 real address is returned), ``ipc://...`` or ``inproc://...`` (one process).
@@ -28,37 +31,30 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
-import socket
 import struct
 import threading
 import time
 from collections.abc import Callable
-from functools import partial
 from typing import Any, cast
 
 import zmq
 
-from pskv.errors import OperationTimeoutError, ProtocolError, TransportError
+from pskv.errors import OperationTimeoutError, TransportError
 from pskv.transport.bounds import DEFAULT_BOUNDS, SEND_HWM, Bounds
 from pskv.transport.frames import SOCKET_BUFFER_BYTES, Backlog, Discarding, Sender, recv_frames, send_frames
+from pskv.transport.polled import LOCAL_PREFIX, Connection, PolledConnections
 from pskv.transport.security import CurveSecurity, RefusalLog
-from pskv.transport.stream import OPENING_TIMEOUT, StreamConnection, listen_tcp
-from pskv.transport.unix import LocalConnection, listen
+from pskv.transport.stream import OPENING_TIMEOUT, StreamConnection
+from pskv.transport.unix import LocalConnection
 
 __all__ = ["IO_THREADS", "Reactor", "RouterHandler", "DealerHandler"]
 
 log = logging.getLogger("pskv.transport")
 
-# Identities of a ROUTER's local connections (bind_local). A ZeroMQ peer may choose any
-# routing identity: one with this prefix is dropped, so it cannot speak on a local
-# connection's binding (pskv.server.senders).
-LOCAL_PREFIX = b"\x00local-"
-
 # ZeroMQ I/O threads per data node (server, worker): they move the bytes, outside the GIL.
 IO_THREADS = 2
 
 RouterHandler = Callable[[bytes, list[zmq.Frame]], None]  # (peer identity, frames)
-Connection = LocalConnection | StreamConnection  # a connection the reactor polls itself, outside ZeroMQ
 DealerHandler = Callable[[list[zmq.Frame]], None]
 
 # Plain ints: combining pyzmq's enum flags (e.g. EVENTS & POLLIN) runs Python-level enum code.
@@ -68,17 +64,8 @@ _POLLOUT = int(zmq.POLLOUT)
 _BACKLOG_RETRY_MS = 5
 # All slow peers together may hold this many times PSKV_SEND_QUEUE_BYTES in the reactor's queues.
 BACKLOG_PEERS = 4
-# Packets read from one local connection in one turn of the reactor.
-_LOCAL_BATCH = 16
-# A thread reading its replies itself (Reactor.read_local) checks whether its request ended
-# otherwise (a timeout, a dead peer) at least this often (seconds).
-_READ_SLICE = 0.05
 # Frames of an oversized message dropped between two turns of the reactor's other work (~50 ms).
 _DISCARD_STEP = 30_000
-# Data connections (bind_stream) a service keeps open at most, and of those at most this many
-# that have not sent their first message yet; more are closed as they come, logged.
-MAX_STREAMS = 4096
-MAX_OPENING = 256
 
 
 class Reactor:
@@ -103,7 +90,6 @@ class Reactor:
         self._ctx = context
         self._bounds = bounds
         self._backlogs: dict[tuple[int, bytes], Backlog] = {}  # (socket id, peer identity) -> unsent replies
-        self._writable: dict[int, Connection] = {}  # service connections with queued replies, by descriptor
         self._discarding: dict[zmq.Socket[Any], Discarding] = {}  # sockets in the middle of an oversized message
         self._security = security
         self._on_failure = on_failure
@@ -116,15 +102,13 @@ class Reactor:
         self._senders: list[Sender] = []
         self._router_handlers: dict[int, RouterHandler] = {}
         self._fd_handlers: dict[int, Callable[[], None]] = {}  # raw descriptors polled with the sockets
-        self._listeners: list[socket.socket] = []
-        self._locals: dict[int, tuple[Connection, bytes | None]] = {}  # by descriptor
-        self._local_peers: dict[bytes, Connection] = {}  # accepted connections by identity
-        self._client_locals: list[Connection] = []  # connect_local's, adopt_stream's: a waiting thread may read them
-        self._masks: dict[int, int] = {}  # poll flags of client connections, where not POLLIN
-        self._opening: dict[int, StreamConnection] = {}  # accepted data connections before their first message
-        self._on_lost: dict[int, Callable[[], None]] = {}  # client data connections: called once dropped
-        self._refused = RefusalLog(log, limit=16)
         self._ids = itertools.count(1)
+        self._polled = PolledConnections(self._poller, self._fd_handlers, name, bounds, self._ids, self.call_soon)
+        # Its tables, the same objects: the loop checks them each turn, send_router looks peers up (tests read them).
+        self._local_peers = self._polled.peers
+        self._writable = self._polled.writable
+        self._client_locals = self._polled.clients
+        self._locals = self._polled.connections
         self._calls: collections.deque[Callable[[], None]] = collections.deque()
         self._timers: list[tuple[float, float, Callable[[], None]]] = []
         self._wake_addr = f"inproc://pskv-wake-{id(self)}"
@@ -214,271 +198,62 @@ class Reactor:
         sock.setsockopt(zmq.MAXMSGSIZE, self._bounds.max_message_bytes)
         sock.setsockopt(zmq.SNDHWM, SEND_HWM)
 
+    # -- connections polled outside ZeroMQ (pskv.transport.polled) ------------------------
     def bind_local(self, sid: int, path: str) -> None:
-        """Also accept local connections at ``path`` for ROUTER ``sid``.
-
-        Their messages reach the ROUTER's handler with identities of their own, and
-        :meth:`send_router` answers them on their connection.
+        """Also accept local connections at ``path`` for ROUTER ``sid`` (:meth:`PolledConnections.bind_local`).
 
         Raises:
             TransportError: the path cannot be bound.
         """
-        try:
-            listener = listen(path)
-        except OSError as exc:
-            raise TransportError(f"cannot listen on {path}: {exc}") from None
-        handler = self._router_handlers[sid]
-        self._listeners.append(listener)
-        self._fd_handlers[listener.fileno()] = lambda: self._accept(listener, sid, handler)
-        self._poller.register(listener.fileno(), zmq.POLLIN)
-
-    def _accept(self, listener: socket.socket, sid: int, handler: RouterHandler) -> None:
-        try:
-            sock, _ = listener.accept()
-        except (BlockingIOError, InterruptedError):
-            return
-        identity = LOCAL_PREFIX + b"%d" % next(self._ids)
-        # Replies never wait for a peer that reads nothing: they queue on the connection
-        # (bounded, see send_router) and leave when it is writable.
-        conn = LocalConnection(sock, f"{self._name} local connection", bounds=self._bounds, queued=True)
-        self._local_peers[identity] = conn
-
-        deliver = partial(handler, identity)
-
-        def on_packet() -> None:
-            self._receive_local(conn, deliver)  # type: ignore[arg-type]
-        self._watch_local(conn, on_packet, identity)
+        self._polled.bind_local(path, self._router_handlers[sid])
 
     def bind_stream(self, sid: int, host: str) -> int:
-        """Also accept TCP data connections (:mod:`pskv.transport.stream`) on ``host`` for ROUTER ``sid``.
+        """Also accept TCP data connections on ``host`` for ROUTER ``sid`` (:meth:`PolledConnections.bind_stream`).
 
-        As for :meth:`bind_local`, their messages reach the ROUTER's handler — under the
-        identity their preamble names, from their first message on — and
-        :meth:`send_router` answers them on their connection. A connection that sends no
-        first message within ``OPENING_TIMEOUT`` s is closed; so are connections past
-        :data:`MAX_STREAMS` (or :data:`MAX_OPENING` not yet opened). Returns the port.
+        Returns the port; connections that send no first message in time are closed every second.
 
         Raises:
             TransportError: the address cannot be bound.
         """
-        try:
-            listener = listen_tcp(host)
-        except OSError as exc:
-            raise TransportError(f"cannot listen on {host}: {exc}") from None
-        handler = self._router_handlers[sid]
-        self._listeners.append(listener)
-        self._fd_handlers[listener.fileno()] = lambda: self._accept_stream(listener, handler)
-        self._poller.register(listener.fileno(), zmq.POLLIN)
-        self.add_timer(1.0, self._close_unopened)
-        return int(listener.getsockname()[1])
-
-    def _accept_stream(self, listener: socket.socket, handler: RouterHandler) -> None:
-        try:
-            sock, peer = listener.accept()
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError as exc:  # e.g. out of descriptors: the peer retries
-            self._refused.error("accept", f"{self._name}: cannot accept a data connection: {exc}")
-            return
-        where = f"{peer[0]}:{peer[1]}"
-        if len(self._opening) >= MAX_OPENING or len(self._locals) >= MAX_STREAMS:
-            sock.close()
-            self._refused.error("full", f"{self._name}: closed a data connection from {where}: "
-                                        f"{len(self._opening)} connections have not opened yet, {len(self._locals)} "
-                                        f"are open (at most {MAX_OPENING} and {MAX_STREAMS})")
-            return
-        conn = StreamConnection(sock, f"{self._name} data connection from {where}", self._bounds,
-                                queue_limit=self._bounds.send_queue_bytes, accepted=True)
-        self._opening[conn.fd] = conn
-        identity = b""
-
-        def deliver(frames: list[memoryview]) -> None:
-            nonlocal identity
-            if not identity:  # its first message: the connection speaks under its tag from now on
-                assert conn.tag is not None
-                identity = LOCAL_PREFIX + b"tcp-" + conn.tag
-                self._opening.pop(conn.fd, None)
-                old = self._local_peers.get(identity)
-                if old is not None:  # the same worker connecting again (a reset): this one takes over
-                    log.info("%s: %s replaces the older connection of %r", self._name, conn.name, identity)
-                    self._drop_local(old)
-                self._local_peers[identity] = conn
-                self._locals[conn.fd] = (conn, identity)
-            handler(identity, frames)  # type: ignore[arg-type]
-
-        def on_packet() -> None:
-            self._receive_local(conn, deliver)
-        self._watch_local(conn, on_packet, None)
-
-    def _close_unopened(self) -> None:
-        """Close the data connections that sent no first message in ``OPENING_TIMEOUT`` seconds."""
-        now = time.monotonic()
-        for conn in [c for c in self._opening.values() if now - c.opened > OPENING_TIMEOUT]:
-            self._refused.error("unopened", f"{self._name}: closed {conn.name}: no first message in "
-                                            f"{OPENING_TIMEOUT:g} s")
-            self._drop_local(conn)
+        port = self._polled.bind_stream(host, self._router_handlers[sid])
+        # OPENING_TIMEOUT is read each time from this module's name for it (a test shortens it here).
+        self.add_timer(1.0, lambda: self._polled.close_unopened(OPENING_TIMEOUT))
+        return port
 
     def adopt_stream(self, conn: StreamConnection, handler: DealerHandler, on_lost: Callable[[], None]) -> None:
-        """Poll a client's data connection (:meth:`StreamConnection.connect`) as :meth:`connect_local` does.
+        """Poll a client's data connection, ``on_lost()`` once it is dropped (:meth:`PolledConnections.adopt_stream`).
 
-        ``handler(frames)`` gets what the service sends back; a thread waiting for a reply
-        may read it itself (:meth:`read_local`). The connection's sends never wait: make it
-        with ``on_pending=reactor.wake`` so the reactor writes what the socket did not take.
-        ``on_lost()`` is called (reactor thread) once the connection failed and was dropped.
         Call on the reactor thread.
         """
-        def on_packet() -> None:
-            if not conn.reading.acquire(blocking=False):
-                return  # a thread waiting for a reply reads it now (read_local)
-            try:
-                self._receive_local(conn, handler)  # type: ignore[arg-type]
-            finally:
-                conn.reading.release()
-        self._watch_local(conn, on_packet, None)
-        self._client_locals.append(conn)
-        self._on_lost[conn.fd] = on_lost
+        self._polled.adopt_stream(conn, handler, on_lost)
 
     def connect_local(self, path: str, handler: DealerHandler, send_timeout: float = 60.0) -> LocalConnection:
         """Connect to a service's local socket; ``handler(frames)`` gets what it sends back.
 
-        The connection's :meth:`~LocalConnection.send` may be called from any thread and
-        waits at most ``send_timeout`` seconds for a service that takes nothing.
-        Call before :meth:`start` or on the reactor thread.
+        See :meth:`PolledConnections.connect_local`. Call before :meth:`start` or on the
+        reactor thread.
 
         Raises:
             OSError: nobody listens at ``path``.
         """
-        conn = LocalConnection.connect(path, f"{self._name} local connection to {path}", send_timeout, self._bounds)
-
-        def on_packet() -> None:
-            if not conn.reading.acquire(blocking=False):
-                return  # a thread waiting for a reply reads it now (read_local)
-            try:  # handled under the lock: replies reach the handler in the order they came
-                self._receive_local(conn, handler)  # type: ignore[arg-type]
-            finally:
-                conn.reading.release()
-        self._watch_local(conn, on_packet, None)
-        self._client_locals.append(conn)
-        return conn
+        return self._polled.connect_local(path, handler, send_timeout)
 
     def read_local(self, conn: Connection, handler: DealerHandler, done: Callable[[], bool],
                    deadline: float) -> None:
-        """Read ``conn``'s packets in the calling thread, handing each message to ``handler``, until ``done()``.
+        """Read a client connection's replies in the calling thread until ``done()`` or ``deadline``.
 
-        For a thread about to wait for a reply on a client's local connection (made by
-        :meth:`connect_local`): it is woken by the reply itself, instead of the reactor
-        being woken, reading it and waking the thread. Meanwhile the reactor leaves the
-        connection out of its poll (from its next turn); it takes it back when the
-        caller is done — the caller calls :meth:`wake` if replies are due that nobody
-        else will read (the reactor's timers turn it at least every 0.1 s anyway).
-
-        Returns at once if another thread reads the connection now, when ``done()``
-        holds, once ``deadline`` (``time.monotonic()``) passed (checked every
-        ``_READ_SLICE`` s: it may be passed by that much), or if the connection failed
-        (the reactor drops it, as if it had read the failure itself). Checks ``done()``
-        at least every ``_READ_SLICE`` s (a request failed by a timeout or a dead peer
-        completes without a packet). Never call it on the reactor thread.
+        See :meth:`PolledConnections.read_local`; the caller calls :meth:`wake` if replies
+        are due that nobody else will read. Never call it on the reactor thread.
         """
-        if not conn.reading.acquire(blocking=False):
-            return
-        conn.claimed = True
-        failure: BaseException | None = None
-        try:
-            while not done():
-                try:
-                    frames = conn.receive(wait=_READ_SLICE)  # one system call, woken by the packet
-                except (BlockingIOError, InterruptedError):
-                    if time.monotonic() >= deadline:
-                        return
-                    continue
-                except (EOFError, OSError, ProtocolError) as exc:
-                    failure = exc
-                    return
-                if frames is not None:
-                    handler(frames)  # type: ignore[arg-type]
-        finally:
-            conn.claimed = False
-            conn.reading.release()
-            if failure is not None:
-                try:
-                    self.call_soon(lambda: self._local_failed(conn, failure))
-                except TransportError:
-                    pass  # stopped: the connection is closed with the reactor
+        self._polled.read_local(conn, handler, done, deadline)
 
-    def _local_failed(self, conn: Connection, exc: BaseException) -> None:
-        """``conn`` failed (``exc`` from its receive; reactor thread): dropped, its peer is gone."""
-        if self._locals.get(conn.fd, (None, None))[0] is not conn:  # dropped already (its number may be reused)
-            return
-        if isinstance(exc, ProtocolError):  # a malformed or oversized packet: nothing after it can be framed
-            log.warning("%s: closed a local connection: %s", self._name, exc)
-        elif isinstance(exc, EOFError):  # an orderly close (a worker leaving): not worth a line at the end of every job
-            log.debug("%s: %s", self._name, exc)
-        else:
-            log.info("%s: %s", self._name, exc)
-        self._drop_local(conn)
-
-    def _poll_locals(self) -> None:
-        """Leave client connections that a waiting thread reads out of the poll for reading, take the others
-        back; poll those with queued bytes for writing."""
-        for conn in self._client_locals:
-            if conn.fd not in self._locals:
-                continue
-            mask = (0 if conn.claimed else _POLLIN) | (_POLLOUT if conn.pending else 0)
-            if mask != self._masks.get(conn.fd, _POLLIN):
-                if mask:
-                    self._poller.register(conn.fd, mask)
-                else:
-                    self._poller.unregister(conn.fd)
-                self._masks[conn.fd] = mask
-            conn.polled = not conn.claimed
-
-    def _watch_local(self, conn: Connection, on_packet: Callable[[], None], identity: bytes | None) -> None:
-        self._locals[conn.fd] = (conn, identity)
-        self._fd_handlers[conn.fd] = on_packet
-        self._poller.register(conn.fd, zmq.POLLIN)
-
-    def _receive_local(self, conn: Connection, handle: Callable[[list[memoryview]], None]) -> None:
-        """Hand the messages waiting on ``conn`` to ``handle``, in order; a closed or failed connection is dropped.
-
-        At most ``_LOCAL_BATCH`` packets a turn (the reactor's other work gets its turn):
-        a worker's push and the pull right behind it are handled on one wake-up.
-        """
-        for _ in range(_LOCAL_BATCH):
-            try:
-                frames = conn.receive()
-            except (BlockingIOError, InterruptedError):
-                return
-            except (EOFError, OSError, ProtocolError) as exc:
-                self._local_failed(conn, exc)
-                return
-            if frames is not None:
-                handle(frames)
-                if conn.closed:  # the handler dropped it
-                    return
+    def close_connection(self, conn: Connection) -> None:
+        """Stop polling ``conn`` and close it, without calling its ``on_lost`` (reactor thread)."""
+        self._polled.close_connection(conn)
 
     def _drop_local(self, conn: Connection) -> None:
-        entry = self._locals.get(conn.fd)
-        if entry is None or entry[0] is not conn:  # dropped already (its descriptor may be reused)
-            conn.close()
-            return
-        del self._locals[conn.fd]
-        identity = entry[1]
-        if conn in self._client_locals:
-            self._client_locals.remove(conn)
-        self._fd_handlers.pop(conn.fd, None)
-        self._writable.pop(conn.fd, None)
-        self._masks.pop(conn.fd, None)
-        self._opening.pop(conn.fd, None)
-        if identity is not None and self._local_peers.get(identity) is conn:
-            del self._local_peers[identity]
-        try:
-            self._poller.unregister(conn.fd)
-        except KeyError:
-            pass
-        conn.close()
-        on_lost = self._on_lost.pop(conn.fd, None)
-        if on_lost is not None:
-            on_lost()
+        """Stop polling ``conn``, close it, call its ``on_lost`` (reactor thread; tests drop a peer with it)."""
+        self._polled.drop(conn)
 
     def connect_dealer(self, address: str, handler: DealerHandler, identity: bytes | None = None) -> int:
         """Connect a DEALER socket to a service; ``handler(frames)`` gets its replies.
@@ -583,16 +358,7 @@ class Reactor:
         """
         conn = self._local_peers.get(identity)
         if conn is not None:
-            try:
-                conn.send(frames)
-            except ConnectionError as exc:  # the peer is gone (its end is closed), or dropped as too slow
-                log.warning("%s: local peer dropped: %s", self._name, exc)
-                self._drop_local(conn)
-                return False
-            if conn.pending and conn.fd not in self._writable:
-                self._writable[conn.fd] = conn
-                self._poller.register(conn.fd, _POLLIN | _POLLOUT)
-            return True
+            return self._polled.send(conn, frames)
         try:
             return self._send_zmq(sid, self._routers[sid], identity, frames)
         except zmq.ZMQError as exc:
@@ -653,33 +419,7 @@ class Reactor:
                 del self._backlogs[key]
             elif now - backlog.progress > timeout:
                 self._drop_backlog(key, f"took none of its messages for {timeout:g} s")
-        for conn in list(self._writable.values()):
-            if conn.overdue(now):
-                log.warning("%s: %s: the peer took none of its replies for %g s: dropped", self._name, conn.name,
-                            timeout)
-                self._drop_local(conn)
-
-    def _flush_local(self, fd: int) -> None:
-        """A connection with queued messages is writable: send what it takes."""
-        conn = self._writable.get(fd)
-        if conn is None:  # a client's connection: polled for writing while its queue is not empty (_poll_locals)
-            entry = self._locals.get(fd)
-            if entry is not None:
-                try:
-                    entry[0].flush()
-                except ConnectionError as exc:
-                    log.warning("%s: %s", self._name, exc)
-                    self._drop_local(entry[0])
-            return
-        try:
-            done = conn.flush()
-        except ConnectionError as exc:  # the peer is gone
-            log.warning("%s: local peer dropped: %s", self._name, exc)
-            self._drop_local(conn)
-            return
-        if done:
-            del self._writable[fd]
-            self._poller.register(fd, _POLLIN)
+        self._polled.drop_overdue(now)
 
     # -- cross-thread -------------------------------------------------------------------
     def call_soon(self, fn: Callable[[], None]) -> None:
@@ -716,11 +456,6 @@ class Reactor:
     def stopped(self) -> bool:
         """True once the reactor stops (or stopped)."""
         return self._stopping
-
-    def close_connection(self, conn: Connection) -> None:
-        """Stop polling ``conn`` and close it, without calling its ``on_lost`` (reactor thread)."""
-        self._on_lost.pop(conn.fd, None)
-        self._drop_local(conn)
 
     def on_reactor_thread(self) -> bool:
         """True when called from the reactor thread."""
@@ -764,7 +499,7 @@ class Reactor:
                     self._discard_some()
                     timeout_ms = 0 if self._discarding else timeout_ms
                 if self._client_locals:
-                    self._poll_locals()
+                    self._polled.poll_clients()
                 events = dict(self._poller.poll(timeout_ms))
                 if self._wake_recv in events:
                     while True:
@@ -783,7 +518,7 @@ class Reactor:
                         if flags is None:
                             continue
                         if flags & _POLLOUT:
-                            self._flush_local(fd)
+                            self._polled.flush(fd)
                         if flags & ~_POLLOUT and fd in self._fd_handlers:
                             on_ready()
                 if self._backlogs or self._writable:
@@ -840,17 +575,7 @@ class Reactor:
     def _close_sockets(self) -> None:
         for sender in self._senders:
             sender.close()
-        for conn, _ in list(self._locals.values()):
-            conn.close()
-        for listener in self._listeners:
-            listener.close()
-        self._locals.clear()
-        self._client_locals.clear()
-        self._masks.clear()
-        self._opening.clear()
-        self._on_lost.clear()
-        self._local_peers.clear()
-        self._writable.clear()
+        self._polled.close()
         self._backlogs.clear()
         self._discarding.clear()
         self._fd_handlers.clear()
