@@ -42,8 +42,10 @@ class KVStoreBase(abc.ABC):
     OPTIMIZER: ClassVar[str] = "optimizer"
     #: Capability: the store supports ``row_sparse_pull``.
     ROW_SPARSE_PULL: ClassVar[str] = "row_sparse_pull"
+    #: Capability: the store compresses pushed gradients (``set_gradient_compression``).
+    GRADIENT_COMPRESSION: ClassVar[str] = "gradient_compression"
     #: Every capability name ``is_capable`` understands.
-    CAPABILITIES: ClassVar[frozenset[str]] = frozenset({"optimizer", "row_sparse_pull"})
+    CAPABILITIES: ClassVar[frozenset[str]] = frozenset({"optimizer", "row_sparse_pull", "gradient_compression"})
 
     #: Custom store classes by lower-cased name (filled by :meth:`register`; the rule: pskv._registry).
     kv_registry: ClassVar[Registry[type[KVStoreBase]]] = Registry("store type")

@@ -41,7 +41,9 @@ from typing import Any
 from pskv.arrays import describe
 from pskv.config import ClusterConfig, Config
 from pskv.errors import InvalidArgumentError, InvalidTypeError, NodeFailedError, NotSupportedError
+from pskv.kvstore.base import KVStoreBase
 from pskv.kvstore.collectives import ServerCollectives
+from pskv.kvstore.compressing import GradientCompression
 from pskv.kvstore.engine import Deferred
 from pskv.kvstore.frontend import StoreFrontEnd
 from pskv.kvstore.keys import Key
@@ -208,6 +210,23 @@ class DistStore(StoreFrontEnd[KeyLayout]):
     # -- records, init -----------------------------------------------------------------
     def _lookup(self, key: Key) -> KeyLayout | None:
         return self._keys.get(key)
+
+    def _holds_keys(self) -> bool:
+        return bool(self._keys)
+
+    @classmethod
+    def is_capable(cls, capability: str) -> bool:
+        """True for ``'optimizer'`` and ``'row_sparse_pull'``; not yet ``'gradient_compression'``.
+
+        Raises:
+            InvalidArgumentError: unknown capability.
+        """
+        return cls._capability(capability) != KVStoreBase.GRADIENT_COMPRESSION
+
+    def _compression_set(self, compression: GradientCompression) -> None:
+        raise NotSupportedError(f"{self.type}: gradient compression ({compression.compressor.type!r}) is not "
+                                "available on the distributed stores yet: the workers would send full values "
+                                "(pskv compresses in the 'local' and 'device' stores)")
 
     def init(self, key: Any, value: Any, *, summed: bool = False) -> None:
         """Initialise keys on every worker; rank 0's values are used.

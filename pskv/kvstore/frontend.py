@@ -20,7 +20,7 @@ its default timeout (the distributed stores use ``PSKV_REQUEST_TIMEOUT``).
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 from pskv.arrays import ArrayMeta, CpuKernels
@@ -28,6 +28,7 @@ from pskv.config import Config
 from pskv.errors import DuplicateKeyError, InvalidArgumentError, StoreClosedError, UnknownKeyError
 from pskv.kvstore.base import KVStoreBase
 from pskv.kvstore.checks import check_like, check_priority
+from pskv.kvstore.compressing import GradientCompression
 from pskv.kvstore.engine import Engine
 from pskv.kvstore.keys import Key, KeyKind, as_key_list, pair_up
 from pskv.kvstore.types import StoreType
@@ -65,11 +66,19 @@ class StoreFrontEnd(KVStoreBase, Generic[R]):
         self._key_kind = KeyKind()
         self._closed = False
         self._barrier_before_exit = True
+        self._compression: GradientCompression | None = None  # set_gradient_compression
 
     # -- what a store supplies -------------------------------------------------------------
     @abc.abstractmethod
     def _lookup(self, key: Key) -> R | None:
         """The record of ``key``, or None if it does not exist."""
+
+    @abc.abstractmethod
+    def _holds_keys(self) -> bool:
+        """Whether any key was initialised."""
+
+    def _compression_set(self, compression: GradientCompression) -> None:
+        """Hook: ``set_gradient_compression`` chose ``compression`` (the distributed stores tell the servers)."""
 
     def _timeout(self, timeout: float | None) -> float:
         """``timeout``, or the store's default for operations."""
@@ -88,13 +97,46 @@ class StoreFrontEnd(KVStoreBase, Generic[R]):
 
     @classmethod
     def is_capable(cls, capability: str) -> bool:
-        """True for ``'optimizer'`` and ``'row_sparse_pull'``: pskv's own stores offer both.
+        """True for ``'optimizer'``, ``'row_sparse_pull'`` and ``'gradient_compression'``: pskv's own stores offer them.
 
         Raises:
             InvalidArgumentError: unknown capability.
         """
         cls._capability(capability)
         return True
+
+    # -- gradient compression ----------------------------------------------------------------
+    def set_gradient_compression(self, compression_params: Mapping[str, Any]) -> None:
+        """Compress every pushed gradient (MXNet's ``set_gradient_compression``).
+
+        ``{'type': '2bit', 'threshold': 0.5}`` (MXNet's 2-bit quantization, threshold
+        default 0.5) or ``{'type': '1bit', 'threshold': t}`` (MXNet 2.0's); the types are
+        in :data:`pskv.compression.COMPRESSORS`. Each value a push carries (one per
+        device, per worker) is compressed with its own residual — what earlier pushes
+        left out — and the sum is made of the decoded values; pulls return full
+        precision; ``init`` is never compressed; keys made with ``init(summed=True)``
+        are not compressed. Float32 keys only.
+
+        Raises:
+            InvalidArgumentError: called after ``init`` (MXNet's rule: the residuals are
+                made with the keys), or bad parameters (unknown type or parameter, a
+                threshold not > 0 for ``2bit``).
+            InvalidTypeError: ``compression_params`` is not a dict.
+        """
+        self._check_open("set_gradient_compression")
+        compression = GradientCompression(compression_params)
+        if self._holds_keys():
+            raise InvalidArgumentError("set_gradient_compression must be called before the first init (as in "
+                                       "MXNet): this store holds keys already")
+        self._compression_set(compression)
+        self._compression = compression
+
+    def _check_compressible(self, pairs: Sequence[tuple[Key, R, list[Any]]], op: str) -> None:
+        """With compression set, refuse a push of values it cannot carry (before anything runs)."""
+        if self._compression is not None:
+            for k, rec, _ in pairs:
+                if not getattr(rec, "summed", False):
+                    self._compression.check(k, rec.meta, op)
 
     # -- normalisation and checks ----------------------------------------------------------
     def _check_open(self, op: str) -> None:

@@ -93,6 +93,9 @@ class LocalStore(StoreFrontEnd[_Entry]):
     def _lookup(self, key: Key) -> _Entry | None:
         return self._entries.get(key)
 
+    def _holds_keys(self) -> bool:
+        return bool(self._entries)
+
     # -- init ----------------------------------------------------------------------------
     def init(self, key: Any, value: Any, *, summed: bool = False) -> None:
         """Create keys holding copies of ``value``.
@@ -147,11 +150,15 @@ class LocalStore(StoreFrontEnd[_Entry]):
         """
         self._check_open("push")
         pairs = self._push_pairs(key, value, "push")
+        self._check_compressible(pairs, "push")
         keys = [k for k, _, _ in pairs]
         result = self._submit("push", keys, priority, lambda: self._apply_pushes(pairs), block, timeout)
         return result if not block else None
 
     def _apply_pushes(self, pairs: Sequence[tuple[Key, _Entry, list[Any]]]) -> None:
+        compression = self._compression
+        if compression is not None:  # what each device's compressed value decodes to is summed
+            pairs = [(k, e, vals if e.summed else compression.exchange(k, vals)) for k, e, vals in pairs]
         updater = self._updater
         stored = pairs if updater is None else [p for p in pairs if p[1].summed]
         if updater is not None and len(stored) < len(pairs):  # first: a failing updater changes nothing
@@ -251,6 +258,7 @@ class LocalStore(StoreFrontEnd[_Entry]):
         """
         self._check_open("pushpull")
         pairs = self._push_pairs(key, value, "pushpull")
+        self._check_compressible(pairs, "pushpull")
         if out is None:
             targets = [(entry, vals) for _, entry, vals in pairs]
         else:

@@ -177,7 +177,7 @@ def test_a_stranger_on_the_data_port_is_refused_and_the_job_is_unaffected(monkey
                     assert closed(junk) and closed(silent)  # malformed at once, silent after OPENING_TIMEOUT
                     silent.close()
                     junk.close()
-                for i in range(3):
+                for _ in range(3):
                     kv.push("w", np.full(1000, kv.rank + 1.0, np.float32))
                     out = kv.pull("w")
                 return kv._client.channels(), float(out.min()), float(out.max())

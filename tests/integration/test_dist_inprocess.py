@@ -631,19 +631,32 @@ def test_the_parts_of_a_value_land_directly_in_a_fitting_out(shm):
         assert value.tolist() == [2.0, 2.0]
 
 
-def test_a_pull_behind_a_big_non_blocking_push_overtakes_it_on_the_reply_connection():
+@pytest.mark.parametrize("channel", ["tcp", "zmq"])
+def test_a_pull_behind_a_big_non_blocking_push_overtakes_it_on_the_reply_connection(channel, monkeypatch):
+    """With data connections the pull takes the server's second one (lane 1), else the ZeroMQ reply connection."""
+    from pskv.transport.stream import StreamConnection
     n = 2_000_000  # 8 MB: one 4 MB piece on each of 2 servers
+    lane_sends = []
+    stream_send = StreamConnection.send
+
+    def spy_lanes(conn, frames):
+        lane_sends.append(conn)
+        return stream_send(conn, frames)
+    monkeypatch.setattr(StreamConnection, "send", spy_lanes)
 
     def fn(kv):
         kv.init([0, 1], [np.zeros(n, np.float32), np.zeros(10, np.float32)])
         client = kv._client
         overtaking, send_dealer = [], client._reactor.send_dealer
+        lanes = set(client._lanes.values())
+        assert len(lanes) == (2 if channel == "tcp" else 0)
 
         def spy(sid, frames):
             overtaking.append(sid)
             return send_dealer(sid, frames)
 
         client._reactor.send_dealer = spy
+        start = len(lane_sends)
         seen = []
         for step in range(1, 4):
             big = kv.push(0, np.full(n, float(step), np.float32), block=False)  # acknowledged: big
@@ -653,9 +666,9 @@ def test_a_pull_behind_a_big_non_blocking_push_overtakes_it_on_the_reply_connect
             seen.append((out[0], out[-1], kv.pull(1)[0]))  # small: the request connection, confirms the push
             big.wait(DEADLINE)
             small.wait(DEADLINE)
-        return seen, len(overtaking)
+        return seen, len(overtaking) + sum(c in lanes for c in lane_sends[start:])
 
-    for seen, overtaken in run(2, 2, fn, shm=0):
+    for seen, overtaken in run(2, 2, fn, shm=0, data_channel=channel):
         assert seen == [(2.0 * s, 2.0 * s, 2.0 * s) for s in range(1, 4)]
         assert overtaken == 3 * 2  # every big pull, to both servers; no small one
 

@@ -1,0 +1,65 @@
+"""A store's gradient compression: ``set_gradient_compression`` and what a compressed push sums.
+
+MXNet's rules, kept: the call comes before the first ``init`` (the residuals are sized
+and zeroed with the keys; MXNet's ``device`` store silently mixed states when it came
+later — pskv refuses with a clear error), compression applies to float32 values only
+(MXNet checks it in its ``dist`` stores), and ``init`` itself is never compressed. Each
+value a push carries — one per device — is compressed with its own residual (per key
+and device, as MXNet's ``device`` store does), and the store sums what the receiver
+decodes. Beyond MXNet: the ``local`` store and ``pushpull`` compress too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from pskv.arrays import ArrayMeta, clone, describe, from_wire, to_numpy
+from pskv.compression import Compressor, Residuals, create
+from pskv.errors import InvalidArgumentError
+
+__all__ = ["GradientCompression"]
+
+
+class GradientCompression:
+    """A compressor and the residuals of one store (per key and device).
+
+    Args:
+        params: what the user passed to ``set_gradient_compression``.
+
+    Raises:
+        InvalidArgumentError, InvalidTypeError: ``params`` names no known type or a bad value.
+    """
+
+    def __init__(self, params: Mapping[str, Any]) -> None:
+        self.compressor: Compressor = create(params)
+        self.residuals = Residuals()
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The compressor's parameters, complete (JSON-able)."""
+        return self.compressor.params
+
+    def check(self, key: Any, meta: ArrayMeta, op: str) -> None:
+        """Refuse a value compression cannot carry (before anything runs).
+
+        Raises:
+            InvalidArgumentError: the key's dtype is not float32.
+        """
+        if meta.dtype != "float32":
+            raise InvalidArgumentError(f"{op} of key {key!r}: gradient compression {self.compressor.type!r} takes "
+                                       f"float32 values only (as MXNet's); the key holds {meta.dtype}")
+
+    def exchange(self, key: Any, values: list[Any]) -> list[Any]:
+        """What a receiver sums for ``values`` (one per device): each compressed with its
+        device's residual, then decoded; same kind, shape and device as each value."""
+        out = []
+        for device, value in enumerate(values):
+            meta = describe(value)
+            flat = np.ascontiguousarray(to_numpy(value), np.float32).reshape(-1)
+            payload = self.compressor.compress(flat, self.residuals.get(key, device, flat.size))
+            decoded = from_wire(self.compressor.decompress(payload, flat.size).reshape(meta.shape), meta)
+            out.append(decoded if meta.device == "cpu" else clone(decoded, device=meta.device))
+        return out
