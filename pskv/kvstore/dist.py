@@ -41,7 +41,6 @@ from typing import Any
 from pskv.arrays import describe
 from pskv.config import ClusterConfig, Config
 from pskv.errors import InvalidArgumentError, InvalidTypeError, NodeFailedError, NotSupportedError
-from pskv.kvstore.base import KVStoreBase
 from pskv.kvstore.collectives import ServerCollectives
 from pskv.kvstore.compressing import GradientCompression
 from pskv.kvstore.engine import Deferred
@@ -214,19 +213,10 @@ class DistStore(StoreFrontEnd[KeyLayout]):
     def _holds_keys(self) -> bool:
         return bool(self._keys)
 
-    @classmethod
-    def is_capable(cls, capability: str) -> bool:
-        """True for ``'optimizer'`` and ``'row_sparse_pull'``; not yet ``'gradient_compression'``.
-
-        Raises:
-            InvalidArgumentError: unknown capability.
-        """
-        return cls._capability(capability) != KVStoreBase.GRADIENT_COMPRESSION
-
     def _compression_set(self, compression: GradientCompression) -> None:
-        raise NotSupportedError(f"{self.type}: gradient compression ({compression.compressor.type!r}) is not "
-                                "available on the distributed stores yet: the workers would send full values "
-                                "(pskv compresses in the 'local' and 'device' stores)")
+        """Each worker compresses its pushes (after summing its devices' values, as MXNet's dist
+        stores do); the servers decode each push by the compression it names."""
+        self._worker.set_compressor(compression.compressor)
 
     def init(self, key: Any, value: Any, *, summed: bool = False) -> None:
         """Initialise keys on every worker; rank 0's values are used.
@@ -254,6 +244,7 @@ class DistStore(StoreFrontEnd[KeyLayout]):
                 raise
             failure = exc  # the other workers must not wait for this one: told at the meeting
         recs = [rec for _, rec, _ in pairs]
+        self._worker.adopt(recs, summed)
         if not self._recovery:  # else the keys exist on the servers (created by the job before this process)
             def settle() -> None:
                 if failure is not None:
@@ -290,6 +281,7 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         """
         self._check_open("push")
         pairs = self._push_pairs(key, value, "push")
+        self._check_compressible(pairs, "push")
         recs = [rec for _, rec, _ in pairs]
         worker = self._worker
         reuses = reuses_buffers(pairs)
@@ -375,6 +367,7 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         """
         self._check_open("pushpull")
         pairs = self._push_pairs(key, value, "pushpull")
+        self._check_compressible(pairs, "pushpull")
         recs = [rec for _, rec, _ in pairs]
         if out is None:
             targets = [vals for _, _, vals in pairs]

@@ -16,8 +16,9 @@ HEARTBEAT         (none)                 :class:`Liveness`
 BARRIER           :class:`Barrier`       :class:`Met`
 SHUTDOWN          :class:`Shutdown`      (none)
 INIT              :class:`InitBody`      (none)
-PUSH/PULL/        (none: flags, specs)   (none: specs; SHM flag and ``buffer`` for
-PUSHPULL                                 shared-memory replies)
+PUSH/PULL/        (none: flags, specs;   (none: specs; SHM flag and ``buffer`` for
+PUSHPULL          COMPRESSED pushes:     shared-memory replies)
+                  :class:`CompressionParams`)
 HELLO             :class:`Hello`         :class:`HelloReply`
 SET_MODE          :class:`SetMode`       (none)
 SET_OPTIMIZER     :class:`OptimizerConfig`  (none)
@@ -44,7 +45,7 @@ from pskv.partition import server_key
 from pskv.protocol.messages import Header
 
 __all__ = [
-    "Barrier", "CheckpointRequest", "CheckpointSaved", "ControllerAnswer", "ControllerCall", "ErrorReply", "Failure", "Hello", "HelloReply", "InitBody", "Met", "Rejoin",
+    "Barrier", "CheckpointRequest", "CheckpointSaved", "ControllerAnswer", "ControllerCall", "CompressionParams", "ErrorReply", "Failure", "Hello", "HelloReply", "InitBody", "Met", "Rejoin",
     "Rejoined", "node_token", "DIGEST_CHARS",
     "Liveness", "NodeTable", "OptimizerConfig", "Register", "SetMode", "ShmInfo", "Shutdown", "StatesFile",
     "StatesRequest", "json_object",
@@ -505,6 +506,30 @@ class SetMode(NamedTuple):
     @classmethod
     def parse(cls, header: Header) -> SetMode:
         return cls(_field(header, json_object(header), "sync", bool))
+
+
+MAX_COMPRESSION_FIELDS = 8  # parameters of one compression (type included)
+
+
+class CompressionParams(NamedTuple):
+    """A COMPRESSED push's body: the compression of its frames, ``{type: str, <parameter>: number|str|bool, ...}``
+    (:attr:`pskv.compression.Compressor.params`; the receiver builds it with
+    :func:`pskv.compression.create`, which checks every value)."""
+
+    params: dict[str, Any]
+
+    def encode(self) -> str:
+        return _dump(self.params)
+
+    @classmethod
+    def parse(cls, header: Header) -> CompressionParams:
+        body = json_object(header)
+        if len(body) > MAX_COMPRESSION_FIELDS or type(body.get("type")) is not str or any(
+                len(k) > MAX_NAME or not isinstance(v, (int, float, str, bool)) or isinstance(v, str) and len(v) > MAX_NAME
+                for k, v in body.items()):
+            raise ProtocolError(f"{header.command.name}: the compression must be {{type: str, <parameter>: number}} "
+                                f"with at most {MAX_COMPRESSION_FIELDS} short fields")
+        return cls(body)
 
 
 class OptimizerConfig(NamedTuple):

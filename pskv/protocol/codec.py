@@ -133,7 +133,11 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> tuple[Head
         raise ProtocolError("body must be a string within the size limit")
     if type(flags) is not int or flags & ~KNOWN_FLAGS or flags < 0:
         raise ProtocolError(f"flags {flags!r} are not a combination of the known flag bits")
-    if body and cmd in _DATA_COMMANDS:
+    compressed = bool(flags & Flag.COMPRESSED)
+    if compressed and (cmd not in (Command.PUSH, Command.PUSHPULL) or flags & Flag.SHM or not body):
+        raise ProtocolError(f"{cmd.name}: the COMPRESSED flag needs a PUSH or PUSHPULL with data frames and a "
+                            "body naming the compression")
+    if body and cmd in _DATA_COMMANDS and not compressed:
         raise ProtocolError(f"{cmd.name} carries no body (its options are header flags)")
     if type(specs) is not list or len(specs) > limits.max_arrays:
         raise ProtocolError("array list missing or too long")
@@ -147,12 +151,16 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> tuple[Head
         parsed = tuple(_spec(i, s, None, limits) for i, s in enumerate(specs))
         return Header(cmd, request, sender, parsed, priority, body, flags), []
     buffers = [_bytes_of(f) for f in frames[1:]]
-    parsed = tuple(_spec(i, s, buf, limits) for i, (s, buf) in enumerate(zip(specs, buffers)))
+    parsed = tuple(_spec(i, s, buf, limits, compressed) for i, (s, buf) in enumerate(zip(specs, buffers)))
     return Header(cmd, request, sender, parsed, priority, body, flags), buffers
 
 
-def _spec(i: int, s: Any, buf: memoryview | None, limits: Limits) -> ArraySpec:
-    """One validated spec; ``buf`` is its data frame (None for a part named without data)."""
+def _spec(i: int, s: Any, buf: memoryview | None, limits: Limits, compressed: bool = False) -> ArraySpec:
+    """One validated spec; ``buf`` is its data frame (None for a part named without data).
+
+    A ``compressed`` frame may be shorter than its elements (never longer); the receiver
+    checks its exact length against the compression (:meth:`Compressor.decompress`).
+    """
     if type(s) is not list or not 5 <= len(s) <= 6:
         raise ProtocolError(f"array {i}: spec is not a 5- or 6-field list")
     key, code, shape, offset, rnd = s[:5]
@@ -178,7 +186,7 @@ def _spec(i: int, s: Any, buf: memoryview | None, limits: Limits) -> ArraySpec:
     expected = n * itemsize(dtype)
     if expected > limits.max_frame_bytes:
         raise ProtocolError(f"array {i} (key {key}): {expected} bytes exceeds the frame limit")
-    if buf is not None and len(buf) != expected:
+    if buf is not None and (len(buf) > expected if compressed else len(buf) != expected):
         raise ProtocolError(
             f"array {i} (key {key}): shape {tuple(shape)} {dtype} needs {expected} bytes, frame has {len(buf)}"
         )

@@ -112,10 +112,13 @@ class Flag:
     SHM = 2  # data in shared memory: push from the sender's slot, reply with buffer indices
     SUMMED = 4  # INIT: rounds of these keys store the plain sum, even with an optimizer
     OVERWRITE = 8  # INIT: replace the values of existing keys (broadcast)
+    # PUSH / PUSHPULL: every data frame is a compressed payload (pskv.compression) of its
+    # spec's float32 elements; the body names the compression (CompressionParams)
+    COMPRESSED = 16
 
 
 #: Every defined flag bit; a header with any other bit set is refused.
-KNOWN_FLAGS = Flag.QUIET | Flag.SHM | Flag.SUMMED | Flag.OVERWRITE
+KNOWN_FLAGS = Flag.QUIET | Flag.SHM | Flag.SUMMED | Flag.OVERWRITE | Flag.COMPRESSED
 
 
 class ArraySpec(NamedTuple):

@@ -19,9 +19,11 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from pskv.errors import DTypeMismatchError, InvalidArgumentError, KVStoreError, ShapeMismatchError
+from pskv.compression import Compressor
+from pskv.compression import create as create_compressor
+from pskv.errors import DTypeMismatchError, InvalidArgumentError, KVStoreError, ProtocolError, ShapeMismatchError
 from pskv.protocol import TX_PREFIX, ArraySpec, Command, Flag, Header, frame_array, node_name
-from pskv.protocol.bodies import Hello, HelloReply, Rejoined
+from pskv.protocol.bodies import CompressionParams, Hello, HelloReply, Rejoined
 from pskv.protocol.replies import reply_frames
 from pskv.server.dedup import ReplyCache
 from pskv.server.gather import Gather, Parking, Refused
@@ -32,6 +34,8 @@ from pskv.server.shard import Part, ServerShard
 __all__ = ["DataHandlers", "Handler", "Reply"]
 
 log = logging.getLogger("pskv.server")
+
+_COMPRESSORS_KEPT = 8  # compressions of COMPRESSED pushes kept built (one per job, in practice)
 
 Handler: TypeAlias = Callable[[bytes, Header, list[memoryview]], None]  # (identity, header, buffers)
 Reply: TypeAlias = Callable[[bytes, list[Any]], None]  # (identity, frames)
@@ -73,6 +77,7 @@ class DataHandlers:
         self._refused: dict[tuple[int, int], tuple[int, Refused]] = {}  # part -> (round, why): _refuse_rounds
         self._name = name
         self.stream_port = 0  # the TCP port of this server's data connections, if it takes them (HELLO says it)
+        self._compressors: dict[str, Compressor] = {}  # COMPRESSED pushes' bodies -> their compressors (a few)
 
     def handlers(self) -> dict[Command, Handler]:
         """The handler of each data command."""
@@ -122,6 +127,8 @@ class DataHandlers:
         part; both paths pass the same check, so a worker that disagrees on a key's dtype
         or size is refused either way.
         """
+        if header.flags & Flag.COMPRESSED:
+            return self._decompressed(header, buffers, op)
         if not header.flags & Flag.SHM:
             return [(self._shard.check(spec.key, spec.offset, spec.dtype, data.size, op), data)
                     for spec, data in self._frames(header, buffers)]
@@ -132,6 +139,30 @@ class DataHandlers:
             if slot is None:
                 raise InvalidArgumentError(f"{op} of key {spec.key}: the part has no shared slot for this worker")
             out.append((part, slot))
+        return out
+
+    def _decompressed(self, header: Header, buffers: list[memoryview], op: str) -> Frames:
+        """Each part of a COMPRESSED push, checked, with the float32 values its payload decodes to.
+
+        The body names the compression (:class:`CompressionParams`); the last few are kept
+        built (a worker sends the same one with every push).
+
+        Raises:
+            ProtocolError: a bad body, or a part that is not float32.
+            InvalidArgumentError: bad parameters, or a payload of the wrong length.
+        """
+        compressor = self._compressors.get(header.body)
+        if compressor is None:
+            compressor = create_compressor(CompressionParams.parse(header).params)
+            if len(self._compressors) >= _COMPRESSORS_KEPT:
+                self._compressors.pop(next(iter(self._compressors)))
+            self._compressors[header.body] = compressor
+        out = []
+        for spec, buf in zip(header.arrays, buffers):
+            if spec.dtype != "float32":
+                raise ProtocolError(f"{op} of key {spec.key}: a compressed part must be float32, not {spec.dtype}")
+            part = self._shard.check(spec.key, spec.offset, spec.dtype, spec.size, op)
+            out.append((part, compressor.decompress(buf, spec.size)))
         return out
 
     def _apply_pushes(self, header: Header, buffers: list[memoryview], op: str) -> list[tuple[Part, int]]:

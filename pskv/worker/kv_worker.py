@@ -34,6 +34,7 @@ import numpy as np
 
 from pskv.arrays import ArrayMeta, empty, from_wire, itemsize
 from pskv.cluster import NodeInfo
+from pskv.compression import Compressor, Residuals
 from pskv.config import ClusterConfig
 from pskv.errors import CollectiveFailedError, KVStoreError, ProtocolError
 from pskv.partition import server_key, split
@@ -41,6 +42,7 @@ from pskv.protocol import ArraySpec, Command, Flag, Header, Role, frame_array, n
 from pskv.protocol.bodies import (
     CheckpointRequest,
     CheckpointSaved,
+    CompressionParams,
     ControllerCall,
     Failure,
     InitBody,
@@ -104,6 +106,9 @@ class KVWorker:
                 method(server)
         self.client = client if client is not None else WorkerClient(
             cluster, context, on_server_replaced=on_server_replaced if cluster.server_recovery else None)
+        self.compressor: Compressor | None = None  # set_compressor
+        self._compression_body = ""  # the compression, as every compressed push names it
+        self._residuals = Residuals()  # per (server key, part): what compression left out
 
     # -- life cycle ---------------------------------------------------------------------
     def connect(self) -> NodeInfo:
@@ -135,6 +140,16 @@ class KVWorker:
     def _limit(self, timeout: float | None) -> float:
         return self._cluster.request_timeout if timeout is None else timeout
 
+    def set_compressor(self, compressor: Compressor) -> None:
+        """Compress the pushes of float32 keys initialised from now on (not ``summed`` ones).
+
+        Each part is compressed with this worker's residual of it; through a socket the
+        message carries the payloads (:data:`Flag.COMPRESSED`, the compression named in
+        its body), through shared memory the slot gets the values they decode to.
+        """
+        self.compressor = compressor
+        self._compression_body = CompressionParams(compressor.params).encode()
+
     # -- layouts ------------------------------------------------------------------------
     def layout(self, key: int | str, meta: ArrayMeta) -> KeyLayout:
         """The layout of a new key whose values are described by ``meta``."""
@@ -144,6 +159,13 @@ class KVWorker:
         max_part = max(self._cluster.part_bytes // size, 1) if self._cluster.part_bytes and self._sync else 0
         parts = split(skey, meta.size, self._num_servers, self._cluster.bigarray_bound, max_part)
         return KeyLayout(key, skey, meta, parts, [0] * len(parts), nbytes=meta.size * size, itemsize=size)
+
+    def adopt(self, layouts: Sequence[KeyLayout], summed: bool) -> None:
+        """New keys of this worker (every worker's, whoever sends the init): ``summed`` ones store
+        plain sums; the others' float32 pushes are compressed if a compressor is set."""
+        for rec in layouts:
+            rec.summed = summed
+            rec.compress = self.compressor is not None and rec.meta.dtype == "float32" and not summed
 
     def attach(self, layouts: Sequence[KeyLayout]) -> None:
         """Map the shared-memory parts of ``layouts`` (once the servers created them: after init)."""
@@ -184,14 +206,14 @@ class KVWorker:
         (:meth:`await_acks`).
         """
         big = sum(rec.nbytes for rec in layouts) >= BIG_CALL_BYTES
-        sent = self._send(Command.PUSH, layouts, priority, timeout=timeout, quiet=quiet and not big)
+        sent = self._sends(Command.PUSH, layouts, priority, timeout=timeout, quiet=quiet and not big)
         for rec in layouts:
             rec.acks = sent.replies
         return sent
 
     def pushpull(self, layouts: Sequence[KeyLayout], priority: int = 0, timeout: float | None = None) -> Exchange:
         """Push the ``outgoing`` buffers; each reply carries the round's result (:meth:`values`)."""
-        return self._send(Command.PUSHPULL, layouts, priority, timeout=timeout)
+        return self._sends(Command.PUSHPULL, layouts, priority, timeout=timeout)
 
     def pull(self, layouts: Sequence[KeyLayout], priority: int = 0, timeout: float | None = None) -> Exchange:
         """Ask for the values of the round of this worker's last push of each part (:meth:`values`)."""
@@ -208,8 +230,29 @@ class KVWorker:
             sent.replies.append(pending)
         return sent
 
+    def _sends(self, command: Command, layouts: Sequence[KeyLayout], priority: int, timeout: float | None = None,
+               quiet: bool = False) -> Exchange:
+        """:meth:`_send` of the compressed keys' parts, then of the others (a message is one or the other)."""
+        squeezed = [rec for rec in layouts if rec.compress]
+        if not squeezed:
+            return self._send(command, layouts, priority, timeout=timeout, quiet=quiet)
+        plain = [rec for rec in layouts if not rec.compress]
+        sent = self._send(command, squeezed, priority, timeout=timeout, quiet=quiet, compressed=True)
+        if plain:
+            rest = self._send(command, plain, priority, timeout=timeout, quiet=quiet)
+            sent.messages += rest.messages
+            sent.replies += rest.replies
+        return sent
+
+    def _compressed(self, items: Sequence[Part]) -> list[np.ndarray[Any, Any]]:
+        """Each part's payload, compressed with this worker's residual of the part (which it updates)."""
+        assert self.compressor is not None
+        return [self.compressor.compress(part_view(rec, rec.outgoing, i),
+                                         self._residuals.get((rec.skey, rec.parts[i][1]), 0, rec.parts[i][2]))
+                for rec, i in items]
+
     def _send(self, command: Command, layouts: Sequence[KeyLayout], priority: int, flags: int = 0,
-              timeout: float | None = None, quiet: bool = False) -> Exchange:
+              timeout: float | None = None, quiet: bool = False, compressed: bool = False) -> Exchange:
         """One ``command`` message per server with every part of ``layouts`` (from their outgoing buffers).
 
         Parts a co-located server holds in shared memory (pushes only) are copied into
@@ -223,16 +266,22 @@ class KVWorker:
             # a push carries its number: the servers apply each (worker, part, number) at most once
             specs = tuple(part_spec(rec, i, rec.pushes[i] + 1 if pushes else 0) for rec, i in items)
             if shared:  # the data goes through this worker's slots; the message names the parts
-                write_slots(items)
+                if compressed:  # what the server would decode: no network to save on
+                    assert self.compressor is not None
+                    for (rec, i), payload in zip(items, self._compressed(items)):
+                        np.copyto(rec.shm[i].slot, self.compressor.decompress(payload, rec.parts[i][2]))  # type: ignore[union-attr]
+                else:
+                    write_slots(items)
                 pending = self.client.request(server, command, specs, priority=priority, timeout=limit,
                                               quiet=quiet, flags=flags | Flag.SHM)
             else:
-                data = [part_view(rec, rec.outgoing, i) for rec, i in items]
-                body = _key_names(items) if command is Command.INIT else ""
+                data = self._compressed(items) if compressed else [part_view(rec, rec.outgoing, i) for rec, i in items]
+                body = _key_names(items) if command is Command.INIT else self._compression_body if compressed else ""
+                sent_flags = flags | Flag.COMPRESSED if compressed else flags
                 pending = self.client.request(server, command, specs, data, body, priority=priority, timeout=limit,
-                                              quiet=quiet, flags=flags)
+                                              quiet=quiet, flags=sent_flags)
                 if pushes and self._replay is not None:  # kept until the next checkpoint
-                    self._replay.record(server, command, pending, specs, data, flags)
+                    self._replay.record(server, command, pending, specs, data, sent_flags, body)
             if pushes:
                 for rec, i in items:
                     rec.pushes[i] += 1

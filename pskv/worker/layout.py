@@ -59,6 +59,8 @@ class KeyLayout:
     groups: dict[tuple[bool, int], list[Message]] = field(default_factory=dict)  # by_server of this key alone
     nbytes: int = 0  # of one value; set with the layout
     itemsize: int = 0  # bytes of one element on the wire; set with the layout
+    summed: bool = False  # init(summed=True): rounds store the plain sum (never compressed)
+    compress: bool = False  # pushes of it are compressed (KVWorker.set_compressor before init, float32)
 
     @property
     def shared(self) -> bool:

@@ -34,7 +34,7 @@ __all__ = ["ReplayLog"]
 log = logging.getLogger("pskv.worker")
 
 # command, pending, specs, data (copied), header flags
-_Entry = tuple[Command, "WorkerRequest", tuple[ArraySpec, ...], list[Any], int]
+_Entry = tuple[Command, "WorkerRequest", tuple[ArraySpec, ...], list[Any], int, str]  # ..., flags, body
 
 
 class ReplayLog:
@@ -45,11 +45,11 @@ class ReplayLog:
         self._lock = threading.Lock()
 
     def record(self, server: int, command: Command, pending: WorkerRequest, specs: tuple[ArraySpec, ...],
-               data: list[Any], flags: int) -> None:
+               data: list[Any], flags: int, body: str = "") -> None:
         """Keep a push to ``server`` (its ``data`` is copied) until the next checkpoint."""
         copies = [np.array(d, copy=True) for d in data]
         with self._lock:
-            self._entries[server].append((command, pending, specs, copies, flags))
+            self._entries[server].append((command, pending, specs, copies, flags, body))
 
     def clear(self) -> None:
         """A checkpoint was written: a replacement server will load it, not need these."""
@@ -78,7 +78,7 @@ class ReplayLog:
         with self._lock:
             entries = list(self._entries.get(server, ()))
         replayed = set()
-        for command, pending, specs, data, flags in entries:
+        for command, pending, specs, data, flags, body in entries:
             if pending.epoch is None or pending.epoch >= epoch:
                 continue  # not sent yet, or sent to the new process already
             replayed.add(pending.request)
@@ -86,7 +86,7 @@ class ReplayLog:
             if pending.done():  # answered by the old process: send it again under a new request
                 target = tracker.new(node, "replayed push", timeout=timeout)
                 target.add_done_callback(_replayed)
-            messages.append((target, encode(Header(command, target.request, client.node_id, specs, 0, "", flags),
+            messages.append((target, encode(Header(command, target.request, client.node_id, specs, 0, body, flags),
                                             data)))
         for p in tracker.outstanding_to(node):
             if p.request not in replayed and p.frames is not None and p.epoch is not None and p.epoch < epoch:

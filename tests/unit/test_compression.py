@@ -10,7 +10,7 @@ import pytest
 
 import pskv
 from pskv.compression import COMPRESSORS, Residuals, create
-from pskv.errors import InvalidArgumentError, InvalidTypeError, NotSupportedError
+from pskv.errors import InvalidArgumentError, InvalidTypeError
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -232,13 +232,7 @@ def test_compression_after_init_and_of_other_dtypes_is_refused():
 def test_is_capable_says_which_stores_compress():
     assert pskv.create("local").is_capable("gradient_compression")
     assert pskv.create("device").is_capable(pskv.KVStoreBase.GRADIENT_COMPRESSION)
+    from pskv.kvstore.byteps import BytePSStore
     from pskv.kvstore.dist import DistStore
-    assert not DistStore.is_capable("gradient_compression") and DistStore.is_capable("optimizer")
-
-
-def test_the_distributed_stores_refuse_compression_until_they_carry_it(monkeypatch):
-    from pskv.kvstore.dist import DistStore
-    store = DistStore.__new__(DistStore)  # no cluster needed: the refusal comes first
-    store._type, store._closed, store._keys, store._compression = "dist_sync", False, {}, None
-    with pytest.raises(NotSupportedError, match="not available on the distributed stores yet"):
-        store.set_gradient_compression({"type": "2bit"})
+    assert DistStore.is_capable("gradient_compression")  # tests/integration/test_compression_dist.py
+    assert not BytePSStore.is_capable("gradient_compression")  # the byteps store answers False to everything
