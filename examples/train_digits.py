@@ -15,6 +15,12 @@ must reach the test accuracy given by ``--min-accuracy`` (default 95 %), or the 
 
 Without the launcher (no ``DMLC_ROLE`` in the environment) it trains in one process on
 the ``local`` store, with ``--devices`` CPU replicas.
+
+``--compression 2bit`` (or ``1bit``) compresses every gradient a worker sends
+(``Trainer(compression_params=...)``, the store's ``set_gradient_compression``; threshold
+``--threshold``, default 0.5). Quantized gradients arrive as steps of ``±threshold``:
+both models then train with Adam (which scales each step itself; SGD with momentum
+diverges on them) for 30 epochs each unless ``--epochs`` says otherwise.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 import pskv
+from pskv.compression import COMPRESSORS
 from pskv.parallel import DataParallelExecutorGroup, NDArrayIter, Trainer
 
 
@@ -72,19 +79,24 @@ def train(name: str, kv: pskv.KVStoreBase | None, args: argparse.Namespace,
           data: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> float:
     """Train one model; returns its test accuracy."""
     factory, optimizer, params, default_epochs = MODELS[name]
+    if args.compression:  # quantized gradients: Adam scales each step, and more epochs (see --compression)
+        optimizer, params, default_epochs = "adam", {"learning_rate": 2e-3}, 30
     rank, workers = (kv.rank, kv.num_workers) if kv is not None else (0, 1)
     x_train, y_train, x_test, y_test = data
     torch.manual_seed(1000 + rank)  # deliberately different on every worker
     devices = ["cpu"] * args.devices
     group = DataParallelExecutorGroup(factory(), devices, loss=torch.nn.CrossEntropyLoss())
-    trainer = Trainer(group, optimizer, params, kvstore=kv if kv is not None else "local", prefix=f"{name}.")
+    compression = {"type": args.compression, "threshold": args.threshold} if args.compression else None
+    trainer = Trainer(group, optimizer, params, kvstore=kv if kv is not None else "local", prefix=f"{name}.",
+                      compression_params=compression)
     train_iter = NDArrayIter(x_train, y_train, batch_size=args.batch, shuffle=True, seed=7,
                              num_parts=workers, part_index=rank)
     test_iter = NDArrayIter(x_test, y_test, batch_size=len(x_test))  # the whole test set, every worker
     if rank == 0:
         print(f"[{name}] {sum(p.numel() for p in group.replicas[0].parameters()):,} parameters, "
               f"{optimizer} {params}, {workers} worker(s) x {args.batch} samples per step, "
-              f"store {kv.type if kv is not None else 'local'}, update_on_kvstore={trainer.update_on_kvstore}",
+              f"store {kv.type if kv is not None else 'local'}, update_on_kvstore={trainer.update_on_kvstore}"
+              + (f", {args.compression} compression (threshold {args.threshold})" if args.compression else ""),
               flush=True)
     checkpoints = os.path.join(args.checkpoint_dir, name) if args.checkpoint_dir else None
     history = trainer.fit(train_iter, test_iter, num_epoch=args.epochs or default_epochs, eval_metric="acc",
@@ -104,6 +116,9 @@ def main() -> int:
     parser.add_argument("--checkpoint-dir", default=None, help="save a checkpoint every epoch there")
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     parser.add_argument("--min-accuracy", type=float, default=0.95)
+    parser.add_argument("--compression", choices=sorted(COMPRESSORS), default=None,
+                        help="compress the gradients sent to the store (set_gradient_compression)")
+    parser.add_argument("--threshold", type=float, default=0.5, help="the compression's threshold")
     args = parser.parse_args()
     torch.set_num_threads(1)  # the launcher runs several processes on this machine
 

@@ -117,14 +117,18 @@ class StoreFrontEnd(KVStoreBase, Generic[R]):
         precision; ``init`` is never compressed; keys made with ``init(summed=True)``
         are not compressed. Float32 keys only.
 
+        Calling it again with the same parameters changes nothing.
+
         Raises:
-            InvalidArgumentError: called after ``init`` (MXNet's rule: the residuals are
-                made with the keys), or bad parameters (unknown type or parameter, a
+            InvalidArgumentError: called after ``init`` with other parameters (MXNet's
+                rule: the residuals are made with the keys), or bad parameters (unknown type or parameter, a
                 threshold not > 0 for ``2bit``).
             InvalidTypeError: ``compression_params`` is not a dict.
         """
         self._check_open("set_gradient_compression")
         compression = GradientCompression(compression_params)
+        if self._compression is not None and self._compression.params == compression.params:
+            return  # the same again (a second Trainer on this store): nothing changes
         if self._holds_keys():
             raise InvalidArgumentError("set_gradient_compression must be called before the first init (as in "
                                        "MXNet): this store holds keys already")

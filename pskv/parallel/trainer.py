@@ -96,16 +96,21 @@ class Trainer:
             parameter).
         prefix: prepended to parameter names to make the store keys (several models
             in one store need distinct prefixes).
+        compression_params: compress the gradients sent to the store (MXNet's
+            ``compression_params``: ``{'type': '2bit', 'threshold': 0.5}``; the store's
+            ``set_gradient_compression``). A store is then used even for one device.
 
     Raises:
-        InvalidArgumentError: an impossible ``update_on_kvstore``, or several devices
-            without a store.
+        InvalidArgumentError: an impossible ``update_on_kvstore``, several devices
+            without a store, ``compression_params`` without a store, or a store that
+            holds keys already with another compression.
     """
 
     def __init__(self, target: DataParallelExecutorGroup | torch.nn.Module, optimizer: str | Optimizer = "sgd",
                  optimizer_params: Mapping[str, Any] | None = None, kvstore: str | KVStoreBase | None = "device",
                  update_on_kvstore: bool | None = None, overlap: bool = True,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, prefix: str = "") -> None:
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, prefix: str = "",
+                 compression_params: Mapping[str, Any] | None = None) -> None:
         group, names, leaves, self._num_devices = _trainable(target)
         self._group: DataParallelExecutorGroup | None = group
         if not names:
@@ -117,7 +122,11 @@ class Trainer:
         self._leaves = leaves  # [param][device] -> the torch Parameter
         self._target = target
         self._optimizer = _make_optimizer(optimizer, optimizer_params)
-        self._kv, self._owns_kv = self._make_store(kvstore)
+        self._kv, self._owns_kv = self._make_store(kvstore, compression_params is not None)
+        if compression_params is not None:
+            if self._kv is None:
+                raise InvalidArgumentError("compression_params need a store to compress for (kvstore=...)")
+            self._kv.set_gradient_compression(compression_params)
         self.update_on_kvstore = self._resolve_update_on_kvstore(update_on_kvstore)
         self._updater = None if self.update_on_kvstore else self._optimizer.get_updater()
         workers = self._kv.num_workers if self._kv is not None and self._kv.store_type.distributed and self._kv.store_type.sync else 1
@@ -176,7 +185,7 @@ class Trainer:
         if self.overlap:
             self._install_grad_hooks()
 
-    def _make_store(self, kvstore: str | KVStoreBase | None) -> tuple[KVStoreBase | None, bool]:
+    def _make_store(self, kvstore: str | KVStoreBase | None, wanted: bool = False) -> tuple[KVStoreBase | None, bool]:
         if kvstore is None:
             if self._num_devices > 1:
                 raise InvalidArgumentError(f"{self._num_devices} devices need a store to sum their gradients "
@@ -186,7 +195,8 @@ class Trainer:
             return kvstore, False
         if not isinstance(kvstore, str):
             raise InvalidTypeError(f"kvstore must be a store, a store name or None, got {type(kvstore).__name__}")
-        if self._num_devices == 1 and not (kvstore.lower() in BUILTIN_TYPES and StoreType.parse(kvstore).distributed):
+        if self._num_devices == 1 and not wanted and not (kvstore.lower() in BUILTIN_TYPES
+                                                          and StoreType.parse(kvstore).distributed):
             return None, False
         return create(kvstore), True
 

@@ -156,3 +156,15 @@ def test_a_launched_job_compresses_between_hosts():
     for rank in (0, 1):
         for step, value in enumerate((0.0, 1.0, 0.0)):
             assert f"rank={rank} step={step} value={value},{value}" in out, out
+
+
+@pytest.mark.timeout(120)
+def test_the_digits_example_trains_with_2bit_compression_to_its_accuracy_bar(tmp_path):
+    """The README's main job with ``--compression 2bit`` through pskv launch: both models reach 95 %."""
+    argv = [sys.executable, "-m", "pskv", "launch", "-n", "2", "-s", "2", "--stop-grace", "2", "--timeout", "100",
+            "--", sys.executable, str(REPO / "examples" / "train_digits.py"), "--compression", "2bit"]
+    res = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=110,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out
+    assert "2bit compression (threshold 0.5)" in out and "test accuracy: mlp" in out, out

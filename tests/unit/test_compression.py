@@ -236,3 +236,23 @@ def test_is_capable_says_which_stores_compress():
     from pskv.kvstore.dist import DistStore
     assert DistStore.is_capable("gradient_compression")  # tests/integration/test_compression_dist.py
     assert not BytePSStore.is_capable("gradient_compression")  # the byteps store answers False to everything
+
+
+def test_a_trainer_compresses_its_gradients_through_the_store():
+    torch = pytest.importorskip("torch")
+    from pskv.parallel import Trainer
+    model = torch.nn.Linear(3, 1, bias=False)
+    torch.nn.init.zeros_(model.weight)
+    kv = pskv.create("local")
+    trainer = Trainer(model, "sgd", {"learning_rate": 1.0}, kvstore=kv, update_on_kvstore=False,
+                      compression_params={"type": "2bit", "threshold": 0.5})
+    model(torch.tensor([[0.3, 0.6, -2.0]])).sum().backward()  # gradient = the input
+    trainer.step(1)
+    assert model.weight.detach().tolist() == [[0.0, -0.5, 0.5]]  # 0.3 stays in the residual; steps of 0.5
+    again = Trainer(torch.nn.Linear(2, 1), "sgd", {"learning_rate": 1.0}, kvstore=kv, prefix="b.",
+                    compression_params={"type": "2bit", "threshold": 0.5})  # the same parameters: fine
+    with pytest.raises(InvalidArgumentError, match="before the first init"):
+        Trainer(torch.nn.Linear(2, 1), "sgd", {"learning_rate": 1.0}, kvstore=kv, prefix="c.",
+                compression_params={"type": "1bit"})
+    for t in (again, trainer):
+        t.close()
