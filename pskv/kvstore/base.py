@@ -10,7 +10,7 @@ summation-only store need not offer them. The cluster methods (``barrier``,
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Literal, TypeVar, overload
 
 from pskv._registry import Registry
@@ -151,6 +151,10 @@ class KVStoreBase(abc.ABC):
     # -- data operations a store may offer ---------------------------------------------
     def _unsupported(self, op: str) -> NotSupportedError:
         return NotSupportedError(f"store type {self.type!r} does not support {op}")
+
+    def set_gradient_compression(self, compression_params: Mapping[str, Any]) -> None:
+        """Compress pushed gradients (see :meth:`pskv.kvstore.frontend.StoreFrontEnd.set_gradient_compression`)."""
+        raise self._unsupported("set_gradient_compression")
 
     def init(self, key: Keys, value: Values, *, summed: bool = False) -> None:
         """Create keys with initial values (see the concrete store).
