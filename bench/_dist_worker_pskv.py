@@ -84,6 +84,15 @@ class PskvBench:
         for _ in range(n):
             kv.pushpull(key, val, out=out)
 
+    def check_compressed(self, mode: str) -> str:
+        """With gradient compression the pulled values are what the pushes decode to (their
+        exact values are tested in tests/): every element of an out got the same pushes, so
+        each out must be uniform and finite."""
+        for o in self.outs:
+            if not (np.isfinite(o).all() and (o == o.flat[0]).all()):
+                raise RuntimeError(f"pskv {mode} (compressed): an out is not uniform: {o.min()}..{o.max()}")
+        return f"{mode}: compressed, every out uniform ({', '.join(f'{o.flat[0]:g}' for o in self.outs[:3])}...)"
+
     def check(self, expect: float, mode: str) -> str:
         """Raise unless every out holds ``expect``; a one-line description of what was checked."""
         worst = max(float(np.max(np.abs(o - np.float32(expect)))) for o in self.outs)
@@ -92,7 +101,7 @@ class PskvBench:
         return f"{mode}: all {sum(o.size for o in self.outs)} elements == {expect}"
 
 
-def run_workload(kv: Any, work: dict[str, Any], rank: int, repeats: int) -> dict[str, Any]:
+def run_workload(kv: Any, work: dict[str, Any], rank: int, repeats: int, compressed: bool = False) -> dict[str, Any]:
     """Init, check one iteration per mode, warm up, sample."""
     import pskv
 
@@ -107,7 +116,7 @@ def run_workload(kv: Any, work: dict[str, Any], rank: int, repeats: int) -> dict
             o.fill(0.0)  # so the check sees what this mode wrote
         kv.barrier()
         step(1)
-        checks.append(bench.check(float(work["expect"]), mode))
+        checks.append(bench.check_compressed(mode) if compressed else bench.check(float(work["expect"]), mode))
         if work.get("optimizer"):
             break  # the first iteration has a known result; later ones move the weights on
     window: list[float] = []
@@ -124,7 +133,11 @@ def main() -> int:
 
     kv = pskv.create("dist_sync")
     rank = kv.rank
-    results = {w["name"]: run_workload(kv, w, rank, int(spec["repeats"])) for w in spec["workloads"]}
+    compression = spec.get("compression")
+    if compression:  # before any init (MXNet's rule)
+        kv.set_gradient_compression(compression)
+    results = {w["name"]: run_workload(kv, w, rank, int(spec["repeats"]), bool(compression))
+               for w in spec["workloads"]}
     kv.close()
     emit({"system": "pskv", "rank": rank, "pid": os.getpid(), "results": results,
           "environment": {"python": platform.python_version(), "numpy": np.__version__, "pskv": pskv.__version__,

@@ -66,12 +66,15 @@ _JSON_LINE = re.compile(r"^\[worker (\d+)\] (\{.*\})\s*$", re.M)
 
 
 def spec_file(path: Path, workloads: Sequence[DistWorkload], repeats: int, pskv: bool,
-              workers: int = WORKERS) -> Path:
-    """The workers' JSON spec (pskv runs every pskv mode of the workload, Gloo push_pull) for ``workers`` workers."""
+              workers: int = WORKERS, compression: dict[str, Any] | None = None) -> Path:
+    """The workers' JSON spec (pskv runs every pskv mode of the workload, Gloo push_pull) for ``workers`` workers;
+    ``compression``: pskv's workers compress their pushes (``set_gradient_compression``)."""
     works = [w.spec(i, w.pskv_modes if pskv else ("push_pull",)) for i, w in enumerate(workloads)]
     for work in works:
         work["expect"] = workers * (workers + 1) / 2  # the sum of the ranks' values 1..W (no optimizer here)
-    spec = {"repeats": repeats, "workloads": works}
+    spec: dict[str, Any] = {"repeats": repeats, "workloads": works}
+    if compression and pskv:
+        spec["compression"] = compression
     path.write_text(json.dumps(spec), encoding="utf-8")
     return path
 
@@ -206,6 +209,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="a setting for every pskv process (pskv launch --env; repeatable), "
                         "e.g. PSKV_PART_BYTES=262144")
     p.add_argument("--timeout", type=float, default=None, help="seconds one job may take (default 300 (a), 600 (b))")
+    p.add_argument("--compression", default=None, metavar="TYPE[:THRESHOLD]",
+                   help="a only: pskv's workers compress their pushes (set_gradient_compression), e.g. 2bit:0.5")
     p.add_argument("--json", type=Path, default=None,
                    help="result file (default bench/results/hosts2_<UTC date>[_RATE][_quick].json (a), "
                         "hosts8b_<UTC date>_<RATE>[_quick].json (b))")
@@ -216,6 +221,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.only = args.only or ("resnet50" if b else "resnet50,64mb")
     args.timeout = args.timeout or (600.0 if b else 300.0)
     args.systems = [x.strip() for x in args.systems.split(",") if x.strip()]
+    if args.compression:
+        kind, _, threshold = args.compression.partition(":")
+        args.compression = {"type": kind, **({"threshold": float(threshold)} if threshold else {})}
+        if b:
+            p.error("--compression applies to --setup a")
     if not args.systems or not set(args.systems) <= set(B_SYSTEMS):
         p.error(f"--systems: expected some of {', '.join(B_SYSTEMS)}, got {args.systems}")
     if b:
@@ -255,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     with hosts, tempfile.TemporaryDirectory(prefix="pskv-bench-hosts-") as tmp_name:
         tmp = Path(tmp_name)
-        specs = {"pskv": spec_file(tmp / "pskv.json", workloads, args.repeats, True),
+        specs = {"pskv": spec_file(tmp / "pskv.json", workloads, args.repeats, True, compression=args.compression),
                  "gloo": spec_file(tmp / "gloo.json", workloads, args.repeats, False)}
         for rnd in range(args.rounds):
             for system, run in (("pskv", run_pskv), ("gloo", run_gloo)):
@@ -274,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table(rows))
     payload = {"benchmark": "bench_hosts", "date_utc": stamp.isoformat(timespec="seconds"), "commit": git_commit(),
                "argv": sys.argv[1:] if argv is None else list(argv), "quick": args.quick, "rate": args.rate,
-               "pskv_env": args.env, "delay": args.delay, "rounds": args.rounds, "repeats": args.repeats,
+               "pskv_env": args.env, "compression": args.compression, "delay": args.delay, "rounds": args.rounds, "repeats": args.repeats,
                "hosts": [{"address": h.address, "hostname": h.hostname} for h in hosts.hosts],
                "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                            "python": platform.python_version()},

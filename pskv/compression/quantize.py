@@ -24,8 +24,6 @@ from pskv.compression.base import Compressor, register
 
 __all__ = ["OneBit", "TwoBit"]
 
-_SHIFTS = np.array([6, 4, 2, 0], np.uint8)
-
 
 def _accumulate(grad: np.ndarray[Any, Any], residual: np.ndarray[Any, Any] | None) -> np.ndarray[Any, Any]:
     """``residual + grad`` in float32, in the residual (a new array without one)."""
@@ -33,6 +31,18 @@ def _accumulate(grad: np.ndarray[Any, Any], residual: np.ndarray[Any, Any] | Non
         return np.array(grad, np.float32, copy=True)
     np.add(residual, grad, out=residual)
     return residual
+
+
+def _table(levels: np.ndarray[Any, Any], bits: int) -> np.ndarray[Any, Any]:
+    """Per byte value, the ``8 // bits`` levels its codes stand for (the first code in the high bits)."""
+    per = 8 // bits
+    codes = (np.arange(256)[:, None] >> (8 - bits * (np.arange(per) + 1))) & ((1 << bits) - 1)
+    return levels[codes].astype(np.float32)
+
+
+def _decode(table: np.ndarray[Any, Any], data: np.ndarray[Any, Any], n: int) -> np.ndarray[Any, Any]:
+    """The ``n`` values of a payload: one table row per byte (one gather, no Python loop)."""
+    return np.take(table, data, axis=0).reshape(-1)[:n]
 
 
 @register
@@ -44,7 +54,8 @@ class TwoBit(Compressor):
 
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
-        self.threshold = np.float32(self._float("threshold", positive=True))  # MXNet: CHECK_GT(threshold, 0)
+        self.threshold = t = np.float32(self._float("threshold", positive=True))  # MXNet: CHECK_GT(threshold, 0)
+        self._table = _table(np.array([0.0, 0.0, -t, t], np.float32), 2)  # codes 00, 01 (unused), 10, 11
 
     def payload_bytes(self, n: int) -> int:
         return (n + 3) // 4
@@ -53,19 +64,15 @@ class TwoBit(Compressor):
         r = _accumulate(grad, residual)
         t = self.threshold
         pos = r >= t
-        neg = r <= -t
-        np.subtract(r, t, out=r, where=pos)
-        np.add(r, t, out=r, where=neg)
-        n = r.size
-        codes = np.zeros(4 * self.payload_bytes(n), np.uint8)
-        codes[:n] = pos.view(np.uint8) * np.uint8(3) | neg.view(np.uint8) * np.uint8(2)
-        return np.bitwise_or.reduce(codes.reshape(-1, 4) << _SHIFTS, axis=1).astype(np.uint8)
+        bits = np.empty(2 * r.size, bool)  # per value its code's two bits: 11 (+t), 10 (-t), 00
+        np.logical_or(pos, r <= -t, out=bits[0::2])
+        bits[1::2] = pos
+        payload = np.packbits(bits)  # the first value in the high bits, as MXNet
+        np.subtract(r, _decode(self._table, payload, r.size), out=r)  # r - t, r - (-t) or r - 0: MXNet's residual
+        return payload
 
     def decompress(self, payload: Any, n: int) -> np.ndarray[Any, Any]:
-        data = self._bytes(payload, n)
-        codes = (data[:, None] >> _SHIFTS) & np.uint8(3)
-        levels = np.array([0.0, 0.0, -self.threshold, self.threshold], np.float32)  # 00, 01 (unused), 10, 11
-        return levels[codes.reshape(-1)[:n]]
+        return _decode(self._table, self._bytes(payload, n), n)
 
 
 @register
@@ -78,18 +85,16 @@ class OneBit(Compressor):
     def __init__(self, **params: Any) -> None:
         super().__init__(**params)
         self.threshold = np.float32(self._float("threshold"))  # MXNet takes any threshold here
+        self._table = _table(np.array([-1.0, 1.0], np.float32), 1)
 
     def payload_bytes(self, n: int) -> int:
         return (n + 7) // 8
 
     def compress(self, grad: np.ndarray[Any, Any], residual: np.ndarray[Any, Any] | None) -> np.ndarray[Any, Any]:
         r = _accumulate(grad, residual)
-        bits = r > self.threshold
-        one = np.float32(1.0)
-        np.subtract(r, one, out=r, where=bits)
-        np.add(r, one, out=r, where=~bits)
-        return np.packbits(bits)  # big-endian within a byte: the first value in the high bit, as MXNet
+        payload = np.packbits(r > self.threshold)  # big-endian within a byte: the first value in the high bit
+        np.subtract(r, _decode(self._table, payload, r.size), out=r)  # r - 1 or r - (-1): MXNet's residual
+        return payload
 
     def decompress(self, payload: Any, n: int) -> np.ndarray[Any, Any]:
-        bits = np.unpackbits(self._bytes(payload, n), count=n)
-        return np.where(bits.astype(bool), np.float32(1.0), np.float32(-1.0))
+        return _decode(self._table, self._bytes(payload, n), n)
