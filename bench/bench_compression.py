@@ -91,8 +91,8 @@ def loopback_exchange(repeats: int, compression: dict[str, Any] | None, timeout:
     found = [json.loads(m[1]) for m in re.finditer(r"^\[worker \d+\] (\{.*\})$", res.stdout, re.M)]
     if res.returncode != 0 or len(found) != 2:
         raise RuntimeError(f"pskv launch exited {res.returncode}:\n{(res.stdout + res.stderr)[-3000:]}")
-    per_iter = [max(w["results"]["resnet50"]["samples_s"][i] for w in found) / spec["workloads"][0]["iters"]
-                for i in range(repeats)]  # the slower worker's sample
+    per_iter = [max(w["results"]["resnet50"]["samples_s"]["push_pull"][i] for w in found)
+                for i in range(repeats)]  # seconds per iteration, the slower worker's sample
     return {"s_per_iter": statistics.median(per_iter), "range_s": [min(per_iter), max(per_iter)],
             "check": found[0]["results"]["resnet50"]["check"]}
 

@@ -34,13 +34,21 @@ class GradientCompression:
     """
 
     def __init__(self, params: Mapping[str, Any]) -> None:
-        self.compressor: Compressor = create(params)
+        if not isinstance(params, Mapping):
+            self.compressor: Compressor = create(params)  # raises the type error
+        rest = dict(params)
+        both_ways = rest.pop("both_ways", False)
+        if not isinstance(both_ways, bool):
+            raise InvalidArgumentError(f"gradient compression: both_ways must be True or False, got {both_ways!r}")
+        #: the servers also compress what they send back (sums of gradients; the distributed stores)
+        self.both_ways = both_ways
+        self.compressor = create(rest)
         self.residuals = Residuals()
 
     @property
     def params(self) -> dict[str, Any]:
-        """The compressor's parameters, complete (JSON-able)."""
-        return self.compressor.params
+        """The compressor's parameters, complete (JSON-able), and ``both_ways`` if set."""
+        return {**self.compressor.params, **({"both_ways": True} if self.both_ways else {})}
 
     def check(self, key: Any, meta: ArrayMeta, op: str) -> None:
         """Refuse a value compression cannot carry (before anything runs).

@@ -26,6 +26,7 @@ _DTYPE_CODE = {name: i for i, name in enumerate(SUPPORTED_DTYPES)}
 _COMMANDS = {int(c): c for c in Command}
 _INT64 = (-(2**63), 2**63 - 1)
 _DATA_COMMANDS = frozenset({Command.PUSH, Command.PULL, Command.PUSHPULL})  # INIT may name its str keys
+_COMPRESSED_COMMANDS = frozenset({Command.PUSH, Command.PUSHPULL, Command.REPLY})  # frames may be payloads
 # bfloat16 travels as its raw 16-bit pattern; NumPy holds it as uint16.
 _NUMPY_FRAME_DTYPE: dict[str, np.dtype[Any]] = {
     "float16": np.dtype(np.float16),
@@ -134,10 +135,13 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> tuple[Head
     if type(flags) is not int or flags & ~KNOWN_FLAGS or flags < 0:
         raise ProtocolError(f"flags {flags!r} are not a combination of the known flag bits")
     compressed = bool(flags & Flag.COMPRESSED)
-    if compressed and (cmd not in (Command.PUSH, Command.PUSHPULL) or flags & Flag.SHM or not body):
-        raise ProtocolError(f"{cmd.name}: the COMPRESSED flag needs a PUSH or PUSHPULL with data frames and a "
+    if compressed and (cmd not in _COMPRESSED_COMMANDS or flags & Flag.SHM or not body):
+        raise ProtocolError(f"{cmd.name}: the COMPRESSED flag needs a PUSH, PUSHPULL or REPLY with data frames and "
+                            "a body naming the compression")
+    if flags & Flag.COMPRESS_REPLY and (cmd not in (Command.PULL, Command.PUSHPULL) or flags & Flag.SHM or not body):
+        raise ProtocolError(f"{cmd.name}: the COMPRESS_REPLY flag needs a PULL or PUSHPULL through a socket and a "
                             "body naming the compression")
-    if body and cmd in _DATA_COMMANDS and not compressed:
+    if body and cmd in _DATA_COMMANDS and not flags & (Flag.COMPRESSED | Flag.COMPRESS_REPLY):
         raise ProtocolError(f"{cmd.name} carries no body (its options are header flags)")
     if type(specs) is not list or len(specs) > limits.max_arrays:
         raise ProtocolError("array list missing or too long")

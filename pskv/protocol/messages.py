@@ -115,10 +115,13 @@ class Flag:
     # PUSH / PUSHPULL: every data frame is a compressed payload (pskv.compression) of its
     # spec's float32 elements; the body names the compression (CompressionParams)
     COMPRESSED = 16
+    # PULL / PUSHPULL: compress the values of the reply (REPLY: COMPRESSED) if they are sums,
+    # with the compression the body names (server -> worker compression)
+    COMPRESS_REPLY = 32
 
 
 #: Every defined flag bit; a header with any other bit set is refused.
-KNOWN_FLAGS = Flag.QUIET | Flag.SHM | Flag.SUMMED | Flag.OVERWRITE | Flag.COMPRESSED
+KNOWN_FLAGS = Flag.QUIET | Flag.SHM | Flag.SUMMED | Flag.OVERWRITE | Flag.COMPRESSED | Flag.COMPRESS_REPLY
 
 
 class ArraySpec(NamedTuple):

@@ -48,14 +48,18 @@ class Gather:
         snapshot: reply with snapshots of the values (an updater changes them in place).
         shared: reply with shared-buffer indices instead of data.
         on_answered: called just before the reply (or error) is sent (see ReplyCache.later).
+        squeeze: each part's compressed value (:mod:`pskv.server.squeeze`): the reply then
+            carries payloads (``COMPRESSED``, the request's body naming the compression).
     """
 
     __slots__ = ("_answer", "_node_id", "_dead_names", "_identity", "_results", "_remaining", "_header",
-                 "_snapshot", "_shared", "_done", "_on_answered")
+                 "_snapshot", "_shared", "_done", "_on_answered", "_squeeze")
 
     def __init__(self, answer: Answer, node_id: Callable[[], int], dead_names: Callable[[], str], identity: bytes,
                  header: Header, n: int, snapshot: bool, shared: bool = False,
-                 on_answered: Callable[[], None] | None = None) -> None:
+                 on_answered: Callable[[], None] | None = None,
+                 squeeze: Callable[[Part], Any] | None = None) -> None:
+        self._squeeze = squeeze
         self._answer = answer
         self._node_id = node_id
         self._dead_names = dead_names
@@ -89,11 +93,15 @@ class Gather:
             self._send(reply_frames(self._header, sender, arrays=named, flags=Flag.SHM))
             return
         specs, data = [], []
+        squeeze = self._squeeze
         for p in self._results:
             assert p is not None
-            data.append(p.wire_value(self._snapshot))
+            data.append(p.wire_value(self._snapshot) if squeeze is None else squeeze(p))
             specs.append(ArraySpec(p.key, p.dtype, (p.value.size,), p.offset, p.round))
-        self._send(reply_frames(self._header, sender, arrays=tuple(specs), data=data))
+        if squeeze is None:
+            self._send(reply_frames(self._header, sender, arrays=tuple(specs), data=data))
+        else:
+            self._send(reply_frames(self._header, sender, self._header.body, tuple(specs), data, Flag.COMPRESSED))
 
     def fail(self, reason: str) -> None:
         """Answer with NodeFailedError naming the dead worker(s) (the round cannot complete), or with

@@ -30,6 +30,7 @@ from pskv.server.gather import Gather, Parking, Refused
 from pskv.server.liveness import DeadWorkers
 from pskv.server.routes import Routes
 from pskv.server.shard import Part, ServerShard
+from pskv.server.squeeze import ReplyCompression
 
 __all__ = ["DataHandlers", "Handler", "Reply"]
 
@@ -78,6 +79,7 @@ class DataHandlers:
         self._name = name
         self.stream_port = 0  # the TCP port of this server's data connections, if it takes them (HELLO says it)
         self._compressors: dict[str, Compressor] = {}  # COMPRESSED pushes' bodies -> their compressors (a few)
+        self.squeezed = ReplyCompression()  # COMPRESS_REPLY: the parts' compressed values and residuals
 
     def handlers(self) -> dict[Command, Handler]:
         """The handler of each data command."""
@@ -108,6 +110,7 @@ class DataHandlers:
                      for spec, data in items]
             for part, data in parts:  # in place: everyone finished reading at the barrier before
                 self._shard.overwrite(part, data)
+                self.squeezed.forget(part)
             self._ack(identity, header)
             return
         for spec, _ in items:
@@ -141,6 +144,21 @@ class DataHandlers:
             out.append((part, slot))
         return out
 
+    def _compressor(self, header: Header) -> Compressor:
+        """The compression a message's body names (the last few kept built: a worker names the same one each time).
+
+        Raises:
+            ProtocolError: a bad body.
+            InvalidArgumentError: bad parameters.
+        """
+        compressor = self._compressors.get(header.body)
+        if compressor is None:
+            compressor = create_compressor(CompressionParams.parse(header).params)
+            if len(self._compressors) >= _COMPRESSORS_KEPT:
+                self._compressors.pop(next(iter(self._compressors)))
+            self._compressors[header.body] = compressor
+        return compressor
+
     def _decompressed(self, header: Header, buffers: list[memoryview], op: str) -> Frames:
         """Each part of a COMPRESSED push, checked, with the float32 values its payload decodes to.
 
@@ -151,12 +169,7 @@ class DataHandlers:
             ProtocolError: a bad body, or a part that is not float32.
             InvalidArgumentError: bad parameters, or a payload of the wrong length.
         """
-        compressor = self._compressors.get(header.body)
-        if compressor is None:
-            compressor = create_compressor(CompressionParams.parse(header).params)
-            if len(self._compressors) >= _COMPRESSORS_KEPT:
-                self._compressors.pop(next(iter(self._compressors)))
-            self._compressors[header.body] = compressor
+        compressor = self._compressor(header)
         out = []
         for spec, buf in zip(header.arrays, buffers):
             if spec.dtype != "float32":
@@ -289,8 +302,13 @@ class DataHandlers:
             raise InvalidArgumentError("a shared-memory pull names a part that is not in shared memory")
         on_answered = self._replies.later(parts if header.command is Command.PUSHPULL else None, shared)
         on_answered = self.parking.park(header.sender, identity, len(parts), on_answered)
+        squeeze = None
+        if header.flags & Flag.COMPRESS_REPLY and self._shard.updater is None and not shared and all(
+                part.dtype == "float32" for part, _ in parts):  # sums of gradients: compressed (else values as they are)
+            squeeze = partial(self.squeezed.payload, compressor=self._compressor(header))
         gather = Gather(self._answer, self._node_id, self._dead.names, identity, header, len(parts),
-                        snapshot=self._shard.updater is not None, shared=shared, on_answered=on_answered)
+                        snapshot=self._shard.updater is not None, shared=shared, on_answered=on_answered,
+                        squeeze=squeeze)
         sender = header.sender
         refused = self._refusal(parts, sender, by_push) if self._refused else None
         if refused is not None:

@@ -107,6 +107,7 @@ class KVWorker:
         self.client = client if client is not None else WorkerClient(
             cluster, context, on_server_replaced=on_server_replaced if cluster.server_recovery else None)
         self.compressor: Compressor | None = None  # set_compressor
+        self._both_ways = False  # replies of compressed keys' sums come compressed too
         self._compression_body = ""  # the compression, as every compressed push names it
         self._residuals = Residuals()  # per (server key, part): what compression left out
 
@@ -140,14 +141,18 @@ class KVWorker:
     def _limit(self, timeout: float | None) -> float:
         return self._cluster.request_timeout if timeout is None else timeout
 
-    def set_compressor(self, compressor: Compressor) -> None:
+    def set_compressor(self, compressor: Compressor, both_ways: bool = False) -> None:
         """Compress the pushes of float32 keys initialised from now on (not ``summed`` ones).
 
         Each part is compressed with this worker's residual of it; through a socket the
         message carries the payloads (:data:`Flag.COMPRESSED`, the compression named in
         its body), through shared memory the slot gets the values they decode to.
+        ``both_ways``: pulls and pushpulls of those keys through a socket ask the servers
+        to compress the values they send back (:data:`Flag.COMPRESS_REPLY`; the servers
+        do when the values are sums: no optimizer on them).
         """
         self.compressor = compressor
+        self._both_ways = both_ways
         self._compression_body = CompressionParams(compressor.params).encode()
 
     # -- layouts ------------------------------------------------------------------------
@@ -220,14 +225,21 @@ class KVWorker:
         sent = Exchange()
         limit = self._limit(timeout)
         big = sum(rec.nbytes for rec in layouts) >= BIG_CALL_BYTES
-        for server, shared, items in by_server(layouts, True, self._cluster.part_bytes):
-            # each part named with the number of this worker's last push of it (round = n)
-            specs = tuple(ArraySpec(rec.skey, rec.meta.dtype, (rec.parts[i][2],), rec.parts[i][1], rec.pushes[i])
-                          for rec, i in items)
-            pending = self.client.request(server, Command.PULL, specs, priority=priority, timeout=limit,
-                                          flags=Flag.SHM if shared else 0, overtake=big and not shared)
-            sent.messages.append((items, pending))
-            sent.replies.append(pending)
+        squeezed = [rec for rec in layouts if rec.compress] if self._both_ways else []
+        groups = [(squeezed, True), ([rec for rec in layouts if not rec.compress], False)] if squeezed \
+            else [(layouts, False)]
+        for group, compressed in groups:
+            for server, shared, items in by_server(group, True, self._cluster.part_bytes):
+                # each part named with the number of this worker's last push of it (round = n)
+                specs = tuple(ArraySpec(rec.skey, rec.meta.dtype, (rec.parts[i][2],), rec.parts[i][1], rec.pushes[i])
+                              for rec, i in items)
+                squeeze = compressed and not shared
+                pending = self.client.request(server, Command.PULL, specs, body=self._compression_body if squeeze
+                                              else "", priority=priority, timeout=limit,
+                                              flags=Flag.SHM if shared else Flag.COMPRESS_REPLY if squeeze else 0,
+                                              overtake=big and not shared)
+                sent.messages.append((items, pending))
+                sent.replies.append(pending)
         return sent
 
     def _sends(self, command: Command, layouts: Sequence[KeyLayout], priority: int, timeout: float | None = None,
@@ -278,6 +290,8 @@ class KVWorker:
                 data = self._compressed(items) if compressed else [part_view(rec, rec.outgoing, i) for rec, i in items]
                 body = _key_names(items) if command is Command.INIT else self._compression_body if compressed else ""
                 sent_flags = flags | Flag.COMPRESSED if compressed else flags
+                if compressed and self._both_ways and command is Command.PUSHPULL:
+                    sent_flags |= Flag.COMPRESS_REPLY
                 pending = self.client.request(server, command, specs, data, body, priority=priority, timeout=limit,
                                               quiet=quiet, flags=sent_flags)
                 if pushes and self._replay is not None:  # kept until the next checkpoint
@@ -338,12 +352,26 @@ class KVWorker:
                 raise ProtocolError(
                     f"{node_name(pending.node)} answered {len(header.arrays)} arrays for {len(items)} requested parts"
                 )
+            compressed = self._reply_compressor(header, pending.node)
             for (rec, i), spec, buf in zip(items, header.arrays, pending.buffers):
-                frame = frame_array(spec, buf)
+                frame = frame_array(spec, buf) if compressed is None else compressed.decompress(buf, spec.size)
                 if spec.offset != rec.parts[i][1] or frame.size != rec.parts[i][2]:
                     raise ProtocolError(f"{node_name(pending.node)}'s reply for key {rec.key!r} does not match its layout")
                 _place(rec, i, frame, values, into)
         return values
+
+    def _reply_compressor(self, header: Header, node: int) -> Compressor | None:
+        """The compressor a reply's values are decoded with (None: not compressed).
+
+        Raises:
+            ProtocolError: a compressed reply this worker did not ask for, or under another compression.
+        """
+        if not header.flags & Flag.COMPRESSED:
+            return None
+        if self.compressor is None or header.body != self._compression_body:
+            raise ProtocolError(f"{node_name(node)} answered with values compressed as {header.body[:200]!r}, which "
+                                "this worker did not ask for")
+        return self.compressor
 
     def wait_acks(self, sent: Exchange, timeout: float | None = None) -> None:
         """Wait for the servers to acknowledge a push (raises the first error)."""

@@ -168,3 +168,62 @@ def test_the_digits_example_trains_with_2bit_compression_to_its_accuracy_bar(tmp
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     assert "2bit compression (threshold 0.5)" in out and "test accuracy: mlp" in out, out
+
+
+@pytest.mark.parametrize("kind", ["2bit", "1bit"])
+def test_both_ways_the_servers_compress_the_sums_they_send_back_with_their_own_residual(kind, monkeypatch):
+    """``both_ways``: each round's sum is compressed once on its server (a residual per part) and every
+    worker decodes the same values; a reply then carries payloads, not float32 values."""
+    steps, threshold = 4, 0.5
+    comp = create({"type": kind, "threshold": threshold})
+    pushed = expected(kind, threshold, 2, 1, steps)  # what the servers sum each step
+    server_res = {k: np.zeros(n, np.float32) for k, n in SIZES.items()}
+    want = [{k: comp.decompress(comp.compress(step[k].copy(), server_res[k]), SIZES[k]) for k in SIZES}
+            for step in pushed]
+    replies = []
+    from pskv.worker.kv_worker import KVWorker
+    reply_compressor = KVWorker._reply_compressor
+
+    def spy(self, header, node):
+        replies.append(bool(header.flags & 16))
+        return reply_compressor(self, header, node)
+    monkeypatch.setattr(KVWorker, "_reply_compressor", spy)
+
+    def fn(kv):
+        kv.set_gradient_compression({"type": kind, "threshold": threshold, "both_ways": True})
+        kv.init(list(SIZES), [np.zeros(n, np.float32) for n in SIZES.values()])
+        got = []
+        for step in range(steps):
+            g = {k: v[0] for k, v in grads(kv.rank, step, 1).items()}
+            if step % 2:
+                kv.push(list(g), list(g.values()))
+                got.append(dict(zip(SIZES, kv.pull(list(SIZES)))))
+            else:
+                outs = [np.zeros(n, np.float32) for n in SIZES.values()]
+                kv.pushpull(list(g), list(g.values()), out=outs)
+                got.append(dict(zip(SIZES, outs)))
+        return got
+
+    with InProcessCluster(2, 2, deadline=DEADLINE, shm=0, **PIECES) as cluster:
+        results = cluster.run_workers(lambda cfg: _run(cfg, fn))
+    for got in results:
+        for step, (mine, theirs) in enumerate(zip(got, want)):
+            for k in SIZES:
+                np.testing.assert_array_equal(mine[k], theirs[k], err_msg=f"{k} step {step}")
+    assert replies and all(replies)  # every value reply came compressed
+
+
+def test_both_ways_with_an_optimizer_on_the_servers_sends_the_weights_uncompressed():
+    """The servers' values are weights then, not sums of gradients: they travel as they are."""
+    from pskv.optimizer import SGD
+
+    def fn(kv):
+        kv.set_gradient_compression({"type": "2bit", "threshold": 0.5, "both_ways": True})
+        kv.set_optimizer(SGD(learning_rate=0.1))
+        kv.init("w", np.full(1000, 0.123, np.float32))
+        kv.push("w", np.full(1000, 0.7, np.float32))
+        return kv.pull("w").tolist()
+
+    with InProcessCluster(1, 2, deadline=DEADLINE, shm=0) as cluster:
+        for w in cluster.run_workers(lambda cfg: _run(cfg, fn)):
+            np.testing.assert_allclose(w, np.float32(0.123) - np.float32(0.1) * np.float32(1.0), rtol=1e-6)
