@@ -209,8 +209,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="a setting for every pskv process (pskv launch --env; repeatable), "
                         "e.g. PSKV_PART_BYTES=262144")
     p.add_argument("--timeout", type=float, default=None, help="seconds one job may take (default 300 (a), 600 (b))")
-    p.add_argument("--compression", default=None, metavar="TYPE[:THRESHOLD]",
-                   help="a only: pskv's workers compress their pushes (set_gradient_compression), e.g. 2bit:0.5")
+    p.add_argument("--compression", default=None, metavar="TYPE[:THRESHOLD][:both]",
+                   help="a only: pskv's workers compress their pushes (set_gradient_compression), e.g. 2bit:0.5; "
+                        ":both also the servers' answers (both_ways)")
     p.add_argument("--json", type=Path, default=None,
                    help="result file (default bench/results/hosts2_<UTC date>[_RATE][_quick].json (a), "
                         "hosts8b_<UTC date>_<RATE>[_quick].json (b))")
@@ -222,8 +223,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args.timeout = args.timeout or (600.0 if b else 300.0)
     args.systems = [x.strip() for x in args.systems.split(",") if x.strip()]
     if args.compression:
-        kind, _, threshold = args.compression.partition(":")
-        args.compression = {"type": kind, **({"threshold": float(threshold)} if threshold else {})}
+        kind, *rest = args.compression.split(":")
+        args.compression = {"type": kind}
+        for item in rest:
+            if item == "both":
+                args.compression["both_ways"] = True
+            elif item:
+                args.compression["threshold"] = float(item)
         if b:
             p.error("--compression applies to --setup a")
     if not args.systems or not set(args.systems) <= set(B_SYSTEMS):
