@@ -75,11 +75,13 @@ def test_one_bit_packs_eight_values_a_byte_first_in_the_high_bit():
     assert payload.tolist() == [0b1000_0001, 0b1000_0000]
 
 
-@pytest.mark.parametrize("kind", sorted(COMPRESSORS))
-def test_error_feedback_keeps_what_was_left_out_so_sums_converge(kind):
+@pytest.mark.parametrize("params", [{"type": kind, **({"threshold": 0.25} if "threshold" in COMPRESSORS[kind].defaults
+                                                     else {"k": 0.25} if "k" in COMPRESSORS[kind].defaults else {})}
+                                    for kind in sorted(COMPRESSORS)], ids=sorted(COMPRESSORS))
+def test_error_feedback_keeps_what_was_left_out_so_sums_converge(params):
     """decoded + new residual == old residual + gradient; the sum of decoded values trails the
     sum of gradients by exactly the residual, which stays bounded."""
-    comp = create({"type": kind, "threshold": 0.25})
+    comp = create(params)
     rng = np.random.default_rng(0)
     residual = np.zeros(500, np.float32)
     sent = np.zeros(500, np.float64)

@@ -1,0 +1,77 @@
+"""Casting compressors: ``fp16`` and ``bf16``, two bytes a value (half of float32's).
+
+* ``fp16``: IEEE half precision (NumPy's cast: round to nearest, ties to even).
+* ``bf16``: the high 16 bits of the float32, rounded to nearest, ties to even (the
+  float32 bits plus ``0x7fff`` plus the lowest kept bit, then shifted: vectorised);
+  a NaN stays a NaN.
+
+Values beyond the format's largest finite one are sent as that (``±65504`` for fp16,
+``±3.3895e38`` for bf16) rather than as infinities, so that error feedback keeps the
+rest. With ``ef`` (default ``True``) the residual is added first and keeps the
+rounding error; with ``ef=False`` it is neither read nor written. Payloads are
+little-endian.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, ClassVar
+
+import numpy as np
+
+from pskv.compression.base import register
+from pskv.compression.sparsify import FeedbackCompressor
+
+__all__ = ["BFloat16", "Float16"]
+
+_F16 = np.dtype("<f2")
+_U16 = np.dtype("<u2")
+_F16_MAX = np.float32(np.finfo(np.float16).max)
+_BF16_MAX = np.array([0x7F7F0000], np.uint32).view(np.float32)[0]
+_BF16_NAN = np.uint16(0x7FC0)
+
+
+class _Cast(FeedbackCompressor):
+    """Two bytes a value; the rounding error goes to the residual."""
+
+    def payload_bytes(self, n: int) -> int:
+        return 2 * n
+
+    @abc.abstractmethod
+    def _encode(self, r: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """The 16-bit values of ``r``."""
+
+    def compress(self, grad: np.ndarray[Any, Any], residual: np.ndarray[Any, Any] | None) -> np.ndarray[Any, Any]:
+        r = self._start(grad, residual)
+        payload = self._encode(r).view(np.uint8)
+        if self.ef and residual is not None:
+            self._keep(r, residual, self.decompress(payload, r.size))
+        return payload
+
+
+@register
+class Float16(_Cast):
+    """``fp16``: IEEE half precision."""
+
+    type: ClassVar[str] = "fp16"
+
+    def _encode(self, r: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        return np.clip(r, -_F16_MAX, _F16_MAX).astype(_F16)
+
+    def decompress(self, payload: Any, n: int) -> np.ndarray[Any, Any]:
+        return self._bytes(payload, n).view(_F16).astype(np.float32)
+
+
+@register
+class BFloat16(_Cast):
+    """``bf16``: bfloat16, float32's exponent with 8 bits of significand."""
+
+    type: ClassVar[str] = "bf16"
+
+    def _encode(self, r: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        bits = np.clip(r, -_BF16_MAX, _BF16_MAX).view(np.uint32)
+        rounded = (bits + (np.uint32(0x7FFF) + ((bits >> 16) & 1))) >> 16  # no overflow: |value| <= the max
+        return np.where(np.isnan(r), _BF16_NAN, rounded.astype(np.uint16)).astype(_U16)
+
+    def decompress(self, payload: Any, n: int) -> np.ndarray[Any, Any]:
+        return (self._bytes(payload, n).view(_U16).astype(np.uint32) << 16).view(np.float32)
