@@ -229,7 +229,8 @@ class KVWorker:
         groups = [(squeezed, True), ([rec for rec in layouts if not rec.compress], False)] if squeezed \
             else [(layouts, False)]
         for group, compressed in groups:
-            for server, shared, items in by_server(group, True, self._cluster.part_bytes):
+            # both ways, every worker must decode the same values: no shared-memory shortcut for them
+            for server, shared, items in by_server(group, not compressed, self._cluster.part_bytes):
                 # each part named with the number of this worker's last push of it (round = n)
                 specs = tuple(ArraySpec(rec.skey, rec.meta.dtype, (rec.parts[i][2],), rec.parts[i][1], rec.pushes[i])
                               for rec, i in items)
@@ -274,7 +275,9 @@ class KVWorker:
         sent = Exchange()
         pushes = command in (Command.PUSH, Command.PUSHPULL)
         limit = self._limit(timeout)
-        for server, shared, items in by_server(layouts, pushes, self._cluster.part_bytes):
+        # a compressed pushpull both ways is answered with payloads: through a socket, also on this host
+        shared_ok = pushes and not (compressed and self._both_ways and command is Command.PUSHPULL)
+        for server, shared, items in by_server(layouts, shared_ok, self._cluster.part_bytes):
             # a push carries its number: the servers apply each (worker, part, number) at most once
             specs = tuple(part_spec(rec, i, rec.pushes[i] + 1 if pushes else 0) for rec, i in items)
             if shared:  # the data goes through this worker's slots; the message names the parts

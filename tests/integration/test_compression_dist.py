@@ -170,10 +170,12 @@ def test_the_digits_example_trains_with_2bit_compression_to_its_accuracy_bar(tmp
     assert "2bit compression (threshold 0.5)" in out and "test accuracy: mlp" in out, out
 
 
+@pytest.mark.parametrize("shm", [0, 1], ids=["sockets", "shared-memory"])
 @pytest.mark.parametrize("kind", ["2bit", "1bit"])
-def test_both_ways_the_servers_compress_the_sums_they_send_back_with_their_own_residual(kind, monkeypatch):
+def test_both_ways_the_servers_compress_the_sums_they_send_back_with_their_own_residual(kind, shm, monkeypatch):
     """``both_ways``: each round's sum is compressed once on its server (a residual per part) and every
-    worker decodes the same values; a reply then carries payloads, not float32 values."""
+    worker decodes the same values; a reply then carries payloads, not float32 values — also to a
+    worker on the server's host, whose pulls then skip shared memory (or it would see other values)."""
     steps, threshold = 4, 0.5
     comp = create({"type": kind, "threshold": threshold})
     pushed = expected(kind, threshold, 2, 1, steps)  # what the servers sum each step
@@ -204,7 +206,7 @@ def test_both_ways_the_servers_compress_the_sums_they_send_back_with_their_own_r
                 got.append(dict(zip(SIZES, outs)))
         return got
 
-    with InProcessCluster(2, 2, deadline=DEADLINE, shm=0, **PIECES) as cluster:
+    with InProcessCluster(2, 2, deadline=DEADLINE, shm=shm, **PIECES) as cluster:
         results = cluster.run_workers(lambda cfg: _run(cfg, fn))
     for got in results:
         for step, (mine, theirs) in enumerate(zip(got, want)):
