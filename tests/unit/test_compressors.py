@@ -237,3 +237,41 @@ def test_a_device_store_sums_each_devices_topk_with_its_residual():
         kv.pull("w", out=out)
         np.testing.assert_allclose(out.reshape(-1), expected, rtol=1e-6)
         assert np.count_nonzero(out) <= 4
+
+
+@pytest.mark.parametrize("params", [{"type": "topk", "k": 5}, {"type": "randomk", "k": 0.2, "seed": 4},
+                                    {"type": "dithering", "s": 3, "seed": 2}, {"type": "onebit"}, {"type": "bf16"},
+                                    {"type": "fp16", "ef": False}], ids=ident)
+def test_dist_sync_servers_decode_each_workers_payload(params):
+    """2 workers, 1 server (threads of this process), through sockets: each pull is the sum of
+    what each worker's compressed push decodes to, its residual and generator its own."""
+    from pskv.testing import InProcessCluster
+
+    n, steps = 37, 3
+
+    def grad(rank, step):
+        return np.random.default_rng(100 * rank + step).normal(0, 1, n).astype(np.float32)
+
+    comps, residuals = [create(params) for _ in range(2)], [np.zeros(n, np.float32) for _ in range(2)]
+    want = [sum(comps[r].decompress(comps[r].compress(grad(r, s), residuals[r]), n) for r in range(2))
+            for s in range(steps)]
+
+    def worker(cfg):
+        kv = pskv.create("dist_sync", cluster=cfg)
+        try:
+            kv.set_gradient_compression(params)
+            kv.init("w", np.zeros(n, np.float32))
+            pulled = []
+            for s in range(steps):
+                kv.push("w", grad(kv.rank, s))
+                pulled.append(kv.pull("w"))
+            return pulled
+        finally:
+            kv.close()
+
+    with InProcessCluster(1, 2, deadline=30.0, shm=0) as cluster:
+        results = cluster.run_workers(worker)
+    assert len(results) == 2
+    for pulled in results:
+        for got, expected in zip(pulled, want, strict=True):
+            np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
