@@ -25,19 +25,31 @@ from pskv.compression.base import Compressor, register
 __all__ = ["OneBit", "TwoBit"]
 
 
-def _accumulate(grad: np.ndarray[Any, Any], residual: np.ndarray[Any, Any] | None) -> np.ndarray[Any, Any]:
-    """``residual + grad`` in float32, in the residual (a new array without one)."""
-    if residual is None:
-        return np.array(grad, np.float32, copy=True)
-    np.add(residual, grad, out=residual)
-    return residual
-
-
 def _table(levels: np.ndarray[Any, Any], bits: int) -> np.ndarray[Any, Any]:
     """Per byte value, the ``8 // bits`` levels its codes stand for (the first code in the high bits)."""
     per = 8 // bits
     codes = (np.arange(256)[:, None] >> (8 - bits * (np.arange(per) + 1))) & ((1 << bits) - 1)
     return levels[codes].astype(np.float32)
+
+
+# Elements compressed at a time: what one pass leaves in the CPU cache for the next (a multiple
+# of 8, so every block starts on a byte of either payload). Measured on the ResNet-50 list:
+# 2bit 105 -> 54 ms against whole arrays.
+BLOCK = 1 << 18
+
+
+def _blocked(compress: Any, r: np.ndarray[Any, Any], grad: np.ndarray[Any, Any] | None, per_byte: int,
+             size: int) -> np.ndarray[Any, Any]:
+    """``compress(r_block, grad_block)`` over blocks of :data:`BLOCK` elements, into one payload of ``size`` bytes."""
+    n = r.size
+    if n <= BLOCK:
+        return compress(r, grad)  # type: ignore[no-any-return]
+    payload = np.empty(size, np.uint8)
+    for start in range(0, n, BLOCK):
+        stop = min(start + BLOCK, n)
+        payload[start // per_byte: -(-stop // per_byte)] = compress(r[start:stop],
+                                                                    None if grad is None else grad[start:stop])
+    return payload
 
 
 def _decode(table: np.ndarray[Any, Any], data: np.ndarray[Any, Any], n: int) -> np.ndarray[Any, Any]:
@@ -61,7 +73,14 @@ class TwoBit(Compressor):
         return (n + 3) // 4
 
     def compress(self, grad: np.ndarray[Any, Any], residual: np.ndarray[Any, Any] | None) -> np.ndarray[Any, Any]:
-        r = _accumulate(grad, residual)
+        if residual is None:
+            return _blocked(self._quantize, np.array(grad, np.float32, copy=True), None, 4, self.payload_bytes(grad.size))
+        return _blocked(self._quantize, residual, grad, 4, self.payload_bytes(grad.size))
+
+    def _quantize(self, r: np.ndarray[Any, Any], grad: np.ndarray[Any, Any] | None) -> np.ndarray[Any, Any]:
+        """One block: ``r += grad``; the payload; ``r`` keeps what it does not carry."""
+        if grad is not None:
+            np.add(r, grad, out=r)
         t = self.threshold
         pos = r >= t
         bits = np.empty(2 * r.size, bool)  # per value its code's two bits: 11 (+t), 10 (-t), 00
@@ -91,7 +110,14 @@ class OneBit(Compressor):
         return (n + 7) // 8
 
     def compress(self, grad: np.ndarray[Any, Any], residual: np.ndarray[Any, Any] | None) -> np.ndarray[Any, Any]:
-        r = _accumulate(grad, residual)
+        if residual is None:
+            return _blocked(self._quantize, np.array(grad, np.float32, copy=True), None, 8, self.payload_bytes(grad.size))
+        return _blocked(self._quantize, residual, grad, 8, self.payload_bytes(grad.size))
+
+    def _quantize(self, r: np.ndarray[Any, Any], grad: np.ndarray[Any, Any] | None) -> np.ndarray[Any, Any]:
+        """One block: ``r += grad``; the payload; ``r`` keeps what it does not carry."""
+        if grad is not None:
+            np.add(r, grad, out=r)
         payload = np.packbits(r > self.threshold)  # big-endian within a byte: the first value in the high bit
         np.subtract(r, _decode(self._table, payload, r.size), out=r)  # r - 1 or r - (-1): MXNet's residual
         return payload

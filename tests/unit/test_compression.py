@@ -258,3 +258,18 @@ def test_a_trainer_compresses_its_gradients_through_the_store():
                 compression_params={"type": "1bit"})
     for t in (again, trainer):
         t.close()
+
+
+@pytest.mark.parametrize("kind, reference", [("2bit", mxnet_2bit), ("1bit", mxnet_1bit)])
+def test_big_arrays_are_quantized_in_blocks_with_the_same_values(kind, reference, monkeypatch):
+    from pskv.compression import quantize
+    monkeypatch.setattr(quantize, "BLOCK", 16)  # 1003 elements: 62 whole blocks and a partial one
+    comp = create({"type": kind, "threshold": 0.3})
+    rng = np.random.default_rng(3)
+    mine, theirs = np.zeros(1003, np.float32), np.zeros(1003, np.float32)
+    for _ in range(3):
+        grad = rng.uniform(-0.6, 0.6, 1003).astype(np.float32)
+        payload = comp.compress(grad, mine)
+        expected, theirs = reference(grad, theirs, 0.3)
+        assert np.array_equal(comp.decompress(payload, 1003), expected) and np.array_equal(mine, theirs)
+        assert np.array_equal(comp.compress(grad, None), create({"type": kind, "threshold": 0.3}).compress(grad, None))
