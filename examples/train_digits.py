@@ -86,7 +86,11 @@ def train(name: str, kv: pskv.KVStoreBase | None, args: argparse.Namespace,
     torch.manual_seed(1000 + rank)  # deliberately different on every worker
     devices = ["cpu"] * args.devices
     group = DataParallelExecutorGroup(factory(), devices, loss=torch.nn.CrossEntropyLoss())
-    compression = {"type": args.compression, "threshold": args.threshold} if args.compression else None
+    compression = None
+    if args.compression:  # the threshold goes to the types that take one (2bit, 1bit)
+        compression = {"type": args.compression}
+        if "threshold" in COMPRESSORS[args.compression].defaults:
+            compression["threshold"] = args.threshold
     trainer = Trainer(group, optimizer, params, kvstore=kv if kv is not None else "local", prefix=f"{name}.",
                       compression_params=compression)
     train_iter = NDArrayIter(x_train, y_train, batch_size=args.batch, shuffle=True, seed=7,
@@ -96,7 +100,7 @@ def train(name: str, kv: pskv.KVStoreBase | None, args: argparse.Namespace,
         print(f"[{name}] {sum(p.numel() for p in group.replicas[0].parameters()):,} parameters, "
               f"{optimizer} {params}, {workers} worker(s) x {args.batch} samples per step, "
               f"store {kv.type if kv is not None else 'local'}, update_on_kvstore={trainer.update_on_kvstore}"
-              + (f", {args.compression} compression (threshold {args.threshold})" if args.compression else ""),
+              + (f", compression {compression}" if compression else ""),
               flush=True)
     checkpoints = os.path.join(args.checkpoint_dir, name) if args.checkpoint_dir else None
     history = trainer.fit(train_iter, test_iter, num_epoch=args.epochs or default_epochs, eval_metric="acc",

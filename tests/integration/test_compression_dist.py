@@ -167,7 +167,7 @@ def test_the_digits_example_trains_with_2bit_compression_to_its_accuracy_bar(tmp
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
-    assert "2bit compression (threshold 0.5)" in out and "test accuracy: mlp" in out, out
+    assert "compression {'type': '2bit', 'threshold': 0.5}" in out and "test accuracy: mlp" in out, out
 
 
 @pytest.mark.parametrize("shm", [0, 1], ids=["sockets", "shared-memory"])
