@@ -84,14 +84,14 @@ class PskvBench:
         for _ in range(n):
             kv.pushpull(key, val, out=out)
 
-    def check_compressed(self, mode: str) -> str:
+    def check_compressed(self, expect: float, mode: str) -> str:
         """With gradient compression the pulled values are what the pushes decode to (their
-        exact values are tested in tests/): every element of an out got the same pushes, so
-        each out must be uniform and finite."""
+        exact values are tested in tests/, and sparsifying or stochastic types do not send
+        every element): every out must be finite and within a few times the plain sum."""
         for o in self.outs:
-            if not (np.isfinite(o).all() and (o == o.flat[0]).all()):
-                raise RuntimeError(f"pskv {mode} (compressed): an out is not uniform: {o.min()}..{o.max()}")
-        return f"{mode}: compressed, every out uniform ({', '.join(f'{o.flat[0]:g}' for o in self.outs[:3])}...)"
+            if not (np.isfinite(o).all() and np.abs(o).max() <= 4 * expect):
+                raise RuntimeError(f"pskv {mode} (compressed): an out holds {o.min()}..{o.max()}")
+        return f"{mode}: compressed, every out finite and within 4x {expect}"
 
     def check(self, expect: float, mode: str) -> str:
         """Raise unless every out holds ``expect``; a one-line description of what was checked."""
@@ -116,7 +116,8 @@ def run_workload(kv: Any, work: dict[str, Any], rank: int, repeats: int, compres
             o.fill(0.0)  # so the check sees what this mode wrote
         kv.barrier()
         step(1)
-        checks.append(bench.check_compressed(mode) if compressed else bench.check(float(work["expect"]), mode))
+        checks.append(bench.check_compressed(float(work["expect"]), mode) if compressed
+                      else bench.check(float(work["expect"]), mode))
         if work.get("optimizer"):
             break  # the first iteration has a known result; later ones move the weights on
     window: list[float] = []
