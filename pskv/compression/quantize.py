@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from pskv.compression import kernels
 from pskv.compression.base import Compressor, register
 
 __all__ = ["OneBit", "TwoBit"]
@@ -75,6 +76,10 @@ class TwoBit(Compressor):
     def compress(self, grad: np.ndarray[Any, Any], residual: np.ndarray[Any, Any] | None) -> np.ndarray[Any, Any]:
         if residual is None:
             return _blocked(self._quantize, np.array(grad, np.float32, copy=True), None, 4, self.payload_bytes(grad.size))
+        if kernels.AVAILABLE and kernels.ENABLED:  # one fused loop (Numba), the same values
+            payload = np.empty(self.payload_bytes(grad.size), np.uint8)
+            kernels.quantize_2bit(residual, grad, self.threshold, payload)
+            return payload
         return _blocked(self._quantize, residual, grad, 4, self.payload_bytes(grad.size))
 
     def _quantize(self, r: np.ndarray[Any, Any], grad: np.ndarray[Any, Any] | None) -> np.ndarray[Any, Any]:
@@ -112,6 +117,10 @@ class OneBit(Compressor):
     def compress(self, grad: np.ndarray[Any, Any], residual: np.ndarray[Any, Any] | None) -> np.ndarray[Any, Any]:
         if residual is None:
             return _blocked(self._quantize, np.array(grad, np.float32, copy=True), None, 8, self.payload_bytes(grad.size))
+        if kernels.AVAILABLE and kernels.ENABLED:  # one fused loop (Numba), the same values
+            payload = np.empty(self.payload_bytes(grad.size), np.uint8)
+            kernels.quantize_1bit(residual, grad, self.threshold, payload)
+            return payload
         return _blocked(self._quantize, residual, grad, 8, self.payload_bytes(grad.size))
 
     def _quantize(self, r: np.ndarray[Any, Any], grad: np.ndarray[Any, Any] | None) -> np.ndarray[Any, Any]:

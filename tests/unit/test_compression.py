@@ -47,10 +47,20 @@ def mxnet_1bit(grad, residual, threshold):
     return decoded, residual
 
 
+@pytest.fixture(params=["numpy", "numba"])
+def path(request, monkeypatch):
+    """Both implementations of the quantizers: NumPy passes, and Numba's fused loops (where installed)."""
+    from pskv.compression import kernels
+    if request.param == "numba" and not kernels.AVAILABLE:
+        pytest.skip("numba is not installed (pip install 'pskv[fast]')")
+    monkeypatch.setattr(kernels, "ENABLED", request.param == "numba")
+    return request.param
+
+
 @pytest.mark.parametrize("kind, reference, ratio", [("2bit", mxnet_2bit, 16), ("1bit", mxnet_1bit, 32)])
 @pytest.mark.parametrize("threshold", [0.5, 0.125])
 @pytest.mark.parametrize("size", [1, 7, 33, 1000])
-def test_quantizers_give_mxnets_values_and_residuals_push_after_push(kind, reference, ratio, threshold, size):
+def test_quantizers_give_mxnets_values_and_residuals_push_after_push(kind, reference, ratio, threshold, size, path):
     comp = create({"type": kind, "threshold": threshold})
     rng = np.random.default_rng(size)
     mine, theirs = np.zeros(size, np.float32), np.zeros(size, np.float32)
@@ -133,7 +143,7 @@ def test_residuals_are_per_key_and_sender():
 
 
 # -- the stores ---------------------------------------------------------------------------------------
-def test_the_device_store_gives_mxnet_1_9_1s_values_bit_for_bit():
+def test_the_device_store_gives_mxnet_1_9_1s_values_bit_for_bit(path):
     """Recorded from MXNet 1.9.1 by bench/mxnet_compression_reference.py: three devices push into one key."""
     ref = json.loads((DATA / "mxnet_2bit_device.json").read_text())
     assert ref["mxnet"] == "1.9.1"
@@ -151,7 +161,7 @@ def test_the_device_store_gives_mxnet_1_9_1s_values_bit_for_bit():
 
 @pytest.mark.parametrize("store", ["device", "local"])
 @pytest.mark.parametrize("devices", [1, 3])
-def test_mxnets_compressed_store_test_passes(store, devices):
+def test_mxnets_compressed_store_test_passes(store, devices, path):
     """MXNet's tests/nightly/test_kvstore.py::test_compress_kvstore, with pskv's stores and
     MXNet's 'test' optimizer (weight += rescale_grad * grad) as an updater."""
     threshold, rate = 0.5, 2.0
@@ -262,7 +272,8 @@ def test_a_trainer_compresses_its_gradients_through_the_store():
 
 @pytest.mark.parametrize("kind, reference", [("2bit", mxnet_2bit), ("1bit", mxnet_1bit)])
 def test_big_arrays_are_quantized_in_blocks_with_the_same_values(kind, reference, monkeypatch):
-    from pskv.compression import quantize
+    from pskv.compression import kernels, quantize
+    monkeypatch.setattr(kernels, "ENABLED", False)  # the blocks are the NumPy path's
     monkeypatch.setattr(quantize, "BLOCK", 16)  # 1003 elements: 62 whole blocks and a partial one
     comp = create({"type": kind, "threshold": 0.3})
     rng = np.random.default_rng(3)
@@ -272,4 +283,19 @@ def test_big_arrays_are_quantized_in_blocks_with_the_same_values(kind, reference
         payload = comp.compress(grad, mine)
         expected, theirs = reference(grad, theirs, 0.3)
         assert np.array_equal(comp.decompress(payload, 1003), expected) and np.array_equal(mine, theirs)
-        assert np.array_equal(comp.compress(grad, None), create({"type": kind, "threshold": 0.3}).compress(grad, None))
+
+
+@pytest.mark.parametrize("kind", ["2bit", "1bit"])
+def test_numbas_loops_and_numpys_passes_agree_on_big_arrays_with_extreme_values(kind, monkeypatch):
+    from pskv.compression import kernels
+    if not kernels.AVAILABLE:
+        pytest.skip("numba is not installed (pip install 'pskv[fast]')")
+    comp = create({"type": kind, "threshold": 0.3})
+    rng = np.random.default_rng(5)
+    fused, passes = np.zeros(300_001, np.float32), np.zeros(300_001, np.float32)
+    for scale in (1e-3, 1.0, 1e9):  # a residual far above the threshold rounds as float32 in both
+        grad = (rng.standard_normal(300_001) * scale).astype(np.float32)
+        monkeypatch.setattr(kernels, "ENABLED", True)
+        one = comp.compress(grad, fused)
+        monkeypatch.setattr(kernels, "ENABLED", False)
+        assert np.array_equal(one, comp.compress(grad, passes)) and np.array_equal(fused, passes)
