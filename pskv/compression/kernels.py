@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["AVAILABLE", "ENABLED", "dequantize", "quantize_1bit", "quantize_2bit"]
+__all__ = ["AVAILABLE", "ENABLED", "quantize_1bit", "quantize_2bit"]
 
 try:
     import numba
@@ -78,21 +78,10 @@ def _quantize_1bit(r: Any, grad: Any, t: Any, out: Any) -> None:  # pragma: no c
         out[n // 8] = byte
 
 
-def _dequantize(table: Any, data: Any, out: Any) -> None:  # pragma: no cover - compiled
-    per = table.shape[1]
-    n = out.size
-    for b in range(n // per):  # whole bytes
-        code = data[b]
-        for j in range(per):
-            out[per * b + j] = table[code, j]
-    for i in range(n - n % per, n):
-        out[i] = table[data[i // per], i % per]
-
-
 if numba is not None:
     _quantize_2bit = numba.njit(cache=True, nogil=True)(_quantize_2bit)
     _quantize_1bit = numba.njit(cache=True, nogil=True)(_quantize_1bit)
-    _dequantize = numba.njit(cache=True, nogil=True)(_dequantize)
+
 
 
 def quantize_2bit(r: np.ndarray[Any, Any], grad: np.ndarray[Any, Any], t: np.float32,
@@ -106,9 +95,3 @@ def quantize_1bit(r: np.ndarray[Any, Any], grad: np.ndarray[Any, Any], t: np.flo
     """``r += grad``, MXNet 2.0's 1-bit codes of ``r`` into ``out`` (``(n + 7) // 8`` bytes), ``r`` keeps the rest."""
     _quantize_1bit(r, grad, t, out)
 
-
-def dequantize(table: np.ndarray[Any, Any], data: np.ndarray[Any, Any], n: int) -> np.ndarray[Any, Any]:
-    """The ``n`` values of a payload: per byte, its row of ``table`` (the levels of its codes)."""
-    out = np.empty(n, np.float32)
-    _dequantize(table, data, out)
-    return out
