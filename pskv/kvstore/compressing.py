@@ -42,21 +42,31 @@ class GradientCompression:
             raise InvalidArgumentError(f"gradient compression: both_ways must be True or False, got {both_ways!r}")
         #: the servers also compress what they send back (sums of gradients; the distributed stores)
         self.both_ways = both_ways
+        min_size = rest.pop("min_size", 0)
+        if isinstance(min_size, bool) or not isinstance(min_size, int) or min_size < 0:
+            raise InvalidArgumentError(f"gradient compression: min_size must be an int >= 0 (elements), got {min_size!r}")
+        #: keys of fewer elements travel uncompressed (BytePS's BYTEPS_MIN_COMPRESS_BYTES; 0: every key, as MXNet)
+        self.min_size = min_size
         self.compressor = create(rest)
         self.residuals = Residuals()
 
     @property
     def params(self) -> dict[str, Any]:
-        """The compressor's parameters, complete (JSON-able), and ``both_ways`` if set."""
-        return {**self.compressor.params, **({"both_ways": True} if self.both_ways else {})}
+        """The compressor's parameters, complete (JSON-able), and ``both_ways`` / ``min_size`` if set."""
+        return {**self.compressor.params, **({"both_ways": True} if self.both_ways else {}),
+                **({"min_size": self.min_size} if self.min_size else {})}
+
+    def applies(self, meta: ArrayMeta, summed: bool = False) -> bool:
+        """Whether pushes of a key like ``meta`` are compressed (not ``summed``, at least ``min_size`` elements)."""
+        return not summed and meta.size >= self.min_size
 
     def check(self, key: Any, meta: ArrayMeta, op: str) -> None:
         """Refuse a value compression cannot carry (before anything runs).
 
         Raises:
-            InvalidArgumentError: the key's dtype is not float32.
+            InvalidArgumentError: the key's dtype is not float32 (a key compression applies to).
         """
-        if meta.dtype != "float32":
+        if meta.dtype != "float32" and self.applies(meta):
             raise InvalidArgumentError(f"{op} of key {key!r}: gradient compression {self.compressor.type!r} takes "
                                        f"float32 values only (as MXNet's); the key holds {meta.dtype}")
 

@@ -216,7 +216,7 @@ class DistStore(StoreFrontEnd[KeyLayout]):
     def _compression_set(self, compression: GradientCompression) -> None:
         """Each worker compresses its pushes (after summing its devices' values, as MXNet's dist
         stores do); the servers decode each push by the compression it names."""
-        self._worker.set_compressor(compression.compressor, compression.both_ways)
+        self._worker.set_compressor(compression.compressor, compression.both_ways, compression.min_size)
 
     def init(self, key: Any, value: Any, *, summed: bool = False) -> None:
         """Initialise keys on every worker; rank 0's values are used.

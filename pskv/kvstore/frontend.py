@@ -115,7 +115,10 @@ class StoreFrontEnd(KVStoreBase, Generic[R]):
         device, per worker) is compressed with its own residual — what earlier pushes
         left out — and the sum is made of the decoded values; pulls return full
         precision; ``init`` is never compressed; keys made with ``init(summed=True)``
-        are not compressed. Float32 keys only.
+        are not compressed. Float32 keys only. Besides the compressor's own parameters:
+        ``'min_size': n`` leaves keys of fewer than ``n`` elements uncompressed (default 0);
+        ``'both_ways': True`` has the servers compress the sums they send back (the
+        distributed stores; not with an optimizer on the servers).
 
         Calling it again with the same parameters changes nothing.
 

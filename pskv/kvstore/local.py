@@ -158,7 +158,8 @@ class LocalStore(StoreFrontEnd[_Entry]):
     def _apply_pushes(self, pairs: Sequence[tuple[Key, _Entry, list[Any]]]) -> None:
         compression = self._compression
         if compression is not None:  # what each device's compressed value decodes to is summed
-            pairs = [(k, e, vals if e.summed else compression.exchange(k, vals)) for k, e, vals in pairs]
+            pairs = [(k, e, compression.exchange(k, vals) if compression.applies(e.meta, e.summed) else vals)
+                     for k, e, vals in pairs]
         updater = self._updater
         stored = pairs if updater is None else [p for p in pairs if p[1].summed]
         if updater is not None and len(stored) < len(pairs):  # first: a failing updater changes nothing

@@ -108,6 +108,7 @@ class KVWorker:
             cluster, context, on_server_replaced=on_server_replaced if cluster.server_recovery else None)
         self.compressor: Compressor | None = None  # set_compressor
         self._both_ways = False  # replies of compressed keys' sums come compressed too
+        self._min_size = 0  # keys of fewer elements are not compressed
         self._compression_body = ""  # the compression, as every compressed push names it
         self._residuals = Residuals()  # per (server key, part): what compression left out
 
@@ -141,7 +142,7 @@ class KVWorker:
     def _limit(self, timeout: float | None) -> float:
         return self._cluster.request_timeout if timeout is None else timeout
 
-    def set_compressor(self, compressor: Compressor, both_ways: bool = False) -> None:
+    def set_compressor(self, compressor: Compressor, both_ways: bool = False, min_size: int = 0) -> None:
         """Compress the pushes of float32 keys initialised from now on (not ``summed`` ones).
 
         Each part is compressed with this worker's residual of it; through a socket the
@@ -153,6 +154,7 @@ class KVWorker:
         """
         self.compressor = compressor
         self._both_ways = both_ways
+        self._min_size = min_size
         self._compression_body = CompressionParams(compressor.params).encode()
 
     # -- layouts ------------------------------------------------------------------------
@@ -170,7 +172,8 @@ class KVWorker:
         plain sums; the others' float32 pushes are compressed if a compressor is set."""
         for rec in layouts:
             rec.summed = summed
-            rec.compress = self.compressor is not None and rec.meta.dtype == "float32" and not summed
+            rec.compress = (self.compressor is not None and rec.meta.dtype == "float32" and not summed
+                            and rec.meta.size >= self._min_size)
 
     def attach(self, layouts: Sequence[KeyLayout]) -> None:
         """Map the shared-memory parts of ``layouts`` (once the servers created them: after init)."""

@@ -229,3 +229,15 @@ def test_both_ways_with_an_optimizer_on_the_servers_sends_the_weights_uncompress
     with InProcessCluster(1, 2, deadline=DEADLINE, shm=0) as cluster:
         for w in cluster.run_workers(lambda cfg: _run(cfg, fn)):
             np.testing.assert_allclose(w, np.float32(0.123) - np.float32(0.1) * np.float32(1.0), rtol=1e-6)
+
+
+def test_min_size_leaves_small_keys_uncompressed_on_the_wire():
+    def fn(kv):
+        kv.set_gradient_compression({"type": "2bit", "threshold": 0.5, "min_size": 1000})
+        kv.init(["bias", "weight"], [np.zeros(10, np.float32), np.zeros(5000, np.float32)])
+        kv.push(["bias", "weight"], [np.full(10, 0.3, np.float32), np.full(5000, 0.3, np.float32)])
+        bias, weight = kv.pull(["bias", "weight"])
+        return float(bias[0]), float(weight[0])
+
+    with InProcessCluster(2, 2, deadline=DEADLINE, shm=0) as cluster:
+        assert cluster.run_workers(lambda cfg: _run(cfg, fn)) == [(pytest.approx(0.6), 0.0)] * 2

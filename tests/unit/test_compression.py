@@ -299,3 +299,14 @@ def test_numbas_loops_and_numpys_passes_agree_on_big_arrays_with_extreme_values(
         one = comp.compress(grad, fused)
         monkeypatch.setattr(kernels, "ENABLED", False)
         assert np.array_equal(one, comp.compress(grad, passes)) and np.array_equal(fused, passes)
+
+
+def test_keys_below_min_size_travel_uncompressed_and_may_have_other_dtypes():
+    kv = pskv.create("device")
+    kv.set_gradient_compression({"type": "2bit", "threshold": 0.5, "min_size": 10})
+    kv.init(["small", "small64", "big"], [np.zeros(9, np.float32), np.zeros(3, np.float64), np.zeros(10, np.float32)])
+    kv.push(["small", "small64", "big"], [np.full(9, 0.3, np.float32), np.full(3, 0.3), np.full(10, 0.3, np.float32)])
+    assert kv.pull("small")[0] == np.float32(0.3) and kv.pull("small64")[0] == 0.3  # as pushed
+    assert kv.pull("big")[0] == 0.0  # 0.3 < threshold: kept in the residual
+    with pytest.raises(InvalidArgumentError, match="min_size must be an int >= 0"):
+        pskv.create("local").set_gradient_compression({"type": "2bit", "min_size": -1})
