@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from pskv.arrays import ArrayMeta, clone, describe, from_wire, to_numpy
-from pskv.compression import Compressor, Residuals, create
+from pskv.compression import Compressor, Residuals, create, ontorch
 from pskv.errors import InvalidArgumentError
 
 __all__ = ["GradientCompression"]
@@ -49,6 +49,7 @@ class GradientCompression:
         self.min_size = min_size
         self.compressor = create(rest)
         self.residuals = Residuals()
+        self._on_device: dict[tuple[Any, int], Any] = {}  # residuals of tensors on an accelerator
 
     @property
     def params(self) -> dict[str, Any]:
@@ -72,10 +73,22 @@ class GradientCompression:
 
     def exchange(self, key: Any, values: list[Any]) -> list[Any]:
         """What a receiver sums for ``values`` (one per device): each compressed with its
-        device's residual, then decoded; same kind, shape and device as each value."""
+        device's residual, then decoded; same kind, shape and device as each value.
+
+        A tensor on an accelerator is compressed there when the compressor can
+        (:mod:`pskv.compression.ontorch`: ``2bit``, ``1bit``), with a residual on that device.
+        """
         out = []
         for device, value in enumerate(values):
             meta = describe(value)
+            if meta.device != "cpu" and ontorch.supports(self.compressor):
+                flat = value.detach().reshape(-1)
+                residual = self._on_device.get((key, device))
+                if residual is None:
+                    residual = self._on_device[(key, device)] = flat.new_zeros(flat.numel())
+                payload = ontorch.compress(self.compressor, flat, residual)
+                out.append(ontorch.decompress(self.compressor, payload, flat.numel()).reshape(meta.shape))
+                continue
             flat = np.ascontiguousarray(to_numpy(value), np.float32).reshape(-1)
             payload = self.compressor.compress(flat, self.residuals.get(key, device, flat.size))
             decoded = from_wire(self.compressor.decompress(payload, flat.size).reshape(meta.shape), meta)

@@ -310,3 +310,38 @@ def test_keys_below_min_size_travel_uncompressed_and_may_have_other_dtypes():
     assert kv.pull("big")[0] == 0.0  # 0.3 < threshold: kept in the residual
     with pytest.raises(InvalidArgumentError, match="min_size must be an int >= 0"):
         pskv.create("local").set_gradient_compression({"type": "2bit", "min_size": -1})
+
+
+@pytest.mark.parametrize("kind", ["2bit", "1bit"])
+@pytest.mark.parametrize("size", [1, 7, 33, 1001])
+def test_on_torch_tensors_the_quantizers_give_the_numpy_paths_bits(kind, size):
+    """pskv.compression.ontorch (what a CUDA value uses) against the NumPy path, on CPU tensors."""
+    torch = pytest.importorskip("torch")
+    from pskv.compression import ontorch
+    comp = create({"type": kind, "threshold": 0.3})
+    rng = np.random.default_rng(size)
+    mine, theirs = torch.zeros(size), np.zeros(size, np.float32)
+    for _ in range(4):
+        grad = rng.uniform(-0.7, 0.7, size).astype(np.float32)
+        payload = ontorch.compress(comp, torch.from_numpy(grad), mine)
+        expected = comp.compress(grad, theirs)
+        assert np.array_equal(payload.numpy(), expected) and np.array_equal(mine.numpy(), theirs)
+        assert np.array_equal(ontorch.decompress(comp, payload, size).numpy(), comp.decompress(expected, size))
+    with pytest.raises(InvalidArgumentError, match="payload of 1 bytes"):
+        ontorch.decompress(comp, torch.zeros(1, dtype=torch.uint8), 1000)
+
+
+@pytest.mark.cuda
+def test_a_device_store_compresses_cuda_values_on_their_device():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    kv = pskv.create("device")
+    kv.set_gradient_compression({"type": "2bit", "threshold": 0.5})
+    kv.init("w", torch.zeros(5, device="cuda"))
+    grads = [torch.tensor([0.3, 0.6, -0.7, 1.2, 0.0], device="cuda")] * 2
+    out = torch.zeros(5, device="cuda")
+    kv.pushpull("w", grads, out=out)
+    assert out.cpu().tolist() == [0.0, 1.0, -1.0, 1.0, 0.0]
+    kv.pushpull("w", grads, out=out)
+    assert out.cpu().tolist() == [1.0, 1.0, -1.0, 1.0, 0.0]  # 0.3 + 0.3 left over; 1.2: 0.7 left, + 1.2
