@@ -26,8 +26,10 @@ Nothing here knows the engine, MXNet's collectives or key normalisation.
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -56,6 +58,18 @@ from pskv.worker.replay import ReplayLog
 from pskv.worker.shared import SharedParts, write_slots
 
 __all__ = ["BIG_CALL_BYTES", "Exchange", "KVWorker"]
+
+_COMPRESSING: ThreadPoolExecutor | None = None
+_COMPRESSING_LOCK = threading.Lock()
+
+
+def _compressing() -> ThreadPoolExecutor:
+    """Two threads that compress push payloads (NumPy and Numba's loops let go of the GIL), made once."""
+    global _COMPRESSING
+    with _COMPRESSING_LOCK:
+        if _COMPRESSING is None:
+            _COMPRESSING = ThreadPoolExecutor(2, thread_name_prefix="pskv-compress")
+        return _COMPRESSING
 
 #: A push or pull of at least this many bytes of values is "big": a big push is always
 #: acknowledged (one small reply per message of megabytes), so the pull behind it may
@@ -260,7 +274,7 @@ class KVWorker:
             sent.replies += rest.replies
         return sent
 
-    def _compressed(self, items: Sequence[Part]) -> list[np.ndarray[Any, Any]]:
+    def _compressed(self, items: Sequence[Part]) -> list[np.ndarray[Any, Any]]:  # on a _compressing() thread
         """Each part's payload, compressed with this worker's residual of the part (which it updates)."""
         assert self.compressor is not None
         return [self.compressor.compress(part_view(rec, rec.outgoing, i),
@@ -280,20 +294,25 @@ class KVWorker:
         limit = self._limit(timeout)
         # a compressed pushpull both ways is answered with payloads: through a socket, also on this host
         shared_ok = pushes and not (compressed and self._both_ways and command is Command.PUSHPULL)
-        for server, shared, items in by_server(layouts, shared_ok, self._cluster.part_bytes):
+        messages = by_server(layouts, shared_ok, self._cluster.part_bytes)
+        # compressed: every message's payloads are made ahead on two threads, while the first go out
+        ahead = [_compressing().submit(self._compressed, items) if compressed else None for _, _, items in messages]
+        for (server, shared, items), payloads in zip(messages, ahead):
             # a push carries its number: the servers apply each (worker, part, number) at most once
             specs = tuple(part_spec(rec, i, rec.pushes[i] + 1 if pushes else 0) for rec, i in items)
             if shared:  # the data goes through this worker's slots; the message names the parts
                 if compressed:  # what the server would decode: no network to save on
                     assert self.compressor is not None
-                    for (rec, i), payload in zip(items, self._compressed(items)):
+                    assert payloads is not None
+                    for (rec, i), payload in zip(items, payloads.result()):
                         np.copyto(rec.shm[i].slot, self.compressor.decompress(payload, rec.parts[i][2]))  # type: ignore[union-attr]
                 else:
                     write_slots(items)
                 pending = self.client.request(server, command, specs, priority=priority, timeout=limit,
                                               quiet=quiet, flags=flags | Flag.SHM)
             else:
-                data = self._compressed(items) if compressed else [part_view(rec, rec.outgoing, i) for rec, i in items]
+                data = payloads.result() if payloads is not None else [part_view(rec, rec.outgoing, i)
+                                                                        for rec, i in items]
                 body = _key_names(items) if command is Command.INIT else self._compression_body if compressed else ""
                 sent_flags = flags | Flag.COMPRESSED if compressed else flags
                 if compressed and self._both_ways and command is Command.PUSHPULL:
