@@ -129,7 +129,7 @@ class StreamConnection:
 
     __slots__ = ("_sock", "_lock", "name", "fd", "_bounds", "_queue_limit", "_queue", "_queue_bytes", "_progress",
                  "_on_pending", "reading", "claimed", "polled", "_read_timeout", "_stage", "_want", "_target",
-                 "_lengths", "tag", "opened", "_first", "__weakref__")
+                 "_lengths", "tag", "opened", "_first", "_broken", "__weakref__")
 
     def __init__(self, sock: socket.socket, name: str, bounds: Bounds = DEFAULT_BOUNDS,
                  queue_limit: int | None = None, accepted: bool = False,
@@ -148,6 +148,7 @@ class StreamConnection:
         self._queue_bytes = 0
         self._progress = 0.0  # monotonic time the queue last moved (or began)
         self._on_pending = on_pending
+        self._broken = False  # a send failed: shut down, closed by whoever polls it (see _break_locked)
         self.reading = threading.Lock()  # held by the one thread that reads messages and hands them on
         self.claimed = False  # a thread waiting for a reply reads it (the reactor leaves it out of its poll)
         self.polled = True  # in the reactor's poll set for reading (changed by the reactor thread only)
@@ -193,7 +194,7 @@ class StreamConnection:
         views.insert(0, memoryview(table))
         with self._lock:
             sock = self._sock
-            if sock is None:
+            if sock is None or self._broken:
                 raise ConnectionError(f"{self.name} is closed")
             was_empty = not self._queue
             if was_empty:
@@ -206,7 +207,7 @@ class StreamConnection:
                 self._queue_bytes += view.nbytes
             if self._queue_limit is not None and self._queue_bytes > self._queue_limit:
                 queued = self._queue_bytes
-                self._close_locked()
+                self._break_locked()
                 raise ConnectionError(f"{self.name}: the peer left {queued} bytes unread, more than "
                                       f"PSKV_SEND_QUEUE_BYTES={self._queue_limit}: dropped")
         if was_empty and self._on_pending is not None:
@@ -226,7 +227,7 @@ class StreamConnection:
             except (BlockingIOError, InterruptedError):
                 break
             except OSError as exc:
-                self._close_locked()
+                self._break_locked()
                 raise ConnectionError(f"{self.name}: {exc}") from None
             for view in batch:
                 if sent >= view.nbytes:
@@ -252,6 +253,8 @@ class StreamConnection:
             sock = self._sock
             if sock is None:
                 return True
+            if self._broken:
+                raise ConnectionError(f"{self.name} failed")
             while self._queue:
                 batch = list(itertools.islice(self._queue, _MAX_BUFFERS))
                 left = self._write(sock, batch)
@@ -382,6 +385,20 @@ class StreamConnection:
         """
         with self._lock:
             self._close_locked()
+
+    def _break_locked(self) -> None:
+        """A send failed (or the queue passed its bound): shut the connection down both ways, but
+        leave the descriptor open — the thread that polls it (the reactor) sees the end as it
+        reads, drops the connection and closes it; closing it here, from a sending thread, would
+        let the poll go on watching a descriptor number the system may already reuse."""
+        if not self._broken and self._sock is not None:
+            self._broken = True
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._queue.clear()
+        self._queue_bytes = 0
 
     def _close_locked(self) -> None:
         sock = self._sock
