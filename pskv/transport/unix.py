@@ -104,7 +104,7 @@ class LocalConnection:
     """
 
     __slots__ = ("_sock", "_lock", "name", "_limit", "_buffer", "_partial", "fd", "_timeout", "_bounds", "_queued",
-                 "_queue", "_queue_bytes", "_progress", "reading", "claimed", "polled", "_read_timeout")
+                 "_queue", "_queue_bytes", "_progress", "reading", "claimed", "polled", "_read_timeout", "_broken")
 
     def __init__(self, sock: socket.socket, name: str, send_timeout: float = 60.0, bounds: Bounds = DEFAULT_BOUNDS,
                  queued: bool = False) -> None:
@@ -132,6 +132,7 @@ class LocalConnection:
         self.claimed = False  # a thread waiting for a reply reads it (the reactor leaves it out of its poll)
         self.polled = True  # in the reactor's poll set (changed by the reactor thread only)
         self._read_timeout: float | None = None  # SO_RCVTIMEO: how long a waiting receive blocks at most
+        self._broken = False  # a send timed out: shut down; closed by the thread that polls it
 
     @classmethod
     def connect(cls, path: str, name: str, send_timeout: float = 60.0, bounds: Bounds = DEFAULT_BOUNDS
@@ -168,7 +169,7 @@ class LocalConnection:
             frames = [b"".join(frames)]
         with self._lock:
             sock = self._sock
-            if sock is None:
+            if sock is None or self._broken:
                 raise ConnectionError(f"{self.name} is closed")
             try:
                 if self._queued:
@@ -176,8 +177,12 @@ class LocalConnection:
                 else:
                     for packet in self._packets(table, frames, total):
                         sock.sendmsg(packet)
-            except BlockingIOError:  # SO_SNDTIMEO passed
-                self._close_locked()
+            except BlockingIOError:  # SO_SNDTIMEO passed: shut down; the polling thread sees the end and closes it
+                self._broken = True  # (closing here, on a sending thread, could leave a poll on a reused number)
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
                 raise ConnectionError(f"{self.name}: the peer took nothing for {self._timeout} s") from None
 
     def _packets(self, table: bytes, frames: Sequence[Any], total: int) -> list[list[Any]]:

@@ -63,6 +63,10 @@ def test_a_send_to_a_peer_that_reads_nothing_times_out_and_closes():
             a.send([b"x" * 60_000])
     with pytest.raises(ConnectionError, match="closed"):
         a.send([b"y"])
+    with pytest.raises(EOFError):  # shut down, not closed: the reader (a reactor) sees the end, then closes it
+        for _ in range(10_000):
+            a.receive(wait=0.05)
+    a.close()
     b.close()
 
 
