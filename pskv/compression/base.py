@@ -45,8 +45,6 @@ class Compressor(abc.ABC):
 
     type: ClassVar[str]
     defaults: ClassVar[dict[str, Any]] = {}
-    #: Error feedback is part of the algorithm (MXNet's types): no ``ef`` parameter.
-    feedback: ClassVar[bool] = True
 
     def __init__(self, **params: Any) -> None:
         unknown = sorted(set(params) - set(self.defaults) - {"type"})

@@ -129,10 +129,11 @@ def test_compression_on_a_dist_store_after_init_or_of_another_dtype_is_refused()
 
 
 WORKER = textwrap.dedent("""
+    import sys
     import numpy as np
     import pskv
     kv = pskv.create("dist_sync")
-    kv.set_gradient_compression({"type": "2bit", "threshold": 0.5})
+    kv.set_gradient_compression({"type": "2bit", "threshold": 0.5, "both_ways": sys.argv[1] == "both"})
     kv.init("w", np.zeros(50_000, np.float32))
     for step in range(3):
         kv.push("w", np.full(50_000, 0.3, np.float32))
@@ -143,18 +144,21 @@ WORKER = textwrap.dedent("""
 
 
 @pytest.mark.timeout(90)
-def test_a_launched_job_compresses_between_hosts():
+@pytest.mark.parametrize("direction, values", [("push", (0.0, 1.0, 0.0)), ("both", (0.0, 0.5, 0.5))])
+def test_a_launched_job_compresses_between_hosts(direction, values):
     """Through pskv launch, without shared memory: 0.3 per push stays below the threshold once
-    (residual 0.3), then 0.6 sends 0.5 (residual 0.1), then 0.4 sends nothing."""
+    (residual 0.3), then 0.6 sends 0.5 (residual 0.1), then 0.4 sends nothing: the sums are
+    0, 1, 0. Both ways, each server compresses those sums with its own residual: 0, 0.5 (0.5
+    kept), 0.5."""
     argv = [sys.executable, "-m", "pskv", "launch", "-n", "2", "-s", "2", "--stop-grace", "2", "--timeout", "60",
             "--env", "PSKV_SHM=0", "--env", "MXNET_KVSTORE_BIGARRAY_BOUND=1000", "--env", "PSKV_PART_BYTES=65536",
-            "--", sys.executable, "-c", WORKER]
+            "--", sys.executable, "-c", WORKER, direction]
     res = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=80,
                          env={**os.environ, "PYTHONPATH": str(REPO)})
     out = res.stdout + res.stderr
     assert res.returncode == 0, out
     for rank in (0, 1):
-        for step, value in enumerate((0.0, 1.0, 0.0)):
+        for step, value in enumerate(values):
             assert f"rank={rank} step={step} value={value},{value}" in out, out
 
 
