@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from pskv.compression import kernels
 from pskv.compression.base import register
 from pskv.compression.sparsify import FeedbackCompressor
 
@@ -29,6 +30,14 @@ _U16 = np.dtype("<u2")
 _F16_MAX = np.float32(np.finfo(np.float16).max)
 _BF16_MAX = np.array([0x7F7F0000], np.uint32).view(np.float32)[0]
 _BF16_NAN = np.uint16(0x7FC0)
+_F16_TABLE: list[np.ndarray[Any, Any]] = []
+
+
+def _f16_table() -> np.ndarray[Any, Any]:
+    """float32 of every half-precision code (65536 values, made once): the compiled paths' decoder."""
+    if not _F16_TABLE:
+        _F16_TABLE.append(np.arange(65536, dtype=np.uint32).astype(np.uint16).view(_F16).astype(np.float32))
+    return _F16_TABLE[0]
 
 
 class _Cast(FeedbackCompressor):
@@ -41,7 +50,15 @@ class _Cast(FeedbackCompressor):
     def _encode(self, r: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """The 16-bit values of ``r``."""
 
+    @abc.abstractmethod
+    def _fused(self, values: np.ndarray[Any, Any], grad: np.ndarray[Any, Any], ef: bool) -> np.ndarray[Any, Any]:
+        """The 16-bit values of ``values + grad`` (with ``ef``, ``values`` is the residual: it becomes the sum, then
+        keeps the rounding error; else ``values`` is what to send, read only) — one compiled pass."""
+
     def compress(self, grad: np.ndarray[Any, Any], residual: np.ndarray[Any, Any] | None) -> np.ndarray[Any, Any]:
+        if kernels.AVAILABLE and kernels.ENABLED:
+            ef = self.ef and residual is not None
+            return self._fused(residual if ef else np.asarray(grad, np.float32), grad, ef).view(np.uint8)  # type: ignore[arg-type]
         r = self._start(grad, residual)
         payload = self._encode(r).view(np.uint8)
         if self.ef and residual is not None:
@@ -58,8 +75,14 @@ class Float16(_Cast):
     def _encode(self, r: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         return np.clip(r, -_F16_MAX, _F16_MAX).astype(_F16)
 
+    def _fused(self, values: np.ndarray[Any, Any], grad: np.ndarray[Any, Any], ef: bool) -> np.ndarray[Any, Any]:
+        return kernels.f16_compress(values, grad, ef, _F16_MAX, _f16_table())
+
     def decompress(self, payload: Any, n: int) -> np.ndarray[Any, Any]:
-        return self._bytes(payload, n).view(_F16).astype(np.float32)
+        codes = self._bytes(payload, n).view(_F16)
+        if kernels.AVAILABLE and kernels.ENABLED:
+            return kernels.f16_decode(_f16_table(), codes.view(_U16))
+        return codes.astype(np.float32)
 
 
 @register
@@ -72,6 +95,9 @@ class BFloat16(_Cast):
         bits = np.clip(r, -_BF16_MAX, _BF16_MAX).view(np.uint32)
         rounded = (bits + (np.uint32(0x7FFF) + ((bits >> 16) & 1))) >> 16  # no overflow: |value| <= the max
         return np.where(np.isnan(r), _BF16_NAN, rounded.astype(np.uint16)).astype(_U16)
+
+    def _fused(self, values: np.ndarray[Any, Any], grad: np.ndarray[Any, Any], ef: bool) -> np.ndarray[Any, Any]:
+        return kernels.bf16_compress(values, grad, ef, _BF16_MAX)
 
     def decompress(self, payload: Any, n: int) -> np.ndarray[Any, Any]:
         return (self._bytes(payload, n).view(_U16).astype(np.uint32) << 16).view(np.float32)

@@ -1,11 +1,15 @@
-"""Fused quantization loops for ``2bit`` and ``1bit``, compiled by Numba when it is installed.
+"""Fused compression loops, compiled by Numba when it is installed.
 
-The NumPy versions in :mod:`pskv.compression.quantize` make several passes over a
-gradient (add, two comparisons, packing, the residual's update); these do it in one
-loop per byte of payload, with the same float32 arithmetic, so their payloads and
-residuals are bit for bit those of the NumPy path (``tests/unit/test_compression.py``
-runs both). Measured on the 25.6M-element ResNet-50 gradient on this project's 2-core
-VM: 2bit 21 ms here against 54 ms in NumPy.
+The NumPy versions in :mod:`pskv.compression.quantize`, :mod:`~pskv.compression.sparsify`
+and :mod:`~pskv.compression.cast` make several passes over a gradient (add, compare,
+pack, the residual's update); these do it in one loop with the same float32 arithmetic,
+so their payloads and residuals are bit for bit those of the NumPy path
+(``tests/unit/test_compression.py`` and ``test_compressors.py`` run both) — except
+``onebit``'s scale, a float64 mean whose summation order differs (pairwise in NumPy,
+sequential here), which can move its float32 rounding by one unit in rare cases.
+Measured on the 25.6M-element ResNet-50 gradient on this project's 2-core VM
+(compress / decompress, ms): 2bit 21 / 9 here against 54 / 14 in NumPy; the other
+types' figures are in docs/benchmarks.md.
 
 Numba is optional (``pip install 'pskv[fast]'``; the ``test`` extra installs it): without
 it :data:`AVAILABLE` is False and the NumPy path runs. Set :data:`ENABLED` to False to
@@ -19,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["AVAILABLE", "ENABLED", "quantize_1bit", "quantize_2bit"]
+__all__ = ["AVAILABLE", "ENABLED", "bf16_compress", "decode_table", "f16_compress", "f16_decode", "magnitude_at_least",
+           "quantize_1bit", "quantize_2bit", "scaled_sign_compress", "scaled_sign_decode"]
 
 try:
     import numba
@@ -78,9 +83,98 @@ def _quantize_1bit(r: Any, grad: Any, t: Any, out: Any) -> None:  # pragma: no c
         out[n // 8] = byte
 
 
-if numba is not None:
-    _quantize_2bit = numba.njit(cache=True, nogil=True)(_quantize_2bit)
-    _quantize_1bit = numba.njit(cache=True, nogil=True)(_quantize_1bit)
+def _decode_table(table: Any, data: Any, n: int, out: Any) -> None:  # pragma: no cover - compiled
+    per = table.shape[1]
+    whole = n // per
+    for b in range(whole):
+        x = data[b]
+        for j in range(per):
+            out[per * b + j] = table[x, j]
+    for i in range(whole * per, n):
+        out[i] = table[data[whole], i - whole * per]
+
+
+def _add_abs_sum(r: Any, grad: Any, ef: bool) -> float:  # pragma: no cover - compiled
+    total = 0.0
+    if ef:
+        for i in range(r.size):
+            v = r[i] + grad[i]
+            r[i] = v
+            total += abs(v)
+    else:
+        for i in range(r.size):
+            total += abs(r[i])
+    return total
+
+
+def _scaled_sign(r: Any, scale: Any, ef: bool, out: Any) -> None:  # pragma: no cover - compiled
+    n = r.size
+    for b in range((n + 7) // 8):
+        byte = 0
+        for i in range(8 * b, min(8 * b + 8, n)):
+            v = r[i]
+            negative = v < 0
+            byte |= negative << (7 - (i - 8 * b))
+            if ef:
+                r[i] = v + scale if negative else v - scale
+        out[b] = byte
+
+
+def _scaled_sign_decode(data: Any, scale: Any, n: int, out: Any) -> None:  # pragma: no cover - compiled
+    neg = -scale
+    for i in range(n):
+        out[i] = neg if (data[i >> 3] >> (7 - (i & 7))) & 1 else scale
+
+
+def _f16_compress(r: Any, grad: Any, ef: bool, limit: Any, table: Any, out: Any) -> None:  # pragma: no cover - compiled
+    one = np.empty(1, np.float32)  # a scalar's bits through a one-element array
+    bits = one.view(np.uint32)
+    for i in range(r.size):
+        v = r[i] + grad[i] if ef else r[i]
+        one[0] = min(max(v, -limit), limit) if v == v else v  # saturated; a NaN stays
+        u = bits[0]
+        sign = (u >> 16) & 0x8000
+        a = u & 0x7FFFFFFF
+        if a > 0x7F800000:  # NaN: quiet, the high bits of its payload kept
+            h = 0x7E00 | ((a >> 13) & 0x3FF)
+        elif a >= 0x38800000:  # a normal half: rebias, round to nearest even
+            h = (a - 0x38000000 + 0xFFF + ((a >> 13) & 1)) >> 13
+        else:  # a subnormal half (or zero): |v| * 2**24 (exact), rounded to nearest even
+            h = np.uint32(np.rint(abs(one[0]) * np.float32(16777216.0)))
+        code = np.uint16(sign | h)
+        out[i] = code
+        if ef:
+            r[i] = v - table[code]
+
+
+def _bf16_compress(r: Any, grad: Any, ef: bool, limit: Any, out: Any) -> None:  # pragma: no cover - compiled
+    one = np.empty(1, np.float32)
+    bits = one.view(np.uint32)
+    for i in range(r.size):
+        v = r[i] + grad[i] if ef else r[i]
+        if v != v:  # NaN
+            out[i] = np.uint16(0x7FC0)
+            if ef:
+                r[i] = v
+            continue
+        one[0] = min(max(v, -limit), limit)
+        u = bits[0]
+        code = (u + (0x7FFF + ((u >> 16) & 1))) >> 16  # no overflow: |value| <= the largest finite bf16
+        out[i] = np.uint16(code)
+        if ef:
+            bits[0] = code << 16
+            r[i] = v - one[0]
+
+
+def _magnitude_at_least(r: Any, floor: Any, out: Any) -> int:  # pragma: no cover - compiled
+    count = 0
+    cap = out.size
+    for i in range(r.size):
+        if abs(r[i]) >= floor:
+            if count < cap:
+                out[count] = i
+            count += 1
+    return count
 
 
 
@@ -95,3 +189,68 @@ def quantize_1bit(r: np.ndarray[Any, Any], grad: np.ndarray[Any, Any], t: np.flo
     """``r += grad``, MXNet 2.0's 1-bit codes of ``r`` into ``out`` (``(n + 7) // 8`` bytes), ``r`` keeps the rest."""
     _quantize_1bit(r, grad, t, out)
 
+
+
+if numba is not None:
+    _jit = numba.njit(cache=True, nogil=True)
+    _quantize_2bit = _jit(_quantize_2bit)
+    _quantize_1bit = _jit(_quantize_1bit)
+    _decode_table = _jit(_decode_table)
+    _add_abs_sum = _jit(_add_abs_sum)
+    _scaled_sign = _jit(_scaled_sign)
+    _scaled_sign_decode = _jit(_scaled_sign_decode)
+    _f16_compress = _jit(_f16_compress)
+    _bf16_compress = _jit(_bf16_compress)
+    _magnitude_at_least = _jit(_magnitude_at_least)
+
+
+def decode_table(table: np.ndarray[Any, Any], data: np.ndarray[Any, Any], n: int) -> np.ndarray[Any, Any]:
+    """The ``n`` values of a payload whose every byte stands for a row of ``table`` (2bit, 1bit)."""
+    out = np.empty(n, np.float32)
+    _decode_table(table, data, n, out)
+    return out
+
+
+def scaled_sign_compress(r: np.ndarray[Any, Any], grad: np.ndarray[Any, Any], ef: bool) -> np.ndarray[Any, Any]:
+    """``onebit``'s payload of ``r + grad`` (with ``ef``: ``r`` becomes that, then keeps the rest; else ``r`` is
+    the values, read only): the scale (mean ``|value|``) then the sign bits."""
+    n = r.size
+    scale = np.float32(_add_abs_sum(r, grad, ef) / n) if n else np.float32(0)
+    payload = np.empty(4 + (n + 7) // 8, np.uint8)
+    payload[:4] = np.array([scale], "<f4").view(np.uint8)
+    _scaled_sign(r, scale, ef, payload[4:])
+    return payload
+
+
+def scaled_sign_decode(data: np.ndarray[Any, Any], n: int) -> np.ndarray[Any, Any]:
+    """The ``n`` values of a ``onebit`` payload (checked for length by the caller)."""
+    out = np.empty(n, np.float32)
+    _scaled_sign_decode(data[4:], data[:4].view("<f4")[0], n, out)
+    return out
+
+
+def f16_compress(r: np.ndarray[Any, Any], grad: np.ndarray[Any, Any], ef: bool, limit: np.float32,
+                 table: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """``fp16``'s codes of ``r + grad`` saturated at ``limit`` (``table``: float32 of every code, for the residual)."""
+    out = np.empty(r.size, "<u2")
+    _f16_compress(r, grad, ef, limit, table, out)
+    return out
+
+
+def f16_decode(table: np.ndarray[Any, Any], codes: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """float32 values of half-precision ``codes`` (one gather from the 65536-entry ``table``)."""
+    out = np.empty(codes.size, np.float32)
+    _decode_table(table.reshape(-1, 1), codes, codes.size, out)
+    return out
+
+
+def bf16_compress(r: np.ndarray[Any, Any], grad: np.ndarray[Any, Any], ef: bool, limit: np.float32) -> np.ndarray[Any, Any]:
+    """``bf16``'s codes of ``r + grad`` saturated at ``limit``."""
+    out = np.empty(r.size, "<u2")
+    _bf16_compress(r, grad, ef, limit, out)
+    return out
+
+
+def magnitude_at_least(r: np.ndarray[Any, Any], floor: np.float32, out: np.ndarray[Any, Any]) -> int:
+    """The indices of ``r`` with ``|r| >= floor``, in order, into ``out`` (as many as fit); their count."""
+    return int(_magnitude_at_least(r, floor, out))

@@ -40,6 +40,66 @@ def test_payloads_have_the_announced_length_and_the_wrong_lengths_are_refused(pa
             comp.decompress(wrong, n)
 
 
+# -- the compiled loops (pskv.compression.kernels) against the NumPy path ---------------------------
+def edge_values(seed=3):
+    """Every fp16 and its neighbours, the halfway points between fp16s and theirs, subnormals,
+    overflows and NaN, then random values of every scale."""
+    rng = np.random.default_rng(seed)
+    half = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    half = np.sort(half[np.isfinite(half)])
+    mids = ((half[1:].astype(np.float64) + half[:-1]) / 2).astype(np.float32)
+    up, down = np.float32(np.inf), np.float32(-np.inf)
+    parts = [half, np.nextafter(half, up), np.nextafter(half, down), mids, np.nextafter(mids, up),
+             np.nextafter(mids, down), rng.normal(0, 1, 200_000).astype(np.float32) * 10.0 ** rng.integers(-9, 6, 200_000),
+             np.array([1e30, -1e30, 3.4e38, -3.4e38, 1e-42, np.nan], np.float32)]
+    return rng.permutation(np.concatenate(parts).astype(np.float32))
+
+
+@pytest.mark.parametrize("params", [{"type": t, "ef": ef} for t in ("onebit", "topk", "fp16", "bf16") for ef in (True, False)]
+                         + [{"type": "2bit"}, {"type": "1bit"}], ids=ident)
+def test_the_compiled_loops_give_the_numpy_paths_bits(monkeypatch, params):
+    from pskv.compression import kernels
+    if not kernels.AVAILABLE:
+        pytest.skip("Numba is not installed (pskv[fast])")
+    x = edge_values()
+    if params["type"] in ("onebit", "2bit", "1bit", "topk"):  # NaN and overflow spread to every value of these
+        x = x[np.isfinite(x) & (np.abs(x) < 1e30)]
+    comp = create(params)
+    out = {}
+    for compiled in (False, True):
+        monkeypatch.setattr(kernels, "ENABLED", compiled)
+        residual = np.zeros(x.size, np.float32)
+        with np.errstate(over="ignore", invalid="ignore"):  # 3.4e38 * 3 overflows, in both paths alike
+            payloads = [comp.compress(x * np.float32(scale), residual) for scale in (1, 0.5, 3)]
+        out[compiled] = payloads, residual, comp.decompress(payloads[-1], x.size)
+    (numpy_payloads, numpy_residual, numpy_values), (payloads, residual, values_) = out[False], out[True]
+    for a, b in zip(numpy_payloads, payloads):
+        np.testing.assert_array_equal(a, b)
+    assert np.array_equal(numpy_residual, residual, equal_nan=True)
+    assert np.array_equal(numpy_values, values_, equal_nan=True)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_topk_of_a_big_array_selects_among_a_sampled_floor_and_stays_exact(monkeypatch, compiled):
+    from pskv.compression import kernels, sparsify
+    if compiled and not kernels.AVAILABLE:
+        pytest.skip("Numba is not installed (pskv[fast])")
+    monkeypatch.setattr(kernels, "ENABLED", compiled)
+    n = 4 * sparsify._SELECT_FROM
+    rng = np.random.default_rng(5)
+    x = rng.normal(0, 1, n).astype(np.float32)
+    x[: n // 2] *= 1e-3  # a skewed array: the sample's floor must still let the top k through
+    ties = np.zeros(n, np.float32)
+    ties[::3] = 1.0  # a third of the values tie: more than 8k pass the floor, the whole array is partitioned
+    for data in (x, ties, np.sort(x)):
+        comp = create({"type": "topk", "k": 0.01})
+        k = comp.count(n)
+        payload = comp.compress(data, None)
+        index = payload[:4 * k].view(np.uint32)
+        assert np.unique(index).size == k
+        assert np.abs(data[index]).min() >= np.sort(np.abs(data))[n - k]  # the k largest magnitudes
+
+
 def test_payload_sizes():
     n = 1000
     assert create({"type": "onebit"}).payload_bytes(n) == 4 + 125  # 32x fewer bytes, and the scale
