@@ -75,8 +75,8 @@ class GradientCompression:
         """What a receiver sums for ``values`` (one per device): each compressed with its
         device's residual, then decoded; same kind, shape and device as each value.
 
-        A tensor on an accelerator is compressed there when the compressor can
-        (:mod:`pskv.compression.ontorch`: ``2bit``, ``1bit``), with a residual on that device.
+        A tensor on an accelerator is compressed there, with a residual on that device
+        (:mod:`pskv.compression.ontorch`: every registered type, in the NumPy classes' wire format).
         """
         out = []
         for device, value in enumerate(values):
