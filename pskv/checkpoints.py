@@ -10,6 +10,10 @@ server    ``<root>/ckpt-<n>``                    ``manifest.json`` ``kv.save_che
                                                                    each server its
                                                                    ``server-<rank>.safetensors``
                                                                    (:mod:`pskv.server.snapshot`),
+                                                                   each compressing worker its
+                                                                   ``worker-<rank>.safetensors``
+                                                                   (residuals,
+                                                                   :mod:`pskv.worker.residuals`),
                                                                    then worker 0 the manifest
 training  ``<root>/epoch-<NNNN>``                ``meta.json``     ``pskv.parallel.save_checkpoint``
                                                                    (params, optimizer state);
@@ -39,7 +43,7 @@ from pskv.errors import CheckpointError
 __all__ = [
     "Kind", "MANIFEST", "SERVER_FORMAT", "SERVER_VERSION", "TRAINING_META", "kind_of", "latest_server_checkpoint",
     "latest_training_checkpoint", "mark_latest_training", "next_server_checkpoint", "read_manifest", "shard_file", "training_dir",
-    "write_manifest",
+    "worker_file", "write_manifest",
 ]
 
 SERVER_FORMAT = "pskv.server-checkpoint"
@@ -72,6 +76,11 @@ def kind_of(directory: str | os.PathLike[str]) -> Kind | None:
 def shard_file(directory: str | os.PathLike[str], rank: int) -> Path:
     """The file server ``rank`` writes in a server checkpoint directory."""
     return Path(directory) / f"server-{rank}.safetensors"
+
+
+def worker_file(directory: str | os.PathLike[str], rank: int) -> Path:
+    """The file worker ``rank`` writes in a server checkpoint directory (its compression residuals)."""
+    return Path(directory) / f"worker-{rank}.safetensors"
 
 
 def next_server_checkpoint(root: str | os.PathLike[str]) -> Path:

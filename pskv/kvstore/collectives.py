@@ -28,7 +28,9 @@ of its same-numbered call (and raises if it failed).
 
 A server checkpoint (the directory layout is :mod:`pskv.checkpoints`'s) is written in
 step 3: each server writes its file, then rank 0 writes the manifest, which makes the
-directory a checkpoint.
+directory a checkpoint. Before it, one more meeting gives every worker rank 0's directory,
+and each worker that compresses its pushes writes its residuals there
+(:meth:`pskv.worker.KVWorker.save_residuals`), which the manifest then lists.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pskv.checkpoints import next_server_checkpoint, read_manifest, write_manifest
+from pskv.checkpoints import next_server_checkpoint, read_manifest, worker_file, write_manifest
 from pskv.config import ClusterConfig
 from pskv.errors import CheckpointError, InvalidArgumentError, InvalidTypeError
 from pskv.kvstore.engine import Engine
@@ -166,27 +168,53 @@ class ServerCollectives:
             meta_json = json.loads(json.dumps(meta))
         except (TypeError, ValueError) as exc:
             raise InvalidArgumentError(f"save_checkpoint: meta must be JSON-serialisable: {exc}") from None
-        if path is None:
-            if not self._cluster.checkpoint_dir:
-                raise InvalidArgumentError("save_checkpoint() needs a path or PSKV_CHECKPOINT_DIR "
-                                           "(pskv launch --checkpoint-dir)")
-            path = str(next_server_checkpoint(self._cluster.checkpoint_dir))
-        directory = self.run("save_checkpoint",
-                             lambda: self._write_checkpoint(os.path.abspath(path), meta_json, store, num_servers))
-        self._worker.checkpoint_saved()  # a replacement server will load this checkpoint
-        return directory or os.path.abspath(path)
+        if path is None and not self._cluster.checkpoint_dir:
+            raise InvalidArgumentError("save_checkpoint() needs a path or PSKV_CHECKPOINT_DIR "
+                                       "(pskv launch --checkpoint-dir)")
+        # every worker settles, then learns rank 0's directory (made by rank 0) and writes its residuals there
+        failure = self._settle(None)
+        chosen = ""
+        if self._rank == 0 and failure is None:
+            try:
+                chosen = self._make_directory(path)
+            except Exception as exc:  # noqa: BLE001 - told to every worker, then raised
+                failure = exc
+        directory = self.meet("save_checkpoint", failure, result=chosen)
 
-    def _write_checkpoint(self, directory: str, meta: Any, store: str, num_servers: int) -> str:
-        """Rank 0: every server writes its file into ``directory``, then the manifest makes it a checkpoint; the directory."""
+        def residuals() -> None:  # a failure is carried to the next meeting
+            self._worker.save_residuals(directory, self._cluster.num_workers)
+        self.run("save_checkpoint", lambda: self._write_checkpoint(directory, meta_json, store, num_servers),
+                 settle=residuals)
+        self._worker.checkpoint_saved()  # a replacement server will load this checkpoint
+        return directory
+
+    def _make_directory(self, path: str | None) -> str:
+        """Rank 0: the checkpoint directory (``path``, or the next under ``PSKV_CHECKPOINT_DIR``), created."""
+        directory = os.path.abspath(path if path is not None else next_server_checkpoint(self._cluster.checkpoint_dir))
         try:
             os.makedirs(directory, exist_ok=True)
         except OSError as exc:
             raise CheckpointError(f"save_checkpoint: cannot create the directory {directory}: {exc.strerror}") from None
+        return directory
+
+    def _write_checkpoint(self, directory: str, meta: Any, store: str, num_servers: int) -> str:
+        """Rank 0: every server writes its file into ``directory``, then the manifest makes it a checkpoint
+        (listing the workers' residual files, which they wrote before); the directory."""
+        workers = self._cluster.num_workers
+        residuals = None
+        if self._worker.compressor is not None:
+            files = [worker_file(directory, r) for r in range(workers)]
+            missing = [r for r, f in enumerate(files) if not f.is_file()]
+            if missing:
+                raise CheckpointError(f"save_checkpoint: worker(s) {missing} wrote no compression residuals into "
+                                      f"{directory} (do all workers call set_gradient_compression alike?)")
+            residuals = {"files": [f.name for f in files], "compression": self._worker.compression_params}
         bodies = self._worker.save_checkpoint(directory)
         write_manifest(directory, {
-            "store": store, "num_servers": num_servers, "num_workers": self._cluster.num_workers,
+            "store": store, "num_servers": num_servers, "num_workers": workers,
             "files": [b.get("file") for b in bodies], "bytes": sum(int(b.get("bytes", 0)) for b in bodies),
             "open_rounds": sum(int(b.get("open_rounds", 0)) for b in bodies), "meta": meta,
+            **({"residuals": residuals} if residuals is not None else {}),
         })
         return directory
 

@@ -39,6 +39,7 @@ import weakref
 from typing import Any
 
 from pskv.arrays import describe
+from pskv.checkpoints import read_manifest
 from pskv.config import ClusterConfig, Config
 from pskv.errors import InvalidArgumentError, InvalidTypeError, NodeFailedError, NotSupportedError
 from pskv.kvstore.collectives import ServerCollectives
@@ -217,6 +218,13 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         """Each worker compresses its pushes (after summing its devices' values, as MXNet's dist
         stores do); the servers decode each push by the compression it names."""
         self._worker.set_compressor(compression.compressor, compression.both_ways, compression.min_size)
+        # a resumed job takes each worker's residuals from the checkpoint; a replacement's died with its predecessor
+        if self._recovery:
+            log.warning("worker %d: a replacement process: the compression residuals of its predecessor died with "
+                        "it; they start at zero", self._rank)
+        elif self._cluster.resume_from:
+            self._worker.restore_residuals(self._cluster.resume_from, read_manifest(self._cluster.resume_from),
+                                           self._num_workers)
 
     def init(self, key: Any, value: Any, *, summed: bool = False) -> None:
         """Initialise keys on every worker; rank 0's values are used.

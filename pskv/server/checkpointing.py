@@ -10,6 +10,10 @@ Three moments:
   are those saved (a whole-job restart, whose workers start again, does not get them);
 * :meth:`ShardCheckpoints.save`, on ``SAVE_CHECKPOINT``: the shard as it is between
   rounds (pushes of an open round are not saved, and the log says so).
+
+The reply compression of ``both_ways`` (:mod:`pskv.server.squeeze`: each part's residual
+and latest round payload) is saved and restored with the shard, a replacement server's
+included.
 """
 
 from __future__ import annotations
@@ -18,12 +22,14 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from pskv.compression import create
 from pskv.config import ClusterConfig
 from pskv.errors import CheckpointError
 from pskv.optimizer import Updater
 from pskv.optimizer.updater import updater_from_states
 from pskv.server.shard import PushLog, ServerShard
-from pskv.server.snapshot import PartState, ShardState, read_manifest, read_shard, write_shard
+from pskv.server.snapshot import PartState, ReplyState, ShardState, read_manifest, read_shard, write_shard
+from pskv.server.squeeze import ReplyCompression, Squeezed
 
 __all__ = ["ShardCheckpoints", "Saved"]
 
@@ -53,6 +59,9 @@ class ShardCheckpoints:
         self._cluster = cluster
         self._name = name
         self._saved_counts: dict[tuple[int, int], dict[int, int]] = {}  # of a loaded checkpoint
+        #: the reply compression (both_ways) saved and restored with the shard; the server's
+        #: data handlers use this one (:class:`pskv.server.core.ServerCore` wires them)
+        self.squeezed = ReplyCompression()
 
     def restore(self, directory: str) -> None:
         """Load this server's shard of the checkpoint ``directory`` (before serving).
@@ -76,8 +85,12 @@ class ShardCheckpoints:
         if state.optimizer is not None:
             self._shard.updater = updater_from_states(state.optimizer, no_config=CheckpointError(
                 f"{directory}: server {rank}'s optimizer state has no optimizer config"))
-        log.info("server %d: restored %d part(s)%s from %s", rank, len(state.parts),
-                 " and the optimizer state" if state.optimizer is not None else "", directory)
+        self.squeezed.restore(None if state.replies is None else [
+            Squeezed(r.key, r.offset, r.round, create(r.compression), r.payload, r.residual) for r in state.replies],
+            directory)
+        log.info("server %d: restored %d part(s)%s%s from %s", rank, len(state.parts),
+                 " and the optimizer state" if state.optimizer is not None else "",
+                 f", {len(state.replies)} reply residual(s)" if state.replies else "", directory)
 
     def apply_saved_counts(self) -> None:
         """Reactor thread: the push counts of the checkpoint this replacement server loaded.
@@ -108,9 +121,12 @@ class ShardCheckpoints:
         if open_rounds:
             log.warning("%s: checkpoint %s: %d part(s) have an open sync round; their pending pushes are not "
                         "saved", self._name(), directory, open_rounds)
+        kept = {(p.key, p.offset) for p, _ in saved}
+        replies = tuple(ReplyState(s.key, s.offset, s.round, s.compressor.params, s.payload, s.residual)
+                        for s in self.squeezed.export() if (s.key, s.offset) in kept)
         state = ShardState(rank, self._cluster.num_servers, self._cluster.num_workers, self._shard.sync,
                            tuple(PartState(p.key, p.offset, p.dtype, value, p.round, p.summed,
                                            {w: log_.count for w, log_ in p.pushes.items()}) for p, value in saved),
-                           optimizer)
+                           optimizer, replies)
         path = write_shard(directory, state)
         return Saved(str(path), path.stat().st_size, open_rounds)

@@ -7,7 +7,10 @@ A checkpoint is a directory written by ``kv.save_checkpoint`` (collective):
   state and config (pskv's optimizer-state file, as the bytes of tensor
   ``optimizer``), and in the safetensors metadata a JSON document: format, version,
   rank, number of servers and workers, sync or async, and per part its key, offset,
-  dtype, completed rounds and whether it is a ``summed`` key;
+  dtype, completed rounds and whether it is a ``summed`` key; and the reply compression
+  (``both_ways``, :mod:`pskv.server.squeeze`) of each part that has one: its residual as
+  tensor ``r<j>``, its latest round's payload as ``q<j>``, and in the JSON that round and
+  the compression's parameters (a file without the ``replies`` entry predates them);
 * ``manifest.json`` — written by worker 0 after every server has written its file: the
   commit point. A directory without it (a crash during the save) is not a checkpoint.
 
@@ -19,6 +22,7 @@ shared file system across hosts).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping
@@ -40,10 +44,11 @@ from pskv.checkpoints import (
     shard_file,
     write_manifest,
 )
-from pskv.errors import CheckpointError
+from pskv.compression import create
+from pskv.errors import CheckpointError, KVStoreError
 
 __all__ = [
-    "FORMAT", "MANIFEST", "PartState", "ShardState", "latest_checkpoint", "read_manifest", "read_shard",
+    "FORMAT", "MANIFEST", "PartState", "ReplyState", "ShardState", "latest_checkpoint", "read_manifest", "read_shard",
     "shard_file", "write_manifest", "write_shard",
 ]
 
@@ -66,6 +71,18 @@ class PartState:
 
 
 @dataclass(frozen=True)
+class ReplyState:
+    """One part's reply compression (``both_ways``): its residual and the payload of its latest round."""
+
+    key: int
+    offset: int
+    round: int
+    compression: Mapping[str, Any]  # the compressor's parameters (JSON)
+    payload: np.ndarray[Any, Any]  # uint8
+    residual: np.ndarray[Any, Any]  # float32, the part's size
+
+
+@dataclass(frozen=True)
 class ShardState:
     """What one server saves."""
 
@@ -75,6 +92,7 @@ class ShardState:
     sync: bool
     parts: tuple[PartState, ...]
     optimizer: bytes | None  # an optimizer-state file (pskv.optimizer.states), or None
+    replies: tuple[ReplyState, ...] | None = None  # None: read from a file that predates them
 
 
 def write_shard(directory: str | os.PathLike[str], state: ShardState) -> Path:
@@ -91,9 +109,14 @@ def write_shard(directory: str | os.PathLike[str], state: ShardState) -> Path:
                       "counts": {str(w): c for w, c in (p.counts or {}).items()}})
     if state.optimizer is not None:
         tensors["optimizer"] = np.frombuffer(state.optimizer, dtype=np.uint8)
+    replies = []
+    for j, r in enumerate(state.replies or ()):
+        tensors[f"r{j}"] = np.ascontiguousarray(r.residual, np.float32)
+        tensors[f"q{j}"] = np.ascontiguousarray(r.payload, np.uint8)
+        replies.append({"key": r.key, "offset": r.offset, "round": r.round, "compression": dict(r.compression)})
     doc = {"format": FORMAT, "version": VERSION, "rank": state.rank, "num_servers": state.num_servers,
            "num_workers": state.num_workers, "sync": state.sync, "parts": parts,
-           "optimizer": state.optimizer is not None}
+           "optimizer": state.optimizer is not None, "replies": replies}
     path = shard_file(directory, state.rank)
     try:
         write_atomic(path, lambda tmp: save_file(tensors, str(tmp), metadata={"pskv": json.dumps(doc)}))
@@ -126,7 +149,50 @@ def read_shard(directory: str | os.PathLike[str], rank: int) -> ShardState:
                                 {int(w): int(c) for w, c in dict(p.get("counts") or {}).items()})
                       for i, p in enumerate(doc["parts"]))
         optimizer = tensors["optimizer"].tobytes() if doc.get("optimizer") else None
-        return ShardState(int(doc["rank"]), int(doc["num_servers"]), int(doc["num_workers"]), bool(doc["sync"]),
-                          parts, optimizer)
+        state = ShardState(int(doc["rank"]), int(doc["num_servers"]), int(doc["num_workers"]), bool(doc["sync"]),
+                           parts, optimizer)
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{path} is damaged: {exc!r}") from exc
+    if "replies" not in doc:
+        return state
+    try:
+        replies = _replies(doc["replies"], tensors, parts, path)
+    except CheckpointError:
+        raise
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CheckpointError(f"{path}: its reply compressions are damaged: {exc!r}") from exc
+    return dataclasses.replace(state, replies=replies)
+
+
+def _replies(entries: Any, tensors: Mapping[str, np.ndarray[Any, Any]], parts: tuple[PartState, ...],
+             path: Path) -> tuple[ReplyState, ...]:
+    """The file's reply compressions, each checked against the part it claims (size, dtype, payload length).
+
+    Raises:
+        CheckpointError: an entry names no saved part, or a tensor does not fit it.
+    """
+    sizes = {(p.key, p.offset): p.value.size for p in parts}
+    if not isinstance(entries, list) or len(entries) > len(parts):
+        raise CheckpointError(f"{path}: its reply compressions are not a list of at most one per part")
+    out = []
+    for j, r in enumerate(entries):
+        where = (int(r["key"]), int(r["offset"]))
+        size = sizes.get(where)
+        if size is None:
+            raise CheckpointError(f"{path}: a reply compression names key {where[0]} offset {where[1]}, "
+                                  "which the file does not hold")
+        residual, payload = tensors[f"r{j}"], tensors[f"q{j}"]
+        compression = r["compression"]
+        if not isinstance(compression, dict):
+            raise CheckpointError(f"{path}: the reply compression of key {where[0]} has no parameters")
+        try:
+            expected = create(compression).payload_bytes(size)
+        except (KVStoreError, TypeError) as exc:
+            raise CheckpointError(f"{path}: the reply compression of key {where[0]}: {exc}") from None
+        if residual.dtype != np.float32 or residual.shape != (size,) or payload.dtype != np.uint8 \
+                or payload.shape != (expected,):
+            raise CheckpointError(f"{path}: the reply residual / payload of key {where[0]} offset {where[1]} "
+                                  f"({residual.dtype}{list(residual.shape)}, {payload.dtype}{list(payload.shape)}) "
+                                  f"do not fit its {size} values (float32[{size}], uint8[{expected}])")
+        out.append(ReplyState(where[0], where[1], int(r["round"]), compression, payload, residual))
+    return tuple(out)

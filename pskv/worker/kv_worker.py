@@ -25,6 +25,7 @@ Nothing here knows the engine, MXNet's collectives or key normalisation.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import weakref
@@ -36,7 +37,7 @@ import numpy as np
 
 from pskv.arrays import ArrayMeta, empty, from_wire, itemsize
 from pskv.cluster import NodeInfo
-from pskv.compression import Compressor, Residuals
+from pskv.compression import Compressor, Residuals, create
 from pskv.config import ClusterConfig
 from pskv.errors import CollectiveFailedError, KVStoreError, ProtocolError
 from pskv.partition import server_key, split
@@ -55,9 +56,12 @@ from pskv.protocol.bodies import (
 from pskv.worker.client import WorkerClient, WorkerRequest
 from pskv.worker.layout import KeyLayout, Part, by_server, part_spec, part_view
 from pskv.worker.replay import ReplayLog
+from pskv.worker.residuals import SavedResiduals, read_residuals, write_residuals
 from pskv.worker.shared import SharedParts, write_slots
 
 __all__ = ["BIG_CALL_BYTES", "Exchange", "KVWorker"]
+
+log = logging.getLogger("pskv.worker")
 
 _COMPRESSING: ThreadPoolExecutor | None = None
 _COMPRESSING_LOCK = threading.Lock()
@@ -125,6 +129,10 @@ class KVWorker:
         self._min_size = 0  # keys of fewer elements are not compressed
         self._compression_body = ""  # the compression, as every compressed push names it
         self._residuals = Residuals()  # per (server key, part): what compression left out
+        self._compression_params: dict[str, Any] = {}  # as set_gradient_compression's (saved with residuals)
+        # residuals read from a checkpoint, by server key then offset: taken when the keys are created (adopt)
+        self._restored: dict[int, dict[int, np.ndarray[Any, Any]]] = {}
+        self._restored_from = ""
 
     # -- life cycle ---------------------------------------------------------------------
     def connect(self) -> NodeInfo:
@@ -170,6 +178,8 @@ class KVWorker:
         self._both_ways = both_ways
         self._min_size = min_size
         self._compression_body = CompressionParams(compressor.params).encode()
+        self._compression_params = {**compressor.params, **({"both_ways": True} if both_ways else {}),
+                                    **({"min_size": min_size} if min_size else {})}
 
     # -- layouts ------------------------------------------------------------------------
     def layout(self, key: int | str, meta: ArrayMeta) -> KeyLayout:
@@ -188,6 +198,8 @@ class KVWorker:
             rec.summed = summed
             rec.compress = (self.compressor is not None and rec.meta.dtype == "float32" and not summed
                             and rec.meta.size >= self._min_size)
+        if self._restored:
+            self._take_restored(layouts)
 
     def attach(self, layouts: Sequence[KeyLayout]) -> None:
         """Map the shared-memory parts of ``layouts`` (once the servers created them: after init)."""
@@ -256,6 +268,9 @@ class KVWorker:
                                               else "", priority=priority, timeout=limit,
                                               flags=Flag.SHM if shared else Flag.COMPRESS_REPLY if squeeze else 0,
                                               overtake=big and not shared)
+                if squeeze and self._replay is not None:  # a replacement server compresses the same rounds
+                    self._replay.record(server, Command.PULL, pending, specs, [], Flag.COMPRESS_REPLY,
+                                        self._compression_body)
                 sent.messages.append((items, pending))
                 sent.replies.append(pending)
         return sent
@@ -480,6 +495,77 @@ class KVWorker:
         replies = self._all_servers(Command.SAVE_CHECKPOINT, CheckpointRequest(directory).encode(), "save_checkpoint")
         return [CheckpointSaved.parse(h)._asdict() for h in replies]
 
+    # -- compression residuals in checkpoints ----------------------------------------------
+    @property
+    def compression_params(self) -> dict[str, Any]:
+        """The compression as ``set_gradient_compression`` got it (complete), or ``{}``."""
+        return dict(self._compression_params)
+
+    def save_residuals(self, directory: str, num_workers: int) -> str | None:
+        """Write this worker's compression residuals into the checkpoint ``directory``
+        (:mod:`pskv.worker.residuals`); the file's name, or None without compression.
+
+        Call it between operations (the residuals change while pushes are compressed).
+
+        Raises:
+            CheckpointError: the file could not be written.
+        """
+        if self.compressor is None:
+            return None
+        parts = {where: residual.copy() for (where, _), residual in self._residuals.items()}
+        return write_residuals(directory, SavedResiduals(self._rank, num_workers, self._num_servers,
+                                                         self._compression_params, parts)).name
+
+    def restore_residuals(self, directory: str, manifest: Mapping[str, Any], num_workers: int) -> None:
+        """Take this worker's residuals from the checkpoint ``directory`` (whose manifest is ``manifest``);
+        each key's are installed when it is created again (:meth:`adopt`) if its parts match.
+
+        Residuals that cannot be restored start at zero, with a WARNING naming them and why:
+        a checkpoint without worker residuals (written before they were saved), another
+        number of workers, or another compression.
+
+        Raises:
+            CheckpointError: this worker's file there is unreadable or damaged.
+        """
+        assert self.compressor is not None
+        self._restored, self._restored_from = {}, directory
+        why = ""
+        record = manifest.get("residuals")
+        if not isinstance(record, dict):
+            why = "it holds no worker residuals (written before they were saved, or without compression)"
+        elif manifest.get("num_workers") != num_workers:
+            why = f"it was written by {manifest.get('num_workers')} workers; this job has {num_workers}"
+        saved = None if why else read_residuals(directory, self._rank)
+        if not why and saved is None:
+            why = f"it has no file of worker {self._rank}"
+        elif saved is not None and _compressor_params(saved.compression) != self.compressor.params:
+            why = f"its residuals were made by compression {saved.compression}, this job's is {self._compression_params}"
+        if why:
+            log.warning("worker %d: compression residuals start at zero, not restored from checkpoint %s: %s",
+                        self._rank, directory, why)
+            return
+        assert saved is not None
+        for (key, offset), residual in saved.parts.items():
+            self._restored.setdefault(key, {})[offset] = residual
+        log.info("worker %d: compression residuals of %d part(s) read from %s", self._rank, len(saved.parts), directory)
+
+    def _take_restored(self, layouts: Sequence[KeyLayout]) -> None:
+        """Install the restored residuals of ``layouts``' keys whose parts they fit; drop (warned) the others."""
+        for rec in layouts:
+            saved = self._restored.pop(rec.skey, None)
+            if saved is None:
+                continue
+            have = {offset: length for _, offset, length in rec.parts}
+            claims = {offset: r.size for offset, r in saved.items()}
+            if not rec.compress or claims != have:
+                why = ("this job does not compress it" if not rec.compress else
+                       f"they are of parts (offset: size) {claims}, this job's layout has {have}")
+                log.warning("worker %d: key %r: its compression residuals from checkpoint %s dropped (they start "
+                            "at zero): %s", self._rank, rec.key, self._restored_from, why)
+                continue
+            for offset, residual in saved.items():
+                np.copyto(self._residuals.get((rec.skey, offset), 0, residual.size), residual)
+
     def checkpoint_saved(self) -> None:
         """Every server wrote a checkpoint: the pushes before it need no replay any more."""
         if self._replay is not None:
@@ -556,6 +642,14 @@ def _server_keyed(config: dict[str, Any]) -> dict[str, Any]:
             mults[name] = [[server_key(p[0]), *p[1:]] if isinstance(p, list) and p and isinstance(p[0], str) else p
                            for p in pairs]
     return {**config, "params": {**params, **mults}} if mults else config
+
+
+def _compressor_params(params: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The compressor parameters of saved compression ``params`` (without both_ways / min_size), or None if bad."""
+    try:
+        return create({k: v for k, v in params.items() if k not in ("both_ways", "min_size")}).params
+    except KVStoreError:
+        return None
 
 
 def _key_names(items: list[Part]) -> str:
