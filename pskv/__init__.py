@@ -15,7 +15,8 @@ names may change; ``tests/unit/test_public_surface.py`` checks this table):
 =========================  ==============================================================
 ``pskv``                   ``create``, ``known_types``, the store classes
                            (``KVStoreBase``, ``LocalStore``, ``StoreType``, ``OpHandle``),
-                           ``Config``, every error class, ``optimizer``
+                           ``Config``, every error class, ``optimizer``,
+                           ``RowSparse`` (a row-sparse value)
 ``pskv.optimizer``         optimizers, learning-rate schedulers, ``Updater``, ``create``,
                            ``register``
 ``pskv.parallel``          ``DataParallelExecutorGroup``, ``Trainer``, ``fit``, data
@@ -33,6 +34,7 @@ _registry > errors``.
 """
 
 from pskv import optimizer
+from pskv.arrays.rowsparse import RowSparse
 from pskv.config import Config
 from pskv.errors import (
     CheckpointError,
@@ -84,6 +86,7 @@ __all__ = [
     "OptimizerStateError",
     "ProtocolError",
     "RemoteError",
+    "RowSparse",
     "ShapeMismatchError",
     "StoreClosedError",
     "StoreType",

@@ -5,24 +5,30 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pskv.arrays import ArrayMeta, signature
+from pskv.arrays import ArrayMeta, is_float, signature
+from pskv.arrays.rowsparse import RowSparse
 from pskv.errors import DTypeMismatchError, InvalidTypeError, ShapeMismatchError
 
 __all__ = ["check_like", "check_priority"]
 
 
-def check_like(key: Any, meta: ArrayMeta, arrays: Sequence[Any], op: str) -> None:
+def check_like(key: Any, meta: ArrayMeta, arrays: Sequence[Any], op: str, casts: bool = False) -> None:
     """Every array of ``arrays`` has the shape and dtype of ``meta`` (the key's value).
+
+    Arrays may be row-sparse (a RowSparse or a torch sparse COO tensor): their dense
+    shape counts. ``casts`` (outs of the single-process stores): an out of another
+    floating dtype than a floating key's is accepted (the copy casts, as MXNet's and
+    ``torch.Tensor.copy_``); integer against floating stays a mismatch.
 
     Raises:
         ShapeMismatchError, DTypeMismatchError: naming the key, the operation and both sides.
         UnsupportedValueError: an array is not a supported NumPy array or tensor.
     """
     for a in arrays:
-        shape, dtype = signature(a)
+        shape, dtype = (a.shape, a.dtype) if isinstance(a, RowSparse) else signature(a)
         if shape != meta.shape:
             raise ShapeMismatchError(key, op, meta.shape, shape)
-        if dtype != meta.dtype:
+        if dtype != meta.dtype and not (casts and is_float(dtype) and is_float(meta.dtype)):
             raise DTypeMismatchError(key, op, meta.dtype, dtype)
 
 

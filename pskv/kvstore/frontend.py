@@ -24,13 +24,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 from pskv.arrays import ArrayMeta, CpuKernels
+from pskv.arrays.rowsparse import is_row_sparse
 from pskv.config import Config
-from pskv.errors import DuplicateKeyError, InvalidArgumentError, StoreClosedError, UnknownKeyError
+from pskv.errors import DuplicateKeyError, InvalidArgumentError, NotSupportedError, StoreClosedError, UnknownKeyError
 from pskv.kvstore.base import KVStoreBase
 from pskv.kvstore.checks import check_like, check_priority
 from pskv.kvstore.compressing import GradientCompression
 from pskv.kvstore.engine import Engine
-from pskv.kvstore.keys import Key, KeyKind, as_key_list, pair_up
+from pskv.kvstore.keys import SERVERS_DENSE, Key, KeyKind, as_key_list, pair_up
 from pskv.kvstore.types import StoreType
 
 __all__ = ["StoreFrontEnd"]
@@ -49,12 +50,22 @@ R = TypeVar("R", bound=_Record)
 class StoreFrontEnd(KVStoreBase, Generic[R]):
     """Shared set-up, normalisation, validation and submission of pskv's stores.
 
+    Row-sparse values (:class:`~pskv.arrays.rowsparse.RowSparse`, torch sparse COO
+    tensors) are refused with ``NotSupportedError`` saying :attr:`_sparse_refusal`,
+    unless a store sets it to None (the single-process stores); those stores also set
+    :attr:`_casts_outs`: outs of another floating dtype are cast into.
+
     Args:
         name: the store type name (lower-cased; aliases allowed).
         config: local settings (default: from the environment).
         default_timeout: seconds an operation, ``wait()`` or a handle's ``wait()`` waits
             when given no timeout (default: ``config.default_timeout``).
     """
+
+    #: Why row-sparse values are refused (None: accepted).
+    _sparse_refusal: str | None = SERVERS_DENSE
+    #: Whether a pull's out may have another floating dtype than its key (the copy casts).
+    _casts_outs: bool = False
 
     def __init__(self, name: str, config: Config | None, default_timeout: float | None = None) -> None:
         self._type = name
@@ -141,9 +152,22 @@ class StoreFrontEnd(KVStoreBase, Generic[R]):
     def _check_compressible(self, pairs: Sequence[tuple[Key, R, list[Any]]], op: str) -> None:
         """With compression set, refuse a push of values it cannot carry (before anything runs)."""
         if self._compression is not None:
-            for k, rec, _ in pairs:
+            for k, rec, vals in pairs:
                 if not getattr(rec, "summed", False):
+                    self._refuse_sparse_compression(k, rec.meta, getattr(rec, "rows", None) is not None
+                                                    or any(is_row_sparse(v) for v in vals), op)
                     self._compression.check(k, rec.meta, op)
+
+    def _refuse_sparse_compression(self, key: Key, meta: ArrayMeta, sparse: bool, op: str) -> None:
+        """MXNet's rule: gradient compression does not take row-sparse keys or values.
+
+        Raises:
+            NotSupportedError: compression is set, applies to ``key``, and it is row-sparse.
+        """
+        if sparse and self._compression is not None and self._compression.applies(meta):
+            raise NotSupportedError(f"{op} of key {key!r}: gradient compression {self._compression.compressor.type!r} "
+                                    "does not take row-sparse keys or values (as MXNet's); push dense values, "
+                                    "or init the key with summed=True or below 'min_size'")
 
     # -- normalisation and checks ----------------------------------------------------------
     def _check_open(self, op: str) -> None:
@@ -168,8 +192,8 @@ class StoreFrontEnd(KVStoreBase, Generic[R]):
         return rec
 
     @staticmethod
-    def _check_like(key: Key, rec: R, arrays: Sequence[Any], op: str) -> None:
-        check_like(key, rec.meta, arrays, op)
+    def _check_like(key: Key, rec: R, arrays: Sequence[Any], op: str, casts: bool = False) -> None:
+        check_like(key, rec.meta, arrays, op, casts)
 
     def _new_values(self, key: Any, value: Any, op: str) -> tuple[list[Key], list[tuple[Key, Any]]]:
         """``(keys, [(key, its one value)])`` for ``init``: new, distinct keys with one value each.
@@ -194,7 +218,7 @@ class StoreFrontEnd(KVStoreBase, Generic[R]):
         """
         keys, single = self._key_list(key)
         staged = []
-        for k, vals in pair_up(keys, single, value, "value"):
+        for k, vals in pair_up(keys, single, value, "value", self._sparse_refusal):
             if len(vals) != 1:
                 raise InvalidArgumentError(f"{op} of key {k!r} got {len(vals)} values; give exactly one")
             staged.append((k, vals[0]))
@@ -208,7 +232,7 @@ class StoreFrontEnd(KVStoreBase, Generic[R]):
         """
         keys, single = self._key_list(key)
         merged: dict[Key, list[Any]] = {}
-        for k, vals in pair_up(keys, single, value, "value"):
+        for k, vals in pair_up(keys, single, value, "value", self._sparse_refusal):
             merged.setdefault(k, []).extend(vals)
         out = []
         for k, vals in merged.items():
@@ -221,9 +245,9 @@ class StoreFrontEnd(KVStoreBase, Generic[R]):
         """``(key, record, outs)`` per listed key, the outs checked against the record (pull, pushpull)."""
         keys, single = self._key_list(key)
         targets = []
-        for k, outs in pair_up(keys, single, out, "out"):
+        for k, outs in pair_up(keys, single, out, "out", self._sparse_refusal):
             rec = self._record(k, op)
-            self._check_like(k, rec, outs, op)
+            self._check_like(k, rec, outs, op, self._casts_outs)
             targets.append((k, rec, outs))
         return targets
 

@@ -19,9 +19,14 @@ from typing import Any, TypeAlias
 import numpy as np
 
 from pskv.arrays import is_array
-from pskv.errors import InvalidArgumentError, KeyTypeError, UnsupportedValueError
+from pskv.arrays.rowsparse import is_row_sparse
+from pskv.errors import InvalidArgumentError, KeyTypeError, NotSupportedError, UnsupportedValueError
 
-__all__ = ["Array", "Key", "KeyKind", "Keys", "Outs", "Values", "as_key", "as_key_list", "pair_up"]
+__all__ = ["Array", "Key", "KeyKind", "Keys", "Outs", "Values", "as_key", "as_key_list", "pair_up", "SERVERS_DENSE"]
+
+#: Why a store without row-sparse support refuses a row-sparse value (the distributed stores).
+SERVERS_DENSE = ("this store takes dense values only: row-sparse storage on the parameter servers is not "
+                 "implemented yet (the local and device stores take row-sparse values)")
 
 Key = int | str
 #: One key or a list of keys (MXNet's forms).
@@ -65,14 +70,21 @@ def as_key_list(key: object) -> tuple[list[Key], bool]:
     return [as_key(key)], True
 
 
-def _array_list(key: Key, value: object, what: str) -> list[Any]:
-    if is_array(value):
+def _refuse_sparse(key: Key, value: object, what: str, refusal: str | None) -> None:
+    if refusal is not None and is_row_sparse(value):
+        raise NotSupportedError(f"{what} for key {key!r} is row-sparse: {refusal}")
+
+
+def _array_list(key: Key, value: object, what: str, refusal: str | None) -> list[Any]:
+    if is_array(value) or is_row_sparse(value):
+        _refuse_sparse(key, value, what, refusal)
         return [value]
     if isinstance(value, (list, tuple)):
         if not value:
             raise InvalidArgumentError(f"empty {what} list for key {key!r}")
         for v in value:
-            if not is_array(v):
+            _refuse_sparse(key, v, what, refusal)
+            if not is_array(v) and not is_row_sparse(v):
                 raise UnsupportedValueError(
                     f"{what} for key {key!r} must be numpy.ndarray or torch.Tensor, "
                     f"got {type(v).__module__}.{type(v).__qualname__}"
@@ -84,7 +96,8 @@ def _array_list(key: Key, value: object, what: str) -> list[Any]:
     )
 
 
-def pair_up(keys: Sequence[Key], single: bool, values: object, what: str) -> list[tuple[Key, list[Any]]]:
+def pair_up(keys: Sequence[Key], single: bool, values: object, what: str,
+            refuse_sparse: str | None = SERVERS_DENSE) -> list[tuple[Key, list[Any]]]:
     """Pair every key with its list of arrays.
 
     Args:
@@ -92,21 +105,24 @@ def pair_up(keys: Sequence[Key], single: bool, values: object, what: str) -> lis
         single: True when the caller passed one key, not a list.
         values: the caller's value / out argument.
         what: argument name for error messages ("value", "out", ...).
+        refuse_sparse: why row-sparse values (a RowSparse, a torch sparse COO tensor) are
+            refused here; None accepts them.
 
     Raises:
         InvalidArgumentError: list lengths differ, or a list is empty.
         UnsupportedValueError: an element is not an array.
+        NotSupportedError: a row-sparse value where ``refuse_sparse`` says why not.
     """
     if single:
-        return [(keys[0], _array_list(keys[0], values, what))]
-    if is_array(values) or not isinstance(values, (list, tuple)):
+        return [(keys[0], _array_list(keys[0], values, what, refuse_sparse))]
+    if is_array(values) or is_row_sparse(values) or not isinstance(values, (list, tuple)):
         raise InvalidArgumentError(
             f"{len(keys)} keys need a list of {len(keys)} {what}s (one per key), "
             f"got {type(values).__module__}.{type(values).__qualname__}"
         )
     if len(values) != len(keys):
         raise InvalidArgumentError(f"{len(keys)} keys but {len(values)} {what}s: the lengths must match")
-    return [(k, _array_list(k, v, what)) for k, v in zip(keys, values)]
+    return [(k, _array_list(k, v, what, refuse_sparse)) for k, v in zip(keys, values)]
 
 
 class KeyKind:

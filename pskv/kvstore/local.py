@@ -8,14 +8,22 @@ Guarantees (each one fixes a known MXNet defect):
 * an updater's exception propagates out of ``push`` and the store is unchanged;
 * ``broadcast`` works for new and existing keys, any number of times;
 * ``row_sparse_pull`` checks its row ids.
+
+Row-sparse keys and values (MXNet's ``row_sparse``; :mod:`pskv.kvstore.sparse`): a key
+made by ``init`` with a :class:`~pskv.arrays.rowsparse.RowSparse` or a torch sparse COO
+tensor keeps its table dense here and remembers which rows are present.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from pskv.arrays import (
     ArrayMeta,
@@ -24,18 +32,32 @@ from pskv.arrays import (
     describe,
     empty,
     fan_out_many,
+    signature,
     sum_into_many,
+    torch_dtype,
 )
+from pskv.arrays.rowsparse import RowSparse, is_row_sparse
 from pskv.config import Config
 from pskv.errors import (
     DuplicateKeyError,
     InvalidArgumentError,
     InvalidTypeError,
+    NotSupportedError,
     OptimizerStateError,
 )
 from pskv.kvstore.frontend import StoreFrontEnd
 from pskv.kvstore.keys import Key, pair_up
 from pskv.kvstore.rows import apply_row_plan, plan_row_pulls
+from pskv.kvstore.sparse import (
+    as_sparse_like,
+    cast_copy,
+    fill_sparse_out,
+    merge_into,
+    scatter_rows,
+    sparse_parts,
+    value_device,
+    zero_rows,
+)
 from pskv.optimizer import Optimizer
 from pskv.optimizer.updater import install_optimizer, updater_from_states
 
@@ -55,6 +77,7 @@ class _Entry:
     spare: Any = None  # second copy for transactional user updaters
     lock: threading.Lock = field(default_factory=threading.Lock)
     summed: bool = False  # init(summed=True): pushes store their sum, the updater never runs
+    rows: np.ndarray[Any, Any] | None = None  # a row-sparse key's present rows (sorted); None: a dense key
 
 
 class LocalStore(StoreFrontEnd[_Entry]):
@@ -66,6 +89,9 @@ class LocalStore(StoreFrontEnd[_Entry]):
         name: the store type name (``'local'``, ``'device'`` or an MXNet alias).
         config: settings; default :meth:`pskv.config.Config.from_env`.
     """
+
+    _sparse_refusal = None  # row-sparse keys and values are this store's
+    _casts_outs = True  # a pull into an out of another floating dtype casts
 
     def __init__(self, name: str = "local", config: Config | None = None) -> None:
         super().__init__(name, config)
@@ -103,7 +129,9 @@ class LocalStore(StoreFrontEnd[_Entry]):
         Args:
             key: a key or a list of keys (int or str; one kind per store).
             value: an array per key (a one-element list is accepted too). Later changes
-                to the caller's arrays never change the store.
+                to the caller's arrays never change the store. A row-sparse value (a
+                :class:`~pskv.arrays.rowsparse.RowSparse` or a torch sparse COO tensor)
+                makes a row-sparse key holding its rows.
             summed: pushes to these keys store the sum of the pushed values even when
                 an updater or optimizer is set (counters and flags next to weights).
 
@@ -111,9 +139,13 @@ class LocalStore(StoreFrontEnd[_Entry]):
             DuplicateKeyError: a key already exists (or appears twice in the list).
             InvalidArgumentError: a key is given several values.
             KeyTypeError, UnsupportedValueError: bad key or value types.
+            NotSupportedError: a row-sparse value with gradient compression set (for the key).
         """
         self._check_open("init")
         keys, staged = self._new_values(key, value, "init")
+        for k, v in staged:
+            if not summed and is_row_sparse(v):
+                self._refuse_sparse_compression(k, _sparse_meta(v), True, "init")
         entries = [(k, self._new_entry(v, summed)) for k, v in staged]
         self._key_kind.check(keys, fix=True)
         with self._table_lock:
@@ -123,11 +155,19 @@ class LocalStore(StoreFrontEnd[_Entry]):
             self._entries.update(entries)
 
     def _new_entry(self, value: Any, summed: bool = False) -> _Entry:
-        origin = describe(value)
+        sparse = is_row_sparse(value)
+        origin = _sparse_meta(value) if sparse else describe(value)
         device = origin.device if self._on_device else "cpu"
         stored = empty(origin, device=device, pin=not self._on_device and origin.device != "cpu")
-        copy_into(stored, value, self._kernels)
-        return _Entry(stored, describe(stored), origin, summed=summed)
+        rows = None
+        if sparse:
+            rows, data = sparse_parts(value)
+            zero_rows(stored)
+            scatter_rows(stored, rows, data, add=False)
+            rows = rows.copy()
+        else:
+            copy_into(stored, value, self._kernels)
+        return _Entry(stored, describe(stored), origin, summed=summed, rows=rows)
 
     # -- push ----------------------------------------------------------------------------
     def push(self, key: Any, value: Any, priority: int = 0, *, block: bool = True,
@@ -138,6 +178,8 @@ class LocalStore(StoreFrontEnd[_Entry]):
             key: a key or a list of keys.
             value: per key an array or a list of arrays (one per device), summed.
                 With ``block=False`` do not modify these arrays until the handle is done.
+                Row-sparse values are summed by row (the union of their rows); without
+                an updater they replace the key's value (its rows are then those pushed).
             priority: higher runs first among queued operations.
             block: False returns an :class:`OpHandle` at once.
             timeout: seconds to wait behind queued work (default ``PSKV_DEFAULT_TIMEOUT``).
@@ -166,18 +208,33 @@ class LocalStore(StoreFrontEnd[_Entry]):
             self._apply_updater(updater, [p for p in pairs if not p[1].summed])
         for _, entry, vals in stored:
             self._settle_device(entry, vals)
-        sum_into_many([(entry.value, vals) for _, entry, vals in stored], self._kernels)
+        plain = [(entry, vals) for _, entry, vals in stored if not any(is_row_sparse(v) for v in vals)]
+        sum_into_many([(entry.value, vals) for entry, vals in plain], self._kernels)
+        for entry, _ in plain:
+            if entry.rows is not None:
+                entry.rows = _all_rows(entry)
+        for _, entry, vals in stored:
+            if any(is_row_sparse(v) for v in vals):
+                rows = merge_into(entry.value, vals, self._kernels)
+                if entry.rows is not None:
+                    entry.rows = _all_rows(entry) if rows is None else rows
 
     def _apply_updater(self, updater: Updater, pairs: Sequence[tuple[Key, _Entry, list[Any]]]) -> None:
-        """Give each key's merged pushes to the updater; if it fails, no stored value changed."""
+        """Give each key's merged pushes to the updater; if it fails, no stored value changed.
+
+        pskv's optimizers get the dense sum (their dense update; MXNet's ``lazy_update=False``).
+        A user updater gets, for a push of row-sparse values only, their sum as a row-sparse
+        value of the stored array's kind (MXNet passes its row-sparse merge), else the dense sum.
+        """
         for _, entry, vals in pairs:
             self._settle_device(entry, vals)
-        merged = self._merge_all(pairs)
+        merged, pushed_rows = self._merge_all(pairs)
         if self._builtin_updater:
             # pskv's Updater checks every key of the list before it writes any, so it
             # runs in place: a failing call changes nothing.
             with self._updater_lock:
                 updater([k for k, _, _ in pairs], merged, [entry.value for _, entry, _ in pairs])
+            _join_rows(pairs, pushed_rows)
             return
         # A user updater may fail half-way: run it on spare copies, then swap them in.
         for _, entry, _ in pairs:
@@ -185,24 +242,32 @@ class LocalStore(StoreFrontEnd[_Entry]):
                 entry.spare = empty(entry.meta)
         fan_out_many([([entry.spare], entry.value) for _, entry, _ in pairs], self._kernels)
         with self._updater_lock:
-            for (k, entry, _), m in zip(pairs, merged):
-                updater(k, m, entry.spare)
+            for (k, entry, _), m, rows in zip(pairs, merged, pushed_rows):
+                updater(k, m if rows is None else as_sparse_like(m, rows), entry.spare)
         for _, entry, _ in pairs:
             entry.value, entry.spare = entry.spare, entry.value
+        _join_rows(pairs, pushed_rows)
 
-    def _merge_all(self, pairs: Sequence[tuple[Key, _Entry, list[Any]]]) -> list[Any]:
-        """Sum each key's pushed values into its reusable merge buffer, as one batch."""
+    def _merge_all(self, pairs: Sequence[tuple[Key, _Entry, list[Any]]]
+                   ) -> tuple[list[Any], list[np.ndarray[Any, Any] | None]]:
+        """Sum each key's pushed values into its reusable merge buffer, as one batch.
+
+        Returns the merge buffers and, per key, the rows its row-sparse pushes hold (None
+        when a dense value was pushed: every row).
+        """
         for _, entry, _ in pairs:
             if entry.merge is None:
                 entry.merge = empty(entry.meta)
-        sum_into_many([(entry.merge, vals) for _, entry, vals in pairs], self._kernels)
-        return [entry.merge for _, entry, _ in pairs]
+        sparse = [any(is_row_sparse(v) for v in vals) for _, _, vals in pairs]
+        sum_into_many([(entry.merge, vals) for (_, entry, vals), s in zip(pairs, sparse) if not s], self._kernels)
+        rows = [merge_into(entry.merge, vals, self._kernels) if s else None for (_, entry, vals), s in zip(pairs, sparse)]
+        return [entry.merge for _, entry, _ in pairs], rows
 
     def _settle_device(self, entry: _Entry, vals: list[Any]) -> None:
         """'device' stores reduce where the pushed values live; move the key there once."""
         if not self._on_device:
             return
-        device = describe(vals[0]).device
+        device = value_device(vals[0])
         if device == entry.meta.device:
             return
         entry.value = clone(entry.value, entry.meta, device=device)
@@ -210,22 +275,28 @@ class LocalStore(StoreFrontEnd[_Entry]):
         entry.merge = entry.spare = None
 
     # -- pull ----------------------------------------------------------------------------
-    def pull(self, key: Any, out: Any = None, priority: int = 0, *, block: bool = True,
-             timeout: float | None = None) -> Any:
+    def pull(self, key: Any, out: Any = None, priority: int = 0, *, ignore_sparse: bool = True,
+             block: bool = True, timeout: float | None = None) -> Any:
         """Copy stored values into ``out``, or return new arrays if ``out`` is None.
 
         Args:
             key: a key or a list of keys.
             out: per key an array or a list of arrays (e.g. one per device; each gets a
                 copy, on its own device). None returns new arrays of the kind and device
-                the key was initialised with: one array for one key, a list for a list.
+                the key was initialised with: one array for one key, a list for a list
+                (a row-sparse key: a RowSparse, or a torch sparse COO tensor, of its
+                present rows). An out of another floating dtype gets the values cast.
+            ignore_sparse: row-sparse outs (RowSparse, torch sparse COO) are skipped with
+                a warning (MXNet's default; use :meth:`row_sparse_pull`); False fills
+                them with the key's present rows (every row of a dense key).
             priority: higher runs first among queued operations.
             block: False returns an :class:`OpHandle`; its ``wait()`` gives the result.
             timeout: seconds to wait behind queued work.
 
         Raises:
             UnknownKeyError: a key was never initialised.
-            ShapeMismatchError, DTypeMismatchError: an out does not match the stored value.
+            ShapeMismatchError, DTypeMismatchError: an out does not match the stored value
+                (integer against floating dtypes included).
         """
         self._check_open("pull")
         keys, single = self._key_list(key)
@@ -235,16 +306,41 @@ class LocalStore(StoreFrontEnd[_Entry]):
                 arrays = [self._copy_out(e) for e in entries]
                 return arrays[0] if single else arrays
             return self._submit("pull", keys, priority, run_new, block, timeout)
-        pairs = pair_up(keys, single, out, "out")
+        pairs = pair_up(keys, single, out, "out", None)
         for (k, outs), entry in zip(pairs, entries):
-            self._check_like(k, entry, outs, "pull")
+            self._check_like(k, entry, outs, "pull", casts=True)
+        if ignore_sparse:
+            skipped = [k for k, outs in pairs if any(is_row_sparse(o) for o in outs)]
+            if skipped:
+                warnings.warn(f"pull skipped the row-sparse outs of keys {skipped!r} (ignore_sparse=True, as MXNet); "
+                              "use row_sparse_pull, or pull(..., ignore_sparse=False)", UserWarning, stacklevel=2)
+                pairs = [(k, [o for o in outs if not is_row_sparse(o)]) for k, outs in pairs]
 
         def run() -> None:
-            fan_out_many([(outs, entry.value) for (_, outs), entry in zip(pairs, entries)], self._kernels)
+            self._fill_outs([(outs, entry) for (_, outs), entry in zip(pairs, entries)])
         result = self._submit("pull", keys, priority, run, block, timeout)
         return result if not block else None
 
+    def _fill_outs(self, targets: Sequence[tuple[Sequence[Any], _Entry]]) -> None:
+        """Copy each entry's value into its outs: same dtype as one batch; cast, or row-sparse, one by one."""
+        same: list[tuple[list[Any], Any]] = []
+        rest: list[tuple[Any, _Entry]] = []
+        for outs, entry in targets:
+            plain = [o for o in outs if not is_row_sparse(o) and signature(o)[1] == entry.meta.dtype]
+            same.append((plain, entry.value))
+            rest.extend((o, entry) for o in outs if not any(o is p for p in plain))
+        fan_out_many(same, self._kernels)
+        for o, entry in rest:
+            if is_row_sparse(o):
+                fill_sparse_out(o, entry.value, _all_rows(entry) if entry.rows is None else entry.rows)
+            else:
+                cast_copy(o, entry.value)
+
     def _copy_out(self, entry: _Entry) -> Any:
+        if entry.rows is not None:
+            if entry.origin.backend == "numpy":
+                return as_sparse_like(_host(entry.value), entry.rows)
+            return as_sparse_like(entry.value, entry.rows).to(entry.origin.device)
         new = empty(entry.origin)
         copy_into(new, entry.value, self._kernels)
         return new
@@ -264,10 +360,14 @@ class LocalStore(StoreFrontEnd[_Entry]):
             targets = [(entry, vals) for _, entry, vals in pairs]
         else:
             targets = [(entry, outs) for _, entry, outs in self._out_targets(key, out, "pushpull")]
+        for (k, _, vals), (_, outs) in zip(pairs, targets):
+            if any(is_row_sparse(a) for a in vals + list(outs)):
+                raise NotSupportedError(f"pushpull of key {k!r} got a row-sparse value or out; push it, then "
+                                        "pull or row_sparse_pull")
 
         def run() -> None:
             self._apply_pushes(pairs)
-            fan_out_many([(outs, entry.value) for entry, outs in targets], self._kernels)
+            self._fill_outs([(outs, entry) for entry, outs in targets])
         result = self._submit("pushpull", [k for k, _, _ in pairs], priority, run, block, timeout)
         return result if not block else None
 
@@ -290,8 +390,9 @@ class LocalStore(StoreFrontEnd[_Entry]):
         """
         self._check_open("broadcast")
         keys, single = self._key_list(key)
-        values = pair_up(keys, single, value, "value")
-        outs = pair_up(keys, single, out, "out") if out is not None else [(k, []) for k in keys]
+        dense_only = "broadcast takes dense values and outs (init makes a row-sparse key; row_sparse_pull reads it)"
+        values = pair_up(keys, single, value, "value", dense_only)
+        outs = pair_up(keys, single, out, "out", dense_only) if out is not None else [(k, []) for k in keys]
         new_keys: list[Key] = []
         plan: list[tuple[Key, Any, list[Any]]] = []
         for (k, vals), (_, k_outs) in zip(values, outs):
@@ -315,6 +416,9 @@ class LocalStore(StoreFrontEnd[_Entry]):
             entries = [self._entries[k] for k, _, _ in plan]
             fan_out_many([([e.value], pinned_values[k]) for (k, _, _), e in zip(plan, entries)
                           if pinned_values[k] is not None], self._kernels)
+            for e in entries:
+                if e.rows is not None:  # a dense value overwrote a row-sparse key: every row
+                    e.rows = _all_rows(e)
             fan_out_many([(k_outs, e.value) for (_, _, k_outs), e in zip(plan, entries)], self._kernels)
         result = self._submit("broadcast", keys, priority, run, block, timeout)
         return result if not block else None
@@ -324,9 +428,11 @@ class LocalStore(StoreFrontEnd[_Entry]):
                         block: bool = True, timeout: float | None = None) -> Any:
         """Pull only the rows ``row_ids`` of a stored array with 2 or more dimensions.
 
-        Row ids are de-duplicated and sorted. Each ``out`` is either full-shaped (the
-        requested rows are copied, every other row is set to zero — the dense form of
-        MXNet's row-sparse result) or compact, with one row per unique requested id.
+        Row ids are de-duplicated and sorted. Each ``out`` is row-sparse (a RowSparse or a
+        torch sparse COO tensor: it then holds exactly the requested rows, MXNet's
+        result), full-shaped (the requested rows are copied, every other row is set to
+        zero — the dense form of MXNet's result) or compact, with one row per unique
+        requested id. An out of another floating dtype gets the rows cast.
 
         Args:
             key: a key or a list of keys.
@@ -342,12 +448,18 @@ class LocalStore(StoreFrontEnd[_Entry]):
         self._check_open("row_sparse_pull")
         keys, single = self._key_list(key)
         entries = [self._record(k, "row_sparse_pull") for k in keys]
-        plan = plan_row_pulls(keys, single, [e.meta for e in entries], [e.origin for e in entries], out, row_ids)
+        new = None
+        if out is None and any(e.rows is not None for e in entries):  # a row-sparse key gives a row-sparse value
+            new = [_empty_sparse(e) if e.rows is not None else empty(e.origin) for e in entries]
+            out = new[0] if single else new
+        plan = plan_row_pulls(keys, single, [e.meta for e in entries], [e.origin for e in entries], out, row_ids,
+                              sparse=True)
 
         def run() -> Any:
-            return apply_row_plan(plan, [e.value for e in entries], single, self._kernels)
+            result = apply_row_plan(plan, [e.value for e in entries], single, self._kernels)
+            return result if new is None else (new[0] if single else new)
         result = self._submit("row_sparse_pull", keys, priority, run, block, timeout)
-        return result if (not block or plan.returns_new) else None
+        return result if (not block or plan.returns_new or new is not None) else None
 
     # -- updater / optimizer ---------------------------------------------------------------
     def set_updater(self, updater: Updater) -> None:
@@ -446,3 +558,36 @@ class LocalStore(StoreFrontEnd[_Entry]):
         state = "closed" if self._closed else f"{len(self._entries)} keys"
         return f"<pskv.LocalStore type={self._type!r} {state}>"
 
+
+def _sparse_meta(value: Any) -> ArrayMeta:
+    """What a row-sparse value stands for: a NumPy array for a RowSparse, else the tensor's kind and device."""
+    if isinstance(value, RowSparse):
+        return ArrayMeta("numpy", value.shape, value.dtype, "cpu")
+    return describe(value)
+
+
+def _all_rows(entry: _Entry) -> np.ndarray[Any, Any]:
+    return np.arange(entry.meta.shape[0], dtype=np.int64)
+
+
+def _join_rows(pairs: Sequence[tuple[Key, _Entry, list[Any]]], pushed: Sequence[np.ndarray[Any, Any] | None]) -> None:
+    """After an update: the rows a row-sparse key's update touched join its present rows."""
+    for (_, entry, _), rows in zip(pairs, pushed):
+        if entry.rows is not None:
+            entry.rows = _all_rows(entry) if rows is None else np.union1d(entry.rows, rows)
+
+
+def _host(value: Any) -> np.ndarray[Any, Any]:
+    """A NumPy array of a stored table (a copy when it is a tensor)."""
+    return value if isinstance(value, np.ndarray) else np.array(value.detach().cpu().numpy())
+
+
+def _empty_sparse(entry: _Entry) -> Any:
+    """A row-sparse value without rows, of the kind (and device) a row-sparse key was made with."""
+    meta = entry.origin
+    if meta.backend == "numpy":
+        return RowSparse.zeros(meta.shape, meta.dtype)
+    torch = sys.modules["torch"]
+    index = torch.zeros((1, 0), dtype=torch.int64)
+    data = torch.zeros((0,) + meta.shape[1:], dtype=torch_dtype(meta.dtype))
+    return torch.sparse_coo_tensor(index, data, meta.shape, is_coalesced=True, check_invariants=False).to(meta.device)

@@ -1,4 +1,4 @@
-"""Row-id handling for ``row_sparse_pull``: normalise, de-duplicate, sort and bounds-check."""
+"""Row-id handling for ``row_sparse_pull``: normalise, de-duplicate, sort and bounds-check; plan and copy the rows."""
 
 from __future__ import annotations
 
@@ -9,9 +9,24 @@ from typing import Any
 
 import numpy as np
 
-from pskv.arrays import ArrayMeta, CpuKernels, copy_into, describe, empty, is_array, is_torch, take_rows, to_numpy
+from pskv.arrays import (
+    ArrayMeta,
+    CpuKernels,
+    copy_into,
+    describe,
+    empty,
+    is_array,
+    is_float,
+    is_torch,
+    signature,
+    take_rows,
+    to_numpy,
+)
+from pskv.arrays.rowsparse import is_row_sparse
 from pskv.errors import DTypeMismatchError, InvalidArgumentError, InvalidTypeError, ShapeMismatchError
-from pskv.kvstore.keys import Key, pair_up
+from pskv.kvstore.checks import check_like
+from pskv.kvstore.keys import SERVERS_DENSE, Key, pair_up
+from pskv.kvstore.sparse import cast_copy, fill_sparse_out, gather_rows, scatter_rows, zero_rows
 
 __all__ = ["unique_rows", "row_id_sets", "RowPlan", "plan_row_pulls", "apply_row_plan"]
 
@@ -74,12 +89,12 @@ class RowPlan:
     """What one ``row_sparse_pull`` call does: per out, the key index, rows and layout."""
 
     outs: list[tuple[Key, list[Any]]]  # per key: its outs (new arrays when the caller gave none)
-    steps: list[tuple[int, Any, np.ndarray[Any, Any], bool]]  # (key index, out, rows, compact?)
+    steps: list[tuple[int, Any, np.ndarray[Any, Any], str]]  # (key index, out, rows, "full"/"compact"/"sparse")
     returns_new: bool
 
 
 def plan_row_pulls(keys: Sequence[Key], single: bool, metas: Sequence[ArrayMeta], origins: Sequence[ArrayMeta],
-                   out: Any, row_ids: Any) -> RowPlan:
+                   out: Any, row_ids: Any, *, sparse: bool = False) -> RowPlan:
     """Validate a ``row_sparse_pull`` call and plan it (no data is touched).
 
     Args:
@@ -87,9 +102,12 @@ def plan_row_pulls(keys: Sequence[Key], single: bool, metas: Sequence[ArrayMeta]
         metas: per key, the stored value's description (shape, dtype).
         origins: per key, what ``pull(out=None)`` returns (kind, device).
         out, row_ids: the caller's arguments.
+        sparse: the single-process stores: row-sparse outs (filled with exactly the
+            requested rows) and outs of another floating dtype (cast) are accepted.
 
     Raises:
         InvalidArgumentError, ShapeMismatchError, DTypeMismatchError: see the stores.
+        NotSupportedError: a row-sparse out where ``sparse`` is False.
     """
     if single:
         per_key_ids = [row_ids]
@@ -98,7 +116,8 @@ def plan_row_pulls(keys: Sequence[Key], single: bool, metas: Sequence[ArrayMeta]
             raise InvalidArgumentError(f"row_sparse_pull of {len(keys)} keys needs a list of {len(keys)} row_ids")
         per_key_ids = list(row_ids)
     returns_new = out is None
-    outs = [(k, [empty(o)]) for k, o in zip(keys, origins)] if returns_new else pair_up(keys, single, out, "out")
+    outs = ([(k, [empty(o)]) for k, o in zip(keys, origins)] if returns_new
+            else pair_up(keys, single, out, "out", None if sparse else SERVERS_DENSE))
     steps = []
     for index, ((k, k_outs), meta, ids) in enumerate(zip(outs, metas, per_key_ids)):
         shape = meta.shape
@@ -106,21 +125,33 @@ def plan_row_pulls(keys: Sequence[Key], single: bool, metas: Sequence[ArrayMeta]
             raise InvalidArgumentError(f"row_sparse_pull needs a stored array with >= 2 dimensions; key {k!r} has shape {shape}")
         for o, rid in zip(k_outs, row_id_sets(k, ids, len(k_outs))):
             rows = unique_rows(k, rid, shape[0])
+            if is_row_sparse(o):
+                check_like(k, meta, [o], "row_sparse_pull", casts=True)
+                steps.append((index, o, rows, "sparse"))
+                continue
             m = describe(o)
-            if m.dtype != meta.dtype:
+            if m.dtype != meta.dtype and not (sparse and is_float(m.dtype) and is_float(meta.dtype)):
                 raise DTypeMismatchError(k, "row_sparse_pull", meta.dtype, m.dtype)
             compact = (len(rows),) + shape[1:]
             if m.shape != shape and m.shape != compact:
                 raise ShapeMismatchError(k, "row_sparse_pull", shape, m.shape)
-            steps.append((index, o, rows, m.shape != shape))
+            steps.append((index, o, rows, "full" if m.shape == shape else "compact"))
     return RowPlan(outs, steps, returns_new)
 
 
 def apply_row_plan(plan: RowPlan, values: Sequence[Any], single: bool, kernels: CpuKernels) -> Any:
     """Copy the planned rows of ``values`` (one per key) into the outs; returns new arrays if planned."""
-    for index, o, rows, compact in plan.steps:
+    for index, o, rows, mode in plan.steps:
         src = values[index]
-        if not compact:
+        if mode == "sparse":
+            fill_sparse_out(o, src, rows)
+        elif signature(o)[1] != signature(src)[1]:  # another floating dtype: cast
+            if mode == "full":
+                zero_rows(o)
+                scatter_rows(o, rows, gather_rows(src, rows), add=False)
+            else:
+                cast_copy(o, gather_rows(src, rows))
+        elif mode == "full":
             take_rows(src, rows, o)
         elif is_torch(src):
             torch = sys.modules["torch"]

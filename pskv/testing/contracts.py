@@ -436,8 +436,11 @@ def shape_mismatch(kv: KVStoreBase, keys: Keys) -> None:
 
 @contract("keys")
 def dtype_mismatch(kv: KVStoreBase, keys: Keys) -> None:
-    """A value or out of another dtype: DTypeMismatchError (a ValueError), the store unchanged."""
-    _mismatch(kv, keys, DTypeMismatchError, full((2, 3), 1.0, "float64"))
+    """A value or out of an integer dtype for a float key: DTypeMismatchError (a ValueError), the store unchanged.
+
+    (An out of another floating dtype is cast into by the single-process stores: tests/unit/test_sparse.py.)
+    """
+    _mismatch(kv, keys, DTypeMismatchError, full((2, 3), 1.0, "int32"))
 
 
 @contract("keys")

@@ -10,7 +10,7 @@ import pskv
 
 SURFACE = {
     "pskv": ["create", "known_types", "KVStoreBase", "LocalStore", "StoreType", "OpHandle", "Config",
-             "KVStoreError", "NodeFailedError", "RemoteError", "optimizer"],
+             "KVStoreError", "NodeFailedError", "RemoteError", "optimizer", "RowSparse"],
     "pskv.optimizer": ["Optimizer", "SGD", "Adam", "FactorScheduler", "Updater", "create", "register"],
     "pskv.parallel": ["DataParallelExecutorGroup", "Trainer", "fit", "NDArrayIter", "save_checkpoint",
                       "load_checkpoint", "metrics", "Monitor"],

@@ -1,0 +1,128 @@
+"""Row-sparse values in the single-process stores: merging pushes, filling outs, casting copies.
+
+The ``local`` and ``device`` stores keep a row-sparse key's table dense (rows not present
+are zero) and remember which rows are present (``None``: a dense key, every row). A
+row-sparse value is a :class:`~pskv.arrays.rowsparse.RowSparse` or a PyTorch sparse COO
+tensor; its rows are added into the table where it lives (a CUDA tensor's on its device).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from pskv.arrays import CpuKernels, describe, is_torch, sum_into, to_numpy
+from pskv.arrays.rowsparse import RowSparse, coo_parts, is_row_sparse
+
+__all__ = ["sparse_parts", "value_device", "merge_into", "gather_rows", "scatter_rows", "zero_rows",
+           "cast_copy", "fill_sparse_out", "as_sparse_like"]
+
+
+def sparse_parts(v: Any) -> tuple[np.ndarray[Any, Any], Any]:
+    """``(sorted unique int64 row ids, their rows)`` of a row-sparse value (rows where they live)."""
+    if isinstance(v, RowSparse):
+        return v.indices, v.data
+    return coo_parts(v)
+
+
+def value_device(v: Any) -> str:
+    """Where a value's data live (``'cpu'`` for a RowSparse)."""
+    return "cpu" if isinstance(v, RowSparse) else describe(v).device
+
+
+def _torch() -> Any:
+    return sys.modules["torch"]
+
+
+def zero_rows(dst: Any) -> None:
+    """Set every element of a dense array to zero."""
+    if isinstance(dst, np.ndarray):
+        dst[...] = 0
+    else:
+        dst.detach().zero_()
+
+
+def scatter_rows(dst: Any, ids: np.ndarray[Any, Any], data: Any, add: bool) -> None:
+    """``dst[ids] (+)= data`` on ``dst``'s device, cast to its dtype; ``ids`` unique."""
+    if isinstance(dst, np.ndarray):
+        rows = to_numpy(data) if is_torch(data) else data
+        if add:
+            dst[ids] += rows
+        else:
+            dst[ids] = rows
+        return
+    torch = _torch()
+    d = dst.detach()
+    index = torch.from_numpy(ids).to(d.device)
+    src = torch.from_numpy(np.ascontiguousarray(data)) if isinstance(data, np.ndarray) else data.detach()
+    src = src.to(d.device, d.dtype)
+    if add:
+        d.index_add_(0, index, src)
+    else:
+        d.index_copy_(0, index, src)
+
+
+def gather_rows(src: Any, ids: np.ndarray[Any, Any]) -> Any:
+    """``src[ids]`` as a new array of ``src``'s kind, on its device."""
+    if isinstance(src, np.ndarray):
+        return src[ids]
+    t = src.detach()
+    return t.index_select(0, _torch().from_numpy(ids).to(t.device))
+
+
+def merge_into(dst: Any, values: Sequence[Any], kernels: CpuKernels) -> np.ndarray[Any, Any] | None:
+    """``dst[...] = sum(values)`` for dense and row-sparse values; the rows present, None for all.
+
+    The rows of the row-sparse values are added by index (the union of their rows, a
+    row in several values summed); a dense value covers every row.
+    """
+    dense = [v for v in values if not is_row_sparse(v)]
+    parts = [sparse_parts(v) for v in values if is_row_sparse(v)]
+    if dense:
+        sum_into(dst, dense, kernels)
+    else:
+        zero_rows(dst)
+    for ids, data in parts:
+        scatter_rows(dst, ids, data, add=True)
+    if dense:
+        return None
+    if not parts:
+        return np.zeros(0, dtype=np.int64)
+    return np.unique(np.concatenate([ids for ids, _ in parts]))
+
+
+def as_sparse_like(table: Any, rows: np.ndarray[Any, Any]) -> Any:
+    """The rows ``rows`` of a dense ``table`` as a row-sparse value of its kind: a RowSparse for a
+    NumPy table, a coalesced sparse COO tensor (on the table's device) for a tensor."""
+    data = gather_rows(table, rows)
+    if isinstance(table, np.ndarray):
+        return RowSparse(rows, np.array(data), table.shape)
+    torch = _torch()
+    index = torch.from_numpy(rows.reshape(1, -1).copy()).to(data.device)
+    return torch.sparse_coo_tensor(index, data, tuple(table.shape), is_coalesced=True, check_invariants=False)
+
+
+def cast_copy(dst: Any, src: Any, kernels: CpuKernels | None = None) -> None:
+    """``dst[...] = src`` across kinds, devices and floating dtypes (shapes already match)."""
+    if isinstance(dst, np.ndarray):
+        np.copyto(dst, to_numpy(src), casting="unsafe")
+        return
+    dst.detach().copy_(_torch().from_numpy(np.ascontiguousarray(src)) if isinstance(src, np.ndarray) else src.detach())
+
+
+def fill_sparse_out(out: Any, table: Any, rows: np.ndarray[Any, Any]) -> None:
+    """Make the row-sparse ``out`` hold exactly the rows ``rows`` of the dense ``table`` (cast to its dtype)."""
+    data = gather_rows(table, rows)
+    if isinstance(out, RowSparse):
+        host = to_numpy(data) if is_torch(data) else data
+        out._assign(rows, np.array(host, dtype=out.data.dtype))
+        return
+    torch = _torch()
+    if isinstance(data, np.ndarray):
+        data = torch.from_numpy(np.ascontiguousarray(data))
+    index = torch.from_numpy(rows.reshape(1, -1).copy())
+    src = torch.sparse_coo_tensor(index, data.cpu(), tuple(out.shape), is_coalesced=True, check_invariants=False)
+    out.copy_(src)
