@@ -88,14 +88,28 @@ def _unpack(data: torch.Tensor, count: int) -> torch.Tensor:
 
 def _pack_codes(codes: torch.Tensor, width: int) -> torch.Tensor:
     """``width``-bit codes one after another, each from its high bit, the first code in the first byte's high bits."""
-    shifts = torch.arange(width - 1, -1, -1, dtype=codes.dtype, device=codes.device)
-    return _pack(((codes[:, None] >> shifts) & 1).to(torch.uint8).reshape(-1))
+    if 8 % width == 0:  # whole codes to a byte: OR them in place, ``8 // width`` positions
+        per = 8 // width
+        padded = torch.zeros((codes.numel() + per - 1) // per * per, dtype=torch.uint8, device=codes.device)
+        padded[:codes.numel()] = codes
+        blocks = padded.view(-1, per)
+        out = blocks[:, 0] << (8 - width)
+        for j in range(1, per):
+            out |= blocks[:, j] << (8 - width * (j + 1))
+        return out
+    bits = torch.empty(codes.numel(), width, dtype=torch.uint8, device=codes.device)
+    for j in range(width):  # a code's bits, its highest first
+        bits[:, j] = (codes >> (width - 1 - j)) & 1
+    return _pack(bits.reshape(-1))
 
 
 def _unpack_codes(data: torch.Tensor, count: int, width: int) -> torch.Tensor:
     """``count`` codes of ``width`` bits (int32) packed by :func:`_pack_codes`."""
-    bits = _unpack(data, count * width).view(count, width).to(torch.int32)
-    codes = bits[:, 0].clone()
+    if 8 % width == 0:  # whole codes in a byte: ``8 // width`` shifts of every byte
+        shifts = torch.arange(8 - width, -1, -width, dtype=torch.uint8, device=data.device)
+        return ((data[:, None] >> shifts) & ((1 << width) - 1)).reshape(-1)[:count].to(torch.int32)
+    bits = _unpack(data, count * width).view(count, width)
+    codes = bits[:, 0].to(torch.int32)
     for j in range(1, width):
         codes = (codes << 1) | bits[:, j]
     return codes
@@ -180,11 +194,28 @@ def compress_topk(compressor: Compressor, r: torch.Tensor, keep: bool) -> torch.
 
 
 def compress_randomk(compressor: Compressor, r: torch.Tensor, keep: bool) -> torch.Tensor:
-    """``k`` values at indices from the compressor's generator on ``r``'s device (a random permutation's first ``k``)."""
+    """``k`` values at indices drawn by the compressor's generator on ``r``'s device (:func:`_choose`)."""
     n = r.numel()
     k = compressor.count(n)  # type: ignore[attr-defined]
-    index = torch.randperm(n, generator=_generator(compressor, r.device), device=r.device)[:k]
-    return _sparse_payload(r, index, keep)
+    return _sparse_payload(r, _choose(n, k, _generator(compressor, r.device), r.device), keep)
+
+
+def _choose(n: int, k: int, gen: torch.Generator, device: torch.device) -> torch.Tensor:
+    """``k`` distinct indices below ``n``, every ``k``-subset equally likely.
+
+    For ``k <= n / 4``: about ``1.5 k`` draws with replacement, their distinct values (a
+    uniformly random set, by symmetry, given its size), then a random ``k`` of those —
+    ``O(k log k)`` instead of permuting all ``n`` (4M elements on a CPU core: 240 ms).
+    Otherwise, or if four tries left fewer than ``k`` distinct, a permutation's first ``k``.
+    """
+    if k and 4 * k <= n:
+        m = k + k // 2 + 16
+        for _ in range(4):
+            drawn = torch.unique(torch.randint(n, (m,), generator=gen, device=device))
+            if drawn.numel() >= k:
+                return drawn[torch.randperm(drawn.numel(), generator=gen, device=device)[:k]]
+            m *= 2
+    return torch.randperm(n, generator=gen, device=device)[:k]
 
 
 def decompress_sparse(compressor: Compressor, data: torch.Tensor, n: int) -> torch.Tensor:

@@ -17,8 +17,9 @@ CUDA = pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not torc
 DEVICES = ["cpu", CUDA]
 KINDS = [{"type": "2bit", "threshold": 0.5}, {"type": "1bit", "threshold": 0.1}, {"type": "onebit"},
          {"type": "topk", "k": 3}, {"type": "topk", "k": 0.3}, {"type": "randomk", "k": 0.5},
-         {"type": "randomk", "k": 2, "seed": 7}, {"type": "dithering"}, {"type": "dithering", "s": 5},
-         {"type": "dithering", "s": 255, "seed": 3}, {"type": "dithering", "s": 3, "norm": "l2"},
+         {"type": "randomk", "k": 2, "seed": 7}, {"type": "dithering"}, {"type": "dithering", "s": 1},
+         {"type": "dithering", "s": 5}, {"type": "dithering", "s": 255, "seed": 3},
+         {"type": "dithering", "s": 3, "norm": "l2"},
          {"type": "fp16"}, {"type": "bf16"}]
 RANDOM = ("randomk", "dithering")
 # every type with error feedback on and off (2bit / 1bit: off is no residual; l2 dithering takes ef=False only)
@@ -121,17 +122,18 @@ def test_dithering_on_tensors_is_unbiased_and_within_a_step(s, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_randomk_on_tensors_keeps_k_exact_values_chosen_evenly(device):
-    comp = create({"type": "randomk", "k": 8, "ef": False, "seed": 1})
+@pytest.mark.parametrize("k", [8, 40])  # distinct values of draws with replacement; a permutation's first k
+def test_randomk_on_tensors_keeps_k_exact_values_chosen_evenly(k, device):
+    comp = create({"type": "randomk", "k": k, "ef": False, "seed": 1})
     x = values(64, 3)
     grad = torch.from_numpy(x).to(device)
     chosen = np.zeros(64)
     for _ in range(800):
         decoded = ontorch.decompress(comp, ontorch.compress(comp, grad, None), 64).cpu().numpy()
         kept = decoded != 0
-        assert kept.sum() == 8 and np.array_equal(decoded[kept], x[kept])
+        assert kept.sum() == k and np.array_equal(decoded[kept], x[kept])
         chosen += kept
-    assert np.abs(chosen / 800 - 8 / 64).max() < 0.07  # each index about k / n of the time (std 0.012)
+    assert np.abs(chosen / 800 - k / 64).max() < 0.07  # each index about k / n of the time (std <= 0.018)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -199,7 +201,8 @@ def test_every_registered_type_runs_on_tensors_and_a_foreign_subclass_is_refused
         ontorch.compress(Mine(), torch.zeros(4), None)
 
 
-@pytest.mark.parametrize("params", [KINDS[2], KINDS[3], KINDS[7], KINDS[11]], ids=lambda p: p["type"])
+@pytest.mark.parametrize("params", [{"type": "onebit"}, {"type": "topk", "k": 3}, {"type": "dithering", "s": 5},
+                                    {"type": "fp16"}, {"type": "bf16"}], ids=lambda p: p["type"])
 def test_a_payload_at_an_odd_offset_in_a_buffer_decodes(params):
     comp = create(params)
     x = values(40, 6)
