@@ -155,6 +155,9 @@ def test_sparse_push_sums_rows_by_index_union_and_duplicates(make_store):
     assert got.todense()[:, 0].tolist() == [0, 3, 0, 1]  # no updater: the sum replaces the value
     whole = kv.pull("e")
     assert isinstance(whole, RowSparse) and whole.indices.tolist() == [1, 3]  # the rows present
+    kv.push("e", [rsp([2], value=1.0), np.ones(SHAPE, np.float32)])  # a dense value covers every row
+    whole = kv.pull("e")
+    assert whole.indices.tolist() == [0, 1, 2, 3] and whole.data[:, 0].tolist() == [1, 1, 2, 1]
 
 
 # -- MXNet's test_invalid_pull ------------------------------------------------------------------------------
@@ -423,6 +426,11 @@ def test_gradient_compression_refuses_row_sparse_keys_and_values(make_store):
     kv.init("s", rsp([0], value=1.0), summed=True)  # keys compression leaves alone may be row-sparse
     kv.push("s", [rsp([1], value=1.0)] * 2)
     assert kv.pull("s").indices.tolist() == [1]
+    small = make_store("local")
+    small.set_gradient_compression({"type": "2bit", "threshold": 0.5, "min_size": 17})
+    small.init("e", rsp([0], value=1.0))  # 16 elements: below min_size, not compressed
+    small.push("e", rsp([2], value=0.3))
+    assert small.pull("e").data[:, 0].tolist() == pytest.approx([0.3])
 
 
 def test_distributed_stores_refuse_row_sparse_values_until_the_servers_store_them():
@@ -441,12 +449,19 @@ def test_distributed_stores_refuse_row_sparse_values_until_the_servers_store_the
                     call()
                 except pskv.NotSupportedError as exc:
                     errors.append(str(exc))
+            for call in (lambda: kv.pull(1, out=np.zeros(SHAPE, np.float64)),  # no casting pulls there yet
+                         lambda: kv.row_sparse_pull(1, out=np.zeros(SHAPE, np.float64), row_ids=[0])):
+                try:
+                    call()
+                except pskv.DTypeMismatchError as exc:
+                    errors.append(str(exc))
             return errors
         finally:
             kv.close()
 
     with InProcessCluster(1, 1, deadline=30.0) as cluster:
         [errors] = cluster.run_workers(body)
-    assert len(errors) == 4
-    assert all("row-sparse storage on the parameter servers is not implemented yet" in e for e in errors)
+    assert len(errors) == 6
+    assert all("row-sparse storage on the parameter servers is not implemented yet" in e for e in errors[:4])
+    assert "pull of key 1: dtype float64" in errors[4] and "row_sparse_pull of key 1: dtype float64" in errors[5]
     assert "value for key 0 is row-sparse" in errors[0] and "out for key 1 is row-sparse" in errors[2]
