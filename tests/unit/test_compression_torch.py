@@ -248,3 +248,17 @@ def test_a_device_store_compresses_every_type_on_the_cuda_device(params, monkeyp
         expected = sum(ontorch.decompress(reference, ontorch.compress(reference, torch.from_numpy(g), r), n)
                        for g, r in zip(grads, residuals))  # each device with its own residual, on the CPU
         assert np.array_equal(out.cpu().numpy(), expected.numpy())
+
+
+def test_a_compressors_generators_and_tables_go_with_it():
+    import gc
+
+    from pskv.compression import ontorch_ops
+    comps = [create({"type": "randomk", "k": 2}), create({"type": "2bit"})]
+    ids = [id(c) for c in comps]
+    for comp in comps:
+        ontorch.compress(comp, torch.ones(8), torch.zeros(8))
+    assert all(i in ontorch_ops._STATES for i in ids)
+    del comp, comps
+    gc.collect()
+    assert not any(i in ontorch_ops._STATES for i in ids)  # a later compressor with a reused id starts afresh
