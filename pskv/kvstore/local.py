@@ -53,6 +53,8 @@ from pskv.kvstore.sparse import (
     cast_copy,
     fill_sparse_out,
     merge_into,
+    nonzero_rows,
+    replace_rows,
     scatter_rows,
     sparse_parts,
     value_device,
@@ -214,7 +216,9 @@ class LocalStore(StoreFrontEnd[_Entry]):
             if entry.rows is not None:
                 entry.rows = _all_rows(entry)
         for _, entry, vals in stored:
-            if any(is_row_sparse(v) for v in vals):
+            if entry.rows is not None and all(is_row_sparse(v) for v in vals):
+                entry.rows = replace_rows(entry.value, entry.rows, vals)  # only rows present before or after
+            elif any(is_row_sparse(v) for v in vals):
                 rows = merge_into(entry.value, vals, self._kernels)
                 if entry.rows is not None:
                     entry.rows = _all_rows(entry) if rows is None else rows
@@ -571,10 +575,17 @@ def _all_rows(entry: _Entry) -> np.ndarray[Any, Any]:
 
 
 def _join_rows(pairs: Sequence[tuple[Key, _Entry, list[Any]]], pushed: Sequence[np.ndarray[Any, Any] | None]) -> None:
-    """After an update: the rows a row-sparse key's update touched join its present rows."""
+    """After an update: the rows pushed, and any row the update made non-zero, join a row-sparse key's present rows.
+
+    (An update costs the table anyway; afterwards the rows not present are zero again, which
+    a push without updater relies on.)
+    """
     for (_, entry, _), rows in zip(pairs, pushed):
         if entry.rows is not None:
-            entry.rows = _all_rows(entry) if rows is None else np.union1d(entry.rows, rows)
+            joined = _all_rows(entry) if rows is None else np.union1d(entry.rows, rows)
+            if len(joined) < entry.meta.shape[0]:
+                joined = np.union1d(joined, nonzero_rows(entry.value))
+            entry.rows = joined
 
 
 def _host(value: Any) -> np.ndarray[Any, Any]:

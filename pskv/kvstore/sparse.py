@@ -1,7 +1,9 @@
 """Row-sparse values in the single-process stores: merging pushes, filling outs, casting copies.
 
 The ``local`` and ``device`` stores keep a row-sparse key's table dense (rows not present
-are zero) and remember which rows are present (``None``: a dense key, every row). A
+are zero) and remember which rows are present (``None``: a dense key, every row). A push
+of row-sparse values without an updater touches only the rows present before and after
+(:func:`replace_rows`), so it costs the rows, not the table. A
 row-sparse value is a :class:`~pskv.arrays.rowsparse.RowSparse` or a PyTorch sparse COO
 tensor; its rows are added into the table where it lives (a CUDA tensor's on its device).
 """
@@ -17,8 +19,8 @@ import numpy as np
 from pskv.arrays import CpuKernels, describe, is_torch, sum_into, to_numpy
 from pskv.arrays.rowsparse import RowSparse, coo_parts, is_row_sparse
 
-__all__ = ["sparse_parts", "value_device", "merge_into", "gather_rows", "scatter_rows", "zero_rows",
-           "cast_copy", "fill_sparse_out", "as_sparse_like"]
+__all__ = ["sparse_parts", "value_device", "merge_into", "replace_rows", "nonzero_rows", "gather_rows",
+           "scatter_rows", "zero_rows", "cast_copy", "fill_sparse_out", "as_sparse_like"]
 
 
 def sparse_parts(v: Any) -> tuple[np.ndarray[Any, Any], Any]:
@@ -92,6 +94,28 @@ def merge_into(dst: Any, values: Sequence[Any], kernels: CpuKernels) -> np.ndarr
     if not parts:
         return np.zeros(0, dtype=np.int64)
     return np.unique(np.concatenate([ids for ids, _ in parts]))
+
+
+def replace_rows(dst: Any, present: np.ndarray[Any, Any], values: Sequence[Any]) -> np.ndarray[Any, Any]:
+    """A row-sparse table whose rows outside ``present`` are zero becomes the sum of row-sparse
+    ``values``, touching only the rows present before and after; returns the new present rows."""
+    if isinstance(dst, np.ndarray):
+        dst[present] = 0
+    else:
+        d = dst.detach()
+        d.index_fill_(0, _torch().from_numpy(present).to(d.device), 0)
+    parts = [sparse_parts(v) for v in values]
+    for ids, data in parts:
+        scatter_rows(dst, ids, data, add=True)
+    return np.unique(np.concatenate([ids for ids, _ in parts])) if parts else np.zeros(0, dtype=np.int64)
+
+
+def nonzero_rows(table: Any) -> np.ndarray[Any, Any]:
+    """The rows of a dense table holding a non-zero value (sorted int64)."""
+    n = table.shape[0]
+    if isinstance(table, np.ndarray):
+        return np.flatnonzero(table.reshape(n, -1).any(axis=1)).astype(np.int64)
+    return table.detach().reshape(n, -1).ne(0).any(dim=1).nonzero().reshape(-1).cpu().numpy().astype(np.int64)
 
 
 def as_sparse_like(table: Any, rows: np.ndarray[Any, Any]) -> Any:

@@ -158,6 +158,9 @@ def test_sparse_push_sums_rows_by_index_union_and_duplicates(make_store):
     kv.push("e", [rsp([2], value=1.0), np.ones(SHAPE, np.float32)])  # a dense value covers every row
     whole = kv.pull("e")
     assert whole.indices.tolist() == [0, 1, 2, 3] and whole.data[:, 0].tolist() == [1, 1, 2, 1]
+    kv.push("e", rsp([3], value=5.0))  # replaces: every other row zero again
+    assert kv.pull("e").indices.tolist() == [3]
+    assert kv.row_sparse_pull("e", row_ids=range(4)).todense()[:, 0].tolist() == [0, 0, 0, 5]
 
 
 # -- MXNet's test_invalid_pull ------------------------------------------------------------------------------
@@ -283,6 +286,16 @@ def test_a_user_updater_gets_the_row_sparse_merge(make_store):
     kv.push("e", [rsp([2], value=1.0), rsp([0, 2], value=1.0)])
     assert seen == [("e", RowSparse, [0, 2])]
     assert kv.row_sparse_pull("e", row_ids=range(4)).todense()[:, 0].tolist() == [2, 1, 3, 1]
+
+    def writes_row_3(key, recv, stored):
+        stored[3] = 7
+    kv.set_updater(writes_row_3)
+    kv.init("f", rsp([0], value=1.0))
+    kv.push("f", rsp([1], value=1.0))
+    assert kv.pull("f").indices.tolist() == [0, 1, 3]  # pushed rows and rows the updater made non-zero
+    kv.set_updater(lambda key, recv, stored: None)
+    kv.push("f", rsp([2], value=1.0))
+    assert kv.pull("f").todense()[:, 0].tolist() == [1, 0, 0, 7]  # the rows present stay as they were
 
 
 @needs_torch
