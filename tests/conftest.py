@@ -89,6 +89,7 @@ def cuda_available() -> bool:
 # CI runs everything.
 MULTIPROCESS_MODULES = frozenset({
     "tests/fault/test_cluster_env.py",
+    "tests/fault/test_compression_restart.py",
     "tests/fault/test_network.py",
     "tests/fault/test_restart.py",
     "tests/fault/test_server_recovery.py",
