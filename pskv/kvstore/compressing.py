@@ -50,6 +50,7 @@ class GradientCompression:
         self.compressor = create(rest)
         self.residuals = Residuals()
         self._on_device: dict[tuple[Any, int], Any] = {}  # residuals of tensors on an accelerator
+        self._saved_on_device: dict[tuple[Any, int], np.ndarray[Any, Any]] = {}  # load_residuals: moved there at use
 
     @property
     def params(self) -> dict[str, Any]:
@@ -85,7 +86,7 @@ class GradientCompression:
                 flat = value.detach().reshape(-1)
                 residual = self._on_device.get((key, device))
                 if residual is None:
-                    residual = self._on_device[(key, device)] = flat.new_zeros(flat.numel())
+                    residual = self._on_device[(key, device)] = self._device_residual(key, device, flat)
                 payload = ontorch.compress(self.compressor, flat, residual)
                 out.append(ontorch.decompress(self.compressor, payload, flat.numel()).reshape(meta.shape))
                 continue
@@ -94,3 +95,33 @@ class GradientCompression:
             decoded = from_wire(self.compressor.decompress(payload, flat.size).reshape(meta.shape), meta)
             out.append(decoded if meta.device == "cpu" else clone(decoded, device=meta.device))
         return out
+
+    # -- state for checkpoints ---------------------------------------------------------------
+    def residual_state(self) -> list[tuple[Any, int, np.ndarray[Any, Any], bool]]:
+        """Every residual as ``(key, device, values, on_device)``: float32 CPU copies, ``on_device``
+        for those kept on an accelerator (and those loaded for one, not used yet)."""
+        out = [(key, device, res.copy(), False) for (key, device), res in self.residuals.items()]
+        out += [(key, device, np.array(to_numpy(res), np.float32).reshape(-1), True)
+                for (key, device), res in self._on_device.items()]
+        out += [(key, device, res.copy(), True) for (key, device), res in self._saved_on_device.items()
+                if (key, device) not in self._on_device]
+        return out
+
+    def load_residuals(self, saved: list[tuple[Any, int, np.ndarray[Any, Any], bool]]) -> None:
+        """Replace every residual by ``saved`` (as :meth:`residual_state` gives them; the caller checked
+        them against the keys): CPU ones at once, accelerator ones on that device at their next use."""
+        self.residuals.clear()
+        self._on_device.clear()
+        self._saved_on_device.clear()
+        for key, device, values, on_device in saved:
+            if on_device:
+                self._saved_on_device[(key, device)] = np.array(values, np.float32)
+            else:
+                np.copyto(self.residuals.get(key, device, values.size), values)
+
+    def _device_residual(self, key: Any, device: int, flat: Any) -> Any:
+        """A new residual on ``flat``'s device: a loaded one of its size, else zeros."""
+        saved = self._saved_on_device.pop((key, device), None)
+        if saved is not None and saved.size == flat.numel():
+            return flat.new_tensor(saved)
+        return flat.new_zeros(flat.numel())

@@ -8,6 +8,11 @@ A checkpoint is a directory ``<root>/epoch-NNNN/`` holding
   distributed mode with ``update_on_kvstore`` each server writes
   ``optimizer.safetensors.server<rank>`` (the servers must see the same directory: one
   machine, or a shared file system);
+* ``residuals.safetensors`` — with gradient compression on a ``local`` / ``device`` store,
+  the store's residuals (per key and device; tensors ``r<i>``, float32, and in the
+  metadata a JSON document with the compression's parameters and each residual's key,
+  device, size and whether it lived on an accelerator). A distributed store's residuals
+  live in its workers: ``kv.save_checkpoint`` saves those (:mod:`pskv.worker.residuals`);
 * ``meta.json`` — epoch, format version, store type, number of workers.
 
 It is written under a temporary name and renamed into place, so a crash leaves either
@@ -18,18 +23,23 @@ newest complete checkpoint. Nothing is ever unpickled: safetensors and JSON only
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import load_file as load_numpy
+from safetensors.numpy import save_file as save_numpy
 from safetensors.torch import load_file, save_file
 
 from pskv.atomic import fsync_dir, write_text_atomic
 from pskv.checkpoints import TRAINING_META, latest_training_checkpoint, mark_latest_training, training_dir
 from pskv.errors import InvalidArgumentError
+from pskv.kvstore.compressing import GradientCompression
 
 if TYPE_CHECKING:  # the trainer's fit() uses these; they only need its type
     from pskv.parallel.trainer import Trainer
@@ -39,7 +49,11 @@ __all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "save_para
 FORMAT = "pskv-checkpoint-1"
 PARAMS = "params.safetensors"
 OPTIMIZER = "optimizer.safetensors"
+RESIDUALS = "residuals.safetensors"
+RESIDUALS_FORMAT = "pskv.store-residuals"
 META = TRAINING_META
+
+log = logging.getLogger("pskv.parallel")
 
 
 def save_params(fname: str | os.PathLike[str], arg_params: dict[str, Any], aux_params: dict[str, Any]) -> None:
@@ -102,9 +116,11 @@ def save_checkpoint(trainer: Trainer, root: str | os.PathLike[str], epoch: int, 
     if rank == 0:
         arg, aux = group.get_params()
         save_params(tmp / PARAMS, arg, aux)
+        residuals = _save_residuals(trainer, tmp / RESIDUALS)
         meta = {"format": FORMAT, "epoch": epoch, "store": kv.type if kv is not None else None,
                 "num_workers": kv.num_workers if kv is not None else 1,
-                "update_on_kvstore": trainer.update_on_kvstore, **(extra or {})}
+                "update_on_kvstore": trainer.update_on_kvstore, **({"residuals": RESIDUALS} if residuals else {}),
+                **(extra or {})}
         write_text_atomic(tmp / META, json.dumps(meta, indent=1))
         fsync_dir(tmp)
         shutil.rmtree(final, ignore_errors=True)
@@ -146,4 +162,102 @@ def load_checkpoint(trainer: Trainer, path: str | os.PathLike[str]) -> dict[str,
     group.set_params(arg, aux)
     trainer.sync_params()
     trainer.load_states(str(path / OPTIMIZER))
+    _load_residuals(trainer, path, meta)
     return dict(meta)
+
+
+def _compression(trainer: Trainer) -> GradientCompression | None:
+    """The gradient compression of the trainer's store, if it has one."""
+    found = getattr(trainer.kvstore, "_compression", None)  # the store front end's (set_gradient_compression)
+    return found if isinstance(found, GradientCompression) else None
+
+
+def _key_sizes(trainer: Trainer) -> dict[Any, tuple[int, int]]:
+    """Each store key of the trainer: (elements, devices)."""
+    return {key: (int(w[0].numel()), len(w)) for key, w in zip(trainer.keys, trainer._weights)}
+
+
+def _save_residuals(trainer: Trainer, path: Path) -> bool:
+    """Write the ``local`` / ``device`` store's compression residuals to ``path``; whether it did."""
+    compression = _compression(trainer)
+    if compression is None:
+        return False
+    kv = trainer.kvstore
+    if kv is not None and kv.store_type.distributed:
+        log.warning("training checkpoint: a distributed store's compression residuals are not in it (they live "
+                    "in its workers; kv.save_checkpoint saves them)")
+        return False
+    state = compression.residual_state()
+    tensors = {f"r{i}": np.ascontiguousarray(values, np.float32) for i, (_, _, values, _) in enumerate(state)}
+    entries = [{"key": key, "device": device, "size": int(values.size), "on_device": on_device}
+               for key, device, values, on_device in state]
+    doc = {"format": RESIDUALS_FORMAT, "version": 1, "compression": compression.params, "residuals": entries}
+    save_numpy(tensors, str(path), metadata={"pskv": json.dumps(doc)})
+    return True
+
+
+def _load_residuals(trainer: Trainer, path: Path, meta: dict[str, Any]) -> None:
+    """Give the store back the residuals the checkpoint ``path`` holds; those that cannot come back start
+    at zero, with a WARNING naming why.
+
+    Raises:
+        InvalidArgumentError: the residuals file is not a pskv one, or a tensor does not fit its entry.
+    """
+    compression = _compression(trainer)
+    held = meta.get("residuals") == RESIDUALS
+    if compression is None:
+        if held:
+            log.warning("training checkpoint %s: its compression residuals are dropped: this trainer's store does "
+                        "not compress", path)
+        return
+    kv = trainer.kvstore
+    if kv is not None and kv.store_type.distributed:
+        if getattr(kv, "resumed", None) is None:
+            log.warning("training checkpoint %s: a distributed store's compression residuals start at zero "
+                        "(training checkpoints do not hold them; kv.save_checkpoint's do)", path)
+        return
+    why = "" if held else "it holds none (written before they were saved, or without compression)"
+    doc, tensors = ({}, {}) if why else _read_residuals(path / RESIDUALS)
+    if not why and doc["compression"] != compression.params:
+        why = f"they were made by compression {doc['compression']}, this store's is {compression.params}"
+    saved: list[tuple[Any, int, np.ndarray[Any, Any], bool]] = []
+    if not why:
+        sizes = _key_sizes(trainer)
+        for i, entry in enumerate(doc["residuals"]):
+            key, device, size = entry["key"], entry["device"], entry["size"]
+            have = sizes.get(key) if isinstance(key, (int, str)) else None
+            if have is None or not isinstance(device, int) or not 0 <= device < have[1] or size != have[0]:
+                why = (f"key {key!r} device {device!r} of {size} values does not fit this trainer's keys "
+                       f"({'no such key' if have is None else f'{have[0]} values on {have[1]} devices'})")
+                break
+            saved.append((key, device, tensors[f"r{i}"], bool(entry["on_device"])))
+    if why:
+        log.warning("training checkpoint %s: compression residuals start at zero, not restored: %s", path, why)
+        return
+    compression.load_residuals(saved)
+
+
+def _read_residuals(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray[Any, Any]]]:
+    """The residuals file's document and tensors, each tensor checked against its entry (float32, 1-D, size).
+
+    Raises:
+        InvalidArgumentError: unreadable, not a pskv residuals file, or damaged.
+    """
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            doc = json.loads((f.metadata() or {})["pskv"])
+        tensors = load_numpy(str(path))
+        entries = doc["residuals"]
+        if doc.get("format") != RESIDUALS_FORMAT or not isinstance(entries, list) \
+                or not isinstance(doc.get("compression"), dict):
+            raise ValueError("not a pskv residuals file")
+        if set(tensors) != {f"r{i}" for i in range(len(entries))}:
+            raise ValueError(f"{len(tensors)} tensors for {len(entries)} entries")
+        for i, entry in enumerate(entries):
+            values = tensors[f"r{i}"]
+            if not isinstance(entry, dict) or values.dtype != np.float32 or values.shape != (entry["size"],):
+                raise ValueError(f"residual {i} is {values.dtype}{list(values.shape)}, its entry claims "
+                                 f"float32[{entry.get('size') if isinstance(entry, dict) else '?'}]")
+    except (OSError, SafetensorError, KeyError, TypeError, ValueError) as exc:
+        raise InvalidArgumentError(f"{path} is not a usable pskv residuals file: {exc}") from exc
+    return doc, tensors
