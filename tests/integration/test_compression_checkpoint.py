@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,9 +16,13 @@ from safetensors.numpy import load_file, save_file
 
 import pskv
 from pskv.checkpoints import read_manifest, worker_file
+from pskv.config import ClusterConfig
 from pskv.errors import CheckpointError
+from pskv.kvstore.dist import DistStore
 from pskv.server.snapshot import read_shard
 from pskv.testing import InProcessCluster
+from pskv.testing.loopback import LoopbackNetwork
+from pskv.worker import KVWorker
 from pskv.worker.residuals import read_residuals
 
 DEADLINE = 30.0
@@ -138,3 +143,20 @@ def test_a_damaged_residuals_file_is_refused_naming_it(tmp_path):
     with pytest.raises(CheckpointError, match=r"worker-0.safetensors: the residual of key \d+ offset 0 is "
                                               r"float32\[\d+\]; its entry claims float32\[\d+\]"):
         read_residuals(root / "ckpt-1", 0)
+
+
+def test_a_replacement_worker_says_its_residuals_start_at_zero(caplog):
+    """A replacement process (--restart-workers) cannot have its predecessor's residuals: it says so."""
+    cluster = ClusterConfig(num_servers=1, num_workers=1, role="worker", root_uri="127.0.0.1", root_port=1, shm=0,
+                            heartbeat_interval=0)
+    network = LoopbackNetwork(cluster)
+    network.client.info = replace(network.client.info, recovery=True)
+    kv = DistStore("dist_sync", None, cluster, worker=KVWorker(cluster, sync=True, client=network.client))
+    try:
+        assert kv.is_recovery
+        caplog.set_level(logging.WARNING)
+        kv.set_gradient_compression(TWO_BIT)
+    finally:
+        kv.close()
+    assert ("worker 0: a replacement process: the compression residuals of its predecessor died with it; they "
+            "start at zero") in caplog.text
