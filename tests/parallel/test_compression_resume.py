@@ -91,3 +91,20 @@ def test_other_compression_params_drop_the_residuals_with_a_warning(tmp_path, ca
     caplog.set_level(logging.WARNING)
     resumed(False, tmp_path, {"type": "2bit", "threshold": 0.05})
     assert "compression residuals start at zero, not restored: they were made by compression" in caplog.text
+
+
+def test_residuals_of_accelerator_values_go_back_to_their_device_at_first_use():
+    """The ``device`` store keeps a CUDA value's residual on its device: saved as a CPU copy marked
+    ``on_device``, it is loaded there when that key and device are next compressed (here: a CPU tensor
+    stands in for the device tensor ``exchange`` would pass)."""
+    from pskv.kvstore.compressing import GradientCompression
+
+    saved = np.linspace(-0.3, 0.3, 6, dtype=np.float32)
+    gc = GradientCompression(COMPRESSION)
+    gc.load_residuals([("w", 1, saved, True), ("b", 0, np.ones(2, np.float32), False)])
+    state = {(k, d): (v, on) for k, d, v, on in gc.residual_state()}
+    assert np.array_equal(state[("w", 1)][0], saved) and state[("w", 1)][1] is True
+    assert state[("b", 0)][1] is False and gc.residuals.get("b", 0, 2).tolist() == [1.0, 1.0]
+    flat = torch.zeros(6)
+    assert torch.equal(gc._device_residual("w", 1, flat), torch.from_numpy(saved))
+    assert torch.equal(gc._device_residual("w", 1, flat), torch.zeros(6))  # taken once; then zeros as before
