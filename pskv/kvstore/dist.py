@@ -495,6 +495,9 @@ class DistStore(StoreFrontEnd[KeyLayout]):
     def save_checkpoint(self, path: str | None = None, meta: Any = None) -> str:
         """Save every server's shard — values, rounds, optimizer state and config — as a checkpoint.
 
+        With gradient compression, every worker's residuals too (``worker-<rank>.safetensors``)
+        and the servers' ``both_ways`` reply residuals: a resumed job restores them.
+
         Collective: every worker calls it at the same point (e.g. every N steps). The
         files are written atomically on the servers' hosts (use a shared file system
         across hosts). A job started with ``PSKV_RESUME_FROM`` set to the directory (``pskv
