@@ -49,10 +49,12 @@ from pskv.kvstore.frontend import StoreFrontEnd
 from pskv.kvstore.keys import Key, pair_up
 from pskv.kvstore.rows import apply_row_plan, plan_row_pulls
 from pskv.kvstore.sparse import (
+    add_present,
     as_sparse_like,
     cast_copy,
     fill_sparse_out,
     merge_into,
+    merge_rows,
     nonzero_rows,
     replace_rows,
     scatter_rows,
@@ -226,20 +228,34 @@ class LocalStore(StoreFrontEnd[_Entry]):
     def _apply_updater(self, updater: Updater, pairs: Sequence[tuple[Key, _Entry, list[Any]]]) -> None:
         """Give each key's merged pushes to the updater; if it fails, no stored value changed.
 
-        pskv's optimizers get the dense sum (their dense update; MXNet's ``lazy_update=False``).
-        A user updater gets, for a push of row-sparse values only, their sum as a row-sparse
-        value of the stored array's kind (MXNet passes its row-sparse merge), else the dense sum.
+        pskv's optimizers get, for a push of row-sparse values only and with ``lazy_update``
+        set, the merged rows (``update_rows``: only those rows of the weight and its state
+        change, at a cost of the rows pushed); otherwise the dense sum (their dense update;
+        MXNet's ``lazy_update=False``). A user updater gets, for a push of row-sparse values
+        only, their sum as a row-sparse value of the stored array's kind (MXNet passes its
+        row-sparse merge), else the dense sum.
         """
         for _, entry, vals in pairs:
             self._settle_device(entry, vals)
-        merged, pushed_rows = self._merge_all(pairs)
         if self._builtin_updater:
-            # pskv's Updater checks every key of the list before it writes any, so it
+            lazy = updater.optimizer.lazy_update  # type: ignore[attr-defined]
+            by_rows = [lazy and all(is_row_sparse(v) for v in vals) for _, _, vals in pairs]
+            dense = [p for p, r in zip(pairs, by_rows) if not r]
+            lazy_pairs = [p for p, r in zip(pairs, by_rows) if r]
+            merged, pushed_rows = self._merge_all(dense)
+            row_sums = [merge_rows(entry.value, vals) for _, entry, vals in lazy_pairs]
+            # pskv's Updater checks every key of the call before it writes any, so it
             # runs in place: a failing call changes nothing.
             with self._updater_lock:
-                updater([k for k, _, _ in pairs], merged, [entry.value for _, entry, _ in pairs])
-            _join_rows(pairs, pushed_rows)
+                updater.update_batch(  # type: ignore[attr-defined]
+                    [(k, m, entry.value) for (k, entry, _), m in zip(dense, merged)],
+                    [(k, ids, rows, entry.value) for (k, entry, _), (ids, rows) in zip(lazy_pairs, row_sums)])
+            _join_rows(dense, pushed_rows)
+            for (_, entry, _), (ids, _) in zip(lazy_pairs, row_sums):
+                if entry.rows is not None:  # only the pushed rows changed: they join the present rows
+                    entry.rows = add_present(entry.rows, ids)
             return
+        merged, pushed_rows = self._merge_all(pairs)
         # A user updater may fail half-way: run it on spare copies, then swap them in.
         for _, entry, _ in pairs:
             if entry.spare is None:

@@ -3,7 +3,9 @@
 The ``local`` and ``device`` stores keep a row-sparse key's table dense (rows not present
 are zero) and remember which rows are present (``None``: a dense key, every row). A push
 of row-sparse values without an updater touches only the rows present before and after
-(:func:`replace_rows`), so it costs the rows, not the table. A
+(:func:`replace_rows`), so it costs the rows, not the table; with an optimizer whose
+``lazy_update`` is set, a push of row-sparse values is summed by row (:func:`merge_rows`)
+and updates only those rows (``Optimizer.update_rows``). A
 row-sparse value is a :class:`~pskv.arrays.rowsparse.RowSparse` or a PyTorch sparse COO
 tensor; its rows are added into the table where it lives (a CUDA tensor's on its device).
 """
@@ -19,7 +21,7 @@ import numpy as np
 from pskv.arrays import CpuKernels, describe, is_torch, sum_into, to_numpy
 from pskv.arrays.rowsparse import RowSparse, coo_parts, is_row_sparse
 
-__all__ = ["sparse_parts", "value_device", "merge_into", "replace_rows", "nonzero_rows", "gather_rows",
+__all__ = ["sparse_parts", "value_device", "merge_into", "merge_rows", "add_present", "replace_rows", "nonzero_rows", "gather_rows",
            "scatter_rows", "zero_rows", "cast_copy", "fill_sparse_out", "as_sparse_like"]
 
 
@@ -94,6 +96,51 @@ def merge_into(dst: Any, values: Sequence[Any], kernels: CpuKernels) -> np.ndarr
     if not parts:
         return np.zeros(0, dtype=np.int64)
     return np.unique(np.concatenate([ids for ids, _ in parts]))
+
+
+def merge_rows(like: Any, values: Sequence[Any]) -> tuple[np.ndarray[Any, Any], Any]:
+    """The sum of row-sparse ``values`` as ``(sorted unique ids, their rows)``, without the table.
+
+    The rows are of ``like``'s kind, device and dtype (a new array unless a single value's
+    rows already are); a row in several values is summed. Costs the rows pushed.
+    """
+    parts = [sparse_parts(v) for v in values]
+    if len(parts) == 1:
+        ids, data = parts[0]
+        return ids, _like_rows(like, data)
+    ids = np.unique(np.concatenate([i for i, _ in parts])) if parts else np.zeros(0, dtype=np.int64)
+    shape = (len(ids),) + tuple(like.shape[1:])
+    if isinstance(like, np.ndarray):
+        out: Any = np.zeros(shape, dtype=like.dtype)
+    else:
+        out = like.new_zeros(shape)
+    for pids, data in parts:
+        scatter_rows(out, np.searchsorted(ids, pids), data, add=True)
+    return ids, out
+
+
+def add_present(present: np.ndarray[Any, Any], ids: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """The sorted union of sorted unique ``present`` and ``ids``: ``present`` itself when it holds every id.
+
+    A binary search per id; only ids not yet present cost a copy of ``present``.
+    """
+    pos = np.searchsorted(present, ids)
+    inside = pos < len(present)
+    found = np.zeros(len(ids), dtype=bool)
+    found[inside] = present[pos[inside]] == ids[inside]
+    if found.all():
+        return present
+    new = ~found
+    return np.insert(present, pos[new], ids[new])
+
+
+def _like_rows(like: Any, data: Any) -> Any:
+    """``data`` on ``like``'s backend, device and dtype (itself when it already is)."""
+    if isinstance(like, np.ndarray):
+        host = to_numpy(data) if is_torch(data) else data
+        return host if host.dtype == like.dtype else host.astype(like.dtype)
+    src = _torch().from_numpy(np.ascontiguousarray(data)) if isinstance(data, np.ndarray) else data.detach()
+    return src.to(like.device, like.dtype)
 
 
 def replace_rows(dst: Any, present: np.ndarray[Any, Any], values: Sequence[Any]) -> np.ndarray[Any, Any]:

@@ -43,6 +43,7 @@ class AdaGrad(Optimizer):
     """
 
     _rule_uses_count = False
+    default_lazy_update = True
     default_learning_rate = 0.01
     aliases = ("epsilon",)
 

@@ -116,6 +116,7 @@ class Adam(Optimizer):
         InvalidArgumentError: a hyperparameter is out of range.
     """
 
+    default_lazy_update = True
     default_learning_rate = 0.001
 
     def __init__(self, *, beta1: float = 0.9, beta2: float = 0.999, epsilon: float = 1e-8, **kwargs: Any) -> None:
@@ -177,6 +178,7 @@ class AdamW(Optimizer):
         InvalidArgumentError: a hyperparameter is out of range.
     """
 
+    default_lazy_update = True
     default_learning_rate = 0.001
 
     def __init__(

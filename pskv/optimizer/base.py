@@ -28,8 +28,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 
-from pskv.arrays import FLOAT_DTYPES, ArrayMeta, describe
-from pskv.errors import InvalidArgumentError, UnsupportedValueError
+from pskv.arrays import FLOAT_DTYPES, ArrayMeta, describe, is_torch, to_numpy
+from pskv.errors import (
+    DTypeMismatchError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    ShapeMismatchError,
+    UnsupportedValueError,
+)
 from pskv.optimizer import _math
 from pskv.optimizer._scratch import NumpyScratch, TorchScratch, Workspace
 from pskv.optimizer._validate import as_bool, as_float, as_int, as_optional_float, check_key, check_mult, construct
@@ -44,7 +50,7 @@ if TYPE_CHECKING:
 # module. So Optimizer.get_updater needs no import back into updater (no cycle).
 _UPDATER: list[Callable[[Optimizer], Updater]] = []
 
-__all__ = ["Optimizer", "Key", "State"]
+__all__ = ["Optimizer", "Key", "State", "check_rows"]
 
 Key = int | str
 Array = Any
@@ -67,6 +73,68 @@ def _mult_from_json(name: str, value: Any) -> dict[Key, float]:
     return check_mult("config", name, {p[0]: p[1] for p in value})
 
 
+def _take_rows(a: Array, ids: np.ndarray[Any, Any]) -> Array:
+    """``a[ids]`` (a new array on ``a``'s backend and device)."""
+    if isinstance(a, np.ndarray):
+        return a[ids]
+    return a.index_select(0, _math.torch_ops().from_numpy(ids).to(a.device))
+
+
+def _put_rows(a: Array, ids: np.ndarray[Any, Any], rows: Array) -> None:
+    """``a[ids] = rows`` in place (``rows`` on ``a``'s backend, device and dtype)."""
+    if isinstance(a, np.ndarray):
+        a[ids] = rows
+    else:
+        a.index_copy_(0, _math.torch_ops().from_numpy(ids).to(a.device), rows)
+
+
+def check_rows(key: Key, meta: ArrayMeta, indices: Any, grad_rows: Array) -> tuple[np.ndarray[Any, Any], Array]:
+    """Validate a row-sparse gradient for a weight described by ``meta``; ``(int64 ids, rows next to the weight)``.
+
+    ``indices`` must be integers (a 1-D NumPy array or tensor), sorted, unique and in
+    ``[0, rows)``; ``grad_rows`` must have shape ``(len(indices),) + meta.shape[1:]`` and
+    the weight's dtype. Bounded work: one pass over the ids, none over the weight.
+
+    Raises:
+        InvalidTypeError: ``indices`` are not an integer array.
+        InvalidArgumentError: not 1-D, not sorted and unique, out of range, or a weight without rows.
+        UnsupportedValueError: ``grad_rows`` is not a supported array.
+        ShapeMismatchError, DTypeMismatchError: ``grad_rows`` does not fit the weight.
+    """
+    what = f"row-sparse update of key {key!r}"
+    if not meta.shape:
+        raise InvalidArgumentError(f"{what}: the weight is a scalar; it has no rows")
+    ids = to_numpy(indices) if is_torch(indices) else indices
+    if not isinstance(ids, np.ndarray) or ids.dtype.kind not in "iu":
+        kind = f"dtype {ids.dtype}" if isinstance(ids, np.ndarray) else type(indices).__qualname__
+        raise InvalidTypeError(f"{what}: row ids must be an integer array, got {kind}")
+    if ids.ndim != 1:
+        raise InvalidArgumentError(f"{what}: row ids must be 1-D, got shape {ids.shape}")
+    ids = ids.astype(np.int64, copy=False)
+    rows = meta.shape[0]
+    if ids.size:
+        if ids.size > 1:
+            bad = np.flatnonzero(ids[1:] <= ids[:-1])
+            if bad.size:
+                i = int(bad[0])
+                raise InvalidArgumentError(f"{what}: row ids must be sorted and unique; ids[{i}] = {int(ids[i])} "
+                                           f"is followed by {int(ids[i + 1])}")
+        if ids[0] < 0 or ids[-1] >= rows:
+            out = ids[(ids < 0) | (ids >= rows)]
+            raise InvalidArgumentError(f"{what}: row ids {out[:8].tolist()} out of range for {rows} rows "
+                                       f"(valid: 0..{rows - 1})")
+    try:
+        gmeta = describe(grad_rows)
+    except UnsupportedValueError as exc:
+        raise UnsupportedValueError(f"{what}: gradient rows: {exc}") from None
+    want = (len(ids),) + tuple(meta.shape[1:])
+    if tuple(gmeta.shape) != want:
+        raise ShapeMismatchError(key, f"row-sparse update ({len(ids)} rows)", want, tuple(gmeta.shape))
+    if gmeta.dtype != meta.dtype:
+        raise DTypeMismatchError(key, "row-sparse update", meta.dtype, gmeta.dtype)
+    return ids, _math.to_backend(grad_rows, meta)
+
+
 class Optimizer:
     """Base class of all optimizers (MXNet-compatible hyperparameters).
 
@@ -86,6 +154,13 @@ class Optimizer:
         multi_precision: keep a float32 master copy of float16 / bfloat16 weights in
             the state and update that copy.
         begin_num_update: the count a key starts from before its first update.
+        lazy_update: MXNet's flag for row-sparse gradients (:meth:`update_rows`): True
+            updates only the rows a gradient holds (and their state rows); False runs
+            the dense update of the gradient with its missing rows zero. ``None``
+            means the class default (``default_lazy_update``: True for the built-in
+            row-wise rules SGD, NAG, Adam, AdamW, AdaGrad and FTRL, as MXNet 1.x's
+            SGD and Adam; False for RMSProp, which MXNet has no sparse form of, and
+            for custom rules, which may not act row by row).
 
     Raises:
         InvalidArgumentError: a hyperparameter is out of range.
@@ -99,6 +174,8 @@ class Optimizer:
     # whether _torch_rule reads the update count t: tensors of one list call are grouped
     # by t only if it does (a subclass whose rule starts reading t must set it to True)
     _rule_uses_count: ClassVar[bool] = True
+    #: ``lazy_update`` when the constructor is not given one (see the class docstring)
+    default_lazy_update: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -124,6 +201,7 @@ class Optimizer:
         lr_scheduler: LRScheduler | Mapping[str, Any] | None = None,
         multi_precision: bool = False,
         begin_num_update: int = 0,
+        lazy_update: bool | None = None,
     ) -> None:
         owner = type(self).__name__
         if isinstance(lr_scheduler, Mapping):
@@ -141,6 +219,7 @@ class Optimizer:
         self.clip_gradient = as_optional_float(owner, "clip_gradient", clip_gradient, gt=0.0)
         self.multi_precision = as_bool(owner, "multi_precision", multi_precision)
         self.begin_num_update = as_int(owner, "begin_num_update", begin_num_update, ge=0)
+        self.lazy_update = as_bool(owner, "lazy_update", self.default_lazy_update if lazy_update is None else lazy_update)
         self.num_update = self.begin_num_update
         self._index_update_count: dict[Key, int] = {}
         self.lr_mult: dict[Key, float] = {}
@@ -309,6 +388,61 @@ class Optimizer:
         self._apply([(key, weight, grad, arrays, self._uses_master(meta.dtype))])
 
     update_multi_precision = update
+
+    def update_rows(self, key: Key, weight: Array, indices: Any, grad_rows: Array, state: State) -> None:
+        """Apply one update from a row-sparse gradient: the rows ``indices`` hold ``grad_rows``, others zero.
+
+        With ``lazy_update`` (MXNet's lazy update) only the rows ``indices`` of ``weight``
+        and of every state array shaped like it change: the rule runs on those rows as
+        the dense rule would on a weight made of them, with the key's one update count
+        (Adam's bias correction uses it, as MXNet's lazy Adam does). Every other row,
+        and its state, stays bit for bit. Without ``lazy_update`` this is the dense
+        update of the gradient with the missing rows zero. Either way the key's update
+        count grows by one, even for no rows.
+
+        Rows travel through the weight's own backend: NumPy fancy indexing, or
+        ``index_select`` / ``index_copy_`` on the tensor's device.
+
+        Args:
+            key: the store key.
+            weight: the full weight, rows first (e.g. shape ``(R, D)``), updated in place.
+            indices: sorted, unique int row ids ``< R`` (a 1-D NumPy array or int tensor).
+            grad_rows: the gradient rows, shape ``(len(indices),) + weight.shape[1:]``,
+                the weight's dtype (any backend or device: moved next to the weight).
+            state: what :meth:`create_state` returned for this key and weight.
+
+        Raises:
+            KeyTypeError: ``key`` is neither int nor str.
+            UnsupportedValueError: ``weight`` is not a floating-point array.
+            InvalidTypeError: ``indices`` are not integers.
+            InvalidArgumentError: ``indices`` not sorted and unique, out of range, or
+                ``state`` has the wrong number of arrays.
+            ShapeMismatchError, DTypeMismatchError: ``grad_rows`` does not fit.
+        """
+        key = check_key(key)
+        meta = self._check(key, weight)
+        names = self.state_names(meta)
+        arrays = () if state is None else tuple(state)
+        if len(arrays) != len(names):
+            raise InvalidArgumentError(
+                f"key {key!r}: {type(self).__name__} expects state arrays {names}, got {len(arrays)} array(s)"
+            )
+        ids, grad_rows = check_rows(key, meta, indices, grad_rows)
+        w = _math.detach(weight)
+        if not self.lazy_update:
+            dense = _math.zeros_like(w)
+            _put_rows(dense, ids, grad_rows)
+            self.update(key, weight, dense, state)
+            return
+        shape = tuple(w.shape)
+        picked = [tuple(a.shape) == shape for a in arrays]
+        w_rows = _take_rows(w, ids)
+        st_rows = tuple(_take_rows(_math.detach(a), ids) if p else a for a, p in zip(arrays, picked, strict=True))
+        self.update(key, w_rows, grad_rows, st_rows if arrays else state)
+        _put_rows(w, ids, w_rows)
+        for a, r, p in zip(arrays, st_rows, picked, strict=True):
+            if p:
+                _put_rows(_math.detach(a), ids, r)
 
     # ----------------------------------------------------------- the update engine
     def _apply(self, items: Sequence[tuple[Key, Array, Array, tuple[Array, ...], bool]]) -> None:
@@ -520,6 +654,7 @@ class Optimizer:
             "lr_scheduler": None if self.lr_scheduler is None else self.lr_scheduler.to_config(),
             "multi_precision": self.multi_precision,
             "begin_num_update": self.begin_num_update,
+            "lazy_update": self.lazy_update,
             "lr_mult": _mult_to_json(self.lr_mult),
             "wd_mult": _mult_to_json(self.wd_mult),
         }

@@ -37,6 +37,7 @@ class Ftrl(Optimizer):
         InvalidArgumentError: a hyperparameter is out of range.
     """
 
+    default_lazy_update = True
     _rule_uses_count = False
     default_learning_rate = 0.1
 

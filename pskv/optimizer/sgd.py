@@ -73,6 +73,7 @@ class SGD(Optimizer):
     """
 
     _rule_uses_count = False
+    default_lazy_update = True
     default_learning_rate = 0.01
 
     def __init__(self, *, momentum: float = 0.0, **kwargs: Any) -> None:

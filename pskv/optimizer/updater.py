@@ -24,6 +24,7 @@ from typing import Any, TypeAlias
 import numpy as np
 
 from pskv.arrays import FLOAT_DTYPES, ArrayMeta, describe
+from pskv.arrays.rowsparse import RowSparse, coo_parts, is_row_sparse
 from pskv.errors import (
     DTypeMismatchError,
     InvalidArgumentError,
@@ -33,7 +34,7 @@ from pskv.errors import (
 )
 from pskv.optimizer import _math, base, states
 from pskv.optimizer._validate import check_key
-from pskv.optimizer.base import Key, Optimizer, State
+from pskv.optimizer.base import Key, Optimizer, State, check_rows
 
 __all__ = ["Updater", "get_updater", "install_optimizer", "updater_from_states"]
 
@@ -48,6 +49,7 @@ class _Plan:
     state: State
     layout: tuple[tuple[str, ...], ArrayMeta]
     fresh: bool
+    rows: np.ndarray[Any, Any] | None = None  # a row-sparse gradient's row ids (grad holds those rows)
 
 
 def _signature(x: Any) -> tuple[Any, ...] | None:
@@ -97,7 +99,10 @@ class Updater:
         Args:
             key: a store key, or a list of keys.
             grad: the gradient (or a list), same shape and dtype as the weight; on
-                another backend / device it is copied next to the weight.
+                another backend / device it is copied next to the weight. A
+                row-sparse gradient (a :class:`~pskv.arrays.rowsparse.RowSparse` or a
+                torch sparse COO tensor) goes to :meth:`update_rows` (MXNet's
+                ``row_sparse`` gradients; lazy with ``lazy_update``).
             weight: the weight (or a list), updated in place.
 
         Raises:
@@ -119,21 +124,99 @@ class Updater:
             keys = [check_key(k) for k in key]
             if len(set(keys)) != len(keys):
                 raise InvalidArgumentError(f"duplicate keys in one updater call: {keys!r}")
-            plans = [self._prepare(k, g, w) for k, g, w in zip(keys, grad, weight, strict=True)]
+            plans = [self._prepare_any(k, g, w) for k, g, w in zip(keys, grad, weight, strict=True)]
         else:
-            plans = [self._prepare(check_key(key), grad, weight)]
+            plans = [self._prepare_any(check_key(key), grad, weight)]
+        self._run(plans)
+
+    def update_rows(self, key: Key | Sequence[Key], indices: Any, grad_rows: Any, weight: Any) -> None:
+        """Update ``weight`` in place from a row-sparse gradient (:meth:`Optimizer.update_rows`).
+
+        The gradient holds the rows ``indices`` (sorted, unique) as ``grad_rows``; every
+        other row is zero. With the optimizer's ``lazy_update`` only those rows of the
+        weight and of its state change. Lists of keys / indices / rows / weights are
+        accepted; everything is validated before any weight or state changes.
+
+        Raises:
+            KeyTypeError, UnsupportedValueError, OptimizerStateError: as :meth:`__call__`.
+            InvalidTypeError, InvalidArgumentError, ShapeMismatchError, DTypeMismatchError:
+                the row ids or rows do not fit the weight (see :func:`~pskv.optimizer.base.check_rows`).
+        """
+        if isinstance(key, (list, tuple)):
+            lists = (indices, grad_rows, weight)
+            if not all(isinstance(x, (list, tuple)) and len(x) == len(key) for x in lists):
+                raise InvalidArgumentError("with a list of keys, indices, grad_rows and weight must be lists of "
+                                           "the same length")
+            keys = [check_key(k) for k in key]
+            if len(set(keys)) != len(keys):
+                raise InvalidArgumentError(f"duplicate keys in one updater call: {keys!r}")
+            self._run([self._prepare_rows(*args) for args in zip(keys, indices, grad_rows, weight, strict=True)])
+        else:
+            self._run([self._prepare_rows(check_key(key), indices, grad_rows, weight)])
+
+    def update_batch(self, dense: Sequence[tuple[Key, Any, Any]], rows: Sequence[tuple[Key, Any, Any, Any]]) -> None:
+        """One call for ``(key, grad, weight)`` dense updates and ``(key, indices, grad_rows, weight)`` row updates.
+
+        Every key is validated (states prepared) before any weight or state changes; the
+        keys must be distinct. This is what a store runs for a push of several keys.
+
+        Raises:
+            InvalidArgumentError: a key is listed twice; otherwise as :meth:`__call__` and
+                :meth:`update_rows`.
+        """
+        keys = [check_key(k) for k, *_ in dense] + [check_key(k) for k, *_ in rows]
+        if len(set(keys)) != len(keys):
+            raise InvalidArgumentError(f"duplicate keys in one updater call: {keys!r}")
+        plans = [self._prepare_any(check_key(k), g, w) for k, g, w in dense]
+        plans += [self._prepare_rows(check_key(k), i, g, w) for k, i, g, w in rows]
+        self._run(plans)
+
+    def _run(self, plans: Sequence[_Plan]) -> None:
+        """Install the fresh states of validated plans, then update (dense plans together, then row plans)."""
         opt = self.optimizer
         for plan in plans:
             if plan.fresh:
                 self.states[plan.key] = plan.state
                 self._layout[plan.key] = plan.layout
                 self._pending.pop(plan.key, None)
-                self._remember(plan.key, plan.weight, plan.grad)
+                if plan.rows is None:
+                    self._remember(plan.key, plan.weight, plan.grad)
+                else:
+                    self._checked.pop(plan.key, None)
+        dense = [p for p in plans if p.rows is None]
         if type(opt).update is not Optimizer.update:  # a custom optimizer with its own update()
-            for plan in plans:
+            for plan in dense:
                 opt.update(plan.key, plan.weight, plan.grad, plan.state)
-            return
-        opt._apply([(p.key, p.weight, p.grad, p.state or (), opt._uses_master(p.layout[1].dtype)) for p in plans])
+        elif dense:
+            opt._apply([(p.key, p.weight, p.grad, p.state or (), opt._uses_master(p.layout[1].dtype)) for p in dense])
+        for plan in plans:
+            if plan.rows is not None:
+                opt.update_rows(plan.key, plan.weight, plan.rows, plan.grad, plan.state)
+
+    def _prepare_rows(self, key: Key, indices: Any, grad_rows: Any, weight: Any) -> _Plan:
+        wmeta = _describe(key, "weight", weight)
+        if wmeta.dtype not in FLOAT_DTYPES:
+            raise UnsupportedValueError(
+                f"{_OP} of key {key!r}: dtype {wmeta.dtype} is not a floating-point dtype "
+                f"(supported: {', '.join(sorted(FLOAT_DTYPES))})"
+            )
+        ids, grad_rows = check_rows(key, wmeta, indices, grad_rows)
+        layout = (self.optimizer.state_names(wmeta), wmeta)
+        if key not in self._pending and self._layout.get(key) == layout:
+            return _Plan(key, weight, grad_rows, self.states[key], layout, False, ids)
+        state = self._rebuild(key, weight, wmeta, layout[0])
+        return _Plan(key, weight, grad_rows, state, layout, True, ids)
+
+    def _prepare_any(self, key: Key, grad: Any, weight: Any) -> _Plan:
+        """A dense gradient's plan, or a row-sparse one's (RowSparse, torch sparse COO: MXNet's row_sparse)."""
+        if not is_row_sparse(grad):
+            return self._prepare(key, grad, weight)
+        wmeta = _describe(key, "weight", weight)
+        gshape = tuple(grad.shape)
+        if gshape != wmeta.shape:
+            raise ShapeMismatchError(key, _OP, wmeta.shape, gshape)
+        ids, rows = (grad.indices, grad.data) if isinstance(grad, RowSparse) else coo_parts(grad)
+        return self._prepare_rows(key, ids, rows, weight)
 
     def _prepare(self, key: Key, grad: Any, weight: Any) -> _Plan:
         checked = self._checked.get(key)

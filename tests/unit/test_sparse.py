@@ -311,11 +311,12 @@ def test_a_user_updater_of_a_torch_key_gets_a_sparse_tensor(make_store):
 
 @pytest.mark.parametrize("name", ["local", "device"])
 def test_optimizers_run_their_dense_update_on_row_sparse_gradients(make_store, name):
+    # lazy_update=False: the dense update of the summed gradient (the lazy one: test_lazy_update.py)
     rng = np.random.default_rng(3)
     weights = rng.standard_normal((6, 3)).astype(np.float32)
     sparse_kv, dense_kv = make_store(name), make_store(name)
     for kv, w in ((sparse_kv, RowSparse.from_dense(weights)), (dense_kv, weights)):
-        kv.set_optimizer(SGD(learning_rate=0.1, momentum=0.9, wd=0.01))
+        kv.set_optimizer(SGD(learning_rate=0.1, momentum=0.9, wd=0.01, lazy_update=False))
         kv.init(0, w)
     for step in range(3):
         grads = [rsp(rng.integers(6, size=3), (6, 3), seed=step * 10 + d) for d in range(2)]
@@ -331,7 +332,7 @@ def test_an_embedding_sparse_gradient_trains_like_its_dense_gradient(make_store)
     emb = torch.nn.Embedding(20, 5, sparse=True)
     sparse_kv, dense_kv = make_store("local"), make_store("local")
     for kv in (sparse_kv, dense_kv):
-        kv.set_optimizer(SGD(learning_rate=0.5, momentum=0.5))
+        kv.set_optimizer(SGD(learning_rate=0.5, momentum=0.5, lazy_update=False))
         kv.init("emb", emb.weight.detach().clone())
     for _ in range(3):
         emb.zero_grad()
