@@ -16,11 +16,15 @@ must reach the test accuracy given by ``--min-accuracy`` (default 95 %), or the 
 Without the launcher (no ``DMLC_ROLE`` in the environment) it trains in one process on
 the ``local`` store, with ``--devices`` CPU replicas.
 
-``--compression 2bit`` (or ``1bit``) compresses every gradient a worker sends
-(``Trainer(compression_params=...)``, the store's ``set_gradient_compression``; threshold
-``--threshold``, default 0.5). Quantized gradients arrive as steps of ``±threshold``:
-both models then train with Adam (which scales each step itself; SGD with momentum
-diverges on them) for 30 epochs each unless ``--epochs`` says otherwise.
+``--compression TYPE`` (``2bit``, ``1bit``, ``topk``, ...: any registered type, with its
+defaults) compresses every gradient a worker sends (``Trainer(compression_params=...)``,
+the store's ``set_gradient_compression``; ``--threshold``, default 0.5, for the types that
+take one). Compressed gradients arrive as steps of ``±threshold``, signs or sparse bursts
+of error feedback: both models then train with Adam (which scales each step itself; SGD
+with momentum diverges on ``onebit``, ``topk`` and ``dithering`` here) for 30 epochs each
+unless ``--epochs`` says otherwise. ``--adam`` trains an uncompressed run the same way
+(the baseline compressed runs compare with), ``--seed`` another initialisation and data
+order.
 """
 
 from __future__ import annotations
@@ -79,11 +83,11 @@ def train(name: str, kv: pskv.KVStoreBase | None, args: argparse.Namespace,
           data: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]) -> float:
     """Train one model; returns its test accuracy."""
     factory, optimizer, params, default_epochs = MODELS[name]
-    if args.compression:  # quantized gradients: Adam scales each step, and more epochs (see --compression)
+    if args.compression or args.adam:  # compressed gradients: Adam scales each step, and more epochs (see --compression)
         optimizer, params, default_epochs = "adam", {"learning_rate": 2e-3}, 30
     rank, workers = (kv.rank, kv.num_workers) if kv is not None else (0, 1)
     x_train, y_train, x_test, y_test = data
-    torch.manual_seed(1000 + rank)  # deliberately different on every worker
+    torch.manual_seed(1000 + rank + 100 * args.seed)  # deliberately different on every worker
     devices = ["cpu"] * args.devices
     group = DataParallelExecutorGroup(factory(), devices, loss=torch.nn.CrossEntropyLoss())
     compression = None
@@ -91,9 +95,12 @@ def train(name: str, kv: pskv.KVStoreBase | None, args: argparse.Namespace,
         compression = {"type": args.compression}
         if "threshold" in COMPRESSORS[args.compression].defaults:
             compression["threshold"] = args.threshold
+        for setting in args.compression_param:  # checked by the store, naming any bad one
+            name, _, value = setting.partition("=")
+            compression[name] = value
     trainer = Trainer(group, optimizer, params, kvstore=kv if kv is not None else "local", prefix=f"{name}.",
                       compression_params=compression)
-    train_iter = NDArrayIter(x_train, y_train, batch_size=args.batch, shuffle=True, seed=7,
+    train_iter = NDArrayIter(x_train, y_train, batch_size=args.batch, shuffle=True, seed=7 + args.seed,
                              num_parts=workers, part_index=rank)
     test_iter = NDArrayIter(x_test, y_test, batch_size=len(x_test))  # the whole test set, every worker
     if rank == 0:
@@ -123,6 +130,11 @@ def main() -> int:
     parser.add_argument("--compression", choices=sorted(COMPRESSORS), default=None,
                         help="compress the gradients sent to the store (set_gradient_compression)")
     parser.add_argument("--threshold", type=float, default=0.5, help="the compression's threshold")
+    parser.add_argument("--compression-param", action="append", default=[], metavar="NAME=VALUE",
+                        help="another parameter of the compression (e.g. k=0.05 for topk); repeatable")
+    parser.add_argument("--adam", action="store_true",
+                        help="train both models as compressed runs do (Adam, 30 epochs): their uncompressed baseline")
+    parser.add_argument("--seed", type=int, default=0, help="another initialisation and data order (default 0)")
     args = parser.parse_args()
     torch.set_num_threads(1)  # the launcher runs several processes on this machine
 
