@@ -34,7 +34,8 @@ _F16_TABLE: list[np.ndarray[Any, Any]] = []
 
 
 def _f16_table() -> np.ndarray[Any, Any]:
-    """float32 of every half-precision code (65536 values, made once): the compiled paths' decoder."""
+    """float32 of every half-precision code (NumPy's cast; 65536 values, made once): gathering from it
+    decodes faster than casting, and the compiled loop reads the residual's values from it."""
     if not _F16_TABLE:
         _F16_TABLE.append(np.arange(65536, dtype=np.uint32).astype(np.uint16).view(_F16).astype(np.float32))
     return _F16_TABLE[0]
@@ -79,10 +80,7 @@ class Float16(_Cast):
         return kernels.f16_compress(values, grad, ef, _F16_MAX, _f16_table())
 
     def decompress(self, payload: Any, n: int) -> np.ndarray[Any, Any]:
-        codes = self._bytes(payload, n).view(_F16)
-        if kernels.AVAILABLE and kernels.ENABLED:
-            return kernels.f16_decode(_f16_table(), codes.view(_U16))
-        return codes.astype(np.float32)
+        return np.take(_f16_table(), self._bytes(payload, n).view(_U16))  # NumPy's cast of each code, gathered
 
 
 @register

@@ -7,9 +7,10 @@ so their payloads and residuals are bit for bit those of the NumPy path
 (``tests/unit/test_compression.py`` and ``test_compressors.py`` run both) — except
 ``onebit``'s scale, a float64 mean whose summation order differs (pairwise in NumPy,
 sequential here), which can move its float32 rounding by one unit in rare cases.
-Measured on the 25.6M-element ResNet-50 gradient on this project's 2-core VM
-(compress / decompress, ms): 2bit 21 / 9 here against 54 / 14 in NumPy; the other
-types' figures are in docs/benchmarks.md.
+Decoding stays NumPy: a gather from a small table (``np.take``) is faster than a loop.
+Measured on the ResNet-50 gradient list (25.6M elements) on this project's 2-core VM,
+compress in ms: 2bit 21 here against 54 in NumPy; the other types' figures are in
+docs/benchmarks.md.
 
 Numba is optional (``pip install 'pskv[fast]'``; the ``test`` extra installs it): without
 it :data:`AVAILABLE` is False and the NumPy path runs. Set :data:`ENABLED` to False to
@@ -23,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["AVAILABLE", "ENABLED", "bf16_compress", "decode_table", "f16_compress", "f16_decode", "magnitude_at_least",
-           "quantize_1bit", "quantize_2bit", "scaled_sign_compress", "scaled_sign_decode"]
+__all__ = ["AVAILABLE", "ENABLED", "add_max_abs", "bf16_compress", "dither", "f16_compress", "magnitude_at_least",
+           "quantize_1bit", "quantize_2bit", "scaled_sign_compress", "undither"]
 
 try:
     import numba
@@ -83,17 +84,6 @@ def _quantize_1bit(r: Any, grad: Any, t: Any, out: Any) -> None:  # pragma: no c
         out[n // 8] = byte
 
 
-def _decode_table(table: Any, data: Any, n: int, out: Any) -> None:  # pragma: no cover - compiled
-    per = table.shape[1]
-    whole = n // per
-    for b in range(whole):
-        x = data[b]
-        for j in range(per):
-            out[per * b + j] = table[x, j]
-    for i in range(whole * per, n):
-        out[i] = table[data[whole], i - whole * per]
-
-
 def _add_abs_sum(r: Any, grad: Any, ef: bool) -> float:  # pragma: no cover - compiled
     total = 0.0
     if ef:
@@ -109,21 +99,31 @@ def _add_abs_sum(r: Any, grad: Any, ef: bool) -> float:  # pragma: no cover - co
 
 def _scaled_sign(r: Any, scale: Any, ef: bool, out: Any) -> None:  # pragma: no cover - compiled
     n = r.size
-    for b in range((n + 7) // 8):
+    whole = n // 8
+    if ef:
+        for b in range(whole):  # whole bytes: the loops MXNet's 1bit kernel runs as fast
+            byte = 0
+            for j in range(8):
+                v = r[8 * b + j]
+                negative = v < 0
+                byte |= negative << (7 - j)
+                r[8 * b + j] = v + scale if negative else v - scale
+            out[b] = byte
+    else:
+        for b in range(whole):
+            byte = 0
+            for j in range(8):
+                byte |= (r[8 * b + j] < 0) << (7 - j)
+            out[b] = byte
+    if n % 8:
         byte = 0
-        for i in range(8 * b, min(8 * b + 8, n)):
+        for i in range(whole * 8, n):
             v = r[i]
             negative = v < 0
-            byte |= negative << (7 - (i - 8 * b))
+            byte |= negative << (7 - (i - whole * 8))
             if ef:
                 r[i] = v + scale if negative else v - scale
-        out[b] = byte
-
-
-def _scaled_sign_decode(data: Any, scale: Any, n: int, out: Any) -> None:  # pragma: no cover - compiled
-    neg = -scale
-    for i in range(n):
-        out[i] = neg if (data[i >> 3] >> (7 - (i & 7))) & 1 else scale
+        out[whole] = byte
 
 
 def _f16_compress(r: Any, grad: Any, ef: bool, limit: Any, table: Any, out: Any) -> None:  # pragma: no cover - compiled
@@ -166,6 +166,77 @@ def _bf16_compress(r: Any, grad: Any, ef: bool, limit: Any, out: Any) -> None:  
             r[i] = v - one[0]
 
 
+def _add_max_abs(r: Any, grad: Any, ef: bool) -> Any:  # pragma: no cover - compiled
+    """With ``ef``: ``r += grad``. The largest ``|r|`` (NaN if any value is NaN, as ``np.max``)."""
+    top = np.float32(0)
+    nan = False
+    for i in range(r.size):
+        v = r[i] + grad[i] if ef else r[i]
+        if ef:
+            r[i] = v
+        if v != v:
+            nan = True
+        elif abs(v) > top:
+            top = abs(v)
+    return np.float32(np.nan) if nan else top
+
+
+def _dither(r: Any, ef: bool, norm: Any, s: int, bits: int, uniform: Any, out: Any) -> None:  # pragma: no cover
+    """Per value of ``r``: the sign bit and the level (stochastically rounded with ``uniform``), ``bits`` bits a
+    value from the high bit of ``out`` on; with ``ef`` ``r`` keeps what the level does not carry."""
+    levels = np.float32(s)
+    step = norm / levels
+    scale = norm > 0
+    acc = np.uint64(0)
+    held = 0
+    pos = 0
+    for i in range(r.size):
+        v = r[i]
+        level = np.float32(0)
+        if scale:
+            scaled = abs(v) / norm * levels
+            level = np.floor(scaled)
+            if uniform[i] < scaled - level:
+                level += np.float32(1)
+            if level > levels:
+                level = levels
+        negative = v < 0
+        code = (np.uint64(negative) << np.uint64(bits - 1)) | np.uint64(level)
+        acc = (acc << np.uint64(bits)) | code
+        held += bits
+        while held >= 8:
+            held -= 8
+            out[pos] = np.uint8((acc >> np.uint64(held)) & np.uint64(0xFF))
+            pos += 1
+        if ef:
+            value = level * step
+            r[i] = v - (-value if negative else value)
+    if held:
+        out[pos] = np.uint8((acc << np.uint64(8 - held)) & np.uint64(0xFF))
+
+
+def _undither(data: Any, n: int, s: int, bits: int, norm: Any, out: Any) -> bool:  # pragma: no cover - compiled
+    """The values of a dithering payload's codes; False if a level is above ``s`` (``out`` then partly written)."""
+    step = norm / np.float32(s)
+    mask = np.uint64((1 << (bits - 1)) - 1)
+    acc = np.uint64(0)
+    held = 0
+    pos = 0
+    for i in range(n):
+        while held < bits:
+            acc = ((acc << np.uint64(8)) | np.uint64(data[pos])) & np.uint64(0xFFFFFFFF)
+            pos += 1
+            held += 8
+        held -= bits
+        code = (acc >> np.uint64(held)) & ((mask << np.uint64(1)) | np.uint64(1))
+        level = code & mask
+        if level > np.uint64(s):
+            return False
+        value = np.float32(level) * step
+        out[i] = -value if code >> np.uint64(bits - 1) else value
+    return True
+
+
 def _magnitude_at_least(r: Any, floor: Any, out: Any) -> int:  # pragma: no cover - compiled
     count = 0
     cap = out.size
@@ -195,20 +266,14 @@ if numba is not None:
     _jit = numba.njit(cache=True, nogil=True)
     _quantize_2bit = _jit(_quantize_2bit)
     _quantize_1bit = _jit(_quantize_1bit)
-    _decode_table = _jit(_decode_table)
     _add_abs_sum = _jit(_add_abs_sum)
     _scaled_sign = _jit(_scaled_sign)
-    _scaled_sign_decode = _jit(_scaled_sign_decode)
     _f16_compress = _jit(_f16_compress)
     _bf16_compress = _jit(_bf16_compress)
     _magnitude_at_least = _jit(_magnitude_at_least)
-
-
-def decode_table(table: np.ndarray[Any, Any], data: np.ndarray[Any, Any], n: int) -> np.ndarray[Any, Any]:
-    """The ``n`` values of a payload whose every byte stands for a row of ``table`` (2bit, 1bit)."""
-    out = np.empty(n, np.float32)
-    _decode_table(table, data, n, out)
-    return out
+    _add_max_abs = _jit(_add_max_abs)
+    _dither = _jit(_dither)
+    _undither = _jit(_undither)
 
 
 def scaled_sign_compress(r: np.ndarray[Any, Any], grad: np.ndarray[Any, Any], ef: bool) -> np.ndarray[Any, Any]:
@@ -222,25 +287,11 @@ def scaled_sign_compress(r: np.ndarray[Any, Any], grad: np.ndarray[Any, Any], ef
     return payload
 
 
-def scaled_sign_decode(data: np.ndarray[Any, Any], n: int) -> np.ndarray[Any, Any]:
-    """The ``n`` values of a ``onebit`` payload (checked for length by the caller)."""
-    out = np.empty(n, np.float32)
-    _scaled_sign_decode(data[4:], data[:4].view("<f4")[0], n, out)
-    return out
-
-
 def f16_compress(r: np.ndarray[Any, Any], grad: np.ndarray[Any, Any], ef: bool, limit: np.float32,
                  table: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """``fp16``'s codes of ``r + grad`` saturated at ``limit`` (``table``: float32 of every code, for the residual)."""
     out = np.empty(r.size, "<u2")
     _f16_compress(r, grad, ef, limit, table, out)
-    return out
-
-
-def f16_decode(table: np.ndarray[Any, Any], codes: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """float32 values of half-precision ``codes`` (one gather from the 65536-entry ``table``)."""
-    out = np.empty(codes.size, np.float32)
-    _decode_table(table.reshape(-1, 1), codes, codes.size, out)
     return out
 
 
@@ -254,3 +305,20 @@ def bf16_compress(r: np.ndarray[Any, Any], grad: np.ndarray[Any, Any], ef: bool,
 def magnitude_at_least(r: np.ndarray[Any, Any], floor: np.float32, out: np.ndarray[Any, Any]) -> int:
     """The indices of ``r`` with ``|r| >= floor``, in order, into ``out`` (as many as fit); their count."""
     return int(_magnitude_at_least(r, floor, out))
+
+
+def add_max_abs(r: np.ndarray[Any, Any], grad: np.ndarray[Any, Any], ef: bool) -> np.float32:
+    """With ``ef``, ``r += grad``; then the largest ``|r|`` (NaN if one is NaN): dithering's ``max`` norm."""
+    return np.float32(_add_max_abs(r, grad, ef))
+
+
+def dither(r: np.ndarray[Any, Any], ef: bool, norm: np.float32, s: int, bits: int,
+           uniform: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> None:
+    """Dithering's codes of ``r`` into ``out`` (with ``ef``, ``r`` keeps the rest): see :mod:`.sparsify`."""
+    _dither(r, ef, norm, s, bits, uniform, out)
+
+
+def undither(data: np.ndarray[Any, Any], n: int, s: int, bits: int, norm: np.float32) -> np.ndarray[Any, Any] | None:
+    """The ``n`` values of dithering codes ``data`` (after the norm), or None if a level is above ``s``."""
+    out = np.empty(n, np.float32)
+    return out if _undither(data, n, s, bits, norm, out) else None

@@ -55,8 +55,6 @@ def _blocked(compress: Any, r: np.ndarray[Any, Any], grad: np.ndarray[Any, Any] 
 
 def _decode(table: np.ndarray[Any, Any], data: np.ndarray[Any, Any], n: int) -> np.ndarray[Any, Any]:
     """The ``n`` values of a payload: one table row per byte (one gather, no Python loop)."""
-    if kernels.AVAILABLE and kernels.ENABLED:
-        return kernels.decode_table(table, data, n)
     return np.take(table, data, axis=0).reshape(-1)[:n]
 
 

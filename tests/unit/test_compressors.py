@@ -55,19 +55,20 @@ def edge_values(seed=3):
     return rng.permutation(np.concatenate(parts).astype(np.float32))
 
 
-@pytest.mark.parametrize("params", [{"type": t, "ef": ef} for t in ("onebit", "topk", "fp16", "bf16") for ef in (True, False)]
-                         + [{"type": "2bit"}, {"type": "1bit"}], ids=ident)
+@pytest.mark.parametrize("params", [{"type": t, "ef": ef} for t in ("onebit", "topk", "fp16", "bf16", "dithering")
+                                    for ef in (True, False)]
+                         + [{"type": "2bit"}, {"type": "1bit"}, {"type": "dithering", "s": 5}], ids=ident)
 def test_the_compiled_loops_give_the_numpy_paths_bits(monkeypatch, params):
     from pskv.compression import kernels
     if not kernels.AVAILABLE:
         pytest.skip("Numba is not installed (pskv[fast])")
     x = edge_values()
-    if params["type"] in ("onebit", "2bit", "1bit", "topk"):  # NaN and overflow spread to every value of these
+    if params["type"] in ("onebit", "2bit", "1bit", "topk", "dithering"):  # NaN and overflow spread to every value
         x = x[np.isfinite(x) & (np.abs(x) < 1e30)]
-    comp = create(params)
     out = {}
     for compiled in (False, True):
         monkeypatch.setattr(kernels, "ENABLED", compiled)
+        comp = create(params)  # dithering: its generator from the seed again
         residual = np.zeros(x.size, np.float32)
         with np.errstate(over="ignore", invalid="ignore"):  # 3.4e38 * 3 overflows, in both paths alike
             payloads = [comp.compress(x * np.float32(scale), residual) for scale in (1, 0.5, 3)]
