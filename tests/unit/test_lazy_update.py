@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -402,6 +403,31 @@ def test_a_lazy_push_touches_only_the_pushed_rows_and_their_state(make_store, na
             ref(ref_opt, ref_w[i], r, {k: v[i] for k, v in ref_st.items()}, step)
         np.testing.assert_allclose(after, ref_w, rtol=1e-5, atol=1e-5)
     assert kv._entries["emb"].merge is None  # never a dense merge buffer: a push costs its rows
+
+
+MXNET_LAZY = Path(__file__).resolve().parents[1] / "data" / "mxnet_lazy_local.json"
+
+
+def _mxnet_runs():
+    doc = json.loads(MXNET_LAZY.read_text(encoding="utf-8"))
+    return [(doc["rows"], doc["dim"], run) for run in doc["runs"]]
+
+
+@pytest.mark.parametrize("run", _mxnet_runs(),
+                         ids=lambda r: f"{r[2]['optimizer']}-{'-'.join(sorted(r[2]['params']))}")
+def test_pushes_replayed_on_pskv_give_mxnet_191s_lazy_updates(make_store, run):
+    """``bench/mxnet_lazy_reference.py`` recorded MXNet 1.9.1's 'local' store: a row-sparse key, an optimizer,
+    two row-sparse values per push, the table pulled after each push (SGD with and without momentum, SGD with
+    lazy_update=False, Adam, AdaGrad, FTRL). pskv's pushes give the same tables up to float32 rounding."""
+    rows, dim, rec = run
+    kv = make_store("local")
+    kv.init(0, RowSparse(np.arange(rows), np.array(rec["table"], np.float32), (rows, dim)))
+    kv.set_optimizer(create(rec["optimizer"], **rec["params"]))
+    for values, pulled in zip(rec["pushes"], rec["pulls"], strict=True):
+        kv.push(0, [RowSparse(np.array(v["rows"], np.int64), np.array(v["data"], np.float32).reshape(-1, dim),
+                              (rows, dim)) for v in values])
+        got = kv.row_sparse_pull(0, row_ids=range(rows)).todense()
+        np.testing.assert_allclose(got, np.array(pulled, np.float32), rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", ["local", "device"])
