@@ -16,7 +16,8 @@ names may change; ``tests/unit/test_public_surface.py`` checks this table):
 ``pskv``                   ``create``, ``known_types``, the store classes
                            (``KVStoreBase``, ``LocalStore``, ``StoreType``, ``OpHandle``),
                            ``Config``, every error class, ``optimizer``,
-                           ``RowSparse`` (a row-sparse value)
+                           ``RowSparse`` (a row-sparse value), ``TableInit`` (a table
+                           drawn on the servers)
 ``pskv.optimizer``         optimizers, learning-rate schedulers, ``Updater``, ``create``,
                            ``register``
 ``pskv.parallel``          ``DataParallelExecutorGroup``, ``Trainer``, ``fit``, data
@@ -35,6 +36,7 @@ _registry > errors``.
 
 from pskv import optimizer
 from pskv.arrays.rowsparse import RowSparse
+from pskv.arrays.tables import TableInit
 from pskv.config import Config
 from pskv.errors import (
     CheckpointError,
@@ -87,6 +89,7 @@ __all__ = [
     "ProtocolError",
     "RemoteError",
     "RowSparse",
+    "TableInit",
     "ShapeMismatchError",
     "StoreClosedError",
     "StoreType",

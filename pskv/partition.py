@@ -18,7 +18,7 @@ import hashlib
 
 from pskv.errors import KeyTypeError
 
-__all__ = ["server_key", "home_server", "split"]
+__all__ = ["server_key", "home_server", "split", "row_ranges"]
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _MASK64 = (1 << 64) - 1
@@ -71,3 +71,13 @@ def split(skey: int, size: int, num_servers: int, bound: int, max_part: int = 0)
         k = -(-n // max_part)
         parts.extend((server, offset + n * j // k, n * (j + 1) // k - n * j // k) for j in range(k))
     return parts
+
+
+def row_ranges(num_rows: int, num_servers: int) -> list[tuple[int, int, int]]:
+    """``(server rank, first row, row count)`` of each server holding rows of a row-sparse key.
+
+    Server ``s`` holds rows ``[num_rows * s // S, num_rows * (s + 1) // S)``; servers whose
+    range is empty (fewer rows than servers) hold no part. The ranges are in row order.
+    """
+    cuts = [num_rows * s // num_servers for s in range(num_servers + 1)]
+    return [(s, cuts[s], cuts[s + 1] - cuts[s]) for s in range(num_servers) if cuts[s + 1] > cuts[s]]

@@ -35,19 +35,25 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import warnings
 import weakref
 from typing import Any
 
-from pskv.arrays import describe
+import numpy as np
+
+from pskv.arrays import describe, empty
+from pskv.arrays.rowsparse import RowSparse, is_row_sparse
+from pskv.arrays.tables import TableInit
 from pskv.checkpoints import read_manifest
 from pskv.config import ClusterConfig, Config
 from pskv.errors import InvalidArgumentError, InvalidTypeError, NodeFailedError, NotSupportedError
+from pskv.kvstore import dist_rows
 from pskv.kvstore.collectives import ServerCollectives
 from pskv.kvstore.compressing import GradientCompression
 from pskv.kvstore.engine import Deferred
 from pskv.kvstore.frontend import StoreFrontEnd
 from pskv.kvstore.keys import Key
-from pskv.kvstore.rows import apply_row_plan, plan_row_pulls
+from pskv.kvstore.rows import RowPlan, apply_row_plan, plan_row_pulls
 from pskv.kvstore.staging import deliver, fan_out_rest, is_quick, landing, reduce_outgoing, reuses_buffers
 from pskv.optimizer import Optimizer
 from pskv.worker import KeyLayout, KVWorker
@@ -81,6 +87,21 @@ def _leave_at_exit() -> None:
 os.register_at_fork(after_in_child=_OPEN.clear)
 
 
+def _tables(key: Any, value: Any) -> tuple[Any, dict[int, TableInit]]:
+    """``value`` with each :class:`TableInit` replaced by an empty RowSparse of its shape (by ``id``: the table)."""
+    found: dict[int, TableInit] = {}
+
+    def swap(v: Any) -> Any:
+        if isinstance(v, TableInit):
+            stand_in = RowSparse.zeros(v.shape, v.dtype)
+            found[id(stand_in)] = v
+            return stand_in
+        return v
+    if isinstance(key, (list, tuple)) and isinstance(value, (list, tuple)):
+        return [swap(v) for v in value], found
+    return swap(value), found
+
+
 class DistStore(StoreFrontEnd[KeyLayout]):
     """A worker's handle on the parameter server.
 
@@ -94,7 +115,13 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         cluster: the cluster contract (default: from the environment).
         worker: the worker layer to use (default: a new :class:`~pskv.worker.KVWorker`;
             :mod:`pskv.testing.loopback` passes one wired to servers in this process).
+
+    Row-sparse keys (``init`` with a RowSparse, a torch sparse COO tensor or a
+    :class:`~pskv.arrays.tables.TableInit`) are stored by row ranges on the servers; pushes and
+    ``row_sparse_pull`` move only rows (:mod:`~pskv.kvstore.dist_rows`).
     """
+
+    _sparse_refusal = None  # row-sparse keys live on the servers by row ranges
 
     def __init__(self, name: str = "dist_sync", config: Config | None = None,
                  cluster: ClusterConfig | None = None, context: Any = None, worker: KVWorker | None = None) -> None:
@@ -243,27 +270,39 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         self._check_open("init")
         pairs: list[tuple[Key, KeyLayout, list[Any]]] = []
         failure: Exception | None = None
+        value, tables = _tables(key, value)
+        sparse: list[tuple[KeyLayout, Any, Any, TableInit | None]] = []
         try:
             keys, staged = self._new_values(key, value, "init")
-            pairs = [(k, self._worker.layout(k, describe(v)), [v]) for k, v in staged]
+            pairs = [(k, self._layout(k, v, summed), [v]) for k, v in staged]
             self._key_kind.check(keys, fix=True)
+            sparse = [(rec, *dist_rows.summed_rows(vals, rec.meta), tables.get(id(vals[0])))
+                      for _, rec, vals in pairs if rec.sparse]
         except Exception as exc:
             if self._recovery:
                 raise
             failure = exc  # the other workers must not wait for this one: told at the meeting
         recs = [rec for _, rec, _ in pairs]
-        self._worker.adopt(recs, summed)
+        dense = [p for p in pairs if not p[1].sparse]
+        self._worker.adopt([rec for _, rec, _ in dense], summed)
+        for rec, _, _, _ in sparse:
+            rec.summed = summed
         if not self._recovery:  # else the keys exist on the servers (created by the job before this process)
             def settle() -> None:
                 if failure is not None:
                     raise failure
 
             def send() -> None:
-                reduce_outgoing(pairs, self._kernels, self._on_device)
-                self._worker.init(recs, summed=summed)
+                if dense:
+                    reduce_outgoing(dense, self._kernels, self._on_device)
+                    self._worker.init([rec for _, rec, _ in dense], summed=summed)
+                if sparse:  # rows only; a TableInit is drawn by the servers
+                    self._worker.init_rows([(rec, ids, rows, None if table is None else table.init)
+                                            for rec, ids, rows, table in sparse], summed=summed)
             # every worker's keys, shapes and dtypes must agree (InitMismatchError on every worker
             # if not); once the call returns, rank 0's init (and the servers' shared buffers) exist
-            agree = [(repr(rec.key), f"shape {tuple(rec.meta.shape)} dtype {rec.meta.dtype}") for rec in recs]
+            agree = [(repr(rec.key), f"shape {tuple(rec.meta.shape)} dtype {rec.meta.dtype}"
+                      + (" row-sparse" if rec.sparse else "")) for rec in recs]
             self._servers.run("init", send, settle=settle, agree=agree)
         else:  # number the pushes on from those of this rank that reached the servers (push_count)
             self._worker.resume(recs)
@@ -271,6 +310,19 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         self._worker.attach(recs)
         for rec in recs:
             self._keys[rec.key] = rec
+
+    def _layout(self, key: Key, value: Any, summed: bool) -> KeyLayout:
+        """The layout of a new key from its init value (row-sparse values make row-sparse keys).
+
+        Raises:
+            NotSupportedError: a row-sparse key with gradient compression, or one the servers cannot keep.
+        """
+        if not is_row_sparse(value):
+            return self._worker.layout(key, describe(value))
+        meta = dist_rows.key_meta(key, value)
+        if not summed:
+            self._refuse_sparse_compression(key, meta, True, "init")
+        return self._worker.layout(key, meta, sparse=True)
 
     # -- push / pull --------------------------------------------------------------------
     def push(self, key: Any, value: Any, priority: int = 0, *, block: bool = True,
@@ -288,12 +340,15 @@ class DistStore(StoreFrontEnd[KeyLayout]):
             OperationTimeoutError: no reply within the request timeout.
         """
         self._check_open("push")
-        pairs = self._push_pairs(key, value, "push")
-        self._check_compressible(pairs, "push")
+        every = self._push_pairs(key, value, "push")
+        self._check_compressible(every, "push")
+        # row-sparse keys push rows; row-sparse values of dense keys are summed as dense ones
+        rows = [(k, rec, vals) for k, rec, vals in every if rec.sparse]
+        pairs = [(k, rec, dist_rows.densified(vals)) for k, rec, vals in every if not rec.sparse]
         recs = [rec for _, rec, _ in pairs]
         worker = self._worker
         reuses = reuses_buffers(pairs)
-        quick = (not block and is_quick(recs, [v for _, _, vals in pairs for v in vals])
+        quick = (not block and not rows and is_quick(recs, [v for _, _, vals in pairs for v in vals])
                  and (not reuses or worker.acked(recs)))
         quiet = not block  # nobody waits for the answer now: the next reply from the server confirms it
 
@@ -301,21 +356,32 @@ class DistStore(StoreFrontEnd[KeyLayout]):
             if reuses:
                 worker.await_acks(recs, timeout)
             reduce_outgoing(pairs, self._kernels, self._on_device)
-            sent = worker.push(recs, priority, timeout, quiet)
+            sent = worker.push(recs, priority, timeout, quiet) if recs else None
+            if rows:  # summed on this worker, then each server gets the rows of its range
+                more = worker.push_rows([(rec, *dist_rows.summed_rows(vals, rec.meta)) for _, rec, vals in rows],
+                                        priority, timeout, quiet)
+                if sent is not None:
+                    more.messages += sent.messages
+                    more.replies += sent.replies
+                sent = more
+            assert sent is not None
 
             def confirm() -> None:
                 worker.confirm(sent.replies, self._timeout(timeout))
             return Deferred(sent.replies, lambda: worker.wait_acks(sent, timeout), release=True, inline=True,
                             poke=confirm if quiet else None)
-        result = self._submit("push", [k for k, _, _ in pairs], priority, start, block, timeout, quick)
+        result = self._submit("push", [k for k, _, _ in every], priority, start, block, timeout, quick)
         return result if not block else None
 
-    def pull(self, key: Any, out: Any = None, priority: int = 0, *, block: bool = True,
+    def pull(self, key: Any, out: Any = None, priority: int = 0, *, ignore_sparse: bool = True, block: bool = True,
              timeout: float | None = None) -> Any:
         """Pull the values (at least as new as this worker's last push) into ``out``.
 
         ``out=None`` returns new arrays of the kind and device each key was
-        initialised with.
+        initialised with (a row-sparse key: a row-sparse value of its non-zero rows).
+        Row-sparse outs: skipped with a warning if ``ignore_sparse`` (MXNet's default; use
+        :meth:`row_sparse_pull`), else filled with the key's non-zero rows. A row-sparse
+        key's whole table travels to a dense out.
 
         Raises:
             UnknownKeyError, ShapeMismatchError, DTypeMismatchError, NodeFailedError,
@@ -323,22 +389,38 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         """
         self._check_open("pull")
         outs: list[list[Any]] | None = None
+        sparse_outs: list[tuple[int, Any]] = []  # (index of the key, a row-sparse out)
         if out is None:
             keys, single = self._key_list(key)
             recs = [self._record(k, "pull") for k in keys]
         else:
             targets = self._out_targets(key, out, "pull")
+            skipped = [k for k, _, o in targets if any(is_row_sparse(a) for a in o)]
+            if skipped and ignore_sparse:
+                warnings.warn(f"pull skipped the row-sparse outs of keys {skipped!r} (ignore_sparse=True, as MXNet); "
+                              "use row_sparse_pull, or pull(..., ignore_sparse=False)", UserWarning, stacklevel=2)
+            elif skipped:
+                sparse_outs = [(i, a) for i, (_, _, o) in enumerate(targets) for a in o if is_row_sparse(a)]
             keys, single = [k for k, _, _ in targets], False
-            recs, outs = [r for _, r, _ in targets], [o for _, _, o in targets]
-        quick = is_quick(recs, [a for o in outs or () for a in o])
+            recs, outs = [r for _, r, _ in targets], [[a for a in o if not is_row_sparse(a)] for _, _, o in targets]
+        quick = not sparse_outs and is_quick(recs, [a for o in outs or () for a in o])
         worker = self._worker
 
         def start() -> Deferred:
             sent = worker.pull(recs, priority, timeout)
             into = landing(recs, outs)
-            return Deferred(sent.replies,
-                            lambda: deliver(recs, worker.values(sent, timeout, into), outs, single, self._kernels),
-                            inline=quick)
+
+            def finish() -> Any:
+                values = worker.values(sent, timeout, into)
+                result = deliver(recs, values, outs, single, self._kernels)
+                for i, o in sparse_outs:
+                    dist_rows.fill_present(o, values[id(recs[i])])
+                if out is None and any(rec.sparse for rec in recs):
+                    arrays = [result] if single else result
+                    arrays = [dist_rows.sparse_result(a) if rec.sparse else a for a, rec in zip(arrays, recs)]
+                    return arrays[0] if single else arrays
+                return result
+            return Deferred(sent.replies, finish, inline=quick)
         result = self._submit("pull", keys, priority, start, block, timeout, quick)
         return result if (not block or out is None) else None
 
@@ -346,26 +428,51 @@ class DistStore(StoreFrontEnd[KeyLayout]):
                         block: bool = True, timeout: float | None = None) -> Any:
         """Pull the rows ``row_ids`` of 2-D+ values (same forms and checks as the local store).
 
-        The rows are taken from the value this worker receives; through shared memory
-        only the requested rows are copied, over sockets the whole value travels.
+        A row-sparse key's servers send only the rows asked for (each server those of its
+        range); a row-sparse out then holds exactly those rows, sorted and unique; outs of
+        another floating dtype are cast into. A dense key's value travels whole (through
+        shared memory only the requested rows are copied). ``out=None`` returns new
+        values: row-sparse ones for row-sparse keys.
         """
         self._check_open("row_sparse_pull")
         keys, single = self._key_list(key)
         recs = [self._record(k, "row_sparse_pull") for k in keys]
         metas = [rec.meta for rec in recs]
-        plan = plan_row_pulls(keys, single, metas, metas, out, row_ids)
-        quick = is_quick(recs, [a for _, k_outs in plan.outs for a in k_outs])
+        made = None
+        if out is None:  # new values: row-sparse for row-sparse keys, as the local store
+            made = [dist_rows.new_sparse_out(rec.meta) if rec.sparse else empty(rec.meta) for rec in recs]
+        plan = plan_row_pulls(keys, single, metas, metas, made[0] if made and single else made if made else out,
+                              row_ids, sparse=True)
+        dense = [i for i, rec in enumerate(recs) if not rec.sparse]
+        wanted: dict[int, Any] = {}  # per row-sparse key: the union of its outs' rows
+        for i, _, rows, _ in plan.steps:
+            if recs[i].sparse:
+                wanted[i] = rows if i not in wanted else np.union1d(wanted[i], rows)
+        quick = not wanted and is_quick(recs, [a for _, k_outs in plan.outs for a in k_outs if not is_row_sparse(a)])
         worker = self._worker
+        dense_plan = RowPlan(plan.outs, [s for s in plan.steps if not recs[s[0]].sparse], False)
 
         def start() -> Deferred:
-            sent = worker.pull(recs, priority, timeout)
+            sent = worker.pull([recs[i] for i in dense], priority, timeout) if dense else None
+            asked = worker.pull_rows([(recs[i], ids) for i, ids in wanted.items()], priority, timeout) \
+                if wanted else None
 
             def finish() -> Any:
-                values = worker.values(sent, timeout)
-                return apply_row_plan(plan, [values[id(rec)] for rec in recs], single, self._kernels)
-            return Deferred(sent.replies, finish, inline=quick)
+                if sent is not None:
+                    values = worker.values(sent, timeout)
+                    apply_row_plan(dense_plan, [values.get(id(rec)) for rec in recs], False, self._kernels)
+                got = worker.rows_values(asked, timeout) if asked is not None else {}
+                for i, o, rows, mode in plan.steps:
+                    if recs[i].sparse:
+                        ids, data = got.get(id(recs[i]), (wanted[i][:0], np.zeros((0, recs[i].row_width))))
+                        dist_rows.fill(o, mode, recs[i].meta.shape, ids, data, rows)
+                if made is not None:
+                    return made[0] if single else made
+                return None
+            replies = (sent.replies if sent is not None else []) + (asked.replies if asked is not None else [])
+            return Deferred(replies, finish, inline=quick)
         result = self._submit("row_sparse_pull", keys, priority, start, block, timeout, quick)
-        return result if (not block or plan.returns_new) else None
+        return result if (not block or made is not None) else None
 
     def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0, *, block: bool = True,
                  timeout: float | None = None) -> Any:  # KVStoreBase's overloads type the calls
@@ -375,6 +482,11 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         """
         self._check_open("pushpull")
         pairs = self._push_pairs(key, value, "pushpull")
+        outs_given = [] if out is None else [a for _, _, o in self._out_targets(key, out, "pushpull") for a in o]
+        for k, rec, vals in pairs:
+            if rec.sparse or any(is_row_sparse(a) for a in vals + outs_given):
+                raise NotSupportedError(f"pushpull of key {k!r}: row-sparse keys, values and outs are pushed, then "
+                                        "pulled or row_sparse_pulled")
         self._check_compressible(pairs, "pushpull")
         recs = [rec for _, rec, _ in pairs]
         if out is None:
@@ -415,6 +527,10 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         if fresh:
             self.init([k for k, _ in values if k in fresh], [v for k, v in values if k in fresh])
         existing = [(k, self._keys[k], [v]) for k, v in values if k not in fresh]
+        for k, rec, vals in existing:
+            if rec.sparse or is_row_sparse(vals[0]):
+                raise NotSupportedError(f"broadcast of key {k!r}: an existing key takes dense values (a row-sparse key "
+                                        "is made by init and read by row_sparse_pull)")
         if existing and not self._recovery:  # a replacement process only reads the current values
             def settle() -> None:  # a value that does not fit fails the broadcast on every worker
                 for k, rec, vals in existing:

@@ -1,6 +1,6 @@
 """The wire protocol: the message schema (``messages``), its codec (``codec``) and the bodies (``bodies``)."""
 
-from pskv.protocol.codec import DEFAULT_LIMITS, Limits, decode, encode, frame_array
+from pskv.protocol.codec import DEFAULT_LIMITS, Limits, decode, encode, frame_array, rows_frame, split_rows
 from pskv.protocol.messages import (
     PROTOCOL_VERSION,
     SCHEDULER_ID,
@@ -29,6 +29,8 @@ __all__ = [
     "decode",
     "encode",
     "frame_array",
+    "rows_frame",
+    "split_rows",
     "node_id",
     "node_name",
     "node_role_rank",

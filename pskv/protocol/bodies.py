@@ -15,7 +15,7 @@ REGISTER          :class:`Register`      :class:`NodeTable`
 HEARTBEAT         (none)                 :class:`Liveness`
 BARRIER           :class:`Barrier`       :class:`Met`
 SHUTDOWN          :class:`Shutdown`      (none)
-INIT              :class:`InitBody`      (none)
+INIT              :class:`InitBody`      (none)  (ROWS: each part's rows and initializer)
 PUSH/PULL/        (none: flags, specs;   (none: specs; SHM flag and ``buffer`` for
 PUSHPULL          COMPRESSED pushes:     shared-memory replies)
                   :class:`CompressionParams`)
@@ -40,9 +40,10 @@ import json
 from collections.abc import Iterable
 from typing import Any, NamedTuple, TypeVar
 
-from pskv.errors import ProtocolError
+from pskv.arrays.tables import check_init
+from pskv.errors import InvalidArgumentError, ProtocolError
 from pskv.partition import server_key
-from pskv.protocol.messages import Header
+from pskv.protocol.messages import Flag, Header
 
 __all__ = [
     "Barrier", "CheckpointRequest", "CheckpointSaved", "ControllerAnswer", "ControllerCall", "CompressionParams", "ErrorReply", "Failure", "Hello", "HelloReply", "InitBody", "Met", "Rejoin",
@@ -458,20 +459,29 @@ MAX_KEY_NAME = 256  # characters of a str key's name that INIT may carry
 MAX_NAMES_CHARS = 1 << 20  # characters of names one INIT carries (keys past it are reported by number)
 
 
-class InitBody(NamedTuple):
-    """INIT (optional): ``{names: [str, ...]}``, the names of the message's str keys, so the
-    server's reports name them (:class:`~pskv.server.liveness.StallReport`).
+MAX_TABLE_ROWS = 1 << 48  # rows one part of a row-sparse key may declare (the server bounds its bytes itself)
 
-    Each name must hash to a server key the message's specs name
-    (:func:`pskv.partition.server_key`), so a name is bounded by the message and cannot be
-    attached to another key; names longer than :data:`MAX_KEY_NAME`, or past
-    :data:`MAX_NAMES_CHARS` in one message, are not sent (:meth:`of`).
+
+class InitBody(NamedTuple):
+    """INIT (optional): ``{names: [str, ...], tables: [[rows, init], ...]}``.
+
+    ``names``: the names of the message's str keys, so the server's reports name them
+    (:class:`~pskv.server.liveness.StallReport`). Each name must hash to a server key the
+    message's specs name (:func:`pskv.partition.server_key`), so a name is bounded by the
+    message and cannot be attached to another key; names longer than :data:`MAX_KEY_NAME`,
+    or past :data:`MAX_NAMES_CHARS` in one message, are not sent (:meth:`of`).
+
+    ``tables`` (an INIT with :data:`~pskv.protocol.messages.Flag.ROWS`, of row-sparse keys:
+    exactly one entry per spec): the number of rows of that part (its row range on this
+    server, at most :data:`MAX_TABLE_ROWS`) and the initializer the server draws them from
+    (:func:`pskv.arrays.tables.check_init`; ``null``: zeros, then the rows the frame carries).
     """
 
     names: tuple[str, ...] = ()
+    tables: tuple[tuple[int, dict[str, Any] | None], ...] = ()
 
     @classmethod
-    def of(cls, names: Iterable[str]) -> InitBody:
+    def of(cls, names: Iterable[str], tables: Iterable[tuple[int, dict[str, Any] | None]] = ()) -> InitBody:
         """The names one INIT sends: distinct, short enough, within the message's budget."""
         sent: list[str] = []
         total = 0
@@ -479,20 +489,45 @@ class InitBody(NamedTuple):
             if len(name) <= MAX_KEY_NAME and total + len(name) <= MAX_NAMES_CHARS:
                 sent.append(name)
                 total += len(name)
-        return cls(tuple(sent))
+        return cls(tuple(sent), tuple(tables))
 
     def encode(self) -> str:
-        return _dump({"names": list(self.names)}) if self.names else ""
+        body: dict[str, Any] = {}
+        if self.names:
+            body["names"] = list(self.names)
+        if self.tables:
+            body["tables"] = [[rows, init] for rows, init in self.tables]
+        return _dump(body) if body else ""
 
     @classmethod
     def parse(cls, header: Header) -> InitBody:
-        names = _field(header, json_object(header), "names", list, [])
+        body = json_object(header)
+        names = _field(header, body, "names", list, [])
         keys = {spec.key for spec in header.arrays}
         if len(names) > len(keys) or any(
                 type(n) is not str or len(n) > MAX_KEY_NAME or server_key(n) not in keys for n in names):
             raise ProtocolError(f"INIT body field 'names' must be at most one name (of at most {MAX_KEY_NAME} "
                                 "characters) per key of the message, each the name of one of its keys")
-        return cls(tuple(names))
+        tables = _field(header, body, "tables", list, [])
+        if not header.flags & Flag.ROWS:
+            if tables:
+                raise ProtocolError("INIT body field 'tables' belongs to an INIT of row-sparse keys (ROWS flag)")
+            return cls(tuple(names))
+        if len(tables) != len(header.arrays):
+            raise ProtocolError(f"INIT of row-sparse keys: its body field 'tables' needs one [rows, init] per part "
+                                f"({len(header.arrays)}), got {len(tables)}")
+        parsed = []
+        for i, entry in enumerate(tables):
+            if type(entry) is not list or len(entry) != 2 or type(entry[0]) is not int \
+                    or not 0 < entry[0] <= MAX_TABLE_ROWS or not (entry[1] is None or type(entry[1]) is dict):
+                raise ProtocolError(f"INIT body 'tables' entry {i} must be [rows (1..{MAX_TABLE_ROWS}), "
+                                    f"initializer object or null], got {str(entry)[:200]}")
+            try:
+                init = None if entry[1] is None else check_init(entry[1])
+            except InvalidArgumentError as exc:
+                raise ProtocolError(f"INIT body 'tables' entry {i}: {exc}") from None
+            parsed.append((entry[0], init))
+        return cls(tuple(names), tuple(parsed))
 
 
 class SetMode(NamedTuple):

@@ -20,13 +20,15 @@ from pskv.arrays.dtypes import SUPPORTED_DTYPES, itemsize
 from pskv.errors import ProtocolError
 from pskv.protocol.messages import KNOWN_FLAGS, PROTOCOL_VERSION, ArraySpec, Command, Flag, Header
 
-__all__ = ["encode", "decode", "frame_array", "Limits", "DEFAULT_LIMITS"]
+__all__ = ["encode", "decode", "frame_array", "rows_frame", "split_rows", "Limits", "DEFAULT_LIMITS"]
 
 _DTYPE_CODE = {name: i for i, name in enumerate(SUPPORTED_DTYPES)}
 _COMMANDS = {int(c): c for c in Command}
 _INT64 = (-(2**63), 2**63 - 1)
 _DATA_COMMANDS = frozenset({Command.PUSH, Command.PULL, Command.PUSHPULL})  # INIT may name its str keys
 _COMPRESSED_COMMANDS = frozenset({Command.PUSH, Command.PUSHPULL, Command.REPLY})  # frames may be payloads
+_ROWS_COMMANDS = frozenset({Command.INIT, Command.PUSH, Command.PULL, Command.REPLY})  # Flag.ROWS: row-sparse parts
+_ID_BYTES = 8  # one int64 row id of the rows encoding
 # bfloat16 travels as its raw 16-bit pattern; NumPy holds it as uint16.
 _NUMPY_FRAME_DTYPE: dict[str, np.dtype[Any]] = {
     "float16": np.dtype(np.float16),
@@ -141,11 +143,15 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> tuple[Head
     if flags & Flag.COMPRESS_REPLY and (cmd not in (Command.PULL, Command.PUSHPULL) or flags & Flag.SHM or not body):
         raise ProtocolError(f"{cmd.name}: the COMPRESS_REPLY flag needs a PULL or PUSHPULL through a socket and a "
                             "body naming the compression")
+    rows = bool(flags & Flag.ROWS)
+    if rows and (cmd not in _ROWS_COMMANDS or flags & (Flag.SHM | Flag.COMPRESSED | Flag.COMPRESS_REPLY)):
+        raise ProtocolError(f"{cmd.name}: the ROWS flag needs an INIT, PUSH, PULL or REPLY through a socket, "
+                            "uncompressed")
     if body and cmd in _DATA_COMMANDS and not flags & (Flag.COMPRESSED | Flag.COMPRESS_REPLY):
         raise ProtocolError(f"{cmd.name} carries no body (its options are header flags)")
     if type(specs) is not list or len(specs) > limits.max_arrays:
         raise ProtocolError("array list missing or too long")
-    named = cmd is Command.PULL or flags & Flag.SHM  # the specs name parts; no data frames follow
+    named = (cmd is Command.PULL and not rows) or flags & Flag.SHM  # the specs name parts; no data frames follow
     if len(frames) - 1 != (0 if named else len(specs)):
         raise ProtocolError(f"header describes {len(specs)} arrays but {len(frames) - 1} data frames arrived"
                             + (f" ({cmd.name} names its parts without data)" if named else ""))
@@ -155,6 +161,10 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> tuple[Head
         parsed = tuple(_spec(i, s, None, limits) for i, s in enumerate(specs))
         return Header(cmd, request, sender, parsed, priority, body, flags), []
     buffers = [_bytes_of(f) for f in frames[1:]]
+    if rows:
+        ids_only = cmd is Command.PULL
+        parsed = tuple(_rows_spec(i, s, buf, limits, ids_only) for i, (s, buf) in enumerate(zip(specs, buffers)))
+        return Header(cmd, request, sender, parsed, priority, body, flags), buffers
     parsed = tuple(_spec(i, s, buf, limits, compressed) for i, (s, buf) in enumerate(zip(specs, buffers)))
     return Header(cmd, request, sender, parsed, priority, body, flags), buffers
 
@@ -195,6 +205,49 @@ def _spec(i: int, s: Any, buf: memoryview | None, limits: Limits, compressed: bo
             f"array {i} (key {key}): shape {tuple(shape)} {dtype} needs {expected} bytes, frame has {len(buf)}"
         )
     return ArraySpec(key, dtype, tuple(shape), offset, rnd, buffer)
+
+
+def _rows_spec(i: int, s: Any, buf: memoryview, limits: Limits, ids_only: bool) -> ArraySpec:
+    """A spec of the rows encoding (:data:`Flag.ROWS`): shape ``(n, w)``, its frame exactly ``n`` int64 ids
+    (``ids_only``: a PULL) or ``n`` ids then ``n * w`` elements."""
+    spec = _spec(i, s, None, limits)
+    if len(spec.shape) != 2:
+        raise ProtocolError(f"array {i} (key {spec.key}): a ROWS spec has shape (rows, row width), got {spec.shape}")
+    n, width = spec.shape
+    expected = n * _ID_BYTES if ids_only else n * (_ID_BYTES + width * itemsize(spec.dtype))
+    if expected > limits.max_frame_bytes:
+        raise ProtocolError(f"array {i} (key {spec.key}): {n} rows of {width} {spec.dtype} need {expected} bytes, "
+                            "more than the frame limit")
+    if len(buf) != expected:
+        raise ProtocolError(f"array {i} (key {spec.key}): {n} rows of {width} {spec.dtype}"
+                            f"{' (ids only)' if ids_only else ''} need {expected} bytes, frame has {len(buf)}")
+    return spec
+
+
+def rows_frame(ids: np.ndarray[Any, Any], rows: np.ndarray[Any, Any] | None = None) -> np.ndarray[Any, Any]:
+    """One frame of the rows encoding: ``ids`` (int64) then ``rows`` (C order, bfloat16 as its bits), as bytes.
+
+    Without ``rows``: the ids alone (a ROWS PULL). The one copy rows make on their way out.
+    """
+    head = np.ascontiguousarray(ids, dtype=np.int64).view(np.uint8).reshape(-1)
+    if rows is None or rows.size == 0:
+        return head
+    out = np.empty(head.size + rows.nbytes, np.uint8)
+    out[:head.size] = head
+    out[head.size:] = np.ascontiguousarray(rows).reshape(-1).view(np.uint8)
+    return out
+
+
+def split_rows(spec: ArraySpec, buf: memoryview, ids_only: bool = False
+               ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """The ``(ids, rows)`` of a decoded ROWS frame: read-only views, bfloat16 rows as raw uint16 bits;
+    ``ids_only`` (a PULL's frame): ``rows`` is empty. Only the length was checked: the receiver checks the ids."""
+    n, width = spec.shape
+    ids = np.frombuffer(buf, dtype=np.int64, count=n)
+    dtype = _NUMPY_FRAME_DTYPE[spec.dtype]
+    if ids_only or n == 0:
+        return ids, np.zeros((0, width), dtype)
+    return ids, np.frombuffer(buf, dtype=dtype, offset=n * _ID_BYTES).reshape(n, width)
 
 
 def frame_array(spec: ArraySpec, buf: memoryview) -> np.ndarray[Any, Any]:

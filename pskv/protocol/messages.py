@@ -8,8 +8,8 @@ or otherwise interpreted beyond this description. What each command's ``body`` h
 carries no body at all — its options are :class:`Flag` bits and its arrays' specs (INIT's
 body may only name its str keys).
 
-Data frames: one per spec, except in a ``PULL`` request and in any message with the
-:attr:`Flag.SHM` bit, whose specs *name* parts without data (a pull names the parts it
+Data frames: one per spec, except in a ``PULL`` request (without :attr:`Flag.ROWS`) and in
+any message with the :attr:`Flag.SHM` bit, whose specs *name* parts without data (a pull names the parts it
 wants; a shared-memory push's data is in the sender's slot; a shared-memory reply's
 values are in the part's shared buffers, :attr:`ArraySpec.buffer`).
 
@@ -118,10 +118,16 @@ class Flag:
     # PULL / PUSHPULL: compress the values of the reply (REPLY: COMPRESSED) if they are sums,
     # with the compression the body names (server -> worker compression)
     COMPRESS_REPLY = 32
+    # INIT / PUSH / PULL / REPLY of row-sparse keys (issue 13): every data frame is in the
+    # *rows* encoding (pskv.protocol.codec.rows_frame). A spec's shape is (n, w): n rows of w
+    # elements; the frame holds the n global row ids (int64, sorted, unique) then, except in a
+    # PULL (which asks for those rows), the n rows. INIT's body gives each part's row count.
+    ROWS = 64
 
 
 #: Every defined flag bit; a header with any other bit set is refused.
-KNOWN_FLAGS = Flag.QUIET | Flag.SHM | Flag.SUMMED | Flag.OVERWRITE | Flag.COMPRESSED | Flag.COMPRESS_REPLY
+KNOWN_FLAGS = (Flag.QUIET | Flag.SHM | Flag.SUMMED | Flag.OVERWRITE | Flag.COMPRESSED | Flag.COMPRESS_REPLY
+               | Flag.ROWS)
 
 
 class ArraySpec(NamedTuple):
@@ -181,8 +187,9 @@ class Header(NamedTuple):
 
     @property
     def named_parts(self) -> bool:
-        """True if the specs name parts without data frames (a PULL, or an SHM message)."""
-        return self.command is Command.PULL or bool(self.flags & Flag.SHM)
+        """True if the specs name parts without data frames (a PULL, or an SHM message; a ROWS
+        PULL carries its row ids)."""
+        return (self.command is Command.PULL and not self.flags & Flag.ROWS) or bool(self.flags & Flag.SHM)
 
 
 def node_id(role: Role, rank: int) -> int:

@@ -79,7 +79,7 @@ class ServerCore:
         self.checkpoints = ShardCheckpoints(self.shard, cluster, name)
         self.routes = Routes()  # a worker's send-only socket -> where its replies go (HELLO); bounded
         self.data = DataHandlers(self.shard, self._reply, self._answer, node_id, self.replies, self.dead,
-                                 self.routes, name)
+                                 self.routes, name, cluster.max_table_bytes)
         self.data.squeezed = self.checkpoints.squeezed  # both_ways residuals: saved and restored with the shard
         control = ControlHandlers(self.shard, self.checkpoints, self._reply, node_id, rank, AllowedPaths.of(cluster))
         self._handlers: dict[Command, Handler] = {**self.data.handlers(), **control.handlers()}

@@ -11,10 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from pskv.errors import InvalidArgumentError
-from pskv.protocol import ArraySpec, Flag, Header, node_name
+from pskv.protocol import ArraySpec, Flag, Header, node_name, rows_frame
 from pskv.protocol.replies import error_frames, reply_frames
-from pskv.server.shard import Part
+from pskv.server.shard import Part, f32_to_bf16_bits
 
 __all__ = ["Gather", "Parking", "PARKED_CONNECTIONS", "PARKED_PER_PART", "PARKED_SLACK"]
 
@@ -50,16 +52,20 @@ class Gather:
         on_answered: called just before the reply (or error) is sent (see ReplyCache.later).
         squeeze: each part's compressed value (:mod:`pskv.server.squeeze`): the reply then
             carries payloads (``COMPRESSED``, the request's body naming the compression).
+        rows: per part of row-sparse keys, the local ids of the rows asked for: the reply
+            then carries those rows only (``ROWS``, :func:`pskv.protocol.rows_frame`).
     """
 
     __slots__ = ("_answer", "_node_id", "_dead_names", "_identity", "_results", "_remaining", "_header",
-                 "_snapshot", "_shared", "_done", "_on_answered", "_squeeze")
+                 "_snapshot", "_shared", "_done", "_on_answered", "_squeeze", "_rows")
 
     def __init__(self, answer: Answer, node_id: Callable[[], int], dead_names: Callable[[], str], identity: bytes,
                  header: Header, n: int, snapshot: bool, shared: bool = False,
                  on_answered: Callable[[], None] | None = None,
-                 squeeze: Callable[[Part], Any] | None = None) -> None:
+                 squeeze: Callable[[Part], Any] | None = None,
+                 rows: list[np.ndarray[Any, Any]] | None = None) -> None:
         self._squeeze = squeeze
+        self._rows = rows
         self._answer = answer
         self._node_id = node_id
         self._dead_names = dead_names
@@ -92,6 +98,9 @@ class Gather:
                           for p in self._results if p is not None)
             self._send(reply_frames(self._header, sender, arrays=named, flags=Flag.SHM))
             return
+        if self._rows is not None:
+            self._send_rows(sender)
+            return
         specs, data = [], []
         squeeze = self._squeeze
         for p in self._results:
@@ -102,6 +111,19 @@ class Gather:
             self._send(reply_frames(self._header, sender, arrays=tuple(specs), data=data))
         else:
             self._send(reply_frames(self._header, sender, self._header.body, tuple(specs), data, Flag.COMPRESSED))
+
+    def _send_rows(self, sender: int) -> None:
+        """The rows asked for of each row-sparse part, as they are now (copies), in the rows encoding."""
+        assert self._rows is not None
+        specs, data = [], []
+        for p, local in zip(self._results, self._rows):
+            assert p is not None
+            picked = p.table()[local]
+            if p.dtype == "bfloat16":
+                picked = f32_to_bf16_bits(picked)
+            data.append(rows_frame(local + p.first_row, picked))
+            specs.append(ArraySpec(p.key, p.dtype, (int(local.size), p.row_width), p.offset, p.round))
+        self._send(reply_frames(self._header, sender, arrays=tuple(specs), data=data, flags=Flag.ROWS))
 
     def fail(self, reason: str) -> None:
         """Answer with NodeFailedError naming the dead worker(s) (the round cannot complete), or with

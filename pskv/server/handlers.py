@@ -19,17 +19,19 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
+from pskv.arrays.tables import TABLE_DTYPES, draw_rows
 from pskv.compression import Compressor
 from pskv.compression import create as create_compressor
 from pskv.errors import DTypeMismatchError, InvalidArgumentError, KVStoreError, ProtocolError, ShapeMismatchError
-from pskv.protocol import TX_PREFIX, ArraySpec, Command, Flag, Header, frame_array, node_name
-from pskv.protocol.bodies import CompressionParams, Hello, HelloReply, Rejoined
+from pskv.protocol import TX_PREFIX, ArraySpec, Command, Flag, Header, frame_array, node_name, split_rows
+from pskv.protocol.bodies import CompressionParams, Hello, HelloReply, InitBody, Rejoined
 from pskv.protocol.replies import reply_frames
 from pskv.server.dedup import ReplyCache
 from pskv.server.gather import Gather, Parking, Refused
 from pskv.server.liveness import DeadWorkers
 from pskv.server.routes import Routes
-from pskv.server.shard import Part, ServerShard
+from pskv.server.rows import RowBatch, check_fits, checked_ids
+from pskv.server.shard import Part, ServerShard, storage_dtype, to_storage
 from pskv.server.squeeze import ReplyCompression
 
 __all__ = ["DataHandlers", "Handler", "Reply"]
@@ -40,7 +42,10 @@ _COMPRESSORS_KEPT = 8  # compressions of COMPRESSED pushes kept built (one per j
 
 Handler: TypeAlias = Callable[[bytes, Header, list[memoryview]], None]  # (identity, header, buffers)
 Reply: TypeAlias = Callable[[bytes, list[Any]], None]  # (identity, frames)
-Frames: TypeAlias = list[tuple[Part, np.ndarray[Any, Any]]]
+Frames: TypeAlias = list[tuple[Part, Any]]  # (part, its pushed values: an array, or a RowBatch)
+
+#: Bytes one row-sparse part may take on a server unless the cluster config says (PSKV_MAX_TABLE_BYTES).
+MAX_TABLE_BYTES = 16 << 30
 
 
 def _must_wait(part: Part, min_round: int | None) -> bool:
@@ -66,8 +71,10 @@ class DataHandlers:
     """
 
     def __init__(self, shard: ServerShard, reply: Reply, answer: Reply, node_id: Callable[[], int],
-                 replies: ReplyCache, dead: DeadWorkers, routes: Routes, name: Callable[[], str]) -> None:
+                 replies: ReplyCache, dead: DeadWorkers, routes: Routes, name: Callable[[], str],
+                 max_table_bytes: int = MAX_TABLE_BYTES) -> None:
         self._shard = shard
+        self._max_table_bytes = max_table_bytes
         self._reply = reply
         self._answer = answer
         self._node_id = node_id
@@ -104,10 +111,13 @@ class DataHandlers:
     # -- init / push ----------------------------------------------------------------------
     def init(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
         """Create keys (a restored key keeps its value), or overwrite existing ones (``OVERWRITE``: a broadcast)."""
+        if header.flags & Flag.ROWS:
+            self._init_rows(identity, header, buffers)
+            return
         items = self._frames(header, buffers)
         if header.flags & Flag.OVERWRITE:  # broadcast to existing keys
-            parts = [(self._shard.check(spec.key, spec.offset, spec.dtype, data.size, "broadcast"), data)
-                     for spec, data in items]
+            parts = [(self._dense(self._shard.check(spec.key, spec.offset, spec.dtype, data.size, "broadcast"),
+                                  header, "broadcast"), data) for spec, data in items]
             for part, data in parts:  # in place: everyone finished reading at the barrier before
                 self._shard.overwrite(part, data)
                 self.squeezed.forget(part)
@@ -123,6 +133,80 @@ class DataHandlers:
                 self._shard.init(spec.key, spec.offset, spec.dtype, data, summed=summed)
         self._ack(identity, header)
 
+    def _init_rows(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
+        """INIT of row-sparse keys (``ROWS``): each part a range of rows, from its initializer or zeros, then the
+        rows its frame carries. Everything is checked before any part is made.
+
+        Raises:
+            InvalidArgumentError: a broadcast, a part past PSKV_MAX_TABLE_BYTES, bad row ids, an initializer
+                for a dtype it cannot draw, a width that does not divide the offset.
+            KVStoreError: a duplicate init.
+        """
+        sender = node_name(header.sender)
+        if header.flags & Flag.OVERWRITE:
+            raise InvalidArgumentError(f"broadcast from {sender}: row-sparse keys cannot be overwritten by a broadcast")
+        tables = InitBody.parse(header).tables
+        planned = []
+        for spec, buf, (count, init) in zip(header.arrays, buffers, tables):
+            n, width = spec.shape
+            what = f"init of row-sparse key {spec.key} from {sender}"
+            if width < 1 or spec.offset % width:
+                raise InvalidArgumentError(f"{what}: rows of {width} elements cannot start at element {spec.offset}")
+            if init is not None and spec.dtype not in TABLE_DTYPES:
+                raise InvalidArgumentError(f"{what}: a table drawn from an initializer must be one of {TABLE_DTYPES}, "
+                                           f"not {spec.dtype}")
+            check_fits(count, width, storage_dtype(spec.dtype).itemsize, self._max_table_bytes, what)
+            existing = self._shard.parts.get((spec.key, spec.offset))
+            if existing is not None and not existing.restored:
+                raise KVStoreError(f"duplicate init of key {spec.key}")
+            ids, rows = split_rows(spec, buf)
+            planned.append((spec, count, width, init, checked_ids(ids, spec.offset // width, count, what), rows))
+        summed = bool(header.flags & Flag.SUMMED)
+        for spec, count, width, init, local, rows in planned:
+            if self._shard.accept_init(spec.key, spec.offset, spec.dtype, count * width, width):
+                continue  # restored from a checkpoint: kept
+            drawn = None if init is None else draw_rows(init, spec.dtype, spec.offset // width, count, width)
+            self._shard.init_rows(spec.key, spec.offset, spec.dtype, count, width,
+                                  RowBatch(local, to_storage(spec.dtype, rows)), drawn, summed)
+        self._ack(identity, header)
+
+    def _dense(self, part: Part, header: Header, op: str) -> Part:
+        """``part``, which a message with dense values names: refused if it is row-sparse.
+
+        Raises:
+            InvalidArgumentError: a row-sparse part.
+        """
+        if part.row_width:
+            raise InvalidArgumentError(f"{op} of key {part.key} from {node_name(header.sender)}: a row-sparse key "
+                                       "takes rows (the ROWS encoding), not a dense value")
+        return part
+
+    def _rows_part(self, spec: ArraySpec, header: Header, op: str) -> tuple[Part, str]:
+        """The row-sparse part a ROWS spec names, and how to name it in errors.
+
+        Raises:
+            UnknownKeyError: no such part.
+            InvalidArgumentError: a dense part, another dtype or row width.
+        """
+        part = self._shard.part(spec.key, spec.offset, op)
+        what = f"{op} of row-sparse key {spec.key} from {node_name(header.sender)}"
+        if not part.row_width:
+            raise InvalidArgumentError(f"{what}: the key is dense here (rows were sent for it)")
+        if spec.dtype != part.dtype or spec.shape[1] != part.row_width:
+            raise InvalidArgumentError(f"{what}: rows of {spec.shape[1]} {spec.dtype} do not fit its rows of "
+                                       f"{part.row_width} {part.dtype}")
+        return part, what
+
+    def _rows_pushed(self, header: Header, buffers: list[memoryview], op: str) -> Frames:
+        """Each part of a ROWS push, checked (part, dtype, width, ids sorted, unique, in its range), with its rows."""
+        out: Frames = []
+        for spec, buf in zip(header.arrays, buffers):
+            part, what = self._rows_part(spec, header, op)
+            ids, rows = split_rows(spec, buf)
+            out.append((part, RowBatch(checked_ids(ids, part.first_row, part.num_rows, what),
+                                       to_storage(part.dtype, rows))))
+        return out
+
     def _pushed(self, header: Header, buffers: list[memoryview], op: str) -> Frames:
         """Each part a PUSH / PUSHPULL names, checked (key, dtype, size), with its pushed data.
 
@@ -130,10 +214,12 @@ class DataHandlers:
         part; both paths pass the same check, so a worker that disagrees on a key's dtype
         or size is refused either way.
         """
+        if header.flags & Flag.ROWS:
+            return self._rows_pushed(header, buffers, op)
         if header.flags & Flag.COMPRESSED:
             return self._decompressed(header, buffers, op)
         if not header.flags & Flag.SHM:
-            return [(self._shard.check(spec.key, spec.offset, spec.dtype, data.size, op), data)
+            return [(self._dense(self._shard.check(spec.key, spec.offset, spec.dtype, data.size, op), header, op), data)
                     for spec, data in self._frames(header, buffers)]
         out = []
         for spec in header.arrays:
@@ -174,7 +260,7 @@ class DataHandlers:
         for spec, buf in zip(header.arrays, buffers):
             if spec.dtype != "float32":
                 raise ProtocolError(f"{op} of key {spec.key}: a compressed part must be float32, not {spec.dtype}")
-            part = self._shard.check(spec.key, spec.offset, spec.dtype, spec.size, op)
+            part = self._dense(self._shard.check(spec.key, spec.offset, spec.dtype, spec.size, op), header, op)
             out.append((part, compressor.decompress(buf, spec.size)))
         return out
 
@@ -274,8 +360,18 @@ class DataHandlers:
         """The parts the specs name (``round``: the sender's push number), once those pushes' rounds completed.
 
         Each named part is checked like a push (key, dtype, size); with ``SHM`` the reply
-        names shared buffers instead of carrying the values.
+        names shared buffers instead of carrying the values. With ``ROWS`` each frame names
+        rows of a row-sparse part (checked as a push's): the reply carries those rows only.
         """
+        if header.flags & Flag.ROWS:
+            wanted, rows = [], []
+            for spec, buf in zip(header.arrays, buffers):
+                part, what = self._rows_part(spec, header, "row_sparse_pull")
+                ids, _ = split_rows(spec, buf, ids_only=True)
+                rows.append(checked_ids(ids, part.first_row, part.num_rows, what))
+                wanted.append((part, spec.round))
+            self.gather(identity, header, wanted, by_push=True, rows=rows)
+            return
         parts = [(self._shard.check(a.key, a.offset, a.dtype, a.size, "pull"), a.round) for a in header.arrays]
         self.gather(identity, header, parts, shared=bool(header.flags & Flag.SHM), by_push=True)
 
@@ -285,7 +381,7 @@ class DataHandlers:
         self.gather(identity, header, joined, shared=bool(header.flags & Flag.SHM))
 
     def gather(self, identity: bytes, header: Header, parts: list[tuple[Part, int]], shared: bool = False,
-               by_push: bool = False) -> None:
+               by_push: bool = False, rows: list[np.ndarray[Any, Any]] | None = None) -> None:
         """Reply with every part's value once each has completed its round.
 
         Each part comes with the round it must include or, with ``by_push``, the number
@@ -308,7 +404,7 @@ class DataHandlers:
             squeeze = partial(self.squeezed.payload, compressor=self._compressor(header))
         gather = Gather(self._answer, self._node_id, self._dead.names, identity, header, len(parts),
                         snapshot=self._shard.updater is not None, shared=shared, on_answered=on_answered,
-                        squeeze=squeeze)
+                        squeeze=squeeze, rows=rows)
         sender = header.sender
         refused = self._refusal(parts, sender, by_push) if self._refused else None
         if refused is not None:

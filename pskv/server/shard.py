@@ -34,6 +34,12 @@ is required; a pull waits only for the push it names to have arrived.
 Values are stored as NumPy arrays; bfloat16 parts are held as float32 (exact for
 bfloat16 values) and rounded back when sent.
 
+Row-sparse parts (``Part.row_width`` > 0; :mod:`pskv.server.rows`): a range of whole rows
+of a row-sparse key. Their pushes carry some rows (a :class:`~pskv.server.rows.RowBatch`);
+the same round rules apply (every worker pushes each round, maybe no rows), the round's
+rows are summed by id and applied by :func:`pskv.server.rows.apply`. They are never in
+shared memory, and are updated in place, so replies of their whole value are snapshots.
+
 Replies are sent without copying, so a value array that may be in flight is never
 written again: without an updater a completed round *replaces* the value by the merge
 buffer (and the next round gets a fresh one); with an updater, which changes the value
@@ -53,6 +59,8 @@ import numpy as np
 
 from pskv.arrays.dtypes import numpy_dtype
 from pskv.errors import DTypeMismatchError, DuplicateKeyError, InvalidArgumentError, ShapeMismatchError, UnknownKeyError
+from pskv.server import rows as sparse_rows
+from pskv.server.rows import RowBatch
 
 __all__ = ["MAX_PUSHES_AHEAD", "Part", "PushLog", "ServerShard", "PartId", "bf16_bits_to_f32", "f32_to_bf16_bits"]
 
@@ -125,7 +133,7 @@ class Part:
     round: int = 0  # completed rounds (sync) / applied pushes (async)
     merge: np.ndarray[Any, Any] | None = None
     pushed: set[int] = field(default_factory=set)
-    queued: dict[int, deque[np.ndarray[Any, Any]]] = field(default_factory=dict)
+    queued: dict[int, deque[Any]] = field(default_factory=dict)  # arrays, or RowBatch for a row-sparse part
     waiting: list[tuple[int, Callable[[Part], None], Callable[[str], None] | None]] = field(default_factory=list)
     summed: bool = False  # rounds store the plain sum even when an updater is set (counters)
     restored: bool = False  # loaded from a checkpoint; the workers' first init of it is a no-op
@@ -136,6 +144,19 @@ class Part:
     # pulls that arrived before the push they must see: (worker, push number, ready, fail)
     early: list[tuple[int, int, Callable[[Part], None], Callable[[str], None] | None]] = field(default_factory=list)
     published: tuple[int, np.ndarray[Any, Any]] | None = None  # (round, the snapshot pulls of it got)
+    row_width: int = 0  # > 0: a row-sparse part, rows of this many elements (pskv.server.rows)
+    first_row: int = 0  # a row-sparse part: the global id of its first row
+    present: np.ndarray[Any, Any] | None = None  # a row-sparse part: local ids of its present rows
+    rows_merge: list[RowBatch] = field(default_factory=list)  # a row-sparse part: the open round's rows
+
+    @property
+    def num_rows(self) -> int:
+        """Rows of a row-sparse part."""
+        return self.value.size // self.row_width if self.row_width else 0
+
+    def table(self) -> np.ndarray[Any, Any]:
+        """A row-sparse part's value as ``(rows, width)`` (a view)."""
+        return self.value.reshape(-1, self.row_width)
 
     def buffer_index(self) -> int:
         """Which shared buffer holds the value (0 or 1)."""
@@ -151,7 +172,7 @@ class Part:
         """The value as it travels (bfloat16 as bits); ``snapshot``: a copy, made once per round."""
         if self.dtype == "bfloat16":
             return f32_to_bf16_bits(self.value)
-        if not snapshot:
+        if not snapshot and not self.row_width:
             return self.value
         if self.published is None or self.published[0] != self.round:
             self.published = (self.round, self.value.copy())
@@ -219,20 +240,44 @@ class ServerShard:
             raise DuplicateKeyError(key)
         self._create(key, offset, dtype, to_storage(dtype, frame).reshape(-1), summed)
 
+    def init_rows(self, key: int, offset: int, dtype: str, count: int, width: int, batch: RowBatch | None,
+                  drawn: np.ndarray[Any, Any] | None = None, summed: bool = False) -> None:
+        """Create a row-sparse part of ``count`` rows of ``width`` elements (global rows from
+        ``offset // width``): zeros, or ``drawn`` (every row present), then ``batch``'s rows.
+
+        Raises:
+            DuplicateKeyError: the part exists.
+        """
+        if (key, offset) in self.parts:
+            raise DuplicateKeyError(key)
+        value = np.zeros(count * width, storage_dtype(dtype)) if drawn is None else drawn.reshape(-1)
+        part = self._create(key, offset, dtype, value, summed, row_width=width)
+        table = part.table()
+        present = sparse_rows.all_rows(count) if drawn is not None else np.zeros(0, np.int64)
+        if batch is not None and batch.ids.size:
+            table[batch.ids] = batch.rows
+            present = np.union1d(present, batch.ids)
+        part.present = present
+
     def restore(self, key: int, offset: int, dtype: str, stored: np.ndarray[Any, Any], rounds: int,
-                summed: bool = False) -> None:
-        """Create a part from a checkpoint: ``stored`` is the value as stored (storage dtype).
+                summed: bool = False, row_width: int = 0, present: np.ndarray[Any, Any] | None = None) -> None:
+        """Create a part from a checkpoint: ``stored`` is the value as stored (storage dtype);
+        ``row_width`` > 0: a row-sparse part whose present rows are ``present`` (local ids).
 
         The workers' first ``init`` of it is accepted and ignored (:meth:`accept_init`).
         """
         if stored.dtype != storage_dtype(dtype):
             raise InvalidArgumentError(f"key {key}: a {dtype} part stored as {stored.dtype}")
-        self._create(key, offset, dtype, stored.reshape(-1), summed)
-        part = self.parts[(key, offset)]
+        if row_width and stored.size % row_width:
+            raise InvalidArgumentError(f"key {key}: a row-sparse part of {stored.size} elements is not made of "
+                                       f"rows of {row_width}")
+        part = self._create(key, offset, dtype, stored.reshape(-1), summed, row_width=row_width)
+        if row_width:
+            part.present = np.zeros(0, np.int64) if present is None else present
         part.round = rounds
         part.restored = True
 
-    def accept_init(self, key: int, offset: int, dtype: str, size: int) -> bool:
+    def accept_init(self, key: int, offset: int, dtype: str, size: int, width: int = 0) -> bool:
         """True if an init of ``(key, offset)`` meets a part restored from a checkpoint (then a no-op).
 
         Raises:
@@ -241,6 +286,10 @@ class ServerShard:
         part = self.parts.get((key, offset))
         if part is None or not part.restored:
             return False
+        if width != part.row_width:
+            kinds = [f"row-sparse (rows of {w})" if w else "dense" for w in (part.row_width, width)]
+            raise InvalidArgumentError(f"init of key {key}: the checkpoint holds it {kinds[0]}, the init makes "
+                                       f"it {kinds[1]}")
         self.check(key, offset, dtype, size, "init (of a key restored from a checkpoint)")
         part.restored = False
         return True
@@ -255,7 +304,8 @@ class ServerShard:
         """Every part with a copy of its value (as stored), for a checkpoint."""
         return [(p, p.value.copy()) for p in self.parts.values()]
 
-    def _create(self, key: int, offset: int, dtype: str, data: np.ndarray[Any, Any], summed: bool) -> None:
+    def _create(self, key: int, offset: int, dtype: str, data: np.ndarray[Any, Any], summed: bool,
+                row_width: int = 0) -> Part:
         pid = (key, offset)
         for other in self._pieces.get(key, ()):
             if offset < other.offset + other.value.size and other.offset < offset + data.size:
@@ -264,7 +314,7 @@ class ServerShard:
                     f"[{other.offset}, {other.offset + other.value.size}) this server holds (a checkpoint made "
                     "with another PSKV_PART_BYTES, MXNET_KVSTORE_BIGARRAY_BOUND or number of servers?)"
                 )
-        if self._allocate is not None and self.sync and dtype != "bfloat16":
+        if self._allocate is not None and self.sync and dtype != "bfloat16" and not row_width:
             # shared buffers: co-located workers push into their slot and read the value in place
             dt = storage_dtype(dtype)
             a = self._allocate(key, offset, "v0", dt, data.size)
@@ -275,10 +325,14 @@ class ServerShard:
             part.summed = summed
         else:
             part = Part(key, offset, dtype, np.array(data, dtype=storage_dtype(dtype), copy=True), summed=summed)
+        if row_width:
+            part.row_width = row_width
+            part.first_row = offset // row_width
         self.parts[pid] = part
         pieces = self._pieces.setdefault(key, [])
         pieces.append(part)
         pieces.sort(key=lambda p: p.offset)
+        return part
 
     def part(self, key: int, offset: int, op: str) -> Part:
         """The part ``(key, offset)``.
@@ -319,8 +373,10 @@ class ServerShard:
                                        f"{MAX_PUSHES_AHEAD} past the {count} push(es) of this worker that arrived")
         return log is not None and log.landed(number)
 
-    def push(self, part: Part, worker: int, frame: np.ndarray[Any, Any], number: int = 0) -> int:
+    def push(self, part: Part, worker: int, frame: np.ndarray[Any, Any] | RowBatch, number: int = 0) -> int:
         """Add ``worker``'s push ``number`` to ``part`` (0: its next one); the number counts also if it fails.
+
+        A row-sparse part's push is a :class:`RowBatch` (checked, storage dtype).
 
         The caller has checked with :meth:`landed` that the number is new.
 
@@ -335,7 +391,8 @@ class ServerShard:
         log = part.pushes.setdefault(worker, PushLog())
         number = number or log.next_number()
         try:
-            joined = self._push(part, worker, to_storage(part.dtype, frame.reshape(-1)))
+            joined = self._push(part, worker, frame if isinstance(frame, RowBatch)
+                                else to_storage(part.dtype, frame.reshape(-1)))
         except Exception:
             self.skip_push(part, worker, number)
             raise
@@ -421,7 +478,17 @@ class ServerShard:
         for _, number, ready, fail in due:
             self.pull_after_push(part, worker, number, ready, fail)
 
-    def _push(self, part: Part, worker: int, data: np.ndarray[Any, Any]) -> int:
+    def _push(self, part: Part, worker: int, data: Any) -> int:
+        if not self.sync and part.row_width:
+            if self.updater is None and not part.summed:
+                raise InvalidArgumentError(
+                    "dist_async applies every push through the optimizer: call set_optimizer "
+                    "(or set an updater on the servers) before pushing"
+                )
+            part.present = self._apply_rows(part, data)
+            part.round += 1
+            self._answer(part)
+            return part.round
         if not self.sync:
             if part.summed:
                 np.add(part.value, data, out=part.value)
@@ -439,7 +506,7 @@ class ServerShard:
             return part.round
         if worker in part.pushed:
             queue = part.queued.setdefault(worker, deque())
-            queue.append(np.array(data, copy=True))
+            queue.append(RowBatch(data.ids.copy(), np.array(data.rows)) if part.row_width else np.array(data, copy=True))
             return part.round + 1 + len(queue)
         self._add(part, worker, data)
         joined = part.round + 1
@@ -447,7 +514,14 @@ class ServerShard:
             self._complete(part)
         return joined
 
-    def _add(self, part: Part, worker: int, data: np.ndarray[Any, Any]) -> None:
+    def _add(self, part: Part, worker: int, data: Any) -> None:
+        if part.row_width:  # the rows are kept (copied) until the round completes
+            if not part.pushed:
+                part.round_started = time.monotonic()
+                part.rows_merge = []
+            part.rows_merge.append(RowBatch(data.ids, np.array(data.rows)))
+            part.pushed.add(worker)
+            return
         if not part.pushed:
             part.round_started = time.monotonic()
             if part.merge is None:
@@ -467,6 +541,13 @@ class ServerShard:
         Until then a full piece stays full, so its next pushes queue.
         """
         while True:
+            if part.row_width:
+                batches, part.rows_merge = part.rows_merge, []
+                part.present = self._apply_rows(part, sparse_rows.merge(batches, part.row_width, part.value.dtype))
+                self._advance(part)
+                if not self._full(part):
+                    return
+                continue
             assert part.merge is not None
             if self.updater is None or part.summed:
                 part.value, part.merge = part.merge, None  # the old value may be in flight
@@ -489,6 +570,12 @@ class ServerShard:
                     return  # the other pieces are not full yet
             if not self._full(part):
                 return
+
+    def _apply_rows(self, part: Part, batch: RowBatch) -> np.ndarray[Any, Any]:
+        """A round's (or an async push's) rows into a row-sparse part; its present rows after."""
+        assert part.present is not None
+        part.published = None
+        return sparse_rows.apply(part.table(), part.present, batch, part.key, self.updater, part.summed)
 
     def _advance(self, part: Part) -> None:
         """``part``'s round is applied: count it, answer its pulls, start its queued pushes."""

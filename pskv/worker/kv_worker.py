@@ -40,7 +40,7 @@ from pskv.cluster import NodeInfo
 from pskv.compression import Compressor, Residuals, create
 from pskv.config import ClusterConfig
 from pskv.errors import CollectiveFailedError, KVStoreError, ProtocolError
-from pskv.partition import server_key, split
+from pskv.partition import row_ranges, server_key, split
 from pskv.protocol import ArraySpec, Command, Flag, Header, Role, frame_array, node_name
 from pskv.protocol.bodies import (
     CheckpointRequest,
@@ -57,6 +57,7 @@ from pskv.worker.client import WorkerClient, WorkerRequest
 from pskv.worker.layout import KeyLayout, Part, by_server, part_spec, part_view
 from pskv.worker.replay import ReplayLog
 from pskv.worker.residuals import SavedResiduals, read_residuals, write_residuals
+from pskv.worker.rows import RowPiece, assemble, messages, pieces
 from pskv.worker.shared import SharedParts, write_slots
 
 __all__ = ["BIG_CALL_BYTES", "Exchange", "KVWorker"]
@@ -87,11 +88,12 @@ class Exchange:
     ``replies`` are what an engine ``Deferred`` waits for (one per message).
     """
 
-    __slots__ = ("messages", "replies")
+    __slots__ = ("messages", "replies", "rows")
 
     def __init__(self) -> None:
         self.messages: list[tuple[list[Part], WorkerRequest]] = []
         self.replies: list[WorkerRequest] = []
+        self.rows: list[tuple[list[RowPiece], WorkerRequest]] = []  # a row pull's messages (pull_rows)
 
 
 class KVWorker:
@@ -182,10 +184,16 @@ class KVWorker:
                                     **({"min_size": min_size} if min_size else {})}
 
     # -- layouts ------------------------------------------------------------------------
-    def layout(self, key: int | str, meta: ArrayMeta) -> KeyLayout:
-        """The layout of a new key whose values are described by ``meta``."""
+    def layout(self, key: int | str, meta: ArrayMeta, sparse: bool = False) -> KeyLayout:
+        """The layout of a new key whose values are described by ``meta``; ``sparse``: a row-sparse key
+        (its rows split by server ranges, :func:`pskv.partition.row_ranges`)."""
         skey = server_key(key)
         size = itemsize(meta.dtype)
+        if sparse:
+            width = meta.size // meta.shape[0] if meta.shape[0] else 0
+            ranges = row_ranges(meta.shape[0], self._num_servers)
+            return KeyLayout(key, skey, meta, [(s, first * width, count * width) for s, first, count in ranges],
+                             [0] * len(ranges), nbytes=meta.size * size, itemsize=size, row_width=width)
         # async servers apply each push of a part through the updater alone: no pieces there
         max_part = max(self._cluster.part_bytes // size, 1) if self._cluster.part_bytes and self._sync else 0
         parts = split(skey, meta.size, self._num_servers, self._cluster.bigarray_bound, max_part)
@@ -230,6 +238,83 @@ class KVWorker:
         """
         flags = Flag.OVERWRITE if overwrite else Flag.SUMMED if summed else 0
         self.values(self._send(Command.INIT, layouts, priority, flags), timeout)
+
+    # -- row-sparse keys (pskv.worker.rows) ------------------------------------------------
+    def init_rows(self, items: Sequence[tuple[KeyLayout, np.ndarray[Any, Any], np.ndarray[Any, Any],
+                                             dict[str, Any] | None]],
+                  summed: bool = False, timeout: float | None = None) -> None:
+        """Create row-sparse keys on their servers: per key ``(layout, ids, rows, initializer)`` — each server
+        draws its range from the initializer (None: zeros), then writes the rows given. Waits for every answer."""
+        inits = {id(rec): init for rec, _, _, init in items}
+        cut = [piece for rec, ids, rows, _ in items for piece in pieces(rec, ids, rows, True)]
+        limit = self._limit(timeout)
+        pendings = []
+        for server, group, specs, frames in messages(cut, number=False):
+            tables = [(rec.parts[i][2] // rec.row_width, inits[id(rec)]) for rec, i, _, _ in group]
+            body = InitBody.of((rec.key for rec, _, _, _ in group if isinstance(rec.key, str)), tables).encode()
+            pendings.append(self.client.request(server, Command.INIT, specs, frames, body, timeout=limit,
+                                                flags=Flag.ROWS | (Flag.SUMMED if summed else 0)))
+        for pending in pendings:
+            pending.wait(limit)
+
+    def push_rows(self, items: Sequence[tuple[KeyLayout, np.ndarray[Any, Any], np.ndarray[Any, Any]]],
+                  priority: int = 0, timeout: float | None = None, quiet: bool = False) -> Exchange:
+        """Push rows of row-sparse keys: per key ``(layout, sorted unique ids, rows (n, width))``.
+
+        Every part of each key gets this push (no rows where it has none: its server's sync
+        round needs every worker's push); counted per part like a dense push.
+        """
+        sent = Exchange()
+        limit = self._limit(timeout)
+        cut = [piece for rec, ids, rows in items for piece in pieces(rec, ids, rows, True)]
+        big = sum(rows.nbytes for _, _, _, rows in cut if rows is not None) >= BIG_CALL_BYTES
+        for server, group, specs, frames in messages(cut, number=True):
+            pending = self.client.request(server, Command.PUSH, specs, frames, priority=priority, timeout=limit,
+                                          quiet=quiet and not big, flags=Flag.ROWS)
+            if self._replay is not None:  # kept until the next checkpoint
+                self._replay.record(server, Command.PUSH, pending, specs, frames, Flag.ROWS, "")
+            for rec, i, _, _ in group:
+                rec.pushes[i] += 1
+            sent.messages.append(([(rec, i) for rec, i, _, _ in group], pending))
+            sent.replies.append(pending)
+        for rec, _, _ in items:
+            rec.acks = sent.replies
+        return sent
+
+    def pull_rows(self, items: Sequence[tuple[KeyLayout, np.ndarray[Any, Any]]], priority: int = 0,
+                  timeout: float | None = None) -> Exchange:
+        """Ask the servers for rows of row-sparse keys (per key: sorted unique ids), as of this worker's
+        last push of each part; only the servers holding some of them are asked (:meth:`rows_values`)."""
+        sent = Exchange()
+        limit = self._limit(timeout)
+        cut = [piece for rec, ids in items for piece in pieces(rec, ids, None, False)]
+        for server, group, specs, frames in messages(cut, number=False):
+            pending = self.client.request(server, Command.PULL, specs, frames, priority=priority, timeout=limit,
+                                          flags=Flag.ROWS)
+            sent.rows.append((group, pending))
+            sent.replies.append(pending)
+        return sent
+
+    def rows_values(self, sent: Exchange, timeout: float | None = None
+                    ) -> dict[int, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
+        """Wait for a row pull's replies: per key (``id`` of its layout) the ids asked and their rows ``(n, width)``.
+
+        Raises:
+            ProtocolError: a reply's rows are not those asked for.
+            RemoteError, NodeFailedError, OperationTimeoutError: from the requests.
+        """
+        limit = self._limit(timeout)
+        got: dict[int, list[tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any]]]] = {}
+        for group, pending in sent.rows:
+            header = pending.wait(limit)
+            for (rec, rows), (_, i, ids, _) in zip(assemble(group, header, pending.buffers, node_name(pending.node)),
+                                                   group):
+                got.setdefault(id(rec), []).append((i, ids, rows))
+        out = {}
+        for key, found in got.items():
+            found.sort(key=lambda t: t[0])  # parts in row order
+            out[key] = (np.concatenate([ids for _, ids, _ in found]), np.concatenate([rows for _, _, rows in found]))
+        return out
 
     def push(self, layouts: Sequence[KeyLayout], priority: int = 0, timeout: float | None = None,
              quiet: bool = False) -> Exchange:

@@ -5,7 +5,8 @@ value given to ``init``, its parts ``(server, offset, length)`` (from
 :func:`pskv.partition.split`), the pushes this worker sent per part (a pull names the
 last one), the shared-memory parts mapped for it and the CPU buffers reused by its
 operations. It is pure state: the store (:mod:`pskv.kvstore.dist`) fills the buffers,
-the :class:`~pskv.worker.kv_worker.KVWorker` reads them and counts the pushes.
+the :class:`~pskv.worker.kv_worker.KVWorker` reads them and counts the pushes. A row-sparse
+key's parts are its servers' row ranges (``row_width`` elements a row).
 
 The per-operation buffers (``send``, ``outgoing``, ``recv``) live on the long-lived
 record for speed. They are safe because the store's engine runs the operations of one
@@ -61,6 +62,12 @@ class KeyLayout:
     itemsize: int = 0  # bytes of one element on the wire; set with the layout
     summed: bool = False  # init(summed=True): rounds store the plain sum (never compressed)
     compress: bool = False  # pushes of it are compressed (KVWorker.set_compressor before init, float32)
+    row_width: int = 0  # > 0: a row-sparse key, split by row ranges (partition.row_ranges); elements of a row
+
+    @property
+    def sparse(self) -> bool:
+        """True for a row-sparse key (its pushes and row pulls move rows: :mod:`pskv.worker.rows`)."""
+        return self.row_width > 0
 
     @property
     def shared(self) -> bool:

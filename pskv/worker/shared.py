@@ -59,7 +59,7 @@ class SharedParts:
         """
         for rec in layouts:
             rec.shm = [None] * len(rec.parts)
-            if rec.meta.dtype == "bfloat16":
+            if rec.meta.dtype == "bfloat16" or rec.sparse:  # row-sparse parts travel through sockets only
                 continue
             dtype = numpy_dtype(rec.meta.dtype)
             for i, (server, offset, length) in enumerate(rec.parts):

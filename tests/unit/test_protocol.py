@@ -97,7 +97,7 @@ GOOD_FRAME = np.zeros(2, np.float32).tobytes()
     ([*GOOD[:6], [[3, 2, [3], 0, 0]], 0], r"shape \(3,\) float32 needs 12 bytes, frame has 8"),
     ([*GOOD[:6], [[3, 2, [2], 0]], 0], "spec is not a 5- or 6-field list"),
     ([*GOOD[:6], [[3, 2, [2], 0, 0, 2]], 0], "shared buffer index 2 is not 0 or 1"),
-    ([*GOOD[:7], 64], "flags 64 are not a combination of the known flag bits"),
+    ([*GOOD[:7], 128], "flags 128 are not a combination of the known flag bits"),
     ([*GOOD[:7], -1], "flags -1 are not"),
     ([*GOOD[:7], "1"], "flags '1' are not"),
     (GOOD[:7], "8-field list"),
@@ -188,3 +188,28 @@ def test_the_data_path_carries_no_body():  # INIT's may name its str keys (proto
     for command in (Command.PUSH, Command.PULL, Command.PUSHPULL):
         with pytest.raises(ProtocolError, match="carries no body"):
             decode(encode(Header(command, 1, 9, body='{"quiet": true}')))
+
+
+def test_the_rows_encoding_round_trips_and_its_frames_are_exact():
+    """Flag.ROWS: a spec (n, w) names n rows of w elements; a push's frame is the n int64 ids then
+    the rows, a pull's the ids alone; any other length, shape or command is refused."""
+    from pskv.protocol import rows_frame, split_rows
+    ids = np.array([2, 5, 9], np.int64)
+    rows = np.arange(6, dtype=np.float32).reshape(3, 2)
+    push = Header(Command.PUSH, 1, 9, (ArraySpec(7, "float32", (3, 2), 4, 1),), flags=Flag.ROWS)
+    header, buffers = decode(encode(push, [rows_frame(ids, rows)]))
+    got_ids, got_rows = split_rows(header.arrays[0], buffers[0])
+    assert got_ids.tolist() == [2, 5, 9] and np.array_equal(got_rows, rows)
+    pull = Header(Command.PULL, 2, 9, (ArraySpec(7, "float32", (3, 2), 4, 1),), flags=Flag.ROWS)
+    assert not pull.named_parts
+    header, buffers = decode(encode(pull, [rows_frame(ids)]))
+    assert split_rows(header.arrays[0], buffers[0], ids_only=True)[0].tolist() == [2, 5, 9]
+    with pytest.raises(ProtocolError, match="3 rows of 2 float32 need 48 bytes, frame has 24"):
+        decode(encode(push, [rows_frame(ids)]))
+    with pytest.raises(ProtocolError, match=r"\(ids only\) need 24 bytes, frame has 48"):
+        decode(encode(pull, [rows_frame(ids, rows)]))
+    with pytest.raises(ProtocolError, match="shape \\(rows, row width\\)"):
+        decode(encode(push._replace(arrays=(ArraySpec(7, "float32", (6,)),)), [rows.reshape(-1)]))
+    for command, flags in ((Command.PUSHPULL, Flag.ROWS), (Command.PUSH, Flag.ROWS | Flag.SHM)):
+        with pytest.raises(ProtocolError, match="the ROWS flag needs"):
+            decode(encode(push._replace(command=command, flags=flags), [rows_frame(ids, rows)]))

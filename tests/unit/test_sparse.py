@@ -447,35 +447,46 @@ def test_gradient_compression_refuses_row_sparse_keys_and_values(make_store):
     assert small.pull("e").data[:, 0].tolist() == pytest.approx([0.3])
 
 
-def test_distributed_stores_refuse_row_sparse_values_until_the_servers_store_them():
+def test_distributed_stores_keep_row_sparse_keys_on_their_servers():
+    """A dist store takes row-sparse values (tests/integration/test_sparse_dist.py has the rest): a
+    row_sparse_pull into a row-sparse out gives exactly the requested rows and casts into floating
+    outs; compression still refuses row-sparse keys, and a dense pull still refuses another dtype."""
     from pskv.testing import InProcessCluster
 
     def body(cfg):
         kv = pskv.create("dist_sync", cluster=cfg)
         try:
+            kv.init(0, rsp([1, 3], value=2.0))
+            kv.push(0, [rsp([0, 1], value=1.0), rsp([1], value=0.5)])
+            out = RowSparse.zeros(SHAPE)
+            kv.row_sparse_pull(0, out=out, row_ids=[3, 1, 1])
+            cast = np.zeros(SHAPE, np.float64)
+            kv.row_sparse_pull(0, out=cast, row_ids=[0])
             errors = []
-            for call in (lambda: kv.init(0, rsp([0])),
-                         lambda: kv.init(1, np.zeros(SHAPE, np.float32)),
-                         lambda: kv.push(1, rsp([0])),
-                         lambda: kv.pull(1, out=RowSparse.zeros(SHAPE)),
-                         lambda: kv.row_sparse_pull(1, out=RowSparse.zeros(SHAPE), row_ids=[0])):
-                try:
-                    call()
-                except pskv.NotSupportedError as exc:
-                    errors.append(str(exc))
-            for call in (lambda: kv.pull(1, out=np.zeros(SHAPE, np.float64)),  # no casting pulls there yet
-                         lambda: kv.row_sparse_pull(1, out=np.zeros(SHAPE, np.float64), row_ids=[0])):
-                try:
-                    call()
-                except pskv.DTypeMismatchError as exc:
-                    errors.append(str(exc))
-            return errors
+            kv.init(1, np.zeros(SHAPE, np.float32))
+            try:
+                kv.pull(1, out=np.zeros(SHAPE, np.float64))  # no casting pulls there yet
+            except pskv.DTypeMismatchError as exc:
+                errors.append(str(exc))
+            return out.indices.tolist(), out.data[:, 0].tolist(), cast[:, 0].tolist(), errors
+        finally:
+            kv.close()
+
+    def compressed(cfg):
+        kv = pskv.create("dist_sync", cluster=cfg)
+        try:
+            kv.set_gradient_compression({"type": "2bit"})
+            with pytest.raises(pskv.CollectiveFailedError if kv.rank else pskv.NotSupportedError,
+                               match="does not take row-sparse"):
+                kv.init(0, rsp([0]))
+            return True
         finally:
             kv.close()
 
     with InProcessCluster(1, 1, deadline=30.0) as cluster:
-        [errors] = cluster.run_workers(body)
-    assert len(errors) == 6
-    assert all("row-sparse storage on the parameter servers is not implemented yet" in e for e in errors[:4])
-    assert "pull of key 1: dtype float64" in errors[4] and "row_sparse_pull of key 1: dtype float64" in errors[5]
-    assert "value for key 0 is row-sparse" in errors[0] and "out for key 1 is row-sparse" in errors[2]
+        [(ids, data, cast, errors)] = cluster.run_workers(body)
+    assert ids == [1, 3] and data == [1.5, 0.0]  # the sum replaced the value: row 3 was not pushed
+    assert cast == [1.0, 0.0, 0.0, 0.0]
+    assert len(errors) == 1 and "pull of key 1: dtype float64" in errors[0]
+    with InProcessCluster(1, 1, deadline=30.0) as cluster:
+        assert cluster.run_workers(compressed) == [True]

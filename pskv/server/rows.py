@@ -1,0 +1,125 @@
+"""Row-sparse parts on a server: checking pushed and pulled rows, merging a round, applying it. No I/O.
+
+A row-sparse key's part on a server is the dense range of rows ``[first, first + count)``
+of the key (:func:`pskv.partition.row_ranges`), stored as one flat array like any part
+(``Part.row_width`` > 0 marks it), with the sorted *local* ids of its present rows
+(``Part.present``: the rows a push without optimizer left, see the local store's
+:mod:`pskv.kvstore.sparse`). Rows travel as the rows encoding
+(:data:`pskv.protocol.Flag.ROWS`): global row ids, then the rows.
+
+What a round does with the rows pushed (:func:`apply`), each summed over workers by id
+(union of the rows, :func:`merge`):
+
+* no updater: the sum replaces the value, as in the local store — the rows present
+  before are zeroed, the pushed rows written, and they are the present rows now;
+* ``summed`` keys: the rows are added;
+* an updater: ``updater.update_rows(key, ids, grad_rows, weight)``
+  (:meth:`pskv.optimizer.Updater.update_rows`: the optimizer's lazy update of the pushed
+  rows with ``lazy_update``, else its dense update of the scattered rows — what the local
+  store runs); the pushed rows join the present ones. An updater without ``update_rows``
+  gets the dense gradient of the scattered rows; the present rows are then the non-zero
+  rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from pskv.errors import InvalidArgumentError
+
+__all__ = ["RowBatch", "all_rows", "apply", "check_fits", "checked_ids", "merge"]
+
+
+class RowBatch(NamedTuple):
+    """Some rows of a part: sorted unique *local* row ids and the rows ``(n, width)`` (storage dtype)."""
+
+    ids: np.ndarray[Any, Any]
+    rows: np.ndarray[Any, Any]
+
+
+def all_rows(count: int) -> np.ndarray[Any, Any]:
+    """Every local row id of a part of ``count`` rows."""
+    return np.arange(count, dtype=np.int64)
+
+
+def checked_ids(ids: np.ndarray[Any, Any], first: int, count: int, what: str) -> np.ndarray[Any, Any]:
+    """Global row ids from a peer as local ids of the range ``[first, first + count)``, after checking them.
+
+    Raises:
+        InvalidArgumentError: more ids than the range has rows, ids not strictly increasing
+            (unsorted or repeated), or outside the range; ``what`` names the key and sender.
+    """
+    n = ids.shape[0]
+    if n > count:
+        raise InvalidArgumentError(f"{what}: {n} rows, more than the {count} rows of this server's range "
+                                   f"[{first}, {first + count})")
+    if n == 0:
+        return np.zeros(0, np.int64)
+    if n > 1:
+        steps = np.diff(ids)
+        if not bool((steps > 0).all()):
+            at = int(np.argmax(steps <= 0))
+            raise InvalidArgumentError(f"{what}: row ids must be sorted and unique; {int(ids[at])} is followed by "
+                                       f"{int(ids[at + 1])}")
+    if int(ids[0]) < first or int(ids[-1]) >= first + count:
+        bad = ids[(ids < first) | (ids >= first + count)]
+        raise InvalidArgumentError(f"{what}: row ids {bad[:8].tolist()} outside this server's range "
+                                   f"[{first}, {first + count})")
+    return ids - first
+
+
+def merge(batches: Sequence[RowBatch], width: int, dtype: np.dtype[Any]) -> RowBatch:
+    """The rows of ``batches`` summed by id (the union of their ids, sorted)."""
+    if len(batches) == 1:
+        return batches[0]
+    if not batches:
+        return RowBatch(np.zeros(0, np.int64), np.zeros((0, width), dtype))
+    ids = np.concatenate([b.ids for b in batches])
+    rows = np.concatenate([b.rows for b in batches])
+    unique, inverse = np.unique(ids, return_inverse=True)
+    if unique.size == ids.size:
+        order = np.argsort(ids, kind="stable")
+        return RowBatch(ids[order], rows[order])
+    out = np.zeros((unique.size, width), dtype)
+    np.add.at(out, inverse, rows)
+    return RowBatch(unique, out)
+
+
+def apply(table: np.ndarray[Any, Any], present: np.ndarray[Any, Any], batch: RowBatch, key: int,
+          updater: Callable[..., None] | None, summed: bool) -> np.ndarray[Any, Any]:
+    """Apply a round's merged rows to ``table`` (the part's rows, ``(count, width)``, in place); the
+    present rows after it.
+
+    Raises:
+        Exception: the updater's own error (rows written before it are not undone).
+    """
+    if summed:
+        table[batch.ids] += batch.rows
+        return np.union1d(present, batch.ids)
+    if updater is None:
+        table[present] = 0
+        table[batch.ids] = batch.rows
+        return batch.ids
+    rows_update = getattr(updater, "update_rows", None)
+    if callable(rows_update):  # the optimizer's lazy update: only the pushed rows (and their state)
+        rows_update(key, batch.ids, batch.rows, table)
+        return np.union1d(present, batch.ids)
+    grad = np.zeros_like(table)  # the dense update of the scattered rows (the local store's)
+    grad[batch.ids] = batch.rows
+    updater(key, grad, table)
+    return np.flatnonzero(table.any(axis=1)).astype(np.int64)
+
+
+def check_fits(count: int, width: int, itemsize: int, limit: int, what: str) -> None:
+    """Refuse a part of ``count`` rows of ``width`` elements past the server's table limit.
+
+    Raises:
+        InvalidArgumentError: ``count * width * itemsize > limit`` (``PSKV_MAX_TABLE_BYTES``).
+    """
+    need = count * width * itemsize
+    if need > limit:
+        raise InvalidArgumentError(f"{what}: {count} rows of {width} elements need {need} bytes on this server, "
+                                   f"more than PSKV_MAX_TABLE_BYTES ({limit})")

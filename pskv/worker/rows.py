@@ -1,0 +1,84 @@
+"""Row-sparse keys on the worker side of the wire: rows split by server range, messages, replies.
+
+A row-sparse key (``KeyLayout.row_width`` > 0) has one part per server holding rows of
+it (:func:`pskv.partition.row_ranges`). Here rows are NumPy arrays ``(n, width)`` of the
+key's dtype with sorted unique int64 global ids; the store above (:mod:`pskv.kvstore.dist`)
+sums a push's values into one such set and writes received rows into the caller's outs.
+
+* :func:`by_part` cuts sorted ids at the parts' first rows;
+* :func:`messages` groups the pieces of a call per server: one message each, in the rows
+  encoding (:data:`pskv.protocol.Flag.ROWS`, :func:`pskv.protocol.rows_frame`) — a push
+  names every part of its keys, with no rows where it has none, so every server's sync
+  round of the key gets this worker's push; a row pull names only the parts it wants
+  rows of;
+* :func:`assemble` checks a reply's rows against what was asked and puts them in order.
+
+Sockets only: row-sparse parts are never in shared memory.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from pskv.errors import ProtocolError
+from pskv.protocol import ArraySpec, Header, rows_frame, split_rows
+from pskv.worker.layout import KeyLayout
+
+__all__ = ["RowPiece", "by_part", "messages", "assemble"]
+
+#: One part's share of a call: (layout, part index, global ids, rows (n, width) or None for a pull).
+RowPiece = tuple[KeyLayout, int, np.ndarray[Any, Any], "np.ndarray[Any, Any] | None"]
+
+
+def by_part(rec: KeyLayout, ids: np.ndarray[Any, Any]) -> list[tuple[int, int, int]]:
+    """``(part index, lo, hi)``: ``ids[lo:hi]`` are the (sorted) ids in part ``i``'s rows, for every part."""
+    firsts = np.array([offset // rec.row_width for _, offset, _ in rec.parts], dtype=np.int64)
+    cuts = np.searchsorted(ids, firsts, side="left").tolist() + [int(ids.size)]
+    return [(i, cuts[i], cuts[i + 1]) for i in range(len(rec.parts))]
+
+
+def pieces(rec: KeyLayout, ids: np.ndarray[Any, Any], rows: np.ndarray[Any, Any] | None,
+           every_part: bool) -> list[RowPiece]:
+    """``rec``'s ids (and rows) cut per part; parts without ids only if ``every_part`` (a push)."""
+    return [(rec, i, ids[lo:hi], None if rows is None else rows[lo:hi])
+            for i, lo, hi in by_part(rec, ids) if every_part or hi > lo]
+
+
+def messages(items: Sequence[RowPiece], number: bool) -> list[tuple[int, list[RowPiece], tuple[ArraySpec, ...],
+                                                                    list[np.ndarray[Any, Any]]]]:
+    """``(server, pieces, specs, frames)`` per server; ``number``: each spec's round is the part's next push number."""
+    grouped: dict[int, list[RowPiece]] = defaultdict(list)
+    for piece in items:
+        grouped[piece[0].parts[piece[1]][0]].append(piece)
+    out = []
+    for server, group in grouped.items():
+        specs = tuple(ArraySpec(rec.skey, rec.meta.dtype, (int(ids.size), rec.row_width), rec.parts[i][1],
+                                rec.pushes[i] + 1 if number else rec.pushes[i])
+                      for rec, i, ids, _ in group)
+        frames = [rows_frame(ids, rows) for _, _, ids, rows in group]
+        out.append((server, group, specs, frames))
+    return out
+
+
+def assemble(asked: Sequence[RowPiece], header: Header, buffers: Sequence[memoryview], node: str
+             ) -> list[tuple[KeyLayout, np.ndarray[Any, Any]]]:
+    """The rows a reply to a row pull carries, per piece asked, checked: ``(layout, rows (n, width))``.
+
+    Raises:
+        ProtocolError: the reply's parts, widths or ids are not those asked for.
+    """
+    if len(header.arrays) != len(asked) or len(buffers) != len(asked):
+        raise ProtocolError(f"{node} answered {len(header.arrays)} row-sparse parts for {len(asked)} asked")
+    out = []
+    for (rec, i, ids, _), spec, buf in zip(asked, header.arrays, buffers):
+        if spec.key != rec.skey or spec.offset != rec.parts[i][1] or spec.shape != (ids.size, rec.row_width):
+            raise ProtocolError(f"{node}'s rows for key {rec.key!r} do not match the request")
+        got, rows = split_rows(spec, buf)
+        if not np.array_equal(got, ids):
+            raise ProtocolError(f"{node} answered other rows of key {rec.key!r} than those asked for")
+        out.append((rec, rows))
+    return out

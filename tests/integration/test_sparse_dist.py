@@ -1,0 +1,340 @@
+"""Row-sparse keys stored on the servers by row ranges (issue 13): 2 workers, 2 servers in this process.
+
+The same pushes give the same values as the local store (with and without an optimizer);
+pushes and row pulls move only rows; the servers refuse forged rows and live on; tables
+drawn from an initializer on the servers are the same on any layout.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+import pskv
+from pskv.optimizer import SGD, Adam
+from pskv.protocol import ArraySpec, Command, Flag, Header, decode, encode, rows_frame
+from pskv.protocol.bodies import Hello, InitBody, node_token
+from pskv.testing import InProcessCluster
+from pskv.worker import WorkerClient
+
+DEADLINE = 30.0
+ROWS, WIDTH = 40, 3
+SHAPE = (ROWS, WIDTH)
+STEPS = 4
+
+
+def _run(cluster, fn, store="dist_sync"):
+    def body(cfg):
+        with pskv.create(store, cluster=cfg) as kv:  # closed on the way out
+            return fn(kv)
+    return cluster.run_workers(body)
+
+
+def _grad(rank: int, step: int, device: int) -> pskv.RowSparse:
+    """A worker's device's gradient at a step: a few rows (some shared between workers), some repeated."""
+    rng = np.random.default_rng(100 * step + 10 * rank + device)
+    ids = rng.integers(0, ROWS, size=6)  # repeats summed by RowSparse; both servers' ranges hit
+    return pskv.RowSparse(ids, rng.standard_normal((6, WIDTH)).astype(np.float32), SHAPE)
+
+
+def _init() -> pskv.RowSparse:
+    return pskv.RowSparse([0, 5, 21, 39], np.arange(12, dtype=np.float32).reshape(4, WIDTH), SHAPE)
+
+
+ASK = [[0, 1, 5, 19, 20, 21, 39], [3, 22]]  # row sets of two outs: ranges of both servers
+
+
+def _job(kv, optimizer):
+    if optimizer is not None:
+        kv.set_optimizer(optimizer())
+    kv.init("emb", _init())
+    seen = []
+    for step in range(STEPS):
+        kv.push("emb", [_grad(kv.rank, step, d) for d in range(2)])
+        outs = [pskv.RowSparse.zeros(SHAPE), np.zeros(SHAPE, np.float32)]
+        kv.row_sparse_pull("emb", out=outs, row_ids=ASK)
+        seen.append((outs[0].indices.copy(), outs[0].data.copy(), outs[1].copy()))
+    return seen, _dense_pull(kv)
+
+
+def _dense_pull(kv):
+    out = np.zeros(SHAPE, np.float32)
+    kv.pull("emb", out=out)
+    return out
+
+
+def _local(optimizer, workers=2):
+    kv = pskv.create("local")
+    if optimizer is not None:
+        kv.set_optimizer(optimizer())
+    kv.init("emb", _init())
+    seen = []
+    for step in range(STEPS):
+        kv.push("emb", [_grad(r, step, d) for r in range(workers) for d in range(2)])
+        outs = [pskv.RowSparse.zeros(SHAPE), np.zeros(SHAPE, np.float32)]
+        kv.row_sparse_pull("emb", out=outs, row_ids=ASK)
+        seen.append((outs[0].indices.copy(), outs[0].data.copy(), outs[1].copy()))
+    out = np.zeros(SHAPE, np.float32)
+    kv.pull("emb", out=out)
+    kv.close()
+    return seen, out
+
+
+OPTIMIZERS = {
+    "none": None,
+    "sgd-momentum": lambda: SGD(learning_rate=0.1, momentum=0.9, wd=0.01),
+    "adam": lambda: Adam(learning_rate=0.05),
+}
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_push_and_row_sparse_pull_give_the_local_stores_values(name):
+    """Each worker sums its 2 devices' rows, sends each server the rows of its range; the servers
+    sum the workers' rows by id and replace the value (no optimizer) or run the optimizer's
+    update_rows (lazy) on them: step by step what the local store gives for all 4 values."""
+    with InProcessCluster(2, 2, deadline=DEADLINE) as cluster:
+        results = _run(cluster, lambda kv: _job(kv, OPTIMIZERS[name]))
+    want_steps, want_table = _local(OPTIMIZERS[name])
+    for seen, table in results:
+        for (ids, data, dense), (_, w_data, w_dense) in zip(seen, want_steps):
+            np.testing.assert_array_equal(ids, ASK[0])  # exactly the rows asked for, sorted
+            np.testing.assert_allclose(data, w_data, rtol=1e-6, atol=1e-6)
+            np.testing.assert_allclose(dense, w_dense, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(table, want_table, rtol=1e-6, atol=1e-6)
+
+
+def test_dist_async_applies_each_push_through_the_optimizer():
+    """dist_async: each worker's rows are applied as they come (plain SGD: the order does not matter)."""
+    opt = lambda: SGD(learning_rate=0.1)  # noqa: E731
+
+    def job(kv):
+        kv.set_optimizer(opt())
+        kv.init("emb", _init())
+        for step in range(STEPS):
+            kv.push("emb", [_grad(kv.rank, step, d) for d in range(2)])
+        kv.barrier()
+        return _dense_pull(kv)
+
+    with InProcessCluster(2, 2, deadline=DEADLINE) as cluster:
+        results = _run(cluster, job, "dist_async")
+    _, want = _local(opt)
+    for table in results:
+        np.testing.assert_allclose(table, want, rtol=1e-5, atol=1e-6)
+
+
+def test_dense_and_sparse_keys_mix_in_one_call_and_pull_ignores_sparse_outs():
+    def job(kv):
+        kv.init(["d", "s"], [np.ones(SHAPE, np.float32), _init()])
+        # a dense value pushed to the row-sparse key covers every row; a row-sparse one to the dense key is summed
+        kv.push(["d", "s"], [_grad(kv.rank, 0, 0), np.full(SHAPE, 2.0, np.float32)])
+        outs = [np.zeros(SHAPE, np.float32), pskv.RowSparse.zeros(SHAPE)]
+        kv.row_sparse_pull(["d", "s"], out=outs, row_ids=[[1, 2], [3, 30]])
+        skipped = pskv.RowSparse.zeros(SHAPE)
+        with pytest.warns(UserWarning, match="skipped the row-sparse outs"):
+            kv.pull("s", out=skipped)  # ignore_sparse=True: left as it was
+        filled = pskv.RowSparse.zeros(SHAPE)
+        kv.pull("s", out=filled, ignore_sparse=False)
+        new = kv.row_sparse_pull("s", row_ids=[7])
+        return outs, skipped.nnz, filled, new, kv.pull("s")
+
+    with InProcessCluster(2, 2, deadline=DEADLINE) as cluster:
+        results = _run(cluster, job)
+    dense_sum = _grad(0, 0, 0).todense() + _grad(1, 0, 0).todense()
+    for (d, s), skipped, filled, new, whole in results:
+        np.testing.assert_allclose(d[[1, 2]], dense_sum[[1, 2]], rtol=1e-6)
+        assert not d[[0, 3]].any()
+        assert s.indices.tolist() == [3, 30] and (s.data == 4.0).all()
+        assert skipped == 0
+        assert filled.nnz == ROWS and (filled.data == 4.0).all()
+        assert isinstance(new, pskv.RowSparse) and new.indices.tolist() == [7] and (new.data == 4.0).all()
+        assert isinstance(whole, pskv.RowSparse) and whole.nnz == ROWS
+
+
+def test_pushpull_and_broadcast_of_row_sparse_keys_are_refused():
+    def job(kv):
+        kv.init("s", _init())
+        errors = []
+        for call in (lambda: kv.pushpull("s", _init()), lambda: kv.broadcast("s", _init())):
+            with pytest.raises(pskv.NotSupportedError) as info:
+                call()
+            errors.append(str(info.value))
+        return errors
+
+    with InProcessCluster(1, 1, deadline=DEADLINE) as cluster:
+        [errors] = _run(cluster, job)
+    assert "pushpull of key 's'" in errors[0] and "broadcast of key 's'" in errors[1]
+
+
+# -- bytes on the wire ---------------------------------------------------------------------
+def test_a_push_and_a_row_pull_move_the_rows_not_the_table(monkeypatch):
+    """A 100,000 x 64 float32 table (25.6 MB): a push of 10 rows sends 10 x (8 + 256) bytes over
+    both servers, a row pull of 10 rows sends their 80 bytes of ids and gets 10 x (8 + 256) back."""
+    sent, answered = {"PUSH": 0, "PULL": 0}, []
+    request = WorkerClient.request
+
+    def spy(self, server, command, arrays=(), data=None, *args, **kwargs):
+        if command.name in sent and kwargs.get("flags", 0) & Flag.ROWS:
+            sent[command.name] += sum(memoryview(d).nbytes for d in data or ())
+        return request(self, server, command, arrays, data, *args, **kwargs)
+    monkeypatch.setattr(WorkerClient, "request", spy)
+    from pskv.worker import kv_worker
+    assemble = kv_worker.assemble
+
+    def counting(asked, header, buffers, node):
+        answered.append(sum(len(b) for b in buffers))
+        return assemble(asked, header, buffers, node)
+    monkeypatch.setattr(kv_worker, "assemble", counting)
+    rows, width = 100_000, 64
+    ids = np.array([3, 17, 999, 40_000, 49_999, 50_000, 50_001, 77_777, 99_998, 99_999])
+
+    def job(kv):
+        kv.init("big", pskv.RowSparse.zeros((rows, width)))
+        kv.push("big", pskv.RowSparse(ids, np.ones((10, width), np.float32), (rows, width)))
+        out = kv.row_sparse_pull("big", row_ids=ids)
+        return out.indices.tolist(), float(out.data.sum())
+
+    with InProcessCluster(2, 1, deadline=DEADLINE) as cluster:
+        [(got, total)] = _run(cluster, job)
+    assert got == ids.tolist() and total == 10 * width
+    assert sent == {"PUSH": 10 * (8 + 4 * width), "PULL": 10 * 8}
+    assert sum(answered) == 10 * (8 + 4 * width) and len(answered) == 2  # one reply per server
+
+
+# -- tables drawn on the servers ------------------------------------------------------------
+TABLE = pskv.TableInit((3000, 8), "float32", {"type": "normal", "std": 0.1, "seed": 7})
+
+
+@pytest.mark.parametrize("servers", [1, 3])
+def test_a_table_drawn_on_the_servers_is_the_same_on_any_layout(servers, monkeypatch):
+    """The servers draw their ranges from (seed, block of rows): whatever the number of servers, the
+    table is TableInit.todense(); the INIT carries no rows."""
+    init_bytes = []
+    request = WorkerClient.request
+
+    def spy(self, server, command, arrays=(), data=None, *args, **kwargs):
+        if command.name == "INIT":
+            init_bytes.append(sum(memoryview(d).nbytes for d in data or ()))
+        return request(self, server, command, arrays, data, *args, **kwargs)
+    monkeypatch.setattr(WorkerClient, "request", spy)
+    ask = [0, 1, 1023, 1024, 1500, 2047, 2999]
+
+    def job(kv):
+        kv.init("t", TABLE)
+        return kv.row_sparse_pull("t", row_ids=ask), _whole(kv)
+
+    with InProcessCluster(servers, 1, deadline=DEADLINE) as cluster:
+        [(rows, whole)] = _run(cluster, job)
+    want = TABLE.todense()
+    np.testing.assert_array_equal(rows.data, want[ask])
+    np.testing.assert_array_equal(whole, want)
+    assert sum(init_bytes) == 0 and len(init_bytes) == servers
+    assert abs(float(want.std()) - 0.1) < 0.01
+
+
+def _whole(kv):
+    out = np.zeros(TABLE.shape, np.float32)
+    kv.pull("t", out=out)
+    return out
+
+
+def test_table_initializers_are_checked_and_bounded_by_the_servers():
+    with pytest.raises(pskv.InvalidArgumentError, match="type must be one of"):
+        pskv.TableInit((4, 2), "float32", {"type": "xavier"})
+    with pytest.raises(pskv.InvalidArgumentError, match="low must be < high"):
+        pskv.TableInit((4, 2), "float32", {"type": "uniform", "low": 1, "high": 0})
+    with pytest.raises(pskv.InvalidArgumentError, match="has no field"):
+        pskv.TableInit((4, 2), "float32", {"type": "normal", "sigma": 1})
+
+    def job(kv):
+        with pytest.raises(pskv.RemoteError, match="PSKV_MAX_TABLE_BYTES") as info:
+            kv.init("huge", pskv.TableInit((1 << 30, 64), "float32", {"type": "uniform", "seed": 1}))
+        return str(info.value)
+
+    with InProcessCluster(2, 1, deadline=DEADLINE, max_table_bytes=1 << 20) as cluster:
+        [message] = _run(cluster, job)
+    assert "init of row-sparse key" in message
+
+
+# -- hostile rows ---------------------------------------------------------------------------
+def _error(sock) -> str:
+    assert sock.poll(5000), "no answer"
+    header, _ = decode(sock.recv_multipart())
+    assert header.command is Command.ERROR, header
+    return json.loads(header.body)["message"]
+
+
+def test_forged_rows_are_refused_and_the_server_lives_on(caplog):
+    """A peer holding worker 1's token forges row messages to server 0 (rows [0, 500) of a
+    1000-row key): out of range, unsorted, duplicated, too many rows — each refused with an
+    error naming key, rows and sender; a huge count or a short frame is dropped by the decoder.
+    The workers' job then runs exactly."""
+    with InProcessCluster(2, 2, deadline=DEADLINE) as c:
+        def job(kv):
+            kv.init("h", pskv.RowSparse.zeros((1000, 2)))
+            kv.init("ok", _init())
+            if kv.rank == 0:
+                _forge(c, caplog)
+            kv.barrier()
+            kv.push("ok", _grad(kv.rank, 1, 0))
+            return kv.row_sparse_pull("ok", row_ids=list(range(ROWS))).todense()
+        results = _run(c, job)
+    want = _grad(0, 1, 0).todense() + _grad(1, 1, 0).todense()
+    for got in results:
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def _forge(c, caplog):
+    key = pskv.partition.server_key("h")
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.connect(c.servers[0].address)
+    try:
+        token = node_token(c.scheduler._secret, 11)
+        sock.send_multipart(encode(Header(Command.HELLO, 1, 11, body=Hello("00000000000000ee", token).encode())))
+        assert sock.poll(5000)
+        sock.recv_multipart()
+
+        def push(request, ids, n=None, number=900):
+            ids = np.asarray(ids, np.int64)
+            n = ids.size if n is None else n
+            spec = ArraySpec(key, "float32", (n, 2), 0, number)
+            return encode(Header(Command.PUSH, request, 11, (spec,), flags=Flag.ROWS),
+                          [rows_frame(ids, np.ones((ids.size, 2), np.float32))])
+        sock.send_multipart(push(2, [3, 700]))
+        assert "row ids [700] outside this server's range [0, 500)" in _error(sock)
+        sock.send_multipart(push(3, [9, 4]))
+        assert "must be sorted and unique; 9 is followed by 4" in _error(sock)
+        sock.send_multipart(push(4, [4, 4]))
+        message = _error(sock)
+        assert "sorted and unique" in message and f"key {key}" in message and "worker 1" in message
+        sock.send_multipart(push(5, np.arange(600)))
+        assert "600 rows, more than the 500 rows" in _error(sock)
+        pull = ArraySpec(key, "float32", (1, 2), 0, 0)
+        sock.send_multipart(encode(Header(Command.PULL, 6, 11, (pull,), flags=Flag.ROWS), [rows_frame([-1])]))
+        assert "row ids [-1] outside" in _error(sock)
+        body = InitBody((), ((1 << 40, None),)).encode()
+        init = ArraySpec(pskv.partition.server_key("x"), "float32", (0, 2), 0, 0)
+        sock.send_multipart(encode(Header(Command.INIT, 7, 11, (init,), body=body, flags=Flag.ROWS),
+                                   [rows_frame(np.zeros(0, np.int64))]))
+        assert "PSKV_MAX_TABLE_BYTES" in _error(sock)
+        with caplog.at_level(logging.ERROR, logger="pskv.server"):
+            huge = encode(Header(Command.PUSH, 8, 11, (ArraySpec(key, "float32", (1 << 40, 2), 0, 901),),
+                                 flags=Flag.ROWS), [b"\0" * 24])
+            sock.send_multipart(huge)
+            short = push(9, [1, 2])
+            short[1] = bytes(memoryview(short[1]))[:-1]
+            sock.send_multipart(short)
+            deadline = time.monotonic() + 5
+            while caplog.text.count("rejected a malformed message") < 2 and time.monotonic() < deadline:
+                time.sleep(0.02)
+        assert "exceeds the frame limit" in caplog.text and "need 32 bytes, frame has 31" in caplog.text
+        assert not sock.poll(200)  # dropped: nothing answered
+    finally:
+        sock.close(0)
+        ctx.term()
