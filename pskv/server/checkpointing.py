@@ -80,7 +80,7 @@ class ShardCheckpoints:
         state = read_shard(directory, rank)
         self._shard.sync = state.sync
         for p in state.parts:
-            self._shard.restore(p.key, p.offset, p.dtype, p.value, p.round, p.summed)
+            self._shard.restore(p.key, p.offset, p.dtype, p.value, p.round, p.summed, p.row_width, p.present)
         self._saved_counts = {(p.key, p.offset): dict(p.counts or {}) for p in state.parts}
         if state.optimizer is not None:
             self._shard.updater = updater_from_states(state.optimizer, no_config=CheckpointError(
@@ -126,7 +126,8 @@ class ShardCheckpoints:
                         for s in self.squeezed.export() if (s.key, s.offset) in kept)
         state = ShardState(rank, self._cluster.num_servers, self._cluster.num_workers, self._shard.sync,
                            tuple(PartState(p.key, p.offset, p.dtype, value, p.round, p.summed,
-                                           {w: log_.count for w, log_ in p.pushes.items()}) for p, value in saved),
+                                           {w: log_.count for w, log_ in p.pushes.items()}, p.row_width,
+                                           None if p.present is None else p.present.copy()) for p, value in saved),
                            optimizer, replies)
         path = write_shard(directory, state)
         return Saved(str(path), path.stat().st_size, open_rounds)

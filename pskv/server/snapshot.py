@@ -7,7 +7,8 @@ A checkpoint is a directory written by ``kv.save_checkpoint`` (collective):
   state and config (pskv's optimizer-state file, as the bytes of tensor
   ``optimizer``), and in the safetensors metadata a JSON document: format, version,
   rank, number of servers and workers, sync or async, and per part its key, offset,
-  dtype, completed rounds and whether it is a ``summed`` key; and the reply compression
+  dtype, completed rounds and whether it is a ``summed`` key (a row-sparse part: its
+  ``row_width`` and its present rows, local ids, as tensor ``i<i>``); and the reply compression
   (``both_ways``, :mod:`pskv.server.squeeze`) of each part that has one: its residual as
   tensor ``r<j>``, its latest round's payload as ``q<j>``, and in the JSON that round and
   the compression's parameters (a file without the ``replies`` entry predates them);
@@ -68,6 +69,8 @@ class PartState:
     round: int
     summed: bool = False
     counts: Mapping[int, int] | None = None  # worker node id -> pushes of this part so far
+    row_width: int = 0  # > 0: a row-sparse part (rows of this many elements)
+    present: np.ndarray[Any, Any] | None = None  # a row-sparse part: local ids of its present rows (int64)
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,9 @@ def write_shard(directory: str | os.PathLike[str], state: ShardState) -> Path:
         tensors[f"p{i}"] = np.ascontiguousarray(p.value)
         parts.append({"key": p.key, "offset": p.offset, "dtype": p.dtype, "round": p.round, "summed": p.summed,
                       "counts": {str(w): c for w, c in (p.counts or {}).items()}})
+        if p.row_width:
+            parts[-1]["row_width"] = p.row_width
+            tensors[f"i{i}"] = np.ascontiguousarray(p.present if p.present is not None else np.zeros(0), np.int64)
     if state.optimizer is not None:
         tensors["optimizer"] = np.frombuffer(state.optimizer, dtype=np.uint8)
     replies = []
@@ -144,9 +150,10 @@ def read_shard(directory: str | os.PathLike[str], rank: int) -> ShardState:
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION:
         raise CheckpointError(f"{path} is not a pskv server checkpoint (format {doc.get('format')!r})")
     try:
-        parts = tuple(PartState(int(p["key"]), int(p["offset"]), str(p["dtype"]), tensors[f"p{i}"],
-                                int(p["round"]), bool(p.get("summed", False)),
-                                {int(w): int(c) for w, c in dict(p.get("counts") or {}).items()})
+        parts = tuple(_rows_checked(PartState(int(p["key"]), int(p["offset"]), str(p["dtype"]), tensors[f"p{i}"],
+                                              int(p["round"]), bool(p.get("summed", False)),
+                                              {int(w): int(c) for w, c in dict(p.get("counts") or {}).items()},
+                                              int(p.get("row_width", 0)), tensors.get(f"i{i}")), path)
                       for i, p in enumerate(doc["parts"]))
         optimizer = tensors["optimizer"].tobytes() if doc.get("optimizer") else None
         state = ShardState(int(doc["rank"]), int(doc["num_servers"]), int(doc["num_workers"]), bool(doc["sync"]),
@@ -162,6 +169,24 @@ def read_shard(directory: str | os.PathLike[str], rank: int) -> ShardState:
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise CheckpointError(f"{path}: its reply compressions are damaged: {exc!r}") from exc
     return dataclasses.replace(state, replies=replies)
+
+
+def _rows_checked(part: PartState, path: Path) -> PartState:
+    """A saved part, its row-sparse fields checked: whole rows, present rows sorted, unique, in range.
+
+    Raises:
+        CheckpointError: they do not fit.
+    """
+    if not part.row_width:
+        return dataclasses.replace(part, present=None)
+    present = part.present
+    rows = part.value.size // part.row_width if part.row_width > 0 else -1
+    if (part.row_width < 0 or part.value.size % part.row_width or present is None or present.dtype != np.int64
+            or present.ndim != 1 or (present.size and (present[0] < 0 or present[-1] >= rows
+                                                         or not bool((np.diff(present) > 0).all())))):
+        raise CheckpointError(f"{path}: the row-sparse part of key {part.key} offset {part.offset} is damaged (rows of "
+                              f"{part.row_width}, {part.value.size} values, its present rows do not fit)")
+    return part
 
 
 def _replies(entries: Any, tensors: Mapping[str, np.ndarray[Any, Any]], parts: tuple[PartState, ...],

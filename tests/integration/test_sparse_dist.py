@@ -338,3 +338,32 @@ def _forge(c, caplog):
     finally:
         sock.close(0)
         ctx.term()
+
+
+# -- checkpoints ----------------------------------------------------------------------------
+def _train(kv, optimizer, steps, save=None):
+    if optimizer is not None:
+        kv.set_optimizer(optimizer())
+    kv.init("emb", _init())  # kept on resume: the servers restored it
+    for step in steps:
+        if save is not None and step == save[0]:
+            kv.save_checkpoint(save[1], {"step": step})
+        kv.push("emb", [_grad(kv.rank, step, d) for d in range(2)])
+    return _dense_pull(kv)
+
+
+@pytest.mark.parametrize("name", ["none", "sgd-momentum"])
+def test_a_checkpoint_keeps_row_sparse_keys_and_a_resumed_job_goes_on_exactly(tmp_path, name):
+    """Each server saves its range (values, present rows, optimizer state); a job resumed from it
+    ends bit for bit as the uninterrupted one. Without an optimizer the restored present rows
+    matter: the next push zeroes them (a checkpoint that lost them would keep stale rows)."""
+    optimizer = OPTIMIZERS[name]
+    with InProcessCluster(2, 2, deadline=DEADLINE) as cluster:
+        reference = _run(cluster, lambda kv: _train(kv, optimizer, range(3)))[0]
+    path = str(tmp_path / "ckpt")
+    with InProcessCluster(2, 2, deadline=DEADLINE, state_dir=str(tmp_path)) as cluster:
+        _run(cluster, lambda kv: _train(kv, optimizer, range(2), save=(1, path)))
+    with InProcessCluster(2, 2, deadline=DEADLINE, resume_from=path) as cluster:
+        resumed = _run(cluster, lambda kv: _train(kv, optimizer, range(kv.resumed["meta"]["step"], 3)))
+    for got in resumed:
+        np.testing.assert_array_equal(got, reference)
