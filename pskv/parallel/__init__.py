@@ -5,6 +5,9 @@
 * :class:`Trainer` — parameters as store keys, gradients sent during backward,
   optimizer in the store (``update_on_kvstore``) or here; :meth:`Trainer.fit` runs epochs
   with progress, evaluation and checkpoints;
+* :class:`Embedding` / :class:`EmbeddingBag` — embedding tables that live in the store
+  (row-sparse keys): each forward pulls the batch's rows, backward pushes their
+  gradient; :class:`PrefetchingIter` pulls the next batch's rows during a step;
 * :mod:`~pskv.parallel.metrics` (MXNet's ``EvalMetric``), :mod:`~pskv.parallel.data`
   (``NDArrayIter`` with ``num_parts`` / ``part_index`` sharding), :class:`Monitor`,
   :mod:`~pskv.parallel.checkpoint`.
@@ -16,6 +19,7 @@ below imports it.
 from pskv.parallel import metrics
 from pskv.parallel.checkpoint import latest_checkpoint, load_checkpoint, load_params, save_checkpoint, save_params
 from pskv.parallel.data import DataBatch, DataDesc, NDArrayIter
+from pskv.parallel.embedding import Embedding, EmbeddingBag, PrefetchingIter
 from pskv.parallel.executor_group import DataParallelExecutorGroup
 from pskv.parallel.fit import evaluate, fit
 from pskv.parallel.monitor import Monitor
@@ -26,8 +30,11 @@ __all__ = [
     "DataBatch",
     "DataDesc",
     "DataParallelExecutorGroup",
+    "Embedding",
+    "EmbeddingBag",
     "Monitor",
     "NDArrayIter",
+    "PrefetchingIter",
     "Trainer",
     "evaluate",
     "fit",

@@ -33,6 +33,7 @@ from pskv.kvstore import KVStoreBase, StoreType, create
 from pskv.kvstore.types import BUILTIN_TYPES
 from pskv.optimizer import Optimizer
 from pskv.optimizer import create as create_optimizer
+from pskv.parallel.embedding import StoreTable, store_tables, wait_handles
 from pskv.parallel.executor_group import DataParallelExecutorGroup
 from pskv.parallel.fit import fit
 
@@ -113,7 +114,9 @@ class Trainer:
                  compression_params: Mapping[str, Any] | None = None) -> None:
         group, names, leaves, self._num_devices = _trainable(target)
         self._group: DataParallelExecutorGroup | None = group
-        if not names:
+        # embedding tables in the store (pskv.parallel.Embedding): rows pulled and pushed by their modules
+        self._tables: list[StoreTable] = store_tables(group.replicas if group is not None else [target])  # type: ignore[list-item]
+        if not names and not self._tables:
             raise InvalidArgumentError("the model has no trainable parameters")
         if not isinstance(prefix, str):
             raise InvalidTypeError(f"prefix must be a str, got {type(prefix).__name__}")
@@ -122,12 +125,16 @@ class Trainer:
         self._leaves = leaves  # [param][device] -> the torch Parameter
         self._target = target
         self._optimizer = _make_optimizer(optimizer, optimizer_params)
-        self._kv, self._owns_kv = self._make_store(kvstore, compression_params is not None)
+        self._kv, self._owns_kv = self._tables_store(kvstore) if self._tables else self._make_store(
+            kvstore, compression_params is not None)
         if compression_params is not None:
             if self._kv is None:
                 raise InvalidArgumentError("compression_params need a store to compress for (kvstore=...)")
             self._kv.set_gradient_compression(compression_params)
         self.update_on_kvstore = self._resolve_update_on_kvstore(update_on_kvstore)
+        if self._tables and not self.update_on_kvstore:
+            raise InvalidArgumentError(f"the embedding tables {[t.key for t in self._tables]} live in the store, so "
+                                       "its optimizer updates them: update_on_kvstore must be True")
         self._updater = None if self.update_on_kvstore else self._optimizer.get_updater()
         workers = self._kv.num_workers if self._kv is not None and self._kv.store_type.distributed and self._kv.store_type.sync else 1
         self._worker_factor = workers
@@ -184,6 +191,24 @@ class Trainer:
             self._hooks.append(self._target.register_forward_pre_hook(lambda *_: self._ensure_params()))
         if self.overlap:
             self._install_grad_hooks()
+        for table in self._tables:  # a plain module's batch size is known at step(): push then
+            table.auto_push = self._group is not None
+
+    def _tables_store(self, kvstore: str | KVStoreBase | None) -> tuple[KVStoreBase, bool]:
+        """The store of the model's embedding tables (a store name or None given: theirs).
+
+        Raises:
+            InvalidArgumentError: tables in several stores, or ``kvstore`` is another store.
+        """
+        stores = {id(t.kv): t.kv for t in self._tables}
+        if len(stores) > 1:
+            raise InvalidArgumentError(f"the model's embedding tables {[t.key for t in self._tables]} live in "
+                                       f"{len(stores)} stores; a Trainer drives one")
+        kv = next(iter(stores.values()))
+        if isinstance(kvstore, KVStoreBase) and kvstore is not kv:
+            raise InvalidArgumentError(f"kvstore is not the store holding the embedding tables "
+                                       f"{[t.key for t in self._tables]} (a {kv.type!r} store): pass that one")
+        return kv, False
 
     def _make_store(self, kvstore: str | KVStoreBase | None, wanted: bool = False) -> tuple[KVStoreBase | None, bool]:
         if kvstore is None:
@@ -342,6 +367,7 @@ class Trainer:
         self._ensure_params()
         if self.update_on_kvstore:
             self._ensure_optimizer(group.batch_size)
+        self._scale_tables(group.batch_size)
         with self._lock:
             self._expected = len(group.active_devices)
             self._reset_counts()
@@ -370,7 +396,8 @@ class Trainer:
         with torch.no_grad():
             if self.update_on_kvstore and self._optimizer_batch is None and self._group is not None:
                 self._ensure_optimizer(self._group.batch_size or 1)
-            self._kv.broadcast(self.keys, [w[0] for w in self._weights], out=[list(w) for w in self._weights])
+            if self.keys:
+                self._kv.broadcast(self.keys, [w[0] for w in self._weights], out=[list(w) for w in self._weights])
 
     def _ensure_optimizer(self, batch_size: int) -> None:
         """Install the optimizer in the store with ``rescale_grad`` for ``batch_size`` (once)."""
@@ -381,6 +408,30 @@ class Trainer:
         self._optimizer_batch = batch_size
 
     # -- communication ------------------------------------------------------------------------
+    def _scale_tables(self, batch: int | None) -> None:
+        """Start a step of the embedding tables; their gradients scaled as the buckets' (see _send_bucket)."""
+        for table in self._tables:
+            table.scale = self._optimizer_batch / batch if self._optimizer_batch and batch else 1.0
+            table.begin_step()
+
+    def _push_tables(self) -> None:
+        """Push each table's gradients not pushed yet (an empty push if it got none: every step pushes
+        once, as sync rounds need)."""
+        for table in self._tables:
+            table.flush(push_empty=True)
+
+    def _finish_tables(self) -> None:
+        """Wait for the tables' pushes; the next forward opens a new step."""
+        failure: BaseException | None = None
+        for table in self._tables:
+            try:
+                table.wait()
+            except BaseException as exc:
+                failure = failure or exc
+            table.end_step()
+        if failure is not None:
+            raise failure
+
     def _send_bucket(self, b: int) -> None:
         assert self._kv is not None
         self._adopt_grads(b)
@@ -403,14 +454,7 @@ class Trainer:
         with self._lock:
             handles, self._handles = self._handles, []
             errors, self._errors = self._errors, []
-        failure: BaseException | None = errors[0] if errors else None
-        for h in handles:
-            try:
-                h.wait()
-            except BaseException as exc:
-                failure = failure or exc
-        if failure is not None:
-            raise failure
+        wait_handles(handles, errors)
 
     def allreduce_grads(self) -> None:
         """Sum the gradients over devices and workers, in place (``update_on_kvstore=False`` only)."""
@@ -449,7 +493,12 @@ class Trainer:
         self._ensure_params()
         if self.update_on_kvstore:
             self._ensure_optimizer(batch)
+        if self._tables:
+            if self._group is None:
+                self._scale_tables(batch)
+            self._push_tables()
         self._communicate()
+        self._finish_tables()
         if not self.update_on_kvstore:
             self.update(batch)
 
@@ -500,7 +549,11 @@ class Trainer:
             self._reset_counts()
         if self.update_on_kvstore:
             self._ensure_optimizer(batch)
+        if self._tables:
+            self._scale_tables(batch)
+            self._push_tables()  # nothing came: an empty push joins the round
         self._communicate()
+        self._finish_tables()
         if not self.update_on_kvstore:
             self.update(batch)
 
@@ -547,7 +600,10 @@ class Trainer:
         """Finish pending sends, remove hooks, and close the store if this trainer created it."""
         try:
             self._finish_sends()
+            self._finish_tables()
         finally:
+            for table in self._tables:
+                table.auto_push = True
             for h in self._hooks:
                 h.remove()
             self._hooks = []
