@@ -90,7 +90,8 @@ def new_sparse_out(meta: ArrayMeta) -> Any:
     torch = sys.modules["torch"]
     dtype = getattr(torch, meta.dtype)
     return torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.int64), torch.zeros((0,) + tuple(meta.shape[1:]),
-                                   dtype=dtype), tuple(meta.shape), device=meta.device)
+                                   dtype=dtype), tuple(meta.shape), device=meta.device, is_coalesced=True,
+                                   check_invariants=False)
 
 
 def fill(out: Any, mode: str, shape: tuple[int, ...], union: np.ndarray[Any, Any], rows: np.ndarray[Any, Any],

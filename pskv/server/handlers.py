@@ -19,7 +19,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from pskv.arrays.tables import TABLE_DTYPES, draw_rows
+from pskv.arrays.tables import TABLE_DTYPES, draw_rows, is_drawn
 from pskv.compression import Compressor
 from pskv.compression import create as create_compressor
 from pskv.errors import DTypeMismatchError, InvalidArgumentError, KVStoreError, ProtocolError, ShapeMismatchError
@@ -165,7 +165,8 @@ class DataHandlers:
         for spec, count, width, init, local, rows in planned:
             if self._shard.accept_init(spec.key, spec.offset, spec.dtype, count * width, width):
                 continue  # restored from a checkpoint: kept
-            drawn = None if init is None else draw_rows(init, spec.dtype, spec.offset // width, count, width)
+            drawn = draw_rows(init, spec.dtype, spec.offset // width, count, width) \
+                if init is not None and is_drawn(init) else None  # zeros: no row present
             self._shard.init_rows(spec.key, spec.offset, spec.dtype, count, width,
                                   RowBatch(local, to_storage(spec.dtype, rows)), drawn, summed)
         self._ack(identity, header)

@@ -30,7 +30,7 @@ import numpy as np
 
 from pskv.errors import InvalidArgumentError
 
-__all__ = ["RowBatch", "all_rows", "apply", "check_fits", "checked_ids", "merge"]
+__all__ = ["RowBatch", "all_rows", "apply", "check_fits", "checked_ids", "joined", "merge"]
 
 
 class RowBatch(NamedTuple):
@@ -88,6 +88,20 @@ def merge(batches: Sequence[RowBatch], width: int, dtype: np.dtype[Any]) -> RowB
     return RowBatch(unique, out)
 
 
+def joined(present: np.ndarray[Any, Any], ids: np.ndarray[Any, Any], count: int) -> np.ndarray[Any, Any]:
+    """The sorted union of the present rows and ``ids``: the present rows themselves when every id is
+    among them (every row present, or rows pushed before); else the new ids inserted (a copy of
+    ``present``, no sort)."""
+    if present.size == count or not ids.size:
+        return present
+    at = np.searchsorted(present, ids)
+    known = at < present.size
+    known[known] = present[at[known]] == ids[known]
+    if known.all():
+        return present
+    return np.insert(present, at[~known], ids[~known])
+
+
 def apply(table: np.ndarray[Any, Any], present: np.ndarray[Any, Any], batch: RowBatch, key: int,
           updater: Callable[..., None] | None, summed: bool) -> np.ndarray[Any, Any]:
     """Apply a round's merged rows to ``table`` (the part's rows, ``(count, width)``, in place); the
@@ -98,7 +112,7 @@ def apply(table: np.ndarray[Any, Any], present: np.ndarray[Any, Any], batch: Row
     """
     if summed:
         table[batch.ids] += batch.rows
-        return np.union1d(present, batch.ids)
+        return joined(present, batch.ids, table.shape[0])
     if updater is None:
         table[present] = 0
         table[batch.ids] = batch.rows
@@ -106,7 +120,7 @@ def apply(table: np.ndarray[Any, Any], present: np.ndarray[Any, Any], batch: Row
     rows_update = getattr(updater, "update_rows", None)
     if callable(rows_update):  # the optimizer's lazy update: only the pushed rows (and their state)
         rows_update(key, batch.ids, batch.rows, table)
-        return np.union1d(present, batch.ids)
+        return joined(present, batch.ids, table.shape[0])
     grad = np.zeros_like(table)  # the dense update of the scattered rows (the local store's)
     grad[batch.ids] = batch.rows
     updater(key, grad, table)

@@ -256,7 +256,7 @@ class ServerShard:
         present = sparse_rows.all_rows(count) if drawn is not None else np.zeros(0, np.int64)
         if batch is not None and batch.ids.size:
             table[batch.ids] = batch.rows
-            present = np.union1d(present, batch.ids)
+            present = sparse_rows.joined(present, batch.ids, count)
         part.present = present
 
     def restore(self, key: int, offset: int, dtype: str, stored: np.ndarray[Any, Any], rounds: int,

@@ -367,3 +367,27 @@ def test_a_checkpoint_keeps_row_sparse_keys_and_a_resumed_job_goes_on_exactly(tm
         resumed = _run(cluster, lambda kv: _train(kv, optimizer, range(kv.resumed["meta"]["step"], 3)))
     for got in resumed:
         np.testing.assert_array_equal(got, reference)
+
+
+def test_an_embeddings_sparse_gradient_trains_the_table_on_the_servers():
+    """torch: a key made from a sparse COO tensor; nn.Embedding(sparse=True)'s uncoalesced gradient
+    (row 5 twice) is pushed as it is; row_sparse_pull returns a coalesced sparse tensor of the rows."""
+    torch = pytest.importorskip("torch")
+    w0 = torch.arange(60, dtype=torch.float32).reshape(20, 3) / 10
+
+    def job(kv):
+        kv.set_optimizer(SGD(learning_rate=0.1))
+        kv.init("e", w0.to_sparse(1))
+        emb = torch.nn.Embedding(20, 3, sparse=True)
+        emb.weight.data.copy_(w0)
+        emb(torch.tensor([1, 5, 5, 17])).sum().backward()
+        kv.push("e", emb.weight.grad)
+        out = kv.row_sparse_pull("e", row_ids=torch.tensor([17, 5, 1]))
+        return out.is_sparse, out.coalesce().indices()[0].tolist(), out.coalesce().values()
+
+    with InProcessCluster(2, 2, deadline=DEADLINE) as cluster:
+        results = _run(cluster, job)
+    want = w0[[1, 5, 17]] - 0.1 * torch.tensor([2.0, 4.0, 2.0]).reshape(3, 1)  # 2 workers' rows summed
+    for is_sparse, ids, values in results:
+        assert is_sparse and ids == [1, 5, 17]
+        torch.testing.assert_close(values, want)
