@@ -47,8 +47,9 @@ _DTYPES = {torch.float16: "float16", torch.float32: "float32", torch.float64: "f
 #: The initializer of a table created without ``init`` (torch.nn.Embedding's N(0, 1)).
 DEFAULT_INIT: dict[str, Any] = {"type": "normal", "mean": 0.0, "std": 1.0, "seed": 0}
 
-# (store, key) -> its table, so that replicas built by a factory share one table.
-_TABLES: weakref.WeakKeyDictionary[Any, dict[Any, StoreTable]] = weakref.WeakKeyDictionary()
+# store -> (its lock, key -> its table), so that replicas built by a factory share one table. The
+# global lock is never held across kv.init (a collective: other workers may be threads of this process).
+_TABLES: weakref.WeakKeyDictionary[Any, tuple[threading.Lock, dict[Any, StoreTable]]] = weakref.WeakKeyDictionary()
 _TABLES_LOCK = threading.Lock()
 
 
@@ -344,7 +345,8 @@ def _attach(kv: Any, key: Any, num: int, dim: int, dtype: torch.dtype, init: Any
     if dtype not in _DTYPES:
         raise InvalidArgumentError(f"{name}: dtype must be one of {sorted(map(str, _DTYPES))}, got {dtype}")
     with _TABLES_LOCK:
-        tables = _TABLES.setdefault(kv, {})
+        lock, tables = _TABLES.setdefault(kv, (threading.Lock(), {}))
+    with lock:
         table = tables.get(key)
         if table is not None:
             if (table.num_embeddings, table.embedding_dim, table.dtype) != (num, dim, dtype):

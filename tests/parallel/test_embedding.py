@@ -271,3 +271,85 @@ def test_a_table_from_an_initializer_and_a_plain_module_trainer():
     t.step(2)  # a step without a forward still pushes once (an empty push: sync rounds need it)
     assert emb.table.stats["pushes"] == 2
     t.close()
+
+
+@pytest.mark.parametrize("table_init", ["dense", "drawn"])
+def test_dist_sync_two_workers_two_servers_match_the_local_store(table_init):
+    from pskv.testing import InProcessCluster
+
+    drawn = {"type": "normal", "std": 0.5, "seed": 4}
+    init = table0() if table_init == "dense" else drawn
+    data = batches(*dataset())
+    params = {"learning_rate": 0.2, "momentum": 0.9, "lazy_update": False}
+
+    kv = pskv.create("local")
+    ref_group = group_of(Net(Embedding(V, D, kv, "emb", init=init, dtype=torch.float64)), ["cpu"])
+    ref = Trainer(ref_group, "sgd", params, kvstore=kv)
+    train(ref_group, ref, data)
+    ref.close()
+    want = ref_group.get_params()[0]
+    want_table = whole_table(ref_group.replicas[0])
+
+    def worker(cfg):
+        with pskv.create("dist_sync", cluster=cfg) as kv:
+            group = group_of(Net(Embedding(V, D, kv, "emb", init=init, dtype=torch.float64)), ["cpu"])
+            t = Trainer(group, "sgd", params, kvstore=kv)
+            for bx, by in data:  # worker r takes the samples r, r+2, ... of every global batch
+                group.forward((bx[kv.rank::2], by[kv.rank::2]))
+                group.backward()
+                t.step()
+            t.close()
+            return group.get_params()[0], whole_table(group.replicas[0]), dict(group.replicas[0].emb.table.stats)
+
+    with InProcessCluster(2, 2, deadline=30) as cluster:
+        results = cluster.run_workers(worker)
+    for got, table, stats in results:
+        for name in want:
+            torch.testing.assert_close(got[name], want[name], rtol=1e-9, atol=1e-12, msg=name)
+        torch.testing.assert_close(table, want_table, rtol=1e-9, atol=1e-12)
+        assert stats["pushes"] == STEPS and stats["rows_pulled"] <= STEPS * (B // 2) * L + V
+
+
+def test_dist_async_trains_the_table_through_the_trainer():
+    from pskv.testing import InProcessCluster
+
+    x, y = dataset(n=96, seed=5)
+    y = x[:, 1] % C
+
+    def worker(cfg):
+        with pskv.create("dist_async", cluster=cfg) as kv:
+            net = Net(Embedding(V, D, kv, "emb", init={"type": "normal", "std": 0.1, "seed": 1}, dtype=torch.float64))
+            group = DataParallelExecutorGroup(net, ["cpu"], loss=torch.nn.CrossEntropyLoss())
+            t = Trainer(group, "adam", {"learning_rate": 0.05}, kvstore=kv)
+            data = NDArrayIter(x, y, batch_size=8, shuffle=True, seed=2, num_parts=2, part_index=kv.rank)
+            history = t.fit(data, num_epoch=4, progress=False)
+            t.close()
+            return history[0]["loss"], history[-1]["loss"], net.emb.table.stats["pushes"]
+
+    with InProcessCluster(2, 2, deadline=60) as cluster:
+        results = cluster.run_workers(worker)
+    for first, last, pushes in results:
+        assert last < 0.7 * first and pushes == 4 * 6
+
+
+def test_dist_sync_a_worker_that_touched_no_row_still_completes_the_round():
+    from pskv.testing import InProcessCluster
+
+    def worker(cfg):
+        with pskv.create("dist_sync", cluster=cfg) as kv:
+            emb = Embedding(V, D, kv, "emb", init=table0(), dtype=torch.float64)
+            t = Trainer(emb, "sgd", {"learning_rate": 1.0}, kvstore=kv)
+            for _ in range(2):
+                if kv.rank == 0:
+                    emb(torch.tensor([3, 3])).sum().backward()
+                t.step(1)  # rank 1 had no batch: an empty push joins the round
+            t.close()
+            return emb.table.rows(torch.tensor([3, 4]))
+
+    with InProcessCluster(1, 2, deadline=30) as cluster:  # 1 server, 2 workers
+        results = cluster.run_workers(worker, timeout=20)
+    want = table0()[[3, 4]]
+    want[0] -= 2 * 2 * 1.0 / 2  # two steps of gradient 2, rescaled by 1 / (batch 1 x 2 workers)
+    assert len(results) == 2
+    for got in results:
+        torch.testing.assert_close(got, want)
