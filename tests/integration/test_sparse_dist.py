@@ -155,6 +155,21 @@ def test_dense_and_sparse_keys_mix_in_one_call_and_pull_ignores_sparse_outs():
         assert isinstance(whole, pskv.RowSparse) and whole.nnz == ROWS
 
 
+def test_non_blocking_row_pushes_pipeline_with_the_row_pull_behind_them():
+    """Quiet pushes (block=False) of rows, then a row pull naming the last of them: the sum of the
+    last round replaced the value (rows 4 and 9 of both workers), row 0 pushed earlier is zero."""
+    def job(kv):
+        kv.init("e", pskv.RowSparse.zeros((10, 3)))
+        for i in range(5):
+            kv.push("e", pskv.RowSparse([i, 9], np.ones((2, 3), np.float32), (10, 3)), block=False)
+        out = kv.row_sparse_pull("e", row_ids=[4, 9, 0], block=False).wait()
+        kv.wait()
+        return out.indices.tolist(), out.data[:, 0].tolist()
+
+    with InProcessCluster(2, 2, deadline=DEADLINE) as cluster:
+        assert _run(cluster, job) == [([0, 4, 9], [0.0, 2.0, 2.0])] * 2
+
+
 def test_pushpull_and_broadcast_of_row_sparse_keys_are_refused():
     def job(kv):
         kv.init("s", _init())
