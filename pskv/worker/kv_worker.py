@@ -249,7 +249,7 @@ class KVWorker:
         cut = [piece for rec, ids, rows, _ in items for piece in pieces(rec, ids, rows, True)]
         limit = self._limit(timeout)
         pendings = []
-        for server, group, specs, frames in messages(cut, number=False):
+        for server, group, specs, frames in messages(cut, False, self._cluster.max_message_bytes, "init"):
             tables = [(rec.parts[i][2] // rec.row_width, inits[id(rec)]) for rec, i, _, _ in group]
             body = InitBody.of((rec.key for rec, _, _, _ in group if isinstance(rec.key, str)), tables).encode()
             pendings.append(self.client.request(server, Command.INIT, specs, frames, body, timeout=limit,
@@ -268,7 +268,7 @@ class KVWorker:
         limit = self._limit(timeout)
         cut = [piece for rec, ids, rows in items for piece in pieces(rec, ids, rows, True)]
         big = sum(rows.nbytes for _, _, _, rows in cut if rows is not None) >= BIG_CALL_BYTES
-        for server, group, specs, frames in messages(cut, number=True):
+        for server, group, specs, frames in messages(cut, True, self._cluster.max_message_bytes, "push"):
             pending = self.client.request(server, Command.PUSH, specs, frames, priority=priority, timeout=limit,
                                           quiet=quiet and not big, flags=Flag.ROWS)
             if self._replay is not None:  # kept until the next checkpoint
@@ -288,7 +288,7 @@ class KVWorker:
         sent = Exchange()
         limit = self._limit(timeout)
         cut = [piece for rec, ids in items for piece in pieces(rec, ids, None, False)]
-        for server, group, specs, frames in messages(cut, number=False):
+        for server, group, specs, frames in messages(cut, False, self._cluster.max_message_bytes, "row_sparse_pull"):
             pending = self.client.request(server, Command.PULL, specs, frames, priority=priority, timeout=limit,
                                           flags=Flag.ROWS)
             sent.rows.append((group, pending))

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from pskv.errors import ProtocolError
+from pskv.errors import InvalidArgumentError, ProtocolError
 from pskv.protocol import ArraySpec, Header, rows_frame, split_rows
 from pskv.worker.layout import KeyLayout
 
@@ -48,12 +48,24 @@ def pieces(rec: KeyLayout, ids: np.ndarray[Any, Any], rows: np.ndarray[Any, Any]
             for i, lo, hi in by_part(rec, ids) if every_part or hi > lo]
 
 
-def messages(items: Sequence[RowPiece], number: bool) -> list[tuple[int, list[RowPiece], tuple[ArraySpec, ...],
-                                                                    list[np.ndarray[Any, Any]]]]:
-    """``(server, pieces, specs, frames)`` per server; ``number``: each spec's round is the part's next push number."""
+def messages(items: Sequence[RowPiece], number: bool, max_bytes: int, op: str
+             ) -> list[tuple[int, list[RowPiece], tuple[ArraySpec, ...], list[np.ndarray[Any, Any]]]]:
+    """``(server, pieces, specs, frames)`` per server; ``number``: each spec's round is the part's next push number.
+
+    Raises:
+        InvalidArgumentError: a server's message, or the reply to a row pull, would hold more than
+            ``max_bytes`` (``PSKV_MAX_MESSAGE_BYTES``: its receiver would drop it); nothing is sent.
+    """
     grouped: dict[int, list[RowPiece]] = defaultdict(list)
     for piece in items:
         grouped[piece[0].parts[piece[1]][0]].append(piece)
+    for server, group in grouped.items():
+        size = sum(ids.size * (8 + rec.row_width * rec.itemsize) for rec, _, ids, _ in group)
+        if size > max_bytes:
+            keys = sorted({repr(rec.key) for rec, _, _, _ in group})
+            raise InvalidArgumentError(f"{op} of row-sparse key(s) {', '.join(keys[:4])}: the rows of server {server} "
+                                       f"make a {size}-byte message, more than PSKV_MAX_MESSAGE_BYTES ({max_bytes}); "
+                                       "split the call")
     out = []
     for server, group in grouped.items():
         specs = tuple(ArraySpec(rec.skey, rec.meta.dtype, (int(ids.size), rec.row_width), rec.parts[i][1],

@@ -170,6 +170,23 @@ def test_non_blocking_row_pushes_pipeline_with_the_row_pull_behind_them():
         assert _run(cluster, job) == [([0, 4, 9], [0.0, 2.0, 2.0])] * 2
 
 
+def test_rows_past_the_message_bound_are_refused_before_anything_is_sent():
+    """A server would drop a message past PSKV_MAX_MESSAGE_BYTES unread: the worker refuses such a push
+    or row pull itself (nothing sent, no push counted), and goes on."""
+    def job(kv):
+        kv.init("e", pskv.RowSparse.zeros((10_000, 64)))
+        ids = np.arange(5000)
+        with pytest.raises(pskv.InvalidArgumentError, match="PSKV_MAX_MESSAGE_BYTES"):
+            kv.push("e", pskv.RowSparse(ids, np.ones((5000, 64), np.float32), (10_000, 64)))
+        with pytest.raises(pskv.InvalidArgumentError, match="row_sparse_pull of row-sparse key"):
+            kv.row_sparse_pull("e", row_ids=ids)
+        kv.push("e", pskv.RowSparse([1], np.ones((1, 64), np.float32), (10_000, 64)))
+        return kv.row_sparse_pull("e", row_ids=[1, 2]).data[:, 0].tolist()
+
+    with InProcessCluster(1, 1, deadline=DEADLINE, max_message_bytes=1 << 20) as cluster:
+        assert _run(cluster, job) == [[1.0, 0.0]]
+
+
 def test_pushpull_and_broadcast_of_row_sparse_keys_are_refused():
     def job(kv):
         kv.init("s", _init())
