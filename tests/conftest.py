@@ -95,6 +95,7 @@ MULTIPROCESS_MODULES = frozenset({
     "tests/fault/test_server_recovery.py",
     "tests/fault/test_worker_recovery.py",
     "tests/hosts/test_simulated_hosts.py",
+    "tests/integration/test_big_table.py",
     "tests/integration/test_departures.py",
     "tests/integration/test_dist_processes.py",
     "tests/integration/test_launcher.py",
