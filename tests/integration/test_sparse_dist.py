@@ -170,6 +170,21 @@ def test_non_blocking_row_pushes_pipeline_with_the_row_pull_behind_them():
         assert _run(cluster, job) == [([0, 4, 9], [0.0, 2.0, 2.0])] * 2
 
 
+def test_a_worker_without_rows_in_a_servers_range_still_completes_its_round():
+    """Worker 0 pushes rows of server 0's range only, worker 1 of server 1's: each server's round still
+    gets both workers' pushes (one of them without rows), so it completes and the pulls return."""
+    def job(kv):
+        kv.init("e", _init())
+        for step in range(3):
+            row = step if kv.rank == 0 else ROWS - 1 - step
+            kv.push("e", pskv.RowSparse([row], np.full((1, WIDTH), step + 1.0, np.float32), SHAPE))
+        return kv.row_sparse_pull("e", row_ids=list(range(ROWS)), timeout=10).data[:, 0]
+
+    with InProcessCluster(2, 2, deadline=DEADLINE) as cluster:
+        for got in _run(cluster, job):
+            assert np.flatnonzero(got).tolist() == [2, ROWS - 3] and got[2] == got[ROWS - 3] == 3.0
+
+
 def test_rows_past_the_message_bound_are_refused_before_anything_is_sent():
     """A server would drop a message past PSKV_MAX_MESSAGE_BYTES unread: the worker refuses such a push
     or row pull itself (nothing sent, no push counted), and goes on."""
