@@ -28,6 +28,7 @@ no prefetch. :class:`PrefetchingIter` wraps a data iterator and does this for ev
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -97,7 +98,8 @@ class StoreTable:
 
     Built by :class:`Embedding` / :class:`EmbeddingBag` (use them); one per ``(store,
     key)``. ``stats`` counts what moved: ``pulls``, ``rows_pulled``, ``pushes``,
-    ``rows_pushed``, ``prefetch_hits``, ``prefetch_misses``.
+    ``rows_pushed``, ``prefetch_hits``, ``prefetch_misses``, and ``pull_wait_s``: seconds
+    forwards spent waiting for rows (a pull, or a prefetch not yet in).
 
     Attributes:
         scale: gradients are multiplied by it before a push (the Trainer sets it for a
@@ -126,8 +128,8 @@ class StoreTable:
         self._generation = 0  # pushes submitted so far
         self._prefetch: _Prefetch | None = None
         self._queued: np.ndarray[Any, Any] | None = None  # ids to prefetch once this step's push is submitted
-        self.stats = dict.fromkeys(("pulls", "rows_pulled", "pushes", "rows_pushed", "prefetch_hits",
-                                    "prefetch_misses"), 0)
+        self.stats: dict[str, float] = dict.fromkeys(("pulls", "rows_pulled", "pushes", "rows_pushed",
+                                                      "prefetch_hits", "prefetch_misses", "pull_wait_s"), 0)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> StoreTable:  # replicas share the table
         return self
@@ -194,19 +196,23 @@ class StoreTable:
         if pf is not None and pf.generation == self._generation and len(ids) <= len(pf.ids):
             pos = np.searchsorted(pf.ids, ids)
             if len(ids) == 0 or (pos[-1] < len(pf.ids) and bool(np.all(pf.ids[pos] == ids))):
+                start = time.perf_counter()
                 rows = pf.wait()
                 with self._lock:
                     self.stats["prefetch_hits"] += 1
+                    self.stats["pull_wait_s"] += time.perf_counter() - start
                 return rows if len(ids) == len(pf.ids) else rows.index_select(0, torch.from_numpy(pos))
         if pf is not None:
             with self._lock:
                 self.stats["prefetch_misses"] += 1
         rows = torch.empty((len(ids), self.embedding_dim), dtype=self.dtype)
         if len(ids):
+            start = time.perf_counter()
             self.kv.row_sparse_pull(self.key, out=rows, row_ids=ids, priority=self.priority)
             with self._lock:
                 self.stats["pulls"] += 1
                 self.stats["rows_pulled"] += len(ids)
+                self.stats["pull_wait_s"] += time.perf_counter() - start
         return rows
 
     # -- backward --------------------------------------------------------------------------

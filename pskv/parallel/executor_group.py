@@ -42,6 +42,7 @@ class _Desc:
     name: str
     shape: tuple[int, ...]
     axis: int  # batch axis; -1: not split (the whole array goes to every device)
+    dtype: str | None = None  # a DataDesc's dtype name (output_shapes feeds integer zeros to an integer input)
 
 
 def _batch_axis(layout: str | None) -> int:
@@ -54,18 +55,29 @@ def _descs(shapes: Iterable[Any] | None, what: str) -> list[_Desc]:
         return []
     out = []
     for item in shapes:
+        dtype = None
         if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
             name, shape, layout = item[0], item[1], None
         elif hasattr(item, "name") and hasattr(item, "shape"):
             name, shape, layout = item.name, item.shape, getattr(item, "layout", None)
+            dtype = getattr(item, "dtype", None)
         else:
             raise InvalidTypeError(f"{what} must be DataDesc objects or (name, shape) pairs, got {item!r}")
         shape = tuple(int(d) for d in shape)
         axis = _batch_axis(layout)
         if axis >= 0 and (axis >= len(shape) or shape[axis] < 1):
             raise InvalidArgumentError(f"{what} {name!r}: shape {shape} has no batch axis {axis} of size >= 1")
-        out.append(_Desc(name, shape, axis))
+        out.append(_Desc(name, shape, axis, dtype if isinstance(dtype, str) else None))
     return out
+
+
+def _integer_dtype(name: str | None) -> torch.dtype | None:
+    """The torch dtype of an integer dtype name (an input of ids, e.g. for an embedding); else None."""
+    try:
+        dt = np.dtype(name) if name is not None else None
+    except TypeError:
+        return None
+    return torch.from_numpy(np.zeros(0, dt)).dtype if dt is not None and dt.kind in "iu" else None
 
 
 def _device(name: str | torch.device) -> torch.device:
@@ -529,7 +541,7 @@ class DataParallelExecutorGroup:
                 shape = list(d.shape)
                 if d.axis >= 0:
                     shape[d.axis] = n
-                xs.append(torch.zeros(shape, device=device, dtype=dtype))
+                xs.append(torch.zeros(shape, device=device, dtype=_integer_dtype(d.dtype) or dtype))
             was_training = replica.training
             replica.eval()
             try:

@@ -353,3 +353,12 @@ def test_dist_sync_a_worker_that_touched_no_row_still_completes_the_round():
     assert len(results) == 2
     for got in results:
         torch.testing.assert_close(got, want)
+
+
+def test_output_shapes_of_a_group_bound_with_integer_ids():
+    kv = pskv.create("local")
+    x, y = dataset()
+    data = NDArrayIter(x, y, batch_size=B)
+    group = DataParallelExecutorGroup(store_net(kv), ["cpu", "cpu"], loss=torch.nn.CrossEntropyLoss(),
+                                      data_shapes=data.provide_data, label_shapes=data.provide_label)
+    assert group.output_shapes == [("output0", (B, C))]  # zeros of the ids' integer dtype went in
