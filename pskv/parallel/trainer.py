@@ -191,8 +191,8 @@ class Trainer:
             self._hooks.append(self._target.register_forward_pre_hook(lambda *_: self._ensure_params()))
         if self.overlap:
             self._install_grad_hooks()
-        for table in self._tables:  # a plain module's batch size is known at step(): push then
-            table.auto_push = self._group is not None
+        for table in self._tables:  # pushed in backward like the buckets, else at step() (a plain module's
+            table.auto_push = self.overlap  # batch size is known only then; grad_req 'add' accumulates till then)
 
     def _tables_store(self, kvstore: str | KVStoreBase | None) -> tuple[KVStoreBase, bool]:
         """The store of the model's embedding tables (a store name or None given: theirs).
@@ -339,6 +339,11 @@ class Trainer:
             except BaseException as exc:  # raised again by step(): never lost, never kills autograd silently
                 self._errors.append(exc)
         return ready
+
+    @property
+    def tables(self) -> list[StoreTable]:
+        """The embedding tables of the model (:class:`pskv.parallel.Embedding`), pushed and pulled by their modules."""
+        return list(self._tables)
 
     @property
     def kvstore(self) -> KVStoreBase | None:

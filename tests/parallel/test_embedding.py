@@ -362,3 +362,30 @@ def test_output_shapes_of_a_group_bound_with_integer_ids():
     group = DataParallelExecutorGroup(store_net(kv), ["cpu", "cpu"], loss=torch.nn.CrossEntropyLoss(),
                                       data_shapes=data.provide_data, label_shapes=data.provide_label)
     assert group.output_shapes == [("output0", (B, C))]  # zeros of the ids' integer dtype went in
+
+
+def test_without_overlap_the_rows_are_pushed_at_step_with_the_same_result():
+    data = batches(*dataset())
+    tables = []
+    for overlap in (True, False):
+        kv = pskv.create("local")
+        group = group_of(store_net(kv))
+        t = Trainer(group, "sgd", {"learning_rate": 0.3, "momentum": 0.9}, kvstore=kv, overlap=overlap)
+        stats = group.replicas[0].emb.table.stats
+        for step, batch in enumerate(data):
+            group.forward(batch)
+            group.backward()
+            assert stats["pushes"] == (step + 1 if overlap else step)  # pushed in backward, or by step()
+            t.step()
+        t.close()
+        tables.append(whole_table(group.replicas[0]))
+    assert torch.equal(tables[0], tables[1])
+
+
+def test_fit_refuses_training_checkpoints_that_would_miss_the_table(tmp_path):
+    kv = pskv.create("local")
+    group = DataParallelExecutorGroup(store_net(kv), ["cpu"], loss=torch.nn.CrossEntropyLoss())
+    t = Trainer(group, "sgd", kvstore=kv)
+    assert [tb.key for tb in t.tables] == ["emb"]
+    with pytest.raises(pskv.NotSupportedError, match=r"embedding tables \['emb'\]"):
+        t.fit(NDArrayIter(*dataset(), batch_size=B), num_epoch=1, checkpoint_dir=tmp_path, progress=False)
