@@ -70,7 +70,7 @@ CLUSTER_ENV_VARS: dict[str, tuple[str, str]] = {
     "PSKV_IO_THREADS": ("io_threads", "ZeroMQ I/O threads of a server or worker process (default 0: pskv's choice, 2)"),
     "PSKV_DATA_CHANNEL": ("data_channel", "how workers send arrays to servers on other hosts: tcp (plain TCP connections, pskv.transport.stream) or zmq (ZeroMQ); a job with PSKV_CURVE_KEY_FILE always uses zmq (default tcp)"),
     "PSKV_PART_BYTES": ("part_bytes", "bytes of one part of a value on a server and of one socket message's values: longer slices are cut, so big values travel as a pipeline of pieces; the same in every worker of a job (default 4194304; 0: no cut)"),
-    "PSKV_MAX_TABLE_BYTES": ("max_table_bytes", "bytes one server gives one row-sparse key's range of rows (an init asking for more is refused; default 17179869184)"),
+    "PSKV_MAX_TABLE_BYTES": ("max_table_bytes", "bytes of row-sparse keys (their ranges of rows) one server holds at most: an init that would pass it is refused (default 17179869184)"),
     "PSKV_STARTUP_TIMEOUT": ("startup_timeout", "seconds to wait for every node to register (default 60)"),
     "PSKV_REQUEST_TIMEOUT": ("request_timeout", "seconds a request waits for its reply before TimeoutError (default 300)"),
     "PSKV_STALL_REPORT": ("stall_report", "seconds a sync round may wait before its server logs which workers are missing (default 30; 0 off)"),
@@ -188,8 +188,8 @@ class ClusterConfig:
         data_channel: ``"tcp"``: workers send to servers on other hosts over plain TCP
             connections (:mod:`pskv.transport.stream`); ``"zmq"``: over ZeroMQ. A job
             with ``curve_key_file`` uses ZeroMQ either way.
-        max_table_bytes: bytes one server gives the range of rows of one row-sparse key
-            (:mod:`pskv.server.rows`); an init asking for more is refused.
+        max_table_bytes: bytes of row-sparse keys (their ranges of rows) one server holds at
+            most (:mod:`pskv.server.rows`); an init that would pass it is refused.
         startup_timeout: seconds to wait for every node to register.
         request_timeout: seconds a request waits for its reply.
         server_modules: modules a server imports at start (controllers register there).

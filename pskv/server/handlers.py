@@ -44,7 +44,7 @@ Handler: TypeAlias = Callable[[bytes, Header, list[memoryview]], None]  # (ident
 Reply: TypeAlias = Callable[[bytes, list[Any]], None]  # (identity, frames)
 Frames: TypeAlias = list[tuple[Part, Any]]  # (part, its pushed values: an array, or a RowBatch)
 
-#: Bytes one row-sparse part may take on a server unless the cluster config says (PSKV_MAX_TABLE_BYTES).
+#: Bytes of row-sparse keys one server holds at most, unless the cluster config says (PSKV_MAX_TABLE_BYTES).
 MAX_TABLE_BYTES = 16 << 30
 
 
@@ -147,6 +147,7 @@ class DataHandlers:
             raise InvalidArgumentError(f"broadcast from {sender}: row-sparse keys cannot be overwritten by a broadcast")
         tables = InitBody.parse(header).tables
         planned = []
+        held = sum(p.value.nbytes for p in self._shard.parts.values() if p.row_width)
         for spec, buf, (count, init) in zip(header.arrays, buffers, tables):
             n, width = spec.shape
             what = f"init of row-sparse key {spec.key} from {sender}"
@@ -155,10 +156,13 @@ class DataHandlers:
             if init is not None and spec.dtype not in TABLE_DTYPES:
                 raise InvalidArgumentError(f"{what}: a table drawn from an initializer must be one of {TABLE_DTYPES}, "
                                            f"not {spec.dtype}")
-            check_fits(count, width, storage_dtype(spec.dtype).itemsize, self._max_table_bytes, what)
             existing = self._shard.parts.get((spec.key, spec.offset))
-            if existing is not None and not existing.restored:
+            if (existing is not None and not existing.restored) or any(p[0].key == spec.key and p[0].offset ==
+                                                                       spec.offset for p in planned):
                 raise KVStoreError(f"duplicate init of key {spec.key}")
+            if existing is None:  # a restored part is counted in what this server holds already
+                check_fits(count, width, storage_dtype(spec.dtype).itemsize, held, self._max_table_bytes, what)
+                held += count * width * storage_dtype(spec.dtype).itemsize
             ids, rows = split_rows(spec, buf)
             planned.append((spec, count, width, init, checked_ids(ids, spec.offset // width, count, what), rows))
         summed = bool(header.flags & Flag.SUMMED)

@@ -127,13 +127,14 @@ def apply(table: np.ndarray[Any, Any], present: np.ndarray[Any, Any], batch: Row
     return np.flatnonzero(table.any(axis=1)).astype(np.int64)
 
 
-def check_fits(count: int, width: int, itemsize: int, limit: int, what: str) -> None:
-    """Refuse a part of ``count`` rows of ``width`` elements past the server's table limit.
+def check_fits(count: int, width: int, itemsize: int, held: int, limit: int, what: str) -> None:
+    """Refuse a part of ``count`` rows of ``width`` elements that would take this server's row-sparse
+    tables (``held`` bytes so far) past ``limit``: a few bytes of INIT must not make it allocate without bound.
 
     Raises:
-        InvalidArgumentError: ``count * width * itemsize > limit`` (``PSKV_MAX_TABLE_BYTES``).
+        InvalidArgumentError: ``held + count * width * itemsize > limit`` (``PSKV_MAX_TABLE_BYTES``).
     """
     need = count * width * itemsize
-    if need > limit:
-        raise InvalidArgumentError(f"{what}: {count} rows of {width} elements need {need} bytes on this server, "
-                                   f"more than PSKV_MAX_TABLE_BYTES ({limit})")
+    if held + need > limit:
+        raise InvalidArgumentError(f"{what}: {count} rows of {width} elements need {need} bytes on this server, which "
+                                   f"holds {held} bytes of row-sparse keys: more than PSKV_MAX_TABLE_BYTES ({limit})")

@@ -300,11 +300,15 @@ def test_table_initializers_are_checked_and_bounded_by_the_servers():
     def job(kv):
         with pytest.raises(pskv.RemoteError, match="PSKV_MAX_TABLE_BYTES") as info:
             kv.init("huge", pskv.TableInit((1 << 30, 64), "float32", {"type": "uniform", "seed": 1}))
-        return str(info.value)
+        kv.init("a", pskv.TableInit((2048, 64)))  # 256 KiB per server
+        with pytest.raises(pskv.RemoteError, match="holds 262144 bytes of row-sparse keys") as total:
+            kv.init("b", pskv.TableInit((8192, 64)))  # 1 MiB per server: fits alone, not with "a"
+        kv.init("c", pskv.TableInit((4096, 64)))  # 512 KiB per server: fits beside "a"
+        return str(info.value), str(total.value)
 
     with InProcessCluster(2, 1, deadline=DEADLINE, max_table_bytes=1 << 20) as cluster:
-        [message] = _run(cluster, job)
-    assert "init of row-sparse key" in message
+        [(message, total)] = _run(cluster, job)
+    assert "init of row-sparse key" in message and "more than PSKV_MAX_TABLE_BYTES (1048576)" in total
 
 
 # -- hostile rows ---------------------------------------------------------------------------
