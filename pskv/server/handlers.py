@@ -146,7 +146,7 @@ class DataHandlers:
         if header.flags & Flag.OVERWRITE:
             raise InvalidArgumentError(f"broadcast from {sender}: row-sparse keys cannot be overwritten by a broadcast")
         tables = InitBody.parse(header).tables
-        planned = []
+        planned: list[tuple[ArraySpec, int, int, dict[str, Any] | None, np.ndarray[Any, Any], np.ndarray[Any, Any]]] = []
         held = sum(p.value.nbytes for p in self._shard.parts.values() if p.row_width)
         for spec, buf, (count, init) in zip(header.arrays, buffers, tables):
             n, width = spec.shape
