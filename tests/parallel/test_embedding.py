@@ -389,3 +389,17 @@ def test_fit_refuses_training_checkpoints_that_would_miss_the_table(tmp_path):
     assert [tb.key for tb in t.tables] == ["emb"]
     with pytest.raises(pskv.NotSupportedError, match=r"embedding tables \['emb'\]"):
         t.fit(NDArrayIter(*dataset(), batch_size=B), num_epoch=1, checkpoint_dir=tmp_path, progress=False)
+
+
+def test_a_smaller_last_batch_is_rescaled_for_the_rows_as_for_the_dense_parameters():
+    x, y = dataset()
+    data = [(torch.from_numpy(x[a:b]), torch.from_numpy(y[a:b])) for a, b in ((0, 8), (8, 13), (13, 21))]
+    ref_group = group_of(dense_net())
+    ref = Trainer(ref_group, "sgd", {"learning_rate": 0.5}, kvstore="local")
+    train(ref_group, ref, data)
+    kv = pskv.create("local")
+    group = group_of(store_net(kv))
+    t = Trainer(group, "sgd", {"learning_rate": 0.5}, kvstore=kv)
+    train(group, t, data)
+    want = ref_group.get_params()[0]
+    torch.testing.assert_close(whole_table(group.replicas[0]), want["emb.weight"], rtol=1e-9, atol=1e-12)
