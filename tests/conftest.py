@@ -93,6 +93,7 @@ MULTIPROCESS_MODULES = frozenset({
     "tests/fault/test_network.py",
     "tests/fault/test_restart.py",
     "tests/fault/test_server_recovery.py",
+    "tests/fault/test_sparse_recovery.py",
     "tests/fault/test_worker_recovery.py",
     "tests/hosts/test_simulated_hosts.py",
     "tests/integration/test_big_table.py",
