@@ -5,7 +5,6 @@ without the crash."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
