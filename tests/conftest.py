@@ -105,6 +105,7 @@ MULTIPROCESS_MODULES = frozenset({
     "tests/integration/test_sparse_launched.py",
     "tests/unit/test_example.py",
     "tests/parallel/test_example_digits.py",
+    "tests/parallel/test_embedding_launched.py",
 })
 SLOW_MODULES = MULTIPROCESS_MODULES | frozenset({
     "tests/fault/test_fuzz_server.py",  # in-process clusters, but seconds per test
