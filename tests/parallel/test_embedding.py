@@ -107,9 +107,10 @@ def test_trains_like_a_dense_embedding_in_two_replicas(opt, params):
     assert not torch.equal(table, table0())
 
 
+@pytest.mark.parametrize("store", ["local", "device"])
 @pytest.mark.parametrize("mode", ["sum", "mean"])
-def test_embedding_bag_matches_torch(mode):
-    kv = pskv.create("local")
+def test_embedding_bag_matches_torch(mode, store):
+    kv = pskv.create(store)
     kv.set_optimizer(pskv.optimizer.create("sgd", learning_rate=0.3))
     bag = EmbeddingBag(V, D, kv, "bag", mode=mode, init=table0(), dtype=torch.float64)
     ref = torch.nn.EmbeddingBag(V, D, mode=mode).double()
