@@ -263,6 +263,9 @@ def test_a_table_from_an_initializer_and_a_plain_module_trainer():
     init = {"type": "uniform", "low": -0.1, "high": 0.1, "seed": 9}
     emb = Embedding(1000, D, kv, "drawn", init=init)
     assert torch.equal(emb.table.rows(torch.arange(1000)), torch.from_numpy(pskv.TableInit((1000, D), "float32", init).todense()))
+    default = Embedding(100, D, kv, "default")  # N(0, 1) as torch.nn.Embedding, seed 0
+    want = pskv.TableInit((100, D), "float32", {"type": "normal", "std": 1.0, "seed": 0}).todense()
+    assert torch.equal(default.table.rows(torch.arange(100)), torch.from_numpy(want))
     t = Trainer(emb, "sgd", {"learning_rate": 1.0}, kvstore=None)  # only a table: no dense parameter
     before = emb.table.rows(torch.tensor([7, 8]))
     emb(torch.tensor([7, 7])).sum().backward()  # a plain module pushes at step(batch_size)
