@@ -62,6 +62,7 @@ __all__ = ["DistStore"]
 
 log = logging.getLogger("pskv.dist")
 
+_NO_ROWS = np.zeros(0, np.int64)  # a pull of present rows names none
 _AT_EXIT_TIMEOUT = 10.0  # seconds a store left open may take to leave at interpreter exit
 _OPEN: weakref.WeakSet[DistStore] = weakref.WeakSet()  # stores not closed yet (no strong reference)
 
@@ -377,11 +378,11 @@ class DistStore(StoreFrontEnd[KeyLayout]):
              timeout: float | None = None) -> Any:
         """Pull the values (at least as new as this worker's last push) into ``out``.
 
-        ``out=None`` returns new arrays of the kind and device each key was
-        initialised with (a row-sparse key: a row-sparse value of its non-zero rows).
-        Row-sparse outs: skipped with a warning if ``ignore_sparse`` (MXNet's default; use
-        :meth:`row_sparse_pull`), else filled with the key's non-zero rows. A row-sparse
-        key's whole table travels to a dense out.
+        ``out=None`` returns new arrays of the kind and device each key was initialised
+        with; for a row-sparse key a row-sparse value of its present rows (only those
+        travel). Row-sparse outs: skipped with a warning if ``ignore_sparse`` (MXNet's
+        default; use :meth:`row_sparse_pull`), else filled with the key's present rows
+        (every row of a dense key). A row-sparse key's whole table travels to a dense out.
 
         Raises:
             UnknownKeyError, ShapeMismatchError, DTypeMismatchError, NodeFailedError,
@@ -393,6 +394,8 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         if out is None:
             keys, single = self._key_list(key)
             recs = [self._record(k, "pull") for k in keys]
+            whole = [i for i, rec in enumerate(recs) if not rec.sparse]
+            present = [i for i, rec in enumerate(recs) if rec.sparse]
         else:
             targets = self._out_targets(key, out, "pull")
             skipped = [k for k, _, o in targets if any(is_row_sparse(a) for a in o)]
@@ -403,24 +406,39 @@ class DistStore(StoreFrontEnd[KeyLayout]):
                 sparse_outs = [(i, a) for i, (_, _, o) in enumerate(targets) for a in o if is_row_sparse(a)]
             keys, single = [k for k, _, _ in targets], False
             recs, outs = [r for _, r, _ in targets], [[a for a in o if not is_row_sparse(a)] for _, _, o in targets]
-        quick = not sparse_outs and is_quick(recs, [a for o in outs or () for a in o])
+            present = sorted({i for i, _ in sparse_outs if recs[i].sparse})
+            whole = [i for i, o in enumerate(outs) if o or (i not in present and any(j == i for j, _ in sparse_outs))]
+        dense = [recs[i] for i in whole]
+        dense_outs = None if outs is None else [outs[i] for i in whole]
+        quick = not sparse_outs and not present and is_quick(recs, [a for o in outs or () for a in o])
         worker = self._worker
 
         def start() -> Deferred:
-            sent = worker.pull(recs, priority, timeout)
-            into = landing(recs, outs)
+            sent = worker.pull(dense, priority, timeout) if dense else None
+            asked = worker.pull_rows([(recs[i], _NO_ROWS) for i in present], priority, timeout, present=True) \
+                if present else None
+            into = landing(dense, dense_outs)
 
             def finish() -> Any:
-                values = worker.values(sent, timeout, into)
-                result = deliver(recs, values, outs, single, self._kernels)
+                values = worker.values(sent, timeout, into) if sent is not None else {}
+                result = deliver(dense, values, dense_outs, False, self._kernels)
+                got = worker.rows_values(asked, timeout) if asked is not None else {}
+                rows = {i: got.get(id(recs[i]), (np.zeros(0, np.int64), np.zeros((0, recs[i].row_width))))
+                        for i in present}
                 for i, o in sparse_outs:
-                    dist_rows.fill_present(o, values[id(recs[i])])
-                if out is None and any(rec.sparse for rec in recs):
-                    arrays = [result] if single else result
-                    arrays = [dist_rows.sparse_result(a) if rec.sparse else a for a, rec in zip(arrays, recs)]
-                    return arrays[0] if single else arrays
-                return result
-            return Deferred(sent.replies, finish, inline=quick)
+                    if i in rows:  # a row-sparse key: its present rows
+                        dist_rows.fill(o, "sparse", recs[i].meta.shape, rows[i][0], rows[i][1], rows[i][0])
+                    else:  # a dense key: every row
+                        dist_rows.fill_all(o, values[id(recs[i])])
+                if out is not None:
+                    return None
+                arrays = dict(zip(whole, result))
+                for i in present:
+                    arrays[i] = new = dist_rows.new_sparse_out(recs[i].meta)
+                    dist_rows.fill(new, "sparse", recs[i].meta.shape, rows[i][0], rows[i][1], rows[i][0])
+                return arrays[0] if single else [arrays[i] for i in range(len(recs))]
+            replies = (sent.replies if sent is not None else []) + (asked.replies if asked is not None else [])
+            return Deferred(replies, finish, inline=quick)
         result = self._submit("pull", keys, priority, start, block, timeout, quick)
         return result if (not block or out is None) else None
 

@@ -12,8 +12,8 @@ sight:
 * :func:`fill` — received rows into an out: a row-sparse out holds exactly the rows asked
   for, a full-shaped dense out gets them with every other row zero, a compact one row
   per id (casting between floating dtypes, as ``row_sparse_pull`` does);
-* :func:`sparse_result` — a dense value pulled whole as a row-sparse value of the key's
-  kind (its non-zero rows: what ``pull`` gives for a row-sparse key).
+* :func:`new_sparse_out` — an empty row-sparse value of a key's kind (``pull(out=None)``,
+  ``row_sparse_pull(out=None)`` fill it).
 """
 
 from __future__ import annotations
@@ -29,16 +29,14 @@ from pskv.arrays.rowsparse import RowSparse, is_row_sparse
 from pskv.arrays.tables import TableInit
 from pskv.errors import NotSupportedError
 from pskv.kvstore.sparse import (
-    as_sparse_like,
     cast_copy,
     fill_sparse_out,
-    nonzero_rows,
     scatter_rows,
     sparse_parts,
     zero_rows,
 )
 
-__all__ = ["key_meta", "summed_rows", "fill", "fill_present", "new_sparse_out", "sparse_result", "densified"]
+__all__ = ["key_meta", "summed_rows", "fill", "fill_all", "new_sparse_out", "densified"]
 
 
 def key_meta(key: Any, value: Any) -> ArrayMeta:
@@ -117,14 +115,9 @@ def fill(out: Any, mode: str, shape: tuple[int, ...], union: np.ndarray[Any, Any
         cast_copy(out, picked)
 
 
-def sparse_result(value: Any) -> Any:
-    """A dense value of a row-sparse key as a row-sparse value of its kind (its non-zero rows)."""
-    return as_sparse_like(value, nonzero_rows(value))
-
-
-def fill_present(out: Any, value: Any) -> None:
-    """A row-sparse ``out`` holds the non-zero rows of a whole pulled ``value``."""
-    fill_sparse_out(out, value, nonzero_rows(value))
+def fill_all(out: Any, value: Any) -> None:
+    """A row-sparse ``out`` holds every row of a dense key's pulled ``value``."""
+    fill_sparse_out(out, value, np.arange(value.shape[0], dtype=np.int64))
 
 
 def densified(values: Sequence[Any]) -> list[Any]:

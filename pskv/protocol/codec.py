@@ -147,6 +147,8 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> tuple[Head
     if rows and (cmd not in _ROWS_COMMANDS or flags & (Flag.SHM | Flag.COMPRESSED | Flag.COMPRESS_REPLY)):
         raise ProtocolError(f"{cmd.name}: the ROWS flag needs an INIT, PUSH, PULL or REPLY through a socket, "
                             "uncompressed")
+    if flags & Flag.PRESENT and not (rows and cmd is Command.PULL):
+        raise ProtocolError(f"{cmd.name}: the PRESENT flag needs a PULL with the ROWS flag")
     if body and cmd in _DATA_COMMANDS and not flags & (Flag.COMPRESSED | Flag.COMPRESS_REPLY):
         raise ProtocolError(f"{cmd.name} carries no body (its options are header flags)")
     if type(specs) is not list or len(specs) > limits.max_arrays:
@@ -164,6 +166,8 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> tuple[Head
     if rows:
         ids_only = cmd is Command.PULL
         parsed = tuple(_rows_spec(i, s, buf, limits, ids_only) for i, (s, buf) in enumerate(zip(specs, buffers)))
+        if flags & Flag.PRESENT and any(spec.shape[0] for spec in parsed):
+            raise ProtocolError("PULL of present rows: its specs name no rows (shape (0, row width))")
         return Header(cmd, request, sender, parsed, priority, body, flags), buffers
     parsed = tuple(_spec(i, s, buf, limits, compressed) for i, (s, buf) in enumerate(zip(specs, buffers)))
     return Header(cmd, request, sender, parsed, priority, body, flags), buffers

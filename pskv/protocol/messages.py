@@ -123,11 +123,13 @@ class Flag:
     # elements; the frame holds the n global row ids (int64, sorted, unique) then, except in a
     # PULL (which asks for those rows), the n rows. INIT's body gives each part's row count.
     ROWS = 64
+    # ROWS PULL: answer with each part's present rows (its specs are (0, w), their frames empty)
+    PRESENT = 128
 
 
 #: Every defined flag bit; a header with any other bit set is refused.
 KNOWN_FLAGS = (Flag.QUIET | Flag.SHM | Flag.SUMMED | Flag.OVERWRITE | Flag.COMPRESSED | Flag.COMPRESS_REPLY
-               | Flag.ROWS)
+               | Flag.ROWS | Flag.PRESENT)
 
 
 class ArraySpec(NamedTuple):

@@ -52,8 +52,9 @@ class Gather:
         on_answered: called just before the reply (or error) is sent (see ReplyCache.later).
         squeeze: each part's compressed value (:mod:`pskv.server.squeeze`): the reply then
             carries payloads (``COMPRESSED``, the request's body naming the compression).
-        rows: per part of row-sparse keys, the local ids of the rows asked for: the reply
-            then carries those rows only (``ROWS``, :func:`pskv.protocol.rows_frame`).
+        rows: per part of row-sparse keys, the local ids of the rows asked for (None: its
+            present rows when it is ready): the reply then carries those rows only (``ROWS``,
+            :func:`pskv.protocol.rows_frame`).
     """
 
     __slots__ = ("_answer", "_node_id", "_dead_names", "_identity", "_results", "_remaining", "_header",
@@ -63,7 +64,7 @@ class Gather:
                  header: Header, n: int, snapshot: bool, shared: bool = False,
                  on_answered: Callable[[], None] | None = None,
                  squeeze: Callable[[Part], Any] | None = None,
-                 rows: list[np.ndarray[Any, Any]] | None = None) -> None:
+                 rows: list[np.ndarray[Any, Any] | None] | None = None) -> None:
         self._squeeze = squeeze
         self._rows = rows
         self._answer = answer
@@ -116,8 +117,10 @@ class Gather:
         """The rows asked for of each row-sparse part, as they are now (copies), in the rows encoding."""
         assert self._rows is not None
         specs, data = [], []
-        for p, local in zip(self._results, self._rows):
+        for p, asked in zip(self._results, self._rows):
             assert p is not None
+            local = asked if asked is not None else p.present
+            assert local is not None
             picked = p.table()[local]
             if p.dtype == "bfloat16":
                 picked = f32_to_bf16_bits(picked)

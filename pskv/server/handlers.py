@@ -366,14 +366,17 @@ class DataHandlers:
 
         Each named part is checked like a push (key, dtype, size); with ``SHM`` the reply
         names shared buffers instead of carrying the values. With ``ROWS`` each frame names
-        rows of a row-sparse part (checked as a push's): the reply carries those rows only.
+        rows of a row-sparse part (checked as a push's): the reply carries those rows only;
+        with ``PRESENT`` too, the part's present rows.
         """
         if header.flags & Flag.ROWS:
-            wanted, rows = [], []
+            wanted: list[tuple[Part, int]] = []
+            rows: list[np.ndarray[Any, Any] | None] = []
+            present = bool(header.flags & Flag.PRESENT)  # each part's present rows, as of the round it waits for
             for spec, buf in zip(header.arrays, buffers):
-                part, what = self._rows_part(spec, header, "row_sparse_pull")
+                part, what = self._rows_part(spec, header, "pull" if present else "row_sparse_pull")
                 ids, _ = split_rows(spec, buf, ids_only=True)
-                rows.append(checked_ids(ids, part.first_row, part.num_rows, what))
+                rows.append(None if present else checked_ids(ids, part.first_row, part.num_rows, what))
                 wanted.append((part, spec.round))
             self.gather(identity, header, wanted, by_push=True, rows=rows)
             return
@@ -386,7 +389,7 @@ class DataHandlers:
         self.gather(identity, header, joined, shared=bool(header.flags & Flag.SHM))
 
     def gather(self, identity: bytes, header: Header, parts: list[tuple[Part, int]], shared: bool = False,
-               by_push: bool = False, rows: list[np.ndarray[Any, Any]] | None = None) -> None:
+               by_push: bool = False, rows: list[np.ndarray[Any, Any] | None] | None = None) -> None:
         """Reply with every part's value once each has completed its round.
 
         Each part comes with the round it must include or, with ``by_push``, the number

@@ -93,7 +93,8 @@ class Exchange:
     def __init__(self) -> None:
         self.messages: list[tuple[list[Part], WorkerRequest]] = []
         self.replies: list[WorkerRequest] = []
-        self.rows: list[tuple[list[RowPiece], WorkerRequest]] = []  # a row pull's messages (pull_rows)
+        # a row pull's messages (pull_rows): pieces, reply, whether it asked for the present rows
+        self.rows: list[tuple[list[RowPiece], WorkerRequest, bool]] = []
 
 
 class KVWorker:
@@ -282,16 +283,18 @@ class KVWorker:
         return sent
 
     def pull_rows(self, items: Sequence[tuple[KeyLayout, np.ndarray[Any, Any]]], priority: int = 0,
-                  timeout: float | None = None) -> Exchange:
+                  timeout: float | None = None, present: bool = False) -> Exchange:
         """Ask the servers for rows of row-sparse keys (per key: sorted unique ids), as of this worker's
-        last push of each part; only the servers holding some of them are asked (:meth:`rows_values`)."""
+        last push of each part; only the servers holding some of them are asked (:meth:`rows_values`).
+        ``present``: every part's present rows instead (the ids given are ignored)."""
         sent = Exchange()
         limit = self._limit(timeout)
-        cut = [piece for rec, ids in items for piece in pieces(rec, ids, None, False)]
+        cut = [piece for rec, ids in items for piece in (
+            pieces(rec, np.zeros(0, np.int64), None, True) if present else pieces(rec, ids, None, False))]
         for server, group, specs, frames in messages(cut, False, self._cluster.max_message_bytes, "row_sparse_pull"):
             pending = self.client.request(server, Command.PULL, specs, frames, priority=priority, timeout=limit,
-                                          flags=Flag.ROWS)
-            sent.rows.append((group, pending))
+                                          flags=Flag.ROWS | (Flag.PRESENT if present else 0))
+            sent.rows.append((group, pending, present))
             sent.replies.append(pending)
         return sent
 
@@ -305,10 +308,10 @@ class KVWorker:
         """
         limit = self._limit(timeout)
         got: dict[int, list[tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any]]]] = {}
-        for group, pending in sent.rows:
+        for group, pending, present in sent.rows:
             header = pending.wait(limit)
-            for (rec, rows), (_, i, ids, _) in zip(assemble(group, header, pending.buffers, node_name(pending.node)),
-                                                   group):
+            for (rec, ids, rows), (_, i, _, _) in zip(assemble(group, header, pending.buffers, node_name(pending.node),
+                                                               present), group):
                 got.setdefault(id(rec), []).append((i, ids, rows))
         out = {}
         for key, found in got.items():

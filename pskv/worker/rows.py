@@ -76,9 +76,11 @@ def messages(items: Sequence[RowPiece], number: bool, max_bytes: int, op: str
     return out
 
 
-def assemble(asked: Sequence[RowPiece], header: Header, buffers: Sequence[memoryview], node: str
-             ) -> list[tuple[KeyLayout, np.ndarray[Any, Any]]]:
-    """The rows a reply to a row pull carries, per piece asked, checked: ``(layout, rows (n, width))``.
+def assemble(asked: Sequence[RowPiece], header: Header, buffers: Sequence[memoryview], node: str,
+             present: bool = False) -> list[tuple[KeyLayout, np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
+    """The rows a reply to a row pull carries, per piece asked, checked: ``(layout, ids, rows (n, width))``.
+
+    ``present``: the pull asked for each part's present rows (any ids, sorted, unique, in its range).
 
     Raises:
         ProtocolError: the reply's parts, widths or ids are not those asked for.
@@ -87,10 +89,16 @@ def assemble(asked: Sequence[RowPiece], header: Header, buffers: Sequence[memory
         raise ProtocolError(f"{node} answered {len(header.arrays)} row-sparse parts for {len(asked)} asked")
     out = []
     for (rec, i, ids, _), spec, buf in zip(asked, header.arrays, buffers):
-        if spec.key != rec.skey or spec.offset != rec.parts[i][1] or spec.shape != (ids.size, rec.row_width):
+        n = spec.shape[0] if present else ids.size
+        if spec.key != rec.skey or spec.offset != rec.parts[i][1] or spec.shape != (n, rec.row_width):
             raise ProtocolError(f"{node}'s rows for key {rec.key!r} do not match the request")
         got, rows = split_rows(spec, buf)
-        if not np.array_equal(got, ids):
+        if present:
+            first, count = rec.parts[i][1] // rec.row_width, rec.parts[i][2] // rec.row_width
+            if got.size and (got[0] < first or got[-1] >= first + count or not bool((np.diff(got) > 0).all())):
+                raise ProtocolError(f"{node} answered rows of key {rec.key!r} that are not sorted, unique ids of its "
+                                    "range")
+        elif not np.array_equal(got, ids):
             raise ProtocolError(f"{node} answered other rows of key {rec.key!r} than those asked for")
-        out.append((rec, rows))
+        out.append((rec, got, rows))
     return out

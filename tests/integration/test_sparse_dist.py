@@ -140,6 +140,10 @@ def test_dense_and_sparse_keys_mix_in_one_call_and_pull_ignores_sparse_outs():
         filled = pskv.RowSparse.zeros(SHAPE)
         kv.pull("s", out=filled, ignore_sparse=False)
         new = kv.row_sparse_pull("s", row_ids=[7])
+        kv.init("z", pskv.RowSparse.zeros(SHAPE))
+        kv.push("z", pskv.RowSparse([3, 5], np.array([[0, 0, 0], [1, 1, 1]], np.float32), SHAPE))
+        zero_row = kv.pull("z")  # its present rows travel, the zero row pushed among them (as the local store)
+        assert zero_row.indices.tolist() == [3, 5] and zero_row.data[:, 0].tolist() == [0.0, 2.0]
         return outs, skipped.nnz, filled, new, kv.pull("s")
 
     with InProcessCluster(2, 2, deadline=DEADLINE) as cluster:
@@ -232,9 +236,9 @@ def test_a_push_and_a_row_pull_move_the_rows_not_the_table(monkeypatch):
     from pskv.worker import kv_worker
     assemble = kv_worker.assemble
 
-    def counting(asked, header, buffers, node):
+    def counting(asked, header, buffers, *args):
         answered.append(sum(len(b) for b in buffers))
-        return assemble(asked, header, buffers, node)
+        return assemble(asked, header, buffers, *args)
     monkeypatch.setattr(kv_worker, "assemble", counting)
     rows, width = 100_000, 64
     ids = np.array([3, 17, 999, 40_000, 49_999, 50_000, 50_001, 77_777, 99_998, 99_999])

@@ -97,7 +97,7 @@ GOOD_FRAME = np.zeros(2, np.float32).tobytes()
     ([*GOOD[:6], [[3, 2, [3], 0, 0]], 0], r"shape \(3,\) float32 needs 12 bytes, frame has 8"),
     ([*GOOD[:6], [[3, 2, [2], 0]], 0], "spec is not a 5- or 6-field list"),
     ([*GOOD[:6], [[3, 2, [2], 0, 0, 2]], 0], "shared buffer index 2 is not 0 or 1"),
-    ([*GOOD[:7], 128], "flags 128 are not a combination of the known flag bits"),
+    ([*GOOD[:7], 256], "flags 256 are not a combination of the known flag bits"),
     ([*GOOD[:7], -1], "flags -1 are not"),
     ([*GOOD[:7], "1"], "flags '1' are not"),
     (GOOD[:7], "8-field list"),
@@ -210,6 +210,12 @@ def test_the_rows_encoding_round_trips_and_its_frames_are_exact():
         decode(encode(pull, [rows_frame(ids, rows)]))
     with pytest.raises(ProtocolError, match="shape \\(rows, row width\\)"):
         decode(encode(push._replace(arrays=(ArraySpec(7, "float32", (6,)),)), [rows.reshape(-1)]))
+    present = pull._replace(arrays=(ArraySpec(7, "float32", (0, 2), 4, 1),), flags=Flag.ROWS | Flag.PRESENT)
+    assert decode(encode(present, [rows_frame(ids[:0])]))[0].flags & Flag.PRESENT
+    with pytest.raises(ProtocolError, match="PULL of present rows: its specs name no rows"):
+        decode(encode(pull._replace(flags=Flag.ROWS | Flag.PRESENT), [rows_frame(ids)]))
+    with pytest.raises(ProtocolError, match="the PRESENT flag needs a PULL with the ROWS flag"):
+        decode(encode(push._replace(flags=Flag.ROWS | Flag.PRESENT), [rows_frame(ids, rows)]))
     for command, flags in ((Command.PUSHPULL, Flag.ROWS), (Command.PUSH, Flag.ROWS | Flag.SHM)):
         with pytest.raises(ProtocolError, match="the ROWS flag needs"):
             decode(encode(push._replace(command=command, flags=flags), [rows_frame(ids, rows)]))
