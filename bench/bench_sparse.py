@@ -278,7 +278,8 @@ def _worker_args(rows: int, args: argparse.Namespace) -> list[str]:
 
 
 def run_pskv(rows: int, args: argparse.Namespace) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
+    # a server drawing a 50M-row range misses heartbeats for > 10 s (the default timeout): 120 s here
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "PS_HEARTBEAT_TIMEOUT": "120",
            "PSKV_MAX_TABLE_BYTES": str(max(1 << 34, rows * args.dim * 4))}
     argv = [sys.executable, "-m", "pskv", "launch", "-n", "2", "-s", "2", "--stop-grace", "3",
             "--timeout", str(int(args.job_timeout)), "--", sys.executable, str(Path(__file__).resolve()), "_pskv",
@@ -324,6 +325,30 @@ def _result(system: str, rows: int, rc: int, ranks: list[dict[str, Any]], text: 
     return res
 
 
+def pooled(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (system, rows): the samples of all its runs (passes) pooled, each pass's median kept."""
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in runs:
+        groups.setdefault((r["system"], r["rows"]), []).append(r)
+    out = []
+    for (system, rows), rs in groups.items():
+        ok = [r for r in rs if "error" not in r]
+        if not ok:
+            out.append({**rs[0], "passes": len(rs)})
+            continue
+        times = [t for r in ok for t in r["job_times"]]
+        med = statistics.median(times)
+        out.append({"system": system, "rows": rows, "passes": len(rs), "failed_passes": len(rs) - len(ok),
+                     "median_s": med, "steps_per_s": 1 / med, "pass_steps_per_s": [r["steps_per_s"] for r in ok],
+                     "range_steps_per_s": [1 / max(times), 1 / min(times)],
+                     "bytes_per_step": statistics.mean(r["bytes_per_step"] for r in ok),
+                     "worker_hwm_mib": max(r["worker_hwm_mib"] for r in ok),
+                     "peak_rss_servers": max(r["peak_rss_servers"] for r in ok),
+                     "peak_rss_job": max(r["peak_rss_job"] for r in ok), "init_s": max(r["init_s"] for r in ok),
+                     "over_memory_limit": any(r["over_memory_limit"] for r in rs)})
+    return out
+
+
 def _fmt_bytes(b: float) -> str:
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if b >= size:
@@ -336,19 +361,20 @@ def _rows_name(rows: int) -> str:
 
 
 def table(results: list[dict[str, Any]], dim: int) -> list[str]:
-    lines = [f"| rows x {dim} | system | steps/s (range) | step ms | bytes/step/worker | worker peak RSS | "
-             "servers' RSS | vs DDP dense |", "|---|---|---|---|---|---|---|---|"]
+    lines = [f"| rows x {dim} | system | steps/s (range) | per pass | step ms | bytes/step/worker | "
+             "worker peak RSS | servers' RSS | vs DDP dense |", "|---|---|---|---|---|---|---|---|---|"]
     dense = {r["rows"]: r for r in results if r["system"] == "ddp_dense" and "error" not in r}
     for r in results:
         name = f"{_rows_name(r['rows'])} ({_fmt_bytes(4 * r['rows'] * dim)})"
         if "error" in r:
             why = "over the memory limit" if r["over_memory_limit"] else f"failed (rc {r['rc']})"
-            lines.append(f"| {name} | {r['system']} | {why} | | | | | |")
+            lines.append(f"| {name} | {r['system']} | {why} | | | | | | |")
             continue
         lo, hi = r["range_steps_per_s"]
         vs = f"{r['steps_per_s'] / dense[r['rows']]['steps_per_s']:.1f}x" if r["rows"] in dense else ""
         servers = _fmt_bytes(r["peak_rss_servers"]) if r["system"] == "pskv" else ""
-        lines.append(f"| {name} | {r['system']} | {r['steps_per_s']:.1f} ({lo:.1f}-{hi:.1f}) | "
+        passes = ", ".join(f"{v:.1f}" for v in r["pass_steps_per_s"])
+        lines.append(f"| {name} | {r['system']} | {r['steps_per_s']:.1f} ({lo:.1f}-{hi:.1f}) | {passes} | "
                      f"{1000 * r['median_s']:.1f} | {_fmt_bytes(r['bytes_per_step'])} | "
                      f"{r['worker_hwm_mib']:.0f} MiB | {servers} | {vs} |")
     return lines
@@ -390,23 +416,26 @@ def main(argv: list[str]) -> int:
         return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="small sizes, few steps (~1 min): checks that everything runs")
-    p.add_argument("--ddp-rows", default=None, help="table rows for pskv and DDP (default 100000,1000000,4000000)")
+    p.add_argument("--ddp-rows", default=None, help="table rows for pskv and DDP (default 100000,1000000,4000000,10000000)")
     p.add_argument("--pskv-rows", default=None,
-                   help="further rows for pskv alone (default 10000000,30000000,100000000)")
+                   help="further rows for pskv alone (default 30000000,100000000)")
     p.add_argument("--dim", type=int, default=16)
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--samples", type=int, default=None)
     p.add_argument("--iters", type=int, default=None)
     p.add_argument("--no-ddp-sparse", action="store_true", help="leave out DDP with sparse=True")
+    p.add_argument("--passes", type=int, default=None,
+                   help="passes over the pskv sizes, the later ones in reverse order (default 2; quick 1)")
     p.add_argument("--job-timeout", type=float, default=300.0)
     p.add_argument("--json", default=None, help="result file (default bench/results/sparse_<commit>[_quick].json)")
     args = p.parse_args(argv)
-    ddp_rows = [int(x) for x in (args.ddp_rows or ("100000,1000000" if args.quick else "100000,1000000,4000000")).split(",") if x]
-    pskv_rows = [int(x) for x in (args.pskv_rows or ("" if args.quick else "10000000,30000000,100000000")).split(",") if x]
+    ddp_rows = [int(x) for x in (args.ddp_rows or ("100000,1000000" if args.quick else "100000,1000000,4000000,10000000")).split(",") if x]
+    pskv_rows = [int(x) for x in (args.pskv_rows or ("" if args.quick else "30000000,100000000")).split(",") if x]
     args.warmup = args.warmup if args.warmup is not None else (3 if args.quick else 5)
     args.samples = args.samples if args.samples is not None else (3 if args.quick else 5)
     args.iters = args.iters if args.iters is not None else (3 if args.quick else 10)
+    args.passes = args.passes if args.passes is not None else (1 if args.quick else 2)
     for rows in pskv_rows:  # the servers' memory: the table, its present-row ids (int64), the drawing's slack
         need = rows * (4 * args.dim + 8)
         if need > MEMORY_LIMIT - (2 << 30):
@@ -417,6 +446,9 @@ def main(argv: list[str]) -> int:
     started = time.perf_counter()
     results = []
     plan = [(r, s) for r in ddp_rows for s in ("pskv", "ddp_dense", "ddp_sparse")] + [(r, "pskv") for r in pskv_rows]
+    every = sorted(set(ddp_rows) | set(pskv_rows))
+    for k in range(1, args.passes):  # pskv again, sizes in the other order: a load drift does not favour one end
+        plan += [(r, "pskv") for r in (every[::-1] if k % 2 else every)]
     for rows, system in plan:
         if system == "ddp_sparse" and args.no_ddp_sparse:
             continue
@@ -424,12 +456,14 @@ def main(argv: list[str]) -> int:
         t0 = time.perf_counter()
         res = run_pskv(rows, args) if system == "pskv" else run_ddp(rows, system == "ddp_sparse", args)
         res["wall_s"] = time.perf_counter() - t0
+        res["load_average"] = os.getloadavg()
         results.append(res)
         note = res.get("error", "").strip().splitlines()[-1:] if "error" in res else f"{res['steps_per_s']:.1f} steps/s"
         print(f"  -> {note} ({res['wall_s']:.0f} s)", file=sys.stderr, flush=True)
     load.append(os.getloadavg())
-    lines = table(results, args.dim)
-    verdicts = targets(results)
+    rows_out = pooled(results)
+    lines = table(rows_out, args.dim)
+    verdicts = targets(rows_out)
     print("\n".join(lines))
     if "flat" in verdicts:
         v = verdicts["flat"]
@@ -445,7 +479,7 @@ def main(argv: list[str]) -> int:
                "commit": commit, "pskv_modified": dirty, "argv": argv, "quick": args.quick,
                "settings": {"dim": args.dim, "batch": args.batch, "ids_per_sample": IDS_PER_SAMPLE, "zipf_a": ZIPF_A,
                             "lr": LR, "warmup": args.warmup, "samples": args.samples, "iters": args.iters},
-               "results": results, "table": lines, "targets": verdicts, "load_average": load,
+               "runs": results, "results": rows_out, "table": lines, "targets": verdicts, "load_average": load,
                "wall_s": time.perf_counter() - started,
                "env": {"python": platform.python_version(), "numpy": numpy.__version__, "torch": torch.__version__,
                        "cpus": os.cpu_count(), "platform": platform.platform()}}
