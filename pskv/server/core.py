@@ -63,10 +63,14 @@ class ServerCore:
         secret: the job's secret, hex (known after registering; ``""`` before): workers
             prove their identity with tokens made from it (:mod:`pskv.server.senders`).
         allocate: makes a part's shared-memory buffers (None: no shared memory).
+        defer: runs a call on this server's handling thread later (the reactor's
+            ``call_soon``); with it, big tables are drawn on a thread of their own
+            (:meth:`DataHandlers._init_rows`). None: everything inline.
     """
 
     def __init__(self, cluster: ClusterConfig, send: Send, node_id: Callable[[], int], name: Callable[[], str],
-                 rank: Callable[[], int], secret: Callable[[], str], allocate: Allocator | None = None) -> None:
+                 rank: Callable[[], int], secret: Callable[[], str], allocate: Allocator | None = None,
+                 defer: Callable[[Callable[[], None]], None] | None = None) -> None:
         self._cluster = cluster
         self._send = send
         self._node_id = node_id
@@ -79,7 +83,7 @@ class ServerCore:
         self.checkpoints = ShardCheckpoints(self.shard, cluster, name)
         self.routes = Routes()  # a worker's send-only socket -> where its replies go (HELLO); bounded
         self.data = DataHandlers(self.shard, self._reply, self._answer, node_id, self.replies, self.dead,
-                                 self.routes, name, cluster.max_table_bytes)
+                                 self.routes, name, cluster.max_table_bytes, defer)
         self.data.squeezed = self.checkpoints.squeezed  # both_ways residuals: saved and restored with the shard
         control = ControlHandlers(self.shard, self.checkpoints, self._reply, node_id, rank, AllowedPaths.of(cluster))
         self._handlers: dict[Command, Handler] = {**self.data.handlers(), **control.handlers()}

@@ -13,6 +13,7 @@ worker sees its push acknowledged before any pull that includes it returns.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
 from functools import partial
 from typing import Any, TypeAlias
@@ -25,7 +26,7 @@ from pskv.compression import create as create_compressor
 from pskv.errors import DTypeMismatchError, InvalidArgumentError, KVStoreError, ProtocolError, ShapeMismatchError
 from pskv.protocol import TX_PREFIX, ArraySpec, Command, Flag, Header, frame_array, node_name, split_rows
 from pskv.protocol.bodies import CompressionParams, Hello, HelloReply, InitBody, Rejoined
-from pskv.protocol.replies import reply_frames
+from pskv.protocol.replies import error_frames, reply_frames
 from pskv.server.dedup import ReplyCache
 from pskv.server.gather import Gather, Parking, Refused
 from pskv.server.liveness import DeadWorkers
@@ -46,6 +47,11 @@ Frames: TypeAlias = list[tuple[Part, Any]]  # (part, its pushed values: an array
 
 #: Bytes of row-sparse keys one server holds at most, unless the cluster config says (PSKV_MAX_TABLE_BYTES).
 MAX_TABLE_BYTES = 16 << 30
+#: An INIT drawing at least this many elements from initializers draws them on a thread of its own
+#: (when the server can defer its answer): its reactor goes on serving, heartbeats included.
+DRAW_IN_THREAD = 1 << 22
+Planned: TypeAlias = list[tuple[ArraySpec, int, int, "dict[str, Any] | None", np.ndarray[Any, Any],
+                                np.ndarray[Any, Any]]]
 
 
 def _must_wait(part: Part, min_round: int | None) -> bool:
@@ -72,9 +78,12 @@ class DataHandlers:
 
     def __init__(self, shard: ServerShard, reply: Reply, answer: Reply, node_id: Callable[[], int],
                  replies: ReplyCache, dead: DeadWorkers, routes: Routes, name: Callable[[], str],
-                 max_table_bytes: int = MAX_TABLE_BYTES) -> None:
+                 max_table_bytes: int = MAX_TABLE_BYTES,
+                 defer: Callable[[Callable[[], None]], None] | None = None) -> None:
         self._shard = shard
         self._max_table_bytes = max_table_bytes
+        self._defer = defer
+        self._drawing: dict[tuple[int, int], int] = {}  # parts being drawn on a thread -> their bytes
         self._reply = reply
         self._answer = answer
         self._node_id = node_id
@@ -146,8 +155,8 @@ class DataHandlers:
         if header.flags & Flag.OVERWRITE:
             raise InvalidArgumentError(f"broadcast from {sender}: row-sparse keys cannot be overwritten by a broadcast")
         tables = InitBody.parse(header).tables
-        planned: list[tuple[ArraySpec, int, int, dict[str, Any] | None, np.ndarray[Any, Any], np.ndarray[Any, Any]]] = []
-        held = sum(p.value.nbytes for p in self._shard.parts.values() if p.row_width)
+        planned: Planned = []
+        held = sum(p.value.nbytes for p in self._shard.parts.values() if p.row_width) + sum(self._drawing.values())
         for spec, buf, (count, init) in zip(header.arrays, buffers, tables):
             n, width = spec.shape
             what = f"init of row-sparse key {spec.key} from {sender}"
@@ -157,8 +166,8 @@ class DataHandlers:
                 raise InvalidArgumentError(f"{what}: a table drawn from an initializer must be one of {TABLE_DTYPES}, "
                                            f"not {spec.dtype}")
             existing = self._shard.parts.get((spec.key, spec.offset))
-            if (existing is not None and not existing.restored) or any(p[0].key == spec.key and p[0].offset ==
-                                                                       spec.offset for p in planned):
+            if (existing is not None and not existing.restored) or (spec.key, spec.offset) in self._drawing or any(
+                    p[0].key == spec.key and p[0].offset == spec.offset for p in planned):
                 raise KVStoreError(f"duplicate init of key {spec.key}")
             if existing is None:  # a restored part is counted in what this server holds already
                 check_fits(count, width, storage_dtype(spec.dtype).itemsize, held, self._max_table_bytes, what)
@@ -166,13 +175,56 @@ class DataHandlers:
             ids, rows = split_rows(spec, buf)
             planned.append((spec, count, width, init, checked_ids(ids, spec.offset // width, count, what), rows))
         summed = bool(header.flags & Flag.SUMMED)
-        for spec, count, width, init, local, rows in planned:
+        drawn = [init is not None and is_drawn(init) and self._shard.parts.get((spec.key, spec.offset)) is None
+                 for spec, _, _, init, _, _ in planned]
+        elements = sum(count * width for (_, count, width, _, _, _), d in zip(planned, drawn) if d)
+        if self._defer is None or elements < DRAW_IN_THREAD:
+            self._create_rows(planned, [self._draw(p) if d else None for p, d in zip(planned, drawn)], summed)
+            self._ack(identity, header)
+            return
+        # a big table: drawn on a thread while this server goes on serving (and sending heartbeats); the
+        # parts are made and the INIT answered back on the server's thread
+        for spec, count, width, _, _, _ in planned:
+            self._drawing[(spec.key, spec.offset)] = count * width * storage_dtype(spec.dtype).itemsize
+        defer = self._defer
+
+        def draw() -> None:
+            try:
+                tables = [self._draw(p) if d else None for p, d in zip(planned, drawn)]
+            except Exception as exc:  # noqa: BLE001 - e.g. MemoryError: answered as the INIT's error
+                defer(partial(self._drawn, identity, header, planned, None, summed, exc))
+                return
+            defer(partial(self._drawn, identity, header, planned, tables, summed, None))
+        threading.Thread(target=draw, name="pskv-draw-table", daemon=True).start()
+
+    @staticmethod
+    def _draw(planned: tuple[ArraySpec, int, int, dict[str, Any] | None, Any, Any]) -> np.ndarray[Any, Any]:
+        spec, count, width, init, _, _ = planned
+        assert init is not None
+        return draw_rows(init, spec.dtype, spec.offset // width, count, width)
+
+    def _create_rows(self, planned: Planned, drawn: list[np.ndarray[Any, Any] | None], summed: bool) -> None:
+        """Make the parts of a checked INIT of row-sparse keys (a restored one is kept)."""
+        for (spec, count, width, _, local, rows), table in zip(planned, drawn):
             if self._shard.accept_init(spec.key, spec.offset, spec.dtype, count * width, width):
                 continue  # restored from a checkpoint: kept
-            drawn = draw_rows(init, spec.dtype, spec.offset // width, count, width) \
-                if init is not None and is_drawn(init) else None  # zeros: no row present
             self._shard.init_rows(spec.key, spec.offset, spec.dtype, count, width,
-                                  RowBatch(local, to_storage(spec.dtype, rows)), drawn, summed)
+                                  RowBatch(local, to_storage(spec.dtype, rows)), table, summed)
+
+    def _drawn(self, identity: bytes, header: Header, planned: Planned, drawn: list[np.ndarray[Any, Any] | None] | None,
+               summed: bool, failure: Exception | None) -> None:
+        """On the server's thread: the tables an INIT's thread drew are ready (or failed): make the parts, answer."""
+        for spec, _, _, _, _, _ in planned:
+            self._drawing.pop((spec.key, spec.offset), None)
+        try:
+            if failure is not None:
+                raise failure
+            assert drawn is not None
+            self._create_rows(planned, drawn, summed)
+        except Exception as exc:  # noqa: BLE001 - the INIT's answer, as ServerCore.handle would give it
+            log.error("%s: INIT of row-sparse keys from %s failed: %s", self._name(), node_name(header.sender), exc)
+            self._reply(identity, error_frames(header, self._node_id(), type(exc).__name__, str(exc)))
+            return
         self._ack(identity, header)
 
     def _dense(self, part: Part, header: Header, op: str) -> Part:

@@ -67,7 +67,8 @@ class ServerNode:
             except TransportError as exc:
                 log.info("no local socket, workers on this host use TCP: %s", exc)
         self._core = ServerCore(cluster, self._send, self._node_id, self._get_name, self._get_rank, self._secret,
-                                self._shm_dir.create if self._shm_dir is not None else None)
+                                self._shm_dir.create if self._shm_dir is not None else None,
+                                self._reactor.call_soon)
         if cluster.data_channel == "tcp" and not cluster.curve_key_file:
             try:  # workers on other hosts send their requests here (see WorkerClient._open_stream)
                 self._core.data.stream_port = self._reactor.bind_stream(self._sid, bind_host(cluster))

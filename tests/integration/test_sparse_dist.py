@@ -260,10 +260,21 @@ def test_a_push_and_a_row_pull_move_the_rows_not_the_table(monkeypatch):
 TABLE = pskv.TableInit((3000, 8), "float32", {"type": "normal", "std": 0.1, "seed": 7})
 
 
-@pytest.mark.parametrize("servers", [1, 3])
-def test_a_table_drawn_on_the_servers_is_the_same_on_any_layout(servers, monkeypatch):
+@pytest.mark.parametrize("servers, threaded", [(1, False), (3, False), (2, True)])
+def test_a_table_drawn_on_the_servers_is_the_same_on_any_layout(servers, threaded, monkeypatch):
     """The servers draw their ranges from (seed, block of rows): whatever the number of servers, the
-    table is TableInit.todense(); the INIT carries no rows."""
+    table is TableInit.todense(); the INIT carries no rows. ``threaded``: drawn on a thread of its own
+    (a big table: the server goes on serving meanwhile), then the parts are made on the server's thread."""
+    from pskv.server import handlers
+    if threaded:
+        monkeypatch.setattr(handlers, "DRAW_IN_THREAD", 1)
+        threads = []
+        start = handlers.threading.Thread.start
+
+        def spy(self):
+            threads.append(self.name)
+            return start(self)
+        monkeypatch.setattr(handlers.threading.Thread, "start", spy)
     init_bytes = []
     request = WorkerClient.request
 
@@ -284,6 +295,8 @@ def test_a_table_drawn_on_the_servers_is_the_same_on_any_layout(servers, monkeyp
     np.testing.assert_array_equal(rows.data, want[ask])
     np.testing.assert_array_equal(whole, want)
     assert sum(init_bytes) == 0 and len(init_bytes) == servers
+    if threaded:
+        assert threads.count("pskv-draw-table") == servers
     assert abs(float(want.std()) - 0.1) < 0.01
 
 
@@ -446,3 +459,18 @@ def test_an_embeddings_sparse_gradient_trains_the_table_on_the_servers():
     for is_sparse, ids, values in results:
         assert is_sparse and ids == [1, 5, 17]
         torch.testing.assert_close(values, want)
+
+
+def test_a_big_table_is_drawn_while_the_server_keeps_sending_heartbeats():
+    """5M x 16 rows drawn on the server (about 2 s here) with a heartbeat timeout of 1 s: drawn on a thread
+    of its own, the server keeps answering the scheduler (drawn inline, the scheduler gave it up for dead)."""
+    big = pskv.TableInit((5_000_000, 16), "float32", {"type": "normal", "seed": 1})
+
+    def job(kv):
+        kv.init("t", big)
+        return kv.row_sparse_pull("t", row_ids=[0, 4_999_999]).data
+
+    with InProcessCluster(1, 1, deadline=DEADLINE, heartbeat_interval=0.2, heartbeat_timeout=1.0) as cluster:
+        [rows] = _run(cluster, job)
+    from pskv.arrays.tables import draw_rows
+    np.testing.assert_array_equal(rows, np.concatenate([draw_rows(big.init, "float32", r, 1, 16) for r in (0, 4_999_999)]))
