@@ -47,6 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 DENSE_IN, HIDDEN, IDS_PER_SAMPLE, LR, ZIPF_A = 13, 64, 8, 0.05, 1.1
 MIX = 2654435761  # odd and not a multiple of 5: i -> i * MIX mod R permutes 10^k rows (hot rows spread over servers)
 MEMORY_LIMIT = 12 << 30  # all processes of a job together; a job above it is stopped
+TABLE_INIT = {"type": "uniform", "low": -0.05, "high": 0.05, "seed": 1}  # both systems start from this table
 
 
 # -- the worker side (both systems) ---------------------------------------------------------
@@ -110,8 +111,7 @@ def pskv_worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     kv = pskv.create("dist_sync")
     t0 = time.perf_counter()
-    emb = EmbeddingBag(args.rows, args.dim, kv, "table", mode="sum",
-                       init={"type": "uniform", "low": -0.05, "high": 0.05, "seed": 1})
+    emb = EmbeddingBag(args.rows, args.dim, kv, "table", mode="sum", init=TABLE_INIT)
     init_s = time.perf_counter() - t0
     model = _model(emb, args.dim)
     trainer = Trainer(model, "sgd", {"learning_rate": LR}, kvstore=kv)
@@ -123,6 +123,7 @@ def pskv_worker(args: argparse.Namespace) -> None:
     def step() -> float:
         x, ids, y = data[state["i"] % len(data)]
         state["i"] += 1
+        model.zero_grad(set_to_none=False)  # the Trainer does not zero the dense gradients
         loss = loss_fn(model(x, ids), y)
         loss.backward()
         trainer.step(args.batch)
@@ -149,10 +150,11 @@ def ddp_worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
     dist.init_process_group("gloo", rank=rank, world_size=2)
-    torch.manual_seed(1)
+    sys.path.insert(0, str(REPO))
+    import pskv
     t0 = time.perf_counter()
-    emb = torch.nn.EmbeddingBag(args.rows, args.dim, mode="sum", sparse=args.sparse)
-    torch.nn.init.uniform_(emb.weight, -0.05, 0.05)
+    emb = torch.nn.EmbeddingBag(args.rows, args.dim, mode="sum", sparse=args.sparse, _weight=torch.from_numpy(
+        pskv.TableInit((args.rows, args.dim), "float32", TABLE_INIT).todense()))  # pskv's servers' table
     init_s = time.perf_counter() - t0
     model = torch.nn.parallel.DistributedDataParallel(_model(emb, args.dim))
     opt = torch.optim.SGD(model.parameters(), lr=LR)
@@ -380,6 +382,18 @@ def table(results: list[dict[str, Any]], dim: int) -> list[str]:
     return lines
 
 
+def same_training(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per size: the largest difference between pskv's and DDP's (dense) losses of the first 10 steps (rank 0):
+    the same model, table, data and SGD, so they compute the same training up to float rounding."""
+    out: dict[str, Any] = {}
+    ddp = {r["rows"]: r for r in runs if r["system"] == "ddp_dense" and "error" not in r}
+    for r in runs:
+        if r["system"] == "pskv" and "error" not in r and r["rows"] in ddp and str(r["rows"]) not in out:
+            diff = max(abs(a - b) for a, b in zip(r["ranks"][0]["losses"][:10], ddp[r["rows"]]["ranks"][0]["losses"][:10]))
+            out[str(r["rows"])] = {"max_abs_loss_diff_first_10": diff, "pass": diff < 1e-3}
+    return out
+
+
 def targets(results: list[dict[str, Any]]) -> dict[str, Any]:
     ok = [r for r in results if "error" not in r]
     pskv = {r["rows"]: r for r in ok if r["system"] == "pskv"}
@@ -472,6 +486,11 @@ def main(argv: list[str]) -> int:
     if "vs_ddp" in verdicts:
         v = verdicts["vs_ddp"]
         print(f"target >= 5x DDP at {_rows_name(v['rows'])}: {v['ratio']:.1f}x ({'PASS' if v['pass'] else 'MISS'})")
+    checks = same_training(results)
+    if checks:
+        worst = max(v["max_abs_loss_diff_first_10"] for v in checks.values())
+        print(f"check: pskv's first 10 losses equal DDP's within {worst:.1e} at every size "
+              f"({'PASS' if all(v['pass'] for v in checks.values()) else 'FAIL'}, < 1e-3)")
     print(f"load average before {load[0]}, after {load[1]}; commit {commit}{' (pskv modified)' if dirty else ''}")
     import numpy
     import torch
@@ -479,7 +498,7 @@ def main(argv: list[str]) -> int:
                "commit": commit, "pskv_modified": dirty, "argv": argv, "quick": args.quick,
                "settings": {"dim": args.dim, "batch": args.batch, "ids_per_sample": IDS_PER_SAMPLE, "zipf_a": ZIPF_A,
                             "lr": LR, "warmup": args.warmup, "samples": args.samples, "iters": args.iters},
-               "runs": results, "results": rows_out, "table": lines, "targets": verdicts, "load_average": load,
+               "runs": results, "results": rows_out, "table": lines, "targets": verdicts, "checks": checks, "load_average": load,
                "wall_s": time.perf_counter() - started,
                "env": {"python": platform.python_version(), "numpy": numpy.__version__, "torch": torch.__version__,
                        "cpus": os.cpu_count(), "platform": platform.platform()}}
