@@ -24,7 +24,7 @@ Answer = Callable[[bytes, list[Any]], None]  # (identity, frames): send a reply 
 
 
 class Refused(str):
-    """Why a round cannot complete when nobody died: a push refused for its shape or dtype.
+    """Why a round cannot complete when nobody died: a push refused (its shape or dtype, forged rows, ...).
 
     A ``str`` (what a pull's ``fail`` callback takes) that carries the error's class name.
     """

@@ -23,7 +23,7 @@ import numpy as np
 from pskv.arrays.tables import TABLE_DTYPES, draw_rows, is_drawn
 from pskv.compression import Compressor
 from pskv.compression import create as create_compressor
-from pskv.errors import DTypeMismatchError, InvalidArgumentError, KVStoreError, ProtocolError, ShapeMismatchError
+from pskv.errors import InvalidArgumentError, KVStoreError, ProtocolError
 from pskv.protocol import TX_PREFIX, ArraySpec, Command, Flag, Header, frame_array, node_name, split_rows
 from pskv.protocol.bodies import CompressionParams, Hello, HelloReply, InitBody, Rejoined
 from pskv.protocol.replies import error_frames, reply_frames
@@ -32,7 +32,7 @@ from pskv.server.gather import Gather, Parking, Refused
 from pskv.server.liveness import DeadWorkers
 from pskv.server.routes import Routes
 from pskv.server.rows import RowBatch, check_fits, checked_ids
-from pskv.server.shard import Part, ServerShard, storage_dtype, to_storage
+from pskv.server.shard import MAX_PUSHES_AHEAD, Part, ServerShard, storage_dtype, to_storage
 from pskv.server.squeeze import ReplyCompression
 
 __all__ = ["DataHandlers", "Handler", "Reply"]
@@ -338,9 +338,9 @@ class DataHandlers:
             checked = self._pushed(header, buffers, op)
             repeats = [self._shard.landed(part, sender, number) for (part, _), number in zip(checked, numbers)]
         except Exception as exc:
+            counted = self._counted_parts(header)
             self._skip_pushes(header)
-            if isinstance(exc, (ShapeMismatchError, DTypeMismatchError)):
-                self._refuse_rounds(header, exc)
+            self._refuse_rounds(header, exc, counted)
             raise
         joined = []
         for n, ((part, data), number) in enumerate(zip(checked, numbers)):
@@ -360,22 +360,36 @@ class DataHandlers:
                         numbers[first])
         return joined
 
-    def _refuse_rounds(self, header: Header, exc: ShapeMismatchError | DTypeMismatchError) -> None:
-        """A sync push refused for its shape or dtype: the round it would have joined cannot complete.
+    def _counted_parts(self, header: Header) -> list[Part]:
+        """The existing parts a refused push message names whose push numbers :meth:`_skip_pushes`
+        will count: new ones (not a repeat of a push that arrived, not a number no worker sends)."""
+        counted = []
+        for spec in header.arrays:
+            part = self._shard.parts.get((spec.key, spec.offset))
+            if part is None:
+                continue
+            log = part.pushes.get(header.sender)
+            count = 0 if log is None else log.count
+            if spec.round > count + MAX_PUSHES_AHEAD or (log is not None and log.landed(spec.round)):
+                continue
+            counted.append(part)
+        return counted
 
-        The other workers' pulls waiting for that round fail now, and later ones at once,
-        with the same error (its class, naming the sender and both shapes or dtypes) — not
-        after the request timeout. The refusal is forgotten once the part's round passes it.
+    def _refuse_rounds(self, header: Header, exc: Exception, parts: list[Part]) -> None:
+        """A sync push refused (its shape or dtype, forged rows, a bad payload, ...): the rounds it
+        would have joined cannot complete — every part the message names counted the push
+        without its value (:meth:`_skip_pushes`): ``parts``, from :meth:`_counted_parts`.
+
+        The other workers' pulls waiting for those rounds fail now, and later ones at once,
+        with the same error (its class, naming the sender and what was wrong) — not after
+        the request timeout. A refusal is forgotten once the part's round passes it.
         """
         if not self._shard.sync:
             return
-        for spec in header.arrays:
-            part = self._shard.parts.get((spec.key, spec.offset))
-            if part is None or (spec.dtype == part.dtype and spec.size == part.value.size):
-                continue
-            reason = Refused(f"{node_name(header.sender)}'s {exc}: sync round {part.round + 1} of key {spec.key} "
+        for part in parts:
+            reason = Refused(f"{node_name(header.sender)}'s {exc}: sync round {part.round + 1} of key {part.key} "
                              "cannot complete", type(exc).__name__)
-            self._refused[(spec.key, spec.offset)] = (part.round + 1, reason)
+            self._refused[(part.key, part.offset)] = (part.round + 1, reason)
             waiting, part.waiting = part.waiting, []
             early = [e for e in part.early if e[0] != header.sender]
             part.early = [e for e in part.early if e[0] == header.sender]

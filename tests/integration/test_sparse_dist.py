@@ -474,3 +474,31 @@ def test_a_big_table_is_drawn_while_the_server_keeps_sending_heartbeats():
         [rows] = _run(cluster, job)
     from pskv.arrays.tables import draw_rows
     np.testing.assert_array_equal(rows, np.concatenate([draw_rows(big.init, "float32", r, 1, 16) for r in (0, 4_999_999)]))
+
+
+def test_a_row_push_a_server_refuses_fails_the_others_row_pull_of_that_round_at_once():
+    """Rank 1 believes the row-sparse key is 4 wide (the inits pair different keys, which is
+    allowed); the servers hold it 3 wide and refuse rank 1's rows. The round cannot complete:
+    rank 0's row_sparse_pull fails at once naming rank 1's error, not after the request timeout."""
+    def fn(kv):
+        if kv.rank == 0:
+            kv.init(["h", "g"], [pskv.RowSparse.zeros((ROWS, 3))] * 2)
+            kv.init("f", pskv.RowSparse.zeros((ROWS, 3)))
+        else:
+            kv.init(["g", "f"], [pskv.RowSparse.zeros((ROWS, 3))] * 2)
+            kv.init("h", pskv.RowSparse.zeros((ROWS, 4)))
+        width = 3 if kv.rank == 0 else 4
+        start = time.monotonic()
+        try:
+            kv.push("h", pskv.RowSparse([1, 30], np.ones((2, width), np.float32), (ROWS, width)))
+            kv.row_sparse_pull("h", out=pskv.RowSparse.zeros((ROWS, width)), row_ids=[1, 30])
+        except pskv.KVStoreError as exc:
+            return exc, time.monotonic() - start
+        return None, 0.0
+
+    with InProcessCluster(2, 2, deadline=DEADLINE) as c:  # requests time out after DEADLINE (30 s)
+        (r0, s0), (r1, s1) = _run(c, fn)
+    for r in (r0, r1):
+        assert isinstance(r, pskv.KVStoreError), r
+    assert "worker 1's" in str(r0) and "cannot complete" in str(r0), r0  # the other rank learns who and what
+    assert s0 < 5 and s1 < 5
