@@ -24,9 +24,9 @@ from pskv.errors import InvalidArgumentError, KeyTypeError, NotSupportedError, U
 
 __all__ = ["Array", "Key", "KeyKind", "Keys", "Outs", "Values", "as_key", "as_key_list", "pair_up", "SERVERS_DENSE"]
 
-#: Why a store without row-sparse support refuses a row-sparse value (the distributed stores).
-SERVERS_DENSE = ("this store takes dense values only: row-sparse storage on the parameter servers is not "
-                 "implemented yet (the local and device stores take row-sparse values)")
+#: Why a store without row-sparse support refuses a row-sparse value (``byteps``: an all-reduce of dense values).
+SERVERS_DENSE = ("this store takes dense values only (the local, device and dist_* stores take row-sparse "
+                 "values)")
 
 Key = int | str
 #: One key or a list of keys (MXNet's forms).
