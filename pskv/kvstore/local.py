@@ -557,6 +557,27 @@ class LocalStore(StoreFrontEnd[_Entry]):
             "config (call set_optimizer first, or save with dump_optimizer=True)"))
         self._builtin_updater = True
 
+    def _restore_rows(self, key: Any, ids: np.ndarray[Any, Any], rows: Any) -> None:
+        """Make the row-sparse ``key`` hold exactly ``rows`` at the sorted unique ``ids`` (its present rows
+        from now on; every other row zero), as a training checkpoint saved them (:mod:`pskv.parallel.checkpoint`).
+
+        Runs in the key's order behind queued operations; the optimizer state is not touched.
+
+        Raises:
+            UnknownKeyError: no such key.
+            InvalidArgumentError: a dense key, or ids not sorted, unique and in range, or rows that do not fit.
+        """
+        self._check_open("restore rows")
+        keys, _ = self._key_list(key)
+        entry = self._record(keys[0], "restore rows")
+        if entry.rows is None:
+            raise InvalidArgumentError(f"key {keys[0]!r} is dense: only a row-sparse key's rows are restored")
+        value = RowSparse(ids, rows, entry.meta.shape)  # checks the ids and the rows' shape
+
+        def run() -> None:
+            entry.rows = replace_rows(entry.value, entry.rows, [value])  # type: ignore[arg-type]
+        self._submit("restore rows", keys[:1], 0, run, True, None)
+
     # -- closing -------------------------------------------------------------------------------
     def close(self) -> None:
         """Finish queued work, release threads and buffers. Idempotent.

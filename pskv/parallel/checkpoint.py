@@ -13,6 +13,18 @@ A checkpoint is a directory ``<root>/epoch-NNNN/`` holding
   metadata a JSON document with the compression's parameters and each residual's key,
   device, size and whether it lived on an accelerator). A distributed store's residuals
   live in its workers: ``kv.save_checkpoint`` saves those (:mod:`pskv.worker.residuals`);
+* the store's embedding tables (:class:`pskv.parallel.Embedding`; row-sparse keys that
+  never live on a worker as parameters): with a ``local`` / ``device`` store,
+  ``tables.safetensors`` holds each table's present rows (``ids<i>``: sorted unique
+  int64 row ids, ``rows<i>``: those rows; in the metadata a JSON document with each
+  table's key, shape and dtype), and their optimizer state is the store's, in
+  ``optimizer.safetensors``. With a ``dist_*`` store the tables stay on the servers: the
+  checkpoint holds a server checkpoint, ``servers/`` (``kv.save_checkpoint``: every
+  server writes its row ranges, their present rows and their optimizer state itself, so
+  no worker ever holds a table, however big), and resuming needs the job started from it
+  (``PSKV_RESUME_FROM=<checkpoint>/servers``); a job started otherwise is refused, naming
+  it. The servers have no operation that writes rows past their optimizer, which is why
+  the rows are not pulled through a worker and pushed back;
 * ``meta.json`` — epoch, format version, store type, number of workers.
 
 It is written under a temporary name and renamed into place, so a crash leaves either
@@ -36,10 +48,12 @@ from safetensors.numpy import load_file as load_numpy
 from safetensors.numpy import save_file as save_numpy
 from safetensors.torch import load_file, save_file
 
+from pskv.arrays import is_torch, to_numpy
 from pskv.atomic import fsync_dir, write_text_atomic
 from pskv.checkpoints import TRAINING_META, latest_training_checkpoint, mark_latest_training, training_dir
-from pskv.errors import InvalidArgumentError
+from pskv.errors import CheckpointError, InvalidArgumentError
 from pskv.kvstore.compressing import GradientCompression
+from pskv.kvstore.sparse import sparse_parts
 
 if TYPE_CHECKING:  # the trainer's fit() uses these; they only need its type
     from pskv.parallel.trainer import Trainer
@@ -51,6 +65,9 @@ PARAMS = "params.safetensors"
 OPTIMIZER = "optimizer.safetensors"
 RESIDUALS = "residuals.safetensors"
 RESIDUALS_FORMAT = "pskv.store-residuals"
+TABLES = "tables.safetensors"
+TABLES_FORMAT = "pskv.store-tables"
+SERVERS = "servers"  # a dist_* store's tables: the server checkpoint written with the training checkpoint
 META = TRAINING_META
 
 log = logging.getLogger("pskv.parallel")
@@ -113,6 +130,7 @@ def save_checkpoint(trainer: Trainer, root: str | os.PathLike[str], epoch: int, 
         kv.barrier()
     if trainer.update_on_kvstore or rank == 0:
         trainer.save_states(str(tmp / OPTIMIZER))  # collective on a distributed store
+    tables = _save_tables(trainer, tmp, epoch, rank)  # collective on a distributed store
     if rank == 0:
         arg, aux = group.get_params()
         save_params(tmp / PARAMS, arg, aux)
@@ -120,7 +138,7 @@ def save_checkpoint(trainer: Trainer, root: str | os.PathLike[str], epoch: int, 
         meta = {"format": FORMAT, "epoch": epoch, "store": kv.type if kv is not None else None,
                 "num_workers": kv.num_workers if kv is not None else 1,
                 "update_on_kvstore": trainer.update_on_kvstore, **({"residuals": RESIDUALS} if residuals else {}),
-                **(extra or {})}
+                **({"tables": tables} if tables else {}), **(extra or {})}
         write_text_atomic(tmp / META, json.dumps(meta, indent=1))
         fsync_dir(tmp)
         shutil.rmtree(final, ignore_errors=True)
@@ -136,12 +154,17 @@ def load_checkpoint(trainer: Trainer, path: str | os.PathLike[str]) -> dict[str,
     """Load a checkpoint directory into the trainer's group and optimizer (collective).
 
     Parameters go into every device, then into the store (broadcast), then the
-    optimizer state is restored. Returns the checkpoint's ``meta.json``.
+    optimizer state is restored, then the embedding tables' rows (a ``local`` /
+    ``device`` store; a ``dist_*`` store must have been started from the checkpoint's
+    ``servers/``). Returns the checkpoint's ``meta.json``.
 
     Raises:
         InvalidArgumentError: not a checkpoint, or written with the other
             ``update_on_kvstore`` mode (its optimizer state lives elsewhere).
         OptimizerStateError: the optimizer state does not fit.
+        CheckpointError: the tables file is damaged or does not fit the model's tables
+            (naming the file and the table), or a ``dist_*`` store was not started from
+            the checkpoint's server checkpoint.
     """
     group = trainer.group
     if group is None:
@@ -158,12 +181,131 @@ def load_checkpoint(trainer: Trainer, path: str | os.PathLike[str]) -> dict[str,
             f"{path} was saved with update_on_kvstore={meta.get('update_on_kvstore')}, "
             f"this trainer has update_on_kvstore={trainer.update_on_kvstore}"
         )
+    _check_tables(trainer, path, meta)
     arg, aux = load_params(path / PARAMS)
     group.set_params(arg, aux)
     trainer.sync_params()
     trainer.load_states(str(path / OPTIMIZER))
     _load_residuals(trainer, path, meta)
+    _load_tables(trainer, path, meta)
     return dict(meta)
+
+
+# ---------------------------------------------------------------------------- embedding tables
+
+
+def _table_entry(table: Any) -> dict[str, Any]:
+    """How the checkpoint describes a table: its store key, shape and dtype."""
+    return {"key": table.key, "shape": [table.num_embeddings, table.embedding_dim],
+            "dtype": str(table.dtype).removeprefix("torch.")}
+
+
+def _save_tables(trainer: Trainer, tmp: Path, epoch: int, rank: int) -> dict[str, Any] | None:
+    """Save the trainer's embedding tables into the checkpoint directory ``tmp`` (collective on a
+    distributed store); what ``meta.json`` says of them (None: no tables)."""
+    tables = trainer.tables
+    kv = trainer.kvstore
+    if not tables or kv is None:
+        return None
+    entries = [_table_entry(t) for t in tables]
+    if kv.store_type.distributed:  # every server writes its rows and their optimizer state itself
+        kv.save_checkpoint(str(tmp / SERVERS), meta={"training_checkpoint": epoch})
+        return {"servers": SERVERS, "tables": entries}
+    if rank != 0:
+        return None
+    tensors: dict[str, np.ndarray[Any, Any]] = {}
+    for i, table in enumerate(tables):
+        ids, rows = sparse_parts(kv.pull(table.key))  # the present rows (a copy of them)
+        host = to_numpy(rows) if is_torch(rows) else np.asarray(rows)
+        tensors[f"ids{i}"] = np.ascontiguousarray(ids, np.int64)
+        tensors[f"rows{i}"] = np.ascontiguousarray(host).reshape(len(ids), table.embedding_dim)
+    doc = {"format": TABLES_FORMAT, "version": 1, "tables": entries}
+    save_numpy(tensors, str(tmp / TABLES), metadata={"pskv": json.dumps(doc)})
+    return {"file": TABLES, "tables": entries}
+
+
+def _check_tables(trainer: Trainer, path: Path, meta: dict[str, Any]) -> None:
+    """Refuse, before anything is loaded, a checkpoint whose tables are not the trainer's, or a
+    distributed store that was not started from the checkpoint's server checkpoint.
+
+    Raises:
+        CheckpointError: naming the checkpoint and the tables (or the server checkpoint to start from).
+    """
+    held = meta.get("tables")
+    want = [_table_entry(t) for t in trainer.tables]
+    saved = held.get("tables") if isinstance(held, dict) else None
+    if held is None and not want:
+        return
+    if saved != want:
+        raise CheckpointError(f"{path} holds the embedding tables {saved if held is not None else []}, this model has "
+                              f"{want}: it is not this model's checkpoint")
+    kv = trainer.kvstore
+    distributed = kv is not None and kv.store_type.distributed
+    if distributed != ("servers" in held):  # type: ignore[operator]  # held is a dict: saved matched want
+        raise CheckpointError(f"{path}: its tables were saved with a {meta.get('store')!r} store, this trainer's is "
+                              f"{kv.type if kv is not None else None!r}")
+    if distributed:
+        servers = path / SERVERS
+        resumed = getattr(kv, "resumed", None)
+        started = Path(resumed["path"]).resolve() if isinstance(resumed, dict) and "path" in resumed else None
+        if started != servers.resolve() or resumed.get("meta") != {"training_checkpoint": meta.get("epoch")}:  # type: ignore[union-attr]
+            raise CheckpointError(
+                f"{path}: the embedding tables {[e['key'] for e in want]} are in its server checkpoint {servers}, but "
+                f"this job's servers started from {started or 'no checkpoint'}: start the job with "
+                f"PSKV_RESUME_FROM={servers}")
+
+
+def _load_tables(trainer: Trainer, path: Path, meta: dict[str, Any]) -> None:
+    """Give a ``local`` / ``device`` store the tables' rows back (a distributed store's servers loaded them
+    when they started); prefetched rows are dropped.
+
+    Raises:
+        CheckpointError: the tables file is damaged (naming it and the tensor).
+    """
+    tables = trainer.tables
+    kv = trainer.kvstore
+    if not tables or kv is None:
+        return
+    if not kv.store_type.distributed:
+        saved = _read_tables(path / meta["tables"]["file"], [_table_entry(t) for t in tables])
+        for table, (ids, rows) in zip(tables, saved):
+            kv._restore_rows(table.key, ids, rows)  # type: ignore[attr-defined]
+    for table in tables:
+        table.forget_prefetch()
+
+
+def _read_tables(path: Path, want: list[dict[str, Any]]) -> list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
+    """Each table's ``(ids, rows)`` from the tables file, checked: its document is ``want``, the tensors are
+    exactly ``ids<i>`` / ``rows<i>``, ids int64, sorted, unique and in range, rows ``(len(ids), dim)`` of the
+    table's dtype.
+
+    Raises:
+        CheckpointError: unreadable, not a pskv tables file, or damaged; naming the file and the table.
+    """
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            doc = json.loads((f.metadata() or {})["pskv"])
+        tensors = load_numpy(str(path))
+    except (OSError, SafetensorError, KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"{path} is not a usable pskv tables file: {exc}") from exc
+    if not isinstance(doc, dict) or doc.get("format") != TABLES_FORMAT or doc.get("tables") != want:
+        raise CheckpointError(f"{path} is not the tables file of this model's tables {want}")
+    names = {f"{kind}{i}" for i in range(len(want)) for kind in ("ids", "rows")}
+    if set(tensors) != names:
+        raise CheckpointError(f"{path} holds the tensors {sorted(tensors)}, expected {sorted(names)}")
+    out = []
+    for i, entry in enumerate(want):
+        ids, rows = tensors[f"ids{i}"], tensors[f"rows{i}"]
+        (num, dim), what = entry["shape"], f"{path}: table {entry['key']!r}"
+        if ids.dtype != np.int64 or ids.ndim != 1 or ids.size > num:
+            raise CheckpointError(f"{what}: ids are {ids.dtype}{list(ids.shape)}, expected int64 of at most {num}")
+        if ids.size and (int(ids[0]) < 0 or int(ids[-1]) >= num or not bool(np.all(ids[1:] > ids[:-1]))):
+            raise CheckpointError(f"{what}: ids are not sorted, unique and within 0..{num - 1}")
+        if rows.dtype != np.dtype(entry["dtype"]) or rows.shape != (ids.size, dim):
+            raise CheckpointError(f"{what}: rows are {rows.dtype}{list(rows.shape)}, expected "
+                                  f"{entry['dtype']}{[ids.size, dim]}")
+        out.append((ids, rows))
+    return out
 
 
 def _compression(trainer: Trainer) -> GradientCompression | None:

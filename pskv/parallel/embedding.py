@@ -304,6 +304,13 @@ class StoreTable:
                 return
         self._start_prefetch(unique)
 
+    def forget_prefetch(self) -> None:
+        """Drop a prefetch and the ids queued for one: the table's rows were replaced (a checkpoint loaded)."""
+        with self._lock:
+            self._prefetch = None
+            self._queued = None
+            self._generation += 1
+
     def prefetch_after_push(self, ids: Any) -> None:
         """Pull the rows ``ids`` as soon as the next push is submitted (a data iterator calls it
         before handing out the current batch, for the batch after it)."""

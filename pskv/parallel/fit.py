@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pskv.errors import InvalidArgumentError, NotSupportedError
+from pskv.errors import InvalidArgumentError
 from pskv.parallel.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from pskv.parallel.data import batch_arrays
 from pskv.parallel.metrics import create as create_metric
@@ -110,7 +110,8 @@ def fit(trainer: Trainer, train_data: Iterable[Any], eval_data: Iterable[Any] | 
         eval_metric: a metric name, object or list (``pskv.parallel.metrics.create``).
         begin_epoch: first epoch (ignored when resuming from a checkpoint).
         checkpoint_dir: save a checkpoint every ``checkpoint_period`` epochs and after
-            the last one (see :mod:`pskv.parallel.checkpoint`).
+            the last one (see :mod:`pskv.parallel.checkpoint`; embedding tables in the
+            store included: a ``dist_*`` store's in a server checkpoint of its own).
         resume: continue from the newest checkpoint in ``checkpoint_dir`` if there is one.
         progress: ``'auto'`` (a bar on a terminal, periodic lines otherwise), True
             (always a bar) or False.
@@ -193,7 +194,6 @@ def _checked_group(trainer: Trainer, num_epoch: int, resume: bool,
 
     Raises:
         InvalidArgumentError: no group or no loss, ``num_epoch`` < 1, ``resume`` without a directory.
-        NotSupportedError: ``checkpoint_dir`` for a model with embedding tables in the store.
     """
     group = trainer.group
     if group is None or group.loss is None:
@@ -202,10 +202,6 @@ def _checked_group(trainer: Trainer, num_epoch: int, resume: bool,
         raise InvalidArgumentError(f"num_epoch must be an int >= 1, got {num_epoch!r}")
     if resume and checkpoint_dir is None:
         raise InvalidArgumentError("resume=True needs a checkpoint_dir")
-    if checkpoint_dir is not None and trainer.tables:
-        raise NotSupportedError(f"training checkpoints (checkpoint_dir) do not hold the embedding tables "
-                                f"{[t.key for t in trainer.tables]}, which live in the store; with a dist_* store "
-                                "use server_checkpoint_steps (kv.save_checkpoint keeps row-sparse keys)")
     return group
 
 

@@ -386,15 +386,6 @@ def test_without_overlap_the_rows_are_pushed_at_step_with_the_same_result():
     assert torch.equal(tables[0], tables[1])
 
 
-def test_fit_refuses_training_checkpoints_that_would_miss_the_table(tmp_path):
-    kv = pskv.create("local")
-    group = DataParallelExecutorGroup(store_net(kv), ["cpu"], loss=torch.nn.CrossEntropyLoss())
-    t = Trainer(group, "sgd", kvstore=kv)
-    assert [tb.key for tb in t.tables] == ["emb"]
-    with pytest.raises(pskv.NotSupportedError, match=r"embedding tables \['emb'\]"):
-        t.fit(NDArrayIter(*dataset(), batch_size=B), num_epoch=1, checkpoint_dir=tmp_path, progress=False)
-
-
 def test_a_smaller_last_batch_is_rescaled_for_the_rows_as_for_the_dense_parameters():
     x, y = dataset()
     data = [(torch.from_numpy(x[a:b]), torch.from_numpy(y[a:b])) for a, b in ((0, 8), (8, 13), (13, 21))]
