@@ -46,7 +46,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 DENSE_IN, HIDDEN, IDS_PER_SAMPLE, LR, ZIPF_A = 13, 64, 8, 0.05, 1.1
 MIX = 2654435761  # odd and not a multiple of 5: i -> i * MIX mod R permutes 10^k rows (hot rows spread over servers)
-MEMORY_LIMIT = 12 << 30  # all processes of a job together; a job above it is stopped
+MEMORY_LIMIT = 12 << 30  # all processes of a job together; a job above it is stopped (--memory-limit-gib)
 TABLE_INIT = {"type": "uniform", "low": -0.05, "high": 0.05, "seed": 1}  # both systems start from this table
 
 
@@ -223,6 +223,7 @@ class _Job:
         self.procs = [subprocess.Popen(a, env=e, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                        text=True, start_new_session=True) for a, e in zip(argvs, envs)]
         self.peak_total, self.peak_servers, self.over = 0, 0, False
+        self.limit = MEMORY_LIMIT
         self._stop = threading.Event()
         self._timeout = timeout
         threading.Thread(target=self._poll, daemon=True).start()
@@ -234,7 +235,7 @@ class _Job:
             total = sum(_rss(p) for p in pids)
             servers = sum(_rss(p) for p in pids if " server" in _cmdline(p))
             self.peak_total, self.peak_servers = max(self.peak_total, total), max(self.peak_servers, servers)
-            if total > MEMORY_LIMIT:
+            if total > self.limit:
                 self.over = True
                 self.kill()
             self._stop.wait(0.5)
@@ -287,6 +288,7 @@ def run_pskv(rows: int, args: argparse.Namespace) -> dict[str, Any]:
             "--timeout", str(int(args.job_timeout)), "--", sys.executable, str(Path(__file__).resolve()), "_pskv",
             *_worker_args(rows, args)]
     job = _Job([argv], [env], args.job_timeout + 20)
+    job.limit = int(args.memory_limit_gib * 2**30)
     [(rc, out, err)] = job.wait()
     return _result("pskv", rows, rc, _json_lines(out + err), out + err, job)
 
@@ -300,6 +302,7 @@ def run_ddp(rows: int, sparse: bool, args: argparse.Namespace) -> dict[str, Any]
     envs = [{**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(r), "WORLD_SIZE": "2",
              "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"} for r in range(2)]
     job = _Job([argv, argv], envs, args.job_timeout)
+    job.limit = int(args.memory_limit_gib * 2**30)
     results = job.wait()
     text = "".join(o + e for _, o, e in results)
     rc = max(abs(r) for r, _, _ in results)
@@ -442,6 +445,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--passes", type=int, default=None,
                    help="passes over the pskv sizes, the later ones in reverse order (default 2; quick 1)")
     p.add_argument("--job-timeout", type=float, default=300.0)
+    p.add_argument("--memory-limit-gib", type=float, default=MEMORY_LIMIT / 2**30,
+                   help="a job whose processes' RSS sum passes it is stopped (default 12)")
     p.add_argument("--json", default=None, help="result file (default bench/results/sparse_<commit>[_quick].json)")
     args = p.parse_args(argv)
     ddp_rows = [int(x) for x in (args.ddp_rows or ("100000,1000000" if args.quick else "100000,1000000,4000000,10000000")).split(",") if x]
@@ -452,9 +457,9 @@ def main(argv: list[str]) -> int:
     args.passes = args.passes if args.passes is not None else (1 if args.quick else 2)
     for rows in pskv_rows:  # the servers' memory: the table, its present-row ids (int64), the drawing's slack
         need = rows * (4 * args.dim + 8)
-        if need > MEMORY_LIMIT - (2 << 30):
+        if need > args.memory_limit_gib * 2**30 - (2 << 30):
             print(f"skipping {rows} rows: the servers would need ~{need / 2**30:.1f} GiB", file=sys.stderr)
-    pskv_rows = [r for r in pskv_rows if r * (4 * args.dim + 8) <= MEMORY_LIMIT - (2 << 30)]
+    pskv_rows = [r for r in pskv_rows if r * (4 * args.dim + 8) <= args.memory_limit_gib * 2**30 - (2 << 30)]
     commit, dirty = _commit()
     load = [os.getloadavg()]
     started = time.perf_counter()
