@@ -106,6 +106,7 @@ MULTIPROCESS_MODULES = frozenset({
     "tests/unit/test_example.py",
     "tests/parallel/test_example_digits.py",
     "tests/parallel/test_embedding_launched.py",
+    "tests/parallel/test_embedding_checkpoint_launched.py",
 })
 SLOW_MODULES = MULTIPROCESS_MODULES | frozenset({
     "tests/fault/test_fuzz_server.py",  # in-process clusters, but seconds per test
