@@ -23,7 +23,8 @@ workers — the store has no byte counters, see below), each worker's peak RSS (
 and the servers' summed RSS (polled). Targets (issue 13): pskv's step time within 10 %
 from 1M to the largest table; pskv >= 5x DDP's steps/s at the largest table DDP ran.
 
-Run ``python bench/bench_sparse.py`` (full, ~10 min on 2 cores) or ``--quick`` (~1 min).
+Run ``python bench/bench_sparse.py`` (full, ~5 min on 2 cores; 100M rows x 16 needs ``--memory-limit-gib 12.5``,
+see docs/benchmarks.md) or ``--quick`` (~1 min).
 The worker halves are this file run as ``bench_sparse.py _pskv ARGS`` / ``_ddp ARGS``.
 """
 
