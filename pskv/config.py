@@ -83,6 +83,7 @@ CLUSTER_ENV_VARS: dict[str, tuple[str, str]] = {
     "PSKV_RECOVERY_TIMEOUT": ("recovery_timeout", "seconds a dead worker's rank stays open for a replacement process (pskv launch --restart-workers); 0: a dead worker fails the job (default 0)"),
     "PSKV_SERVER_RECOVERY": ("server_recovery", "1: a dead server may be replaced by a new process that loads the newest checkpoint; workers keep every push since it to send again (pskv launch --restart-servers; default 0)"),
     "PSKV_SHM": ("shm", "1: workers on a server's host exchange arrays through shared memory; 0: sockets only (default 1)"),
+    "PSKV_SHM_ROWS_BYTES": ("shm_rows_bytes", "bytes of the shared-memory buffer each worker has with each server on its host for the rows of row-sparse keys (pushes and row pulls; made when a job creates its first row-sparse key); a message whose rows do not fit goes through the socket; 0: rows through sockets only (default 16777216)"),
     "PSKV_SERVER_MODULES": ("server_modules", "comma-separated modules a server imports at start (they register controllers)"),
     "PSKV_MAX_MESSAGE_BYTES": ("max_message_bytes", "bytes of one received message; a bigger one is discarded unread and logged (default 2147483648)"),
     "PSKV_MAX_FRAMES": ("max_frames", "frames of one received message; a message of more is discarded without building them (default 200002)"),
@@ -196,6 +197,8 @@ class ClusterConfig:
         stall_report: seconds an open sync round may wait before its server logs which
             workers have not pushed (0 disables).
         shm: 1 lets workers on a server's host use shared memory for array data.
+        shm_rows_bytes: bytes of each (worker, server) shared buffer for the rows of
+            row-sparse keys on one host (0: rows through sockets only).
         job_id: an id of the job; names the servers' shared-memory directories.
         curve_key_file: a CURVE cluster key file; every socket then authenticates and
             encrypts with it (docs/security.md). Empty: plain TCP.
@@ -243,6 +246,7 @@ class ClusterConfig:
     server_modules: str = ""
     stall_report: float = 30.0
     shm: int = 1
+    shm_rows_bytes: int = 16 << 20
     job_id: str = ""
     curve_key_file: str = ""
     checkpoint_dir: str = ""
@@ -273,6 +277,8 @@ class ClusterConfig:
             raise InvalidArgumentError(f"io_threads must be in 0..64 (0: pskv's choice), got {self.io_threads}")
         if self.data_channel not in ("tcp", "zmq"):
             raise InvalidArgumentError(f"data_channel (PSKV_DATA_CHANNEL) must be tcp or zmq, got {self.data_channel!r}")
+        if self.shm_rows_bytes < 0:
+            raise InvalidArgumentError(f"shm_rows_bytes must be >= 0 (0: rows through sockets), got {self.shm_rows_bytes}")
         if self.part_bytes < 0:
             raise InvalidArgumentError(f"part_bytes must be >= 0 (0: no cut), got {self.part_bytes}")
         for name in ("max_message_bytes", "max_frames", "send_queue_bytes", "max_table_bytes"):

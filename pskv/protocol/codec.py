@@ -144,9 +144,11 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> tuple[Head
         raise ProtocolError(f"{cmd.name}: the COMPRESS_REPLY flag needs a PULL or PUSHPULL through a socket and a "
                             "body naming the compression")
     rows = bool(flags & Flag.ROWS)
-    if rows and (cmd not in _ROWS_COMMANDS or flags & (Flag.SHM | Flag.COMPRESSED | Flag.COMPRESS_REPLY)):
-        raise ProtocolError(f"{cmd.name}: the ROWS flag needs an INIT, PUSH, PULL or REPLY through a socket, "
-                            "uncompressed")
+    if rows and (cmd not in _ROWS_COMMANDS or flags & (Flag.COMPRESSED | Flag.COMPRESS_REPLY)):
+        raise ProtocolError(f"{cmd.name}: the ROWS flag needs an INIT, PUSH, PULL or REPLY, uncompressed")
+    if rows and flags & Flag.SHM and (cmd is Command.INIT or flags & Flag.PRESENT):
+        raise ProtocolError(f"{cmd.name}: rows in shared memory (ROWS with SHM) need a PUSH, a PULL of named rows "
+                            "or a REPLY")
     if flags & Flag.PRESENT and not (rows and cmd is Command.PULL):
         raise ProtocolError(f"{cmd.name}: the PRESENT flag needs a PULL with the ROWS flag")
     if body and cmd in _DATA_COMMANDS and not flags & (Flag.COMPRESSED | Flag.COMPRESS_REPLY):
@@ -160,7 +162,7 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> tuple[Head
     if not specs:
         return Header(cmd, request, sender, (), priority, body, flags), []
     if named:
-        parsed = tuple(_spec(i, s, None, limits) for i, s in enumerate(specs))
+        parsed = tuple(_shm_rows_spec(i, s, limits) if rows else _spec(i, s, None, limits) for i, s in enumerate(specs))
         return Header(cmd, request, sender, parsed, priority, body, flags), []
     buffers = [_bytes_of(f) for f in frames[1:]]
     if rows:
@@ -209,6 +211,23 @@ def _spec(i: int, s: Any, buf: memoryview | None, limits: Limits, compressed: bo
             f"array {i} (key {key}): shape {tuple(shape)} {dtype} needs {expected} bytes, frame has {len(buf)}"
         )
     return ArraySpec(key, dtype, tuple(shape), offset, rnd, buffer)
+
+
+def _shm_rows_spec(i: int, s: Any, limits: Limits) -> ArraySpec:
+    """A spec of rows in shared memory (``ROWS`` with ``SHM``): shape ``(n, w)`` and, as its 6th field, the byte
+    offset of its region in the sender's rows buffer (a multiple of 8; the receiver checks it against the buffer)."""
+    if type(s) is not list or len(s) != 6:
+        raise ProtocolError(f"array {i}: a ROWS spec in shared memory is a 6-field list (its region's offset last)")
+    at = s[5]
+    if type(at) is not int or not 0 <= at <= _INT64[1] or at % _ID_BYTES:
+        raise ProtocolError(f"array {i}: shared rows offset {at!r} is not a non-negative multiple of {_ID_BYTES}")
+    spec = _spec(i, s[:5], None, limits)
+    if len(spec.shape) != 2:
+        raise ProtocolError(f"array {i} (key {spec.key}): a ROWS spec has shape (rows, row width), got {spec.shape}")
+    n, width = spec.shape
+    if n * (_ID_BYTES + width * itemsize(spec.dtype)) > limits.max_frame_bytes:
+        raise ProtocolError(f"array {i} (key {spec.key}): {n} rows of {width} {spec.dtype} exceed the frame limit")
+    return spec._replace(buffer=at)
 
 
 def _rows_spec(i: int, s: Any, buf: memoryview, limits: Limits, ids_only: bool) -> ArraySpec:

@@ -123,6 +123,8 @@ class Flag:
     # elements; the frame holds the n global row ids (int64, sorted, unique) then, except in a
     # PULL (which asks for those rows), the n rows. INIT's body gives each part's row count.
     ROWS = 64
+    # With SHM (PUSH, PULL without PRESENT, REPLY): no data frames; each spec's region of the worker's rows
+    # buffer (its `buffer` field: byte offset) holds the n ids, then (PUSH, REPLY) the n rows.
     # ROWS PULL: answer with each part's present rows (its specs are (0, w), their frames empty)
     PRESENT = 128
 
@@ -147,7 +149,9 @@ class ArraySpec(NamedTuple):
             PUSH / PUSHPULL, the push's own number (0: the sender's next); 0 in other
             requests.
         buffer: in a shared-memory (``SHM``) reply, which of the part's two shared
-            buffers holds the value (0 or 1); -1 everywhere else (not sent).
+            buffers holds the value (0 or 1); in a message of rows in shared memory
+            (``ROWS`` with ``SHM``), the byte offset of the spec's region in the worker's
+            rows buffer (:mod:`pskv.worker.shared`); -1 everywhere else (not sent).
     """
 
     key: int

@@ -41,6 +41,7 @@ from pskv.server.handlers import DataHandlers, Handler
 from pskv.server.liveness import DeadWorkers
 from pskv.server.paths import AllowedPaths
 from pskv.server.routes import Routes
+from pskv.server.rows import SharedRows
 from pskv.server.senders import CONNECTIONS_PER_WORKER, SenderBindings
 from pskv.server.shard import Allocator, ServerShard
 
@@ -85,6 +86,8 @@ class ServerCore:
         self.data = DataHandlers(self.shard, self._reply, self._answer, node_id, self.replies, self.dead,
                                  self.routes, name, cluster.max_table_bytes, defer)
         self.data.squeezed = self.checkpoints.squeezed  # both_ways residuals: saved and restored with the shard
+        if allocate is not None and cluster.shm_rows_bytes:  # rows of row-sparse keys in shared memory (workers here)
+            self.data.shared_rows = SharedRows(allocate, workers, cluster.shm_rows_bytes)
         control = ControlHandlers(self.shard, self.checkpoints, self._reply, node_id, rank, AllowedPaths.of(cluster))
         self._handlers: dict[Command, Handler] = {**self.data.handlers(), **control.handlers()}
         self._handlers[Command.INIT] = self._init

@@ -55,18 +55,22 @@ class Gather:
         rows: per part of row-sparse keys, the local ids of the rows asked for (None: its
             present rows when it is ready): the reply then carries those rows only (``ROWS``,
             :func:`pskv.protocol.rows_frame`).
+        rows_into: per part of ``rows``, the ``(n, w)`` region of the sender's shared rows buffer the
+            rows go to (checked to lie in it): the reply then only names the regions (``ROWS`` with ``SHM``).
     """
 
     __slots__ = ("_answer", "_node_id", "_dead_names", "_identity", "_results", "_remaining", "_header",
-                 "_snapshot", "_shared", "_done", "_on_answered", "_squeeze", "_rows")
+                 "_snapshot", "_shared", "_done", "_on_answered", "_squeeze", "_rows", "_rows_into")
 
     def __init__(self, answer: Answer, node_id: Callable[[], int], dead_names: Callable[[], str], identity: bytes,
                  header: Header, n: int, snapshot: bool, shared: bool = False,
                  on_answered: Callable[[], None] | None = None,
                  squeeze: Callable[[Part], Any] | None = None,
-                 rows: list[np.ndarray[Any, Any] | None] | None = None) -> None:
+                 rows: list[np.ndarray[Any, Any] | None] | None = None,
+                 rows_into: list[np.ndarray[Any, Any]] | None = None) -> None:
         self._squeeze = squeeze
         self._rows = rows
+        self._rows_into = rows_into
         self._answer = answer
         self._node_id = node_id
         self._dead_names = dead_names
@@ -99,6 +103,9 @@ class Gather:
                           for p in self._results if p is not None)
             self._send(reply_frames(self._header, sender, arrays=named, flags=Flag.SHM))
             return
+        if self._rows_into is not None:
+            self._write_rows(sender)
+            return
         if self._rows is not None:
             self._send_rows(sender)
             return
@@ -127,6 +134,17 @@ class Gather:
             data.append(rows_frame(local + p.first_row, picked))
             specs.append(ArraySpec(p.key, p.dtype, (int(local.size), p.row_width), p.offset, p.round))
         self._send(reply_frames(self._header, sender, arrays=tuple(specs), data=data, flags=Flag.ROWS))
+
+    def _write_rows(self, sender: int) -> None:
+        """The rows asked for of each row-sparse part, as they are now, written into the sender's rows buffer
+        (after the ids it wrote there); the reply names the regions (``ROWS`` with ``SHM``)."""
+        assert self._rows is not None and self._rows_into is not None
+        specs = []
+        for p, asked, into, spec in zip(self._results, self._rows, self._rows_into, self._header.arrays):
+            assert p is not None and asked is not None
+            np.take(p.table(), asked, axis=0, out=into, mode="clip")  # ids checked: no bounds check to buffer
+            specs.append(spec._replace(round=p.round))
+        self._send(reply_frames(self._header, sender, arrays=tuple(specs), flags=Flag.ROWS | Flag.SHM))
 
     def fail(self, reason: str) -> None:
         """Answer with NodeFailedError naming the dead worker(s) (the round cannot complete), or with

@@ -31,7 +31,7 @@ from pskv.server.dedup import ReplyCache
 from pskv.server.gather import Gather, Parking, Refused
 from pskv.server.liveness import DeadWorkers
 from pskv.server.routes import Routes
-from pskv.server.rows import RowBatch, check_fits, checked_ids
+from pskv.server.rows import RowBatch, SharedRows, check_fits, checked_ids
 from pskv.server.shard import MAX_PUSHES_AHEAD, Part, ServerShard, storage_dtype, to_storage
 from pskv.server.squeeze import ReplyCompression
 
@@ -96,6 +96,7 @@ class DataHandlers:
         self.stream_port = 0  # the TCP port of this server's data connections, if it takes them (HELLO says it)
         self._compressors: dict[str, Compressor] = {}  # COMPRESSED pushes' bodies -> their compressors (a few)
         self.squeezed = ReplyCompression()  # COMPRESS_REPLY: the parts' compressed values and residuals
+        self.shared_rows: SharedRows | None = None  # the rows buffers of workers on this host (ServerCore sets it)
 
     def handlers(self) -> dict[Command, Handler]:
         """The handler of each data command."""
@@ -175,6 +176,12 @@ class DataHandlers:
             ids, rows = split_rows(spec, buf)
             planned.append((spec, count, width, init, checked_ids(ids, spec.offset // width, count, what), rows))
         summed = bool(header.flags & Flag.SUMMED)
+        if self.shared_rows is not None:  # the job has row-sparse keys: rows may travel in shared memory now
+            try:
+                self.shared_rows.make()
+            except OSError as exc:
+                log.warning("%s: no shared-memory rows buffers, row-sparse keys use sockets: %s", self._name(), exc)
+                self.shared_rows = None
         drawn = [init is not None and is_drawn(init) and self._shard.parts.get((spec.key, spec.offset)) is None
                  for spec, _, _, init, _, _ in planned]
         elements = sum(count * width for (_, count, width, _, _, _), d in zip(planned, drawn) if d)
@@ -255,13 +262,37 @@ class DataHandlers:
         return part, what
 
     def _rows_pushed(self, header: Header, buffers: list[memoryview], op: str) -> Frames:
-        """Each part of a ROWS push, checked (part, dtype, width, ids sorted, unique, in its range), with its rows."""
+        """Each part of a ROWS push, checked (part, dtype, width, ids sorted, unique, in its range), with its rows.
+
+        With ``SHM`` the ids and rows are in the sender's rows buffer: copied out here, before the push is
+        acknowledged (the worker reuses the region once it is).
+        """
+        if header.flags & Flag.SHM:
+            return [(part, RowBatch(checked_ids(ids.copy(), part.first_row, part.num_rows, what), rows.copy()))
+                    for part, what, ids, rows in self._shared_rows(header, op)]
         out: Frames = []
         for spec, buf in zip(header.arrays, buffers):
             part, what = self._rows_part(spec, header, op)
             ids, rows = split_rows(spec, buf)
             out.append((part, RowBatch(checked_ids(ids, part.first_row, part.num_rows, what),
                                        to_storage(part.dtype, rows))))
+        return out
+
+    def _shared_rows(self, header: Header, op: str
+                     ) -> list[tuple[Part, str, np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
+        """Each part a ``ROWS`` ``SHM`` message names, checked, with views of its ids and rows in the sender's
+        rows buffer (the region checked to lie inside it).
+
+        Raises:
+            InvalidArgumentError: no rows buffers here, a region outside the sender's buffer, a bad part.
+        """
+        shared = self.shared_rows
+        out = []
+        for spec in header.arrays:
+            part, what = self._rows_part(spec, header, op)
+            if shared is None:
+                raise InvalidArgumentError(f"{what}: rows in shared memory, but this server keeps none")
+            out.append((part, what, *shared.region(header.sender, spec, what)))
         return out
 
     def _pushed(self, header: Header, buffers: list[memoryview], op: str) -> Frames:
@@ -439,6 +470,14 @@ class DataHandlers:
             wanted: list[tuple[Part, int]] = []
             rows: list[np.ndarray[Any, Any] | None] = []
             present = bool(header.flags & Flag.PRESENT)  # each part's present rows, as of the round it waits for
+            if header.flags & Flag.SHM:  # ids in the sender's rows buffer; the rows go after them (Gather)
+                into = []
+                for (part, what, ids, out), spec in zip(self._shared_rows(header, "row_sparse_pull"), header.arrays):
+                    rows.append(checked_ids(ids.copy(), part.first_row, part.num_rows, what))
+                    wanted.append((part, spec.round))
+                    into.append(out)
+                self.gather(identity, header, wanted, by_push=True, rows=rows, rows_into=into)
+                return
             for spec, buf in zip(header.arrays, buffers):
                 part, what = self._rows_part(spec, header, "pull" if present else "row_sparse_pull")
                 ids, _ = split_rows(spec, buf, ids_only=True)
@@ -455,7 +494,8 @@ class DataHandlers:
         self.gather(identity, header, joined, shared=bool(header.flags & Flag.SHM))
 
     def gather(self, identity: bytes, header: Header, parts: list[tuple[Part, int]], shared: bool = False,
-               by_push: bool = False, rows: list[np.ndarray[Any, Any] | None] | None = None) -> None:
+               by_push: bool = False, rows: list[np.ndarray[Any, Any] | None] | None = None,
+               rows_into: list[np.ndarray[Any, Any]] | None = None) -> None:
         """Reply with every part's value once each has completed its round.
 
         Each part comes with the round it must include or, with ``by_push``, the number
@@ -464,6 +504,7 @@ class DataHandlers:
 
         If a worker has died, a round that still needs pushes can never complete: the
         request fails at once with NodeFailedError naming the dead worker(s).
+        ``rows_into``: per part, where in the sender's rows buffer its rows go (rows in shared memory).
         """
         if not parts:
             self._ack(identity, header)
@@ -478,7 +519,7 @@ class DataHandlers:
             squeeze = partial(self.squeezed.payload, compressor=self._compressor(header))
         gather = Gather(self._answer, self._node_id, self._dead.names, identity, header, len(parts),
                         snapshot=self._shard.updater is not None, shared=shared, on_answered=on_answered,
-                        squeeze=squeeze, rows=rows)
+                        squeeze=squeeze, rows=rows, rows_into=rows_into)
         sender = header.sender
         refused = self._refusal(parts, sender, by_push) if self._refused else None
         if refused is not None:

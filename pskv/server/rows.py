@@ -19,6 +19,11 @@ What a round does with the rows pushed (:func:`apply`), each summed over workers
   store runs); the pushed rows join the present ones. An updater without ``update_rows``
   gets the dense gradient of the scattered rows; the present rows are then the non-zero
   rows.
+
+Rows in shared memory (``ROWS`` with ``SHM``, :class:`SharedRows`): each worker on this
+host has one rows buffer here (``PSKV_SHM_ROWS_BYTES``), made with the first row-sparse
+INIT; a message's specs name regions of it (``ArraySpec.buffer``: byte offset), each
+checked to lie inside the buffer before it is read or written.
 """
 
 from __future__ import annotations
@@ -28,9 +33,14 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from pskv.arrays import numpy_dtype
 from pskv.errors import InvalidArgumentError
+from pskv.protocol import ArraySpec
+from pskv.transport.shm import rows_buffer
 
-__all__ = ["RowBatch", "all_rows", "apply", "check_fits", "checked_ids", "joined", "merge"]
+__all__ = ["RowBatch", "SharedRows", "all_rows", "apply", "check_fits", "checked_ids", "joined", "merge"]
+
+_ID_BYTES = 8  # one int64 row id
 
 
 class RowBatch(NamedTuple):
@@ -138,3 +148,55 @@ def check_fits(count: int, width: int, itemsize: int, held: int, limit: int, wha
     if held + need > limit:
         raise InvalidArgumentError(f"{what}: {count} rows of {width} elements need {need} bytes on this server, which "
                                    f"holds {held} bytes of row-sparse keys: more than PSKV_MAX_TABLE_BYTES ({limit})")
+
+
+
+class SharedRows:
+    """The rows buffers of the workers on this server's host: one per worker node, made by :meth:`make`.
+
+    Args:
+        allocate: makes a shared 1-D array (the server's ``ShmDirectory.create``).
+        workers: the workers' node ids.
+        nbytes: bytes of each buffer (``PSKV_SHM_ROWS_BYTES``; 0: none are made).
+    """
+
+    def __init__(self, allocate: Callable[..., np.ndarray[Any, Any]], workers: Sequence[int], nbytes: int) -> None:
+        self._allocate = allocate
+        self._workers = tuple(workers)
+        self._nbytes = nbytes
+        self._buffers: dict[int, np.ndarray[Any, Any]] = {}
+        self._made = False
+
+    def make(self) -> None:
+        """Make every worker's buffer (once; the first row-sparse INIT calls it).
+
+        Raises:
+            OSError: a buffer cannot be made (the INIT fails; workers use sockets for rows).
+        """
+        if self._made or not self._nbytes:
+            return
+        self._made = True
+        for worker in self._workers:
+            self._buffers[worker] = self._allocate(*rows_buffer(worker), np.dtype(np.uint8), self._nbytes)
+
+    def region(self, worker: int, spec: ArraySpec, what: str) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+        """Views of the region ``spec`` names in ``worker``'s buffer: its ``n`` ids (int64) and its ``(n, w)``
+        rows of the spec's dtype (what a push wrote; where a pull's reply goes).
+
+        Raises:
+            InvalidArgumentError: no buffer for this worker, or the region is not inside it; ``what`` names
+                the key and sender.
+        """
+        buf = self._buffers.get(worker)
+        if buf is None:
+            raise InvalidArgumentError(f"{what}: rows in shared memory, but this server has no rows buffer for the "
+                                       "sender")
+        n, width = spec.shape
+        dtype = numpy_dtype(spec.dtype)
+        start, need = spec.buffer, n * (_ID_BYTES + width * dtype.itemsize)
+        if start < 0 or start % _ID_BYTES or start + need > buf.size:
+            raise InvalidArgumentError(f"{what}: {n} rows of {width} {spec.dtype} at byte {start} of the sender's "
+                                       f"rows buffer ({need} bytes) do not lie inside its {buf.size} bytes")
+        ids = buf[start:start + n * _ID_BYTES].view(np.int64)
+        rows = buf[start + n * _ID_BYTES:start + need].view(dtype).reshape(n, width)
+        return ids, rows

@@ -5,7 +5,10 @@ On one host, moving array bytes through sockets costs two kernel copies per tran
 creates, per key part, two value buffers and one push slot per worker as files in a
 directory under ``/dev/shm``; workers on the same host map them, write their pushes
 into their slot, and read results straight from the value buffer — messages then carry
-only a few bytes of header. The server removes its directory when it stops.
+only a few bytes of header. Row-sparse keys, whose parts may be gigabytes, get no
+per-part buffers: each worker has one bounded rows buffer per server instead
+(:func:`rows_buffer`, ``PSKV_SHM_ROWS_BYTES``), in which its messages' rows travel. The
+server removes its directory when it stops.
 
 Whether two nodes share a host is decided by :func:`host_id` (host name + boot id).
 """
@@ -23,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["host_id", "ShmDirectory", "map_array", "part_file", "remove_job_files", "SHM_ROOT"]
+__all__ = ["host_id", "ShmDirectory", "map_array", "part_file", "remove_job_files", "rows_buffer", "SHM_ROOT"]
 
 SHM_ROOT = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
@@ -141,3 +144,9 @@ def remove_job_files(job_id: str) -> list[str]:
 def part_file(directory: str, key: int, offset: int, name: str) -> str:
     """The path of buffer ``name`` of part ``(key, offset)`` in ``directory`` (worker side)."""
     return os.path.join(directory, f"{key}_{offset}_{name}")
+
+
+def rows_buffer(worker: int) -> tuple[int, int, str]:
+    """The ``(key, offset, name)`` a server's rows buffer for worker node ``worker`` is made under (its file
+    ``-1_0_rows_w<node>``: no part's buffer has a name starting ``rows``)."""
+    return -1, 0, f"rows_w{worker}"

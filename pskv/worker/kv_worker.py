@@ -57,8 +57,8 @@ from pskv.worker.client import WorkerClient, WorkerRequest
 from pskv.worker.layout import KeyLayout, Part, by_server, part_spec, part_view
 from pskv.worker.replay import ReplayLog
 from pskv.worker.residuals import SavedResiduals, read_residuals, write_residuals
-from pskv.worker.rows import RowPiece, assemble, messages, pieces
-from pskv.worker.shared import SharedParts, write_slots
+from pskv.worker.rows import RowPiece, assemble, grouped, messages, pieces, socket_message
+from pskv.worker.shared import RowsBuffer, SharedParts, read_rows, write_rows, write_slots
 
 __all__ = ["BIG_CALL_BYTES", "Exchange", "KVWorker"]
 
@@ -88,13 +88,14 @@ class Exchange:
     ``replies`` are what an engine ``Deferred`` waits for (one per message).
     """
 
-    __slots__ = ("messages", "replies", "rows")
+    __slots__ = ("messages", "replies", "rows", "__weakref__")
 
     def __init__(self) -> None:
         self.messages: list[tuple[list[Part], WorkerRequest]] = []
         self.replies: list[WorkerRequest] = []
-        # a row pull's messages (pull_rows): pieces, reply, whether it asked for the present rows
-        self.rows: list[tuple[list[RowPiece], WorkerRequest, bool]] = []
+        # a row pull's messages (pull_rows): pieces, reply, whether it asked for the present rows, and
+        # (rows in shared memory) the rows buffer, the region and the specs naming it
+        self.rows: list[tuple[list[RowPiece], WorkerRequest, bool, Any]] = []
 
 
 class KVWorker:
@@ -147,7 +148,7 @@ class KVWorker:
         info = self.client.connect()
         self._rank = info.rank
         self._num_servers = info.num_servers
-        self._shared = SharedParts(info.server_shm, self._cluster.uses_shm and self._sync)
+        self._shared = SharedParts(info.server_shm, self._cluster.uses_shm and self._sync, self._cluster.shm_rows_bytes)
         return info
 
     def close(self, layouts: Iterable[KeyLayout] = ()) -> None:
@@ -269,11 +270,20 @@ class KVWorker:
         limit = self._limit(timeout)
         cut = [piece for rec, ids, rows in items for piece in pieces(rec, ids, rows, True)]
         big = sum(rows.nbytes for _, _, _, rows in cut if rows is not None) >= BIG_CALL_BYTES
-        for server, group, specs, frames in messages(cut, True, self._cluster.max_message_bytes, "push"):
-            pending = self.client.request(server, Command.PUSH, specs, frames, priority=priority, timeout=limit,
-                                          quiet=quiet and not big, flags=Flag.ROWS)
-            if self._replay is not None:  # kept until the next checkpoint
-                self._replay.record(server, Command.PUSH, pending, specs, frames, Flag.ROWS, "")
+        for server, group in grouped(cut, self._cluster.max_message_bytes, "push").items():
+            buffer = self._shared.rows.get(server)
+            placed = write_rows(buffer, group, True, pull=False) if buffer is not None else None
+            if placed is not None:  # answered (never quiet): the region is free again once the server read it
+                region, specs = placed
+                pending = self.client.request(server, Command.PUSH, specs, priority=priority, timeout=limit,
+                                              flags=Flag.ROWS | Flag.SHM)
+                region.pending = pending
+            else:
+                specs, frames = socket_message(group, True)
+                pending = self.client.request(server, Command.PUSH, specs, frames, priority=priority, timeout=limit,
+                                              quiet=quiet and not big, flags=Flag.ROWS)
+                if self._replay is not None:  # kept until the next checkpoint
+                    self._replay.record(server, Command.PUSH, pending, specs, frames, Flag.ROWS, "")
             for rec, i, _, _ in group:
                 rec.pushes[i] += 1
             sent.messages.append(([(rec, i) for rec, i, _, _ in group], pending))
@@ -291,10 +301,21 @@ class KVWorker:
         limit = self._limit(timeout)
         cut = [piece for rec, ids in items for piece in (
             pieces(rec, np.zeros(0, np.int64), None, True) if present else pieces(rec, ids, None, False))]
-        for server, group, specs, frames in messages(cut, False, self._cluster.max_message_bytes, "row_sparse_pull"):
-            pending = self.client.request(server, Command.PULL, specs, frames, priority=priority, timeout=limit,
-                                          flags=Flag.ROWS | (Flag.PRESENT if present else 0))
-            sent.rows.append((group, pending, present))
+        for server, group in grouped(cut, self._cluster.max_message_bytes, "row_sparse_pull").items():
+            buffer = None if present else self._shared.rows.get(server)
+            placed = write_rows(buffer, group, False, pull=True) if buffer is not None else None
+            if placed is not None:  # the server writes the rows after the ids; the region is held until read
+                region, specs = placed
+                pending = self.client.request(server, Command.PULL, specs, priority=priority, timeout=limit,
+                                              flags=Flag.ROWS | Flag.SHM)
+                region.pending = pending
+                sent.rows.append((group, pending, present, (buffer, region, specs)))
+                weakref.finalize(sent, RowsBuffer.release, region)  # also if nobody reads the rows
+            else:
+                specs, frames = socket_message(group, False)
+                pending = self.client.request(server, Command.PULL, specs, frames, priority=priority, timeout=limit,
+                                              flags=Flag.ROWS | (Flag.PRESENT if present else 0))
+                sent.rows.append((group, pending, present, None))
             sent.replies.append(pending)
         return sent
 
@@ -308,15 +329,23 @@ class KVWorker:
         """
         limit = self._limit(timeout)
         got: dict[int, list[tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any]]]] = {}
-        for group, pending, present in sent.rows:
-            header = pending.wait(limit)
-            for (rec, ids, rows), (_, i, _, _) in zip(assemble(group, header, pending.buffers, node_name(pending.node),
-                                                               present), group):
-                got.setdefault(id(rec), []).append((i, ids, rows))
-        out = {}
-        for key, found in got.items():
-            found.sort(key=lambda t: t[0])  # parts in row order
-            out[key] = (np.concatenate([ids for _, ids, _ in found]), np.concatenate([rows for _, _, rows in found]))
+        try:
+            for group, pending, present, shared in sent.rows:
+                header = pending.wait(limit)
+                buffers = pending.buffers if shared is None or not header.flags & Flag.SHM else read_rows(
+                    shared[0], shared[2], header, pending.node)
+                for (rec, ids, rows), (_, i, _, _) in zip(assemble(group, header, buffers, node_name(pending.node),
+                                                                   present), group):
+                    got.setdefault(id(rec), []).append((i, ids, rows))
+            out = {}
+            for key, found in got.items():
+                found.sort(key=lambda t: t[0])  # parts in row order
+                out[key] = (np.concatenate([ids for _, ids, _ in found]),
+                            np.concatenate([rows for _, _, rows in found]))  # copies: out of the rows buffers
+        finally:
+            for _, _, _, shared in sent.rows:
+                if shared is not None:
+                    shared[0].release(shared[1])
         return out
 
     def push(self, layouts: Sequence[KeyLayout], priority: int = 0, timeout: float | None = None,

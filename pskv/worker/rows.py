@@ -6,14 +6,16 @@ key's dtype with sorted unique int64 global ids; the store above (:mod:`pskv.kvs
 sums a push's values into one such set and writes received rows into the caller's outs.
 
 * :func:`by_part` cuts sorted ids at the parts' first rows;
-* :func:`messages` groups the pieces of a call per server: one message each, in the rows
+* :func:`grouped` groups the pieces of a call per server, one message each, and
+  :func:`messages` makes them, in the rows
   encoding (:data:`pskv.protocol.Flag.ROWS`, :func:`pskv.protocol.rows_frame`) — a push
   names every part of its keys, with no rows where it has none, so every server's sync
   round of the key gets this worker's push; a row pull names only the parts it wants
   rows of;
 * :func:`assemble` checks a reply's rows against what was asked and puts them in order.
 
-Sockets only: row-sparse parts are never in shared memory.
+A message to a server on this host may carry its rows in shared memory instead
+(:func:`pskv.worker.shared.write_rows`); its pieces are grouped the same way.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pskv.errors import InvalidArgumentError, ProtocolError
 from pskv.protocol import ArraySpec, Header, rows_frame, split_rows
 from pskv.worker.layout import KeyLayout
 
-__all__ = ["RowPiece", "by_part", "messages", "assemble"]
+__all__ = ["RowPiece", "by_part", "grouped", "messages", "socket_message", "assemble"]
 
 #: One part's share of a call: (layout, part index, global ids, rows (n, width) or None for a pull).
 RowPiece = tuple[KeyLayout, int, np.ndarray[Any, Any], "np.ndarray[Any, Any] | None"]
@@ -48,32 +50,44 @@ def pieces(rec: KeyLayout, ids: np.ndarray[Any, Any], rows: np.ndarray[Any, Any]
             for i, lo, hi in by_part(rec, ids) if every_part or hi > lo]
 
 
-def messages(items: Sequence[RowPiece], number: bool, max_bytes: int, op: str
-             ) -> list[tuple[int, list[RowPiece], tuple[ArraySpec, ...], list[np.ndarray[Any, Any]]]]:
-    """``(server, pieces, specs, frames)`` per server; ``number``: each spec's round is the part's next push number.
+def grouped(items: Sequence[RowPiece], max_bytes: int, op: str) -> dict[int, list[RowPiece]]:
+    """The pieces of one message per server.
 
     Raises:
         InvalidArgumentError: a server's message, or the reply to a row pull, would hold more than
             ``max_bytes`` (``PSKV_MAX_MESSAGE_BYTES``: its receiver would drop it); nothing is sent.
     """
-    grouped: dict[int, list[RowPiece]] = defaultdict(list)
+    out: dict[int, list[RowPiece]] = defaultdict(list)
     for piece in items:
-        grouped[piece[0].parts[piece[1]][0]].append(piece)
-    for server, group in grouped.items():
+        out[piece[0].parts[piece[1]][0]].append(piece)
+    for server, group in out.items():
         size = sum(ids.size * (8 + rec.row_width * rec.itemsize) for rec, _, ids, _ in group)
         if size > max_bytes:
             keys = sorted({repr(rec.key) for rec, _, _, _ in group})
             raise InvalidArgumentError(f"{op} of row-sparse key(s) {', '.join(keys[:4])}: the rows of server {server} "
                                        f"make a {size}-byte message, more than PSKV_MAX_MESSAGE_BYTES ({max_bytes}); "
                                        "split the call")
-    out = []
-    for server, group in grouped.items():
-        specs = tuple(ArraySpec(rec.skey, rec.meta.dtype, (int(ids.size), rec.row_width), rec.parts[i][1],
-                                rec.pushes[i] + 1 if number else rec.pushes[i])
-                      for rec, i, ids, _ in group)
-        frames = [rows_frame(ids, rows) for _, _, ids, rows in group]
-        out.append((server, group, specs, frames))
     return out
+
+
+def socket_message(group: Sequence[RowPiece], number: bool
+                   ) -> tuple[tuple[ArraySpec, ...], list[np.ndarray[Any, Any]]]:
+    """The specs and frames of one message of ``group``; ``number``: each spec's round is the part's next push
+    number."""
+    specs = tuple(ArraySpec(rec.skey, rec.meta.dtype, (int(ids.size), rec.row_width), rec.parts[i][1],
+                            rec.pushes[i] + 1 if number else rec.pushes[i])
+                  for rec, i, ids, _ in group)
+    return specs, [rows_frame(ids, rows) for _, _, ids, rows in group]
+
+
+def messages(items: Sequence[RowPiece], number: bool, max_bytes: int, op: str
+             ) -> list[tuple[int, list[RowPiece], tuple[ArraySpec, ...], list[np.ndarray[Any, Any]]]]:
+    """``(server, pieces, specs, frames)`` per server, through sockets (see :func:`grouped`, :func:`socket_message`).
+
+    Raises:
+        InvalidArgumentError: as :func:`grouped`.
+    """
+    return [(server, group, *socket_message(group, number)) for server, group in grouped(items, max_bytes, op).items()]
 
 
 def assemble(asked: Sequence[RowPiece], header: Header, buffers: Sequence[memoryview], node: str,

@@ -7,6 +7,7 @@ drawn from an initializer on the servers are the same on any layout.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -224,7 +225,8 @@ def test_pushpull_and_broadcast_of_row_sparse_keys_are_refused():
 # -- bytes on the wire ---------------------------------------------------------------------
 def test_a_push_and_a_row_pull_move_the_rows_not_the_table(monkeypatch):
     """A 100,000 x 64 float32 table (25.6 MB): a push of 10 rows sends 10 x (8 + 256) bytes over
-    both servers, a row pull of 10 rows sends their 80 bytes of ids and gets 10 x (8 + 256) back."""
+    both servers, a row pull of 10 rows sends their 80 bytes of ids and gets 10 x (8 + 256) back
+    (through sockets: PSKV_SHM=0; with it, tests/integration/test_sparse_shm.py)."""
     sent, answered = {"PUSH": 0, "PULL": 0}, []
     request = WorkerClient.request
 
@@ -249,7 +251,7 @@ def test_a_push_and_a_row_pull_move_the_rows_not_the_table(monkeypatch):
         out = kv.row_sparse_pull("big", row_ids=ids)
         return out.indices.tolist(), float(out.data.sum())
 
-    with InProcessCluster(2, 1, deadline=DEADLINE) as cluster:
+    with InProcessCluster(2, 1, deadline=DEADLINE, shm=0) as cluster:
         [(got, total)] = _run(cluster, job)
     assert got == ids.tolist() and total == 10 * width
     assert sent == {"PUSH": 10 * (8 + 4 * width), "PULL": 10 * 8}
@@ -356,8 +358,9 @@ def test_forged_rows_are_refused_and_the_server_lives_on(caplog):
         np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
-def _forge(c, caplog):
-    key = pskv.partition.server_key("h")
+@contextlib.contextmanager
+def forged_worker(c):
+    """A socket to server 0 bound, by a HELLO with its token, to worker 1 (node 11)."""
     ctx = zmq.Context()
     sock = ctx.socket(zmq.DEALER)
     sock.linger = 0
@@ -367,7 +370,15 @@ def _forge(c, caplog):
         sock.send_multipart(encode(Header(Command.HELLO, 1, 11, body=Hello("00000000000000ee", token).encode())))
         assert sock.poll(5000)
         sock.recv_multipart()
+        yield sock
+    finally:
+        sock.close(0)
+        ctx.term()
 
+
+def _forge(c, caplog):
+    key = pskv.partition.server_key("h")
+    with forged_worker(c) as sock:
         def push(request, ids, n=None, number=900):
             ids = np.asarray(ids, np.int64)
             n = ids.size if n is None else n
@@ -403,9 +414,6 @@ def _forge(c, caplog):
                 time.sleep(0.02)
         assert "exceeds the frame limit" in caplog.text and "need 32 bytes, frame has 31" in caplog.text
         assert not sock.poll(200)  # dropped: nothing answered
-    finally:
-        sock.close(0)
-        ctx.term()
 
 
 # -- checkpoints ----------------------------------------------------------------------------

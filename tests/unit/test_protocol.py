@@ -216,6 +216,6 @@ def test_the_rows_encoding_round_trips_and_its_frames_are_exact():
         decode(encode(pull._replace(flags=Flag.ROWS | Flag.PRESENT), [rows_frame(ids)]))
     with pytest.raises(ProtocolError, match="the PRESENT flag needs a PULL with the ROWS flag"):
         decode(encode(push._replace(flags=Flag.ROWS | Flag.PRESENT), [rows_frame(ids, rows)]))
-    for command, flags in ((Command.PUSHPULL, Flag.ROWS), (Command.PUSH, Flag.ROWS | Flag.SHM)):
+    for command, flags in ((Command.PUSHPULL, Flag.ROWS), (Command.PUSHPULL, Flag.ROWS | Flag.SHM)):
         with pytest.raises(ProtocolError, match="the ROWS flag needs"):
             decode(encode(push._replace(command=command, flags=flags), [rows_frame(ids, rows)]))
