@@ -251,7 +251,7 @@ class ServerShard:
         if (key, offset) in self.parts:
             raise DuplicateKeyError(key)
         value = np.zeros(count * width, storage_dtype(dtype)) if drawn is None else drawn.reshape(-1)
-        part = self._create(key, offset, dtype, value, summed, row_width=width)
+        part = self._create(key, offset, dtype, value, summed, row_width=width, own=True)
         table = part.table()
         present = sparse_rows.all_rows(count) if drawn is not None else np.zeros(0, np.int64)
         if batch is not None and batch.ids.size:
@@ -305,7 +305,7 @@ class ServerShard:
         return [(p, p.value.copy()) for p in self.parts.values()]
 
     def _create(self, key: int, offset: int, dtype: str, data: np.ndarray[Any, Any], summed: bool,
-                row_width: int = 0) -> Part:
+                row_width: int = 0, own: bool = False) -> Part:
         pid = (key, offset)
         for other in self._pieces.get(key, ()):
             if offset < other.offset + other.value.size and other.offset < offset + data.size:
@@ -323,8 +323,9 @@ class ServerShard:
             part = Part(key, offset, dtype, a, buffers=(a, b))
             part.slots = {w: self._allocate(key, offset, f"w{w}", dt, data.size) for w in self._workers}
             part.summed = summed
-        else:
-            part = Part(key, offset, dtype, np.array(data, dtype=storage_dtype(dtype), copy=True), summed=summed)
+        else:  # ``own``: ``data`` is this server's (made for this part): kept, not copied (a drawn table's range)
+            value = np.asarray(data, storage_dtype(dtype)) if own else np.array(data, storage_dtype(dtype), copy=True)
+            part = Part(key, offset, dtype, value, summed=summed)
         if row_width:
             part.row_width = row_width
             part.first_row = offset // row_width
