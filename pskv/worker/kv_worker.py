@@ -160,6 +160,7 @@ class KVWorker:
         exhausted the process's mmap limit once).
         """
         self.client.close()
+        self._shared.rows.clear()  # the rows buffers' maps
         for rec in layouts:
             rec.shm = []
             rec.send = rec.recv = rec.outgoing = None

@@ -21,6 +21,7 @@ fit in a free region goes through the socket.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -161,21 +162,23 @@ class RowsBuffer:
     def __init__(self, array: np.ndarray[Any, Any]) -> None:
         self.array = array
         self._used: list[_Region] = []  # by start
+        self._lock = threading.Lock()  # calls may come from several threads (non-blocking pushes, pulls)
 
     def reserve(self, nbytes: int, held: bool) -> _Region | None:
         """A free region of ``nbytes`` (the first that fits), or None: the message goes through the socket."""
-        self._used = [r for r in self._used if not r.free()]
-        at, place = 0, len(self._used)
-        for n, used in enumerate(self._used):
-            if used.start - at >= nbytes:
-                place = n
-                break
-            at = used.end
-        if at + nbytes > self.array.size:
-            return None
-        region = _Region(at, at + nbytes, held)
-        self._used.insert(place, region)
-        return region
+        with self._lock:
+            self._used = [r for r in self._used if not r.free()]
+            at, place = 0, len(self._used)
+            for n, used in enumerate(self._used):
+                if used.start - at >= nbytes:
+                    place = n
+                    break
+                at = used.end
+            if at + nbytes > self.array.size:
+                return None
+            region = _Region(at, at + nbytes, held)
+            self._used.insert(place, region)
+            return region
 
     @staticmethod
     def release(region: _Region) -> None:
