@@ -33,7 +33,7 @@ from pskv.checkpoints import (
     read_manifest,
 )
 from pskv.config import ENV_VARS, ClusterConfig, Config
-from pskv.errors import CheckpointError, InvalidArgumentError
+from pskv.errors import CheckpointError, InvalidArgumentError, TransportError
 from pskv.kvstore import known_types
 from pskv.launch import DESCRIPTION as LAUNCH_DESCRIPTION
 from pskv.launch import add_arguments as add_launch_arguments
@@ -77,6 +77,9 @@ def _role(role: str) -> Callable[[argparse.Namespace], int]:
         except InvalidArgumentError as exc:  # e.g. a bad CURVE key file: refused before binding anything
             print(f"pskv {role}: error: {exc}", file=sys.stderr)
             return 2
+        except TransportError as exc:  # e.g. the port is taken
+            print(f"pskv {role}: error: {exc}", file=sys.stderr)
+            return 1
     return run
 
 

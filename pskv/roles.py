@@ -67,9 +67,9 @@ def run_role(cluster: ClusterConfig, port_file: str | None = None) -> int:
 
     Args:
         cluster: the cluster contract.
-        port_file: scheduler only: when ``root_port`` is 0, bind a free port and write
-            it (decimal, then a newline) to this file atomically — a launcher's
-            readiness signal.
+        port_file: scheduler only: write the port bound — a free one when ``root_port``
+            is 0 — (decimal, then a newline) to this file atomically once bound: a
+            launcher's readiness signal.
 
     Raises:
         InvalidArgumentError: the cluster environment is incomplete.
@@ -77,18 +77,17 @@ def run_role(cluster: ClusterConfig, port_file: str | None = None) -> int:
     """
     _exit_on_sigterm()
     if cluster.role == "scheduler":
-        if port_file is not None and cluster.root_port == 0:
+        wanted = cluster.root_port
+        if port_file is not None and wanted == 0:
             cluster = dataclasses.replace(cluster, root_port=1)  # placeholder to pass the check
-            cluster.require_cluster()
-            scheduler = Scheduler(cluster, address=f"tcp://{resolve_host(cluster.root_uri)}:0")
+        cluster.require_cluster()
+        scheduler = Scheduler(cluster, address=f"tcp://{resolve_host(cluster.root_uri)}:{wanted}")
+        if port_file is not None:
             port = scheduler.address.rsplit(":", 1)[1]
             tmp = f"{port_file}.tmp"
             with open(tmp, "w", encoding="ascii") as f:
                 f.write(f"{port}\n")
             os.replace(tmp, port_file)
-        else:
-            cluster.require_cluster()
-            scheduler = Scheduler(cluster, address=f"tcp://{resolve_host(cluster.root_uri)}:{cluster.root_port}")
         _end_on_sigusr1(lambda: scheduler.end(_NO_WORKERS))
         try:
             scheduler.run()

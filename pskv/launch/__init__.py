@@ -88,8 +88,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="set a variable in every process (repeatable)")
     parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                         help="stop the job after this long (exit 124)")
-    parser.add_argument("--port", type=int, default=DEFAULT_SSH_PORT,
-                        help=f"ssh: the scheduler's port on the first host (default {DEFAULT_SSH_PORT})")
+    parser.add_argument("--port", type=int, default=None,
+                        help=f"the scheduler's port: over ssh on the first host (default {DEFAULT_SSH_PORT}); "
+                             "locally on 127.0.0.1 (default: a free one)")
     parser.add_argument("--startup-timeout", type=float, default=60.0, metavar="SECONDS",
                         help="local: how long the scheduler may take to get ready (default 60)")
     parser.add_argument("--stop-grace", type=float, default=5.0, metavar="SECONDS",

@@ -59,7 +59,8 @@ class LaunchConfig:
         env: extra variables for every process (``--env``); they may not name a
             variable of the launch contract, which the launcher owns.
         timeout: seconds the whole job may take (None: no limit).
-        port: ssh only: the scheduler's port on the first host.
+        port: the scheduler's port (``--port``): on the first host over ssh (None: 9091,
+            :data:`DEFAULT_SSH_PORT`); on 127.0.0.1 locally (None: a free port the scheduler picks).
         startup_timeout: local only: seconds to wait for the scheduler to publish its port.
         stop_grace: seconds between the stop signal (SIGTERM) and SIGKILL.
         exit_grace: seconds servers and scheduler may take to exit after the last worker.
@@ -99,7 +100,7 @@ class LaunchConfig:
     server_hostfile: str | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     timeout: float | None = None
-    port: int = DEFAULT_SSH_PORT
+    port: int | None = None
     startup_timeout: float = 60.0
     stop_grace: float = 5.0
     exit_grace: float = 30.0
@@ -166,7 +167,7 @@ class LaunchConfig:
                 out.append(f"--env: {name} is set by the launcher ({CONTRACT[name][1]})")
         if self.timeout is not None and not self.timeout > 0:
             out.append(f"--timeout must be > 0 seconds, got {self.timeout:g}")
-        if not 0 < self.port < 65536:
+        if self.port is not None and not 0 < self.port < 65536:
             out.append(f"--port must be a TCP port (1-65535), got {self.port}")
         if not self.startup_timeout > 0:
             out.append(f"--startup-timeout must be > 0 seconds, got {self.startup_timeout:g}")

@@ -23,8 +23,8 @@ LOOPBACK = "127.0.0.1"
 
 
 def scheduler_spec(config: LaunchConfig, port_file: str) -> ProcessSpec:
-    """The local scheduler, told to pick a free port and publish it in ``port_file``."""
-    layout = config.layout(LOOPBACK, 0)
+    """The local scheduler, on ``--port`` or told to pick a free port; it publishes it in ``port_file``."""
+    layout = config.layout(LOOPBACK, config.port or 0)
     env = contract_env(layout, "scheduler", LOOPBACK)
     return ProcessSpec("scheduler", None, LOOPBACK,
                        tuple(env_argv(env, config.env, role_argv(config.python, "scheduler", port_file))))

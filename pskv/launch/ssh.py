@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pskv.errors import InvalidArgumentError, LaunchError
-from pskv.launch.config import LaunchConfig
+from pskv.launch.config import DEFAULT_SSH_PORT, LaunchConfig
 from pskv.launch.contract import ProcessSpec, contract_env, env_argv, role_argv
 from pskv.launch.supervisor import Console, Supervisor, guard_argv
 
@@ -154,7 +154,7 @@ def ssh_specs(config: LaunchConfig, hosts: Sequence[Host],
               server_hosts: Sequence[Host] | None = None) -> list[ProcessSpec]:
     """The scheduler, servers and workers of a job on ``hosts`` (servers on ``server_hosts`` if given), in start order."""
     where = place(hosts, config.num_servers, config.num_workers, server_hosts)
-    layout = config.layout(where.scheduler.address, config.port)
+    layout = config.layout(where.scheduler.address, DEFAULT_SSH_PORT if config.port is None else config.port)
 
     def spec(role: str, rank: int | None, host: Host, env: dict[str, str], command: Sequence[str]) -> ProcessSpec:
         guarded = guard_argv(config.python, role, config.stop_grace, config.exit_grace, inline=True)

@@ -16,7 +16,15 @@ Layering: this package sits above :mod:`pskv.kvstore` and :mod:`pskv.optimizer`;
 below imports it.
 """
 
-from pskv.parallel import metrics
+try:
+    import torch  # noqa: F401  (every module here needs it)
+except ModuleNotFoundError as exc:  # say how to get it, not just that it is missing
+    if exc.name != "torch":
+        raise
+    raise ModuleNotFoundError("pskv.parallel trains PyTorch models and needs PyTorch: "
+                              "pip install 'pskv[torch]'", name="torch") from exc
+
+from pskv.parallel import metrics  # noqa: E402
 from pskv.parallel.checkpoint import latest_checkpoint, load_checkpoint, load_params, save_checkpoint, save_params
 from pskv.parallel.data import DataBatch, DataDesc, NDArrayIter
 from pskv.parallel.embedding import Embedding, EmbeddingBag, PrefetchingIter

@@ -477,3 +477,30 @@ def test_a_worker_that_left_early_is_named_as_having_left_not_as_failed(tag, tmp
     assert ("pskv launch: worker 1 on 127.0.0.1 exited with code 1 after its NodeFailedError said worker 0 "
             "left the job early") in out, out
     assert "(look there first)" not in out, out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.timeout(60)
+def test_a_local_job_runs_its_scheduler_on_the_port_given(tag, tmp_path, worker_script):
+    port = _free_port()  # free a moment ago: the scheduler binds it again
+    code, out = run_launcher(job(1, 1, worker_script, "ok", "--port", str(port)), tag, tmp_path)
+    assert code == 0, out
+    assert contracts(out)[0]["DMLC_PS_ROOT_PORT"] == str(port), out
+
+
+@pytest.mark.timeout(60)
+def test_a_local_port_in_use_ends_the_job_with_one_line_naming_it(tag, tmp_path, worker_script):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, out = run_launcher(job(1, 1, worker_script, "ok", "--port", str(port)), tag, tmp_path)
+    assert code != 0, out
+    assert f"[scheduler] pskv scheduler: error: cannot bind tcp://127.0.0.1:{port}: Address already in use" in out, out
+    assert "Traceback" not in out, out
+    assert "scheduler on 127.0.0.1 exited with code 1" in out, out
