@@ -35,3 +35,10 @@ def test_every_python_snippet_of_the_docs_is_valid_python():
     assert len(blocks) >= 7  # README, distributed, launch, optimizers, training at least
     for doc, i, code in blocks:
         compile(code, f"{doc} (python block {i})", "exec")  # a SyntaxError names the doc and block
+
+
+def test_the_in_process_cluster_example_runs(capsys):
+    text = (ROOT / "docs/distributed.md").read_text(encoding="utf-8")
+    code = re.search(r"## Testing helpers.*?```python\n(.*?)```", text, flags=re.S).group(1)
+    exec(compile(code, "docs/distributed.md (testing helpers)", "exec"), {})
+    assert capsys.readouterr().out.count("array([2., 2., 2., 2.]") == 2
