@@ -110,8 +110,16 @@ def _parse(cls: type[T], table: dict[str, tuple[str, str]], environ: Mapping[str
     unknown = set(overrides) - set(types)
     if unknown:
         raise InvalidArgumentError(f"unknown setting(s) {sorted(unknown)}; known: {sorted(types)}")
+    read = {name: var for var, (name, _doc) in table.items() if name in values}  # settings the environment gave
     values.update({k: v for k, v in overrides.items() if v is not None})
-    return replace(cls(), **values)  # type: ignore[type-var, no-any-return]
+    try:
+        return replace(cls(), **values)  # type: ignore[type-var, no-any-return]
+    except InvalidArgumentError as exc:  # a value out of range: name the variable it came from
+        message = str(exc)
+        for name, var in read.items():
+            if overrides.get(name) is None and message.startswith((f"{name} ", f"{name}:")):
+                raise InvalidArgumentError(f"environment variable {var}={env[var]!r}: {message}") from None
+        raise
 
 
 @dataclass(frozen=True)

@@ -58,12 +58,21 @@ def test_config_defaults_env_and_overrides():
 
 @pytest.mark.parametrize("env,match", [
     ({"PSKV_KERNEL_THREADS": "many"}, "PSKV_KERNEL_THREADS='many' is not a valid int"),
-    ({"PSKV_ENGINE_THREADS": "0"}, "engine_threads must be >= 1"),
-    ({"PSKV_DEFAULT_TIMEOUT": "-1"}, "default_timeout must be > 0"),
+    ({"PSKV_ENGINE_THREADS": "0"}, "^environment variable PSKV_ENGINE_THREADS='0': engine_threads must be >= 1"),
+    ({"PSKV_DEFAULT_TIMEOUT": "-1"}, "^environment variable PSKV_DEFAULT_TIMEOUT='-1': default_timeout must be > 0"),
 ])
 def test_config_rejects_bad_values(env, match):
     with pytest.raises(pskv.InvalidArgumentError, match=match):
         Config.from_env(env)
+
+
+def test_a_bad_cluster_setting_names_its_variable_and_an_override_its_setting():
+    from pskv.config import ClusterConfig
+    with pytest.raises(pskv.InvalidArgumentError,
+                       match="^environment variable PS_HEARTBEAT_TIMEOUT='-3': heartbeat_timeout must be >= 0"):
+        ClusterConfig.from_env({"PS_HEARTBEAT_TIMEOUT": "-3"})
+    with pytest.raises(pskv.InvalidArgumentError, match="^heartbeat_timeout must be >= 0"):  # passed in code
+        ClusterConfig.from_env({"PS_HEARTBEAT_TIMEOUT": "5"}, heartbeat_timeout=-3.0)
 
 
 def test_every_env_var_is_documented():
