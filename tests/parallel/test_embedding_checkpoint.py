@@ -276,9 +276,10 @@ def test_optimizer_states_of_row_sparse_keys_round_trip_on_dist_sync(tmp_path, n
                     kv.load_optimizer_states(states)
                 for step in steps:
                     kv.push("t", row_grad(step, kv.rank))
-                if save:
+                rows = present(kv)  # a pull waits for the rounds its pushes joined: every worker's last push applied
+                if save:  # (saving waits for this worker's own operations only, as MXNet's)
                     kv.save_optimizer_states(states)
-                return present(kv)
+                return rows
         with InProcessCluster(2, 2, deadline=30, state_dir=str(tmp_path)) as cluster:
             return cluster.run_workers(worker, timeout=30)
 
