@@ -360,6 +360,18 @@ class Optimizer:
 
     create_state_multi_precision = create_state
 
+    def _checked(self, key: Key, weight: Array, state: State) -> tuple[Key, ArrayMeta, tuple[Array, ...]]:
+        """``key`` checked, ``weight``'s description, and ``state``'s arrays (as many as the rule keeps)."""
+        key = check_key(key)
+        meta = self._check(key, weight)
+        names = self.state_names(meta)
+        arrays = () if state is None else tuple(state)
+        if len(arrays) != len(names):
+            raise InvalidArgumentError(
+                f"key {key!r}: {type(self).__name__} expects state arrays {names}, got {len(arrays)} array(s)"
+            )
+        return key, meta, arrays
+
     def update(self, key: Key, weight: Array, grad: Array, state: State) -> None:
         """Apply one update to ``weight`` and ``state`` in place and count it for ``key``.
 
@@ -377,14 +389,7 @@ class Optimizer:
             UnsupportedValueError: ``weight`` is not a floating-point array.
             InvalidArgumentError: ``state`` does not have the expected number of arrays.
         """
-        key = check_key(key)
-        meta = self._check(key, weight)
-        names = self.state_names(meta)
-        arrays = () if state is None else tuple(state)
-        if len(arrays) != len(names):
-            raise InvalidArgumentError(
-                f"key {key!r}: {type(self).__name__} expects state arrays {names}, got {len(arrays)} array(s)"
-            )
+        key, meta, arrays = self._checked(key, weight, state)
         self._apply([(key, weight, grad, arrays, self._uses_master(meta.dtype))])
 
     update_multi_precision = update
@@ -419,14 +424,7 @@ class Optimizer:
                 ``state`` has the wrong number of arrays.
             ShapeMismatchError, DTypeMismatchError: ``grad_rows`` does not fit.
         """
-        key = check_key(key)
-        meta = self._check(key, weight)
-        names = self.state_names(meta)
-        arrays = () if state is None else tuple(state)
-        if len(arrays) != len(names):
-            raise InvalidArgumentError(
-                f"key {key!r}: {type(self).__name__} expects state arrays {names}, got {len(arrays)} array(s)"
-            )
+        key, meta, arrays = self._checked(key, weight, state)
         ids, grad_rows = check_rows(key, meta, indices, grad_rows)
         w = _math.detach(weight)
         if not self.lazy_update:
