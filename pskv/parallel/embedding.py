@@ -420,7 +420,8 @@ class Embedding(_StoreModule):
     """``torch.nn.Embedding`` whose table is a row-sparse key of a pskv store.
 
     Args:
-        num_embeddings, embedding_dim: the table's shape.
+        num_embeddings: the table's number of rows.
+        embedding_dim: the table's width (values per row).
         kv: the store (``local``, ``device``, ``dist_sync``, ``dist_async``...).
         key: the table's store key.
         init: a dense ``(num_embeddings, embedding_dim)`` array or tensor (small tables:

@@ -123,7 +123,8 @@ class DataParallelExecutorGroup:
             over the slice's samples: a per-sample vector is summed, and a loss module
             with ``reduction='mean'`` is multiplied by the slice size. Without a loss,
             :meth:`backward` needs ``out_grads``.
-        data_shapes, label_shapes: bind right away (see :meth:`bind_exec`).
+        data_shapes: bind right away (see :meth:`bind_exec`).
+        label_shapes: bind right away (see :meth:`bind_exec`).
         for_training: False binds for inference only (no gradients, no backward).
         inputs_need_grad: compute gradients with respect to the data inputs.
         grad_req: ``'write'``, ``'add'`` or ``'null'``, or a dict / list of them per parameter.

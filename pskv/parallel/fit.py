@@ -126,7 +126,8 @@ def fit(trainer: Trainer, train_data: Iterable[Any], eval_data: Iterable[Any] | 
             the whole run), ``kv.save_checkpoint(meta={"epoch", "step"})`` snapshots the
             servers into ``PSKV_CHECKPOINT_DIR`` — what a replacement server loads
             (``pskv launch --restart-servers``); 0: never.
-        batch_end_callback, epoch_end_callback: called with a dict of statistics.
+        batch_end_callback: called with a dict of statistics after each batch.
+        epoch_end_callback: called with a dict of statistics after each epoch.
 
     Returns:
         One dict per epoch trained: ``epoch``, ``loss``, ``train`` and ``eval`` metrics,

@@ -492,7 +492,7 @@ class Trainer:
 
         Raises:
             InvalidArgumentError: no batch size for a plain module.
-            Errors of the store (NodeFailedError, OperationTimeoutError...) and of the optimizer.
+            KVStoreError: the store's (NodeFailedError, OperationTimeoutError...) and the optimizer's errors.
         """
         batch = self._batch(batch_size)
         self._ensure_params()

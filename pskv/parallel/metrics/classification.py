@@ -28,7 +28,9 @@ class Accuracy(EvalMetric):
 
     Args:
         axis: the class axis of score predictions.
-        name, output_names, label_names: as in :class:`EvalMetric`.
+        name: as in :class:`EvalMetric`.
+        output_names: as in :class:`EvalMetric`.
+        label_names: as in :class:`EvalMetric`.
     """
 
     def __init__(
@@ -58,7 +60,9 @@ class TopKAccuracy(EvalMetric):
 
     Args:
         top_k: how many of the best classes count, >= 1; the name gets ``_<top_k>`` appended.
-        name, output_names, label_names: as in :class:`EvalMetric`.
+        name: as in :class:`EvalMetric`.
+        output_names: as in :class:`EvalMetric`.
+        label_names: as in :class:`EvalMetric`.
 
     Raises:
         InvalidArgumentError: ``top_k`` < 1.
@@ -103,7 +107,9 @@ class CrossEntropy(EvalMetric):
 
     Args:
         eps: added to the probability before the log, so a zero gives a large finite loss.
-        name, output_names, label_names: as in :class:`EvalMetric`.
+        name: as in :class:`EvalMetric`.
+        output_names: as in :class:`EvalMetric`.
+        label_names: as in :class:`EvalMetric`.
     """
 
     def __init__(
@@ -136,7 +142,9 @@ class Perplexity(EvalMetric):
     Args:
         ignore_label: a label value whose entries are skipped (e.g. padding), or None.
         axis: the class axis of the predictions.
-        name, output_names, label_names: as in :class:`EvalMetric`.
+        name: as in :class:`EvalMetric`.
+        output_names: as in :class:`EvalMetric`.
+        label_names: as in :class:`EvalMetric`.
     """
 
     def __init__(
@@ -184,7 +192,9 @@ class F1(EvalMetric):
             labels or predictions), ``'micro'`` (F1 of the pooled counts; equals accuracy for
             single-label data) or ``'binary'`` (F1 of class 1; ids must be 0 or 1). Same
             meanings as scikit-learn's ``f1_score``; MXNet's binary F1 is ``'binary'``.
-        name, output_names, label_names: as in :class:`EvalMetric`.
+        name: as in :class:`EvalMetric`.
+        output_names: as in :class:`EvalMetric`.
+        label_names: as in :class:`EvalMetric`.
 
     Raises:
         InvalidArgumentError: unknown ``average``.

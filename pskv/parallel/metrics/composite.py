@@ -81,7 +81,9 @@ class CompositeEvalMetric(EvalMetric):
 
     Args:
         metrics: child metrics in any form :func:`create` accepts, or None.
-        name, output_names, label_names: as in :class:`EvalMetric`.
+        name: as in :class:`EvalMetric`.
+        output_names: as in :class:`EvalMetric`.
+        label_names: as in :class:`EvalMetric`.
     """
 
     def __init__(
@@ -151,7 +153,8 @@ class CustomMetric(EvalMetric):
         name: the metric's name; default ``feval``'s name (``custom(<lambda>)`` for lambdas).
         allow_extra_outputs: pair labels and predictions up to the shorter list instead of
             requiring equal numbers.
-        output_names, label_names: as in :class:`EvalMetric`.
+        output_names: as in :class:`EvalMetric`.
+        label_names: as in :class:`EvalMetric`.
 
     Raises:
         InvalidTypeError: ``feval`` is not callable.
