@@ -385,8 +385,8 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         (every row of a dense key). A row-sparse key's whole table travels to a dense out.
 
         Raises:
-            UnknownKeyError, ShapeMismatchError, DTypeMismatchError, NodeFailedError,
-            OperationTimeoutError: as :meth:`push`.
+            UnknownKeyError, ShapeMismatchError, DTypeMismatchError, NodeFailedError, OperationTimeoutError: as
+                :meth:`push`.
         """
         self._check_open("pull")
         outs: list[list[Any]] | None = None
