@@ -89,6 +89,7 @@ CLUSTER_ENV_VARS: dict[str, tuple[str, str]] = {
     "PSKV_MAX_FRAMES": ("max_frames", "frames of one received message; a message of more is discarded without building them (default 200002)"),
     "PSKV_SEND_QUEUE_BYTES": ("send_queue_bytes", "bytes of replies queued for one peer that does not read them; more drops the peer (default 268435456)"),
     "PSKV_SLOW_PEER_TIMEOUT": ("slow_peer_timeout", "seconds a peer with queued replies may take none of them before it is dropped (default 30)"),
+    "PSKV_TIMELINE": ("timeline", "a directory: each worker and server writes its timeline there, <role>-<rank>.json (Chrome trace-event JSON: push, pull, wait, merge, update spans per key and round; docs/observability.md); empty: off (default)"),
 }
 
 
@@ -228,6 +229,8 @@ class ClusterConfig:
         max_frames: frames of one received message.
         send_queue_bytes: bytes of replies queued for one peer that reads none of them.
         slow_peer_timeout: seconds a peer with queued replies may take none before it is dropped.
+        timeline: a directory where this worker or server writes its timeline
+            (:mod:`pskv.timeline`); empty: off.
     """
 
     role: str = "worker"
@@ -267,6 +270,7 @@ class ClusterConfig:
     max_frames: int = 200_002
     send_queue_bytes: int = 256 << 20
     slow_peer_timeout: float = 30.0
+    timeline: str = ""
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:

@@ -119,6 +119,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recovery-timeout", type=float, default=60.0, metavar="SECONDS",
                         help="with --restart-workers: how long the others wait for a dead worker's replacement "
                              "(default 60)")
+    parser.add_argument("--timeline", default=None, metavar="DIR",
+                        help="every worker and server writes its timeline to DIR/<role>-<rank>.json (Chrome "
+                             "trace-event JSON for chrome://tracing or ui.perfetto.dev; sets PSKV_TIMELINE)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the worker command, after --")
 
 
@@ -131,6 +134,8 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
+    if args.timeline:  # an --env pair: it reaches the processes over ssh too
+        args.env = [*args.env, f"PSKV_TIMELINE={os.path.abspath(args.timeline)}"]
     return LaunchConfig(
         num_workers=args.num_workers,
         num_servers=args.num_workers if args.num_servers is None else args.num_servers,

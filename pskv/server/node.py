@@ -34,6 +34,7 @@ from pskv.protocol import Role
 from pskv.server.controllers import import_modules
 from pskv.server.core import ServerCore
 from pskv.server.liveness import StallReport
+from pskv.timeline import open_timeline
 from pskv.transport import IO_THREADS
 from pskv.transport.addresses import bind_host
 from pskv.transport.shm import ShmDirectory, host_id, job_prefix
@@ -114,6 +115,8 @@ class ServerNode:
             self._reactor.start()
             info = self._membership.register(self._cluster.server_rank)
             self._rank = info.rank
+            self._shard.trace(open_timeline(self._cluster.timeline, "server", self._rank, self._cluster.restart_count,
+                                            info.recovery), self._core.key_names)
             self._reactor.call_soon(self._core.registered)  # workers' HELLOs that came first: checked now
             if info.recovery:  # a replacement in a running job: the workers go on numbering their pushes
                 self._reactor.call_soon(self._core.checkpoints.apply_saved_counts)
@@ -128,6 +131,8 @@ class ServerNode:
     def stop(self) -> None:
         """Stop serving and release the sockets (idempotent); unblocks :meth:`run`."""
         self._runtime.stop()
+        if self._shard.timeline is not None:
+            self._shard.timeline.close()
         if self._shm_dir is not None:
             self._shm_dir.remove()
 

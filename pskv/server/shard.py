@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +61,7 @@ from pskv.arrays.dtypes import numpy_dtype
 from pskv.errors import DTypeMismatchError, DuplicateKeyError, InvalidArgumentError, ShapeMismatchError, UnknownKeyError
 from pskv.server import rows as sparse_rows
 from pskv.server.rows import RowBatch
+from pskv.timeline import Timeline
 
 __all__ = ["MAX_PUSHES_AHEAD", "Part", "PushLog", "ServerShard", "PartId", "bf16_bits_to_f32", "f32_to_bf16_bits"]
 
@@ -199,6 +200,23 @@ class ServerShard:
         # without them until every worker has joined.
         self.joined: set[int] = set()
         self._pieces: dict[int, list[Part]] = {}  # key -> its parts here, by offset (one slice, maybe cut)
+        self.timeline: Timeline | None = None  # PSKV_TIMELINE: rounds' merge and update spans (trace)
+        self._names: Mapping[int, str] = {}
+
+    def trace(self, timeline: Timeline | None, names: Mapping[int, str]) -> None:
+        """Record on ``timeline`` each part's ``merge`` (a sync round, from its first push until it is full)
+        and ``update`` (the updater, or a row-sparse part's rows applied) spans, per round; str keys by
+        their ``names`` (server key -> name)."""
+        self.timeline = timeline
+        self._names = names
+
+    def _span(self, name: str, part: Part, start: float, number: int) -> None:
+        """Span ``name`` of ``part``'s round ``number`` from ``start`` until now, on the part's track."""
+        assert self.timeline is not None
+        key = self._names.get(part.key, part.key)
+        self.timeline.span(name, f"key {key} @{part.offset}" if part.offset else f"key {key}", start,
+                           time.monotonic(), {"key": key, "offset": part.offset, "round": number,
+                                              "bytes": part.value.nbytes, "workers": len(part.pushed)})
 
     def _full(self, part: Part) -> bool:
         """True if the open round of ``part`` has a push from every worker that has not joined."""
@@ -501,7 +519,7 @@ class ServerShard:
                     "dist_async applies every push through the optimizer: call set_optimizer "
                     "(or set an updater on the servers) before pushing"
                 )
-            self.updater(part.key, data, part.value)
+            self._update(part, data)
             part.round += 1
             self._answer(part)
             return part.round
@@ -542,6 +560,8 @@ class ServerShard:
         Until then a full piece stays full, so its next pushes queue.
         """
         while True:
+            if self.timeline is not None:
+                self._span("merge", part, part.round_started, part.round + 1)
             if part.row_width:
                 batches, part.rows_merge = part.rows_merge, []
                 part.present = self._apply_rows(part, sparse_rows.merge(batches, part.row_width, part.value.dtype))
@@ -556,7 +576,7 @@ class ServerShard:
             else:
                 pieces = self._pieces[part.key]
                 if len(pieces) == 1:
-                    self.updater(part.key, part.merge, part.value)
+                    self._update(part, part.merge)
                     self._advance(part)
                 elif all(p.merge is not None and p.pushed and self._full(p) for p in pieces):
                     self._update_pieces(pieces)
@@ -576,7 +596,19 @@ class ServerShard:
         """A round's (or an async push's) rows into a row-sparse part; its present rows after."""
         assert part.present is not None
         part.published = None
-        return sparse_rows.apply(part.table(), part.present, batch, part.key, self.updater, part.summed)
+        start = time.monotonic() if self.timeline is not None else 0.0
+        present = sparse_rows.apply(part.table(), part.present, batch, part.key, self.updater, part.summed)
+        if self.timeline is not None:
+            self._span("update", part, start, part.round + 1)
+        return present
+
+    def _update(self, part: Part, grad: np.ndarray[Any, Any]) -> None:
+        """The updater on ``part``'s value with ``grad`` (a round's sum, or an async push)."""
+        assert self.updater is not None
+        start = time.monotonic() if self.timeline is not None else 0.0
+        self.updater(part.key, grad, part.value)
+        if self.timeline is not None:
+            self._span("update", part, start, part.round + 1)
 
     def _advance(self, part: Part) -> None:
         """``part``'s round is applied: count it, answer its pulls, start its queued pushes."""
@@ -594,7 +626,10 @@ class ServerShard:
         assert self.updater is not None
         merged = np.concatenate([p.merge for p in pieces if p.merge is not None])
         value = np.concatenate([p.value for p in pieces])
+        start = time.monotonic() if self.timeline is not None else 0.0
         self.updater(pieces[0].key, merged, value)
+        if self.timeline is not None:
+            self._span("update", pieces[0], start, pieces[0].round + 1)
         at = 0
         for p in pieces:
             np.copyto(p.value, value[at: at + p.value.size])

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -53,6 +54,8 @@ from pskv.protocol.bodies import (
     SetMode,
     StatesRequest,
 )
+from pskv.timeline import Timeline, open_timeline
+from pskv.worker import spans
 from pskv.worker.client import WorkerClient, WorkerRequest
 from pskv.worker.layout import KeyLayout, Part, by_server, part_spec, part_view
 from pskv.worker.replay import ReplayLog
@@ -137,6 +140,7 @@ class KVWorker:
         # residuals read from a checkpoint, by server key then offset: taken when the keys are created (adopt)
         self._restored: dict[int, dict[int, np.ndarray[Any, Any]]] = {}
         self._restored_from = ""
+        self.timeline: Timeline | None = None  # PSKV_TIMELINE: this worker's spans (opened at connect)
 
     # -- life cycle ---------------------------------------------------------------------
     def connect(self) -> NodeInfo:
@@ -149,6 +153,8 @@ class KVWorker:
         self._rank = info.rank
         self._num_servers = info.num_servers
         self._shared = SharedParts(info.server_shm, self._cluster.uses_shm and self._sync, self._cluster.shm_rows_bytes)
+        self.timeline = open_timeline(self._cluster.timeline, "worker", info.rank, self._cluster.restart_count,
+                                      info.recovery)
         return info
 
     def close(self, layouts: Iterable[KeyLayout] = ()) -> None:
@@ -160,6 +166,8 @@ class KVWorker:
         exhausted the process's mmap limit once).
         """
         self.client.close()
+        if self.timeline is not None:
+            self.timeline.close()
         self._shared.rows.clear()  # the rows buffers' maps
         for rec in layouts:
             rec.shm = []
@@ -269,6 +277,8 @@ class KVWorker:
         """
         sent = Exchange()
         limit = self._limit(timeout)
+        start = time.monotonic() if self.timeline is not None else 0.0
+        traced: list[spans.Sent] | None = [] if self.timeline is not None else None
         cut = [piece for rec, ids, rows in items for piece in pieces(rec, ids, rows, True)]
         big = sum(rows.nbytes for _, _, _, rows in cut if rows is not None) >= BIG_CALL_BYTES
         for server, group in grouped(cut, self._cluster.max_message_bytes, "push").items():
@@ -289,8 +299,12 @@ class KVWorker:
                 rec.pushes[i] += 1
             sent.messages.append(([(rec, i) for rec, i, _, _ in group], pending))
             sent.replies.append(pending)
+            if traced is not None:
+                traced.append((spans.rows(group), pending))
         for rec, _, _ in items:
             rec.acks = sent.replies
+        if traced is not None:
+            spans.watch(self.timeline, "push", start, traced)  # type: ignore[arg-type]
         return sent
 
     def pull_rows(self, items: Sequence[tuple[KeyLayout, np.ndarray[Any, Any]]], priority: int = 0,
@@ -300,6 +314,7 @@ class KVWorker:
         ``present``: every part's present rows instead (the ids given are ignored)."""
         sent = Exchange()
         limit = self._limit(timeout)
+        start = time.monotonic() if self.timeline is not None else 0.0
         cut = [piece for rec, ids in items for piece in (
             pieces(rec, np.zeros(0, np.int64), None, True) if present else pieces(rec, ids, None, False))]
         for server, group in grouped(cut, self._cluster.max_message_bytes, "row_sparse_pull").items():
@@ -318,6 +333,8 @@ class KVWorker:
                                               flags=Flag.ROWS | (Flag.PRESENT if present else 0))
                 sent.rows.append((group, pending, present, None))
             sent.replies.append(pending)
+        if self.timeline is not None:
+            spans.watch(self.timeline, "pull", start, [(spans.rows(g), p) for g, p, _, _ in sent.rows])
         return sent
 
     def rows_values(self, sent: Exchange, timeout: float | None = None
@@ -329,6 +346,7 @@ class KVWorker:
             RemoteError, NodeFailedError, OperationTimeoutError: from the requests.
         """
         limit = self._limit(timeout)
+        start = time.monotonic() if self.timeline is not None else 0.0
         got: dict[int, list[tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any]]]] = {}
         try:
             for group, pending, present, shared in sent.rows:
@@ -347,6 +365,8 @@ class KVWorker:
             for _, _, _, shared in sent.rows:
                 if shared is not None:
                     shared[0].release(shared[1])
+        if self.timeline is not None:
+            spans.waited(self.timeline, start, [(spans.rows(g), p) for g, p, _, _ in sent.rows])
         return out
 
     def push(self, layouts: Sequence[KeyLayout], priority: int = 0, timeout: float | None = None,
@@ -358,20 +378,28 @@ class KVWorker:
         (:meth:`await_acks`).
         """
         big = sum(rec.nbytes for rec in layouts) >= BIG_CALL_BYTES
+        start = time.monotonic() if self.timeline is not None else 0.0
         sent = self._sends(Command.PUSH, layouts, priority, timeout=timeout, quiet=quiet and not big)
         for rec in layouts:
             rec.acks = sent.replies
+        if self.timeline is not None:
+            spans.watch(self.timeline, "push", start, [(spans.dense(items), p) for items, p in sent.messages])
         return sent
 
     def pushpull(self, layouts: Sequence[KeyLayout], priority: int = 0, timeout: float | None = None) -> Exchange:
         """Push the ``outgoing`` buffers; each reply carries the round's result (:meth:`values`)."""
-        return self._sends(Command.PUSHPULL, layouts, priority, timeout=timeout)
+        start = time.monotonic() if self.timeline is not None else 0.0
+        sent = self._sends(Command.PUSHPULL, layouts, priority, timeout=timeout)
+        if self.timeline is not None:
+            spans.watch(self.timeline, "pushpull", start, [(spans.dense(items), p) for items, p in sent.messages])
+        return sent
 
     def pull(self, layouts: Sequence[KeyLayout], priority: int = 0, timeout: float | None = None) -> Exchange:
         """Ask for the values of the round of this worker's last push of each part (:meth:`values`)."""
         sent = Exchange()
         limit = self._limit(timeout)
         big = sum(rec.nbytes for rec in layouts) >= BIG_CALL_BYTES
+        start = time.monotonic() if self.timeline is not None else 0.0
         squeezed = [rec for rec in layouts if rec.compress] if self._both_ways else []
         groups = [(squeezed, True), ([rec for rec in layouts if not rec.compress], False)] if squeezed \
             else [(layouts, False)]
@@ -391,6 +419,8 @@ class KVWorker:
                                         self._compression_body)
                 sent.messages.append((items, pending))
                 sent.replies.append(pending)
+        if self.timeline is not None:
+            spans.watch(self.timeline, "pull", start, [(spans.dense(items), p) for items, p in sent.messages])
         return sent
 
     def _sends(self, command: Command, layouts: Sequence[KeyLayout], priority: int, timeout: float | None = None,
@@ -410,9 +440,13 @@ class KVWorker:
     def _compressed(self, items: Sequence[Part]) -> list[np.ndarray[Any, Any]]:  # on a _compressing() thread
         """Each part's payload, compressed with this worker's residual of the part (which it updates)."""
         assert self.compressor is not None
-        return [self.compressor.compress(part_view(rec, rec.outgoing, i),
-                                         self._residuals.get((rec.skey, rec.parts[i][1]), 0, rec.parts[i][2]))
-                for rec, i in items]
+        start = time.monotonic() if self.timeline is not None else 0.0
+        payloads = [self.compressor.compress(part_view(rec, rec.outgoing, i),
+                                             self._residuals.get((rec.skey, rec.parts[i][1]), 0, rec.parts[i][2]))
+                    for rec, i in items]
+        if self.timeline is not None:
+            spans.compressed(self.timeline, start, spans.dense(items))
+        return payloads
 
     def _send(self, command: Command, layouts: Sequence[KeyLayout], priority: int, flags: int = 0,
               timeout: float | None = None, quiet: bool = False, compressed: bool = False) -> Exchange:
@@ -497,6 +531,7 @@ class KVWorker:
             RemoteError, NodeFailedError, OperationTimeoutError: from the requests.
         """
         limit = self._limit(timeout)
+        start = time.monotonic() if self.timeline is not None else 0.0
         values: dict[int, Any] = {}
         for items, pending in sent.messages:
             header = pending.wait(limit)
@@ -516,6 +551,8 @@ class KVWorker:
                 if spec.offset != rec.parts[i][1] or frame.size != rec.parts[i][2]:
                     raise ProtocolError(f"{node_name(pending.node)}'s reply for key {rec.key!r} does not match its layout")
                 _place(rec, i, frame, values, into)
+        if self.timeline is not None:
+            spans.waited(self.timeline, start, [(spans.dense(items), p) for items, p in sent.messages])
         return values
 
     def _reply_compressor(self, header: Header, node: int) -> Compressor | None:
@@ -534,8 +571,11 @@ class KVWorker:
     def wait_acks(self, sent: Exchange, timeout: float | None = None) -> None:
         """Wait for the servers to acknowledge a push (raises the first error)."""
         limit = self._limit(timeout)
+        start = time.monotonic() if self.timeline is not None else 0.0
         for pending in sent.replies:
             pending.wait(limit)
+        if self.timeline is not None:
+            spans.waited(self.timeline, start, [(spans.dense(items), p) for items, p in sent.messages])
 
     @staticmethod
     def acked(layouts: Sequence[KeyLayout]) -> bool:

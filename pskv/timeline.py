@@ -1,0 +1,282 @@
+"""A timeline: the spans of one process in a Chrome trace-event JSON file (``PSKV_TIMELINE``).
+
+With ``PSKV_TIMELINE=<dir>`` each worker and server writes ``<dir>/<role>-<rank>.json``
+(:func:`trace_path`): a JSON object ``{"traceEvents": [...]}`` that ``chrome://tracing``
+and Perfetto (ui.perfetto.dev, its trace processor) load. As Horovod's timeline (its
+``horovod/common/timeline.cc``), events are queued by the threads that record them and
+written by a thread of their own; unlike it, every event is a complete span (``ph``
+``"X"``: start and duration, recorded when the span ends), on a *track* (a ``tid``,
+named by an ``"M"`` ``thread_name`` event): ``key 3`` for a key's spans, ``wait
+(MainThread)`` for the time a thread blocks. Spans of one track that overlap (pipelined
+pushes of a key) go to further lanes of it (``key 3 #2``), so that the spans of each
+``tid`` never overlap and follow each other in the file: every viewer draws them.
+
+The file is valid JSON after every write: each flush writes the new events over the
+closing ``]...}`` and writes the closing again after them (one ``pwrite``). A process
+killed at any point leaves a file that loads, holding everything up to its last flush
+(at most :data:`FLUSH_INTERVAL` seconds old). Bounded: at most :data:`MAX_BUFFERED`
+events wait for the writer; more are dropped and counted in the file's
+``otherData.dropped_events``.
+
+Off (no ``PSKV_TIMELINE``), there is no :class:`Timeline`: the code that records spans
+holds ``None`` and checks it once per operation.
+
+Times: ``ts`` and ``dur`` are whole microseconds of ``CLOCK_MONOTONIC``
+(:func:`time.monotonic`), which every process of one host shares: the files of one
+host's processes are on one time axis (:func:`merge` puts them in one file).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from pskv.errors import InvalidArgumentError
+
+__all__ = ["FLUSH_INTERVAL", "MAX_BUFFERED", "MAX_LANES", "Timeline", "merge", "open_timeline", "trace_path"]
+
+log = logging.getLogger("pskv.timeline")
+
+#: Seconds between writes of the queued events (a killed process loses at most these).
+FLUSH_INTERVAL = 1.0
+#: Queued events that wake the writer before its interval is over.
+FLUSH_EVENTS = 4096
+#: Events queued at most; past it events are dropped (counted in the file).
+MAX_BUFFERED = 1 << 16
+#: Lanes of one track: spans that overlap every lane's last one are dropped (counted).
+MAX_LANES = 16
+
+_OPEN: weakref.WeakSet[Timeline] = weakref.WeakSet()
+
+
+def trace_path(directory: str | os.PathLike[str], role: str, rank: int, restart: int = 0,
+               replacement: bool = False) -> Path:
+    """The file of process ``role`` ``rank`` under ``directory``: ``<role>-<rank>.json``.
+
+    After a restart of the job (``PSKV_RESTART_COUNT`` ``n`` > 0) ``<role>-<rank>.restart<n>.json``;
+    a replacement process in a running job (``--restart-workers`` / ``--restart-servers``)
+    adds its process id, ``<role>-<rank>.pid<pid>.json``, so it never overwrites its
+    predecessor's file.
+    """
+    name = f"{role}-{rank}"
+    if restart > 0:
+        name += f".restart{restart}"
+    if replacement:
+        name += f".pid{os.getpid()}"
+    return Path(directory) / f"{name}.json"
+
+
+def open_timeline(directory: str, role: str, rank: int, restart: int = 0,
+                  replacement: bool = False) -> Timeline | None:
+    """The timeline of this process (:func:`trace_path`), or None if ``directory`` is empty (off).
+
+    Raises:
+        InvalidArgumentError: the file cannot be created (names ``PSKV_TIMELINE`` and the path).
+    """
+    if not directory:
+        return None
+    return Timeline(trace_path(directory, role, rank, restart, replacement), f"{role} {rank}")
+
+
+class Timeline:
+    """One process's trace file, written by a thread of its own until :meth:`close`.
+
+    Args:
+        path: the file (its directory is created; an existing file is replaced).
+        process: the process's name in viewers (``"worker 0"``).
+        flush_interval: seconds between writes.
+        max_buffered: events queued at most (more are dropped and counted).
+
+    Raises:
+        InvalidArgumentError: the file cannot be created.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], process: str, flush_interval: float = FLUSH_INTERVAL,
+                 max_buffered: int = MAX_BUFFERED) -> None:
+        self.path = Path(path)
+        self.pid = os.getpid()
+        self._max_buffered = max_buffered
+        self._lock = threading.Lock()
+        self._io_lock = threading.Lock()  # one write at a time, in queue order (writer thread, close)
+        self._queued: list[dict[str, Any]] = []
+        self._lanes: dict[str, list[list[int]]] = {}  # track -> its lanes: [tid, end of its last span (us)]
+        self._tids = 0
+        self.dropped = 0
+        self._closed = False
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise InvalidArgumentError(f"PSKV_TIMELINE: cannot create the timeline file {self.path}: {exc}") from None
+        self._end = 0  # where the closing ']...}' starts in the file
+        self._closing = b""
+        self._write(b'{"traceEvents":[\n' + _dumps(_meta("process_name", self.pid, 0, process)))
+        self._wake = threading.Condition(self._lock)
+        self._interval = flush_interval
+        self._writer = threading.Thread(target=self._run, name="pskv-timeline", daemon=True)
+        self._writer.start()
+        _OPEN.add(self)
+
+    # -- recording (any thread) ---------------------------------------------------------------
+    def span(self, name: str, track: str, start: float, end: float, args: Mapping[str, Any] | None = None) -> None:
+        """A span ``name`` on ``track`` from ``start`` to ``end`` (:func:`time.monotonic` seconds)."""
+        if self._closed:
+            return
+        ts = int(start * 1e6)
+        end_us = max(int(end * 1e6), ts)
+        with self._lock:
+            if self._closed:
+                return
+            if len(self._queued) >= self._max_buffered:
+                self.dropped += 1
+                return
+            tid = self._lane(track, ts, end_us)
+            if tid < 0:
+                self.dropped += 1
+                return
+            event = {"name": name, "ph": "X", "pid": self.pid, "tid": tid, "ts": ts, "dur": end_us - ts}
+            if args:
+                event["args"] = dict(args)
+            self._queued.append(event)
+            if len(self._queued) == FLUSH_EVENTS:
+                self._wake.notify()
+
+    def _lane(self, track: str, ts: int, end: int) -> int:
+        """A lane of ``track`` whose last span ended by ``ts`` (made if needed; the lock is held); -1: none."""
+        lanes = self._lanes.get(track)
+        if lanes is None:
+            lanes = self._lanes[track] = []
+        for lane in lanes:
+            if lane[1] <= ts:
+                lane[1] = end
+                return lane[0]
+        if len(lanes) >= MAX_LANES:
+            return -1
+        self._tids += 1
+        tid = self._tids
+        label = track if not lanes else f"{track} #{len(lanes) + 1}"
+        lanes.append([tid, end])
+        self._queued.append(_meta("thread_name", self.pid, tid, label))
+        self._queued.append({"name": "thread_sort_index", "ph": "M", "pid": self.pid, "tid": tid,
+                             "args": {"sort_index": tid}})
+        return tid
+
+    # -- writing (the writer thread; close) ---------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._closed and len(self._queued) < FLUSH_EVENTS:
+                    self._wake.wait(self._interval)
+                if self._closed:
+                    return
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the queued events now (the file stays valid JSON)."""
+        with self._io_lock:
+            with self._lock:
+                events, self._queued = self._queued, []
+                dropped = self.dropped
+            if events or dropped:
+                self._write(b"".join(b",\n" + _dumps(e) for e in events), dropped=dropped)
+
+    def _write(self, data: bytes, dropped: int = 0) -> None:
+        """``data`` over the closing at the file's end, then the closing again (one write)."""
+        closing = b'\n],\n"displayTimeUnit":"ms",\n"otherData":{"dropped_events":%d}}\n' % dropped
+        fd = self._fd
+        if fd is None:
+            return
+        try:
+            os.pwrite(fd, data + closing, self._end)
+            if len(closing) < len(self._closing):  # never: the count only grows
+                os.ftruncate(fd, self._end + len(data) + len(closing))
+        except OSError as exc:
+            log.warning("timeline %s: writing failed, no more events are written: %s", self.path, exc)
+            self._fd = None
+            os.close(fd)
+            return
+        self._end += len(data)
+        self._closing = closing
+
+    def close(self) -> None:
+        """Write what is queued and close the file (idempotent; the writer thread ends)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._wake.notify()
+        if self._writer is not threading.current_thread():
+            self._writer.join(self._interval + 5.0)
+        self.flush()
+        with self._io_lock:
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+        _OPEN.discard(self)
+
+    def _forget(self) -> None:
+        """In a forked child: the parent's file and queue are not this process's (nothing is written)."""
+        self._closed = True
+        self._fd = None  # the parent's descriptor (O_CLOEXEC only across exec): left to the parent
+        self._queued = []
+
+
+def merge(paths: Iterable[str | os.PathLike[str]], out: str | os.PathLike[str]) -> int:
+    """Write the events of several timeline files (one job's) into one file ``out``; returns their number.
+
+    The processes keep their own ``pid`` (one that two files have is renumbered in the
+    later one); the files of processes on one host share a time
+    axis (:mod:`pskv.timeline`), so the merged file shows a step's spans on every
+    worker and server together.
+
+    Raises:
+        InvalidArgumentError: a file is not a trace-event JSON object (names it).
+    """
+    events: list[Any] = []
+    taken: set[Any] = set()
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as f:
+                found = json.load(f)["traceEvents"]
+            pids = {e["pid"] for e in found}
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise InvalidArgumentError(f"{path} is not a timeline file: {exc}") from None
+        # the same pid in two files (processes of two hosts, or an in-process cluster): renumbered
+        fresh = (n for n in range(1 << 22, 1 << 31) if n not in taken and n not in pids)
+        renumber = {pid: next(fresh) for pid in sorted(pids & taken, key=str)}
+        taken |= (pids - set(renumber)) | set(renumber.values())
+        events.extend({**e, "pid": renumber[e["pid"]]} if e["pid"] in renumber else e for e in found)
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f, separators=(",", ":"))
+    return len(events)
+
+
+def _meta(name: str, pid: int, tid: int, label: str) -> dict[str, Any]:
+    return {"name": name, "ph": "M", "pid": pid, "tid": tid, "args": {"name": label}}
+
+
+def _dumps(event: Mapping[str, Any]) -> bytes:
+    return json.dumps(event, separators=(",", ":"), default=str).encode()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Interpreter exit: every timeline still open writes its queue."""
+    for timeline in list(_OPEN):
+        timeline.close()
+
+
+def _forget_in_child() -> None:
+    for timeline in list(_OPEN):
+        timeline._forget()
+    _OPEN.clear()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
