@@ -1,0 +1,112 @@
+"""``pskv.config.rank_env``: the rank variables of pskv launch, torchrun, Open MPI, PMI and SLURM."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import pskv
+from pskv.config import RANK_ENV_VARS, RankEnv, expand_hostlist, expand_tasks_per_node, rank_env
+
+REPO = Path(__file__).resolve().parents[2]
+
+TORCHRUN = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+SLURM = {"SLURM_PROCID": "5", "SLURM_NTASKS": "6", "SLURM_LOCALID": "1", "SLURM_TASKS_PER_NODE": "2(x2),3",
+         "SLURM_NODEID": "2", "SLURM_JOB_NODELIST": "gpu[07-09]", "SLURM_JOB_ID": "4242"}
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({}, None),
+    ({"DMLC_NUM_WORKER": "2"}, None),  # an MXJob pod: ranks by arrival, nothing to map
+    ({"DMLC_WORKER_ID": "1", "DMLC_NUM_WORKER": "2", "PSKV_LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+      "RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "4000"},
+     RankEnv("pskv", 1, 2, 1, 2, "127.0.0.1", 4000)),
+    ({"DMLC_WORKER_ID": "0", "DMLC_NUM_WORKER": "3"}, RankEnv("pskv", 0, 3, 0, 1)),
+    (TORCHRUN, RankEnv("torchrun", 3, 4, 1, 2, "10.0.0.1", 29500)),
+    ({"RANK": "2", "WORLD_SIZE": "3", "MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456"},  # a PyTorchJob pod
+     RankEnv("torchrun", 2, 3, 0, 1, "job-master-0", 23456)),
+    ({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+      "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, RankEnv("mpi", 2, 4, 0, 2)),
+    ({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}, RankEnv("pmi", 1, 2, 1, 2)),
+    ({"PMI_RANK": "0", "PMI_SIZE": "1"}, RankEnv("pmi", 0, 1, 0, 1)),
+    (SLURM, RankEnv("slurm", 5, 6, 1, 3, "gpu07", 15000 + 4242)),
+    ({"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_NTASKS_PER_NODE": "2",
+      "SLURM_NODELIST": "a,b", "MASTER_ADDR": "b", "MASTER_PORT": "1234"}, RankEnv("slurm", 3, 4, 1, 2, "b", 1234)),
+    # the order: pskv launch's variables, then torchrun's, Open MPI's, PMI's, SLURM's
+    ({**SLURM, "PMI_RANK": "0", "PMI_SIZE": "1"}, RankEnv("pmi", 0, 1, 0, 1)),
+    ({**SLURM, "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "PMI_RANK": "0", "PMI_SIZE": "1"},
+     RankEnv("mpi", 1, 2, 0, 1)),
+    ({**SLURM, **TORCHRUN, "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"},
+     RankEnv("torchrun", 3, 4, 1, 2, "10.0.0.1", 29500)),
+])
+def test_each_source_maps_to_a_rank_env(env, expected):
+    assert rank_env(env) == expected
+
+
+@pytest.mark.parametrize("env, match", [
+    ({"DMLC_WORKER_ID": "1"}, "DMLC_WORKER_ID='1' is set but DMLC_NUM_WORKER is not"),
+    ({"RANK": "0"}, "RANK='0' is set but WORLD_SIZE is not"),
+    ({"WORLD_SIZE": "2"}, "WORLD_SIZE='2' is set but RANK is not"),
+    ({"RANK": "2", "WORLD_SIZE": "2"}, "RANK='2' must be < WORLD_SIZE='2'"),
+    ({"RANK": "-1", "WORLD_SIZE": "2"}, "RANK='-1' must be >= 0"),
+    ({"RANK": "one", "WORLD_SIZE": "2"}, "RANK='one' is not a valid int"),
+    ({"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE='0' must be >= 1"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}, "LOCAL_RANK='0' is set but LOCAL_WORLD_SIZE is not"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"},
+     "LOCAL_RANK='2' must be < LOCAL_WORLD_SIZE='2'"),
+    ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "3"},
+     "LOCAL_WORLD_SIZE='3' is more than the job's 2"),
+    ({**TORCHRUN, "MASTER_ADDR": ""}, "MASTER_PORT='29500' is set but MASTER_ADDR is not"),
+    ({**TORCHRUN, "MASTER_PORT": "70000"}, "MASTER_PORT='70000' is not a TCP port"),
+    ({"DMLC_WORKER_ID": "1", "DMLC_NUM_WORKER": "2", "RANK": "0", "WORLD_SIZE": "2"},
+     "RANK='0' contradicts DMLC_WORKER_ID='1'"),
+    ({"OMPI_COMM_WORLD_SIZE": "4"}, "OMPI_COMM_WORLD_SIZE='4' is set but OMPI_COMM_WORLD_RANK is not"),
+    ({"PMI_RANK": "4", "PMI_SIZE": "4"}, "PMI_RANK='4' must be < PMI_SIZE='4'"),
+    ({"SLURM_PROCID": "0"}, "SLURM_PROCID='0' is set but SLURM_NTASKS is not"),
+    ({**SLURM, "SLURM_NODEID": "3"}, "SLURM_NODEID='3' has no entry in SLURM_TASKS_PER_NODE='2\\(x2\\),3'"),
+    ({**SLURM, "SLURM_LOCALID": "3"}, "SLURM_LOCALID='3' must be < SLURM_TASKS_PER_NODE"),
+    ({**SLURM, "SLURM_TASKS_PER_NODE": "2(x)"}, "SLURM_TASKS_PER_NODE='2\\(x\\)': '2\\(x\\)' is not 'N' or 'N\\(xM\\)'"),
+    ({**SLURM, "SLURM_JOB_NODELIST": "gpu[07-09"}, "SLURM_JOB_NODELIST='gpu\\[07-09': '\\[' without '\\]'"),
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0"},
+     "SLURM_LOCALID='0' is set but neither SLURM_NTASKS_PER_NODE nor SLURM_TASKS_PER_NODE is"),
+])
+def test_partial_contradictory_and_out_of_range_values_name_the_variable(env, match):
+    with pytest.raises(pskv.InvalidArgumentError, match=match):
+        rank_env(env)
+
+
+@pytest.mark.parametrize("text, hosts", [
+    ("node01", ["node01"]),
+    ("node[01-03,07],gpu5", ["node01", "node02", "node03", "node07", "gpu5"]),
+    ("a[8-11]", ["a8", "a9", "a10", "a11"]),
+    ("r[1-2]n[01-02]", ["r1n01", "r1n02", "r2n01", "r2n02"]),
+    ("x-1,[3-4]y", ["x-1", "3y", "4y"]),
+])
+def test_slurm_host_lists_expand(text, hosts):
+    assert expand_hostlist(text) == hosts
+
+
+@pytest.mark.parametrize("text, match", [
+    ("a[1-2", "'\\[' without '\\]'"), ("a]1", "'\\]' without '\\['"), ("a[[1]]", "nested"),
+    ("a,,b", "an empty host name"), ("a[3-1]", "runs backwards"), ("a[x]", "'x' is not a number"),
+    ("a[0-99999]", "more than 65536 hosts"),
+])
+def test_malformed_host_lists_are_refused(text, match):
+    with pytest.raises(pskv.InvalidArgumentError, match="SLURM_JOB_NODELIST=.*" + match):
+        expand_hostlist(text)
+
+
+def test_tasks_per_node_expand():
+    assert expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
+    assert expand_tasks_per_node("4") == [4]
+    for bad in ("0", "2(x0)", "a", "2(x1000000)"):
+        with pytest.raises(pskv.InvalidArgumentError, match="SLURM_TASKS_PER_NODE"):
+            expand_tasks_per_node(bad)
+
+
+def test_every_rank_variable_is_documented():
+    text = (REPO / "docs" / "env.md").read_text(encoding="utf-8")
+    for var in RANK_ENV_VARS:
+        assert f"`{var}`" in text, var
