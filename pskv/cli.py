@@ -6,6 +6,7 @@ Subcommands:
     pskv server      run a server role (same)
     pskv launch      start a job (scheduler, servers, workers) and supervise it (docs/launch.md)
     pskv keygen      write a CURVE cluster key file for authenticated, encrypted jobs (docs/security.md)
+    pskv top         a running job's nodes, live: rounds/s, bytes/s, queues, stalls (docs/observability.md)
     pskv checkpoint  list the checkpoints (server or training) of a directory, or verify one (docs/distributed.md)
 """
 
@@ -40,6 +41,8 @@ from pskv.launch import add_arguments as add_launch_arguments
 from pskv.launch import run_args as run_launch
 from pskv.roles import run_role
 from pskv.server.snapshot import read_shard
+from pskv.top import add_arguments as add_top_arguments
+from pskv.top import run as run_top
 from pskv.transport.security import generate_keys, write_key_file
 
 
@@ -168,6 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_ckpt = sub.add_parser("checkpoint", help="list and verify checkpoints (kv.save_checkpoint, fit checkpoint_dir)")
     p_ckpt.add_argument("directory", help="a checkpoint directory, or a directory holding ckpt-<n> / epoch-<n> ones")
     p_ckpt.set_defaults(func=_checkpoint)
+    p_top = sub.add_parser("top", help="show a running job's nodes live: rounds/s, bytes/s, queues, stalls",
+                           description="Attach to a running job through its scheduler and show its nodes "
+                                       "(docs/observability.md).")
+    add_top_arguments(p_top)
+    p_top.set_defaults(func=run_top)
     p_launch = sub.add_parser("launch", help="start a job (scheduler, servers, workers) and supervise it",
                               description=LAUNCH_DESCRIPTION)
     add_launch_arguments(p_launch)

@@ -33,8 +33,10 @@ from pskv.protocol.bodies import (
     MAX_AGREE,
     MAX_ITEM,
     Barrier,
+    Counters,
     ErrorReply,
     Failure,
+    Heartbeat,
     Liveness,
     Met,
     NodeTable,
@@ -45,9 +47,11 @@ from pskv.protocol.bodies import (
 from pskv.protocol.replies import request_frames
 from pskv.transport import Reactor
 
-__all__ = ["Membership", "NodeInfo"]
+__all__ = ["Membership", "NodeInfo", "METRICS_EVERY"]
 
 log = logging.getLogger("pskv.membership")
+
+METRICS_EVERY = 0.5  # seconds between two heartbeats that carry the node's metrics (at most)
 
 
 @dataclass(frozen=True)
@@ -83,14 +87,20 @@ class Membership:
             job (closed its store or ended its process: not dead). A server asks at
             least every 0.2 s, so that a round waiting for such a worker fails within a
             fraction of a second.
+        metrics: called on the reactor thread for this node's metrics
+            (:mod:`pskv.metrics`), sent with a heartbeat at most every :data:`METRICS_EVERY`
+            seconds (the scheduler answers ``pskv top`` with them).
     """
 
     def __init__(self, cluster: ClusterConfig, reactor: Reactor, tracker: RequestTracker, role: Role,
                  address: str = "", on_dead: Callable[[int], None] | None = None,
                  shm: dict[str, str] | None = None, on_alive: Callable[[int], None] | None = None,
                  on_servers: Callable[[list[int]], None] | None = None,
-                 on_left: Callable[[int], None] | None = None) -> None:
+                 on_left: Callable[[int], None] | None = None,
+                 metrics: Callable[[], Counters] | None = None) -> None:
         self._cluster = cluster
+        self._metrics = metrics
+        self._metrics_sent = 0.0  # monotonic time the last heartbeat with metrics left
         self._reactor = reactor
         self._tracker = tracker
         self._role = role
@@ -208,10 +218,18 @@ class Membership:
             # (a worker's client expires requests on its own, more often)
             if self._role is not Role.WORKER:
                 self._tracker.expire()
-            self._request(Command.HEARTBEAT, "", "heartbeat", self._on_heartbeat,
+            self._request(Command.HEARTBEAT, self._heartbeat_body(), "heartbeat", self._on_heartbeat,
                           timeout=max(2 * self._cluster.heartbeat_interval, 0.5))
         except Exception:  # noqa: BLE001 - tracker closed: the node is shutting down
             self._heartbeat_in_flight = False
+
+    def _heartbeat_body(self) -> str:
+        """This node's metrics, if it has some and sent none in the last :data:`METRICS_EVERY` s."""
+        now = time.monotonic()
+        if self._metrics is None or now - self._metrics_sent < METRICS_EVERY:
+            return ""
+        self._metrics_sent = now
+        return Heartbeat(self._metrics()).encode()
 
     def _on_heartbeat(self, pending: Pending) -> None:
         self._heartbeat_in_flight = False

@@ -25,6 +25,7 @@ from typing import Any
 import zmq
 
 from pskv.cluster.meetings import Meetings
+from pskv.cluster.rates import MetricsWindow
 from pskv.cluster.runtime import NodeRuntime
 from pskv.config import ClusterConfig
 from pskv.errors import OperationTimeoutError, ProtocolError
@@ -32,6 +33,7 @@ from pskv.protocol import SCHEDULER_ID, Command, Header, Role, decode, node_id, 
 from pskv.protocol.bodies import (
     DIGEST_CHARS,
     Barrier,
+    Heartbeat,
     Liveness,
     NodeTable,
     Register,
@@ -88,6 +90,7 @@ class Scheduler:
         self._failure: Exception | None = None  # why the job ended badly (startup timeout)
         self._finished = threading.Event()
         self._servers_version = 0  # counts server replacements (heartbeat replies carry the table)
+        self._rates = MetricsWindow(cluster.num_workers, cluster.num_servers)  # nodes' reported metrics (pskv top)
         self._meetings = Meetings(self._send, lambda nid: self._nodes[nid].role, lambda nid: self._nodes[nid].rank,
                                   self._members, self._lost, lambda: self._done_workers)
         self._reactor.add_timer(0.25, self._meetings.expire)
@@ -144,6 +147,9 @@ class Scheduler:
     def _dispatch(self, identity: bytes, header: Header) -> None:
         """Handle one request (bodies parsed here: a malformed one raises ProtocolError)."""
         nid = self._by_identity.get(identity)
+        if header.command is Command.METRICS:  # anyone who can connect (pskv top): no registration needed
+            self._send(identity, reply_frames(header, SCHEDULER_ID, self._rates.report(self._states(), len(self._nodes) or len(self._pending)).encode()))
+            return
         if header.command is Command.REGISTER:
             body = Register.parse(header)
             if nid is not None and nid != node_id(Role.SERVER if body.role == "server" else Role.WORKER, body.rank):
@@ -159,6 +165,7 @@ class Scheduler:
             return
         self._nodes[nid].last_seen = time.monotonic()
         if header.command is Command.HEARTBEAT:
+            self._take_metrics(identity, header, nid)
             self._send(identity, reply_frames(header, SCHEDULER_ID, self._liveness(nid).encode()))
         elif header.command is Command.BARRIER:
             self._meetings.arrive(identity, header, nid, Barrier.parse(header))
@@ -176,6 +183,26 @@ class Scheduler:
         message = f"{what} from connection {identity!r}, which registered as {node_name(nid)}: refused"
         self._refusals.error(identity, f"scheduler: {message}")
         self._send(identity, error_frames(header, SCHEDULER_ID, "ProtocolError", message))
+
+    # -- metrics --------------------------------------------------------------------------
+    def _take_metrics(self, identity: bytes, header: Header, nid: int) -> None:
+        """Keep the metrics a heartbeat carries; malformed ones are logged and dropped (the
+        heartbeat is still answered: liveness does not depend on them)."""
+        if not header.body:
+            return
+        try:
+            counters = Heartbeat.parse(header).metrics
+        except ProtocolError as exc:
+            self._refusals.error(identity, f"scheduler: {node_name(nid)}'s metrics refused: {exc}")
+            return
+        if counters is not None:
+            self._rates.add(nid, counters)
+
+    def _states(self) -> dict[int, tuple[str, float]]:
+        """Every registered node's state (alive, dead or left) and seconds since it was heard."""
+        now = time.monotonic()
+        return {nid: ("left" if nid in self._done_workers else "dead" if node.dead else "alive",
+                      round(now - node.last_seen, 3)) for nid, node in self._nodes.items()}
 
     # -- registration -------------------------------------------------------------------
     def _liveness(self, nid: int) -> Liveness:
@@ -279,6 +306,7 @@ class Scheduler:
             return
         self._by_identity.pop(node.identity, None)
         self._meetings.forget(nid)  # the old process may have died inside a barrier
+        self._rates.forget(nid)  # the replacement's counters start from 0
         node.identity, node.address, node.dead, node.given_up = identity, body.address, False, False
         node.last_seen = time.monotonic()
         self._by_identity[identity] = nid

@@ -55,6 +55,7 @@ from pskv.kvstore.frontend import StoreFrontEnd
 from pskv.kvstore.keys import Key
 from pskv.kvstore.rows import RowPlan, apply_row_plan, plan_row_pulls
 from pskv.kvstore.staging import deliver, fan_out_rest, is_quick, landing, reduce_outgoing, reuses_buffers
+from pskv.metrics import JobMetrics, snapshot
 from pskv.optimizer import Optimizer
 from pskv.worker import KeyLayout, KVWorker
 
@@ -720,6 +721,15 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         """Nodes of group ``node_id`` (1 scheduler, 2 servers, 4 workers, sums) silent for > ``timeout`` s."""
         super().num_dead_node(node_id, timeout)  # validates
         return self._worker.num_dead_node(node_id, timeout)
+
+    def metrics(self, timeout: float = 5.0) -> JobMetrics:
+        """The job's metrics now, every node's (:func:`pskv.metrics.snapshot` of this job's scheduler):
+        per node its state, ops, rounds and bytes per second, queue and stalls, as ``pskv top`` shows.
+
+        Raises:
+            OperationTimeoutError: the scheduler did not answer within ``timeout`` seconds.
+        """
+        return snapshot(self._cluster.scheduler_address, timeout, self._cluster.curve_key_file)
 
     def close(self) -> None:
         """Finish queued work and leave the job; then wait until every worker has left (unless disabled).

@@ -119,6 +119,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--recovery-timeout", type=float, default=60.0, metavar="SECONDS",
                         help="with --restart-workers: how long the others wait for a dead worker's replacement "
                              "(default 60)")
+    parser.add_argument("--address-file", default=None, metavar="FILE",
+                        help="write the scheduler's HOST:PORT to FILE once it listens, for pskv top --port-file FILE")
     parser.add_argument("--timeline", default=None, metavar="DIR",
                         help="every worker and server writes its timeline to DIR/<role>-<rank>.json (Chrome "
                              "trace-event JSON for chrome://tracing or ui.perfetto.dev; sets PSKV_TIMELINE)")
@@ -158,6 +160,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         worker_restarts=args.restart_workers,
         server_restarts=args.restart_servers,
         recovery_timeout=args.recovery_timeout,
+        address_file=os.path.abspath(args.address_file) if args.address_file else "",
     )
 
 

@@ -87,6 +87,8 @@ class LaunchConfig:
             stays open for its replacement.
         resume_from: the checkpoint this run resumes from (set for restarts).
         restart_count: how many times the job has been restarted (set for restarts).
+        address_file: ``--address-file``: where the launcher writes the scheduler's
+            ``HOST:PORT`` once it listens (``pskv top --port-file``); empty: nowhere.
 
     Raises:
         InvalidArgumentError: any field is out of range or inconsistent with the others.
@@ -117,6 +119,7 @@ class LaunchConfig:
     recovery_timeout: float = 60.0
     resume_from: str = ""
     restart_count: int = 0
+    address_file: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "command", tuple(self.command))

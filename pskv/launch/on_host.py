@@ -11,13 +11,14 @@ import dataclasses
 import os
 import tempfile
 
+from pskv.atomic import write_text_atomic
 from pskv.errors import LaunchError
 from pskv.launch.config import LaunchConfig
 from pskv.launch.contract import ProcessSpec, contract_env, env_argv, role_argv
 from pskv.launch.supervisor import Console, Supervisor
 from pskv.transport.security import generate_keys, write_key_file
 
-__all__ = ["LOOPBACK", "run_local", "local_specs", "scheduler_spec"]
+__all__ = ["LOOPBACK", "publish_address", "run_local", "local_specs", "scheduler_spec"]
 
 LOOPBACK = "127.0.0.1"
 
@@ -44,6 +45,20 @@ def local_specs(config: LaunchConfig, port: int) -> list[ProcessSpec]:
     return specs
 
 
+def publish_address(config: LaunchConfig, console: Console, address: str) -> None:
+    """Say where the scheduler listens (``pskv top`` attaches there), and write it to ``--address-file``.
+
+    Raises:
+        LaunchError: the address file cannot be written (names it).
+    """
+    if config.address_file:
+        try:
+            write_text_atomic(config.address_file, address + "\n")
+        except OSError as exc:
+            raise LaunchError(f"--address-file {config.address_file}: cannot write it: {exc.strerror or exc}") from None
+    console.note(f"scheduler at {address} (watch the job: pskv top --scheduler {address})")
+
+
 def run_local(config: LaunchConfig, console: Console) -> int:
     """Run the job on this machine; returns the launcher's exit code (see :mod:`pskv.launch.supervisor`)."""
     with tempfile.TemporaryDirectory(prefix="pskv-launch-") as tmp, \
@@ -57,6 +72,7 @@ def run_local(config: LaunchConfig, console: Console) -> int:
             supervisor.start(scheduler_spec(config, os.path.join(tmp, "scheduler.port")))
             port = supervisor.wait_for_port(os.path.join(tmp, "scheduler.port"), config.startup_timeout)
             if port is not None:
+                publish_address(config, console, f"{LOOPBACK}:{port}")
                 for spec in local_specs(config, port):
                     supervisor.start(spec)
         except LaunchError as exc:

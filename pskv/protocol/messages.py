@@ -59,8 +59,11 @@ class Command(enum.IntEnum):
     # node <-> scheduler
     REGISTER = 1  # body: JSON {role, host, port}; reply body: JSON node table
     BARRIER = 2  # body: JSON {group}; reply when every member of the group arrived
-    HEARTBEAT = 3  # reply body: JSON {dead: [...]} as seen by the scheduler
+    HEARTBEAT = 3  # body: bodies.Heartbeat (the node's metrics, optional); reply body: JSON {dead: [...]}
     SHUTDOWN = 4  # a worker is done; the scheduler stops the job when all are
+    # anyone (pskv top, pskv.metrics.snapshot; no registration, but under CURVE only a key
+    # holder connects) -> scheduler: the job's metrics; reply body: bodies.JobReport
+    METRICS = 5
     # worker -> server: data (no body; options are Flag bits)
     INIT = 10  # one frame per part; SUMMED, OVERWRITE flags
     # one frame per part, or SHM: parts named, data in the sender's slot; QUIET flag; a spec's

@@ -25,14 +25,16 @@ frames) and handled in order once :meth:`ServerCore.registered` is called.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
 from pskv.config import ClusterConfig
 from pskv.errors import KVStoreError, ProtocolError
+from pskv.metrics import STALL_AFTER, NodeCounters, value_bytes
 from pskv.partition import server_key
-from pskv.protocol import Command, Header, Role, decode, node_id, node_name, node_role_rank
-from pskv.protocol.bodies import InitBody
+from pskv.protocol import Command, Flag, Header, Role, decode, node_id, node_name, node_role_rank
+from pskv.protocol.bodies import Counters, InitBody
 from pskv.protocol.replies import error_frames
 from pskv.server.checkpointing import ShardCheckpoints
 from pskv.server.control import ControlHandlers
@@ -96,6 +98,7 @@ class ServerCore:
         self._secret = secret
         self._early: list[tuple[bytes, list[bytes]]] | None = []  # HELLO/REJOIN that came before the secret
         self._early_limit = 2 * cluster.num_workers + 16  # a worker's connections open one at a time per server
+        self.counters = NodeCounters()  # what pskv top shows of this server (metrics())
 
     def handle(self, identity: bytes, frames: list[Any]) -> None:
         """Handle one message from the socket ``identity`` (malformed frames are logged and dropped)."""
@@ -104,6 +107,7 @@ class ServerCore:
         except ProtocolError as exc:
             log.error("%s: rejected a malformed message from %r: %s", self._name(), identity, exc)
             return
+        self._count(header, buffers)
         if self._early is not None and self._hold_early(identity, header, buffers, frames):
             return
         origin = identity  # the socket it came from: one process's (fixed across reconnects)
@@ -126,6 +130,34 @@ class ServerCore:
             held, self._held = self._held, None
             for peer, reply in held:
                 self._send(peer, reply)
+
+    def _count(self, header: Header, buffers: list[memoryview]) -> None:
+        """This message in the server's metrics: one op; its arrays' bytes in (and out, for a
+        shared-memory pull: the reply only names what the worker reads)."""
+        counters = self.counters
+        counters.ops += 1
+        if buffers:
+            counters.bytes_in += sum(b.nbytes for b in buffers)
+        elif header.flags & Flag.SHM and not header.flags & Flag.ROWS:
+            if header.command is not Command.PULL:  # a push or pushpull's values are in its slots
+                counters.bytes_in += value_bytes(header.arrays)
+            if header.command is not Command.PUSH:
+                counters.bytes_out += value_bytes(header.arrays)
+
+    def metrics(self) -> Counters:
+        """This server's metrics now (the membership sends them with a heartbeat; reactor thread).
+
+        Rounds are the sum of the parts' completed rounds; the queue is the pulls parked
+        until a round completes; stalls the open rounds older than :data:`STALL_AFTER` s.
+        """
+        rounds = queue = stalls = 0
+        stale = time.monotonic() - STALL_AFTER
+        for part in self.shard.parts.values():
+            rounds += part.round
+            queue += len(part.waiting) + len(part.early)
+            if part.pushed and part.round_started < stale:
+                stalls += 1
+        return self.counters.report(queue, stalls, rounds)
 
     def registered(self) -> None:
         """The job's secret is known now: handle the opening messages held until now, in order."""
@@ -188,6 +220,7 @@ class ServerCore:
 
     def _answer(self, identity: bytes, frames: list[Any]) -> None:
         """Send a reply with values (pull, pushpull) — after the reply to the message being handled."""
+        self.counters.bytes_out += sum(memoryview(f).nbytes for f in frames[1:])
         if self._held is not None:
             self._held.append((identity, frames))
         else:

@@ -53,6 +53,7 @@ from pskv.cluster import Membership, NodeInfo, Pending, RequestTracker
 from pskv.cluster.runtime import NodeRuntime
 from pskv.config import ClusterConfig
 from pskv.errors import KVStoreError, NodeFailedError, OperationTimeoutError, ProtocolError, TransportError
+from pskv.metrics import STALL_AFTER, NodeCounters
 from pskv.protocol import (
     SCHEDULER_ID,
     TX_PREFIX,
@@ -67,7 +68,7 @@ from pskv.protocol import (
     node_name,
     node_role_rank,
 )
-from pskv.protocol.bodies import Hello, HelloReply, Rejoin, Rejoined
+from pskv.protocol.bodies import Counters, Hello, HelloReply, Rejoin, Rejoined
 from pskv.transport import IO_THREADS
 from pskv.transport.frames import Sender
 from pskv.transport.shm import host_id
@@ -152,8 +153,9 @@ class WorkerClient:
         self.tracker: RequestTracker[WorkerRequest] = RequestTracker(WorkerRequest)
         self._runtime = NodeRuntime("pskv-worker", context, IO_THREADS, self.tracker, lambda: "the worker", cluster)
         self._reactor = self._runtime.reactor
+        self.counters = NodeCounters()  # what pskv top shows of this worker (KVWorker counts its calls)
         self.membership = Membership(cluster, self._reactor, self.tracker, Role.WORKER, on_dead=self._on_node_dead,
-                                     on_servers=self._on_servers_replaced)
+                                     on_servers=self._on_servers_replaced, metrics=self._metrics)
         self._servers: list[int | None] = []  # polled dealer socket id per server rank (replies arrive there)
         self._senders: list[Channel] = []  # where requests to each server rank leave
         self._queue: list[tuple[float, int, int, list[Any], WorkerRequest]] = []  # (-priority, seq, server, frames, pending)
@@ -391,6 +393,15 @@ class WorkerClient:
         self._sent = [itertools.count(1) for _ in self._senders]
         self._epoch = [0] * len(self._senders)
         self._hello_all(info, self._cluster.startup_timeout)
+
+    def _metrics(self) -> Counters:
+        """This worker's metrics now (reactor thread): its requests without a reply are its queue,
+        those sent more than :data:`~pskv.metrics.STALL_AFTER` s ago its stalls."""
+        waiting = [p for p in self.tracker.outstanding() if p.what != "heartbeat"]
+        stale = time.monotonic() - STALL_AFTER  # sent before this: stalled (a request's deadline is sent + timeout)
+        stalls = sum(1 for p in waiting if p.deadline is not None and p.timeout is not None
+                     and p.deadline - p.timeout < stale)
+        return self.counters.report(len(waiting), stalls)
 
     def deliver(self, frames: Sequence[Any]) -> None:
         """A reply arrived (from a channel of :meth:`connect_in_process`; sockets call it themselves)."""

@@ -280,7 +280,9 @@ class KVWorker:
         start = time.monotonic() if self.timeline is not None else 0.0
         traced: list[spans.Sent] | None = [] if self.timeline is not None else None
         cut = [piece for rec, ids, rows in items for piece in pieces(rec, ids, rows, True)]
-        big = sum(rows.nbytes for _, _, _, rows in cut if rows is not None) >= BIG_CALL_BYTES
+        nbytes = sum(rows.nbytes for _, _, _, rows in cut if rows is not None)
+        big = nbytes >= BIG_CALL_BYTES
+        self._count(nbytes, 0, push=True)
         for server, group in grouped(cut, self._cluster.max_message_bytes, "push").items():
             buffer = self._shared.rows.get(server)
             placed = write_rows(buffer, group, True, pull=False) if buffer is not None else None
@@ -317,6 +319,7 @@ class KVWorker:
         start = time.monotonic() if self.timeline is not None else 0.0
         cut = [piece for rec, ids in items for piece in (
             pieces(rec, np.zeros(0, np.int64), None, True) if present else pieces(rec, ids, None, False))]
+        self._count(0, 0, push=False)
         for server, group in grouped(cut, self._cluster.max_message_bytes, "row_sparse_pull").items():
             buffer = None if present else self._shared.rows.get(server)
             placed = write_rows(buffer, group, False, pull=True) if buffer is not None else None
@@ -350,7 +353,7 @@ class KVWorker:
         got: dict[int, list[tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any]]]] = {}
         try:
             for group, pending, present, shared in sent.rows:
-                header = pending.wait(limit)
+                header = self._wait(pending, limit)
                 buffers = pending.buffers if shared is None or not header.flags & Flag.SHM else read_rows(
                     shared[0], shared[2], header, pending.node)
                 for (rec, ids, rows), (_, i, _, _) in zip(assemble(group, header, buffers, node_name(pending.node),
@@ -377,7 +380,9 @@ class KVWorker:
         (:data:`BIG_CALL_BYTES`) is acknowledged anyway. Its replies become the keys' ``acks``: their buffers are reused only once those are done
         (:meth:`await_acks`).
         """
-        big = sum(rec.nbytes for rec in layouts) >= BIG_CALL_BYTES
+        nbytes = sum(rec.nbytes for rec in layouts)
+        big = nbytes >= BIG_CALL_BYTES
+        self._count(nbytes, 0, push=True)
         start = time.monotonic() if self.timeline is not None else 0.0
         sent = self._sends(Command.PUSH, layouts, priority, timeout=timeout, quiet=quiet and not big)
         for rec in layouts:
@@ -388,6 +393,8 @@ class KVWorker:
 
     def pushpull(self, layouts: Sequence[KeyLayout], priority: int = 0, timeout: float | None = None) -> Exchange:
         """Push the ``outgoing`` buffers; each reply carries the round's result (:meth:`values`)."""
+        nbytes = sum(rec.nbytes for rec in layouts)
+        self._count(nbytes, nbytes, push=True)
         start = time.monotonic() if self.timeline is not None else 0.0
         sent = self._sends(Command.PUSHPULL, layouts, priority, timeout=timeout)
         if self.timeline is not None:
@@ -398,7 +405,9 @@ class KVWorker:
         """Ask for the values of the round of this worker's last push of each part (:meth:`values`)."""
         sent = Exchange()
         limit = self._limit(timeout)
-        big = sum(rec.nbytes for rec in layouts) >= BIG_CALL_BYTES
+        nbytes = sum(rec.nbytes for rec in layouts)
+        big = nbytes >= BIG_CALL_BYTES
+        self._count(0, nbytes, push=False)
         start = time.monotonic() if self.timeline is not None else 0.0
         squeezed = [rec for rec in layouts if rec.compress] if self._both_ways else []
         groups = [(squeezed, True), ([rec for rec in layouts if not rec.compress], False)] if squeezed \
@@ -518,6 +527,24 @@ class KVWorker:
             except KVStoreError:  # the refusal expected (or the server is gone: nothing to tell)
                 pass
 
+    def _count(self, bytes_out: int, bytes_in: int, push: bool) -> None:
+        """One data call in this worker's metrics (:mod:`pskv.metrics`): its value bytes each way."""
+        counters = self.client.counters
+        counters.ops += 1
+        counters.rounds += push
+        counters.bytes_out += bytes_out
+        counters.bytes_in += bytes_in
+
+    def _wait(self, pending: WorkerRequest, limit: float) -> Header:
+        """``pending.wait(limit)``, the time blocked counted in this worker's metrics."""
+        if pending.done():
+            return pending.wait(limit)
+        start = time.perf_counter()
+        try:
+            return pending.wait(limit)
+        finally:
+            self.client.counters.wait += time.perf_counter() - start
+
     # -- replies ------------------------------------------------------------------------
     def values(self, sent: Exchange, timeout: float | None = None,
                into: Mapping[int, tuple[Any, np.ndarray[Any, Any]]] | None = None) -> dict[int, Any]:
@@ -534,7 +561,7 @@ class KVWorker:
         start = time.monotonic() if self.timeline is not None else 0.0
         values: dict[int, Any] = {}
         for items, pending in sent.messages:
-            header = pending.wait(limit)
+            header = self._wait(pending, limit)
             if not header.arrays:  # an acknowledgement without data (init)
                 continue
             if header.flags & Flag.SHM:  # the values are in shared memory
@@ -573,7 +600,7 @@ class KVWorker:
         limit = self._limit(timeout)
         start = time.monotonic() if self.timeline is not None else 0.0
         for pending in sent.replies:
-            pending.wait(limit)
+            self._wait(pending, limit)
         if self.timeline is not None:
             spans.waited(self.timeline, start, [(spans.dense(items), p) for items, p in sent.messages])
 
