@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import logging
 import platform
 import sys
 from collections.abc import Callable, Sequence
@@ -72,10 +71,9 @@ def _info(args: argparse.Namespace) -> int:
 
 def _role(role: str) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
-        # no role prefix here: `pskv launch` prefixes every line with role and rank
-        logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-        cluster = ClusterConfig.from_env(role=role)
+        # run_role shows pskv's records (pskv.logs: time, level, node; PSKV_LOG_LEVEL)
         try:
+            cluster = ClusterConfig.from_env(role=role)
             return run_role(cluster, port_file=args.port_file)
         except InvalidArgumentError as exc:  # e.g. a bad CURVE key file: refused before binding anything
             print(f"pskv {role}: error: {exc}", file=sys.stderr)

@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from pskv.errors import InvalidArgumentError
 
-__all__ = ["Config", "ClusterConfig", "ENV_VARS", "CLUSTER_ENV_VARS",
+__all__ = ["Config", "ClusterConfig", "ENV_VARS", "CLUSTER_ENV_VARS", "LOG_LEVELS", "log_level_from_env",
            "RANK_ENV_VARS", "RankEnv", "rank_env", "expand_hostlist", "expand_tasks_per_node"]
 
 T = TypeVar("T")
@@ -64,6 +64,7 @@ CLUSTER_ENV_VARS: dict[str, tuple[str, str]] = {
     # BytePS's name first: the later entry wins when both are set
     "BYTEPS_LOCAL_RANK": ("local_rank", "BytePS's name for PSKV_LOCAL_RANK (used when PSKV_LOCAL_RANK is unset)"),
     "PSKV_LOCAL_RANK": ("local_rank", "this worker's index among the workers on its host (default: its rank when the scheduler is on loopback, else 0)"),
+    "PSKV_LOG_LEVEL": ("log_level", "DEBUG, INFO, WARNING or ERROR: the least severe of pskv's own log records a process shows, time-stamped (default: INFO in servers and the scheduler, WARNING in workers); pskv launch passes it to every process"),
     "PS_VERBOSE": ("verbose", "1 logs connections, 2 logs every message (default 0)"),
     "PS_HEARTBEAT_INTERVAL": ("heartbeat_interval", "seconds between heartbeats; 0 disables (default 1)"),
     "PS_HEARTBEAT_TIMEOUT": ("heartbeat_timeout", "seconds without a heartbeat before a node counts as dead (default 10)"),
@@ -163,6 +164,7 @@ class Config:
 
 
 ROLES = ("worker", "server", "scheduler")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")  # PSKV_LOG_LEVEL's values
 
 
 @dataclass(frozen=True)
@@ -231,6 +233,8 @@ class ClusterConfig:
         max_frames: frames of one received message.
         send_queue_bytes: bytes of replies queued for one peer that reads none of them.
         slow_peer_timeout: seconds a peer with queued replies may take none before it is dropped.
+        log_level: ``PSKV_LOG_LEVEL``, upper case (one of :data:`LOG_LEVELS`); empty: the
+            role's default (:mod:`pskv.logs`).
         timeline: a directory where this worker or server writes its timeline
             (:mod:`pskv.timeline`); empty: off.
     """
@@ -272,6 +276,7 @@ class ClusterConfig:
     max_frames: int = 200_002
     send_queue_bytes: int = 256 << 20
     slow_peer_timeout: float = 30.0
+    log_level: str = ""
     timeline: str = ""
 
     def __post_init__(self) -> None:
@@ -300,6 +305,9 @@ class ClusterConfig:
                 raise InvalidArgumentError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.slow_peer_timeout > 0:
             raise InvalidArgumentError(f"slow_peer_timeout must be > 0, got {self.slow_peer_timeout}")
+        if self.log_level and self.log_level.upper() not in LOG_LEVELS:
+            raise InvalidArgumentError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}")
+        object.__setattr__(self, "log_level", self.log_level.upper())
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> ClusterConfig:
@@ -361,6 +369,17 @@ class ClusterConfig:
     def scheduler_address(self) -> str:
         """The scheduler's ZeroMQ endpoint."""
         return f"tcp://{self.root_uri}:{self.root_port}"
+
+
+def log_level_from_env(environ: Mapping[str, str] | None = None) -> str:
+    """``PSKV_LOG_LEVEL`` alone, checked and upper-cased (``''`` when unset): what ``pskv launch`` passes on.
+
+    Raises:
+        InvalidArgumentError: a value other than DEBUG, INFO, WARNING or ERROR (naming the variable).
+    """
+    only = {"PSKV_LOG_LEVEL": CLUSTER_ENV_VARS["PSKV_LOG_LEVEL"]}
+    return _parse(ClusterConfig, only, environ, {}).log_level
+
 
 # -- the rank of a process started by a cluster manager -----------------------------------
 

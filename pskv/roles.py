@@ -14,6 +14,7 @@ from types import FrameType
 
 from pskv.cluster import Scheduler
 from pskv.config import ClusterConfig
+from pskv.logs import show_records
 from pskv.server.node import ServerNode
 
 __all__ = ["run_role", "resolve_host"]
@@ -76,6 +77,8 @@ def run_role(cluster: ClusterConfig, port_file: str | None = None) -> int:
         NodeFailedError: a peer the role depends on died.
     """
     _exit_on_sigterm()
+    rank = cluster.server_rank if cluster.role == "server" else -1
+    show_records(cluster.role if rank < 0 else f"{cluster.role} {rank}", cluster.log_level, "INFO")
     if cluster.role == "scheduler":
         wanted = cluster.root_port
         if port_file is not None and wanted == 0:

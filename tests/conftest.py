@@ -100,6 +100,7 @@ MULTIPROCESS_MODULES = frozenset({
     "tests/integration/test_departures.py",
     "tests/integration/test_dist_processes.py",
     "tests/integration/test_launcher.py",
+    "tests/integration/test_launch_logs.py",
     "tests/integration/test_security.py",
     "tests/integration/test_mxnet_dist_sparse.py",
     "tests/integration/test_sparse_launched.py",

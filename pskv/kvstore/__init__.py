@@ -19,6 +19,7 @@ from pskv.kvstore.engine import OpHandle
 from pskv.kvstore.local import LocalStore
 from pskv.kvstore.types import BUILTIN_TYPES, StoreType
 from pskv.roles import run_role
+from pskv.logs import show_records
 
 #: The distributed store type names (aliases included).
 DIST_TYPES = tuple(sorted(n for n in BUILTIN_TYPES if StoreType.parse(n).distributed))
@@ -37,9 +38,12 @@ def run_role_if_not_worker(store_type: StoreType, config: Config | None,
     """
     cluster = ClusterConfig.from_env() if cluster is None else cluster
     if cluster.role == "worker":
-        if store_type.summation_only:
-            return BytePSStore(store_type.name, config, cluster)
-        return DistStore(store_type.name, config, cluster)
+        # pskv's records as this worker's (a worker's default level: WARNING; the rank once registered)
+        show_records("worker" if cluster.rank < 0 else f"worker {cluster.rank}", cluster.log_level, "WARNING")
+        store: KVStoreBase = (BytePSStore(store_type.name, config, cluster) if store_type.summation_only
+                              else DistStore(store_type.name, config, cluster))
+        show_records(f"worker {store.rank}", cluster.log_level, "WARNING")
+        return store
     sys.exit(run_role(cluster))
 
 

@@ -25,12 +25,13 @@ import uuid
 from collections.abc import Sequence
 
 from pskv.checkpoints import latest_server_checkpoint
-from pskv.errors import InvalidArgumentError
+from pskv.config import log_level_from_env
+from pskv.errors import InvalidArgumentError, LaunchError
 from pskv.launch.config import DEFAULT_SSH_PORT, LAUNCHERS, LaunchConfig, parse_env_pairs
 from pskv.launch.contract import CONTRACT
 from pskv.launch.on_host import run_local
 from pskv.launch.ssh import run_ssh
-from pskv.launch.supervisor import Console
+from pskv.launch.supervisor import EXIT_FAILURE, Console
 from pskv.transport.shm import remove_job_files
 
 __all__ = ["CONTRACT", "DESCRIPTION", "LaunchConfig", "add_arguments", "config_from_args", "launch", "main", "run_args"]
@@ -49,7 +50,8 @@ def launch(config: LaunchConfig, console: Console | None = None) -> int:
     Raises:
         InvalidArgumentError: the hostfile is unreadable or malformed (nothing was started).
     """
-    console = Console(sys.stdout.buffer, sys.stderr) if console is None else console
+    if console is None:
+        console = Console(sys.stdout.buffer, sys.stderr, log_dir=config.log_dir, tee=config.tee)
     attempt = config
     while True:
         try:
@@ -99,6 +101,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how long servers and scheduler may take to exit after the last worker (default 30)")
     parser.add_argument("--python", default=sys.executable, metavar="PATH",
                         help="interpreter for the server and scheduler roles (default: this one)")
+    parser.add_argument("--log-dir", default=None, metavar="DIR",
+                        help="write each process's output to DIR/<role>-<rank>.log (scheduler.log, server-0.log, "
+                             "worker-1.log); the terminal then shows only the launcher's lines (see --tee)")
+    parser.add_argument("--tee", action="store_true",
+                        help="with --log-dir: show the processes' output on the terminal too")
     parser.add_argument("--curve-key", default=None, metavar="FILE",
                         help="authenticate and encrypt all traffic with this CURVE cluster key (pskv keygen); "
                              "over ssh the file must exist at the same path on every host")
@@ -146,7 +153,9 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         hostfile=args.hostfile,
         server_hostfile=args.server_hostfile,
         ssh_command=args.ssh_command,
-        env=parse_env_pairs(args.env),
+        log_dir=os.path.abspath(args.log_dir) if args.log_dir else "",
+        tee=args.tee,
+        env=_with_log_level(parse_env_pairs(args.env)),
         timeout=args.timeout,
         port=args.port,
         startup_timeout=args.startup_timeout,
@@ -164,6 +173,19 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     )
 
 
+def _with_log_level(env: dict[str, str]) -> dict[str, str]:
+    """The ``--env`` pairs plus this shell's ``PSKV_LOG_LEVEL`` (a remote login has not got it), both checked.
+
+    Raises:
+        InvalidArgumentError: a bad level (naming the variable).
+    """
+    if "PSKV_LOG_LEVEL" in env:
+        log_level_from_env({"PSKV_LOG_LEVEL": env["PSKV_LOG_LEVEL"]})
+    elif level := log_level_from_env():
+        env["PSKV_LOG_LEVEL"] = level
+    return env
+
+
 def run_args(args: argparse.Namespace) -> int:
     """Validate parsed arguments and run the job; a usage error prints one line and returns 2."""
     try:
@@ -171,6 +193,9 @@ def run_args(args: argparse.Namespace) -> int:
     except InvalidArgumentError as exc:
         print(f"pskv launch: error: {exc}", file=sys.stderr)
         return USAGE_ERROR
+    except LaunchError as exc:  # e.g. the ssh preflight failed: nothing was started
+        print(f"pskv launch: error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
 
 
 def main(argv: Sequence[str] | None = None) -> int:

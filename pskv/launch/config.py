@@ -68,6 +68,9 @@ class LaunchConfig:
         cwd: ssh only: the directory remote processes start in (default: this one).
         ssh_command: ssh only: the remote-shell program and its options (``--ssh-command``,
             split as a shell would), called as ``SSH_COMMAND -o BatchMode=yes HOST COMMAND``.
+        log_dir: ``--log-dir``: one file per process there (``worker-1.log``; a restart
+            appends); the terminal gets only the launcher's lines unless ``tee``. Empty: none.
+        tee: ``--tee``: with ``log_dir``, the processes' output also goes to the terminal.
         curve_key_file: a CURVE cluster key file every process uses (``--curve-key``;
             over ssh it must exist at the same path on every host).
         secure: local only: make a fresh cluster key for this job (``--secure``).
@@ -109,6 +112,8 @@ class LaunchConfig:
     python: str = sys.executable
     cwd: str = field(default_factory=os.getcwd)
     ssh_command: str = "ssh"
+    log_dir: str = ""
+    tee: bool = False
     job_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     curve_key_file: str = ""
     secure: bool = False
@@ -168,6 +173,8 @@ class LaunchConfig:
                 out.append(f"--env: {name!r} is not a valid environment variable name")
             elif name in CONTRACT:
                 out.append(f"--env: {name} is set by the launcher ({CONTRACT[name][1]})")
+        if self.tee and not self.log_dir:
+            out.append("--tee needs --log-dir (without it all output goes to the terminal)")
         if self.timeout is not None and not self.timeout > 0:
             out.append(f"--timeout must be > 0 seconds, got {self.timeout:g}")
         if self.port is not None and not 0 < self.port < 65536:

@@ -69,6 +69,8 @@ def run_local(config: LaunchConfig, console: Console) -> int:
             key_file = write_key_file(os.path.join(tmp, "cluster.key"), generate_keys())
             config = dataclasses.replace(config, curve_key_file=str(key_file), secure=False)
         try:
+            console.started(config.num_workers, config.num_servers,
+                            f"{LOOPBACK}:{config.port}" if config.port else f"{LOOPBACK} (a free port)", "local")
             supervisor.start(scheduler_spec(config, os.path.join(tmp, "scheduler.port")))
             port = supervisor.wait_for_port(os.path.join(tmp, "scheduler.port"), config.startup_timeout)
             if port is not None:

@@ -25,16 +25,26 @@ process group ends too, instead of running on until its next write fails.
 
 from __future__ import annotations
 
+import os
 import shlex
-from collections.abc import Sequence
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from pskv import __version__
 from pskv.errors import InvalidArgumentError, LaunchError
 from pskv.launch.config import DEFAULT_SSH_PORT, LaunchConfig
 from pskv.launch.contract import ProcessSpec, contract_env, env_argv, role_argv
-from pskv.launch.supervisor import Console, Supervisor, guard_argv
+from pskv.launch.supervisor import Console, Supervisor, describe_exit, guard_argv
 
-__all__ = ["Host", "Placement", "parse_hostfile", "read_hostfile", "place", "ssh_argv", "ssh_specs", "run_ssh"]
+__all__ = ["Host", "HostCheck", "Placement", "check_hosts", "parse_hostfile", "read_hostfile", "place", "ssh_argv",
+           "ssh_specs", "run_ssh"]
+
+_CHECK_MARK = "pskv-check:"  # starts the preflight's own lines (a login banner may come before them)
+_CHECK_OUTPUT = 16384  # bytes of a host's preflight output kept (the last ones)
 
 
 @dataclass(frozen=True)
@@ -150,40 +160,183 @@ def ssh_argv(host: Host, cwd: str, argv: Sequence[str], ssh_command: str = "ssh"
             f"cd {shlex.quote(cwd)} && {shlex.join(argv)}"]
 
 
-def ssh_specs(config: LaunchConfig, hosts: Sequence[Host],
-              server_hosts: Sequence[Host] | None = None) -> list[ProcessSpec]:
-    """The scheduler, servers and workers of a job on ``hosts`` (servers on ``server_hosts`` if given), in start order."""
+def ssh_specs(config: LaunchConfig, hosts: Sequence[Host], server_hosts: Sequence[Host] | None = None,
+              pythons: Mapping[str, str] | None = None) -> list[ProcessSpec]:
+    """The scheduler, servers and workers of a job on ``hosts`` (servers on ``server_hosts`` if given), in start order.
+
+    ``pythons``: host name -> the interpreter to use there (:func:`check_hosts`' choice) for the
+    guard, the roles and a worker command whose program is a bare ``python`` / ``python3``;
+    a host not in it uses ``config.python`` (and the worker command runs as given).
+    """
     where = place(hosts, config.num_servers, config.num_workers, server_hosts)
     layout = config.layout(where.scheduler.address, DEFAULT_SSH_PORT if config.port is None else config.port)
+    chosen = pythons or {}
 
-    def spec(role: str, rank: int | None, host: Host, env: dict[str, str], command: Sequence[str]) -> ProcessSpec:
-        guarded = guard_argv(config.python, role, config.stop_grace, config.exit_grace, inline=True)
+    def spec(role: str, rank: int | None, host: Host, env: dict[str, str], command: Sequence[str] | None) -> ProcessSpec:
+        python = chosen.get(host.name, config.python)
+        if command is None:  # a pskv role
+            command = role_argv(python, role)
+        elif host.name in chosen and command[0] in ("python", "python3"):  # the login shell's may lack pskv
+            command = [python, *command[1:]]
+        guarded = guard_argv(python, role, config.stop_grace, config.exit_grace, inline=True)
         return ProcessSpec(role, rank, host.address, tuple(ssh_argv(host, config.cwd,
                                                                    guarded + env_argv(env, config.env, command),
                                                                    config.ssh_command)))
 
     specs = [spec("scheduler", None, where.scheduler, contract_env(layout, "scheduler", where.scheduler.address),
-                  role_argv(config.python, "scheduler"))]
+                  None)]
     for rank, host in enumerate(where.servers):
-        specs.append(spec("server", rank, host, contract_env(layout, "server", host.address, rank),
-                          role_argv(config.python, "server")))
+        specs.append(spec("server", rank, host, contract_env(layout, "server", host.address, rank), None))
     for rank, (host, local_rank) in enumerate(where.workers):
         specs.append(spec("worker", rank, host, contract_env(layout, "worker", host.address, rank, local_rank),
                           config.command))
     return specs
 
 
+@dataclass(frozen=True)
+class HostCheck:
+    """One host's preflight: the interpreter that imports pskv there, or why none does.
+
+    Attributes:
+        host: the host entry checked.
+        python: the first candidate interpreter that imported pskv (empty: none did).
+        version: ``pskv.__version__`` there.
+        reason: why the host failed, one line (empty when ``python`` is set).
+    """
+
+    host: Host
+    python: str = ""
+    version: str = ""
+    reason: str = ""
+
+
+def _check_command(cwd: str, candidates: Sequence[str]) -> list[str]:
+    """The remote command of the preflight: ``sh -c SCRIPT``, whatever the login shell."""
+    mark = _CHECK_MARK
+    script = (f"cd {shlex.quote(cwd)} 2>/dev/null || {{ echo '{mark} no directory {cwd}'; exit 1; }}\n"
+              f"for py in {' '.join(shlex.quote(c) for c in candidates)}; do\n"
+              "  if command -v \"$py\" >/dev/null 2>&1; then\n"
+              "    if out=$(\"$py\" -c 'import pskv; print(pskv.__version__)' 2>&1); then\n"
+              f"      echo \"{mark} ok $py $out\"; exit 0\n"
+              "    fi\n"
+              f"    echo \"{mark} $py: $(printf '%s\\n' \"$out\" | tail -n 1)\"\n"
+              "  else\n"
+              f"    echo \"{mark} $py: not found\"\n"
+              "  fi\n"
+              "done\n"
+              "exit 1\n")
+    return ["sh", "-c", script]
+
+
+def _run_bounded(argv: Sequence[str], timeout: float) -> tuple[int | None, str]:
+    """Run ``argv`` (its own process group), keeping the last :data:`_CHECK_OUTPUT` bytes of its output.
+
+    Returns:
+        (exit code, output); exit code None: killed after ``timeout`` seconds.
+    """
+    try:
+        proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    except OSError as exc:
+        return 127, f"cannot run {argv[0]}: {exc.strerror or exc}"
+    stream = proc.stdout
+    assert stream is not None
+    kept = bytearray()
+
+    def read() -> None:
+        for chunk in iter(lambda: os.read(stream.fileno(), _CHECK_OUTPUT), b""):
+            kept.extend(chunk)
+            del kept[:-_CHECK_OUTPUT]
+
+    reader = threading.Thread(target=read, daemon=True, name="pskv-launch-check")
+    reader.start()
+    try:
+        code: int | None = proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        code = None
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait()
+    reader.join(1.0)  # a grandchild outside the group may hold the pipe: give up on the rest
+    if not reader.is_alive():
+        stream.close()
+    return code, bytes(kept).decode(errors="replace")
+
+
+def check_hosts(config: LaunchConfig, hosts: Sequence[Host], timeout: float) -> list[HostCheck]:
+    """The preflight (as ``horovodrun --check-build``): can each host run pskv, and with which interpreter?
+
+    On every distinct host at once, through ``--ssh-command``, in ``config.cwd``: the first of
+    ``config.python`` (the launcher's interpreter by default) and ``python3`` that runs
+    ``import pskv``. At most ``timeout`` seconds in all.
+
+    Returns:
+        One :class:`HostCheck` per distinct host name, in the order given.
+    """
+    unique = list({h.name: h for h in hosts}.values())
+    candidates = list(dict.fromkeys([config.python, "python3"]))
+    results: dict[str, HostCheck] = {}
+
+    def check(host: Host) -> None:
+        argv = ssh_argv(host, "/", _check_command(config.cwd, candidates), config.ssh_command)
+        code, out = _run_bounded(argv, timeout)
+        lines = out.splitlines()
+        own = [ln[len(_CHECK_MARK):].strip() for ln in lines if ln.startswith(_CHECK_MARK)]
+        if code is None:
+            results[host.name] = HostCheck(host, reason=f"no answer within {timeout:g} s")
+        elif code == 0 and own and own[-1].startswith("ok "):
+            _, python, version = (own[-1].split(" ", 2) + ["", ""])[:3]
+            results[host.name] = HostCheck(host, python, version.strip())
+        elif own:
+            results[host.name] = HostCheck(host, reason="; ".join(own))
+        else:  # ssh itself failed (connection, login): its last line says why
+            last = lines[-1].strip() if lines else ""
+            results[host.name] = HostCheck(host, reason=f"{config.ssh_command} {describe_exit(code, True)}"
+                                                        + (f": {last}" if last else ""))
+
+    threads = [threading.Thread(target=check, args=(h,), daemon=True, name=f"pskv-launch-check-{h.name}")
+               for h in unique]
+    for t in threads:
+        t.start()
+    limit = time.monotonic() + timeout + 5.0  # each check kills its own ssh at `timeout`
+    for t in threads:
+        t.join(max(0.0, limit - time.monotonic()))
+    return [results.get(h.name, HostCheck(h, reason=f"no answer within {timeout:g} s")) for h in unique]
+
+
 def run_ssh(config: LaunchConfig, console: Console) -> int:
     """Run the job on the hostfile's hosts; returns the launcher's exit code.
+
+    First the preflight (:func:`check_hosts`, at most ``startup_timeout`` seconds): every
+    host that cannot run pskv is named with its reason, one line each, and nothing starts.
 
     Raises:
         InvalidArgumentError: the hostfile or the server hostfile is unreadable or malformed
             (nothing started).
+        LaunchError: the preflight failed on a host (nothing started).
     """
     assert config.hostfile is not None  # LaunchConfig checks it
     hosts = read_hostfile(config.hostfile)
     server_hosts = read_hostfile(config.server_hostfile, "server hostfile") if config.server_hostfile else None
-    specs = ssh_specs(config, hosts, server_hosts)
+    console.started(config.num_workers, config.num_servers,
+                    f"{hosts[0].address}:{DEFAULT_SSH_PORT if config.port is None else config.port}", "ssh")
+    checks = check_hosts(config, [*hosts, *(server_hosts or [])], config.startup_timeout)
+    failed = [c for c in checks if not c.python]
+    for c in failed:
+        console.note(f"host {c.host.name}: cannot run pskv: {c.reason}")
+    if failed:
+        raise LaunchError(f"the preflight failed on {len(failed)} of {len(checks)} host(s) (pskv must import there "
+                          "with --python PATH or python3, in the same directory); nothing was started")
+    for c in checks:
+        if c.version != __version__:
+            console.note(f"host {c.host.name}: {c.python} has pskv {c.version}, this launcher {__version__}")
+    pythons = {c.host.name: c.python for c in checks}
+    specs = ssh_specs(config, hosts, server_hosts, pythons)
+    if config.command[0] in ("python", "python3") and {pythons[h.name] for h in hosts} != {config.command[0]}:
+        console.note(f"the worker command's {config.command[0]} runs as "
+                     f"{', '.join(sorted({pythons[h.name] for h in hosts}))} on the hosts (it imports pskv there)")
     with Supervisor(console, stop_grace=config.stop_grace, exit_grace=config.exit_grace,
                     timeout=config.timeout, via_ssh=True, worker_restarts=config.worker_restarts) as supervisor:
         try:

@@ -36,12 +36,13 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from types import FrameType, TracebackType
 from typing import IO, Any
 
 from pskv.checkpoints import latest_server_checkpoint
-from pskv.errors import LaunchError
+from pskv.errors import InvalidArgumentError, LaunchError
 from pskv.launch import guard
 from pskv.launch.contract import ProcessSpec
 
@@ -53,6 +54,9 @@ EXIT_TIMEOUT = 124  # as timeout(1)
 EXIT_FAILURE = 1  # lingering servers or scheduler, or the launcher's own error
 # "NodeFailedError: worker 1 failed: ..." in a child's output: the peer it saw fail
 _BLAMED = re.compile(rb"NodeFailedError: ((?:worker|server) \d+|scheduler) failed")
+# the scheduler's INFO line once every node registered (pskv.cluster.scheduler)
+_REGISTERED = re.compile(rb"scheduler: all (\d+) nodes registered")
+_CHUNK = 65536  # bytes read from a child's output at once (whatever is there, up to this)
 
 
 def guard_argv(python: str, role: str, stop_grace: float, exit_grace: float, inline: bool = False) -> list[str]:
@@ -105,36 +109,121 @@ def _exit_status(returncode: int) -> int:
 
 
 class Console:
-    """Where the children's lines (``out``) and the launcher's notes (``err``) go.
+    """Where the children's output (``out``, log files) and the launcher's notes (``err``) go.
 
-    One lock keeps lines whole. A closed or broken output (``pskv launch ... | head``)
-    drops lines but never blocks a child: its pipe keeps being read.
+    One lock keeps writes whole. Output is passed on as it arrives, not line by line:
+    a line ended by ``\\r`` (a progress bar) shows at once, every ``\\r``- or
+    ``\\n``-started piece carrying the process's ``[worker 1] `` prefix. A line left
+    unfinished by one process is ended before another process (or a note) writes. A
+    closed or broken output (``pskv launch ... | head``) drops output but never blocks a
+    child: its pipe keeps being read.
 
     Args:
-        out: binary stream for the children's prefixed lines.
+        out: binary stream for the children's prefixed output.
         err: text stream for the launcher's own messages (``pskv launch: ...``).
+        log_dir: a directory for one file per process (``--log-dir``): ``scheduler.log``,
+            ``server-0.log``, ``worker-1.log``, the raw output without prefix; a process
+            started again in this launcher's run (a restart) appends, after a marker
+            line. Created if missing. Empty: no files.
+        tee: with ``log_dir``, the children's output also goes to ``out`` (``--tee``);
+            without it ``out`` gets none, and the root cause's report shows the failed
+            process's last lines.
+
+    Raises:
+        InvalidArgumentError: ``log_dir`` cannot be created, or ``tee`` without it.
     """
 
-    def __init__(self, out: IO[bytes], err: IO[str]) -> None:
+    def __init__(self, out: IO[bytes], err: IO[str], *, log_dir: str = "", tee: bool = False) -> None:
+        if tee and not log_dir:
+            raise InvalidArgumentError("--tee needs --log-dir (without it all output goes to the terminal)")
+        if log_dir:
+            try:
+                os.makedirs(log_dir, exist_ok=True)
+            except OSError as exc:
+                raise InvalidArgumentError(f"--log-dir {log_dir!r}: cannot create it: {exc.strerror or exc}") from None
         self._out = out
         self._err = err
         self._lock = threading.Lock()
+        self.log_dir = log_dir
+        self.to_terminal = tee or not log_dir  # children's output on `out`
+        self._opened: set[str] = set()  # log files written in this run: a later start appends
+        self._open: _Output | None = None  # the output whose unfinished line `out` shows
+        self._t0 = time.monotonic()
         # Set when the launcher itself was told to stop (a signal, --timeout): a job that
         # ended that way is not restarted (--max-restarts).
         self.stop_requested = False
 
-    def child_line(self, prefix: bytes, line: bytes) -> None:
-        """Write one line of a child's output (``line`` ends with a newline)."""
-        with self._lock:
+    def output(self, spec: ProcessSpec) -> _Output:
+        """The output of one started process (its log file opened, or appended to after a marker).
+
+        Raises:
+            LaunchError: the log file cannot be opened.
+        """
+        file = None
+        if self.log_dir:
+            path = os.path.join(self.log_dir, spec.name.replace(" ", "-") + ".log")
+            again = path in self._opened
             try:
-                self._out.write(prefix + line)
-                self._out.flush()
-            except (OSError, ValueError):
-                pass
+                file = open(path, "ab" if again else "wb")  # noqa: SIM115 - closed by _Output.close
+                if again:
+                    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+                    file.write(f"----- pskv launch: {spec.name} started again at {stamp} -----\n".encode())
+                    file.flush()
+            except OSError as exc:
+                raise LaunchError(f"cannot write {spec.name}'s log file {path}: {exc.strerror or exc}") from None
+            self._opened.add(path)
+        return _Output(self, f"[{spec.name}] ".encode(), file)
+
+    def _write(self, output: _Output, data: bytes) -> None:
+        """Pass ``data`` of ``output`` on to its file and, prefixed, to ``out``."""
+        with self._lock:
+            if output.file is not None:
+                try:
+                    output.file.write(data)
+                    output.file.flush()
+                except (OSError, ValueError):
+                    pass
+            if not self.to_terminal:
+                return
+            buf = bytearray()
+            if self._open is not None and self._open is not output:
+                buf += b"\n"  # end another process's unfinished line
+                self._open.at_start = self._open.cut = True
+            for piece in _PIECES.findall(data):
+                text = piece.rstrip(b"\r\n")
+                if output.cut and not text and piece.endswith(b"\n"):
+                    output.cut = False  # the end of the line another process's output already ended
+                    continue
+                output.cut = False
+                if (text or piece.endswith(b"\n")) and output.at_start:
+                    buf += output.prefix  # each new line or \r-update shows whose it is
+                buf += piece
+                output.at_start = len(text) < len(piece)
+            if buf:
+                self._open = None if buf.endswith(b"\n") else output
+                self._put(bytes(buf))
+
+    def _end(self, output: _Output) -> None:
+        """``output``'s process is gone: complete its unfinished line."""
+        with self._lock:
+            if self._open is output:
+                self._open = None
+                self._put(b"\n")
+
+    def _put(self, data: bytes) -> None:
+        try:
+            self._out.write(data)
+            self._out.flush()
+        except (OSError, ValueError):
+            pass
 
     def note(self, text: str) -> None:
         """Write one launcher message: ``pskv launch: <text>``."""
         with self._lock:
+            if self._open is not None:
+                self._open.at_start = self._open.cut = True
+                self._open = None
+                self._put(b"\n")
             try:
                 self._out.flush()
                 self._err.write(f"pskv launch: {text}\n")
@@ -142,12 +231,93 @@ class Console:
             except (OSError, ValueError):
                 pass
 
+    def started(self, workers: int, servers: int, scheduler: str, launcher: str) -> None:
+        """The start line: what the job is, so its first seconds are not silent."""
+        logs = ""
+        if self.log_dir:
+            logs = f", logs in {self.log_dir}" + (" (and here: --tee)" if self.to_terminal else "")
+        self.note(f"{_count(workers, 'worker')}, {_count(servers, 'server')}, scheduler on {scheduler}, "
+                  f"launcher {launcher}{logs}")
+
+    def registered(self, nodes: int) -> None:
+        """Every node registered (the scheduler said so): told when the terminal shows no output of the job."""
+        if not self.to_terminal:
+            self.note(f"all {nodes} nodes registered, {time.monotonic() - self._t0:.1f} s after the start")
+
+    def report_log(self, name: str, output: _Output) -> None:
+        """Name the root cause's log file and, when the terminal did not show it, its last lines."""
+        if output.file is None:
+            return
+        lines = output.last_lines()
+        if self.to_terminal or not lines:
+            self.note(f"{name}'s output is in {output.file.name}")
+            return
+        self.note(f"{name}'s output is in {output.file.name}; its last {_count(len(lines), 'line')}:")
+        with self._lock:
+            try:
+                for line in lines:
+                    self._err.write(f"[{name}] {line.decode(errors='replace')}\n")
+                self._err.flush()
+            except (OSError, ValueError):
+                pass
+
+
+_PIECES = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+")  # pieces of output, each with its line end if any
+_TAIL_LINES = 15  # lines of the root cause's output the report shows
+_TAIL_BYTES = 4096  # of one line, the last ones kept for it
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" + ("" if n == 1 else "s")
+
+
+class _Output:
+    """One process's output (see :class:`Console`): its prefix, log file and last lines."""
+
+    def __init__(self, console: Console, prefix: bytes, file: IO[bytes] | None) -> None:
+        self.console = console
+        self.prefix = prefix
+        self.file = file
+        self.at_start = True  # the next byte on the terminal starts a line (or a \r-update)
+        self.cut = False  # its unfinished line was ended by another's output (a \n of its own would be an empty line)
+        self._lines: deque[bytes] = deque(maxlen=_TAIL_LINES)
+        self._partial = b""
+        self._overwrite = False  # a \r came: the next text replaces the unfinished line
+
+    def write(self, data: bytes) -> list[bytes]:
+        """Pass ``data`` on; returns the lines it completed (each as last shown, without its end)."""
+        self.console._write(self, data)
+        done = []
+        for piece in _PIECES.findall(data):
+            text = piece.rstrip(b"\r\n")
+            if text:
+                self._partial = (text if self._overwrite else self._partial + text)[-_TAIL_BYTES:]
+                self._overwrite = False
+            if piece.endswith(b"\n"):
+                done.append(self._partial)
+                self._partial, self._overwrite = b"", False
+            elif piece.endswith(b"\r"):
+                self._overwrite = True
+        self._lines.extend(done)
+        return done
+
+    def last_lines(self) -> list[bytes]:
+        """The last lines, an unfinished one included."""
+        return list(self._lines) + ([self._partial] if self._partial else [])
+
+    def close(self) -> None:
+        """The process's output ended: complete its line on the terminal, close its file."""
+        self.console._end(self)
+        if self.file is not None:
+            self.file.close()
+
 
 @dataclass(eq=False)
 class _Child:
     spec: ProcessSpec
     proc: subprocess.Popen[bytes]
     reader: threading.Thread
+    output: _Output
     returncode: int | None = None
     stop_signal: int | None = None
     abandoned: bool = False
@@ -274,30 +444,40 @@ class Supervisor:
         argv = list(spec.argv)
         if not self._via_ssh:  # over ssh the guard runs at the far end (pskv.launch.ssh)
             argv = guard_argv(sys.executable, spec.role, self._stop_grace, self._exit_grace) + argv
+        output = self._console.output(spec)
         try:
             proc = subprocess.Popen(argv, stdin=self._lifeline(spec), stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, start_new_session=True)
         except OSError as exc:
+            output.close()
             raise LaunchError(f"could not start {spec.name} on {spec.host} ({spec.argv[0]}): {exc}") from exc
         assert proc.stdout is not None
-        prefix = f"[{spec.name}] ".encode()
-        child = _Child(spec, proc, threading.Thread())
-        reader = threading.Thread(target=self._stream, args=(prefix, proc.stdout, child), daemon=True,
+        child = _Child(spec, proc, threading.Thread(), output)
+        reader = threading.Thread(target=self._stream, args=(proc.stdout, child), daemon=True,
                                   name=f"pskv-launch-output-{spec.name}")
         child.reader = reader
         self._children.append(child)
         reader.start()
         threading.Thread(target=self._wait, args=(child,), daemon=True, name=f"pskv-launch-wait-{spec.name}").start()
 
-    def _stream(self, prefix: bytes, stream: IO[bytes], child: _Child) -> None:
-        with stream:
-            for line in iter(stream.readline, b""):
-                if b"NodeFailedError" in line:  # which peer it saw fail: named with the root cause
-                    m = _BLAMED.search(line)
-                    if m is not None:
-                        child.blamed = m.group(1).decode(errors="replace")
-                        child.blamed_left = b"left the job" in line
-                self._console.child_line(prefix, line if line.endswith(b"\n") else line + b"\n")
+    def _stream(self, stream: IO[bytes], child: _Child) -> None:
+        """Pass the child's output on as it comes (a \\r-updated progress line shows live)."""
+        read = getattr(stream, "read1", stream.read)  # read1: what is there, without waiting for more
+        try:
+            for data in iter(lambda: read(_CHUNK), b""):
+                for line in child.output.write(data):
+                    if b"NodeFailedError" in line:  # which peer it saw fail: named with the root cause
+                        m = _BLAMED.search(line)
+                        if m is not None:
+                            child.blamed = m.group(1).decode(errors="replace")
+                            child.blamed_left = b"left the job" in line
+                    elif child.spec.role == "scheduler" and b"nodes registered" in line:
+                        m = _REGISTERED.search(line)
+                        if m is not None:
+                            self._console.registered(int(m.group(1)))
+        finally:
+            stream.close()
+            child.output.close()
 
     def _wait(self, child: _Child) -> None:
         returncode = child.proc.wait()
@@ -392,6 +572,7 @@ class Supervisor:
                     hint = f" after its NodeFailedError named {child.blamed} (look there first)"
                 self._decide(_exit_status(returncode), f"{child.where} {describe_exit(returncode, self._via_ssh)}"
                              f"{hint}; stopping the job", f"{child.spec.name}'s failure")
+                self._console.report_log(child.spec.name, child.output)
             elif self._grace_at is None and all(c.returncode == 0 for c in self._children
                                                 if c.spec.is_worker and not c.replaced):
                 self._grace_at = time.monotonic() + self._exit_grace
