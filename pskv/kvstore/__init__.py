@@ -10,21 +10,22 @@ import dataclasses
 import sys
 from typing import Any
 
-from pskv.config import ClusterConfig, Config
+from pskv.config import ClusterConfig, Config, rank_env
 from pskv.errors import InvalidArgumentError, InvalidTypeError
 from pskv.kvstore.base import KVStoreBase
 from pskv.kvstore.byteps import BytePSStore
 from pskv.kvstore.dist import DistStore
 from pskv.kvstore.engine import OpHandle
+from pskv.kvstore.horovod import AllreduceStore
 from pskv.kvstore.local import LocalStore
 from pskv.kvstore.types import BUILTIN_TYPES, StoreType
-from pskv.roles import run_role
 from pskv.logs import show_records
+from pskv.roles import run_role
 
 #: The distributed store type names (aliases included).
 DIST_TYPES = tuple(sorted(n for n in BUILTIN_TYPES if StoreType.parse(n).distributed))
 
-__all__ = ["DIST_TYPES", "KVStoreBase", "LocalStore", "OpHandle", "StoreType", "create", "known_types"]
+__all__ = ["AllreduceStore", "DIST_TYPES", "KVStoreBase", "LocalStore", "OpHandle", "StoreType", "create", "known_types"]
 
 
 def run_role_if_not_worker(store_type: StoreType, config: Config | None,
@@ -60,7 +61,9 @@ def create(name: str = "local", *, config: Config | None = None, cluster: Cluste
         name: ``'local'`` (values reduced on the CPU), ``'device'`` (reduced on the
             values' device, e.g. CUDA tensors), MXNet's aliases
             (``'local_update_cpu'``, ``'local_allreduce_cpu'``,
-            ``'local_allreduce_device'``), or the lower-cased name of a class registered
+            ``'local_allreduce_device'``), ``'horovod'`` / ``'nccl'`` (an all-reduce on
+            torch.distributed between the ranks torchrun, ``pskv launch``, SLURM or MPI
+            started: :mod:`pskv.kvstore.horovod`), or the lower-cased name of a class registered
             with :meth:`KVStoreBase.register`. Case-insensitive.
         config: settings for pskv's own stores (default: from the environment).
         cluster: the cluster contract of a ``dist_*`` store (default: from the
@@ -84,6 +87,8 @@ def create(name: str = "local", *, config: Config | None = None, cluster: Cluste
         config = Config.from_env(**settings) if config is None else _with(config, settings)
     if lname in BUILTIN_TYPES:
         store_type = StoreType.parse(lname)
+        if store_type.allreduce:  # torch.distributed's ranks: torchrun, pskv launch, SLURM, MPI
+            return AllreduceStore(lname, config, rank_env())
         if not store_type.distributed:
             return LocalStore(lname, config)
         return run_role_if_not_worker(store_type, config, cluster)

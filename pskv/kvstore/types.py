@@ -18,7 +18,12 @@ name (aliases)             distributed  sync   on device  servers optimize
 ``dist_async``             yes          no     no         yes
 ``dist_async_device``      yes          no     yes        yes
 ``byteps``                 yes          yes    no         no (they only sum)
+``horovod``, ``nccl``      no (1)       yes    (2)        no (no servers)
 =========================  ===========  =====  =========  =================
+
+(1) ``horovod`` and ``nccl`` are ``allreduce`` types: several processes (torchrun's or
+``pskv launch``'s ranks) but no servers or scheduler; ``pushpull`` and ``broadcast``
+only (``summation_only``). (2) ``nccl`` sums CUDA tensors on the GPU, ``horovod`` on the CPU.
 
 A custom store registered with :meth:`KVStoreBase.register` gets
 :meth:`StoreType.custom`: not distributed, synchronous, no optimizer.
@@ -47,6 +52,8 @@ class StoreType:
             leave the process (``device`` / ``*_device``); else on the CPU.
         servers_optimize: the store can run an optimizer (``set_optimizer``).
         summation_only: the BytePS contract: ``pushpull`` and ``broadcast`` only.
+        allreduce: an all-reduce between processes over torch.distributed, without servers
+            (:mod:`pskv.kvstore.horovod`).
     """
 
     name: str
@@ -56,6 +63,7 @@ class StoreType:
     on_device: bool = False
     servers_optimize: bool = True
     summation_only: bool = False
+    allreduce: bool = False
 
     @classmethod
     def parse(cls, name: str) -> StoreType:
@@ -84,6 +92,9 @@ def _table() -> dict[str, StoreType]:
     table = {n: StoreType(n, c, distributed=False, on_device=d) for n, (c, d) in local.items()}
     table.update({n: StoreType(n, c, distributed=True, sync=s, on_device=d) for n, (c, s, d) in dist.items()})
     table["byteps"] = StoreType("byteps", "byteps", distributed=True, servers_optimize=False, summation_only=True)
+    for name, gpu in (("horovod", False), ("nccl", True)):
+        table[name] = StoreType(name, name, distributed=False, on_device=gpu, servers_optimize=False,
+                                summation_only=True, allreduce=True)
     return table
 
 

@@ -1,0 +1,360 @@
+"""The ``horovod`` and ``nccl`` stores: an all-reduce store on torch.distributed (no servers).
+
+``pskv.create('horovod')`` (MXNet 2.0's name) sums over the job's processes with Gloo
+(CPU tensors and NumPy arrays); ``pskv.create('nccl')`` with NCCL (CUDA tensors; CPU
+values are staged on the rank's GPU), only where CUDA is present. The surface is what
+makes sense without servers, MXNet's ``Horovod`` store's:
+
+* ``pushpull(key, value, out=None)`` — every rank gets the sum of all ranks' values (in
+  place when ``out`` is None). A key's list of values (one per device) is summed on this
+  rank first and every out gets the total, as in the other pskv stores (MXNet's horovod
+  store all-reduces each list element on its own);
+* ``broadcast(key, value, out=None, root_rank=0)`` — rank ``root_rank``'s value into every
+  out (into ``value`` when ``out`` is None; the root's ``value`` is never changed);
+* ``rank``, ``num_workers``, ``local_rank``, ``barrier()``, ``is_capable()`` (False for
+  everything: no optimizer, no row-sparse pulls, no compression);
+* ``init``, ``push``, ``pull``, ``row_sparse_pull``, the optimizer and checkpoint calls raise
+  :class:`~pskv.errors.NotSupportedError` naming the call: nothing is stored between calls.
+
+Every call is a collective: every rank makes the same calls in the same order (keys,
+shapes, dtypes and ``root_rank`` alike), else every rank raises
+:class:`~pskv.errors.CollectiveMismatchError` (:mod:`pskv.kvstore.torchgroup`). The keys of
+one call travel together: one all-reduce per dtype, one broadcast per call. Calls run
+one at a time in call order on the store's engine thread (``priority`` is checked but
+cannot reorder collectives); ``block=False`` returns a handle. Every wait is bounded by
+the store's ``default_timeout`` (``PSKV_DEFAULT_TIMEOUT``), which is also the group's
+rendezvous and collective timeout; a rank that dies fails the others' calls with
+:class:`~pskv.errors.NodeFailedError` naming it.
+
+Ranks come from :func:`pskv.config.rank_env` (``pskv launch``, torchrun, SLURM, Open MPI);
+without rank variables the store is a group of one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import numpy as np
+
+from pskv.arrays import describe
+from pskv.config import Config
+from pskv.errors import InvalidArgumentError, NotSupportedError, StoreClosedError, UnsupportedValueError
+from pskv.kvstore.base import KVStoreBase
+from pskv.kvstore.checks import check_like, check_priority
+from pskv.kvstore.engine import Engine
+from pskv.kvstore.keys import Key, KeyKind, as_key_list, pair_up
+from pskv.kvstore.torchgroup import GroupSpec, TorchGroup, load_torch
+from pskv.kvstore.types import StoreType
+from pskv.optimizer import Optimizer
+
+__all__ = ["AllreduceStore", "Ranks"]
+
+_WHOLE = "collectives"  # the engine key every call holds: one call at a time, in call order
+
+
+class Ranks(Protocol):
+    """Where this process is in the job (:class:`pskv.config.RankEnv` has these fields)."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def world_size(self) -> int: ...
+    @property
+    def local_rank(self) -> int: ...
+    @property
+    def master_addr(self) -> str | None: ...
+    @property
+    def master_port(self) -> int | None: ...
+
+
+class AllreduceStore(KVStoreBase):
+    """An all-reduce store (``pskv.create('horovod')`` / ``pskv.create('nccl')``).
+
+    Args:
+        name: ``'horovod'`` (Gloo; NCCL for nothing) or ``'nccl'``.
+        config: local settings; ``default_timeout`` bounds the rendezvous and every call.
+        ranks: this process's rank, world size, local rank and rendezvous address; None:
+            a group of one process.
+
+    Raises:
+        NotSupportedError: ``'nccl'`` without CUDA, or no torch.distributed.
+        InvalidArgumentError: ranks out of range.
+        NodeFailedError: the other ranks did not meet within the timeout.
+    """
+
+    def __init__(self, name: str = "horovod", config: Config | None = None, ranks: Ranks | None = None) -> None:
+        self._store_type = StoreType.parse(name)
+        if not self._store_type.allreduce:
+            raise InvalidArgumentError(f"{name!r} is not an all-reduce store type (horovod, nccl)")
+        self._config = Config.from_env() if config is None else config
+        self._closed = False
+        self._rank, self._size = (0, 1) if ranks is None else (ranks.rank, ranks.world_size)
+        self._local_rank = 0 if ranks is None else ranks.local_rank
+        if not 0 <= self._rank < self._size:
+            raise InvalidArgumentError(f"rank {self._rank} is not in [0, {self._size}) (world size {self._size})")
+        if ranks is not None and (ranks.master_addr is None or ranks.master_port is None):
+            raise InvalidArgumentError(f"the {name!r} store of rank {self._rank} of {self._size} needs a rendezvous "
+                                       "address: set MASTER_ADDR and MASTER_PORT (torchrun and pskv launch do)")
+        nccl = self._store_type.canonical == "nccl"
+        device = "cpu"
+        torch = load_torch()
+        if nccl:
+            if not torch.cuda.is_available():
+                raise NotSupportedError("the 'nccl' store needs CUDA (torch.cuda.is_available() is False here); "
+                                        "use 'horovod' (Gloo on the CPU)")
+            device = f"cuda:{self._local_rank % torch.cuda.device_count()}"
+        spec = GroupSpec(self._rank, self._size, None if ranks is None else ranks.master_addr,
+                         0 if ranks is None else ranks.master_port or 0, "nccl" if nccl else "gloo",
+                         self._config.default_timeout, device)
+        self._group = TorchGroup(spec)
+        self._torch = torch
+        self._device = device
+        self._key_kind = KeyKind()
+        self._engine = Engine(1, f"pskv-{name}", self._config.default_timeout)
+
+    # -- properties ----------------------------------------------------------------------
+    @property
+    def type(self) -> str:
+        """The type name given to ``create``."""
+        return self._store_type.name
+
+    @property
+    def store_type(self) -> StoreType:
+        """What the type means (an all-reduce; pushpull and broadcast only)."""
+        return self._store_type
+
+    @property
+    def rank(self) -> int:
+        """This process's rank (torchrun's ``RANK``, ``pskv launch``'s worker rank, ...)."""
+        return self._rank
+
+    @property
+    def num_workers(self) -> int:
+        """Number of processes in the job (``WORLD_SIZE``)."""
+        return self._size
+
+    @property
+    def local_rank(self) -> int:
+        """This process's rank on its host (``LOCAL_RANK``): the GPU it uses."""
+        return self._local_rank
+
+    @classmethod
+    def is_capable(cls, capability: str) -> bool:
+        """False for every known capability: no optimizer, row-sparse pull or compression.
+
+        Raises:
+            InvalidArgumentError: unknown capability name.
+        """
+        cls._capability(capability)
+        return False
+
+    # -- collectives ---------------------------------------------------------------------
+    def pushpull(self, key: Any, value: Any, out: Any = None, priority: int = 0, *, block: bool = True,
+                 timeout: float | None = None) -> Any:  # KVStoreBase's overloads type the calls
+        """Sum ``value`` over every rank into ``out`` (into ``value`` if out is None). Collective.
+
+        Raises:
+            ShapeMismatchError, DTypeMismatchError: a key's values or outs differ in shape or dtype.
+            UnsupportedValueError: not a NumPy array / tensor of a supported dtype.
+            CollectiveMismatchError: the ranks' calls differ (every rank raises).
+            NodeFailedError: a rank died (named); OperationTimeoutError: no result in time.
+        """
+        self._check_open("pushpull")
+        keys, values, outs = self._pairs(key, value, out, "pushpull")
+        description = "pushpull " + ", ".join(_describe(k, vals[0]) for k, vals in values)
+
+        def run() -> None:
+            self._group.agree(description, timeout)
+            by_dtype: dict[str, list[tuple[Key, Any, list[Any]]]] = {}
+            for (k, vals), (_, k_outs) in zip(values, outs):
+                by_dtype.setdefault(str(describe(vals[0]).dtype), []).append(
+                    (k, self._local_sum(vals), k_outs if out is not None else vals))
+            for items in by_dtype.values():
+                works = [work for _, work, _ in items]
+                flat = works[0].reshape(-1) if len(works) == 1 else self._torch.cat([w.reshape(-1) for w in works])
+                self._group.allreduce(f"pushpull of {_names(k for k, _, _ in items)}", flat, timeout)
+                offset = 0
+                for _, work, targets in items:
+                    self._copy_into(targets, flat[offset:offset + work.numel()].view(work.shape))
+                    offset += work.numel()
+        return self._submit("pushpull", keys, priority, run, block, timeout)
+
+    def broadcast(self, key: Any, value: Any, out: Any = None, priority: int = 0, *, block: bool = True,
+                  timeout: float | None = None, root_rank: int = 0) -> Any:  # KVStoreBase's overloads type the calls
+        """Rank ``root_rank``'s ``value`` into every ``out`` (into ``value`` if out is None). Collective.
+
+        Every rank passes a value of the same shape and dtype (the root's is sent, the
+        others' are overwritten only when ``out`` is None) and the same ``root_rank``.
+
+        Raises:
+            InvalidArgumentError: ``root_rank`` not in ``[0, num_workers)``, or not one value per key.
+            ShapeMismatchError, DTypeMismatchError: an out differs from its value.
+            CollectiveMismatchError: the ranks' calls (keys, shapes, dtypes, root_rank) differ.
+            NodeFailedError, OperationTimeoutError: as :meth:`pushpull`.
+        """
+        self._check_open("broadcast")
+        root = self._root(root_rank)
+        keys, values, outs = self._pairs(key, value, out, "broadcast")
+        for k, vals in values:
+            if len(vals) != 1:
+                raise InvalidArgumentError(f"broadcast of key {k!r} got {len(vals)} values; give exactly one")
+        description = f"broadcast root_rank {root} " + ", ".join(_describe(k, vals[0]) for k, vals in values)
+
+        def run() -> None:
+            self._group.agree(description, timeout)
+            sources = [self._tensor(vals[0]) for _, vals in values]
+            sends = self._rank == root
+            if len(sources) == 1 and (sends or out is None) and _in_place(sources[0], self._device):
+                flat, offsets = sources[0].reshape(-1).view(self._torch.uint8), [0]  # sent or received in place
+            else:
+                flat, offsets = self._packed(sources, fill=sends)
+            self._group.broadcast(f"broadcast of {_names(keys)} from rank {root}", flat, root, timeout)
+            for s, offset, (_, vals), (_, k_outs) in zip(sources, offsets, values, outs):
+                if sends:  # the root's value is the result
+                    self._copy_into(k_outs, s)
+                    continue
+                got = flat[offset:offset + s.numel() * s.element_size()].view(s.dtype).reshape(s.shape)
+                self._copy_into(k_outs if out is not None else vals, got)
+        return self._submit("broadcast", keys, priority, run, block, timeout)
+
+    def barrier(self) -> None:
+        """Wait until every rank reached the barrier (bounded by the default timeout)."""
+        self._check_open("barrier")
+        self._submit("barrier", [], 0, lambda: self._group.agree("barrier"), True, None)
+
+    def wait(self, keys: Any = None, timeout: float | None = None) -> None:
+        """Wait for this rank's outstanding non-blocking calls.
+
+        Raises:
+            OperationTimeoutError: still pending after ``timeout`` seconds.
+            Exception: the first error of a call nobody waited on.
+        """
+        self._engine.wait_all(None, self._config.default_timeout if timeout is None else timeout)
+
+    def close(self) -> None:
+        """Finish queued calls and leave the group; idempotent. Not a collective."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._engine.close(self._config.default_timeout)
+        finally:
+            self._group.close()
+
+    # -- not offered ---------------------------------------------------------------------
+    def _unsupported(self, op: str) -> NotSupportedError:
+        return NotSupportedError(f"the {self.type!r} store is an all-reduce without servers: it offers pushpull "
+                                 f"and broadcast, not {op}")
+
+    def set_optimizer(self, optimizer: Optimizer) -> None:
+        """Not available: nothing runs an optimizer; update on each rank after ``pushpull``."""
+        raise self._unsupported("set_optimizer (update the parameters on each rank after pushpull)")
+
+    def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
+        """Not available: the store holds no optimizer state."""
+        raise self._unsupported("save_optimizer_states (the store holds no optimizer state)")
+
+    def load_optimizer_states(self, fname: str) -> None:
+        """Not available: the store holds no optimizer state."""
+        raise self._unsupported("load_optimizer_states (the store holds no optimizer state)")
+
+    # -- helpers -------------------------------------------------------------------------
+    def _check_open(self, op: str) -> None:
+        if self._closed:
+            raise StoreClosedError(f"{op} on a closed {self.type!r} store")
+        if self._group.failed is not None:
+            raise self._group.failed
+
+    def _root(self, root_rank: object) -> int:
+        if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)):
+            raise InvalidArgumentError(f"root_rank must be an int, got {type(root_rank).__qualname__}")
+        if not 0 <= int(root_rank) < self._size:
+            raise InvalidArgumentError(f"root_rank {int(root_rank)} is not a rank of this job "
+                                       f"(ranks 0..{self._size - 1})")
+        return int(root_rank)
+
+    def _pairs(self, key: Any, value: Any, out: Any, op: str
+               ) -> tuple[list[Key], list[tuple[Key, list[Any]]], list[tuple[Key, list[Any]]]]:
+        """(keys, values per key, outs per key), every array checked against its key's first value."""
+        keys, single = as_key_list(key)
+        if len(set(keys)) != len(keys):
+            raise InvalidArgumentError(f"{op}: key listed twice in {keys!r}")
+        self._key_kind.check(keys, fix=True)
+        values = pair_up(keys, single, value, "value")
+        outs = pair_up(keys, single, out, "out") if out is not None else [(k, []) for k in keys]
+        for (k, vals), (_, k_outs) in zip(values, outs):
+            meta = describe(vals[0])
+            if meta.device != "cpu" and self._device == "cpu":
+                raise NotSupportedError(f"{op} of key {k!r}: a {meta.device} value in the 'horovod' store (Gloo, "
+                                        "CPU); use the 'nccl' store for CUDA tensors")
+            check_like(k, meta, vals[1:] + k_outs, op)
+        return keys, values, outs
+
+    def _submit(self, op: str, keys: list[Key], priority: int, run: Callable[[], None], block: bool,
+                timeout: float | None) -> Any:
+        check_priority(priority)
+        limit = self._config.default_timeout if timeout is None else timeout
+        result = self._engine.submit(op, [_WHOLE], 0, run, block, limit)
+        return None if block else result
+
+    def _tensor(self, array: Any) -> Any:
+        """``array`` (checked by ``describe``) as a tensor sharing its memory (NumPy: ``torch.from_numpy``)."""
+        if isinstance(array, np.ndarray):
+            try:
+                return self._torch.from_numpy(array if array.flags.writeable else array.copy())
+            except TypeError:  # NumPy's bfloat16 (ml_dtypes) has no torch counterpart to share memory with
+                raise UnsupportedValueError(f"a NumPy {array.dtype} array: use a torch.bfloat16 tensor in the "
+                                            f"{self.type!r} store") from None
+        return array.detach()
+
+    def _local_sum(self, vals: list[Any]) -> Any:
+        """This rank's contribution: the value itself (summed in place) or a new sum of the values."""
+        tensors = [self._tensor(v) for v in vals]
+        if len(tensors) == 1 and _in_place(tensors[0], self._device):
+            return tensors[0]
+        work = tensors[0].to(device=self._device, copy=True).contiguous()
+        for t in tensors[1:]:
+            work += t.to(device=self._device)
+        return work
+
+    def _packed(self, sources: list[Any], fill: bool) -> tuple[Any, list[int]]:
+        """One byte buffer on the group's device for ``sources`` (each at an 8-aligned offset; copied in if ``fill``)."""
+        torch = self._torch
+        offsets, total = [], 0
+        for s in sources:
+            offsets.append(total)
+            total += -(-s.numel() * s.element_size() // 8) * 8
+        flat = torch.empty(total, dtype=torch.uint8, device=self._device)
+        if fill:
+            for s, offset in zip(sources, offsets):
+                n = s.numel() * s.element_size()
+                flat[offset:offset + n].view(s.dtype).copy_(s.reshape(-1))
+        return flat, offsets
+
+    def _copy_into(self, targets: list[Any], got: Any) -> None:
+        for t in targets:
+            if isinstance(t, np.ndarray) and not t.flags.writeable:
+                raise InvalidArgumentError("the result cannot be written into a read-only NumPy array")
+            dest = self._tensor(t)
+            if dest.data_ptr() != got.data_ptr():
+                dest.copy_(got.reshape(dest.shape))
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"rank {self._rank} of {self._size}"
+        return f"<pskv.AllreduceStore type={self.type!r} {state}>"
+
+
+def _in_place(tensor: Any, device: str) -> bool:
+    """The collective can run on ``tensor``'s own memory."""
+    return bool(tensor.is_contiguous()) and str(tensor.device) == device
+
+
+def _describe(key: Key, value: Any) -> str:
+    meta = describe(value)
+    return f"key {key!r} {meta.dtype}{tuple(meta.shape)}"
+
+
+def _names(keys: Any) -> str:
+    names = [repr(k) for k in keys]
+    return "key " + names[0] if len(names) == 1 else f"keys {', '.join(names)}"
