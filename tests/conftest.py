@@ -99,6 +99,7 @@ MULTIPROCESS_MODULES = frozenset({
     "tests/integration/test_big_table.py",
     "tests/integration/test_departures.py",
     "tests/integration/test_dist_processes.py",
+    "tests/integration/test_horovod.py",
     "tests/integration/test_launcher.py",
     "tests/integration/test_launch_logs.py",
     "tests/integration/test_security.py",
