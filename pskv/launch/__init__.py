@@ -94,7 +94,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"the scheduler's port: over ssh on the first host (default {DEFAULT_SSH_PORT}); "
                              "locally on 127.0.0.1 (default: a free one)")
     parser.add_argument("--startup-timeout", type=float, default=60.0, metavar="SECONDS",
-                        help="local: how long the scheduler may take to get ready (default 60)")
+                        help="local: how long the scheduler may take to get ready; ssh: how long the preflight "
+                             "of the hosts may take (default 60)")
     parser.add_argument("--stop-grace", type=float, default=5.0, metavar="SECONDS",
                         help="between SIGTERM and SIGKILL when stopping the job (default 5)")
     parser.add_argument("--exit-grace", type=float, default=30.0, metavar="SECONDS",

@@ -61,7 +61,8 @@ class LaunchConfig:
         timeout: seconds the whole job may take (None: no limit).
         port: the scheduler's port (``--port``): on the first host over ssh (None: 9091,
             :data:`DEFAULT_SSH_PORT`); on 127.0.0.1 locally (None: a free port the scheduler picks).
-        startup_timeout: local only: seconds to wait for the scheduler to publish its port.
+        startup_timeout: local: seconds to wait for the scheduler to publish its port; ssh:
+            seconds the preflight of the hosts may take.
         stop_grace: seconds between the stop signal (SIGTERM) and SIGKILL.
         exit_grace: seconds servers and scheduler may take to exit after the last worker.
         python: the interpreter that runs the server and scheduler roles.
