@@ -8,6 +8,7 @@ Subcommands:
     pskv keygen      write a CURVE cluster key file for authenticated, encrypted jobs (docs/security.md)
     pskv top         a running job's nodes, live: rounds/s, bytes/s, queues, stalls (docs/observability.md)
     pskv checkpoint  list the checkpoints (server or training) of a directory, or verify one (docs/distributed.md)
+    pskv timeline    a job's timeline files (PSKV_TIMELINE) summed up per process, merged into one (docs/observability.md)
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ from pskv.launch import add_arguments as add_launch_arguments
 from pskv.launch import run_args as run_launch
 from pskv.roles import run_role
 from pskv.server.snapshot import read_shard
+from pskv.timeline import load as load_timeline
+from pskv.timeline import merge as merge_timeline
+from pskv.timeline import summary as timeline_summary
 from pskv.top import add_arguments as add_top_arguments
 from pskv.top import run as run_top
 from pskv.transport.security import generate_keys, write_key_file
@@ -148,6 +152,30 @@ def _verify_training(d: Path) -> str:
             f"{tensors} parameter tensor(s), update_on_kvstore={meta.get('update_on_kvstore')}")
 
 
+def _timeline(args: argparse.Namespace) -> int:
+    """``pskv timeline PATH...``: timeline files (a directory: its ``*.json``) summed up per process and
+    span; with ``-o FILE`` merged into one file (:func:`pskv.timeline.merge`)."""
+    files: list[Path] = []
+    for path in map(Path, args.paths):
+        files += sorted(p for p in path.glob("*.json")) if path.is_dir() else [path]
+    if not files:
+        print(f"pskv timeline: error: no timeline files in {' '.join(args.paths)}", file=sys.stderr)
+        return 2
+    try:
+        events = load_timeline(files)
+        if args.output:
+            merge_timeline(files, args.output)
+    except (InvalidArgumentError, OSError) as exc:
+        print(f"pskv timeline: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{'process':<12} {'span':<10} {'count':>8} {'total ms':>12} {'mean us':>10}")
+    for process, name, count, ms in timeline_summary(events):
+        print(f"{process:<12} {name:<10} {count:>8} {ms:>12.3f} {ms * 1000 / count:>10.1f}")
+    if args.output:
+        print(f"{len(events)} events of {len(files)} file(s) written to {args.output}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``pskv`` command."""
     parser = argparse.ArgumentParser(prog="pskv", description="pskv: parameter server and key-value store")
@@ -169,6 +197,11 @@ def build_parser() -> argparse.ArgumentParser:
     p_ckpt = sub.add_parser("checkpoint", help="list and verify checkpoints (kv.save_checkpoint, fit checkpoint_dir)")
     p_ckpt.add_argument("directory", help="a checkpoint directory, or a directory holding ckpt-<n> / epoch-<n> ones")
     p_ckpt.set_defaults(func=_checkpoint)
+    p_timeline = sub.add_parser("timeline", help="sum up a job's timeline files (PSKV_TIMELINE) and merge them")
+    p_timeline.add_argument("paths", nargs="+", metavar="PATH", help="timeline files, or directories of them")
+    p_timeline.add_argument("-o", "--output", default=None, metavar="FILE",
+                            help="write every file's events into FILE (one trace of the whole job)")
+    p_timeline.set_defaults(func=_timeline)
     p_top = sub.add_parser("top", help="show a running job's nodes live: rounds/s, bytes/s, queues, stalls",
                            description="Attach to a running job through its scheduler and show its nodes "
                                        "(docs/observability.md).")

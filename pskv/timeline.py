@@ -40,7 +40,8 @@ from typing import Any
 
 from pskv.errors import InvalidArgumentError
 
-__all__ = ["FLUSH_INTERVAL", "MAX_BUFFERED", "MAX_LANES", "Timeline", "merge", "open_timeline", "trace_path"]
+__all__ = ["FLUSH_INTERVAL", "MAX_BUFFERED", "MAX_LANES", "Timeline", "load", "merge", "open_timeline", "summary",
+           "trace_path"]
 
 log = logging.getLogger("pskv.timeline")
 
@@ -105,7 +106,8 @@ class Timeline:
         self._max_buffered = max_buffered
         self._lock = threading.Lock()
         self._io_lock = threading.Lock()  # one write at a time, in queue order (writer thread, close)
-        self._queued: list[dict[str, Any]] = []
+        # spans as (name, tid, ts, dur, args) (formatted by the writer), metadata as bytes
+        self._queued: list[tuple[str, int, int, int, Mapping[str, Any] | None] | bytes] = []
         self._lanes: dict[str, list[list[int]]] = {}  # track -> its lanes: [tid, end of its last span (us)]
         self._tids = 0
         self.dropped = 0
@@ -126,7 +128,10 @@ class Timeline:
 
     # -- recording (any thread) ---------------------------------------------------------------
     def span(self, name: str, track: str, start: float, end: float, args: Mapping[str, Any] | None = None) -> None:
-        """A span ``name`` on ``track`` from ``start`` to ``end`` (:func:`time.monotonic` seconds)."""
+        """A span ``name`` on ``track`` from ``start`` to ``end`` (:func:`time.monotonic` seconds).
+
+        ``args`` (JSON-able values; others are written as their ``str``) is kept as given
+        until written: the caller must not change it."""
         if self._closed:
             return
         ts = int(start * 1e6)
@@ -141,10 +146,7 @@ class Timeline:
             if tid < 0:
                 self.dropped += 1
                 return
-            event = {"name": name, "ph": "X", "pid": self.pid, "tid": tid, "ts": ts, "dur": end_us - ts}
-            if args:
-                event["args"] = dict(args)
-            self._queued.append(event)
+            self._queued.append((name, tid, ts, end_us - ts, args))
             if len(self._queued) == FLUSH_EVENTS:
                 self._wake.notify()
 
@@ -163,9 +165,9 @@ class Timeline:
         tid = self._tids
         label = track if not lanes else f"{track} #{len(lanes) + 1}"
         lanes.append([tid, end])
-        self._queued.append(_meta("thread_name", self.pid, tid, label))
-        self._queued.append({"name": "thread_sort_index", "ph": "M", "pid": self.pid, "tid": tid,
-                             "args": {"sort_index": tid}})
+        self._queued.append(_dumps(_meta("thread_name", self.pid, tid, label)))
+        self._queued.append(_dumps({"name": "thread_sort_index", "ph": "M", "pid": self.pid, "tid": tid,
+                                    "args": {"sort_index": tid}}))
         return tid
 
     # -- writing (the writer thread; close) ---------------------------------------------------
@@ -185,7 +187,17 @@ class Timeline:
                 events, self._queued = self._queued, []
                 dropped = self.dropped
             if events or dropped:
-                self._write(b"".join(b",\n" + _dumps(e) for e in events), dropped=dropped)
+                self._write(b"".join(b",\n" + (e if type(e) is bytes else self._span_json(e))  # type: ignore[arg-type]
+                                     for e in events), dropped=dropped)
+
+    def _span_json(self, span: tuple[str, int, int, int, Mapping[str, Any] | None]) -> bytes:
+        """One span as trace-event JSON (formatted here rather than by json.dumps: the writer's time is the
+        job's too)."""
+        name, tid, ts, dur, args = span
+        fields = ",".join(f"{json.dumps(k)}:{v}" if type(v) is int else f"{json.dumps(k)}:{json.dumps(v, default=str)}"
+                          for k, v in args.items()) if args else ""
+        return (f'{{"name":{json.dumps(name)},"ph":"X","pid":{self.pid},"tid":{tid},"ts":{ts},"dur":{dur},'
+                f'"args":{{{fields}}}}}').encode()
 
     def _write(self, data: bytes, dropped: int = 0) -> None:
         """``data`` over the closing at the file's end, then the closing again (one write)."""
@@ -228,18 +240,13 @@ class Timeline:
         self._queued = []
 
 
-def merge(paths: Iterable[str | os.PathLike[str]], out: str | os.PathLike[str]) -> int:
-    """Write the events of several timeline files (one job's) into one file ``out``; returns their number.
-
-    The processes keep their own ``pid`` (one that two files have is renumbered in the
-    later one); the files of processes on one host share a time
-    axis (:mod:`pskv.timeline`), so the merged file shows a step's spans on every
-    worker and server together.
+def load(paths: Iterable[str | os.PathLike[str]]) -> list[dict[str, Any]]:
+    """The events of several timeline files (one job's), as :func:`merge` writes them.
 
     Raises:
         InvalidArgumentError: a file is not a trace-event JSON object (names it).
     """
-    events: list[Any] = []
+    events: list[dict[str, Any]] = []
     taken: set[Any] = set()
     for path in paths:
         try:
@@ -253,9 +260,36 @@ def merge(paths: Iterable[str | os.PathLike[str]], out: str | os.PathLike[str]) 
         renumber = {pid: next(fresh) for pid in sorted(pids & taken, key=str)}
         taken |= (pids - set(renumber)) | set(renumber.values())
         events.extend({**e, "pid": renumber[e["pid"]]} if e["pid"] in renumber else e for e in found)
+    return events
+
+
+def merge(paths: Iterable[str | os.PathLike[str]], out: str | os.PathLike[str]) -> int:
+    """Write the events of several timeline files (one job's) into one file ``out``; returns their number.
+
+    The processes keep their own ``pid`` (one that two files have is renumbered in the
+    later one); the files of processes on one host share a time axis
+    (:mod:`pskv.timeline`), so the merged file shows a step's spans on every worker and
+    server together.
+
+    Raises:
+        InvalidArgumentError: a file is not a trace-event JSON object (names it).
+    """
+    events = load(paths)
     with open(out, "w", encoding="utf-8") as f:
         json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f, separators=(",", ":"))
     return len(events)
+
+
+def summary(events: Iterable[Mapping[str, Any]]) -> list[tuple[str, str, int, float]]:
+    """Per process (its name) and span name: how many spans and their total milliseconds, by process."""
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    totals: dict[tuple[str, str], list[float]] = {}
+    for e in events:
+        if e.get("ph") == "X":
+            total = totals.setdefault((str(names.get(e["pid"], e["pid"])), e["name"]), [0, 0.0])
+            total[0] += 1
+            total[1] += e.get("dur", 0) / 1000
+    return [(process, name, int(n), ms) for (process, name), (n, ms) in sorted(totals.items())]
 
 
 def _meta(name: str, pid: int, tid: int, label: str) -> dict[str, Any]:

@@ -105,6 +105,7 @@ MULTIPROCESS_MODULES = frozenset({
     "tests/integration/test_security.py",
     "tests/integration/test_mxnet_dist_sparse.py",
     "tests/integration/test_sparse_launched.py",
+    "tests/integration/test_timeline.py",
     "tests/unit/test_doc_blocks.py",  # runs every code block of the docs (pskv launch jobs among them)
     "tests/unit/test_example.py",
     "tests/parallel/test_example_digits.py",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import numpy as np
 import pytest
 
 import pskv
+from pskv import cli
 from pskv.optimizer import SGD
 from pskv.testing import InProcessCluster
 from pskv.timeline import Timeline, merge, open_timeline, trace_path
@@ -193,6 +195,25 @@ def test_merge_puts_a_job_into_one_file(tmp_path):
     (tmp_path / "bad.json").write_text("[")
     with pytest.raises(pskv.InvalidArgumentError, match="bad.json"):
         merge([tmp_path / "bad.json"], tmp_path / "x.json")
+
+
+def test_pskv_timeline_sums_up_and_merges_a_directory(tmp_path, capsys):
+    for role, rank in (("worker", 0), ("server", 0)):
+        timeline = open_timeline(str(tmp_path / "t"), role, rank)
+        assert timeline is not None
+        now = time.monotonic()
+        for i in range(3):
+            timeline.span("push" if role == "worker" else "merge", "key 1", now + i, now + i + 0.002)
+        timeline.close()
+    assert cli.main(["timeline", str(tmp_path / "t"), "-o", str(tmp_path / "job.json")]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"server 0\s+merge\s+3\s+6\.000", out) and re.search(r"worker 0\s+push\s+3\s+6\.000", out), out
+    assert len(spans(load(tmp_path / "job.json"), "push")) == 3
+    (tmp_path / "empty").mkdir()
+    assert cli.main(["timeline", str(tmp_path / "empty")]) == 2
+    assert "no timeline files" in capsys.readouterr().err
+    assert cli.main(["timeline", str(tmp_path / "missing.json")]) == 2
+    assert "missing.json is not a timeline file" in capsys.readouterr().err
 
 
 def _job(config: Any) -> int:
