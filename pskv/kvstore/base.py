@@ -10,6 +10,7 @@ summation-only store need not offer them. The cluster methods (``barrier``,
 from __future__ import annotations
 
 import abc
+import operator
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Literal, TypeVar, overload
 
@@ -84,14 +85,32 @@ class KVStoreBase(abc.ABC):
 
     # -- MXNet's abstract interface -----------------------------------------------------
     @overload
-    def broadcast(self, key: Keys, value: Values, out: Outs | None = None, priority: int = 0, *, block: Literal[True] = True, timeout: float | None = None) -> None: ...
+    def broadcast(self, key: Keys, value: Values, out: Outs | None = None, priority: int = 0, *, block: Literal[True] = True, timeout: float | None = None, root_rank: int = 0) -> None: ...
     @overload
-    def broadcast(self, key: Keys, value: Values, out: Outs | None = None, priority: int = 0, *, block: Literal[False], timeout: float | None = None) -> OpHandle: ...
+    def broadcast(self, key: Keys, value: Values, out: Outs | None = None, priority: int = 0, *, block: Literal[False], timeout: float | None = None, root_rank: int = 0) -> OpHandle: ...
     @overload
-    def broadcast(self, key: Keys, value: Values, out: Outs | None = None, priority: int = 0, *, block: bool, timeout: float | None = None) -> OpHandle | None: ...
+    def broadcast(self, key: Keys, value: Values, out: Outs | None = None, priority: int = 0, *, block: bool, timeout: float | None = None, root_rank: int = 0) -> OpHandle | None: ...
     @abc.abstractmethod
-    def broadcast(self, key: Keys, value: Values, out: Outs | None = None, priority: int = 0, *, block: bool = True, timeout: float | None = None) -> OpHandle | None:
-        """Write ``value`` (rank 0's, in a cluster) into the store and into every ``out``."""
+    def broadcast(self, key: Keys, value: Values, out: Outs | None = None, priority: int = 0, *, block: bool = True, timeout: float | None = None, root_rank: int = 0) -> OpHandle | None:
+        """Write ``value`` (rank ``root_rank``'s, in a cluster) into the store and into every ``out``.
+
+        ``root_rank``: the worker whose value everyone gets (every worker passes the same);
+        a single-process store has rank 0 only.
+        """
+
+    def _root_rank(self, root_rank: object) -> int:
+        """``root_rank`` checked against this store's ranks.
+
+        Raises:
+            InvalidArgumentError: not an int in ``[0, num_workers)``.
+        """
+        if isinstance(root_rank, bool) or not hasattr(root_rank, "__index__"):
+            raise InvalidArgumentError(f"root_rank must be an int, got {type(root_rank).__qualname__}")
+        root = operator.index(root_rank)  # type: ignore[arg-type]  # has __index__
+        if not 0 <= root < self.num_workers:
+            raise InvalidArgumentError(f"root_rank {root} is not a worker of this {self.type!r} store "
+                                       f"(ranks 0..{self.num_workers - 1})")
+        return root
 
     @overload
     def pushpull(self, key: Keys, value: Values, out: Outs | None = None, priority: int = 0, *, block: Literal[True] = True, timeout: float | None = None) -> None: ...

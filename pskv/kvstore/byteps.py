@@ -2,7 +2,7 @@
 
 Servers only sum (no optimizer: ``is_capable`` is False for everything); workers use
 ``pushpull`` (an allreduce: every worker receives the sum of all workers' values) and
-``broadcast`` (rank 0's value to everyone). A key is declared on its first use — the
+``broadcast`` (rank 0's value, or ``root_rank``'s, to everyone). A key is declared on its first use — the
 first ``pushpull`` or ``broadcast`` of a key is collective, like BytePS's first blocking
 push. ``local_rank`` is the worker's rank on its host, set by ``pskv launch``.
 
@@ -132,10 +132,11 @@ class BytePSStore(KVStoreBase):
                     break
 
     def broadcast(self, key: Any, value: Any, out: Any = None, priority: int = 0, *, block: bool = True,
-                  timeout: float | None = None) -> Any:  # KVStoreBase's overloads type the calls
-        """Rank 0's ``value`` into every ``out`` (into ``value`` if out is None)."""
+                  timeout: float | None = None, root_rank: int = 0) -> Any:  # KVStoreBase's overloads type the calls
+        """Rank ``root_rank``'s ``value`` into every ``out`` (into ``value`` if out is None)."""
+        root = self._root_rank(root_rank)
         self._declare(key, value)
-        self._dist.broadcast(key, value, None, priority, block=True, timeout=timeout)
+        self._dist.broadcast(key, value, None, priority, block=True, timeout=timeout, root_rank=root)
         target = value if out is None else out
         result: OpHandle | None = self._dist.pull(key, out=target, priority=priority, block=block, timeout=timeout)
         return result

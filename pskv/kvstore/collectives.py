@@ -95,11 +95,12 @@ class ServerCollectives:
         return out
 
     def run(self, name: str, send: Callable[[], str | None], settle: Callable[[], None] | None = None, *,
-            before: bool = True, agree: Sequence[tuple[str, str]] = ()) -> str:
-        """Settle (default: every operation of this worker), meet, ``send`` on rank 0, meet; rank 0's result.
+            before: bool = True, agree: Sequence[tuple[str, str]] = (), root: int = 0) -> str:
+        """Settle (default: every operation of this worker), meet, ``send`` on rank ``root``, meet; rank 0's result.
 
         ``before=False`` skips the first meeting (nothing on the servers must settle
         first). ``agree``: what the first meeting checks is alike on every worker.
+        ``root``: the worker that sends (``broadcast(root_rank=)``; its result is not returned).
 
         Raises:
             CollectiveFailedError: it failed on another worker (that worker raises its own error).
@@ -109,7 +110,7 @@ class ServerCollectives:
         if before:
             self.meet(name, failure, agree=agree)
         result = None
-        if self._rank == 0 and failure is None:
+        if self._rank == root and failure is None:
             try:
                 result = send()
             except Exception as exc:  # noqa: BLE001 - told to every worker, then raised

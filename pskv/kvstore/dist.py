@@ -535,17 +535,27 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         return result if not block else None
 
     def broadcast(self, key: Any, value: Any, out: Any = None, priority: int = 0, *, block: bool = True,
-                  timeout: float | None = None) -> Any:  # KVStoreBase's overloads type the calls
-        """Rank 0's ``value`` into the store (new keys are created) and into every ``out``.
+                  timeout: float | None = None, root_rank: int = 0) -> Any:  # KVStoreBase's overloads type the calls
+        """Rank ``root_rank``'s ``value`` into the store (new keys are created) and into every ``out``.
 
-        Collective: every worker calls it.
+        Collective: every worker calls it, with the same ``root_rank``. New keys are made
+        by :meth:`init` (rank 0's values); from another root they are then overwritten.
+
+        Raises:
+            InvalidArgumentError: ``root_rank`` is not a worker's rank.
+            InitMismatchError: the workers gave different ``root_rank`` (on every worker).
+            NotSupportedError: a row-sparse value from a root other than 0, or for an existing key.
         """
         self._check_open("broadcast")
+        root = self._root_rank(root_rank)
         keys, values = self._one_value_each(key, value, "broadcast")
+        if root != 0 and any(is_row_sparse(v) for _, v in values):
+            raise NotSupportedError(f"broadcast from root_rank {root} takes dense values (a row-sparse key is made "
+                                    "by init or a broadcast from rank 0)")
         fresh = {k for k, _ in values if k not in self._keys}
         if fresh:
             self.init([k for k, _ in values if k in fresh], [v for k, v in values if k in fresh])
-        existing = [(k, self._keys[k], [v]) for k, v in values if k not in fresh]
+        existing = [(k, self._keys[k], [v]) for k, v in values if k not in fresh or root != 0]
         for k, rec, vals in existing:
             if rec.sparse or is_row_sparse(vals[0]):
                 raise NotSupportedError(f"broadcast of key {k!r}: an existing key takes dense values (a row-sparse key "
@@ -559,7 +569,7 @@ class DistStore(StoreFrontEnd[KeyLayout]):
             def overwrite() -> None:
                 reduce_outgoing(existing, self._kernels, self._on_device)
                 self._worker.init([rec for _, rec, _ in existing], overwrite=True, priority=priority, timeout=timeout)
-            self._servers.run("broadcast", overwrite, settle=settle)
+            self._servers.run("broadcast", overwrite, settle=settle, root=root, agree=[("root_rank", str(root))])
         if out is not None:
             return self.pull(key, out=out, priority=priority, block=block, timeout=timeout)
         return None

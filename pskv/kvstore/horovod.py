@@ -194,7 +194,7 @@ class AllreduceStore(KVStoreBase):
             NodeFailedError, OperationTimeoutError: as :meth:`pushpull`.
         """
         self._check_open("broadcast")
-        root = self._root(root_rank)
+        root = self._root_rank(root_rank)
         keys, values, outs = self._pairs(key, value, out, "broadcast")
         for k, vals in values:
             if len(vals) != 1:
@@ -265,14 +265,6 @@ class AllreduceStore(KVStoreBase):
             raise StoreClosedError(f"{op} on a closed {self.type!r} store")
         if self._group.failed is not None:
             raise self._group.failed
-
-    def _root(self, root_rank: object) -> int:
-        if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)):
-            raise InvalidArgumentError(f"root_rank must be an int, got {type(root_rank).__qualname__}")
-        if not 0 <= int(root_rank) < self._size:
-            raise InvalidArgumentError(f"root_rank {int(root_rank)} is not a rank of this job "
-                                       f"(ranks 0..{self._size - 1})")
-        return int(root_rank)
 
     def _pairs(self, key: Any, value: Any, out: Any, op: str
                ) -> tuple[list[Key], list[tuple[Key, list[Any]]], list[tuple[Key, list[Any]]]]:

@@ -393,7 +393,7 @@ class LocalStore(StoreFrontEnd[_Entry]):
 
     # -- broadcast -------------------------------------------------------------------------
     def broadcast(self, key: Any, value: Any, out: Any = None, priority: int = 0, *, block: bool = True,
-                  timeout: float | None = None) -> Any:  # KVStoreBase's overloads type the calls
+                  timeout: float | None = None, root_rank: int = 0) -> Any:  # KVStoreBase's overloads type the calls
         """Store ``value`` under ``key`` and copy it into every ``out``.
 
         Works for new keys (they are created) and existing ones (overwritten), any number
@@ -403,12 +403,15 @@ class LocalStore(StoreFrontEnd[_Entry]):
             key: a key or a list of keys.
             value: one array per key.
             out: per key an array or a list of arrays; None only stores.
+            root_rank: 0, this process's rank (the only one).
 
         Raises:
             ShapeMismatchError, DTypeMismatchError: ``value`` or an out does not match
                 an existing key.
+            InvalidArgumentError: ``root_rank`` is not 0.
         """
         self._check_open("broadcast")
+        self._root_rank(root_rank)
         keys, single = self._key_list(key)
         dense_only = "broadcast takes dense values and outs (init makes a row-sparse key; row_sparse_pull reads it)"
         values = pair_up(keys, single, value, "value", dense_only)
