@@ -172,6 +172,47 @@ def test_a_process_killed_while_writing_leaves_a_valid_file(tmp_path):
     assert len(spans(load(path), "push")) >= seen  # whole, and everything up to the last flush
 
 
+FORKED = textwrap.dedent("""
+    import os, sys, time
+    from pskv.timeline import Timeline
+    timeline = Timeline(sys.argv[1], "worker 0", flush_interval=3600)
+    now = time.monotonic()
+    timeline.span("push", "key 1", now, now + 0.001, {"by": "parent"})
+    pid = os.fork()
+    if pid == 0:  # a data-loading child: its copy of the timeline must write nothing, not even at exit
+        timeline.span("push", "key 1", now + 1, now + 2, {"by": "child"})
+        timeline.close()
+        sys.exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    timeline.span("pull", "key 1", now + 1, now + 2, {"by": "parent"})
+""")  # the parent's timeline is written at its exit
+
+
+@pytest.mark.timeout(30)
+def test_a_forked_child_writes_nothing_into_its_parents_file(tmp_path):
+    path = tmp_path / "worker-0.json"
+    subprocess.run([sys.executable, "-c", FORKED, str(path)], env={**os.environ, "PYTHONPATH": str(REPO)},
+                   check=True, timeout=20)
+    events = load(path)
+    assert [(e["name"], e["args"]["by"]) for e in events if e["ph"] == "X"] == [("push", "parent"), ("pull", "parent")]
+
+
+def test_a_failed_write_stops_the_timeline_with_a_warning(tmp_path, monkeypatch, caplog):
+    timeline = Timeline(tmp_path / "t.json", "worker 0", flush_interval=3600)
+    now = time.monotonic()
+    timeline.span("push", "key 1", now, now + 0.001)
+
+    def full(*args: Any) -> int:
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(os, "pwrite", full)
+    timeline.flush()
+    assert "t.json: writing failed" in caplog.text and "No space left" in caplog.text
+    monkeypatch.undo()
+    timeline.span("push", "key 1", now + 1, now + 2)
+    timeline.close()  # nothing more is written, nothing raised
+    assert spans(load(tmp_path / "t.json"), "push") == []  # the file as it was before the failed write
+
+
 def test_file_names_and_a_directory_that_cannot_be_made(tmp_path):
     assert trace_path(tmp_path, "worker", 1) == tmp_path / "worker-1.json"
     assert trace_path(tmp_path, "server", 0, restart=2) == tmp_path / "server-0.restart2.json"
