@@ -37,10 +37,11 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="finds leftover 
 STAMP = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}"  # 2026-11-24 09:12:03.123
 
 WORKER = """
-import os, sys
+import logging, os, sys
 import pskv
 kv = pskv.create("dist_sync")
 print(f"rank {kv.rank} here")
+logging.getLogger("pskv.dist").warning("rank %d ready", kv.rank)  # as pskv's own records are shown
 if kv.rank == 1:
     for i in range(30):
         print(f"line {i}")
@@ -83,7 +84,8 @@ def test_log_dir_gets_each_process_and_the_terminal_the_launcher_and_the_root_ca
     assert not any(line.startswith(("[scheduler]", "[server 0]", "[worker 0]")) for line in lines), out
     assert sorted(p.name for p in logs.iterdir()) == ["scheduler.log", "server-0.log", "worker-0.log",
                                                       "worker-1.log"]
-    assert (logs / "worker-0.log").read_text().startswith("rank 0 here\n")
+    assert re.fullmatch(rf"rank 0 here\n{STAMP} WARNING \[worker 0\] pskv.dist: rank 0 ready\n",
+                        (logs / "worker-0.log").read_text()), (logs / "worker-0.log").read_text()
     # pskv's records: time, level, node, logger (the roles' default level: INFO)
     assert re.search(rf"^{STAMP} INFO \[scheduler\] pskv.scheduler: scheduler: all 3 nodes registered$",
                      (logs / "scheduler.log").read_text(), flags=re.M), (logs / "scheduler.log").read_text()
@@ -92,6 +94,7 @@ def test_log_dir_gets_each_process_and_the_terminal_the_launcher_and_the_root_ca
     at = lines.index("pskv launch: worker 1 on 127.0.0.1 exited with code 3; stopping the job")
     assert lines[at + 1] == f"pskv launch: worker 1's output is in {logs / 'worker-1.log'}; its last 15 lines:", out
     assert lines[at + 2:at + 17] == [f"[worker 1] line {i}" for i in range(16, 30)] + ["[worker 1] worker 1 gives up"]
+    assert lines[-1] == "pskv launch: stopped scheduler, server 0, worker 0", out
     assert tagged_pids(tag) == []
 
 
