@@ -1,6 +1,6 @@
 """The ``horovod`` store in real processes: MXNet 2.0's horovod nightly test and Horovod's
 torch broadcast tests through a thin ``hvd`` adapter, 2 ranks under torchrun (Gloo, CPU);
-a rank that dies fails the other's call with an error naming it.
+a rank that dies fails the other's call with an error naming it; a job under ``pskv launch``.
 
 Ported from the semantics (no code copied) of apache/mxnet
 ``tests/nightly/dist_device_sync_kvstore_horovod.py`` (``test_type``, ``test_broadcast``,
@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.fault.launched import finals, launch_job
 
 torch = pytest.importorskip("torch")
 
@@ -275,3 +277,24 @@ def test_a_rank_that_dies_fails_the_other_naming_it(tmp_path: Path) -> None:
     assert outcome["seconds"] < timeout, outcome
     assert outcome["again"] == "NodeFailedError", outcome
     assert time.monotonic() - began < 90
+
+
+LAUNCHED = textwrap.dedent(r'''
+    import numpy as np
+    import pskv
+
+    kv = pskv.create("horovod")
+    g = np.full(3, kv.rank + 1.0, np.float32)
+    kv.pushpull("g", g)
+    w = np.full(2, float(kv.rank), np.float32)
+    kv.broadcast("w", w, root_rank=1)
+    print(f"final {kv.rank} size {kv.num_workers} local {kv.local_rank} sum {g.tolist()} root1 {w.tolist()}")
+    kv.close()
+''')
+
+
+def test_started_by_pskv_launch(tmp_path: Path) -> None:
+    """pskv launch gives each worker its rank and a rendezvous (MASTER_ADDR/PORT): the store needs nothing else."""
+    code, out = launch_job(tmp_path, LAUNCHED, [], ["-s", "1"], deadline=90)
+    assert code == 0, out
+    assert finals(out) == {r: f"size 2 local {r} sum [3.0, 3.0, 3.0] root1 [1.0, 1.0]" for r in range(2)}, out
