@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import pskv
+from pskv.cli import main as cli_main
 from pskv.config import ClusterConfig
 from pskv.launch import main as launch_main
 from pskv.launch.contract import ProcessSpec
@@ -168,6 +169,8 @@ def test_usage_errors_of_logs_and_levels_start_nothing(tmp_path, monkeypatch, ca
     assert launch_main(["-n", "1", "--", "true"]) == 2
     assert capsys.readouterr().err == ("pskv launch: error: environment variable PSKV_LOG_LEVEL='LOUD': log_level "
                                        "must be one of DEBUG, INFO, WARNING, ERROR, got 'LOUD'\n")
+    assert cli_main(["server"]) == 2  # a role started by hand: one line, no traceback
+    assert capsys.readouterr().err.startswith("pskv server: error: environment variable PSKV_LOG_LEVEL='LOUD'")
     monkeypatch.delenv("PSKV_LOG_LEVEL")
     assert launch_main(["-n", "1", "--tee", "--", "true"]) == 2
     assert "--tee needs --log-dir" in capsys.readouterr().err
@@ -181,10 +184,11 @@ def test_usage_errors_of_logs_and_levels_start_nothing(tmp_path, monkeypatch, ca
 
 # -- ssh: the preflight and the launcher's interpreter ------------------------------------
 # A login shell whose python and python3 lack pskv (as on a fresh host); "far" hosts also lack
-# the launcher's interpreter path; host "down" refuses connections, as ssh says it.
+# the launcher's interpreter path; host "down" refuses connections, as ssh says it; "slow" never answers.
 FAKE_LOGIN = """#!/bin/bash
 host="$1"; shift
 if [ "$host" = down ]; then echo "ssh: connect to host down port 22: Connection refused" >&2; exit 255; fi
+if [ "$host" = slow ]; then exec sleep 60; fi
 cmd="$*"
 if [ "${host#far}" != "$host" ]; then cmd="${cmd//$LAUNCHER_PYTHON//nonexistent/bin/python}"; fi
 PATH="$FAKE_LOGIN_BIN:$PATH" exec bash -c "$cmd"
@@ -209,10 +213,14 @@ def fake_hosts(tmp_path: Path) -> dict[str, str]:
 @pytest.mark.timeout(60)
 def test_ssh_preflight_names_each_host_that_cannot_run_pskv_and_starts_nothing(tag, tmp_path):
     (tmp_path / "hosts").write_text("127.0.0.1\nfar1\ndown\n")
-    code, out = run_launcher(["--launcher", "ssh", "-H", str(tmp_path / "hosts"), "--port", str(free_port()),
+    (tmp_path / "servers").write_text("slow\n")
+    start = time.monotonic()
+    code, out = run_launcher(["--launcher", "ssh", "-H", str(tmp_path / "hosts"), "--server-hostfile",
+                              str(tmp_path / "servers"), "--port", str(free_port()), "--startup-timeout", "2",
                               "-n", "3", "-s", "1", "--", "python", "-c", "pass"], tag, tmp_path,
                              env=fake_hosts(tmp_path))
     assert code == 1, out
+    assert time.monotonic() - start < 15, out  # the checks run at once, each for at most --startup-timeout
     lines = out.splitlines()
     assert lines[0].startswith("pskv launch: 3 workers, 1 server, scheduler on 127.0.0.1:"), out
     assert lines[1:] == [
@@ -220,11 +228,12 @@ def test_ssh_preflight_names_each_host_that_cannot_run_pskv_and_starts_nothing(t
         "python3: ModuleNotFoundError: No module named 'pskv'",
         "pskv launch: host down: cannot run pskv: ssh exited with code 255 (255 is also ssh's own code for a "
         "failed connection or login): ssh: connect to host down port 22: Connection refused",
-        "pskv launch: error: the preflight failed on 2 of 3 host(s) (pskv must import there with --python PATH "
+        "pskv launch: host slow: cannot run pskv: no answer within 2 s",
+        "pskv launch: error: the preflight failed on 3 of 4 host(s) (pskv must import there with --python PATH "
         "or python3, in the same directory); nothing was started",
     ], out
     calls = (tmp_path / "ssh.log").read_text().splitlines()
-    assert len(calls) == 3 and all("pskv-check:" in call for call in calls), calls  # the checks only
+    assert len(calls) == 4 and all("pskv-check:" in call for call in calls), calls  # the checks only
 
 
 @pytest.mark.timeout(60)
