@@ -28,6 +28,7 @@ from pskv import cli
 from pskv.optimizer import SGD
 from pskv.testing import InProcessCluster
 from pskv.timeline import Timeline, merge, open_timeline, trace_path
+from pskv.worker import spans as worker_spans
 
 REPO = Path(__file__).resolve().parents[2]
 PHASES = {"X", "B", "E", "M", "i", "I", "C"}
@@ -324,6 +325,12 @@ def test_row_sparse_keys_and_compression_are_traced(tmp_path):
 @pytest.mark.timeout(60)
 def test_off_no_file_no_thread(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+
+    def called(*args: Any) -> None:
+        raise AssertionError("a span was recorded with the timeline off")
+    for name in ("watch", "waited", "compressed"):
+        monkeypatch.setattr(worker_spans, name, called)
+    monkeypatch.setattr(Timeline, "span", called)
     before = len(_timeline_threads())
     with InProcessCluster(1, 2, deadline=30) as cluster:
         cluster.run_workers(_job)
