@@ -6,10 +6,10 @@ they start; from then on every record of the ``pskv`` logger (``pskv.server``,
 
     2026-11-24 09:12:03.123 WARNING [server 0] pskv.server: ...
 
-Unless the program configured logging itself first (a handler on the root logger):
-then pskv's records go through the program's handlers, at its levels, and nothing
-here changes (a library does not take over its host's logging; pytest's capture is such
-a handler too). Standard library only; the level comes checked from
+Unless the program configured logging itself (a handler on the root logger): then
+pskv's records go through the program's handlers only (a library does not take over
+its host's logging; pytest's capture is such a handler too) — configured first, nothing
+here changes; configured later, this handler stands aside, so no record shows twice. Standard library only; the level comes checked from
 :class:`pskv.config.ClusterConfig` (``log_level``).
 """
 
@@ -29,6 +29,11 @@ def record_format(node: str) -> str:
     return "%(asctime)s.%(msecs)03d %(levelname)s [" + node.replace("%", "%%") + "] %(name)s: %(message)s"
 
 
+def _unless_configured(record: logging.LogRecord) -> bool:
+    """False once the program has configured logging after all: its handlers get the record (no duplicate)."""
+    return not logging.getLogger().handlers
+
+
 def show_records(node: str, level: str = "", default: str = "INFO") -> bool:
     """Show this process's ``pskv`` log records on stderr as ``node``'s (again: a new name, same handler).
 
@@ -45,7 +50,8 @@ def show_records(node: str, level: str = "", default: str = "INFO") -> bool:
         return False
     logger = logging.getLogger("pskv")
     if _handler is None:
-        _handler = logging.StreamHandler()  # the stderr of the moment it writes
+        _handler = logging.StreamHandler()  # sys.stderr
+        _handler.addFilter(_unless_configured)
         logger.addHandler(_handler)
     _handler.setFormatter(logging.Formatter(record_format(node), DATE_FORMAT))
     logger.setLevel(level or default)

@@ -8,6 +8,7 @@ Real jobs through ``pskv launch`` (local, and ssh through the fake ``ssh`` of
 from __future__ import annotations
 
 import io
+import logging
 import os
 import re
 import select
@@ -18,11 +19,13 @@ from pathlib import Path
 import pytest
 
 import pskv
+import pskv.logs
 from pskv.cli import main as cli_main
 from pskv.config import ClusterConfig
 from pskv.launch import main as launch_main
 from pskv.launch.contract import ProcessSpec
 from pskv.launch.supervisor import Console, Supervisor
+from pskv.logs import show_records
 from tests.integration.conftest import tagged_pids
 from tests.integration.test_launcher import (
     FAKE_SSH,
@@ -180,6 +183,28 @@ def test_usage_errors_of_logs_and_levels_start_nothing(tmp_path, monkeypatch, ca
     with pytest.raises(pskv.InvalidArgumentError, match="PSKV_LOG_LEVEL='verbose'"):
         ClusterConfig.from_env({"PSKV_LOG_LEVEL": "verbose"})
     assert ClusterConfig.from_env({"PSKV_LOG_LEVEL": "debug"}).log_level == "DEBUG"
+
+
+def test_records_carry_time_level_and_node_and_stand_aside_for_the_programs_own_logging(monkeypatch, capsys):
+    pskv_logger = logging.getLogger("pskv")
+    monkeypatch.setattr(logging.root, "handlers", [])  # a program that configured no logging (not pytest)
+    monkeypatch.setattr(pskv_logger, "handlers", [])
+    monkeypatch.setattr(pskv_logger, "level", pskv_logger.level)
+    monkeypatch.setattr(pskv.logs, "_handler", None)
+    assert show_records("worker", "", "WARNING")
+    assert show_records("worker 3", "", "WARNING")  # named again once registered: the same handler
+    log = logging.getLogger("pskv.dist")
+    log.info("not shown")
+    log.warning("shown")
+    assert re.fullmatch(rf"{STAMP} WARNING \[worker 3\] pskv.dist: shown\n", capsys.readouterr().err)
+    assert len(pskv_logger.handlers) == 1
+    show_records("server 0", "debug".upper(), "INFO")
+    logging.getLogger("pskv.server").debug("at DEBUG")
+    assert capsys.readouterr().err.endswith(" DEBUG [server 0] pskv.server: at DEBUG\n")
+    root = logging.StreamHandler(io.StringIO())  # the program configures logging later: its handler only
+    monkeypatch.setattr(logging.root, "handlers", [root])
+    log.warning("once")
+    assert capsys.readouterr().err == "" and root.stream.getvalue() == "once\n"
 
 
 # -- ssh: the preflight and the launcher's interpreter ------------------------------------
