@@ -30,3 +30,14 @@ def test_the_diagram_image_is_generated_from_its_source():
     svg = (ROOT / "docs" / "architecture.svg").read_text(encoding="utf-8")
     for label in re.findall(r'label="([A-Za-z]+) \(', dot):  # each box's first word is in the image
         assert label in svg
+
+
+def test_every_file_the_diagram_names_exists():
+    dot = (ROOT / "docs" / "architecture.dot").read_text(encoding="utf-8")
+    labels = " ".join(re.findall(r'label="([^"]*)"', dot)).replace("\\n", " ")
+    missing = []
+    for folder, name in re.findall(r"\b(?:([a-z_]+)/)?([a-z_]+\.py)\b", labels):
+        found = (ROOT / "pskv" / folder / name).exists() if folder else any((ROOT / "pskv").rglob(name))
+        if not found:
+            missing.append(f"{folder}/{name}" if folder else name)
+    assert not missing, f"docs/architecture.dot names files pskv does not have: {missing} (update it, then dot -Tsvg)"
