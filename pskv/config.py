@@ -22,7 +22,8 @@ from typing import Any, TypeVar
 from pskv.errors import InvalidArgumentError
 
 __all__ = ["Config", "ClusterConfig", "ENV_VARS", "CLUSTER_ENV_VARS", "LOG_LEVELS", "log_level_from_env",
-           "RANK_ENV_VARS", "RankEnv", "rank_env", "expand_hostlist", "expand_tasks_per_node"]
+           "RANK_ENV_VARS", "RankEnv", "rank_env", "expand_hostlist", "expand_tasks_per_node",
+           "LAUNCHER_ENV_VARS", "omp_num_threads_set"]
 
 T = TypeVar("T")
 
@@ -409,6 +410,18 @@ RANK_ENV_VARS: dict[str, tuple[str, str]] = {
     "SLURM_NODELIST": ("slurm", "SLURM: the older name of SLURM_JOB_NODELIST"),
     "SLURM_JOB_ID": ("slurm", "SLURM: the job's id; without MASTER_PORT the master port is 15000 + its last 4 digits (as PyTorch Lightning)"),
 }
+
+# variables the launcher itself looks at (pskv launch); docs/env.md mirrors this table.
+LAUNCHER_ENV_VARS: dict[str, tuple[str, str]] = {
+    "OMP_NUM_THREADS": ("pskv launch", "OpenMP threads per process: when it is set (or an --env pair sets it), pskv launch leaves it; else each worker gets max(1, CPUs of its host // workers there), as torchrun does"),
+}
+
+
+def omp_num_threads_set(environ: Mapping[str, str] | None = None) -> bool:
+    """True when ``OMP_NUM_THREADS`` is set here (``pskv launch`` then leaves it to the workers)."""
+    env = os.environ if environ is None else environ
+    return env.get("OMP_NUM_THREADS", "") != ""
+
 
 RANK_SOURCES = ("pskv", "torchrun", "mpi", "pmi", "slurm")
 MAX_HOSTLIST = 1 << 16  # hosts one compressed SLURM host list may name

@@ -14,10 +14,12 @@ its only reader) and local and ssh processes are started the same way.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-__all__ = ["CONTRACT", "ROLE_ORDER", "ProcessSpec", "JobLayout", "contract_env", "env_argv", "role_argv"]
+__all__ = ["CONTRACT", "ROLE_ORDER", "ProcessSpec", "JobLayout", "contract_env", "env_argv", "omp_note", "port_beside",
+           "role_argv", "with_workers"]
 
 # variable -> (who reads it, meaning). docs/launch.md mirrors this table.
 CONTRACT: dict[str, tuple[str, str]] = {
@@ -38,10 +40,23 @@ CONTRACT: dict[str, tuple[str, str]] = {
     "PSKV_SERVER_RECOVERY": ("every process (ClusterConfig.server_recovery)", "with --restart-servers: 1 (a dead server may be replaced; workers keep their pushes since the newest checkpoint)"),
     "PSKV_JOB_ID": ("servers (ClusterConfig.job_id)", "a random id of this job: names its shared-memory files so the launcher can remove them"),
     "PYTHONUNBUFFERED": ("Python", "1, so output reaches the launcher line by line (an --env pair may override it)"),
+    # torchrun's variables, so torch.distributed (and pskv.config.rank_env) work in a launched worker
+    "RANK": ("workers (torch.distributed, rank_env)", "the worker's rank, as DMLC_WORKER_ID"),
+    "WORLD_SIZE": ("workers (torch.distributed, rank_env)", "the number of workers, as DMLC_NUM_WORKER"),
+    "LOCAL_RANK": ("workers (torch.distributed, rank_env)", "the worker's index on its host, as PSKV_LOCAL_RANK"),
+    "LOCAL_WORLD_SIZE": ("workers (rank_env)", "the number of workers on the worker's host"),
+    "MASTER_ADDR": ("workers (torch.distributed, rank_env)", "worker 0's host"),
+    "MASTER_PORT": ("workers (torch.distributed, rank_env)", "locally a free port on 127.0.0.1; over ssh, srun and mpirun the scheduler's port + 1 (- 1 for 65535); never the scheduler's"),
 }
 
 # Role-specific variables: unset (`env -u`) in the processes they do not belong to.
-_ROLE_ONLY = ("DMLC_WORKER_ID", "PSKV_LOCAL_RANK", "PSKV_SERVER_RANK")
+_ROLE_ONLY = ("DMLC_WORKER_ID", "PSKV_LOCAL_RANK", "PSKV_SERVER_RANK", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+              "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# Before a worker's command: OMP_NUM_THREADS = max(1, CPUs of its host // workers there) unless already set
+# (torchrun's rule), computed where the worker runs (nproc counts the CPUs it may use).
+_OMP_SHARE = ('[ -n "${OMP_NUM_THREADS-}" ] || { n=$(( $(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN) '
+              '/ ${LOCAL_WORLD_SIZE:-1} )); [ "$n" -ge 1 ] || n=1; OMP_NUM_THREADS=$n; export OMP_NUM_THREADS; }; '
+              'exec "$@"')
 ROLE_ORDER = ("scheduler", "server", "worker")
 
 
@@ -60,6 +75,45 @@ class JobLayout:
     restart_count: int = 0
     recovery_timeout: float = 0.0
     server_recovery: bool = False
+    master_addr: str = ""  # the workers' MASTER_ADDR (see with_workers); "": no torchrun variables
+    master_port: int = 0
+    workers_on: tuple[tuple[str, int], ...] = ()  # (host, workers there): the workers' LOCAL_WORLD_SIZE
+
+
+def with_workers(layout: JobLayout, worker_hosts: Sequence[str], master_port: int) -> JobLayout:
+    """``layout`` with the workers' torchrun variables: MASTER_ADDR worker 0's host, ``master_port``,
+    and each host's count of workers (``worker_hosts[rank]`` is worker ``rank``'s host)."""
+    counts: dict[str, int] = {}
+    for host in worker_hosts:
+        counts[host] = counts.get(host, 0) + 1
+    return dataclasses.replace(layout, master_addr=worker_hosts[0] if worker_hosts else "", master_port=master_port,
+                               workers_on=tuple(counts.items()))
+
+
+def omp_note(extra: Mapping[str, str], set_here: bool, workers_here: int = 0, cpus_here: int = 0) -> str | None:
+    """The launcher's one line about the workers' ``OMP_NUM_THREADS`` (None when the user set it).
+
+    Args:
+        extra: the ``--env`` pairs.
+        set_here: ``OMP_NUM_THREADS`` is set in the launcher's environment
+            (:func:`pskv.config.omp_num_threads_set`; local workers inherit it).
+        workers_here: a job whose workers all run on this machine: their number (else 0).
+        cpus_here: with ``workers_here``, the CPUs this process may use.
+    """
+    if "OMP_NUM_THREADS" in extra or set_here:
+        return None
+    choose = "set OMP_NUM_THREADS (or --env OMP_NUM_THREADS=N) to choose"
+    if workers_here and cpus_here:
+        return (f"each worker gets OMP_NUM_THREADS={max(1, cpus_here // workers_here)} ({cpus_here} CPUs // "
+                f"{workers_here} worker{'s' if workers_here > 1 else ''} on this host), as torchrun does; {choose}")
+    return (f"each worker gets OMP_NUM_THREADS = max(1, CPUs of its host // workers there) where it is not set, "
+            f"as torchrun does; {choose}")
+
+
+def port_beside(port: int) -> int:
+    """A port next to ``port`` (+1, or -1 for 65535): the MASTER_PORT of a job whose scheduler is on ``port``
+    where the launcher cannot look for a free one (another host)."""
+    return port + 1 if port < 65535 else port - 1
 
 
 @dataclass(frozen=True)
@@ -135,6 +189,10 @@ def contract_env(layout: JobLayout, role: str, host: str, rank: int | None = Non
             raise ValueError("a worker needs a rank and a local rank")
         env["DMLC_WORKER_ID"] = str(rank)
         env["PSKV_LOCAL_RANK"] = str(local_rank)
+        if layout.master_addr:
+            env.update(RANK=str(rank), WORLD_SIZE=str(layout.num_workers), LOCAL_RANK=str(local_rank),
+                       LOCAL_WORLD_SIZE=str(dict(layout.workers_on).get(host, 1)), MASTER_ADDR=layout.master_addr,
+                       MASTER_PORT=str(layout.master_port))
     return env
 
 
@@ -146,6 +204,10 @@ def env_argv(contract: Mapping[str, str], extra: Mapping[str, str], command: Seq
         extra: the ``--env`` pairs; they override ``PYTHONUNBUFFERED`` but (validated
             by :class:`~pskv.launch.config.LaunchConfig`) no other contract variable.
         command: the program and its arguments.
+
+    A worker with the torchrun variables (``LOCAL_WORLD_SIZE``) runs its command through
+    ``sh -c``, which sets ``OMP_NUM_THREADS`` to max(1, CPUs // workers on its host) unless
+    it is already set (in the process's environment or an ``--env`` pair), as torchrun does.
     """
     argv = ["env"]
     for name in _ROLE_ONLY:
@@ -153,6 +215,8 @@ def env_argv(contract: Mapping[str, str], extra: Mapping[str, str], command: Seq
             argv += ["-u", name]
     merged = {**contract, **extra}
     argv += [f"{name}={value}" for name, value in merged.items()]
+    if contract.get("DMLC_ROLE") == "worker" and "LOCAL_WORLD_SIZE" in contract:
+        argv += ["sh", "-c", _OMP_SHARE, "sh"]  # OMP_NUM_THREADS where the worker runs, unless set
     return argv + list(command)
 
 

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import socket
 import tempfile
 
 from pskv.atomic import write_text_atomic
+from pskv.config import omp_num_threads_set
 from pskv.errors import LaunchError
 from pskv.launch.config import LaunchConfig
-from pskv.launch.contract import ProcessSpec, contract_env, env_argv, role_argv
+from pskv.launch.contract import ProcessSpec, contract_env, env_argv, omp_note, role_argv, with_workers
 from pskv.launch.supervisor import Console, Supervisor
 from pskv.transport.security import generate_keys, write_key_file
 
-__all__ = ["LOOPBACK", "publish_address", "run_local", "local_specs", "scheduler_spec"]
+__all__ = ["LOOPBACK", "free_port", "publish_address", "run_local", "local_specs", "scheduler_spec"]
 
 LOOPBACK = "127.0.0.1"
 
@@ -32,8 +34,11 @@ def scheduler_spec(config: LaunchConfig, port_file: str) -> ProcessSpec:
 
 
 def local_specs(config: LaunchConfig, port: int) -> list[ProcessSpec]:
-    """Servers, then workers (rank = local rank), for a scheduler on ``127.0.0.1:port``."""
-    layout = config.layout(LOOPBACK, port)
+    """Servers, then workers (rank = local rank), for a scheduler on ``127.0.0.1:port``.
+
+    The workers' ``MASTER_PORT`` (torch.distributed's) is a free port of 127.0.0.1 other than ``port``.
+    """
+    layout = with_workers(config.layout(LOOPBACK, port), [LOOPBACK] * config.num_workers, free_port(avoid=port))
     specs = []
     for rank in range(config.num_servers):
         env = contract_env(layout, "server", LOOPBACK, rank=rank)
@@ -43,6 +48,24 @@ def local_specs(config: LaunchConfig, port: int) -> list[ProcessSpec]:
         env = contract_env(layout, "worker", LOOPBACK, rank=rank, local_rank=rank)
         specs.append(ProcessSpec("worker", rank, LOOPBACK, tuple(env_argv(env, config.env, config.command))))
     return specs
+
+
+def free_port(avoid: int = 0) -> int:
+    """A TCP port of 127.0.0.1 free now (the kernel's pick), other than ``avoid``.
+
+    Raises:
+        LaunchError: no port can be bound.
+    """
+    for _ in range(8):
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind((LOOPBACK, 0))
+                port = int(s.getsockname()[1])
+        except OSError as exc:
+            raise LaunchError(f"cannot find a free port on {LOOPBACK} for MASTER_PORT: {exc}") from None
+        if port != avoid:
+            return port
+    raise LaunchError(f"cannot find a free port on {LOOPBACK} other than {avoid} for MASTER_PORT")
 
 
 def publish_address(config: LaunchConfig, console: Console, address: str) -> None:
@@ -75,6 +98,9 @@ def run_local(config: LaunchConfig, console: Console) -> int:
             port = supervisor.wait_for_port(os.path.join(tmp, "scheduler.port"), config.startup_timeout)
             if port is not None:
                 publish_address(config, console, f"{LOOPBACK}:{port}")
+                note = omp_note(config.env, omp_num_threads_set(), config.num_workers, len(os.sched_getaffinity(0)))
+                if note:
+                    console.note(note)
                 for spec in local_specs(config, port):
                     supervisor.start(spec)
         except LaunchError as exc:

@@ -35,9 +35,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pskv import __version__
+from pskv.config import omp_num_threads_set
 from pskv.errors import InvalidArgumentError, LaunchError
 from pskv.launch.config import DEFAULT_SSH_PORT, LaunchConfig
-from pskv.launch.contract import ProcessSpec, contract_env, env_argv, role_argv
+from pskv.launch.contract import ProcessSpec, contract_env, env_argv, omp_note, port_beside, role_argv, with_workers
 from pskv.launch.supervisor import Console, Supervisor, describe_exit, guard_argv
 
 __all__ = ["Host", "HostCheck", "Placement", "check_hosts", "parse_hostfile", "read_hostfile", "place", "ssh_argv",
@@ -169,7 +170,9 @@ def ssh_specs(config: LaunchConfig, hosts: Sequence[Host], server_hosts: Sequenc
     a host not in it uses ``config.python`` (and the worker command runs as given).
     """
     where = place(hosts, config.num_servers, config.num_workers, server_hosts)
-    layout = config.layout(where.scheduler.address, DEFAULT_SSH_PORT if config.port is None else config.port)
+    port = DEFAULT_SSH_PORT if config.port is None else config.port
+    layout = with_workers(config.layout(where.scheduler.address, port), [h.address for h, _ in where.workers],
+                          port_beside(port))
     chosen = pythons or {}
 
     def spec(role: str, rank: int | None, host: Host, env: dict[str, str], command: Sequence[str] | None) -> ProcessSpec:
@@ -334,6 +337,9 @@ def run_ssh(config: LaunchConfig, console: Console) -> int:
             console.note(f"host {c.host.name}: {c.python} has pskv {c.version}, this launcher {__version__}")
     pythons = {c.host.name: c.python for c in checks}
     specs = ssh_specs(config, hosts, server_hosts, pythons)
+    note = omp_note(config.env, omp_num_threads_set())
+    if note:
+        console.note(note)
     if config.command[0] in ("python", "python3") and {pythons[h.name] for h in hosts} != {config.command[0]}:
         console.note(f"the worker command's {config.command[0]} runs as "
                      f"{', '.join(sorted({pythons[h.name] for h in hosts}))} on the hosts (it imports pskv there)")

@@ -52,7 +52,8 @@ kv.push(7, np.full((2, 3), kv.rank + 1, np.float32))
 total = kv.pull(7)
 assert (total == n * (n + 1) // 2).all(), total
 print(f"rank {kv.rank} of {n}: sum {total[0, 0]:g}")
-print("contract " + json.dumps({name: os.environ.get(name) for name in list(CONTRACT) + ["PSKV_TEST_EXTRA"]}))
+print("contract " + json.dumps({name: os.environ.get(name) for name in list(CONTRACT) + ["PSKV_TEST_EXTRA",
+                                                                                         "OMP_NUM_THREADS"]}))
 if kv.rank == 1 and mode == "exit3":
     sys.exit(3)
 if kv.rank == 1 and mode == "sigkill":
@@ -136,7 +137,11 @@ START_LINE = re.compile(r"pskv launch: \d+ workers?, \d+ servers?, scheduler on 
 
 def launcher_notes(out: str) -> list[str]:
     """The launcher's own lines, but for its start line (what it starts: tests/integration/test_launch_logs.py)."""
-    return [line for line in out.splitlines() if line.startswith("pskv launch: ") and not START_LINE.match(line)]
+    return [line for line in out.splitlines() if line.startswith("pskv launch: ") and not START_LINE.match(line)
+            and not line.startswith((OMP_NOTE, "pskv launch: scheduler at "))]
+
+
+OMP_NOTE = "pskv launch: each worker gets OMP_NUM_THREADS"  # the launcher's line when it sets it (as torchrun)
 
 
 def contracts(out: str) -> dict[int, dict[str, str]]:
@@ -183,6 +188,10 @@ def test_env_contract_reaches_every_worker(tag, tmp_path, worker_script):
     assert port is not None and int(port) > 0
     job_ids = {env.pop("PSKV_JOB_ID") for env in seen.values()}
     assert len(job_ids) == 1 and len(job_ids.pop()) == 12  # one random id per job
+    master_port = seen[0]["MASTER_PORT"]  # torch.distributed's: a free port, not the scheduler's
+    assert master_port is not None and int(master_port) > 0 and master_port != port
+    # as torchrun: CPUs // workers on the host, unless the user set it
+    omp = os.environ.get("OMP_NUM_THREADS") or str(max(1, len(os.sched_getaffinity(0)) // 2))
     for rank, env in seen.items():
         assert env == {
             "DMLC_ROLE": "worker", "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": port,
@@ -192,8 +201,17 @@ def test_env_contract_reaches_every_worker(tag, tmp_path, worker_script):
             "PSKV_CURVE_KEY_FILE": None,  # only with --curve-key / --secure
             "PSKV_CHECKPOINT_DIR": None, "PSKV_RESUME_FROM": None, "PSKV_RESTART_COUNT": None,  # restarts only
             "PSKV_RECOVERY_TIMEOUT": None, "PSKV_SERVER_RECOVERY": None,  # only with --restart-workers/-servers
+            "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2",  # torchrun's
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": master_port, "OMP_NUM_THREADS": omp,
         }
     assert pskv.config.ClusterConfig.from_env(seen[1]).local_rank == 1
+    assert pskv.config.rank_env(seen[1]) == pskv.config.RankEnv("pskv", 1, 2, 1, 2, "127.0.0.1", int(master_port))
+    if "OMP_NUM_THREADS" not in os.environ:
+        assert f"{OMP_NOTE}={omp} ({len(os.sched_getaffinity(0))} CPUs // 2 workers on this host), as torchrun " \
+               "does; set OMP_NUM_THREADS (or --env OMP_NUM_THREADS=N) to choose" in out.splitlines(), out
+    code, out = run_launcher(job(2, 1, worker_script, "ok", "--env", "OMP_NUM_THREADS=3"), tag, tmp_path)
+    assert code == 0 and {env["OMP_NUM_THREADS"] for env in contracts(out).values()} == {"3"}, out
+    assert OMP_NOTE not in out, out
 
 
 @pytest.mark.timeout(60)

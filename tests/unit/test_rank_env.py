@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import pskv
-from pskv.config import RANK_ENV_VARS, RankEnv, expand_hostlist, expand_tasks_per_node, rank_env
+from pskv.config import LAUNCHER_ENV_VARS, RANK_ENV_VARS, RankEnv, expand_hostlist, expand_tasks_per_node, rank_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -108,5 +108,5 @@ def test_tasks_per_node_expand():
 
 def test_every_rank_variable_is_documented():
     text = (REPO / "docs" / "env.md").read_text(encoding="utf-8")
-    for var in RANK_ENV_VARS:
+    for var in [*RANK_ENV_VARS, *LAUNCHER_ENV_VARS]:
         assert f"`{var}`" in text, var
