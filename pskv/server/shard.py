@@ -59,6 +59,7 @@ import numpy as np
 
 from pskv.arrays.dtypes import numpy_dtype
 from pskv.errors import DTypeMismatchError, DuplicateKeyError, InvalidArgumentError, ShapeMismatchError, UnknownKeyError
+from pskv.protocol import node_name
 from pskv.server import rows as sparse_rows
 from pskv.server.rows import RowBatch
 from pskv.timeline import Timeline
@@ -149,6 +150,7 @@ class Part:
     first_row: int = 0  # a row-sparse part: the global id of its first row
     present: np.ndarray[Any, Any] | None = None  # a row-sparse part: local ids of its present rows
     rows_merge: list[RowBatch] = field(default_factory=list)  # a row-sparse part: the open round's rows
+    arrived: dict[int, float] = field(default_factory=dict)  # with a timeline: when each worker's push joined
 
     @property
     def num_rows(self) -> int:
@@ -210,13 +212,21 @@ class ServerShard:
         self.timeline = timeline
         self._names = names
 
-    def _span(self, name: str, part: Part, start: float, number: int) -> None:
+    def _span(self, name: str, part: Part, start: float, number: int, more: dict[str, Any] | None = None) -> None:
         """Span ``name`` of ``part``'s round ``number`` from ``start`` until now, on the part's track."""
         assert self.timeline is not None
         key = self._names.get(part.key, part.key)
         self.timeline.span(name, f"key {key} @{part.offset}" if part.offset else f"key {key}", start,
                            time.monotonic(), {"key": key, "offset": part.offset, "round": number,
-                                              "bytes": part.value.nbytes, "workers": len(part.pushed)})
+                                              "bytes": part.value.nbytes, "workers": len(part.pushed), **(more or {})})
+
+    @staticmethod
+    def _arrivals(part: Part) -> dict[str, Any]:
+        """A merge span's ``pushes`` (per worker, in order: ms after the round's first push) and ``last`` worker."""
+        arrived = sorted(((t, w) for w, t in part.arrived.items() if w in part.pushed))
+        part.arrived.clear()
+        return {"pushes": {node_name(w): round((t - arrived[0][0]) * 1000, 3) for t, w in arrived},
+                "last": node_name(arrived[-1][1]) if arrived else None}
 
     def _full(self, part: Part) -> bool:
         """True if the open round of ``part`` has a push from every worker that has not joined."""
@@ -534,6 +544,8 @@ class ServerShard:
         return joined
 
     def _add(self, part: Part, worker: int, data: Any) -> None:
+        if self.timeline is not None:
+            part.arrived[worker] = time.monotonic()
         if part.row_width:  # the rows are kept (copied) until the round completes
             if not part.pushed:
                 part.round_started = time.monotonic()
@@ -561,7 +573,7 @@ class ServerShard:
         """
         while True:
             if self.timeline is not None:
-                self._span("merge", part, part.round_started, part.round + 1)
+                self._span("merge", part, part.round_started, part.round + 1, self._arrivals(part))
             if part.row_width:
                 batches, part.rows_merge = part.rows_merge, []
                 part.present = self._apply_rows(part, sparse_rows.merge(batches, part.row_width, part.value.dtype))

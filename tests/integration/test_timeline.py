@@ -68,6 +68,7 @@ def test_a_launched_job_writes_a_valid_timeline_with_every_key_and_round_per_pro
             events = load(tmp_path / "timeline" / f"server-{rank}.json")
             got |= {(e["args"]["key"], e["args"]["round"]) for e in spans(events, name)}
             assert all(e["args"]["workers"] == 2 for e in spans(events, name))
+            assert all(sorted(e["args"]["pushes"]) == ["worker 0", "worker 1"] for e in spans(events, "merge"))
             pids |= {e["pid"] for e in events}
         assert got == rounds, (name, got)
     assert len(pids) == 4  # a pid per process

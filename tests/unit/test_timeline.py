@@ -291,6 +291,10 @@ def test_an_in_process_job_traces_every_key_and_round(tmp_path):
         assert {(e["args"]["key"], e["args"]["round"]) for e in spans(events, name)} == {
             (key, r) for key in (3, 4) for r in (1, 2)}
         assert all(e["args"]["workers"] == 2 for e in spans(events, name))
+    for e in spans(events, "merge"):  # when each worker's push joined the round, and who came last
+        pushes = e["args"]["pushes"]
+        assert sorted(pushes) == ["worker 0", "worker 1"] and min(pushes.values()) == 0
+        assert e["args"]["last"] == max(pushes, key=pushes.get) and max(pushes.values()) * 1000 <= e["dur"] + 2
 
 
 def _rows_and_compression(config: Any) -> None:
