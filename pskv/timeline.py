@@ -251,7 +251,11 @@ def load(paths: Iterable[str | os.PathLike[str]]) -> list[dict[str, Any]]:
     for path in paths:
         try:
             with open(path, encoding="utf-8") as f:
-                found = json.load(f)["traceEvents"]
+                text = f.read()
+            try:
+                found = json.loads(text)["traceEvents"]
+            except ValueError:
+                found = _complete_events(text, path)
             pids = {e["pid"] for e in found}
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise InvalidArgumentError(f"{path} is not a timeline file: {exc}") from None
@@ -260,6 +264,30 @@ def load(paths: Iterable[str | os.PathLike[str]]) -> list[dict[str, Any]]:
         renumber = {pid: next(fresh) for pid in sorted(pids & taken, key=str)}
         taken |= (pids - set(renumber)) | set(renumber.values())
         events.extend({**e, "pid": renumber[e["pid"]]} if e["pid"] in renumber else e for e in found)
+    return events
+
+
+def _complete_events(text: str, path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The events of a timeline file whose last write was cut short (its process killed inside the write):
+    every whole line of it up to the first that is not (one event per line, as :class:`Timeline` writes).
+
+    Raises:
+        ValueError: the file does not start as a timeline file does.
+    """
+    lines = text.split("\n")
+    if lines[0] != '{"traceEvents":[':
+        raise ValueError("it does not start with {\"traceEvents\":[")
+    events = []
+    for line in lines[1:]:
+        try:
+            event = json.loads(line.rstrip(","))
+        except ValueError:
+            break
+        if not isinstance(event, dict):
+            break
+        events.append(event)
+    log.warning("timeline %s was cut short (its process was killed while writing): %d whole events read", path,
+                len(events))
     return events
 
 
