@@ -173,7 +173,7 @@ class AllreduceStore(KVStoreBase):
             for items in by_dtype.values():
                 works = [work for _, work, _ in items]
                 flat = works[0].reshape(-1) if len(works) == 1 else self._torch.cat([w.reshape(-1) for w in works])
-                self._group.allreduce(f"pushpull of {_names(k for k, _, _ in items)}", flat, timeout)
+                self._group.allreduce(_names(k for k, _, _ in items), flat, timeout)
                 offset = 0
                 for _, work, targets in items:
                     self._copy_into(targets, flat[offset:offset + work.numel()].view(work.shape))
@@ -209,7 +209,7 @@ class AllreduceStore(KVStoreBase):
                 flat, offsets = sources[0].reshape(-1).view(self._torch.uint8), [0]  # sent or received in place
             else:
                 flat, offsets = self._packed(sources, fill=sends)
-            self._group.broadcast(f"broadcast of {_names(keys)} from rank {root}", flat, root, timeout)
+            self._group.broadcast(f"{_names(keys)} from rank {root}", flat, root, timeout)
             for s, offset, (_, vals), (_, k_outs) in zip(sources, offsets, values, outs):
                 if sends:  # the root's value is the result
                     self._copy_into(k_outs, s)

@@ -5,9 +5,10 @@ here. The group is the store's own (``ProcessGroupGloo`` / ``ProcessGroupNCCL`` 
 ``PrefixStore``), not torch's default group: a script may also call
 ``torch.distributed.init_process_group`` for its own use, and may create several stores.
 
-Rendezvous: the rank's ``MASTER_ADDR:MASTER_PORT`` holds a ``TCPStore``. Rank 0 opens it;
-when the port is taken (torchrun's agent holds its own store there and workers join it,
-``TORCHELASTIC_USE_AGENT_STORE``) rank 0 joins it as a client like everyone else. One
+Rendezvous: the rank's ``MASTER_ADDR:MASTER_PORT`` holds a ``TCPStore``. Rank 0 opens it,
+unless something answers there already (torchrun's agent holds its own store there and
+its workers join it, ``TORCHELASTIC_USE_AGENT_STORE``): then rank 0 joins it as a client
+like everyone else. One
 process without rank variables gets a group of one on a store bound to port 0 of
 127.0.0.1.
 
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import socket
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -93,6 +95,7 @@ class TorchGroup:
         dist = torch.distributed
         self.spec = spec
         self._seq = 0  # collectives started so far (the same on every rank)
+        self._call = ""  # the current call's name, e.g. 'pushpull#3' (set by agree)
         self._failure: BaseException | None = None
         delta = datetime.timedelta(seconds=spec.timeout)
         if spec.backend == "gloo" and not dist.is_gloo_available():
@@ -121,7 +124,7 @@ class TorchGroup:
             store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=delta, wait_for_workers=False)
             return store, f"127.0.0.1:{store.port}"
         where = f"{spec.master_addr}:{spec.master_port}"
-        if spec.rank == 0:
+        if spec.rank == 0 and not _listening(spec.master_addr, spec.master_port):
             try:
                 return dist.TCPStore(spec.master_addr, spec.master_port, spec.world_size, is_master=True,
                                      timeout=delta, wait_for_workers=False), where
@@ -152,7 +155,7 @@ class TorchGroup:
         """
         torch = self._torch
         self._seq += 1
-        name = f"{description.split(' ', 1)[0]}#{self._seq}"
+        name = self._call = f"{description.split(' ', 1)[0]}#{self._seq}"
         digest = int.from_bytes(hashlib.blake2b(description.encode(), digest_size=8).digest(), "little", signed=True)
         mine = torch.tensor([digest], dtype=torch.int64, device=self.spec.device)
         every = [torch.zeros_like(mine) for _ in range(self.spec.world_size)]
@@ -168,16 +171,16 @@ class TorchGroup:
         raise CollectiveMismatchError(f"{name}: the ranks made different calls: "
                                       + "; ".join(f"rank {r}: {s}" for r, s in enumerate(said)))
 
-    def allreduce(self, name: str, tensor: Any, timeout: float | None = None) -> None:
-        """Sum ``tensor`` (contiguous, on the group's device) over every rank, in place."""
-        self._run(name, lambda: self._pg.allreduce([tensor]), timeout)
+    def allreduce(self, what: str, tensor: Any, timeout: float | None = None) -> None:
+        """Sum ``tensor`` (contiguous, on the group's device) over every rank, in place (``what``: its keys)."""
+        self._run(f"{self._call} ({what})", lambda: self._pg.allreduce([tensor]), timeout)
 
-    def broadcast(self, name: str, tensor: Any, root: int, timeout: float | None = None) -> None:
-        """Rank ``root``'s ``tensor`` into every rank's ``tensor``, in place."""
+    def broadcast(self, what: str, tensor: Any, root: int, timeout: float | None = None) -> None:
+        """Rank ``root``'s ``tensor`` into every rank's ``tensor``, in place (``what``: its keys)."""
         opts = self._torch.distributed.BroadcastOptions()
         opts.rootRank = root
         opts.rootTensor = 0
-        self._run(name, lambda: self._pg.broadcast([tensor], opts), timeout)
+        self._run(f"{self._call} ({what})", lambda: self._pg.broadcast([tensor], opts), timeout)
 
     def _run(self, name: str, start: Any, timeout: float | None) -> None:
         """Start a collective and wait for it (``timeout``: at most the group's).
@@ -242,6 +245,15 @@ class TorchGroup:
                 pg.shutdown()
             except RuntimeError:  # a broken group: its connections are gone already
                 pass
+
+
+def _listening(host: str, port: int) -> bool:
+    """Something accepts connections at ``host:port`` already (torchrun's agent store): join it, don't open one."""
+    try:
+        with socket.create_connection((host, port), timeout=2.0):
+            return True
+    except OSError:
+        return False
 
 
 def _first_line(exc: BaseException) -> str:

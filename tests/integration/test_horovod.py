@@ -273,7 +273,8 @@ def test_a_rank_that_dies_fails_the_other_naming_it(tmp_path: Path) -> None:
     assert [p.returncode for p in procs] == [0, 7], outs
     outcome = json.loads(report.read_text())
     assert outcome["error"] == "NodeFailedError" and outcome["node"] == "rank 1", outcome
-    assert "rank 1" in outcome["message"] and "pushpull" in outcome["message"], outcome
+    assert "pushpull#2" in outcome["message"] and "failed on rank 0" in outcome["message"], outcome
+    assert "rank 1 did not answer the roll call" in outcome["message"], outcome
     assert outcome["seconds"] < timeout, outcome
     assert outcome["again"] == "NodeFailedError", outcome
     assert time.monotonic() - began < 90
