@@ -164,10 +164,11 @@ class Console:
             path = os.path.join(self.log_dir, spec.name.replace(" ", "-") + ".log")
             again = path in self._opened
             try:
-                file = open(path, "ab" if again else "wb")  # noqa: SIM115 - closed by _Output.close
+                file = open(path, "a+b" if again else "wb")  # noqa: SIM115 - closed by _Output.close
                 if again:
                     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-                    file.write(f"----- pskv launch: {spec.name} started again at {stamp} -----\n".encode())
+                    marker = f"----- pskv launch: {spec.name} started again at {stamp} -----\n".encode()
+                    file.write(marker if _ends_line(file) else b"\n" + marker)
                     file.flush()
             except OSError as exc:
                 raise LaunchError(f"cannot write {spec.name}'s log file {path}: {exc.strerror or exc}") from None
@@ -265,6 +266,15 @@ class Console:
 _PIECES = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+")  # pieces of output, each with its line end if any
 _TAIL_LINES = 15  # lines of the root cause's output the report shows
 _TAIL_BYTES = 4096  # of one line, the last ones kept for it
+
+
+def _ends_line(file: IO[bytes]) -> bool:
+    """True if the file (open for reading) is empty or ends with a newline."""
+    size = file.seek(0, os.SEEK_END)
+    if size == 0:
+        return True
+    file.seek(size - 1)
+    return file.read(1) == b"\n"
 
 
 def _count(n: int, what: str) -> str:

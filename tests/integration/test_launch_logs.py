@@ -138,7 +138,7 @@ def test_tee_passes_output_on_live_with_carriage_return_updates_prefixed(tag, tm
 def test_a_restarted_worker_appends_to_its_file_after_a_marker(tmp_path):
     flag = tmp_path / "failed-once"
     code = (f"import os, sys\nif not os.path.exists({str(flag)!r}):\n    open({str(flag)!r}, 'w').close()\n"
-            "    print('first', flush=True)\n    sys.exit(3)\nprint('second')")
+            "    print('first', end='', flush=True)\n    sys.exit(3)\nprint('second')")
     out, err = io.BytesIO(), io.StringIO()
     with Supervisor(Console(out, err, log_dir=str(tmp_path / "logs")), stop_grace=1, worker_restarts=1) as sup:
         sup.start(ProcessSpec("worker", 0, "127.0.0.1", (sys.executable, "-c", code)))
