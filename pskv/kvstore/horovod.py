@@ -141,12 +141,8 @@ class AllreduceStore(KVStoreBase):
 
     @classmethod
     def is_capable(cls, capability: str) -> bool:
-        """False for every known capability: no optimizer, row-sparse pull or compression.
-
-        Raises:
-            InvalidArgumentError: unknown capability name.
-        """
-        cls._capability(capability)
+        """False for any capability, known or not (MXNet's horovod store's and BytePS's answer):
+        no optimizer, row-sparse pull or compression."""
         return False
 
     # -- collectives ---------------------------------------------------------------------
@@ -270,11 +266,14 @@ class AllreduceStore(KVStoreBase):
                ) -> tuple[list[Key], list[tuple[Key, list[Any]]], list[tuple[Key, list[Any]]]]:
         """(keys, values per key, outs per key), every array checked against its key's first value."""
         keys, single = as_key_list(key)
-        if len(set(keys)) != len(keys):
-            raise InvalidArgumentError(f"{op}: key listed twice in {keys!r}")
         self._key_kind.check(keys, fix=True)
         values = pair_up(keys, single, value, "value")
         outs = pair_up(keys, single, out, "out") if out is not None else [(k, []) for k in keys]
+        if len(set(keys)) != len(keys):  # a key listed twice: its values summed, every out of it filled
+            if op == "broadcast":
+                raise InvalidArgumentError(f"broadcast: key listed twice in {keys!r}; give one value per key")
+            keys = list(dict.fromkeys(keys))
+            values, outs = _merged(values), _merged(outs)
         for (k, vals), (_, k_outs) in zip(values, outs):
             meta = describe(vals[0])
             if meta.device != "cpu" and self._device == "cpu":
@@ -335,6 +334,14 @@ class AllreduceStore(KVStoreBase):
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"rank {self._rank} of {self._size}"
         return f"<pskv.AllreduceStore type={self.type!r} {state}>"
+
+
+def _merged(pairs: list[tuple[Key, list[Any]]]) -> list[tuple[Key, list[Any]]]:
+    """``pairs`` with each key once, holding the arrays of every pair of it (first-seen order)."""
+    merged: dict[Key, list[Any]] = {}
+    for k, arrays in pairs:
+        merged.setdefault(k, []).extend(arrays)
+    return list(merged.items())
 
 
 def _in_place(tensor: Any, device: str) -> bool:

@@ -9,6 +9,7 @@ that leave a store as they found it share one cluster per store for this module.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from importlib.util import find_spec
 
 import pytest
 
@@ -25,6 +26,7 @@ SPECS = [
     cluster_store("dist_async", 1, 2),
     loopback_spec("dist_sync", 2, bigarray_bound=32),  # no sockets: servers in this process
     loopback_spec("dist_async", 1),
+    *([local_store("horovod")] if find_spec("torch") else []),  # a group of one process (torch.distributed, Gloo)
     cluster_store("byteps", 2, 2, bigarray_bound=32),
 ]
 
