@@ -208,14 +208,16 @@ def test_with_a_key_a_stranger_gets_no_reply_changes_nothing_and_is_logged(tmp_p
         "intruder_server": 0, "other_cluster_server": 0}, out
     assert result["before"] == result["after"] == pattern_array(), out  # the forged push was not applied
     intruder = line_value(out, "intruder")
-    assert f"[scheduler] ERROR pskv.security: scheduler refused a peer presenting CURVE public key {intruder}" in out
-    assert f"[server 0] ERROR pskv.security: server refused a peer presenting CURVE public key {intruder}" in out
+    # pskv's records: "[server 0] 2026-11-24 09:12:03.123 ERROR [server 0] pskv.security: ..." (pskv.logs)
+    assert f"ERROR [scheduler] pskv.security: scheduler refused a peer presenting CURVE public key {intruder}" in out
+    assert f"ERROR [server 0] pskv.security: server refused a peer presenting CURVE public key {intruder}" in out
     # the plain peer, logged by the scheduler and the server: as a mechanism mismatch, or (when the
     # peer saw the mismatch first and dropped the connection before a loaded node read its
     # greeting) as a connection that ended during the handshake
     plain = ("a peer without CURVE (plain TCP) was refused", "a peer's connection ended during the CURVE handshake")
     for node in ("scheduler", "server 0"):
-        assert any(line.startswith(f"[{node}] ERROR pskv.security: ") and any(why in line for why in plain)
+        assert any(line.startswith(f"[{node}] ") and f" ERROR [{node}] pskv.security: " in line
+                   and any(why in line for why in plain)
                    for line in out.splitlines()), out
     assert "a peer whose CURVE keys are not the cluster key's was refused" in out
 
@@ -432,8 +434,8 @@ def test_captured_traffic_holds_no_plaintext_and_a_replay_is_refused(netns, tmp_
     assert result["before"] == result["after"] == pattern_array(), out  # the replayed push was not applied
     # every replayed stream failed its handshake: the replayed HELLO is answered with a fresh cookie,
     # and the old INITIATE cannot be decrypted with it
-    for node in ("[server 0] ERROR pskv.security: server", "[scheduler] ERROR pskv.security: scheduler"):
-        assert any(line.startswith(node) and "a replayed or corrupted handshake" in line for line in out.splitlines()), out
+    for node in ("ERROR [server 0] pskv.security: server", "ERROR [scheduler] pskv.security: scheduler"):
+        assert any(node in line and "a replayed or corrupted handshake" in line for line in out.splitlines()), out
 
 
 @pytest.mark.timeout(120)
