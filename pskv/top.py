@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from rich import box
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -118,7 +119,9 @@ def _follow(client: MetricsClient, metrics: JobMetrics, args: argparse.Namespace
                 if live is not None:
                     live.stop()
                     live = None
-                print(f"pskv top: the job at {client.address} ended ({exc})", flush=True)
+                why = "its scheduler closed the connection" if isinstance(exc, NodeFailedError) \
+                    else f"its scheduler stopped answering: nothing for {args.timeout:g} s"
+                print(f"pskv top: the job at {client.address.removeprefix('tcp://')} ended ({why})", flush=True)
                 return EXIT_OK
             if live is None:
                 _show(metrics, True)
@@ -141,11 +144,13 @@ def render(metrics: JobMetrics) -> Table:
              f"{metrics.num_workers} worker(s)")
     if metrics.registered < expected:
         title += f", {metrics.registered} of {expected} registered so far"
-    table = Table(title=title, title_justify="left", caption=time.strftime("%H:%M:%S"), caption_justify="left")
+    # narrow enough for an 80-column terminal: no vertical rules, one space between columns
+    table = Table(title=title, title_justify="left", caption=time.strftime("%H:%M:%S"), caption_justify="left",
+                  box=box.SIMPLE_HEAD, collapse_padding=True, pad_edge=False, show_edge=False)
     for name, justify in (("node", "left"), ("state", "left"), ("ops/s", "right"), ("rounds/s", "right"),
                           ("in/s", "right"), ("out/s", "right"), ("queue", "right"), ("stalls", "right"),
                           ("wait", "right"), ("heard", "right")):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+        table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for node in metrics.nodes:
         table.add_row(*_row(node))
     return table
@@ -161,14 +166,20 @@ def _row(node: NodeMetrics) -> tuple[str, ...]:
 
 
 def _number(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.1f}"
+    if value is None:
+        return "-"
+    for unit in ("", "k", "M", "G"):
+        if value < 999.95 or unit == "G":
+            return f"{value:.1f}{unit}"
+        value /= 1000
+    return f"{value:.1f}G"  # pragma: no cover - the loop returns
 
 
 def _bytes(value: float | None) -> str:
     if value is None:
         return "-"
     for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:,.0f} {unit}" if unit == "B" else f"{value:,.1f} {unit}"
+        if value < 1023.95 or unit == "GiB":
+            return f"{value:.0f}B" if unit == "B" else f"{value:.1f}{unit}"
         value /= 1024
     return f"{value:,.1f} GiB"  # pragma: no cover - the loop returns

@@ -97,6 +97,7 @@ MULTIPROCESS_MODULES = frozenset({
     "tests/fault/test_worker_recovery.py",
     "tests/hosts/test_simulated_hosts.py",
     "tests/integration/test_big_table.py",
+    "tests/integration/test_cluster_launchers.py",
     "tests/integration/test_departures.py",
     "tests/integration/test_dist_processes.py",
     "tests/integration/test_horovod.py",
@@ -106,6 +107,7 @@ MULTIPROCESS_MODULES = frozenset({
     "tests/integration/test_mxnet_dist_sparse.py",
     "tests/integration/test_sparse_launched.py",
     "tests/integration/test_timeline.py",
+    "tests/integration/test_top.py",
     "tests/unit/test_doc_blocks.py",  # runs every code block of the docs (pskv launch jobs among them)
     "tests/unit/test_example.py",
     "tests/parallel/test_example_digits.py",

@@ -5,7 +5,7 @@ Each server and worker sends its :class:`~pskv.protocol.bodies.Counters` with a 
 each node's reports of the last :data:`WINDOW` seconds, timed by its own clock (a peer's
 clock is never trusted), and answers a ``METRICS`` request with every node's newest
 totals and its rates over that window: ``(newest - oldest) / seconds between them``. A
-counter that went down (a replacement process starts from 0) counts as no progress.
+counter that went down (a replacement process starts from 0) starts the node's reports again.
 Memory is bounded: at most :data:`SAMPLES` reports per node, nodes of the job only.
 """
 
@@ -42,6 +42,8 @@ class MetricsWindow:
         samples = self._samples.get(nid)
         if samples is None:
             samples = self._samples[nid] = deque(maxlen=SAMPLES)
+        elif samples and any(new < old for new, old in zip(counters[:RATED], samples[-1][1][:RATED])):
+            samples.clear()  # counted down: a new process (its rates start again)
         samples.append((now, counters))
         while len(samples) > 2 and now - samples[1][0] >= WINDOW:  # keep one report older than the window
             samples.popleft()
@@ -59,7 +61,7 @@ class MetricsWindow:
         span = t1 - t0
         if span <= 0:
             return None
-        r = [max(0.0, (b - a) / span) for a, b in zip(first[:RATED], last[:RATED])]
+        r = [(b - a) / span for a, b in zip(first[:RATED], last[:RATED])]
         return (round(r[0], 3), round(r[1], 3), round(r[2], 1), round(r[3], 1), round(r[4], 4))
 
     def report(self, states: dict[int, tuple[str, float]], registered: int) -> JobReport:

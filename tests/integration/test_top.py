@@ -1,0 +1,139 @@
+"""``pskv top`` on a real ``pskv launch -n 2 -s 2`` job: ``--once --json`` shows every node at work,
+and the live view, in a real terminal (tmux), shows the nodes and exits with a line when the job ends."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pskv.metrics import snapshot
+from tests.integration.conftest import tagged_pids
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="finds leftover processes through /proc")
+
+DEADLINE = 30.0  # seconds any wait of these tests may take
+# each worker pushes and pulls until the stop file exists (or its own deadline passes)
+WORKER = """
+import os, sys, time
+import numpy as np
+import pskv
+
+stop = sys.argv[1]
+kv = pskv.create("dist_sync")
+kv.init(1, np.zeros(1000, np.float32))
+out = np.zeros(1000, np.float32)
+end = time.monotonic() + 30
+while not os.path.exists(stop) and time.monotonic() < end:
+    kv.pushpull(1, np.ones(1000, np.float32), out=out)
+    time.sleep(0.005)
+kv.close()
+"""
+
+
+class Job:
+    """A launched job whose workers run until :meth:`stop`."""
+
+    def __init__(self, tmp: Path, tag: str) -> None:
+        script = tmp / "worker.py"
+        script.write_text(WORKER)
+        self.address_file = tmp / "scheduler.address"
+        self.stop_file = tmp / "stop"
+        argv = [sys.executable, "-m", "pskv", "launch", "-n", "2", "-s", "2", "--address-file", str(self.address_file),
+                "--env", f"PSKV_TEST_TAG={tag}", "--env", "PS_HEARTBEAT_INTERVAL=0.2",
+                "--env", "MXNET_KVSTORE_BIGARRAY_BOUND=100",  # the key on both servers: each has work
+                "--timeout", str(DEADLINE), "--", sys.executable, str(script), str(self.stop_file)]
+        self.log = tmp / "launch.log"
+        with open(self.log, "wb") as out:
+            self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + DEADLINE
+        while not self.address_file.exists():  # written once the scheduler listens
+            assert self.process.poll() is None, self.log.read_text(errors="replace")
+            assert time.monotonic() < deadline, "the launcher wrote no scheduler address"
+            time.sleep(0.05)
+
+    def stop(self) -> int:
+        self.stop_file.touch()
+        try:
+            return self.process.wait(DEADLINE)
+        finally:
+            if self.process.poll() is None:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+@pytest.fixture
+def job(tmp_path: Path, tag: str) -> Iterator[Job]:
+    running = Job(tmp_path, tag)
+    try:
+        yield running
+    finally:
+        assert running.stop() == 0, running.log.read_text(errors="replace")[-3000:]
+        assert not tagged_pids(tag)
+
+
+def top(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pskv", "top", *args], capture_output=True, text=True,
+                          timeout=DEADLINE)
+
+
+def test_once_json_shows_every_node_at_work(job: Job):
+    address = job.address_file.read_text().strip()
+    deadline = time.monotonic() + DEADLINE
+    while True:  # until every node reported twice (rates): asked in process, cheaper than a command each time
+        early = snapshot(address, timeout=5)
+        if len(early.nodes) == 4 and all(n.rounds_per_s for n in early.nodes):
+            break
+        assert time.monotonic() < deadline, early
+        time.sleep(0.2)
+    run = top("--port-file", str(job.address_file), "--once", "--json", "--timeout", "5")
+    assert run.returncode == 0, run.stderr
+    seen = json.loads(run.stdout)
+    nodes = {n["node"]: n for n in seen["nodes"]}
+    assert sorted(nodes) == ["server 0", "server 1", "worker 0", "worker 1"]
+    assert all(n["rounds"] > 0 and n["bytes_in"] > 0 and n["bytes_out"] > 0 and n["rounds_per_s"] > 0
+               for n in nodes.values()), nodes
+    assert {n["state"] for n in nodes.values()} == {"alive"}
+    assert all(n["bytes_in_per_s"] > 0 and n["bytes_out_per_s"] > 0 for n in nodes.values()), nodes
+    assert seen["address"] == f"tcp://{address}"
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+def test_live_view_in_a_terminal_until_the_job_ends(job: Job, tmp_path: Path):
+    session = f"pskv-top-{os.getpid()}-{time.monotonic_ns()}"
+    command = (f"env -u COLUMNS -u LINES {sys.executable} -m pskv top --port-file {job.address_file} --interval 0.2 --timeout 3; "
+               "echo TOP-EXIT=$?; sleep 60")
+    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "120", "-y", "24", command], check=True,
+                   timeout=10)
+    try:
+        # the nodes, with rates (a node's second report): bytes per second ("441.9KiB ")
+        screen = _wait_for_screen(session, lambda text: "worker 1" in text and "server 1" in text
+                                  and "B " in text)
+        rows = [line for line in screen.splitlines() if line.startswith(("worker ", "server "))]
+        assert len(rows) == 4 and all("alive" in row for row in rows), screen
+        code = job.stop()
+        assert code == 0
+        screen = _wait_for_screen(session, lambda text: "TOP-EXIT=" in text)
+        assert "pskv top: the job at" in screen and "ended" in screen, screen
+        assert "TOP-EXIT=0" in screen, screen
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", session], timeout=10, check=False)
+
+
+def _wait_for_screen(session: str, ready: object) -> str:
+    deadline = time.monotonic() + DEADLINE
+    while True:
+        text = subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True,
+                              timeout=10).stdout
+        if ready(text):  # type: ignore[operator]
+            return text
+        assert time.monotonic() < deadline, text
+        time.sleep(0.2)
