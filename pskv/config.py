@@ -23,7 +23,7 @@ from pskv.errors import InvalidArgumentError
 
 __all__ = ["Config", "ClusterConfig", "ENV_VARS", "CLUSTER_ENV_VARS", "LOG_LEVELS", "log_level_from_env",
            "RANK_ENV_VARS", "RankEnv", "rank_env", "expand_hostlist", "expand_tasks_per_node",
-           "LAUNCHER_ENV_VARS", "omp_num_threads_set"]
+           "LAUNCHER_ENV_VARS", "omp_num_threads_set", "slurm_allocation"]
 
 T = TypeVar("T")
 
@@ -608,6 +608,28 @@ def _master(env: Mapping[str, str]) -> tuple[str | None, int | None]:
             raise InvalidArgumentError(f"environment variable MASTER_PORT={env['MASTER_PORT']!r} is set but "
                                        "MASTER_ADDR is not")
     return addr, port
+
+
+def slurm_allocation(environ: Mapping[str, str] | None = None) -> list[tuple[str, int]]:
+    """The hosts of the SLURM allocation this process runs in, each with its number of tasks
+    (``SLURM_JOB_NODELIST`` or ``SLURM_NODELIST``, and ``SLURM_TASKS_PER_NODE``; 1 each
+    without it); ``[]`` outside an allocation.
+
+    Raises:
+        InvalidArgumentError: malformed lists, or lists of different lengths (naming both).
+    """
+    env = os.environ if environ is None else environ
+    var = "SLURM_JOB_NODELIST" if _given(env, "SLURM_JOB_NODELIST") else "SLURM_NODELIST"
+    if not _given(env, var):
+        return []
+    hosts = expand_hostlist(env[var], var)
+    if not _given(env, "SLURM_TASKS_PER_NODE"):
+        return [(host, 1) for host in hosts]
+    counts = expand_tasks_per_node(env["SLURM_TASKS_PER_NODE"])
+    if len(counts) != len(hosts):
+        raise InvalidArgumentError(f"environment variable SLURM_TASKS_PER_NODE={env['SLURM_TASKS_PER_NODE']!r} "
+                                   f"counts {len(counts)} nodes, {var}={env[var]!r} names {len(hosts)}")
+    return list(zip(hosts, counts))
 
 
 _HOST_PART = re.compile(r"([^\[\],]*)(?:\[([^\[\]]*)\])?")

@@ -29,7 +29,9 @@ from pskv.config import log_level_from_env
 from pskv.errors import InvalidArgumentError, LaunchError
 from pskv.launch.config import DEFAULT_SSH_PORT, LAUNCHERS, LaunchConfig, parse_env_pairs
 from pskv.launch.contract import CONTRACT
+from pskv.launch.mpi import run_mpi
 from pskv.launch.on_host import run_local
+from pskv.launch.slurm import run_slurm
 from pskv.launch.ssh import run_ssh
 from pskv.launch.supervisor import EXIT_FAILURE, Console
 from pskv.transport.shm import remove_job_files
@@ -55,7 +57,7 @@ def launch(config: LaunchConfig, console: Console | None = None) -> int:
     attempt = config
     while True:
         try:
-            code = run_ssh(attempt, console) if attempt.launcher == "ssh" else run_local(attempt, console)
+            code = _RUNNERS[attempt.launcher](attempt, console)
         finally:
             # servers killed hard (SIGKILL, a crash) cannot remove their shared-memory files
             remove_job_files(attempt.job_id)
@@ -71,21 +73,32 @@ def launch(config: LaunchConfig, console: Console | None = None) -> int:
                                       resume_from=str(found) if found else "")
 
 
+_RUNNERS = {"local": run_local, "ssh": run_ssh, "slurm": run_slurm, "mpi": run_mpi}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``pskv launch`` options and the command to ``parser``."""
     parser.add_argument("-n", "--num-workers", type=int, required=True, metavar="W", help="number of workers")
     parser.add_argument("-s", "--num-servers", type=int, default=None, metavar="S",
-                        help="number of servers (default: W, as MXNet's launcher)")
+                        help="number of servers (default: W, as MXNet's launcher); 0: workers only, no scheduler "
+                             "(a job of all-reduce stores, e.g. horovod)")
     parser.add_argument("--launcher", choices=LAUNCHERS, default="local",
-                        help="local: everything on this machine, on 127.0.0.1 (default); ssh: on the hostfile's hosts")
-    parser.add_argument("-H", "--hostfile", default=None, metavar="FILE",
-                        help="ssh: hosts, one 'HOST [SLOTS]' per line")
+                        help="local: everything on this machine, on 127.0.0.1 (default); ssh: on the hosts of -H; "
+                             "slurm: inside an allocation, each process a job step (srun) on its hosts; mpi: each "
+                             "process through mpirun on the hosts of -H")
+    parser.add_argument("-H", "--hostfile", default=None, metavar="FILE|LIST",
+                        help="ssh, slurm, mpi: the hosts: a file, one 'HOST [SLOTS]' per line, or (when no such "
+                             "file exists) a list HOST:SLOTS,HOST:SLOTS as horovodrun's -H (slurm: default the "
+                             "allocation's)")
     parser.add_argument("--server-hostfile", default=None, metavar="FILE",
                         help="ssh only: dedicated server hosts (same syntax as -H, slots ignored); server i runs on "
                              "entry i mod len (default: servers share the -H hosts with the workers)")
     parser.add_argument("--ssh-command", default="ssh", metavar="CMD",
                         help="ssh only: the remote-shell program (and options) run as 'CMD -o BatchMode=yes HOST "
                              "COMMAND' (default: ssh)")
+    parser.add_argument("--launcher-command", default="", metavar="CMD",
+                        help="slurm / mpi: the srun / mpirun program and its options (e.g. 'srun --cpus-per-task=8'; "
+                             "default: srun / mpirun)")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="set a variable in every process (repeatable)")
     parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
@@ -154,6 +167,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         hostfile=args.hostfile,
         server_hostfile=args.server_hostfile,
         ssh_command=args.ssh_command,
+        launcher_command=args.launcher_command,
         log_dir=os.path.abspath(args.log_dir) if args.log_dir else "",
         tee=args.tee,
         env=_with_log_level(parse_env_pairs(args.env)),

@@ -18,9 +18,10 @@ from pskv.errors import InvalidArgumentError
 from pskv.launch.contract import CONTRACT, JobLayout
 from pskv.transport.security import read_key_file
 
-__all__ = ["LAUNCHERS", "DEFAULT_SSH_PORT", "LaunchConfig", "parse_env_pairs"]
+__all__ = ["LAUNCHERS", "REMOTE_LAUNCHERS", "DEFAULT_SSH_PORT", "LaunchConfig", "parse_env_pairs"]
 
-LAUNCHERS = ("local", "ssh")
+LAUNCHERS = ("local", "ssh", "slurm", "mpi")
+REMOTE_LAUNCHERS = ("ssh", "slurm", "mpi")  # the launchers that place processes on hosts
 DEFAULT_SSH_PORT = 9091  # the scheduler port of ssh jobs (ps-lite examples use 9091 too)
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -49,10 +50,14 @@ class LaunchConfig:
 
     Attributes:
         num_workers: worker processes (each runs ``command``).
-        num_servers: server processes.
+        num_servers: server processes; 0: none and no scheduler (workers only, for a job that uses
+            only an all-reduce store such as ``horovod``).
         command: the worker command line (program and arguments).
-        launcher: ``'local'`` (every process on this machine, loopback only) or ``'ssh'``.
-        hostfile: ssh only: the file listing the hosts (``host [slots]`` per line).
+        launcher: ``'local'`` (every process on this machine, loopback only), ``'ssh'``,
+            ``'slurm'`` (each process a job step, ``srun``) or ``'mpi'`` (each through ``mpirun``).
+        hostfile: ssh, slurm, mpi: the file listing the hosts (``host [slots]`` per line), or a
+            host list ``host1:2,host2:2`` (horovodrun's ``-H``) when no such file exists; slurm
+            without it: the allocation's hosts.
         server_hostfile: ssh only: a file of dedicated server hosts (``--server-hostfile``,
             the hostfile's syntax, slots ignored): server ``i`` runs on its entry ``i mod
             len``; None: the servers run on the hostfile's hosts, with the workers.
@@ -69,6 +74,8 @@ class LaunchConfig:
         cwd: ssh only: the directory remote processes start in (default: this one).
         ssh_command: ssh only: the remote-shell program and its options (``--ssh-command``,
             split as a shell would), called as ``SSH_COMMAND -o BatchMode=yes HOST COMMAND``.
+        launcher_command: slurm / mpi only: the ``srun`` / ``mpirun`` program and its options
+            (``--launcher-command``, split as a shell would); empty: ``srun`` / ``mpirun``.
         log_dir: ``--log-dir``: one file per process there (``worker-1.log``; a restart
             appends); the terminal gets only the launcher's lines unless ``tee``. Empty: none.
         tee: ``--tee``: with ``log_dir``, the processes' output also goes to the terminal.
@@ -113,6 +120,7 @@ class LaunchConfig:
     python: str = sys.executable
     cwd: str = field(default_factory=os.getcwd)
     ssh_command: str = "ssh"
+    launcher_command: str = ""
     log_dir: str = ""
     tee: bool = False
     job_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
@@ -145,8 +153,10 @@ class LaunchConfig:
         out = []
         if self.num_workers < 1:
             out.append(f"-n/--num-workers must be >= 1, got {self.num_workers}")
-        if self.num_servers < 1:
-            out.append(f"-s/--num-servers must be >= 1, got {self.num_servers}")
+        if self.num_servers < 0:
+            out.append(f"-s/--num-servers must be >= 0 (0: workers only, no scheduler), got {self.num_servers}")
+        elif self.num_servers == 0 and self.address_file:
+            out.append("--address-file names the scheduler's address, and -s 0 starts no scheduler")
         if not self.command or not self.command[0]:
             out.append("no worker command given (put it after --, e.g. pskv launch -n 2 -- python train.py)")
         elif "=" in self.command[0]:
@@ -154,16 +164,23 @@ class LaunchConfig:
             out.append(f"the command's program {self.command[0]!r} contains '='; name it by a path without '='")
         if self.launcher not in LAUNCHERS:
             out.append(f"--launcher must be one of {', '.join(LAUNCHERS)}, got {self.launcher!r}")
-        elif self.launcher == "ssh" and not self.hostfile:
-            out.append("--launcher ssh needs a hostfile (-H FILE)")
+        elif self.launcher in ("ssh", "mpi") and not self.hostfile:
+            out.append(f"--launcher {self.launcher} needs a hostfile (-H FILE) or a host list (-H HOST:SLOTS,...)")
         elif self.launcher == "local" and self.hostfile:
-            out.append("-H/--hostfile only applies to --launcher ssh")
-        if self.server_hostfile is not None and self.launcher != "ssh":
-            out.append("--server-hostfile only applies to --launcher ssh")
+            out.append("-H/--hostfile only applies to --launcher ssh, slurm or mpi")
+        if self.server_hostfile is not None and self.launcher not in REMOTE_LAUNCHERS:
+            out.append("--server-hostfile only applies to --launcher ssh, slurm or mpi")
         elif self.server_hostfile is not None and not self.server_hostfile:
             out.append("--server-hostfile needs a file name")
-        if self.launcher == "local" and self.ssh_command != "ssh":
+        if self.launcher != "ssh" and self.ssh_command != "ssh":
             out.append("--ssh-command only applies to --launcher ssh")
+        if self.launcher_command and self.launcher not in ("slurm", "mpi"):
+            out.append("--launcher-command only applies to --launcher slurm or mpi")
+        try:
+            if self.launcher_command and not shlex.split(self.launcher_command):
+                out.append("--launcher-command is empty")
+        except ValueError as exc:
+            out.append(f"--launcher-command {self.launcher_command!r}: {exc}")
         try:
             if not shlex.split(self.ssh_command):
                 out.append("--ssh-command is empty")

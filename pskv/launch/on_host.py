@@ -93,11 +93,15 @@ def run_local(config: LaunchConfig, console: Console) -> int:
             config = dataclasses.replace(config, curve_key_file=str(key_file), secure=False)
         try:
             console.started(config.num_workers, config.num_servers,
-                            f"{LOOPBACK}:{config.port}" if config.port else f"{LOOPBACK} (a free port)", "local")
-            supervisor.start(scheduler_spec(config, os.path.join(tmp, "scheduler.port")))
-            port = supervisor.wait_for_port(os.path.join(tmp, "scheduler.port"), config.startup_timeout)
+                            "no host (-s 0: workers only)" if not config.num_servers
+                            else f"{LOOPBACK}:{config.port}" if config.port else f"{LOOPBACK} (a free port)", "local")
+            port: int | None = 0  # -s 0: workers only, no scheduler
+            if config.num_servers:
+                supervisor.start(scheduler_spec(config, os.path.join(tmp, "scheduler.port")))
+                port = supervisor.wait_for_port(os.path.join(tmp, "scheduler.port"), config.startup_timeout)
+                if port is not None:
+                    publish_address(config, console, f"{LOOPBACK}:{port}")
             if port is not None:
-                publish_address(config, console, f"{LOOPBACK}:{port}")
                 note = omp_note(config.env, omp_num_threads_set(), config.num_workers, len(os.sched_getaffinity(0)))
                 if note:
                     console.note(note)

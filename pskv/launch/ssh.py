@@ -41,7 +41,7 @@ from pskv.launch.config import DEFAULT_SSH_PORT, LaunchConfig
 from pskv.launch.contract import ProcessSpec, contract_env, env_argv, omp_note, port_beside, role_argv, with_workers
 from pskv.launch.supervisor import Console, Supervisor, describe_exit, guard_argv
 
-__all__ = ["Host", "HostCheck", "Placement", "check_hosts", "parse_hostfile", "read_hostfile", "place", "ssh_argv",
+__all__ = ["Host", "HostCheck", "Placement", "check_hosts", "parse_host_list", "parse_hostfile", "read_hostfile", "place", "ssh_argv",
            "ssh_specs", "run_ssh"]
 
 _CHECK_MARK = "pskv-check:"  # starts the preflight's own lines (a login banner may come before them)
@@ -106,18 +106,36 @@ def parse_hostfile(text: str, source: str = "hostfile") -> list[Host]:
     return hosts
 
 
+def parse_host_list(text: str, what: str = "host list") -> list[Host]:
+    """A horovodrun-style host list: ``'host1:2,alice@host2:4,host3'`` (no slots: 1).
+
+    Raises:
+        InvalidArgumentError: a malformed entry (``what`` and its number named) or no host.
+    """
+    lines = []
+    for entry in text.split(","):
+        name, sep, slots = entry.strip().rpartition(":")
+        lines.append(f"{name} {slots}" if sep else slots)  # one hostfile line per entry
+    return parse_hostfile("\n".join(lines), f"{what} {text!r} entry")
+
+
 def read_hostfile(path: str, what: str = "hostfile") -> list[Host]:
-    """The hosts listed in the file ``path`` (``what`` names it in errors: ``'server hostfile'``).
+    """The hosts listed in the file ``path`` (``what`` names it in errors: ``'server hostfile'``),
+    or, when no such file exists and ``path`` has a ``:`` or ``,``, the host list it is
+    (:func:`parse_host_list`, horovodrun's ``-H host1:2,host2:2``).
 
     Raises:
         InvalidArgumentError: the file cannot be read, is malformed, or lists no host.
     """
+    if not os.path.exists(path) and (":" in path or "," in path):
+        return parse_host_list(path, what.replace("hostfile", "host list"))
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        raise InvalidArgumentError(f"cannot read the {what} {path!r}: {reason}") from None
+        raise InvalidArgumentError(f"cannot read the {what} {path!r}: {reason} (a host list has a ':' or ',': "
+                                   "HOST:SLOTS[,HOST:SLOTS...])") from None
     return parse_hostfile(text, path)
 
 
@@ -187,7 +205,7 @@ def ssh_specs(config: LaunchConfig, hosts: Sequence[Host], server_hosts: Sequenc
                                                                    config.ssh_command)))
 
     specs = [spec("scheduler", None, where.scheduler, contract_env(layout, "scheduler", where.scheduler.address),
-                  None)]
+                  None)] if config.num_servers else []  # -s 0: workers only
     for rank, host in enumerate(where.servers):
         specs.append(spec("server", rank, host, contract_env(layout, "server", host.address, rank), None))
     for rank, (host, local_rank) in enumerate(where.workers):

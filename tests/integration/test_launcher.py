@@ -436,7 +436,11 @@ def test_ssh_command_replaces_the_remote_shell_program():
 
 @pytest.mark.parametrize("change,match", [
     ({"num_workers": 0}, "-n/--num-workers must be >= 1"),
-    ({"num_servers": 0}, "-s/--num-servers must be >= 1"),
+    ({"num_servers": -1}, "-s/--num-servers must be >= 0"),
+    ({"num_servers": 0, "address_file": "a"}, "-s 0 starts no scheduler"),
+    ({"launcher": "mpi"}, "--launcher mpi needs a hostfile \\(-H FILE\\) or a host list"),
+    ({"launcher_command": "srun -v"}, "--launcher-command only applies to --launcher slurm or mpi"),
+    ({"launcher": "slurm", "launcher_command": "a 'b"}, "--launcher-command \"a 'b\": No closing quotation"),
     ({"command": ()}, "no worker command given"),
     ({"command": ("A=1", "prog")}, "contains '='"),
     ({"launcher": "ssh"}, "--launcher ssh needs a hostfile"),

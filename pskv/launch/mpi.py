@@ -1,0 +1,43 @@
+"""The MPI launcher: each process of the job through ``mpirun`` on its host.
+
+``pskv launch --launcher mpi -H host1:2,host2:2 -n W -s S -- COMMAND`` places the job as
+the ssh launcher does (:func:`pskv.launch.ssh.place`) and starts each process as::
+
+    mpirun -np 1 -host HOST env ... COMMAND
+
+one ``mpirun`` per process, so each is supervised on its own: the first to fail is named
+as the root cause with its code (``mpirun`` exits as its process did), and a stopped
+launcher stops every ``mpirun`` through :mod:`pskv.launch.guard` (``mpirun`` passes
+SIGTERM on to its process). ``-np`` and ``-host`` are the options Open MPI, MPICH and
+Intel MPI share; ``--launcher-command`` replaces ``mpirun`` and may add options
+(``"mpirun --allow-run-as-root"``, ``"mpiexec"``). The ranks are pskv's (``DMLC_WORKER_ID``,
+torchrun's ``RANK``), not MPI's: each ``mpirun`` is an MPI job of one process.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+
+from pskv.launch.config import LaunchConfig
+from pskv.launch.slurm import run_steps
+from pskv.launch.ssh import Host, read_hostfile
+from pskv.launch.supervisor import Console
+
+__all__ = ["mpirun_argv", "run_mpi"]
+
+
+def mpirun_argv(host: Host, argv: Sequence[str], mpirun_command: str = "") -> list[str]:
+    """``mpirun -np 1 -host HOST ARGV``: one process on ``host``."""
+    return [*shlex.split(mpirun_command or "mpirun"), "-np", "1", "-host", host.name, *argv]
+
+
+def run_mpi(config: LaunchConfig, console: Console) -> int:
+    """Run the job on ``-H``'s hosts through ``mpirun``; returns the launcher's exit code.
+
+    Raises:
+        InvalidArgumentError: the hosts are unreadable or malformed (nothing started).
+    """
+    assert config.hostfile is not None  # LaunchConfig checks it
+    return run_steps(config, console, read_hostfile(config.hostfile),
+                     lambda host, argv: mpirun_argv(host, argv, config.launcher_command), "mpi")

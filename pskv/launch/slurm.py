@@ -1,0 +1,121 @@
+"""The SLURM launcher: the job inside an allocation, each process a job step of its own.
+
+``pskv launch --launcher slurm -n W -s S -- COMMAND`` runs where an allocation is (an
+``sbatch`` script, an ``salloc`` shell). The hosts are the allocation's
+(``SLURM_JOB_NODELIST``, its compressed syntax expanded by
+:func:`pskv.config.expand_hostlist`), each with its tasks per node as worker slots
+(``SLURM_TASKS_PER_NODE``), unless ``-H`` names hosts. Placement is the ssh launcher's
+(:func:`pskv.launch.ssh.place`): the scheduler on the first host, on ``--port`` (9091);
+servers one per host in turn; workers round-robin by slots. Each process is one step::
+
+    srun --nodes=1 --ntasks=1 --nodelist=HOST --overlap --kill-on-bad-exit=1 --quiet env ... COMMAND
+
+``--launcher-command`` replaces ``srun`` (and may add options: ``"srun --cpus-per-task=8"``);
+``--overlap`` lets the steps share the allocation's CPUs (Slurm 20.11 or later). The same
+supervision as locally: each ``srun`` runs here under :mod:`pskv.launch.guard`, whose
+lifeline ends it (and srun its step) when the launcher is gone; ``srun`` exits as its
+task did, so the first step to fail is named as the root cause with its code.
+
+:func:`run_steps` is the runner of every launcher whose processes start through a
+per-host command (``srun``, ``mpirun``: :mod:`pskv.launch.mpi`).
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable, Sequence
+
+from pskv.config import omp_num_threads_set, slurm_allocation
+from pskv.errors import InvalidArgumentError, LaunchError
+from pskv.launch.config import DEFAULT_SSH_PORT, LaunchConfig
+from pskv.launch.contract import ProcessSpec, contract_env, env_argv, omp_note, port_beside, role_argv, with_workers
+from pskv.launch.on_host import publish_address
+from pskv.launch.ssh import Host, place, read_hostfile
+from pskv.launch.supervisor import Console, Supervisor
+
+__all__ = ["Wrap", "allocation_hosts", "run_slurm", "run_steps", "srun_argv", "step_specs"]
+
+Wrap = Callable[[Host, Sequence[str]], list[str]]  # (host, the process's env argv) -> the command run here
+
+
+def srun_argv(host: Host, argv: Sequence[str], srun_command: str = "") -> list[str]:
+    """``srun ... --nodelist=HOST ... ARGV``: one task on ``host``, sharing the allocation's CPUs."""
+    return [*shlex.split(srun_command or "srun"), "--nodes=1", "--ntasks=1", f"--nodelist={host.name}",
+            "--overlap", "--kill-on-bad-exit=1", "--quiet", *argv]
+
+
+def allocation_hosts(config: LaunchConfig) -> list[Host]:
+    """The hosts of a slurm job: ``-H``'s, else the allocation's (slots: its tasks per node).
+
+    Raises:
+        InvalidArgumentError: no ``-H`` and no allocation here (``SLURM_JOB_NODELIST`` unset),
+            or the allocation's variables are malformed.
+    """
+    if config.hostfile:
+        return read_hostfile(config.hostfile)
+    allocation = slurm_allocation()
+    if not allocation:
+        raise InvalidArgumentError("--launcher slurm runs inside an allocation (sbatch, salloc): SLURM_JOB_NODELIST "
+                                   "is not set here; or name the hosts with -H")
+    return [Host(name, slots) for name, slots in allocation]
+
+
+def step_specs(config: LaunchConfig, hosts: Sequence[Host], server_hosts: Sequence[Host] | None,
+               wrap: Wrap) -> list[ProcessSpec]:
+    """The scheduler (unless ``-s 0``), servers and workers placed on ``hosts``, each run as ``wrap(host, argv)``."""
+    where = place(hosts, config.num_servers, config.num_workers, server_hosts)
+    port = DEFAULT_SSH_PORT if config.port is None else config.port
+    layout = with_workers(config.layout(where.scheduler.address, port), [h.address for h, _ in where.workers],
+                          port_beside(port))
+
+    def spec(role: str, rank: int | None, host: Host, env: dict[str, str], command: Sequence[str]) -> ProcessSpec:
+        return ProcessSpec(role, rank, host.address, tuple(wrap(host, env_argv(env, config.env, command))))
+
+    specs = []
+    if config.num_servers:
+        specs.append(spec("scheduler", None, where.scheduler,
+                          contract_env(layout, "scheduler", where.scheduler.address),
+                          role_argv(config.python, "scheduler")))
+    for rank, host in enumerate(where.servers):
+        specs.append(spec("server", rank, host, contract_env(layout, "server", host.address, rank),
+                          role_argv(config.python, "server")))
+    for rank, (host, local_rank) in enumerate(where.workers):
+        specs.append(spec("worker", rank, host, contract_env(layout, "worker", host.address, rank, local_rank),
+                          config.command))
+    return specs
+
+
+def run_steps(config: LaunchConfig, console: Console, hosts: Sequence[Host], wrap: Wrap, launcher: str) -> int:
+    """Run the job's processes, each through ``wrap`` (``srun``, ``mpirun``), supervised here; the exit code.
+
+    Raises:
+        InvalidArgumentError: the server hostfile is unreadable or malformed (nothing started).
+    """
+    server_hosts = read_hostfile(config.server_hostfile, "server hostfile") if config.server_hostfile else None
+    specs = step_specs(config, hosts, server_hosts, wrap)
+    port = DEFAULT_SSH_PORT if config.port is None else config.port
+    console.started(config.num_workers, config.num_servers,
+                    f"{specs[0].host}:{port}" if config.num_servers else "no host (-s 0: workers only)", launcher)
+    with Supervisor(console, stop_grace=config.stop_grace, exit_grace=config.exit_grace, timeout=config.timeout,
+                    worker_restarts=config.worker_restarts) as supervisor:
+        try:
+            if config.num_servers:
+                publish_address(config, console, f"{specs[0].host}:{port}")
+            note = omp_note(config.env, omp_num_threads_set())
+            if note:
+                console.note(note)
+            for spec in specs:
+                supervisor.start(spec)
+        except LaunchError as exc:
+            supervisor.abort(str(exc))
+        return supervisor.run()
+
+
+def run_slurm(config: LaunchConfig, console: Console) -> int:
+    """Run the job as steps of the allocation this launcher runs in; returns the launcher's exit code.
+
+    Raises:
+        InvalidArgumentError: no allocation and no ``-H``, or malformed hosts (nothing started).
+    """
+    return run_steps(config, console, allocation_hosts(config),
+                     lambda host, argv: srun_argv(host, argv, config.launcher_command), "slurm")
