@@ -135,7 +135,9 @@ class Timeline:
         if self._closed:
             return
         ts = int(start * 1e6)
-        end_us = max(int(end * 1e6), ts)
+        end_us = int(end * 1e6)
+        if end_us < ts:
+            end_us = ts
         with self._lock:
             if self._closed:
                 return

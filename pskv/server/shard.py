@@ -49,6 +49,7 @@ pull of that round.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -70,6 +71,8 @@ PartId = tuple[int, int]  # (key, offset)
 # allocate(key, offset, name, dtype, size) -> a shared 1-D array
 Allocator = Callable[[int, int, str, np.dtype[Any], int], np.ndarray[Any, Any]]
 Updater = Callable[[Any, Any, Any], None]
+_node_name = functools.lru_cache(maxsize=1 << 16)(node_name)  # a timeline's merge spans name workers often
+
 # How far past a worker's contiguous pushes of a part a push number may be (pushes of one
 # part may overtake each other in the worker's priority queue, never by this many).
 MAX_PUSHES_AHEAD = 1024
@@ -222,11 +225,12 @@ class ServerShard:
 
     @staticmethod
     def _arrivals(part: Part) -> dict[str, Any]:
-        """A merge span's ``pushes`` (per worker, in order: ms after the round's first push) and ``last`` worker."""
+        """A merge span's ``pushes`` (per worker, in order: microseconds after the round's first push) and
+        ``last`` worker."""
         arrived = sorted(((t, w) for w, t in part.arrived.items() if w in part.pushed))
         part.arrived.clear()
-        return {"pushes": {node_name(w): round((t - arrived[0][0]) * 1000, 3) for t, w in arrived},
-                "last": node_name(arrived[-1][1]) if arrived else None}
+        return {"pushes": {_node_name(w): int((t - arrived[0][0]) * 1e6) for t, w in arrived},
+                "last": _node_name(arrived[-1][1]) if arrived else None}
 
     def _full(self, part: Part) -> bool:
         """True if the open round of ``part`` has a push from every worker that has not joined."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable, Sequence
+from functools import partial
 from typing import Any
 
 from pskv.cluster import Pending
@@ -40,7 +41,29 @@ def rows(group: Iterable[tuple[KeyLayout, int, Any, Any]]) -> list[tuple[KeyLayo
 
 def watch(timeline: Timeline, name: str, start: float, messages: Iterable[Sent]) -> None:
     """Record span ``name`` of each key of ``messages`` once all of that key's replies arrived."""
-    _Call(timeline, name, start, list(messages))
+    messages = list(messages)
+    if len(messages) != 1:
+        _Call(timeline, name, start, messages)
+        return
+    items, pending = messages[0]  # one message (one server): every key's span ends with its reply
+    keys: dict[Any, list[int]] = {}
+    for rec, nbytes in items:
+        entry = keys.get(rec.key)
+        if entry is None:
+            keys[rec.key] = [max(rec.pushes), nbytes]
+        else:
+            entry[1] += nbytes
+    pending.add_done_callback(partial(_answered, timeline, name, start, keys))
+
+
+def _answered(timeline: Timeline, name: str, start: float, keys: dict[Any, list[int]], pending: Pending) -> None:
+    end = time.monotonic()
+    failed = pending.error is not None
+    for key, (number, nbytes) in keys.items():
+        args: dict[str, Any] = {"key": key, "round": number, "bytes": nbytes}
+        if failed:
+            args["failed"] = True
+        timeline.span(name, f"key {key}", start, end, args)
 
 
 class _Call:
