@@ -85,7 +85,16 @@ def top(*args: str) -> subprocess.CompletedProcess[str]:
                           timeout=DEADLINE)
 
 
-def test_once_json_shows_every_node_at_work(job: Job):
+def test_top_on_a_launched_job(job: Job):
+    """One job for both views (a launch costs seconds): --once --json first, then the live view
+    in a real terminal, which must end with the job."""
+    _once_json_shows_every_node_at_work(job)
+    if shutil.which("tmux") is None:
+        pytest.skip("needs tmux for the live view (--once --json passed)")
+    _live_view_in_a_terminal_until_the_job_ends(job)
+
+
+def _once_json_shows_every_node_at_work(job: Job) -> None:
     address = job.address_file.read_text().strip()
     deadline = time.monotonic() + DEADLINE
     while True:  # until every node reported twice (rates): asked in process, cheaper than a command each time
@@ -106,8 +115,7 @@ def test_once_json_shows_every_node_at_work(job: Job):
     assert seen["address"] == f"tcp://{address}"
 
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
-def test_live_view_in_a_terminal_until_the_job_ends(job: Job, tmp_path: Path):
+def _live_view_in_a_terminal_until_the_job_ends(job: Job) -> None:
     session = f"pskv-top-{os.getpid()}-{time.monotonic_ns()}"
     command = (f"env -u COLUMNS -u LINES {sys.executable} -m pskv top --port-file {job.address_file} --interval 0.2 --timeout 3; "
                "echo TOP-EXIT=$?; sleep 60")
