@@ -182,3 +182,22 @@ def test_render_names_every_node_and_its_state():
     text = console.export_text()
     assert "127.0.0.1:5" in text and "2.0KiB" in text and "25%" in text
     assert [line.split()[:3] for line in text.splitlines() if "worker 1" in line] == [["worker", "1", "dead"]]
+
+
+def test_under_curve_only_a_key_holder_gets_the_metrics(tmp_path):
+    from pskv.errors import TransportError
+    from pskv.transport.security import generate_keys, write_key_file
+
+    key = write_key_file(tmp_path / "cluster.key", generate_keys())
+    other = write_key_file(tmp_path / "other.key", generate_keys())
+    scheduler = Scheduler(ClusterConfig(num_servers=1, num_workers=1, curve_key_file=str(key)),
+                          address="tcp://127.0.0.1:0")
+    try:
+        address = scheduler.start()
+        seen = snapshot(address, timeout=5, curve_key_file=str(key))
+        assert (seen.num_workers, seen.num_servers, seen.registered, seen.nodes) == (1, 1, 0, ())
+        for key_file in ("", str(other)):  # no key, another job's key: refused in the handshake
+            with pytest.raises(TransportError, match="refused the connection's security handshake.*--curve-key"):
+                snapshot(address, timeout=5, curve_key_file=key_file)
+    finally:
+        scheduler.stop()
