@@ -180,6 +180,19 @@ JOB = "import json, sys\nimport numpy as np\nimport torch\n" + ADAPTER + textwra
         handle.wait()
         kv.barrier()
 
+    @case
+    def own_group_beside_torchs():
+        # the script's own torch.distributed default group (torchrun's variables) and a second store
+        torch.distributed.init_process_group("gloo")
+        t = torch.ones(2)
+        torch.distributed.all_reduce(t)
+        with pskv.create("horovod") as kv2:
+            v = torch.full((2,), float(kv2.rank))
+            kv2.pushpull("v", v)
+            kv.pushpull("t", t)
+            assert v.tolist() == [1.0, 1.0] and t.tolist() == [4.0, 4.0], (v, t)
+        torch.distributed.destroy_process_group()
+
     results["rank"] = kv.rank
     results["size"] = kv.num_workers
     results["local_rank"] = kv.local_rank
@@ -190,7 +203,7 @@ JOB = "import json, sys\nimport numpy as np\nimport torch\n" + ADAPTER + textwra
 
 CASES = ["mxnet_type", "mxnet_broadcast", "mxnet_pushpull", "horovod_broadcast", "horovod_broadcast_inplace",
          "horovod_broadcast_error", "horovod_broadcast_type_error", "horovod_broadcast_rank_error",
-         "lists_numpy_and_roots"]
+         "lists_numpy_and_roots", "own_group_beside_torchs"]
 
 
 def _env(**extra: str) -> dict[str, str]:
