@@ -35,6 +35,8 @@ import shlex
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +49,7 @@ RUN_SHELL = {"bash", "sh", "shell"}
 NOT_RUN = {"text", "yaml", "toml", "ini", "dot", "diff"}
 LINKED = ("examples", "requirements")  # source-tree folders a block may name relatively
 TIMEOUT = 90  # seconds for one block (a pskv launch job with small sizes takes a few)
+PARALLEL = 3  # documents run at a time
 
 FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+|~~~+)(?P<info>[^\n`]*)\n(?P<body>.*?)^(?P=indent)(?P=fence)[ \t]*$",
                    re.S | re.M)
@@ -166,8 +169,8 @@ def test_every_doc_is_found():
     assert "README.md" in DOCS and "docs/launch.md" in DOCS and len(DOCS) >= 10
 
 
-@pytest.mark.parametrize("doc", DOCS)
-def test_every_block_of_the_doc_runs(doc, tmp_path):
+def run_doc(doc: str, tmp_path: Path) -> None:
+    """Check and run the blocks of ``doc`` in order (in ``tmp_path``); fails at the first failing block."""
     blocks = blocks_of(doc)
     cwd = work_dir(tmp_path)
     for i, block in enumerate(blocks):
@@ -189,6 +192,21 @@ def test_every_block_of_the_doc_runs(doc, tmp_path):
             f"{block.where}: name the block's language — python, bash, console (run), or text, yaml, json... "
             f"(not run); a block that cannot run here is marked <!-- doc-block: skip REASON -->")
         run(block, cwd)
+
+
+@pytest.fixture(scope="module")
+def doc_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future[None]]]:
+    """The selected documents' runs, PARALLEL at a time (a launch job mostly waits: start-up, registration)."""
+    selected = [item.callspec.params["doc"] for item in request.session.items
+                if getattr(item, "originalname", "") == "test_every_block_of_the_doc_runs" and hasattr(item, "callspec")]
+    with ThreadPoolExecutor(max_workers=PARALLEL, thread_name_prefix="doc") as pool:
+        yield {doc: pool.submit(run_doc, doc, tmp_path_factory.mktemp("doc")) for doc in selected}
+
+
+@pytest.mark.timeout(400)  # waits for its document's run, which shares the machine with PARALLEL - 1 others
+@pytest.mark.parametrize("doc", DOCS)
+def test_every_block_of_the_doc_runs(doc: str, doc_runs: dict[str, Future[None]]) -> None:
+    doc_runs[doc].result()
 
 
 # The parser and the rules themselves, on small documents (so a broken parser cannot pass the docs silently).
