@@ -314,10 +314,20 @@ class ClusterConfig:
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> ClusterConfig:
         """Build a ClusterConfig from ``DMLC_*`` / ``PS_*`` / ``PSKV_*`` variables.
 
+        Where ``DMLC_NUM_WORKER``, ``DMLC_PS_ROOT_URI``, ``DMLC_PS_ROOT_PORT`` or (in a
+        worker) ``DMLC_WORKER_ID`` is unset, a cluster manager's variables fill it in
+        (:func:`rank_env`: torchrun / PyTorchJob, Open MPI, PMI, SLURM): the number of
+        workers is its world size, a worker's rank and local rank its own, the
+        scheduler's host ``MASTER_ADDR`` (SLURM: the node list's first host) and its port
+        the master port + 1 (torch.distributed keeps the master port). ``DMLC_NUM_SERVER``
+        is never guessed.
+
         Raises:
-            InvalidArgumentError: a variable holds a value of the wrong type or range.
+            InvalidArgumentError: a variable holds a value of the wrong type or range, or a
+                cluster manager's variables are partial or contradict ``DMLC_NUM_WORKER``.
         """
-        return _parse(cls, CLUSTER_ENV_VARS, environ, overrides)
+        env = os.environ if environ is None else environ
+        return _parse(cls, CLUSTER_ENV_VARS, env, {**_from_manager(env, overrides), **overrides})
 
     def require_cluster(self) -> None:
         """Check that the variables a distributed store needs are set.
@@ -383,6 +393,36 @@ def log_level_from_env(environ: Mapping[str, str] | None = None) -> str:
 
 
 # -- the rank of a process started by a cluster manager -----------------------------------
+
+def _from_manager(env: Mapping[str, str], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """ClusterConfig settings a cluster manager gives where the ``DMLC_*`` variables are unset."""
+    role = overrides.get("role") or env.get("DMLC_ROLE") or "worker"
+    unset = {var for var in ("DMLC_NUM_WORKER", "DMLC_PS_ROOT_URI", "DMLC_PS_ROOT_PORT", "DMLC_WORKER_ID")
+             if not _given(env, var)}
+    if role != "worker":
+        unset.discard("DMLC_WORKER_ID")
+    if not unset:
+        return {}
+    found = rank_env(env)
+    if found is None:
+        return {}
+    out: dict[str, Any] = {}
+    if "DMLC_NUM_WORKER" in unset:
+        out["num_workers"] = found.world_size
+    if "DMLC_WORKER_ID" in unset:
+        if _given(env, "DMLC_NUM_WORKER") and _int(env, "DMLC_NUM_WORKER") != found.world_size:
+            raise InvalidArgumentError(f"environment variable DMLC_NUM_WORKER={env['DMLC_NUM_WORKER']!r} contradicts "
+                                       f"the {found.source} job's {found.world_size} processes, whose rank this worker "
+                                       "would take (set DMLC_WORKER_ID, or unset DMLC_NUM_WORKER)")
+        out["rank"] = found.rank
+        if not _given(env, "PSKV_LOCAL_RANK") and not _given(env, "BYTEPS_LOCAL_RANK"):
+            out["local_rank"] = found.local_rank
+    if "DMLC_PS_ROOT_URI" in unset and found.master_addr:
+        out["root_uri"] = found.master_addr
+    if "DMLC_PS_ROOT_PORT" in unset and found.master_port:
+        out["root_port"] = found.master_port + 1 if found.master_port < 65535 else found.master_port - 1
+    return {name: value for name, value in out.items() if overrides.get(name) is None}
+
 
 # variable -> (source, meaning), in the order rank_env() looks. docs/env.md mirrors this table.
 RANK_ENV_VARS: dict[str, tuple[str, str]] = {

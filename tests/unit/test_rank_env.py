@@ -110,3 +110,39 @@ def test_every_rank_variable_is_documented():
     text = (REPO / "docs" / "env.md").read_text(encoding="utf-8")
     for var in [*RANK_ENV_VARS, *LAUNCHER_ENV_VARS]:
         assert f"`{var}`" in text, var
+
+
+POD = {"RANK": "2", "WORLD_SIZE": "3", "MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456", "DMLC_NUM_SERVER": "1"}
+
+
+def test_a_worker_without_dmlc_takes_rank_size_and_scheduler_from_the_cluster_manager():
+    from pskv.config import ClusterConfig
+
+    c = ClusterConfig.from_env(POD)  # a PyTorchJob pod: the scheduler beside torch.distributed's master port
+    assert (c.rank, c.num_workers, c.local_rank, c.root_uri, c.root_port) == (2, 3, 0, "job-master-0", 23457)
+    c.require_cluster()
+    server = ClusterConfig.from_env({**POD, "DMLC_ROLE": "server"})
+    assert (server.rank, server.num_workers, server.root_uri, server.root_port) == (-1, 3, "job-master-0", 23457)
+    slurm = ClusterConfig.from_env({**SLURM, "DMLC_PS_ROOT_PORT": "9091", "DMLC_NUM_SERVER": "2"})
+    assert (slurm.rank, slurm.num_workers, slurm.local_rank, slurm.root_uri, slurm.root_port) == (5, 6, 1, "gpu07", 9091)
+    mpi = ClusterConfig.from_env({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
+                                  "DMLC_PS_ROOT_URI": "10.0.0.1", "DMLC_PS_ROOT_PORT": "9000"})
+    assert (mpi.rank, mpi.num_workers, mpi.root_uri, mpi.root_port) == (1, 2, "10.0.0.1", 9000)
+    # set variables win: DMLC_*, PSKV_LOCAL_RANK, and arguments in code
+    mine = ClusterConfig.from_env({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "DMLC_WORKER_ID": "0",
+                                   "DMLC_NUM_WORKER": "2", "DMLC_PS_ROOT_PORT": "9", "MASTER_ADDR": "m"})
+    assert (mine.rank, mine.root_uri, mine.root_port) == (0, "m", 9)
+    assert ClusterConfig.from_env({**POD, "PSKV_LOCAL_RANK": "1"}).local_rank == 1
+    assert ClusterConfig.from_env(POD, root_port=7).root_port == 7
+    # pskv launch's own variables: nothing to fill in; an MXJob pod (no manager): ranks by arrival
+    mxjob = {"DMLC_PS_ROOT_URI": "s", "DMLC_PS_ROOT_PORT": "9091", "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "2"}
+    assert ClusterConfig.from_env(mxjob).rank == -1
+
+
+def test_a_cluster_manager_that_contradicts_dmlc_is_refused():
+    from pskv.config import ClusterConfig
+
+    with pytest.raises(pskv.InvalidArgumentError, match="DMLC_NUM_WORKER='4' contradicts the torchrun job's 3"):
+        ClusterConfig.from_env({**POD, "DMLC_NUM_WORKER": "4"})
+    with pytest.raises(pskv.InvalidArgumentError, match="RANK='3' must be < WORLD_SIZE='3'"):
+        ClusterConfig.from_env({**POD, "RANK": "3"})
