@@ -1,8 +1,9 @@
 """The ``horovod`` and ``nccl`` stores: an all-reduce store on torch.distributed (no servers).
 
 ``pskv.create('horovod')`` (MXNet 2.0's name) sums over the job's processes with Gloo
-(CPU tensors and NumPy arrays); ``pskv.create('nccl')`` with NCCL (CUDA tensors; CPU
-values are staged on the rank's GPU), only where CUDA is present. The surface is what
+(CPU tensors and NumPy arrays) and NCCL (CUDA tensors: a second group, made by the first
+call with CUDA values); ``pskv.create('nccl')`` with NCCL only (CPU values are staged on
+the rank's GPU, ``cuda:<local_rank>``), only where CUDA is present. The surface is what
 makes sense without servers, MXNet's ``Horovod`` store's:
 
 * ``pushpull(key, value, out=None)`` — every rank gets the sum of all ranks' values (in
@@ -32,6 +33,7 @@ without rank variables the store is a group of one.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -72,7 +74,7 @@ class AllreduceStore(KVStoreBase):
     """An all-reduce store (``pskv.create('horovod')`` / ``pskv.create('nccl')``).
 
     Args:
-        name: ``'horovod'`` (Gloo; NCCL for nothing) or ``'nccl'``.
+        name: ``'horovod'`` (Gloo; NCCL for CUDA values) or ``'nccl'`` (NCCL for every value).
         config: local settings; ``default_timeout`` bounds the rendezvous and every call.
         ranks: this process's rank, world size, local rank and rendezvous address; None:
             a group of one process.
@@ -107,7 +109,9 @@ class AllreduceStore(KVStoreBase):
         spec = GroupSpec(self._rank, self._size, None if ranks is None else ranks.master_addr,
                          0 if ranks is None else ranks.master_port or 0, "nccl" if nccl else "gloo",
                          self._config.default_timeout, device)
-        self._group = TorchGroup(spec)
+        self._spec = spec
+        self._group = TorchGroup(spec)  # every call's agreement; the data of values on its device
+        self._cuda: TorchGroup | None = self._group if nccl else None  # horovod: made by the first CUDA call
         self._torch = torch
         self._device = device
         self._key_kind = KeyKind()
@@ -162,14 +166,16 @@ class AllreduceStore(KVStoreBase):
 
         def run() -> None:
             self._group.agree(description, timeout)
-            by_dtype: dict[str, list[tuple[Key, Any, list[Any]]]] = {}
+            buckets: dict[tuple[str, str], list[tuple[Key, Any, list[Any]]]] = {}  # (device, dtype) -> keys
             for (k, vals), (_, k_outs) in zip(values, outs):
-                by_dtype.setdefault(str(describe(vals[0]).dtype), []).append(
-                    (k, self._local_sum(vals), k_outs if out is not None else vals))
-            for items in by_dtype.values():
+                meta = describe(vals[0])
+                device = self._work_device(meta.device)
+                buckets.setdefault((device, str(meta.dtype)), []).append(
+                    (k, self._local_sum(vals, device), k_outs if out is not None else vals))
+            for (device, _), items in buckets.items():
                 works = [work for _, work, _ in items]
                 flat = works[0].reshape(-1) if len(works) == 1 else self._torch.cat([w.reshape(-1) for w in works])
-                self._group.allreduce(_names(k for k, _, _ in items), flat, timeout)
+                self._group_on(device).allreduce(_names(k for k, _, _ in items), flat, timeout)
                 offset = 0
                 for _, work, targets in items:
                     self._copy_into(targets, flat[offset:offset + work.numel()].view(work.shape))
@@ -199,20 +205,30 @@ class AllreduceStore(KVStoreBase):
 
         def run() -> None:
             self._group.agree(description, timeout)
-            sources = [self._tensor(vals[0]) for _, vals in values]
-            sends = self._rank == root
-            if len(sources) == 1 and (sends or out is None) and _in_place(sources[0], self._device):
-                flat, offsets = sources[0].reshape(-1).view(self._torch.uint8), [0]  # sent or received in place
-            else:
-                flat, offsets = self._packed(sources, fill=sends)
-            self._group.broadcast(f"{_names(keys)} from rank {root}", flat, root, timeout)
-            for s, offset, (_, vals), (_, k_outs) in zip(sources, offsets, values, outs):
-                if sends:  # the root's value is the result
-                    self._copy_into(k_outs, s)
-                    continue
-                got = flat[offset:offset + s.numel() * s.element_size()].view(s.dtype).reshape(s.shape)
-                self._copy_into(k_outs if out is not None else vals, got)
+            buckets: dict[str, list[tuple[Key, Any, list[Any], list[Any]]]] = {}  # device -> keys
+            for (k, vals), (_, k_outs) in zip(values, outs):
+                device = self._work_device(describe(vals[0]).device)
+                buckets.setdefault(device, []).append((k, self._tensor(vals[0]), vals, k_outs))
+            for device, items in buckets.items():
+                self._broadcast_bucket(device, items, root, out is not None, timeout)
         return self._submit("broadcast", keys, priority, run, block, timeout)
+
+    def _broadcast_bucket(self, device: str, items: list[tuple[Key, Any, list[Any], list[Any]]], root: int,
+                          outs_given: bool, timeout: float | None) -> None:
+        """One broadcast of the keys whose values live on ``device``: root's bytes into every rank's targets."""
+        sources = [s for _, s, _, _ in items]
+        sends = self._rank == root
+        if len(sources) == 1 and (sends or not outs_given) and _in_place(sources[0], device):
+            flat, offsets = sources[0].reshape(-1).view(self._torch.uint8), [0]  # sent or received in place
+        else:
+            flat, offsets = self._packed(sources, device, fill=sends)
+        self._group_on(device).broadcast(f"{_names(k for k, _, _, _ in items)} from rank {root}", flat, root, timeout)
+        for (_, s, vals, k_outs), offset in zip(items, offsets):
+            if sends:  # the root's value is the result
+                self._copy_into(k_outs, s)
+                continue
+            got = flat[offset:offset + s.numel() * s.element_size()].view(s.dtype).reshape(s.shape)
+            self._copy_into(k_outs if outs_given else vals, got)
 
     def barrier(self) -> None:
         """Wait until every rank reached the barrier (bounded by the default timeout)."""
@@ -237,6 +253,8 @@ class AllreduceStore(KVStoreBase):
             self._engine.close(self._config.default_timeout)
         finally:
             self._group.close()
+            if self._cuda is not None and self._cuda is not self._group:
+                self._cuda.close()
 
     # -- not offered ---------------------------------------------------------------------
     def _unsupported(self, op: str) -> NotSupportedError:
@@ -275,11 +293,7 @@ class AllreduceStore(KVStoreBase):
             keys = list(dict.fromkeys(keys))
             values, outs = _merged(values), _merged(outs)
         for (k, vals), (_, k_outs) in zip(values, outs):
-            meta = describe(vals[0])
-            if meta.device != "cpu" and self._device == "cpu":
-                raise NotSupportedError(f"{op} of key {k!r}: a {meta.device} value in the 'horovod' store (Gloo, "
-                                        "CPU); use the 'nccl' store for CUDA tensors")
-            check_like(k, meta, vals[1:] + k_outs, op)
+            check_like(k, describe(vals[0]), vals[1:] + k_outs, op)
         return keys, values, outs
 
     def _submit(self, op: str, keys: list[Key], priority: int, run: Callable[[], None], block: bool,
@@ -299,24 +313,40 @@ class AllreduceStore(KVStoreBase):
                                             f"{self.type!r} store") from None
         return array.detach()
 
-    def _local_sum(self, vals: list[Any]) -> Any:
-        """This rank's contribution: the value itself (summed in place) or a new sum of the values."""
+    def _work_device(self, value_device: str) -> str:
+        """Where a value's collective runs: the nccl store's GPU; in horovod the CPU or the value's GPU."""
+        return self._device if self._device != "cpu" or value_device == "cpu" else value_device
+
+    def _group_on(self, device: str) -> TorchGroup:
+        """The group for values on ``device``: Gloo for the CPU, NCCL for CUDA.
+
+        The horovod store makes its NCCL group at its first call with CUDA values: every
+        rank is in that call (its description, devices included, was agreed on).
+        """
+        if device == "cpu":
+            return self._group
+        if self._cuda is None:
+            self._cuda = TorchGroup(dataclasses.replace(self._spec, backend="nccl", device=device))
+        return self._cuda
+
+    def _local_sum(self, vals: list[Any], device: str) -> Any:
+        """This rank's contribution on ``device``: the value itself (summed in place) or a new sum of the values."""
         tensors = [self._tensor(v) for v in vals]
-        if len(tensors) == 1 and _in_place(tensors[0], self._device):
+        if len(tensors) == 1 and _in_place(tensors[0], device):
             return tensors[0]
-        work = tensors[0].to(device=self._device, copy=True).contiguous()
+        work = tensors[0].to(device=device, copy=True).contiguous()
         for t in tensors[1:]:
-            work += t.to(device=self._device)
+            work += t.to(device=device)
         return work
 
-    def _packed(self, sources: list[Any], fill: bool) -> tuple[Any, list[int]]:
+    def _packed(self, sources: list[Any], device: str, fill: bool) -> tuple[Any, list[int]]:
         """One byte buffer on the group's device for ``sources`` (each at an 8-aligned offset; copied in if ``fill``)."""
         torch = self._torch
         offsets, total = [], 0
         for s in sources:
             offsets.append(total)
             total += -(-s.numel() * s.element_size() // 8) * 8
-        flat = torch.empty(total, dtype=torch.uint8, device=self._device)
+        flat = torch.empty(total, dtype=torch.uint8, device=device)
         if fill:
             for s, offset in zip(sources, offsets):
                 n = s.numel() * s.element_size()
@@ -351,7 +381,8 @@ def _in_place(tensor: Any, device: str) -> bool:
 
 def _describe(key: Key, value: Any) -> str:
     meta = describe(value)
-    return f"key {key!r} {meta.dtype}{tuple(meta.shape)}"
+    where = "" if meta.device == "cpu" else " cuda"  # the kind only: each rank has its own GPU
+    return f"key {key!r} {meta.dtype}{tuple(meta.shape)}{where}"
 
 
 def _names(keys: Any) -> str:

@@ -109,7 +109,12 @@ class TorchGroup:
         try:
             pg_store = dist.PrefixStore(prefix + "pg/", self._store)
             if spec.backend == "nccl":
-                self._pg = dist.ProcessGroupNCCL(pg_store, spec.rank, spec.world_size)
+                if not dist.is_nccl_available():
+                    raise NotSupportedError("this PyTorch build has no NCCL backend (CUDA tensors need it)")
+                torch.cuda.set_device(torch.device(spec.device))
+                options = dist.ProcessGroupNCCL.Options()
+                options._timeout = delta  # the watchdog ends a collective stuck longer than this
+                self._pg = dist.ProcessGroupNCCL(pg_store, spec.rank, spec.world_size, options)
             else:
                 self._pg = dist.ProcessGroupGloo(pg_store, spec.rank, spec.world_size, delta)
         except RuntimeError as exc:

@@ -312,3 +312,32 @@ def test_started_by_pskv_launch(tmp_path: Path) -> None:
     code, out = launch_job(tmp_path, LAUNCHED, [], ["-s", "1"], deadline=90)
     assert code == 0, out
     assert finals(out) == {r: f"size 2 local {r} sum [3.0, 3.0, 3.0] root1 [1.0, 1.0]" for r in range(2)}, out
+
+
+ON_GPUS = textwrap.dedent(r'''
+    import numpy as np
+    import torch
+    import pskv
+
+    for name in ("nccl", "horovod"):  # horovod: CUDA values through its NCCL group
+        with pskv.create(name) as kv:
+            dev = torch.device("cuda", kv.local_rank)
+            g = torch.full((1000,), kv.rank + 1.0, device=dev)
+            kv.pushpull("g", g)
+            w = torch.full((3, 3), float(kv.rank), device=dev)
+            kv.broadcast("w", w, root_rank=1)
+            c = np.full(4, kv.rank + 1.0, np.float32)  # nccl: a CPU value staged on the GPU; horovod: Gloo
+            kv.pushpull("c", c)
+            assert bool((g == 3).all()) and bool((w == 1).all()) and (c == 3).all(), (name, g, w, c)
+            print(f"final {kv.rank} {name} ok")
+''')
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_nccl_store_on_two_gpus(tmp_path: Path) -> None:
+    script = tmp_path / "gpus.py"
+    script.write_text(ON_GPUS)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(script)], env=_env(), capture_output=True, text=True, timeout=JOB_TIMEOUT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.stdout.count(" ok") == 4, proc.stdout
