@@ -175,3 +175,33 @@ def test_slurm_outside_an_allocation_starts_nothing(tmp_path):
     assert proc.returncode == 2
     assert "SLURM_JOB_NODELIST is not set here; or name the hosts with -H" in proc.stderr, proc.stderr
 
+
+
+@pytest.mark.timeout(60)
+def test_pytorchjob_pods_run_scheduler_servers_and_workers_with_the_operators_variables(tag, tmp_path):
+    """examples/cluster/pytorchjob-pod.sh in two "pods" here, each with what the operator and the
+    manifest give it (POD_IP 127.0.0.1 / 127.0.0.2; the master pod's MASTER_ADDR is localhost)."""
+    master_port = free_port() - 1  # the scheduler takes MASTER_PORT + 1
+    pods = []
+    for rank, (ip, master) in enumerate([("127.0.0.1", "localhost"), ("127.0.0.2", "127.0.0.1")]):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PSKV_", "SLURM_", "OMPI_", "PMI_"))}
+        env.update(PYTHONPATH=str(REPO), PYTHON=sys.executable, PSKV_TEST_TAG=tag, RANK=str(rank), WORLD_SIZE="2",
+                   MASTER_ADDR=master, MASTER_PORT=str(master_port), POD_IP=ip, DMLC_NUM_SERVER="2")
+        pods.append(subprocess.Popen(["sh", str(REPO / "examples/cluster/pytorchjob-pod.sh"), sys.executable,
+                                      str(REPO / "examples/cluster/train.py")], env=env, cwd=tmp_path,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True))
+    outs = []
+    try:
+        for pod in pods:
+            outs.append(pod.communicate(timeout=45)[0])
+    finally:
+        for pod in pods:
+            if pod.poll() is None:
+                os.killpg(pod.pid, 9)
+                pod.wait()
+    for rank, (pod, out) in enumerate(zip(pods, outs)):
+        assert pod.returncode == 0, out
+        assert f"worker {rank} of 2 (local rank 0): sum 3" in out, out
+    assert "server 0 serving on tcp://127.0.0.1:" in outs[0] and "server 1 serving on tcp://127.0.0.2:" in outs[1]
+    assert tagged_pids(tag) == []
