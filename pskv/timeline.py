@@ -83,7 +83,8 @@ def open_timeline(directory: str, role: str, rank: int, restart: int = 0,
     """
     if not directory:
         return None
-    return Timeline(trace_path(directory, role, rank, restart, replacement), f"{role} {rank}")
+    return Timeline(trace_path(directory, role, rank, restart, replacement), f"{role} {rank}",
+                    sort_index=rank if role == "worker" else 10_000 + rank)  # workers first in a merged view
 
 
 class Timeline:
@@ -92,6 +93,7 @@ class Timeline:
     Args:
         path: the file (its directory is created; an existing file is replaced).
         process: the process's name in viewers (``"worker 0"``).
+        sort_index: where viewers put the process among others (smaller: higher up).
         flush_interval: seconds between writes.
         max_buffered: events queued at most (more are dropped and counted).
 
@@ -100,7 +102,7 @@ class Timeline:
     """
 
     def __init__(self, path: str | os.PathLike[str], process: str, flush_interval: float = FLUSH_INTERVAL,
-                 max_buffered: int = MAX_BUFFERED) -> None:
+                 max_buffered: int = MAX_BUFFERED, sort_index: int = 0) -> None:
         self.path = Path(path)
         self.pid = os.getpid()
         self._max_buffered = max_buffered
@@ -119,7 +121,9 @@ class Timeline:
             raise InvalidArgumentError(f"PSKV_TIMELINE: cannot create the timeline file {self.path}: {exc}") from None
         self._end = 0  # where the closing ']...}' starts in the file
         self._closing = b""
-        self._write(b'{"traceEvents":[\n' + _dumps(_meta("process_name", self.pid, 0, process)))
+        self._write(b'{"traceEvents":[\n' + _dumps(_meta("process_name", self.pid, 0, process)) + b",\n"
+                    + _dumps({"name": "process_sort_index", "ph": "M", "pid": self.pid, "tid": 0,
+                              "args": {"sort_index": sort_index}}))
         self._wake = threading.Condition(self._lock)
         self._interval = flush_interval
         self._writer = threading.Thread(target=self._run, name="pskv-timeline", daemon=True)

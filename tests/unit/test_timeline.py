@@ -251,7 +251,7 @@ def test_merge_puts_a_job_into_one_file(tmp_path):
         now = time.monotonic()
         timeline.span("push", "key 1", now, now + 0.001)
         timeline.close()
-    assert merge(sorted((tmp_path / "t").glob("*.json")), tmp_path / "job.json") == 2 * 4  # 2 names, 2 tracks
+    assert merge(sorted((tmp_path / "t").glob("*.json")), tmp_path / "job.json") == 2 * 5  # per file: 2 process, 2 track metadata, 1 span
     events = load(tmp_path / "job.json")
     assert len(spans(events, "push")) == 2
     (tmp_path / "bad.json").write_text("[")
@@ -307,6 +307,8 @@ def test_an_in_process_job_traces_every_key_and_round(tmp_path):
         assert got == {(op, key, r) for op in ("push", "pull") for key in (3, 4) for r in (1, 2)}
         assert spans(events, "wait")
     events = load(tmp_path / "server-0.json")
+    sort = [e["args"]["sort_index"] for e in events if e["name"] == "process_sort_index"]
+    assert sort == [10_000]  # after the workers (0, 1) in a merged view
     for name in ("merge", "update"):
         assert {(e["args"]["key"], e["args"]["round"]) for e in spans(events, name)} == {
             (key, r) for key in (3, 4) for r in (1, 2)}
