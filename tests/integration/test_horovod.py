@@ -113,27 +113,27 @@ JOB = "import json, sys\nimport numpy as np\nimport torch\n" + ADAPTER + textwra
         assert np.array_equal(tensor, np.full(shape, expected)), (kv.rank, tensor)
 
     # -- Horovod: test/parallel/test_torch.py, broadcast -------------------------------------
-    def filled(dim, value, dtype):
-        return torch.ones(*([17] * dim), dtype=torch.float32).mul_(value).to(dtype)
+    def broadcast_cases():
+        """Horovod's grid: every dtype, 1-3 dims of 17, every root; this rank's and the root's tensors."""
+        rank, size = hvd.rank(), hvd.size()
+        for dtype, dim, root in itertools.product(DTYPES, [1, 2, 3], range(size)):
+            filled = [torch.ones(*([17] * dim), dtype=torch.float32).mul_(v).to(dtype) for v in (rank, root)]
+            yield (dtype, dim, root), rank == root, *filled
 
     @case
     def horovod_broadcast():
-        rank, size = hvd.rank(), hvd.size()
-        for dtype, dim, root in itertools.product(DTYPES, [1, 2, 3], range(size)):
-            tensor, root_tensor = filled(dim, rank, dtype), filled(dim, root, dtype)
-            got = hvd.broadcast(tensor, root)
-            if rank != root:
-                assert not bool((tensor == root_tensor).any()), ("source modified", dtype, dim, root)
-            assert bool((got == root_tensor).all()), ("wrong result", dtype, dim, root)
+        for where, is_root, tensor, root_tensor in broadcast_cases():
+            got = hvd.broadcast(tensor, where[2])
+            if not is_root:
+                assert not bool((tensor == root_tensor).any()), ("source modified", where)
+            assert bool((got == root_tensor).all()), ("wrong result", where)
 
     @case
     def horovod_broadcast_inplace():
-        rank, size = hvd.rank(), hvd.size()
-        for dtype, dim, root in itertools.product(DTYPES, [1, 2, 3], range(size)):
-            tensor, root_tensor = filled(dim, rank, dtype), filled(dim, root, dtype)
-            got = hvd.broadcast_(tensor, root)
-            assert bool((tensor == got).all()), ("not in place", dtype, dim, root)
-            assert bool((got == root_tensor).all()), ("wrong result", dtype, dim, root)
+        for where, _, tensor, root_tensor in broadcast_cases():
+            got = hvd.broadcast_(tensor, where[2])
+            assert bool((tensor == got).all()), ("not in place", where)
+            assert bool((got == root_tensor).all()), ("wrong result", where)
 
     def refused(call, *names):
         """Horovod expects a RuntimeError on every rank; pskv's names each rank's call."""
