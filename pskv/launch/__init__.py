@@ -141,7 +141,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --restart-workers: how long the others wait for a dead worker's replacement "
                              "(default 60)")
     parser.add_argument("--address-file", default=None, metavar="FILE",
-                        help="write the scheduler's HOST:PORT to FILE once it listens, for pskv top --port-file FILE")
+                        help="write the scheduler's HOST:PORT to FILE (local: once it listens; ssh: at the start), "
+                             "for pskv top --port-file FILE")
     parser.add_argument("--timeline", default=None, metavar="DIR",
                         help="every worker and server writes its timeline to DIR/<role>-<rank>.json (Chrome "
                              "trace-event JSON for chrome://tracing or ui.perfetto.dev; sets PSKV_TIMELINE)")

@@ -99,7 +99,8 @@ class LaunchConfig:
         resume_from: the checkpoint this run resumes from (set for restarts).
         restart_count: how many times the job has been restarted (set for restarts).
         address_file: ``--address-file``: where the launcher writes the scheduler's
-            ``HOST:PORT`` once it listens (``pskv top --port-file``); empty: nowhere.
+            ``HOST:PORT`` (local: once it listens; ssh: at the start) for ``pskv top
+            --port-file``; empty: nowhere.
 
     Raises:
         InvalidArgumentError: any field is out of range or inconsistent with the others.

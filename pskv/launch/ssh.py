@@ -39,6 +39,7 @@ from pskv.config import omp_num_threads_set
 from pskv.errors import InvalidArgumentError, LaunchError
 from pskv.launch.config import DEFAULT_SSH_PORT, LaunchConfig
 from pskv.launch.contract import ProcessSpec, contract_env, env_argv, omp_note, port_beside, role_argv, with_workers
+from pskv.launch.on_host import publish_address
 from pskv.launch.supervisor import Console, Supervisor, describe_exit, guard_argv
 
 __all__ = ["Host", "HostCheck", "Placement", "check_hosts", "parse_host_list", "parse_hostfile", "read_hostfile", "place", "ssh_argv",
@@ -355,6 +356,7 @@ def run_ssh(config: LaunchConfig, console: Console) -> int:
             console.note(f"host {c.host.name}: {c.python} has pskv {c.version}, this launcher {__version__}")
     pythons = {c.host.name: c.python for c in checks}
     specs = ssh_specs(config, hosts, server_hosts, pythons)
+    publish_address(config, console, f"{hosts[0].address}:{DEFAULT_SSH_PORT if config.port is None else config.port}")
     note = omp_note(config.env, omp_num_threads_set())
     if note:
         console.note(note)
