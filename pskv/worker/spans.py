@@ -112,12 +112,12 @@ def waited(timeline: Timeline, start: float, messages: Sequence[Sent]) -> None:
     """Record a ``wait`` span on this thread's track: from ``start`` until now, for the replies of ``messages``."""
     keys = {id(rec): rec.key for items, _ in messages for rec, _ in items}
     timeline.span("wait", f"wait ({threading.current_thread().name})", start, time.monotonic(),
-                  {"keys": len(keys), "first key": next(iter(keys.values()), None),
+                  {"keys": len(keys), "first_key": next(iter(keys.values()), None),
                    "bytes": sum(n for items, _ in messages for _, n in items)})
 
 
 def compressed(timeline: Timeline, start: float, items: Sequence[tuple[KeyLayout, int]]) -> None:
     """Record a ``compress`` span, from ``start`` until now, of a message's parts ``items`` ``(layout, bytes)``."""
     timeline.span("compress", "compress", start, time.monotonic(),
-                  {"keys": len(items), "first key": items[0][0].key if items else None,
+                  {"keys": len(items), "first_key": items[0][0].key if items else None,
                    "bytes": sum(n for _, n in items)})
