@@ -65,6 +65,11 @@ class StoreType:
     summation_only: bool = False
     allreduce: bool = False
 
+    @property
+    def multiprocess(self) -> bool:
+        """The store spans the job's worker processes (``dist_*``, ``byteps``, ``horovod``, ``nccl``)."""
+        return self.distributed or self.allreduce
+
     @classmethod
     def parse(cls, name: str) -> StoreType:
         """The type of a built-in name (case-insensitive).

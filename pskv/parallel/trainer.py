@@ -17,7 +17,8 @@ parameter order (roughly the order autograd produces them) and a bucket is sent 
 non-blocking list ``pushpull``, one message per server — as soon as every device has
 produced all its gradients. :meth:`Trainer.step` sends what is left, waits, and (without
 ``update_on_kvstore``) runs the optimizer. ``rescale_grad`` is 1 / global batch size:
-the per-worker batch times the number of workers for the synchronous distributed stores.
+the per-worker batch times the number of workers for the synchronous stores of several
+processes (``dist_sync*``, ``byteps``, ``horovod``, ``nccl``).
 """
 
 from __future__ import annotations
@@ -136,7 +137,7 @@ class Trainer:
             raise InvalidArgumentError(f"the embedding tables {[t.key for t in self._tables]} live in the store, so "
                                        "its optimizer updates them: update_on_kvstore must be True")
         self._updater = None if self.update_on_kvstore else self._optimizer.get_updater()
-        workers = self._kv.num_workers if self._kv is not None and self._kv.store_type.distributed and self._kv.store_type.sync else 1
+        workers = self._kv.num_workers if self._kv is not None and self._kv.store_type.multiprocess and self._kv.store_type.sync else 1
         self._worker_factor = workers
         self._set_up_buckets(bucket_bytes)
         self.overlap = self._resolve_overlap(overlap)
@@ -221,7 +222,7 @@ class Trainer:
         if not isinstance(kvstore, str):
             raise InvalidTypeError(f"kvstore must be a store, a store name or None, got {type(kvstore).__name__}")
         if self._num_devices == 1 and not wanted and not (kvstore.lower() in BUILTIN_TYPES
-                                                          and StoreType.parse(kvstore).distributed):
+                                                          and StoreType.parse(kvstore).multiprocess):
             return None, False
         return create(kvstore), True
 

@@ -193,6 +193,21 @@ JOB = "import json, sys\nimport numpy as np\nimport torch\n" + ADAPTER + textwra
             assert v.tolist() == [1.0, 1.0] and t.tolist() == [4.0, 4.0], (v, t)
         torch.distributed.destroy_process_group()
 
+    @case
+    def trainer_on_the_store():
+        # pskv's Trainer with kvstore='horovod': rank 0's weights reach everyone at the first forward,
+        # the gradients are summed over the ranks and divided by the global batch (the optimizer runs here)
+        from pskv.parallel import Trainer
+        torch.manual_seed(0)
+        start = torch.nn.Linear(3, 1, bias=False).weight.detach().clone()  # rank 0's initial weights
+        torch.manual_seed(kv.rank)
+        model = torch.nn.Linear(3, 1, bias=False)
+        trainer = Trainer(model, "sgd", {"learning_rate": 0.5}, kvstore="horovod")
+        model(torch.full((4, 3), float(kv.rank + 1))).sum().backward()  # gradient 4 * (rank + 1) per weight
+        trainer.step(4)
+        mean = sum(4 * (r + 1) for r in range(kv.num_workers)) / (4 * kv.num_workers)
+        assert torch.allclose(model.weight.detach(), start - 0.5 * mean), (model.weight, start)
+
     results["rank"] = kv.rank
     results["size"] = kv.num_workers
     results["local_rank"] = kv.local_rank
@@ -203,7 +218,7 @@ JOB = "import json, sys\nimport numpy as np\nimport torch\n" + ADAPTER + textwra
 
 CASES = ["mxnet_type", "mxnet_broadcast", "mxnet_pushpull", "horovod_broadcast", "horovod_broadcast_inplace",
          "horovod_broadcast_error", "horovod_broadcast_type_error", "horovod_broadcast_rank_error",
-         "lists_numpy_and_roots", "own_group_beside_torchs"]
+         "lists_numpy_and_roots", "own_group_beside_torchs", "trainer_on_the_store"]
 
 
 def _env(**extra: str) -> dict[str, str]:
