@@ -104,10 +104,11 @@ def test_scheduler_drops_malformed_metrics_and_keeps_good_ones():
 
 def test_a_jobs_nodes_through_the_scheduler():
     """Workers of an in-process cluster push and pull; kv.metrics() (pskv.metrics.snapshot) shows
-    every node with its rounds, bytes and rates, as the scheduler gathered them from heartbeats."""
+    every node with its rounds, bytes and rates, as the scheduler gathered them from heartbeats,
+    and a worker that closed its store as left."""
     # values of 1000 elements split over both servers (bigarray_bound): every node has work
     with InProcessCluster(2, 2, deadline=30, heartbeat_interval=0.1, bigarray_bound=100) as cluster:
-        def work(config: ClusterConfig) -> JobMetrics:
+        def work(config: ClusterConfig) -> tuple[JobMetrics, dict[str, str]]:
             kv = pskv.create("dist_sync", cluster=config)
             kv.init(1, np.zeros(1000, np.float32))
             out = np.zeros(1000, np.float32)
@@ -116,12 +117,23 @@ def test_a_jobs_nodes_through_the_scheduler():
                 kv.pushpull(1, np.ones(1000, np.float32), out=out)
                 seen = kv.metrics(timeout=5)
                 if all(n.rounds_per_s and n.bytes_in and n.bytes_out for n in seen.nodes) or time.monotonic() > deadline:
-                    kv.barrier()  # neither leaves while the other still needs its pushes
-                    kv.close()
-                    return seen
+                    break
                 time.sleep(0.05)
+            kv.barrier()  # neither leaves while the other still needs its pushes
+            states: dict[str, str] = {}
+            if kv.rank == 1:
+                kv.close()  # leaves the job, then waits for worker 0 to leave too
+                return seen, states
+            while time.monotonic() < deadline:  # worker 0 sees worker 1 leave
+                states = {n.node: n.state for n in kv.metrics(timeout=5).nodes}
+                if states["worker 1"] == "left":
+                    break
+                time.sleep(0.05)
+            kv.close()
+            return seen, states
 
-        seen = cluster.run_workers(work)[0]
+        seen, states = cluster.run_workers(work)[0]
+    assert states == {"server 0": "alive", "server 1": "alive", "worker 0": "alive", "worker 1": "left"}
     assert (seen.num_workers, seen.num_servers, seen.registered) == (2, 2, 4)
     assert sorted(n.node for n in seen.nodes) == ["server 0", "server 1", "worker 0", "worker 1"]
     for n in seen.nodes:
@@ -201,3 +213,21 @@ def test_under_curve_only_a_key_holder_gets_the_metrics(tmp_path):
                 snapshot(address, timeout=5, curve_key_file=key_file)
     finally:
         scheduler.stop()
+
+
+def test_a_silent_node_shows_as_dead():
+    """A worker whose process stops without leaving (its network thread ends: no more
+    heartbeats) is dead for the scheduler after PS_HEARTBEAT_TIMEOUT, and so in the metrics."""
+    with InProcessCluster(1, 1, deadline=30, heartbeat_interval=0.1, heartbeat_timeout=0.5) as cluster:
+        def work(config: ClusterConfig) -> dict[str, str]:
+            kv = pskv.create("dist_sync", cluster=config)
+            kv.init(1, np.zeros(10, np.float32))
+            kv._client._runtime.stop()  # as a killed process: no SHUTDOWN, no heartbeat
+            deadline = time.monotonic() + 20
+            while True:
+                states = {n.node: n.state for n in snapshot(cluster.config.scheduler_address, timeout=5).nodes}
+                if states["worker 0"] == "dead" or time.monotonic() > deadline:
+                    return states
+
+        states = cluster.run_workers(work)[0]
+    assert states == {"server 0": "alive", "worker 0": "dead"}
