@@ -13,8 +13,9 @@ pushes of a key) go to further lanes of it (``key 3 #2``), so that the spans of 
 
 The file is valid JSON after every write: each flush writes the new events over the
 closing ``]...}`` and writes the closing again after them (one ``pwrite``). A process
-killed at any point leaves a file that loads, holding everything up to its last flush
-(at most :data:`FLUSH_INTERVAL` seconds old). Bounded: at most :data:`MAX_BUFFERED`
+killed between writes leaves a file that loads, holding everything up to its last flush
+(at most :data:`FLUSH_INTERVAL` seconds old); a kill inside a write (it can cut a write
+of more than a page short) leaves the events before it whole, which :func:`load` reads. Bounded: at most :data:`MAX_BUFFERED`
 events wait for the writer; more are dropped and counted in the file's
 ``otherData.dropped_events``.
 
@@ -51,6 +52,8 @@ FLUSH_INTERVAL = 1.0
 FLUSH_EVENTS = 4096
 #: Events queued at most; past it events are dropped (counted in the file).
 MAX_BUFFERED = 1 << 16
+#: Seconds :meth:`Timeline.close` waits for a write in progress (a hung file system) before giving up.
+CLOSE_TIMEOUT = 10.0
 #: Lanes of one track: spans that overlap every lane's last one are dropped (counted).
 MAX_LANES = 16
 
@@ -121,6 +124,7 @@ class Timeline:
             raise InvalidArgumentError(f"PSKV_TIMELINE: cannot create the timeline file {self.path}: {exc}") from None
         self._end = 0  # where the closing ']...}' starts in the file
         self._closing = b""
+        self._written_dropped = 0  # the dropped count the file's closing holds
         self._write(b'{"traceEvents":[\n' + _dumps(_meta("process_name", self.pid, 0, process)) + b",\n"
                     + _dumps({"name": "process_sort_index", "ph": "M", "pid": self.pid, "tid": 0,
                               "args": {"sort_index": sort_index}}))
@@ -186,15 +190,21 @@ class Timeline:
                     return
             self.flush()
 
-    def flush(self) -> None:
-        """Write the queued events now (the file stays valid JSON)."""
-        with self._io_lock:
+    def flush(self, timeout: float | None = None) -> bool:
+        """Write the queued events now (the file stays valid JSON); False if another write held the file
+        for more than ``timeout`` seconds (nothing written)."""
+        if not self._io_lock.acquire(timeout=-1 if timeout is None else timeout):
+            return False
+        try:
             with self._lock:
                 events, self._queued = self._queued, []
                 dropped = self.dropped
-            if events or dropped:
+            if events or dropped != self._written_dropped:
                 self._write(b"".join(b",\n" + (e if type(e) is bytes else self._span_json(e))  # type: ignore[arg-type]
                                      for e in events), dropped=dropped)
+        finally:
+            self._io_lock.release()
+        return True
 
     def _span_json(self, span: tuple[str, int, int, int, Mapping[str, Any] | None]) -> bytes:
         """One span as trace-event JSON (formatted here rather than by json.dumps: the writer's time is the
@@ -212,7 +222,9 @@ class Timeline:
         if fd is None:
             return
         try:
-            os.pwrite(fd, data + closing, self._end)
+            written = os.pwrite(fd, data + closing, self._end)
+            if written != len(data) + len(closing):
+                raise OSError(f"{written} of {len(data) + len(closing)} bytes written (is the disk full?)")
             if len(closing) < len(self._closing):  # never: the count only grows
                 os.ftruncate(fd, self._end + len(data) + len(closing))
         except OSError as exc:
@@ -222,6 +234,7 @@ class Timeline:
             return
         self._end += len(data)
         self._closing = closing
+        self._written_dropped = dropped
 
     def close(self) -> None:
         """Write what is queued and close the file (idempotent; the writer thread ends)."""
@@ -231,13 +244,16 @@ class Timeline:
             self._closed = True
             self._wake.notify()
         if self._writer is not threading.current_thread():
-            self._writer.join(self._interval + 5.0)
-        self.flush()
+            self._writer.join(CLOSE_TIMEOUT)
+        _OPEN.discard(self)
+        if not self.flush(CLOSE_TIMEOUT):
+            log.warning("timeline %s: a write did not end within %.0f s; the last events are not written",
+                        self.path, CLOSE_TIMEOUT)
+            return
         with self._io_lock:
             fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
-        _OPEN.discard(self)
 
     def _forget(self) -> None:
         """In a forked child: the parent's file and queue are not this process's (nothing is written)."""

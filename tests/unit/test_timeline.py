@@ -217,6 +217,14 @@ def test_a_failed_write_stops_the_timeline_with_a_warning(tmp_path, monkeypatch,
     timeline.close()  # nothing more is written, nothing raised
     assert spans(load(tmp_path / "t.json"), "push") == []  # the file as it was before the failed write
 
+    short = Timeline(tmp_path / "short.json", "worker 1", flush_interval=3600)
+    short.span("push", "key 1", now, now + 0.001)
+    monkeypatch.setattr(os, "pwrite", lambda fd, data, offset: 1)  # a write cut short
+    short.flush()
+    assert "short.json: writing failed" in caplog.text and "1 of" in caplog.text
+    monkeypatch.undo()
+    short.close()
+
 
 def test_file_names_and_a_directory_that_cannot_be_made(tmp_path):
     assert trace_path(tmp_path, "worker", 1) == tmp_path / "worker-1.json"
