@@ -135,12 +135,15 @@ def test_mpi_runs_each_process_through_mpirun_on_a_host_list_and_names_the_faile
 @pytest.mark.timeout(60)
 def test_workers_only_with_no_servers(tag, tmp_path):
     code, out = run_launcher(["-n", "2", "-s", "0", "--", sys.executable, "-c",
-                              "import os; from pskv.config import rank_env; "
+                              "import os, pskv; from pskv.config import rank_env\n"
+                              "try:\n    pskv.create('dist_sync')\nexcept pskv.InvalidArgumentError as e:\n    print(e)\n"
                               "print(rank_env(), os.environ['DMLC_NUM_SERVER'])"], tag, tmp_path)
     assert code == 0, out
     lines = out.splitlines()
     assert lines[0] == "pskv launch: 2 workers, 0 servers, scheduler on no host (-s 0: workers only), launcher local"
     assert not any(line.startswith(("[scheduler]", "[server")) for line in lines), out
+    assert "[worker 1] a distributed store needs the cluster environment (pskv launch sets it): DMLC_PS_ROOT_PORT " \
+           "(the scheduler's port) is not set or not a port; DMLC_NUM_SERVER must be >= 1" in lines, out
     for rank in range(2):
         assert any(line.startswith(f"[worker {rank}] RankEnv(source='pskv', rank={rank}, world_size=2, "
                                    f"local_rank={rank}, local_world_size=2, master_addr='127.0.0.1'")
