@@ -19,7 +19,9 @@ makes sense without servers, MXNet's ``Horovod`` store's:
 
 Every call is a collective: every rank makes the same calls in the same order (keys,
 shapes, dtypes and ``root_rank`` alike), else every rank raises
-:class:`~pskv.errors.CollectiveMismatchError` (:mod:`pskv.kvstore.torchgroup`). The keys of
+:class:`~pskv.errors.CollectiveMismatchError` (:mod:`pskv.kvstore.torchgroup`). A rank whose
+arguments are refused (a shape, an out, a ``root_rank``) still meets the others, who then
+raise CollectiveMismatchError naming its error; it raises its own. The keys of
 one call travel together: one all-reduce per dtype, one broadcast per call. Calls run
 one at a time in call order on the store's engine thread (``priority`` is checked but
 cannot reorder collectives); ``block=False`` returns a handle. Every wait is bounded by
@@ -35,13 +37,20 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import numpy as np
 
 from pskv.arrays import describe
 from pskv.config import Config
-from pskv.errors import InvalidArgumentError, NotSupportedError, StoreClosedError, UnsupportedValueError
+from pskv.errors import (
+    CollectiveMismatchError,
+    InvalidArgumentError,
+    KVStoreError,
+    NotSupportedError,
+    StoreClosedError,
+    UnsupportedValueError,
+)
 from pskv.kvstore.base import KVStoreBase
 from pskv.kvstore.checks import check_like, check_priority
 from pskv.kvstore.engine import Engine
@@ -161,8 +170,11 @@ class AllreduceStore(KVStoreBase):
             NodeFailedError: a rank died (named); OperationTimeoutError: no result in time.
         """
         self._check_open("pushpull")
-        keys, values, outs = self._pairs(key, value, out, "pushpull")
-        description = "pushpull " + ", ".join(_describe(k, vals[0]) for k, vals in values)
+        try:
+            keys, values, outs = self._pairs(key, value, out, "pushpull")
+            description = "pushpull " + ", ".join(_describe(k, vals[0]) for k, vals in values)
+        except KVStoreError as exc:
+            self._refuse("pushpull", exc, timeout)
 
         def run() -> None:
             self._group.agree(description, timeout)
@@ -196,12 +208,15 @@ class AllreduceStore(KVStoreBase):
             NodeFailedError, OperationTimeoutError: as :meth:`pushpull`.
         """
         self._check_open("broadcast")
-        root = self._root_rank(root_rank)
-        keys, values, outs = self._pairs(key, value, out, "broadcast")
-        for k, vals in values:
-            if len(vals) != 1:
-                raise InvalidArgumentError(f"broadcast of key {k!r} got {len(vals)} values; give exactly one")
-        description = f"broadcast root_rank {root} " + ", ".join(_describe(k, vals[0]) for k, vals in values)
+        try:
+            root = self._root_rank(root_rank)
+            keys, values, outs = self._pairs(key, value, out, "broadcast")
+            for k, vals in values:
+                if len(vals) != 1:
+                    raise InvalidArgumentError(f"broadcast of key {k!r} got {len(vals)} values; give exactly one")
+            description = f"broadcast root_rank {root} " + ", ".join(_describe(k, vals[0]) for k, vals in values)
+        except KVStoreError as exc:
+            self._refuse("broadcast", exc, timeout)
 
         def run() -> None:
             self._group.agree(description, timeout)
@@ -229,6 +244,20 @@ class AllreduceStore(KVStoreBase):
                 continue
             got = flat[offset:offset + s.numel() * s.element_size()].view(s.dtype).reshape(s.shape)
             self._copy_into(k_outs if outs_given else vals, got)
+
+    def _refuse(self, op: str, error: KVStoreError, timeout: float | None) -> NoReturn:
+        """This rank refuses its call: the others' same call fails at once (their agreement names
+        this rank's error, CollectiveMismatchError) instead of waiting for it; then ``error`` is raised."""
+        said = f"{op} refused on rank {self._rank}: {type(error).__name__}: {error}"
+
+        def run() -> None:
+            try:
+                self._group.agree(said, timeout)
+            except CollectiveMismatchError:
+                pass  # the others learnt it; this rank raises its own error
+            raise error
+        self._submit(op, [], 0, run, True, timeout)  # in this rank's order of calls; raises ``error``
+        raise error
 
     def barrier(self) -> None:
         """Wait until every rank reached the barrier (bounded by the default timeout)."""

@@ -76,7 +76,7 @@ ADAPTER = textwrap.dedent(r'''
             return out / self.size() if average else out
 ''')
 
-JOB = "import json, sys\nimport numpy as np\nimport torch\n" + ADAPTER + textwrap.dedent(r'''
+JOB = "import json, sys, time\nimport numpy as np\nimport torch\n" + ADAPTER + textwrap.dedent(r'''
     results = {}
 
     def case(fn):
@@ -164,6 +164,21 @@ JOB = "import json, sys\nimport numpy as np\nimport torch\n" + ADAPTER + textwra
 
     # -- beyond the references: root_rank, lists, NumPy, the group still works ---------------
     @case
+    def a_refused_call_fails_every_rank_at_once():
+        began = time.monotonic()
+        out = torch.zeros(3 if kv.rank == 1 else 2)  # rank 1's out does not fit its value
+        try:
+            kv.pushpull("r", torch.ones(2), out=out)
+            raise AssertionError("the call did not fail")
+        except (pskv.ShapeMismatchError, pskv.CollectiveMismatchError) as exc:
+            mine = pskv.ShapeMismatchError if kv.rank == 1 else pskv.CollectiveMismatchError
+            assert type(exc) is mine, exc
+            assert kv.rank == 1 or "refused on rank 1: ShapeMismatchError" in str(exc), exc
+        assert time.monotonic() - began < 10, "not at once"
+        kv.pushpull("r", torch.ones(2))  # the store goes on
+
+
+    @case
     def lists_numpy_and_roots():
         rank, size = kv.rank, kv.num_workers
         for root in range(size):
@@ -218,7 +233,8 @@ JOB = "import json, sys\nimport numpy as np\nimport torch\n" + ADAPTER + textwra
 
 CASES = ["mxnet_type", "mxnet_broadcast", "mxnet_pushpull", "horovod_broadcast", "horovod_broadcast_inplace",
          "horovod_broadcast_error", "horovod_broadcast_type_error", "horovod_broadcast_rank_error",
-         "lists_numpy_and_roots", "own_group_beside_torchs", "trainer_on_the_store"]
+         "a_refused_call_fails_every_rank_at_once", "lists_numpy_and_roots", "own_group_beside_torchs",
+         "trainer_on_the_store"]
 
 
 def _env(**extra: str) -> dict[str, str]:
