@@ -201,6 +201,7 @@ class ServerShard:
         self._workers = workers
         self.parts: dict[PartId, Part] = {}
         self.updater: Updater | None = None
+        self.rounds_done = 0  # rounds completed over all parts (async: pushes applied), for pskv top
         # Workers that joined (ran out of data, see :meth:`join`): sync rounds complete
         # without them until every worker has joined.
         self.joined: set[int] = set()
@@ -665,6 +666,9 @@ class ServerShard:
             part.waiting.append((min_round, ready, fail))
 
     def _answer(self, part: Part) -> None:
+        """A round of ``part`` completed (sync) or a push was applied (async): count it (:attr:`rounds_done`),
+        answer the pulls that waited for it."""
+        self.rounds_done += 1
         if not part.waiting:
             return
         now = [cb for r, cb, _ in part.waiting if r <= part.round]
