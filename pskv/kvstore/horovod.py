@@ -392,7 +392,7 @@ class AllreduceStore(KVStoreBase):
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"rank {self._rank} of {self._size}"
-        return f"<pskv.AllreduceStore type={self.type!r} {state}>"
+        return f"<pskv.kvstore.AllreduceStore type={self.type!r} {state}>"
 
 
 def _merged(pairs: list[tuple[Key, list[Any]]]) -> list[tuple[Key, list[Any]]]:
