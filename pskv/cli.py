@@ -43,6 +43,7 @@ from pskv.roles import run_role
 from pskv.server.snapshot import read_shard
 from pskv.timeline import load as load_timeline
 from pskv.timeline import merge as merge_timeline
+from pskv.timeline import stragglers as timeline_stragglers
 from pskv.timeline import summary as timeline_summary
 from pskv.top import add_arguments as add_top_arguments
 from pskv.top import run as run_top
@@ -171,6 +172,9 @@ def _timeline(args: argparse.Namespace) -> int:
     print(f"{'process':<12} {'span':<10} {'count':>8} {'total ms':>12} {'mean us':>10}")
     for process, name, count, ms in timeline_summary(events):
         print(f"{process:<12} {name:<10} {count:>8} {ms:>12.3f} {ms * 1000 / count:>10.1f}")
+    for worker, count, rounds, ms in timeline_stragglers(events):
+        print(f"{worker} came last in {count} of {rounds} rounds ({100 * count / rounds:.0f}%), "
+              f"{ms:.3f} ms after the one before it in all")
     if args.output:
         print(f"{len(events)} events of {len(files)} file(s) written to {args.output}")
     return 0

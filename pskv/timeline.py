@@ -41,8 +41,8 @@ from typing import Any
 
 from pskv.errors import InvalidArgumentError
 
-__all__ = ["FLUSH_INTERVAL", "MAX_BUFFERED", "MAX_LANES", "Timeline", "load", "merge", "open_timeline", "summary",
-           "trace_path"]
+__all__ = ["FLUSH_INTERVAL", "MAX_BUFFERED", "MAX_LANES", "Timeline", "load", "merge", "open_timeline", "stragglers",
+           "summary", "trace_path"]
 
 log = logging.getLogger("pskv.timeline")
 
@@ -340,6 +340,24 @@ def summary(events: Iterable[Mapping[str, Any]]) -> list[tuple[str, str, int, fl
             total[0] += 1
             total[1] += e.get("dur", 0) / 1000
     return [(process, name, int(n), ms) for (process, name), (n, ms) in sorted(totals.items())]
+
+
+def stragglers(events: Iterable[Mapping[str, Any]]) -> list[tuple[str, int, int, float]]:
+    """Which workers sync rounds waited for, from the servers' ``merge`` spans of several workers: per
+    worker, ``(name, rounds it came last in, rounds, milliseconds after the one before it, summed)``,
+    most rounds first."""
+    last: dict[str, list[float]] = {}
+    rounds = 0
+    for e in events:
+        pushes = e.get("args", {}).get("pushes") if e.get("ph") == "X" and e.get("name") == "merge" else None
+        if not isinstance(pushes, dict) or len(pushes) < 2:
+            continue
+        rounds += 1
+        order = sorted(pushes.items(), key=lambda item: item[1])
+        entry = last.setdefault(str(order[-1][0]), [0, 0.0])
+        entry[0] += 1
+        entry[1] += (order[-1][1] - order[-2][1]) / 1000
+    return sorted(((name, int(n), rounds, ms) for name, (n, ms) in last.items()), key=lambda t: (-t[1], t[0]))
 
 
 def _meta(name: str, pid: int, tid: int, label: str) -> dict[str, Any]:

@@ -275,9 +275,17 @@ def test_pskv_timeline_sums_up_and_merges_a_directory(tmp_path, capsys):
         for i in range(3):
             timeline.span("push" if role == "worker" else "merge", "key 1", now + i, now + i + 0.002)
         timeline.close()
+    server = open_timeline(str(tmp_path / "t"), "server", 1)  # three rounds: worker 1 came last in two
+    assert server is not None
+    for pushes in ({"worker 0": 0, "worker 1": 1500}, {"worker 1": 0, "worker 0": 500}, {"worker 0": 0, "worker 1": 2000}):
+        now = time.monotonic()
+        server.span("merge", "key 2", now, now + 0.003, {"key": 2, "pushes": pushes})
+    server.close()
+    assert cli.main(["timeline", str(tmp_path / "t"), "-o", str(tmp_path / "job.json")]) == 0
+    assert "worker 1 came last in 2 of 3 rounds (67%), 3.500 ms after" in capsys.readouterr().out
     assert cli.main(["timeline", str(tmp_path / "t"), "-o", str(tmp_path / "job.json")]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"server 0\s+merge\s+3\s+6\.000", out) and re.search(r"worker 0\s+push\s+3\s+6\.000", out), out
+    assert re.search(r"server 0\s+merge\s+3\s+6\.000", out) and "worker 0 came last in 1 of 3" in out and re.search(r"worker 0\s+push\s+3\s+6\.000", out), out
     assert len(spans(load(tmp_path / "job.json"), "push")) == 3
     (tmp_path / "empty").mkdir()
     assert cli.main(["timeline", str(tmp_path / "empty")]) == 2
