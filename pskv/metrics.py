@@ -246,8 +246,10 @@ def snapshot(address: str, timeout: float = 5.0, curve_key_file: str = "") -> Jo
         curve_key_file: the job's key file if it runs with CURVE.
 
     Raises:
-        OperationTimeoutError: no answer within ``timeout``; InvalidArgumentError: a bad
-        address or key file; TransportError: a failed security handshake.
+        OperationTimeoutError: no answer within ``timeout`` (names the address).
+        InvalidArgumentError: a malformed address, or an unusable key file.
+        TransportError: the security handshake failed (no key, or another job's key).
+        ProtocolError: the answer is malformed.
     """
     with MetricsClient(address, curve_key_file) as client:
         return client.query(timeout)
