@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import parse_monitor_message
 
 from pskv.arrays.dtypes import itemsize
 from pskv.errors import InvalidArgumentError, NodeFailedError, OperationTimeoutError, ProtocolError, TransportError
@@ -162,7 +163,11 @@ class MetricsClient:
         self._events = self._socket.get_monitor_socket(
             zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
             | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
-        self._socket.connect(self.address)
+        try:
+            self._socket.connect(self.address)
+        except zmq.ZMQError as exc:
+            self.close()
+            raise InvalidArgumentError(f"cannot connect to the scheduler at {self.address}: {exc.strerror}") from None
         self._requests = itertools.count(1)
         self._answered = False  # the scheduler answered once: a lost connection now means the job ended
         self._secure = keys is not None
@@ -197,8 +202,7 @@ class MetricsClient:
                     return self._metrics(header)
 
     def _on_event(self) -> None:
-        frames = self._events.recv_multipart()
-        event = int.from_bytes(frames[0][:2], "little")
+        event = parse_monitor_message(self._events.recv_multipart())["event"]
         if event == zmq.EVENT_DISCONNECTED and self._answered:
             raise NodeFailedError(f"the scheduler at {self.address}", "its connection closed: the job ended")
         if event & (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH

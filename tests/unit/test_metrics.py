@@ -165,11 +165,12 @@ def test_top_usage_errors_are_one_line(tmp_path, capsys):
     assert cli_main(["top", "--port-file", str(tmp_path / "missing"), "--once"]) == 2
     assert cli_main(["top", "--once"]) == 2
     assert cli_main(["top", "--scheduler", "host:notaport", "--once"]) == 2
+    assert cli_main(["top", "--scheduler", "bad host:5", "--once"]) == 2
     assert cli_main(["top", "--scheduler", "127.0.0.1:1", "--curve-key", str(tmp_path / "nokey"), "--once"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
-    assert len(lines) == 4 and all(line.startswith("pskv top: error: ") for line in lines), lines
+    assert len(lines) == 5 and all(line.startswith("pskv top: error: ") for line in lines), lines
     assert "missing" in lines[0] and "--scheduler HOST:PORT" in lines[1] and "host:notaport" in lines[2]
-    assert "nokey" in lines[3]
+    assert "cannot connect to the scheduler at tcp://bad host:5" in lines[3] and "nokey" in lines[4]
 
 
 def test_addresses():
