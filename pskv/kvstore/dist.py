@@ -547,7 +547,11 @@ class DistStore(StoreFrontEnd[KeyLayout]):
             NotSupportedError: a row-sparse value from a root other than 0, or for an existing key.
         """
         self._check_open("broadcast")
-        root = self._root_rank(root_rank)
+        try:
+            root = self._root_rank(root_rank)
+        except InvalidArgumentError as exc:  # the others must not wait for this worker: told at the meeting
+            self._servers.meet("broadcast", exc)
+            raise
         keys, values = self._one_value_each(key, value, "broadcast")
         if root != 0 and any(is_row_sparse(v) for _, v in values):
             raise NotSupportedError(f"broadcast from root_rank {root} takes dense values (a row-sparse key is made "

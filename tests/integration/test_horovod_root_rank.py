@@ -7,6 +7,8 @@ torchrun); here the single-process stores (rank 0 only) and the servers' stores,
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -66,6 +68,22 @@ def test_workers_that_name_different_roots_all_fail():
 def test_a_root_rank_that_is_no_worker_is_refused_naming_it():
     results = on_workers("dist_sync", lambda kv: kv.broadcast("k", np.zeros(2), root_rank=2), workers=2)
     assert all(isinstance(r, pskv.InvalidArgumentError) and "root_rank 2" in str(r) for r in results), results
+
+
+def test_one_workers_refused_root_rank_fails_the_others_at_once():
+    def fn(kv):
+        kv.broadcast("k", np.zeros(2, np.float32))
+        began = time.monotonic()
+        try:
+            kv.broadcast("k", np.ones(2, np.float32), root_rank=5 if kv.rank == 1 else 0)
+        except pskv.KVStoreError as exc:
+            return exc, time.monotonic() - began
+        return None, 0.0
+
+    (first, t0), (second, t1) = on_workers("dist_sync", fn, workers=2)
+    assert isinstance(second, pskv.InvalidArgumentError) and "root_rank 5" in str(second), second
+    assert isinstance(first, pskv.CollectiveFailedError) and first.node == "worker 1", first
+    assert max(t0, t1) < 10, (t0, t1)
 
 
 @pytest.mark.parametrize("name", ["local", "device"])
