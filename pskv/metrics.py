@@ -108,7 +108,7 @@ class JobMetrics:
     num_workers: int
     num_servers: int
     registered: int  # nodes registered so far (all of them once the job runs)
-    nodes: tuple[NodeMetrics, ...]
+    nodes: tuple[NodeMetrics, ...]  # servers, then workers, by rank
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``pskv top --json``)."""
@@ -223,8 +223,9 @@ class MetricsClient:
             raise ProtocolError(f"the scheduler at {self.address} refused the metrics request: "
                                 f"{ErrorReply.parse(header).message}")
         report = JobReport.parse(header)
-        return JobMetrics(self.address, report.workers, report.servers, report.registered,
-                          tuple(_node(n.node, n.state, n.age, n.totals, n.rates) for n in report.nodes))
+        nodes = sorted((_node(n.node, n.state, n.age, n.totals, n.rates) for n in report.nodes),
+                       key=lambda n: (n.role != "server", n.rank))  # servers, then workers, by rank
+        return JobMetrics(self.address, report.workers, report.servers, report.registered, tuple(nodes))
 
     def close(self) -> None:
         """Close the connection (idempotent)."""

@@ -55,7 +55,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``pskv top``; returns its exit code."""
+    """``pskv top``; returns its exit code (Ctrl-C: 0)."""
+    try:
+        return _run(args)
+    except KeyboardInterrupt:
+        return EXIT_OK
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.interval <= 0 or args.timeout <= 0:
         _error("--interval and --timeout must be > 0")
         return EXIT_USAGE
