@@ -134,9 +134,8 @@ class BytePSStore(KVStoreBase):
     def broadcast(self, key: Any, value: Any, out: Any = None, priority: int = 0, *, block: bool = True,
                   timeout: float | None = None, root_rank: int = 0) -> Any:  # KVStoreBase's overloads type the calls
         """Rank ``root_rank``'s ``value`` into every ``out`` (into ``value`` if out is None)."""
-        root = self._root_rank(root_rank)
-        self._declare(key, value)
-        self._dist.broadcast(key, value, None, priority, block=True, timeout=timeout, root_rank=root)
+        self._declare(key, value)  # the distributed store checks root_rank (at the meeting, for every worker)
+        self._dist.broadcast(key, value, None, priority, block=True, timeout=timeout, root_rank=root_rank)
         target = value if out is None else out
         result: OpHandle | None = self._dist.pull(key, out=target, priority=priority, block=block, timeout=timeout)
         return result

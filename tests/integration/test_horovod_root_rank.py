@@ -70,7 +70,8 @@ def test_a_root_rank_that_is_no_worker_is_refused_naming_it():
     assert all(isinstance(r, pskv.InvalidArgumentError) and "root_rank 2" in str(r) for r in results), results
 
 
-def test_one_workers_refused_root_rank_fails_the_others_at_once():
+@pytest.mark.parametrize("name", ["dist_sync", "byteps"])
+def test_one_workers_refused_root_rank_fails_the_others_at_once(name):
     def fn(kv):
         kv.broadcast("k", np.zeros(2, np.float32))
         began = time.monotonic()
@@ -80,7 +81,7 @@ def test_one_workers_refused_root_rank_fails_the_others_at_once():
             return exc, time.monotonic() - began
         return None, 0.0
 
-    (first, t0), (second, t1) = on_workers("dist_sync", fn, workers=2)
+    (first, t0), (second, t1) = on_workers(name, fn, workers=2)
     assert isinstance(second, pskv.InvalidArgumentError) and "root_rank 5" in str(second), second
     assert isinstance(first, pskv.CollectiveFailedError) and first.node == "worker 1", first
     assert max(t0, t1) < 10, (t0, t1)
