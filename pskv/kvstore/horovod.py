@@ -210,7 +210,7 @@ class AllreduceStore(KVStoreBase):
         self._check_open("broadcast")
         try:
             root = self._root_rank(root_rank)
-            keys, values, outs = self._pairs(key, value, out, "broadcast")
+            keys, values, outs = self._pairs(key, value, out, "broadcast", writes_values=self._rank != root)
             for k, vals in values:
                 if len(vals) != 1:
                     raise InvalidArgumentError(f"broadcast of key {k!r} got {len(vals)} values; give exactly one")
@@ -309,9 +309,11 @@ class AllreduceStore(KVStoreBase):
         if self._group.failed is not None:
             raise self._group.failed
 
-    def _pairs(self, key: Any, value: Any, out: Any, op: str
+    def _pairs(self, key: Any, value: Any, out: Any, op: str, writes_values: bool = True
                ) -> tuple[list[Key], list[tuple[Key, list[Any]]], list[tuple[Key, list[Any]]]]:
-        """(keys, values per key, outs per key), every array checked against its key's first value."""
+        """(keys, values per key, outs per key), every array checked against its key's first value,
+        and every array the result goes to (the outs; the values if ``out`` is None and
+        ``writes_values``) writable — before the collective, so no rank fails after it."""
         keys, single = as_key_list(key)
         self._key_kind.check(keys, fix=True)
         values = pair_up(keys, single, value, "value")
@@ -323,6 +325,10 @@ class AllreduceStore(KVStoreBase):
             values, outs = _merged(values), _merged(outs)
         for (k, vals), (_, k_outs) in zip(values, outs):
             check_like(k, describe(vals[0]), vals[1:] + k_outs, op)
+            written = k_outs if out is not None else vals if writes_values else []
+            if any(isinstance(a, np.ndarray) and not a.flags.writeable for a in written):
+                raise InvalidArgumentError(f"{op} of key {k!r}: the result cannot be written into a read-only "
+                                           "NumPy array")
         return keys, values, outs
 
     def _submit(self, op: str, keys: list[Key], priority: int, run: Callable[[], None], block: bool,
@@ -384,8 +390,6 @@ class AllreduceStore(KVStoreBase):
 
     def _copy_into(self, targets: list[Any], got: Any) -> None:
         for t in targets:
-            if isinstance(t, np.ndarray) and not t.flags.writeable:
-                raise InvalidArgumentError("the result cannot be written into a read-only NumPy array")
             dest = self._tensor(t)
             if dest.data_ptr() != got.data_ptr():
                 dest.copy_(got.reshape(dest.shape))
