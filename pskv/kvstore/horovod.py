@@ -85,8 +85,8 @@ class AllreduceStore(KVStoreBase):
     Args:
         name: ``'horovod'`` (Gloo; NCCL for CUDA values) or ``'nccl'`` (NCCL for every value).
         config: local settings; ``default_timeout`` bounds the rendezvous and every call.
-        ranks: this process's rank, world size, local rank and rendezvous address; None:
-            a group of one process.
+        ranks: this process's rank, world size, local rank and rendezvous address; None
+            (or a world of one without an address): a group of one process.
 
     Raises:
         NotSupportedError: ``'nccl'`` without CUDA, or no torch.distributed.
@@ -104,7 +104,9 @@ class AllreduceStore(KVStoreBase):
         self._local_rank = 0 if ranks is None else ranks.local_rank
         if not 0 <= self._rank < self._size:
             raise InvalidArgumentError(f"rank {self._rank} is not in [0, {self._size}) (world size {self._size})")
-        if ranks is not None and (ranks.master_addr is None or ranks.master_port is None):
+        master = None if ranks is None or ranks.master_addr is None or ranks.master_port is None \
+            else (ranks.master_addr, ranks.master_port)
+        if master is None and self._size > 1:
             raise InvalidArgumentError(f"the {name!r} store of rank {self._rank} of {self._size} needs a rendezvous "
                                        "address: set MASTER_ADDR and MASTER_PORT (torchrun and pskv launch do)")
         nccl = self._store_type.canonical == "nccl"
@@ -115,8 +117,8 @@ class AllreduceStore(KVStoreBase):
                 raise NotSupportedError("the 'nccl' store needs CUDA (torch.cuda.is_available() is False here); "
                                         "use 'horovod' (Gloo on the CPU)")
             device = f"cuda:{self._local_rank % torch.cuda.device_count()}"
-        spec = GroupSpec(self._rank, self._size, None if ranks is None else ranks.master_addr,
-                         0 if ranks is None else ranks.master_port or 0, "nccl" if nccl else "gloo",
+        spec = GroupSpec(self._rank, self._size, None if master is None else master[0],
+                         0 if master is None else master[1], "nccl" if nccl else "gloo",
                          self._config.default_timeout, device)
         self._spec = spec
         self._group = TorchGroup(spec)  # every call's agreement; the data of values on its device
