@@ -343,7 +343,8 @@ def run_ssh(config: LaunchConfig, console: Console) -> int:
     hosts = read_hostfile(config.hostfile)
     server_hosts = read_hostfile(config.server_hostfile, "server hostfile") if config.server_hostfile else None
     console.started(config.num_workers, config.num_servers,
-                    f"{hosts[0].address}:{DEFAULT_SSH_PORT if config.port is None else config.port}", "ssh")
+                    f"{hosts[0].address}:{DEFAULT_SSH_PORT if config.port is None else config.port}"
+                    if config.num_servers else "no host (-s 0: workers only)", "ssh")
     checks = check_hosts(config, [*hosts, *(server_hosts or [])], config.startup_timeout)
     failed = [c for c in checks if not c.python]
     for c in failed:
