@@ -19,7 +19,7 @@ from pskv.config import slurm_allocation
 from pskv.launch import LaunchConfig
 from pskv.launch.mpi import mpirun_argv
 from pskv.launch.slurm import srun_argv, step_specs
-from pskv.launch.ssh import Host, read_hostfile
+from pskv.launch.ssh import Host, read_hostfile, ssh_specs
 from tests.integration.conftest import tagged_pids
 from tests.integration.test_launcher import REPO, free_port, job, launcher_notes, run_launcher
 
@@ -158,6 +158,9 @@ def test_step_commands_and_hosts():
     assert specs[0].argv[:8] == ("srun", "-c", "4", "--nodes=1", "--ntasks=1", "--nodelist=n1", "--overlap",
                                  "--kill-on-bad-exit=1")
     assert mpirun_argv(Host("n2"), ["env", "x"]) == ["mpirun", "-np", "1", "-host", "n2", "env", "x"]
+    workers_only = LaunchConfig(2, 0, ("p",), launcher="ssh", hostfile="h")  # -s 0: no scheduler, no servers
+    assert [s.name for s in ssh_specs(workers_only, [Host("n1", 2)])] == ["worker 0", "worker 1"]
+    assert [s.name for s in step_specs(workers_only, [Host("n1", 2)], None, srun_argv)] == ["worker 0", "worker 1"]
     assert read_hostfile("a:2,alice@b:3,c") == [Host("a", 2), Host("alice@b", 3), Host("c", 1)]
     with pytest.raises(ValueError, match="host list 'a:0,b' entry:1: slots must be a positive integer"):
         read_hostfile("a:0,b")
