@@ -98,7 +98,6 @@ MULTIPROCESS_MODULES = frozenset({
     "tests/hosts/test_simulated_hosts.py",
     "tests/integration/test_big_table.py",
     "tests/integration/test_cluster_launchers.py",
-    "tests/integration/test_cluster_launchers.py",
     "tests/integration/test_departures.py",
     "tests/integration/test_dist_processes.py",
     "tests/integration/test_horovod.py",
