@@ -21,7 +21,8 @@ from tests.integration.conftest import tagged_pids
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="finds leftover processes through /proc")
 
 DEADLINE = 30.0  # seconds any wait of these tests may take
-# each worker pushes and pulls until the stop file exists (or its own deadline passes)
+# each worker pushes and pulls until the stop file exists (or its own deadline passes); the
+# workers decide together (element 0 of the round's sum), so both stop after the same round
 WORKER = """
 import os, sys, time
 import numpy as np
@@ -32,8 +33,12 @@ kv = pskv.create("dist_sync")
 kv.init(1, np.zeros(1000, np.float32))
 out = np.zeros(1000, np.float32)
 end = time.monotonic() + 30
-while not os.path.exists(stop) and time.monotonic() < end:
-    kv.pushpull(1, np.ones(1000, np.float32), out=out)
+while True:
+    value = np.ones(1000, np.float32)
+    value[0] = float(os.path.exists(stop) or time.monotonic() > end)
+    kv.pushpull(1, value, out=out)
+    if out[0] > 0:
+        break
     time.sleep(0.005)
 kv.close()
 """
