@@ -113,13 +113,19 @@ def test_a_jobs_nodes_through_the_scheduler():
             kv.init(1, np.zeros(1000, np.float32))
             out = np.zeros(1000, np.float32)
             deadline = time.monotonic() + 20
-            while True:
-                kv.pushpull(1, np.ones(1000, np.float32), out=out)
-                seen = kv.metrics(timeout=5)
-                if all(n.rounds_per_s and n.bytes_in and n.bytes_out for n in seen.nodes) or time.monotonic() > deadline:
+            done = False
+            while True:  # until one worker saw every node at work: element 0 of the sum tells both
+                value = np.ones(1000, np.float32)
+                value[0] = float(done)
+                kv.pushpull(1, value, out=out)
+                if out[0] > 0:
                     break
+                seen = kv.metrics(timeout=5)
+                done = all(n.rounds_per_s and n.bytes_in and n.bytes_out for n in seen.nodes) \
+                    or time.monotonic() > deadline
                 time.sleep(0.05)
-            kv.barrier()  # neither leaves while the other still needs its pushes
+            seen = kv.metrics(timeout=5)
+            kv.barrier()  # neither leaves before the other has seen it at work
             states: dict[str, str] = {}
             if kv.rank == 1:
                 kv.close()  # leaves the job, then waits for worker 0 to leave too
@@ -139,9 +145,10 @@ def test_a_jobs_nodes_through_the_scheduler():
     for n in seen.nodes:
         assert n.state == "alive" and n.rounds > 0 and n.bytes_in > 0 and n.bytes_out > 0, n
         assert n.ops_per_s is not None and n.ops_per_s > 0, n
-    # values of 4000 bytes: each worker pushed (and pulled) as many bytes as its rounds say
+    # values of 4000 bytes: each worker pushed (and pulled) as many bytes as its rounds say (a
+    # report may fall between the counts of one call)
     worker = next(n for n in seen.nodes if n.node == "worker 0")
-    assert worker.bytes_out == 4000 * worker.rounds
+    assert worker.bytes_out % 4000 == 0 and abs(worker.bytes_out // 4000 - worker.rounds) <= 1, worker
 
 
 def _free_port() -> int:
