@@ -10,7 +10,8 @@ row per node (rich's ``Live``): state, ops/s, rounds/s, bytes/s in and out, queu
 stalls, the share of time a worker waited for replies, and how long ago the scheduler
 heard from it. ``--once`` prints one table and exits; ``--json`` prints JSON instead (one
 object per line, one line per refresh). When the job ends (the scheduler's connection
-closes, or it stops answering after it did) top prints one line saying so and exits 0;
+closes, or it stops answering after it did) top prints one line saying so (on stderr with
+``--json``) and exits 0;
 a scheduler that never answers is one line naming its address after ``--timeout``, exit 1.
 """
 
@@ -128,7 +129,8 @@ def _follow(client: MetricsClient, metrics: JobMetrics, args: argparse.Namespace
                     live = None
                 why = "its scheduler closed the connection" if isinstance(exc, NodeFailedError) \
                     else f"its scheduler stopped answering: nothing for {args.timeout:g} s"
-                print(f"pskv top: the job at {client.address.removeprefix('tcp://')} ended ({why})", flush=True)
+                print(f"pskv top: the job at {client.address.removeprefix('tcp://')} ended ({why})", flush=True,
+                      file=sys.stderr if args.json else sys.stdout)  # JSON lines stay JSON
                 return EXIT_OK
             if live is None:
                 _show(metrics, True)
