@@ -11,6 +11,11 @@ It carries no array data. Every node connects to it and:
    error naming the dead members (the meetings: :mod:`pskv.cluster.meetings`);
 4. at the end: workers send ``SHUTDOWN``; servers send ``SHUTDOWN`` with ``wait`` and
    are answered once every worker is done. Then the scheduler's :meth:`run` returns.
+
+A heartbeat may carry the node's metrics (:mod:`pskv.metrics`), kept by
+:class:`~pskv.cluster.rates.MetricsWindow`; anyone who can connect (``pskv top``; under
+CURVE, a holder of the job's key) may send ``METRICS`` without registering and gets every
+node's state, totals and rates.
 """
 
 from __future__ import annotations
