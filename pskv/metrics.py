@@ -18,7 +18,8 @@ Per node (:class:`NodeMetrics`):
 * ``queue`` — requests waiting now: a server's pulls parked until their round completes, a
   worker's requests without a reply yet;
 * ``stalls`` — of those, the ones waiting longer than :data:`STALL_AFTER` seconds (a server's
-  open rounds waiting for a slow worker count too);
+  open rounds waiting for a slow worker count too); ``waits_for`` names the node most of
+  them wait for (a server's: the worker whose push is missing; a worker's: the server);
 * ``wait_per_s`` — seconds per second a worker's calls were blocked waiting for replies;
 * ``state`` — ``alive``, ``dead`` (missed its heartbeats) or ``left`` (the worker closed its store).
 
@@ -39,7 +40,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from pskv.arrays.dtypes import itemsize
 from pskv.errors import InvalidArgumentError, NodeFailedError, OperationTimeoutError, ProtocolError, TransportError
-from pskv.protocol import ArraySpec, Command, Header, Role, decode, node_role_rank
+from pskv.protocol import ArraySpec, Command, Header, Role, decode, node_name, node_role_rank
 from pskv.protocol.bodies import Counters, ErrorReply, JobReport
 from pskv.protocol.replies import request_frames
 from pskv.transport.security import CurveSecurity, read_key_file
@@ -66,10 +67,11 @@ class NodeCounters:
         self.bytes_out = 0
         self.wait = 0.0
 
-    def report(self, queue: int, stalls: int, rounds: int | None = None) -> Counters:
-        """The totals as they travel, with the node's ``queue`` and ``stalls`` now (``rounds``: instead of the count)."""
+    def report(self, queue: int, stalls: int, waits_for: int = 0, rounds: int | None = None) -> Counters:
+        """The totals as they travel, with the node's ``queue``, ``stalls`` and the node id most stalls
+        wait for now (``rounds``: instead of the count)."""
         return Counters(self.ops, self.rounds if rounds is None else rounds, self.bytes_in, self.bytes_out,
-                        round(self.wait, 4), queue, stalls)
+                        round(self.wait, 4), queue, stalls, waits_for)
 
 
 def value_bytes(specs: Iterable[ArraySpec]) -> int:
@@ -93,6 +95,7 @@ class NodeMetrics:
     wait_per_s: float | None
     queue: int
     stalls: int
+    waits_for: str  # the node most stalls wait for ("worker 1"), "" when none
     ops: int  # totals since the node started
     rounds: int
     bytes_in: int
@@ -123,7 +126,8 @@ def _node(nid: int, state: str, age: float, totals: Counters | None,
         rates if rates is not None else (None, None, None, None, None)
     kind = "server" if role is Role.SERVER else "worker"
     return NodeMetrics(f"{kind} {rank}", kind, rank, state, age, r[0], r[1], r[2], r[3], r[4], c.queue, c.stalls,
-                       c.ops, c.rounds, c.bytes_in, c.bytes_out, c.wait)
+                       node_name(c.waits_for) if c.waits_for else "", c.ops, c.rounds, c.bytes_in, c.bytes_out,
+                       c.wait)
 
 
 def scheduler_address(text: str) -> str:

@@ -7,8 +7,8 @@ Usage::
 
 Every ``--interval`` seconds it asks the scheduler for the job's metrics and redraws one
 row per node (rich's ``Live``): state, ops/s, rounds/s, bytes/s in and out, queue,
-stalls, the share of time a worker waited for replies, and how long ago the scheduler
-heard from it. ``--once`` prints one table and exits; ``--json`` prints JSON instead (one
+stalls (and the node they wait for), the share of time a worker waited for replies, and
+how long ago the scheduler heard from it. ``--once`` prints one table and exits; ``--json`` prints JSON instead (one
 object per line, one line per refresh). When the job ends (the scheduler's connection
 closes, or it stops answering after it did) top prints one line saying so (on stderr with
 ``--json``) and exits 0;
@@ -169,7 +169,7 @@ def _row(node: NodeMetrics) -> tuple[str, ...]:
     style = {"alive": "", "dead": "[bold red]", "left": "[dim]"}.get(node.state, "")
     return (f"{style}{node.node}", f"{style}{node.state}", _number(node.ops_per_s), _number(node.rounds_per_s),
             _bytes(node.bytes_in_per_s), _bytes(node.bytes_out_per_s), str(node.queue),
-            f"[yellow]{node.stalls}" if node.stalls else "0",
+            f"[yellow]{node.stalls}" + (f" ({node.waits_for})" if node.waits_for else "") if node.stalls else "0",
             "-" if node.wait_per_s is None or node.role == "server" else f"{100 * min(1.0, node.wait_per_s):.0f}%",
             f"{node.age:.1f}s")
 

@@ -408,8 +408,11 @@ class Counters(NamedTuple):
     worker), ``bytes_in`` / ``bytes_out`` (array bytes received / sent, through sockets or
     shared memory), ``wait`` (seconds a worker was blocked waiting for replies). Now:
     ``queue`` (requests waiting: a server's pulls parked for a round, a worker's requests
-    without a reply) and ``stalls`` (of those, rounds or requests waiting longer than a second).
-    On the wire: a list of the seven numbers, in this order.
+    without a reply) and ``stalls`` (of those, rounds or requests waiting longer than a second),
+    ``waits_for``: the node most of the stalls wait for (a server's: the worker whose push is
+    missing; a worker's: the server that has not answered, or the scheduler: a barrier), by
+    node id (0: none).
+    On the wire: a list of the eight numbers, in this order.
     """
 
     ops: int = 0
@@ -419,16 +422,19 @@ class Counters(NamedTuple):
     wait: float = 0.0
     queue: int = 0
     stalls: int = 0
+    waits_for: int = 0
 
     @classmethod
     def parse_value(cls, header: Header, value: Any) -> Counters:
-        """From its wire form (a list of seven numbers), every one checked."""
+        """From its wire form (a list of eight numbers), every one checked."""
         if type(value) is not list or len(value) != len(cls._fields):
             raise ProtocolError(f"{header.command.name}: metrics must be a list of {len(cls._fields)} numbers")
-        ops, rounds, bytes_in, bytes_out, wait, queue, stalls = value
+        ops, rounds, bytes_in, bytes_out, wait, queue, stalls, waits_for = value
+        if type(waits_for) is not int or not (waits_for in (0, 1) or 8 <= waits_for < 8 + 2 * MAX_NODES):
+            raise ProtocolError(f"{header.command.name}: waits_for must be a node id or 0, got {str(waits_for)[:40]}")
         return cls(_count(header, "ops", ops), _count(header, "rounds", rounds), _count(header, "bytes_in", bytes_in),
                    _count(header, "bytes_out", bytes_out), _seconds(header, "wait", wait),
-                   _count(header, "queue", queue), _count(header, "stalls", stalls))
+                   _count(header, "queue", queue), _count(header, "stalls", stalls), waits_for)
 
 
 class Heartbeat(NamedTuple):

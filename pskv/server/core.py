@@ -24,6 +24,7 @@ frames) and handled in order once :meth:`ServerCore.registered` is called.
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from collections.abc import Callable
@@ -99,7 +100,8 @@ class ServerCore:
         self._early: list[tuple[bytes, list[bytes]]] | None = []  # HELLO/REJOIN that came before the secret
         self._early_limit = 2 * cluster.num_workers + 16  # a worker's connections open one at a time per server
         self.counters = NodeCounters()  # what pskv top shows of this server (metrics())
-        self._scanned = (0, 0)  # queue and stalls, from the last pass over the parts (metrics())
+        self._workers = workers  # node ids: a stalled round waits for those that did not push
+        self._scanned = (0, 0, 0)  # queue, stalls, whom they wait for: the last pass over the parts (metrics())
         self._next_scan = 0.0  # monotonic time metrics() may pass over the parts again
 
     def handle(self, identity: bytes, frames: list[Any]) -> None:
@@ -159,13 +161,15 @@ class ServerCore:
         if start >= self._next_scan:
             queue = stalls = 0
             stale = start - STALL_AFTER
+            missing: collections.Counter[int] = collections.Counter()  # worker -> stalled rounds without its push
             for part in self.shard.parts.values():
                 queue += len(part.waiting) + len(part.early)
                 if part.pushed and part.round_started < stale:
                     stalls += 1
-            self._scanned = (queue, stalls)
+                    missing.update(w for w in self._workers if w not in part.pushed and w not in self.shard.joined)
+            self._scanned = (queue, stalls, missing.most_common(1)[0][0] if missing else 0)
             self._next_scan = start + 50 * (time.monotonic() - start)
-        return self.counters.report(*self._scanned, self.shard.rounds_done)
+        return self.counters.report(*self._scanned, rounds=self.shard.rounds_done)
 
     def registered(self) -> None:
         """The job's secret is known now: handle the opening messages held until now, in order."""

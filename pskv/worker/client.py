@@ -399,9 +399,10 @@ class WorkerClient:
         those sent more than :data:`~pskv.metrics.STALL_AFTER` s ago its stalls."""
         waiting = [p for p in self.tracker.outstanding() if p.what != "heartbeat"]
         stale = time.monotonic() - STALL_AFTER  # sent before this: stalled (a request's deadline is sent + timeout)
-        stalls = sum(1 for p in waiting if p.deadline is not None and p.timeout is not None
-                     and p.deadline - p.timeout < stale)
-        return self.counters.report(len(waiting), stalls)
+        stalled = collections.Counter(p.node for p in waiting if p.deadline is not None and p.timeout is not None
+                                      and p.deadline - p.timeout < stale)  # the scheduler's: a barrier
+        return self.counters.report(len(waiting), sum(stalled.values()),
+                                    stalled.most_common(1)[0][0] if stalled else 0)
 
     def deliver(self, frames: Sequence[Any]) -> None:
         """A reply arrived (from a channel of :meth:`connect_in_process`; sockets call it themselves)."""

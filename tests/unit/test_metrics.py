@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 
 import numpy as np
@@ -22,7 +23,7 @@ from pskv.protocol import bodies as b
 from pskv.testing import InProcessCluster
 from pskv.top import render
 
-GOOD = [3, 2, 4096, 1024, 0.5, 1, 0]
+GOOD = [3, 2, 4096, 1024, 0.5, 1, 1, 11]
 
 
 def heartbeat(metrics: object) -> Header:
@@ -39,16 +40,19 @@ def test_heartbeat_and_report_round_trip():
 
 
 @pytest.mark.parametrize("metrics", [
-    [-1, 0, 0, 0, 0.0, 0, 0],  # negative
-    [True, 0, 0, 0, 0.0, 0, 0],  # a bool is no count
-    [0.5, 0, 0, 0, 0.0, 0, 0],  # a float is no count
-    [1 << 63, 0, 0, 0, 0.0, 0, 0],  # past 2**62
-    [0, 0, 0, 0, float("nan"), 0, 0],  # json.dumps writes NaN, json.loads reads it
-    [0, 0, 0, 0, float("inf"), 0, 0],
-    [0, 0, 0, 0, 1e13, 0, 0],  # seconds past the bound
-    [0, 0, 0, 0, "1", 0, 0],
+    [-1, 0, 0, 0, 0.0, 0, 0, 0],  # negative
+    [True, 0, 0, 0, 0.0, 0, 0, 0],  # a bool is no count
+    [0.5, 0, 0, 0, 0.0, 0, 0, 0],  # a float is no count
+    [1 << 63, 0, 0, 0, 0.0, 0, 0, 0],  # past 2**62
+    [0, 0, 0, 0, float("nan"), 0, 0, 0],  # json.dumps writes NaN, json.loads reads it
+    [0, 0, 0, 0, float("inf"), 0, 0, 0],
+    [0, 0, 0, 0, 1e13, 0, 0, 0],  # seconds past the bound
+    [0, 0, 0, 0, "1", 0, 0, 0],
+    [0, 0, 0, 0, 0.0, 0, 0, 5],  # waits_for: no node id
+    [0, 0, 0, 0, 0.0, 0, 0, 1 << 40],
+    [0, 0, 0, 0, 0.0, 0, 0, True],
     [0, 0, 0],  # too short
-    [0] * 8,  # too long
+    [0] * 9,  # too long
     {"ops": 1},  # not the list form
     "x" * 100,
     [[0] * 10] * 7,  # nested
@@ -75,14 +79,14 @@ def test_hostile_reports_are_refused(body, match):
 
 def test_window_rates_totals_over_the_last_seconds():
     window = MetricsWindow(1, 1)
-    window.add(9, b.Counters(0, 0, 0, 0, 0.0, 0, 0), now=100.0)
+    window.add(9, b.Counters(), now=100.0)
     assert window.rates(9) is None  # one report: no rate yet
-    window.add(9, b.Counters(10, 5, 1000, 2000, 0.5, 2, 1), now=101.0)
+    window.add(9, b.Counters(10, 5, 1000, 2000, 0.5, 2, 1, 8), now=101.0)
     assert window.rates(9) == (10.0, 5.0, 1000.0, 2000.0, 0.5)
-    window.add(9, b.Counters(4, 5, 1000, 2000, 0.5, 0, 0), now=102.0)  # counted down: a new process, rated anew
+    window.add(9, b.Counters(4, 5, 1000, 2000, 0.5), now=102.0)  # counted down: a new process, rated anew
     assert window.rates(9) is None
     for t in range(103, 200):  # old reports leave the window: memory is bounded
-        window.add(9, b.Counters(t, 0, 0, 0, 0.0, 0, 0), now=float(t))
+        window.add(9, b.Counters(t), now=float(t))
     assert window.rates(9)[0] == pytest.approx(1.0)
     report = window.report({9: ("alive", 0.1), 8: ("dead", 12.0)}, 2)
     assert [(n.node, n.state, n.totals is None) for n in report.nodes] == [(8, "dead", True), (9, "alive", False)]
@@ -93,7 +97,7 @@ def test_window_rates_totals_over_the_last_seconds():
 def test_scheduler_drops_malformed_metrics_and_keeps_good_ones():
     scheduler = Scheduler(ClusterConfig(num_servers=1, num_workers=1), address="tcp://127.0.0.1:0")
     try:
-        scheduler._take_metrics(b"peer", heartbeat([-5, 0, 0, 0, 0.0, 0, 0]), 9)  # logged, not kept
+        scheduler._take_metrics(b"peer", heartbeat([-5, 0, 0, 0, 0.0, 0, 0, 0]), 9)  # logged, not kept
         scheduler._take_metrics(b"peer", Header(Command.HEARTBEAT, 1, 9, body="[[[["), 9)
         assert scheduler._rates.report({9: ("alive", 0.0)}, 1).nodes[0].totals is None
         scheduler._take_metrics(b"peer", heartbeat(GOOD), 9)
@@ -191,7 +195,8 @@ def test_addresses():
 def test_render_names_every_node_and_its_state():
     def node(name: str, state: str, rate: float | None) -> NodeMetrics:
         role, rank = name.split()
-        return NodeMetrics(name, role, int(rank), state, 0.3, rate, rate, rate, rate, rate, 2, 1, 5, 5, 10, 10, 0.1)
+        return NodeMetrics(name, role, int(rank), state, 0.3, rate, rate, rate, rate, rate, 2, 1, "worker 1",
+                           5, 5, 10, 10, 0.1)
 
     job = JobMetrics("tcp://127.0.0.1:5", 2, 1, 3, (node("server 0", "alive", 2048.0), node("worker 0", "alive", 0.25),
                                                     node("worker 1", "dead", None)))
@@ -200,8 +205,8 @@ def test_render_names_every_node_and_its_state():
     console = Console(width=120, record=True)
     console.print(render(job))
     text = console.export_text()
-    assert "127.0.0.1:5" in text and "2.0KiB" in text and "25%" in text
-    assert [line.split()[:3] for line in text.splitlines() if "worker 1" in line] == [["worker", "1", "dead"]]
+    assert "127.0.0.1:5" in text and "2.0KiB" in text and "25%" in text and "1 (worker 1)" in text
+    assert [line.split()[:3] for line in text.splitlines() if line.startswith("worker 1")] == [["worker", "1", "dead"]]
 
 
 def test_under_curve_only_a_key_holder_gets_the_metrics(tmp_path):
@@ -239,3 +244,34 @@ def test_a_silent_node_shows_as_dead():
 
         states = cluster.run_workers(work)[0]
     assert states == {"server 0": "alive", "worker 0": "dead"}
+
+
+def test_a_round_waiting_for_a_slow_worker_is_a_stall_naming_it():
+    """Worker 0 pushes and pulls; worker 1 holds its push back: the server's round stalls waiting
+    for worker 1 (named), and worker 0's pull stalls waiting for the server (named)."""
+    go = threading.Event()
+    with InProcessCluster(1, 2, deadline=30, heartbeat_interval=0.1) as cluster:
+        def work(config: ClusterConfig) -> dict[str, tuple[int, str]]:
+            kv = pskv.create("dist_sync", cluster=config)
+            kv.init(1, np.zeros(10, np.float32))
+            stalled: dict[str, tuple[int, str]] = {}
+            if kv.rank == 1:
+                go.wait(20)
+            else:
+                kv.push(1, np.ones(10, np.float32))
+                pull = kv.pull(1, out=np.zeros(10, np.float32), block=False)  # waits for worker 1's push
+                deadline = time.monotonic() + 20
+                while time.monotonic() < deadline:
+                    stalled = {n.node: (n.stalls, n.waits_for) for n in kv.metrics(timeout=5).nodes}
+                    if stalled["server 0"][0] and stalled["worker 0"][0]:
+                        break
+                    time.sleep(0.1)
+                go.set()
+                pull.wait(20)
+            if kv.rank == 1:
+                kv.push(1, np.ones(10, np.float32))  # late: the round completes, the pull returns
+            kv.close()
+            return stalled
+
+        stalled = cluster.run_workers(work)[0]
+    assert stalled["server 0"] == (1, "worker 1") and stalled["worker 0"] == (1, "server 0"), stalled
