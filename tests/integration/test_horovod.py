@@ -340,7 +340,7 @@ LAUNCHED = textwrap.dedent(r'''
 
 def test_started_by_pskv_launch(tmp_path: Path) -> None:
     """pskv launch gives each worker its rank and a rendezvous (MASTER_ADDR/PORT): the store needs nothing else."""
-    code, out = launch_job(tmp_path, LAUNCHED, [], ["-s", "1"], deadline=90)
+    code, out = launch_job(tmp_path, LAUNCHED, [], ["-s", "0"], deadline=90)
     assert code == 0, out
     assert finals(out) == {r: f"size 2 local {r} sum [3.0, 3.0, 3.0] root1 [1.0, 1.0]" for r in range(2)}, out
 
