@@ -13,7 +13,7 @@ import pskv
 kv = pskv.create("dist_sync")
 n = kv.num_workers
 kv.init("w", np.zeros(4, np.float32))
-for step in range(3):
+for _step in range(3):
     kv.push("w", np.full(4, kv.rank + 1, np.float32))
     total = kv.pull("w")
     assert (total == n * (n + 1) // 2).all(), total
