@@ -501,18 +501,19 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         """
         self._check_open("pushpull")
         pairs = self._push_pairs(key, value, "pushpull")
-        outs_given = [] if out is None else [a for _, _, o in self._out_targets(key, out, "pushpull") for a in o]
-        for k, rec, vals in pairs:
-            if rec.sparse or any(is_row_sparse(a) for a in vals + outs_given):
-                raise NotSupportedError(f"pushpull of key {k!r}: row-sparse keys, values and outs are pushed, then "
-                                        "pulled or row_sparse_pulled")
+        out_targets = [] if out is None else self._out_targets(key, out, "pushpull")
+        sparse = [k for k, rec, vals in pairs if rec.sparse or any(map(is_row_sparse, vals))]
+        sparse += [k for k, _, o in out_targets if any(map(is_row_sparse, o))]
+        if sparse:
+            raise NotSupportedError(f"pushpull of key {sparse[0]!r}: row-sparse keys, values and outs are pushed, "
+                                    "then pulled or row_sparse_pulled")
         self._check_compressible(pairs, "pushpull")
         recs = [rec for _, rec, _ in pairs]
         if out is None:
             targets = [vals for _, _, vals in pairs]
         else:
             outs: dict[Key, list[Any]] = {}
-            for k, _, o in self._out_targets(key, out, "pushpull"):  # a key listed twice: every out of it
+            for k, _, o in out_targets:  # a key listed twice: every out of it
                 outs.setdefault(k, []).extend(o)
             targets = [outs[k] for k, _, _ in pairs]
         worker = self._worker
