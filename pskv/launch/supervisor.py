@@ -245,6 +245,12 @@ class Console:
         if not self.to_terminal:
             self.note(f"all {nodes} nodes registered, {time.monotonic() - self._t0:.1f} s after the start")
 
+    def finished(self, workers: int) -> None:
+        """The job succeeded: told when the terminal shows no output of the job (else it would end silently)."""
+        if not self.to_terminal:
+            self.note(f"{_count(workers, 'worker')} finished (exit 0), {time.monotonic() - self._t0:.1f} s after "
+                      f"the start; their output is in {self.log_dir}")
+
     def report_log(self, name: str, output: _Output) -> None:
         """Name the root cause's log file and, when the terminal did not show it, its last lines."""
         if output.file is None:
@@ -529,6 +535,8 @@ class Supervisor:
         if self._stopped:  # in start order: scheduler, servers, workers
             names = [c.spec.name for c in self._children if c.spec.name in self._stopped]
             self._console.note(f"stopped {', '.join(names)}")
+        if self._outcome is None:
+            self._console.finished(len({c.spec.name for c in self._children if c.spec.role == "worker"}))
         return 0 if self._outcome is None else self._outcome
 
     def _pump(self, max_wait: float) -> None:

@@ -147,6 +147,9 @@ def test_a_restarted_worker_appends_to_its_file_after_a_marker(tmp_path):
     assert re.fullmatch(r"first\n----- pskv launch: worker 0 started again at [\d: -]+ -----\nsecond\n", text), text
     assert out.getvalue() == b""  # no --tee: nothing of the process on the terminal
     assert "worker 0 on 127.0.0.1 exited with code 3; starting it again" in err.getvalue()
+    # the quiet terminal's last line says the job ended well (one worker, though started twice)
+    assert re.search(rf"1 worker finished \(exit 0\), [\d.]+ s after the start; their output is in "
+                     rf"{re.escape(str(tmp_path / 'logs'))}\n\Z", err.getvalue()), err.getvalue()
 
 
 def test_console_keeps_lines_whole_between_processes_and_prefixes_each_update():
