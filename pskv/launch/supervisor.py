@@ -31,6 +31,7 @@ import dataclasses
 import os
 import queue
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -57,6 +58,7 @@ _BLAMED = re.compile(rb"NodeFailedError: ((?:worker|server) \d+|scheduler) faile
 # the scheduler's INFO line once every node registered (pskv.cluster.scheduler)
 _REGISTERED = re.compile(rb"scheduler: all (\d+) nodes registered")
 _CHUNK = 65536  # bytes read from a child's output at once (whatever is there, up to this)
+_HOLD_SECONDS = 0.1  # how long the terminal waits for the rest of a line before showing its start
 
 
 def guard_argv(python: str, role: str, stop_grace: float, exit_grace: float, inline: bool = False) -> list[str]:
@@ -143,7 +145,7 @@ class Console:
                 raise InvalidArgumentError(f"--log-dir {log_dir!r}: cannot create it: {exc.strerror or exc}") from None
         self._out = out
         self._err = err
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # _end shows held text through _write
         self.log_dir = log_dir
         self.to_terminal = tee or not log_dir  # children's output on `out`
         self._opened: set[str] = set()  # log files written in this run: a later start appends
@@ -175,16 +177,29 @@ class Console:
             self._opened.add(path)
         return _Output(self, f"[{spec.name}] ".encode(), file)
 
-    def _write(self, output: _Output, data: bytes) -> None:
-        """Pass ``data`` of ``output`` on to its file and, prefixed, to ``out``."""
+    def _write(self, output: _Output, data: bytes, whole: bool = False) -> None:
+        """Pass ``data`` of ``output`` on to its file and, prefixed, to ``out``.
+
+        On the terminal, text after the last line end (``\n`` or ``\r``) waits in
+        ``output.held`` for the rest of its line, so that a line a process writes in pieces
+        is not cut by another process's output; the reader shows it anyway after
+        ``_HOLD_SECONDS`` without more output (``whole=True``: show what is held).
+        """
         with self._lock:
-            if output.file is not None:
+            if output.file is not None and data:
                 try:
                     output.file.write(data)
                     output.file.flush()
                 except (OSError, ValueError):
                     pass
             if not self.to_terminal:
+                return
+            data = output.held + data
+            end = len(data) if whole else max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
+            if len(data) - end > _CHUNK:  # a very long line without an end: shown as it is
+                end = len(data)
+            data, output.held = data[:end], data[end:]
+            if not data:
                 return
             buf = bytearray()
             if self._open is not None and self._open is not output:
@@ -205,8 +220,10 @@ class Console:
                 self._put(bytes(buf))
 
     def _end(self, output: _Output) -> None:
-        """``output``'s process is gone: complete its unfinished line."""
+        """``output``'s process is gone: show what it held back, complete its unfinished line."""
         with self._lock:
+            if output.held:
+                self._write(output, b"", whole=True)
             if self._open is output:
                 self._open = None
                 self._put(b"\n")
@@ -274,6 +291,15 @@ _TAIL_LINES = 15  # lines of the root cause's output the report shows
 _TAIL_BYTES = 4096  # of one line, the last ones kept for it
 
 
+def _readable(stream: IO[bytes], timeout: float) -> bool:
+    """True if ``stream`` has data (or its end) within ``timeout`` seconds (data already in its
+    buffer is not seen: it waits for the next read, ``_HOLD_SECONDS`` at most)."""
+    try:
+        return bool(select.select([stream], [], [], timeout)[0])
+    except (OSError, ValueError):
+        return True
+
+
 def _ends_line(file: IO[bytes]) -> bool:
     """True if the file (open for reading) is empty or ends with a newline."""
     size = file.seek(0, os.SEEK_END)
@@ -299,6 +325,7 @@ class _Output:
         self._lines: deque[bytes] = deque(maxlen=_TAIL_LINES)
         self._partial = b""
         self._overwrite = False  # a \r came: the next text replaces the unfinished line
+        self.held = b""  # text after its last line end, not yet on the terminal (Console._write)
 
     def write(self, data: bytes) -> list[bytes]:
         """Pass ``data`` on; returns the lines it completed (each as last shown, without its end)."""
@@ -316,6 +343,10 @@ class _Output:
                 self._overwrite = True
         self._lines.extend(done)
         return done
+
+    def show_held(self) -> None:
+        """Show the text held back for the rest of its line (none came in time)."""
+        self.console._write(self, b"", whole=True)
 
     def last_lines(self) -> list[bytes]:
         """The last lines, an unfinished one included."""
@@ -480,7 +511,12 @@ class Supervisor:
         """Pass the child's output on as it comes (a \\r-updated progress line shows live)."""
         read = getattr(stream, "read1", stream.read)  # read1: what is there, without waiting for more
         try:
-            for data in iter(lambda: read(_CHUNK), b""):
+            while True:
+                if child.output.held and not _readable(stream, _HOLD_SECONDS):
+                    child.output.show_held()  # an unfinished line (a \r-update, a prompt) shows after a moment
+                data = read(_CHUNK)
+                if not data:
+                    break
                 for line in child.output.write(data):
                     if b"NodeFailedError" in line:  # which peer it saw fail: named with the root cause
                         m = _BLAMED.search(line)

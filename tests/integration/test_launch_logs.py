@@ -158,15 +158,23 @@ def test_console_keeps_lines_whole_between_processes_and_prefixes_each_update():
     a = console.output(ProcessSpec("worker", 0, "h", ("x",)))
     b = console.output(ProcessSpec("worker", 1, "h", ("x",)))
     a.write(b"\r 10%")
+    a.show_held()  # the reader shows a line's start when no more came in time
     b.write(b"hello\n")  # ends worker 0's unfinished line first
     a.write(b"\r 20%")
     a.write(b"\n")
-    assert a.write(b"\r 30%\r 40%\ndone") == [b" 40%"]  # lines as last shown
+    assert a.write(b"\r 30%\r 40%\ndo") == [b" 40%"]  # lines as last shown
+    b.write(b"bye\n")  # worker 0's "do" waits for the rest of its line: not cut
+    a.write(b"ne")
+    a.show_held()
     console.note("a note")  # ends the unfinished "done"
+    a.write(b"\nrank ")  # (the end of "done", which the note ended on the terminal already)
+    b.write(b"rank 1\n")
+    a.write(b"0\n")  # a line written in pieces stays whole beside another's
     a.close()
     assert out.getvalue() == (b"\r[worker 0]  10%\n[worker 1] hello\n\r[worker 0]  20%\n"
-                              b"\r[worker 0]  30%\r[worker 0]  40%\n[worker 0] done\n")
-    assert a.last_lines()[-2:] == [b" 40%", b"done"]
+                              b"\r[worker 0]  30%\r[worker 0]  40%\n[worker 1] bye\n[worker 0] done\n"
+                              b"[worker 1] rank 1\n[worker 0] rank 0\n")
+    assert a.last_lines()[-3:] == [b" 40%", b"done", b"rank 0"]
     assert err.getvalue() == "pskv launch: a note\n"
 
 
