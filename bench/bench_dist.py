@@ -74,7 +74,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
 sys.path[:0] = [str(BENCH_DIR), str(REPO_DIR)]
 
-from _procs import ProcError, ProcGroup, ThreadCpuSampler, free_port, install_sigterm_handler  # noqa: E402
+from _procs import ThreadCpuSampler, install_sigterm_handler  # noqa: E402
 from bench_local import (  # noqa: E402
     GB,
     GBPS_DEFINITION,
@@ -93,6 +93,10 @@ from bench_local import (  # noqa: E402
     stderr_logger,
     write_json,
 )
+
+from pskv.testing.jobs import JobError as ProcError  # noqa: E402
+from pskv.testing.jobs import ProcessGroup as ProcGroup  # noqa: E402
+from pskv.testing.jobs import free_port  # noqa: E402
 
 DEFAULT_JSON = BENCH_DIR / "results" / "dist.json"
 WORKERS = 2
@@ -275,6 +279,7 @@ class Launcher:
         # ``python -m pskv`` finds the measured pskv first: it is the working directory and first on PYTHONPATH
         env["PYTHONPATH"] = os.pathsep.join([str(src), *filter(None, [os.environ.get("PYTHONPATH")])])
         env["PSKV_BENCH_SRC"] = str(src)
+        assert group.logdir is not None  # ProcessGroup(label, logdir) in run()
         port_file = group.logdir / "scheduler.port"
         group.start("scheduler", [py, "-m", "pskv", "scheduler", "--port-file", str(port_file)],
                     {**env, "DMLC_ROLE": "scheduler"}, cwd=src)
@@ -663,40 +668,40 @@ def export_pskv(rev: str, dest: Path) -> tuple[Path, str]:
     return dest, commit
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run every round, print the report, write the JSON."""
-    args = parse_args(argv)
-    install_sigterm_handler()
-    log = stderr_logger()
-    check_resnet_shapes(log)
-    workloads = make_workloads(args.quick)
-    if args.only:
-        wanted = {w.strip() for w in args.only.split(",")}
-        unknown = wanted - {w.id for w in workloads}
-        if unknown:
-            log(f"unknown workload ids {sorted(unknown)}; known: {[w.id for w in workloads]}")
-            return 2
-        workloads = [w for w in workloads if w.id in wanted]
-    if args.profile is not None:
-        args.profile.mkdir(parents=True, exist_ok=True)
-    env = environment({})  # before measuring: the commit and code that are measured
-    tmp = Path(tempfile.mkdtemp(prefix="pskv-bench-dist-"))
-    pskv_src = REPO_DIR
-    if args.pskv_commit is not None:
-        try:
-            pskv_src, commit = export_pskv(args.pskv_commit, tmp / "pskv-src")
-        except (OSError, subprocess.SubprocessError) as exc:
-            log(f"--pskv-commit {args.pskv_commit}: {exc}")
-            shutil.rmtree(tmp, ignore_errors=True)
-            return 2
-        log(f"measuring pskv/ as committed in {commit[:12]} (exported to {pskv_src})")
-        env.update({"git_commit": commit[:7], "git_commit_full": commit, "pskv_sources_modified": False,
-                    "pskv_measured": f"pskv/ of commit {commit} (--pskv-commit {args.pskv_commit})"})
-    else:
+def select_workloads(workloads: list[DistWorkload], only: str | None,
+                     log: Callable[[str], None]) -> list[DistWorkload] | None:
+    """The workloads ``--only`` names (all without it); None (after saying why) for an unknown id."""
+    if not only:
+        return workloads
+    wanted = {w.strip() for w in only.split(",")}
+    unknown = wanted - {w.id for w in workloads}
+    if unknown:
+        log(f"unknown workload ids {sorted(unknown)}; known: {[w.id for w in workloads]}")
+        return None
+    return [w for w in workloads if w.id in wanted]
+
+
+def measured_source(args: argparse.Namespace, env: dict[str, Any], tmp: Path,
+                    log: Callable[[str], None]) -> Path | None:
+    """The directory holding the ``pskv/`` that is measured (``--pskv-commit``'s export, or this checkout),
+    noted in ``env``; None (after saying why) when the commit cannot be exported."""
+    if args.pskv_commit is None:
         env["pskv_measured"] = "pskv/ of this checkout" + (" with uncommitted changes" if env["pskv_sources_modified"] else "")
-    launcher = Launcher(args, workloads, tmp, log, pskv_src)
-    if args.profile is not None and launcher.py_spy is None:
-        log("--profile: py-spy not found (pip install py-spy); running without it")
+        return REPO_DIR
+    try:
+        pskv_src, commit = export_pskv(args.pskv_commit, tmp / "pskv-src")
+    except (OSError, subprocess.SubprocessError) as exc:
+        log(f"--pskv-commit {args.pskv_commit}: {exc}")
+        return None
+    log(f"measuring pskv/ as committed in {commit[:12]} (exported to {pskv_src})")
+    env.update({"git_commit": commit[:7], "git_commit_full": commit, "pskv_sources_modified": False,
+                "pskv_measured": f"pskv/ of commit {commit} (--pskv-commit {args.pskv_commit})"})
+    return pskv_src
+
+
+def systems_to_run(args: argparse.Namespace, launcher: Launcher,
+                   log: Callable[[str], None]) -> tuple[list[str], dict[str, str]]:
+    """The systems measured, and every system's status for the report ("run" or why not)."""
     status = {"pskv": "run", "pskv_tcp": "run", "mxnet": "run", "gloo": "run"}
     systems = ["pskv"]
     if args.no_sockets_variant:
@@ -714,11 +719,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         status["gloo"] = "not run: --no-gloo"
     else:
         systems.append("gloo")
-    order = []
-    for s in args.server_counts:
-        for system in SYSTEMS:
-            if system in systems and (system != "gloo" or s == args.server_counts[0]):
-                order.append((system, s))
+    return systems, status
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run every round, print the report, write the JSON."""
+    args = parse_args(argv)
+    install_sigterm_handler()
+    log = stderr_logger()
+    check_resnet_shapes(log)
+    workloads = select_workloads(make_workloads(args.quick), args.only, log)
+    if workloads is None:
+        return 2
+    if args.profile is not None:
+        args.profile.mkdir(parents=True, exist_ok=True)
+    env = environment({})  # before measuring: the commit and code that are measured
+    tmp = Path(tempfile.mkdtemp(prefix="pskv-bench-dist-"))
+    pskv_src = measured_source(args, env, tmp, log)
+    if pskv_src is None:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return 2
+    launcher = Launcher(args, workloads, tmp, log, pskv_src)
+    if args.profile is not None and launcher.py_spy is None:
+        log("--profile: py-spy not found (pip install py-spy); running without it")
+    systems, status = systems_to_run(args, launcher, log)
+    order = [(system, s) for s in args.server_counts for system in SYSTEMS
+             if system in systems and (system != "gloo" or s == args.server_counts[0])]
     results = Results()
     failed: set[str] = set()
     start = time.perf_counter()

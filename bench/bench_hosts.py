@@ -55,10 +55,12 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
 sys.path[:0] = [str(BENCH_DIR), str(REPO_DIR)]
 
-from _procs import ProcError, ProcGroup, install_sigterm_handler  # noqa: E402
+from _procs import install_sigterm_handler  # noqa: E402
 from bench_dist import CALL_LABEL, WORKERS, DistWorkload, display, make_workloads  # noqa: E402
 
 from pskv.testing.hosts import HOST_DEV, SimHost, SimulatedHosts, Unavailable  # noqa: E402
+from pskv.testing.jobs import JobError as ProcError  # noqa: E402
+from pskv.testing.jobs import ProcessGroup as ProcGroup  # noqa: E402
 
 GLOO_PORT = 29500  # a fresh namespace: nothing else listens there
 SCHEDULER_PORT = 9091

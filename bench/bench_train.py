@@ -68,10 +68,12 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
 sys.path[:0] = [str(BENCH_DIR), str(REPO_DIR)]
 
-from _procs import Proc, ProcError, ProcGroup, free_port, install_sigterm_handler  # noqa: E402
+from _procs import install_sigterm_handler  # noqa: E402
 from _train_common import MODELS, ModelSpec, loss_trajectory  # noqa: E402
 from bench_dist import export_pskv  # noqa: E402
 from bench_local import _fmt, _load_average, _spread, _version, _x, environment, stats, stderr_logger, write_json  # noqa: E402
+
+from pskv.testing.jobs import JobError, Process, ProcessGroup, free_port, start_nodes  # noqa: E402
 
 DEFAULT_JSON = BENCH_DIR / "results" / "train.json"
 WORKERS = 2
@@ -103,8 +105,8 @@ class Cluster:
     system: str          # "pskv" or "ddp"
     servers: int
     label: str
-    group: ProcGroup
-    workers: list[Proc] = field(default_factory=list)
+    group: ProcessGroup
+    workers: list[Process] = field(default_factory=list)
     results: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
 
@@ -117,18 +119,12 @@ class Cluster:
         return self.error is None
 
     def check(self) -> None:
-        """Raise ClusterFailed if one of its processes exited with an error (or a worker exited early)."""
-        for p in self.group.procs:
-            rc = p.returncode
-            if rc is not None and rc != 0:
-                raise ClusterFailed(f"{p.name} exited with status {rc}")
+        """Raise JobError if one of its processes exited with an error (or a worker exited early)."""
+        self.group.check()
 
     def fail(self, what: str) -> None:
         """Record the error with every process's stderr tail, and stop the cluster."""
-        lines = [f"{self.label}: {what}"]
-        for p in self.group.procs:
-            lines.append(f"--- {p.name} (exit status {p.returncode}) stderr tail:\n{p.stderr_tail()}")
-        self.error = "\n".join(lines)
+        self.error = str(self.group.failure(what))
         self.group.close()
 
 
@@ -265,7 +261,7 @@ class Runner:
     def _profiled(self, argv: list[str], label: str, name: str) -> list[str]:
         if self.args.profile is None or self.py_spy is None:
             return argv
-        out = self.args.profile / f"{label}-{name}.txt"
+        out = self.args.profile / f"{label}-{name.replace(' ', '')}.txt"
         idle = ["--idle"] if self.args.profile_idle else []
         return [self.py_spy, "record", "--format", "raw", "--rate", "250", "--threads", "--nonblocking", *idle,
                 "--output", str(out), "--", *argv]
@@ -273,42 +269,34 @@ class Runner:
     def start(self, system: str, servers: int, spec: Path) -> Cluster:
         """Start one cluster's processes (its workers then connect to the token server)."""
         label = f"pskv-s{servers}" if system == "pskv" else "ddp"
-        cluster = Cluster(system, servers, label, ProcGroup(label, self.tmp / label))
+        cluster = Cluster(system, servers, label, ProcessGroup(label, self.tmp / label))
         self.clusters.append(cluster)
         try:
             cluster.workers = (self._start_pskv if system == "pskv" else self._start_ddp)(cluster, spec)
-        except (ProcError, OSError) as exc:
+        except (JobError, OSError) as exc:
             cluster.fail(f"start failed: {exc}")
         return cluster
 
-    def _start_pskv(self, cluster: Cluster, spec: Path) -> list[Proc]:
+    def _start_pskv(self, cluster: Cluster, spec: Path) -> list[Process]:
         py, src, group, label = sys.executable, self.pskv_src, cluster.group, cluster.label
-        env = {**self._base_env(label), "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "0",
-               "DMLC_NUM_SERVER": str(cluster.servers), "DMLC_NUM_WORKER": str(WORKERS),
-               "DMLC_NODE_HOST": "127.0.0.1"}
+        env = self._base_env(label)
         # ``python -m pskv`` finds the measured pskv first: it is the working directory and first on PYTHONPATH
         env["PYTHONPATH"] = os.pathsep.join([str(src), *filter(None, [os.environ.get("PYTHONPATH")])])
         env["PSKV_BENCH_SRC"] = str(src)
         # a job id of our own names the servers' shared-memory directories (/dev/shm/pskv-<job id>-server-*),
         # so that what a killed server leaves can be removed, and nothing else touches them
         env["PSKV_JOB_ID"] = self.job_id(label)
-        port_file = group.logdir / "scheduler.port"
-        group.start("scheduler", [py, "-m", "pskv", "scheduler", "--port-file", str(port_file)],
-                    {**env, "DMLC_ROLE": "scheduler"}, cwd=src)
-        env["DMLC_PS_ROOT_PORT"] = group.wait_for_file(port_file, 60)
-        for s in range(cluster.servers):
-            group.start(f"server{s}", self._profiled([py, "-m", "pskv", "server"], label, f"server{s}"),
-                        {**env, "DMLC_ROLE": "server"}, cwd=src)
-        script = str(BENCH_DIR / "_train_worker_pskv.py")
-        return [group.start(f"worker{r}", self._profiled([py, script, str(spec)], label, f"worker{r}"),
-                            {**env, "DMLC_ROLE": "worker", "DMLC_WORKER_ID": str(r)}, cwd=src)
-                for r in range(WORKERS)]
+        assert group.logdir is not None
+        script = [py, str(BENCH_DIR / "_train_worker_pskv.py"), str(spec)]
+        start_nodes(group, group.logdir, cluster.servers, WORKERS, script, env, cwd=src,
+                    enter=lambda name, argv: argv if name == "scheduler" else self._profiled(argv, label, name))
+        return [p for p in group.procs if p.name.startswith("worker")]
 
-    def _start_ddp(self, cluster: Cluster, spec: Path) -> list[Proc]:
+    def _start_ddp(self, cluster: Cluster, spec: Path) -> list[Process]:
         env = {**self._base_env(cluster.label), "GLOO_INIT": f"tcp://127.0.0.1:{free_port()}",
                "WORLD_SIZE": str(WORKERS)}
         script = str(BENCH_DIR / "_train_worker_ddp.py")
-        return [cluster.group.start(f"worker{r}", self._profiled([sys.executable, script, str(spec)], cluster.label,
+        return [cluster.group.start(f"worker {r}", self._profiled([sys.executable, script, str(spec)], cluster.label,
                                                                  f"worker{r}"), {**env, "RANK": str(r)}, cwd=REPO_DIR)
                 for r in range(WORKERS)]
 
@@ -400,7 +388,7 @@ class Runner:
                 cluster.group.wait(cluster.workers, 120)
                 cluster.group.wait(cluster.group.procs, 60)  # servers and scheduler end when every worker has left
                 cluster.results = sorted((p.json_line() for p in cluster.workers), key=lambda j: int(j["rank"]))
-        except (ClusterFailed, ProcError, OSError, ValueError, KeyError) as exc:
+        except (ClusterFailed, JobError, OSError, ValueError, KeyError) as exc:
             cluster.fail(f"at the end: {exc}")
         finally:
             cluster.group.close()

@@ -97,10 +97,12 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
 sys.path[:0] = [str(BENCH_DIR), str(REPO_DIR)]
 
-from _procs import ProcError, ProcGroup, install_sigterm_handler  # noqa: E402
+from _procs import install_sigterm_handler  # noqa: E402
 from bench_local import resnet50_shapes  # noqa: E402
 
 from pskv.testing.hosts import SimulatedHosts, Unavailable, enter_argv  # noqa: E402
+from pskv.testing.jobs import JobError as ProcError  # noqa: E402
+from pskv.testing.jobs import ProcessGroup as ProcGroup  # noqa: E402
 from pskv.transport.bounds import DEFAULT_BOUNDS, SEND_HWM  # noqa: E402
 from pskv.transport.frames import SOCKET_BUFFER_BYTES, recv_frames, send_frames  # noqa: E402
 from pskv.transport.reactor import IO_THREADS  # noqa: E402
@@ -721,93 +723,111 @@ def speed_ratio(a: dict[str, Any] | None, b: dict[str, Any] | None, higher_is_fa
             "by_round": [r(x, y) for x, y in zip(a["by_round"], b["by_round"])]}
 
 
+def _best(stats: dict[str, dict[str, Any]], net: str, pid: str, mode: str,
+          names: Sequence[str]) -> tuple[str | None, dict[str, Any] | None]:
+    """The fastest of the transports ``names`` for one message (its name and statistics), or ``(None, None)``."""
+    cands = [(n, stats.get(key(net, "xfer", pid, n, mode))) for n in names]
+    cands = [(n, s) for n, s in cands if s]
+    if not cands:
+        return None, None
+    pick = max(cands, key=lambda c: c[1]["median"]) if mode == "oneway" else min(cands, key=lambda c: c[1]["median"])
+    return pick
+
+
+def _cell(s: dict[str, Any] | None, scale: float = 1.0) -> str:
+    """A median with the range of the round medians, or a dash."""
+    if not s:
+        return "—"
+    lo, hi = min(s["by_round"]) * scale, max(s["by_round"]) * scale
+    rng = f" ({lo:.3g}–{hi:.3g})" if len(s["by_round"]) > 1 else ""
+    return f"{s['median'] * scale:.3g}{rng}"
+
+
+def _rcell(r: dict[str, Any] | None) -> str:
+    """A ratio with the ratios of the rounds, or a dash."""
+    if not r:
+        return "—"
+    rounds = ", ".join(f"{x:.2f}" for x in r["by_round"]) if len(r["by_round"]) > 1 else ""
+    return f"{r['ratio']:.2f}x" + (f" ({rounds})" if rounds else "")
+
+
+def _xfer_table(stats: dict[str, dict[str, Any]], net: str, payloads: Sequence[str], lines: list[str],
+                rows: list[dict[str, Any]]) -> None:
+    """The one-way and echo tables of one network: lines to ``lines``, rows to ``rows``."""
+    names = [TRANSPORT_NAMES[t] for t in TRANSPORTS]
+    for mode, title, scale in (("oneway", "one-way throughput, GB/s (higher is faster)", 1.0),
+                               ("echo", "echo round trip, ms (lower is faster)", 1e3)):
+        lines += [f"\n**{net}: {title}**; median (range of the round medians)\n",
+                  "| message | memcpy | " + " | ".join(names) + " | ZeroMQ (pskv) / raw 1 | best ZeroMQ / best raw"
+                  " | best raw / memcpy |",
+                  "|---" * (len(names) + 5) + "|"]
+        for pid in payloads:
+            p = next(x for x in PAYLOADS if x.id == pid)
+            mem = stats.get(key(net, "local", pid, "memcpy", "copy"))
+            if mem and mode == "echo":  # an echo moves the bytes twice
+                mem = dict(mem, median=2 * p.total / (mem["median"] * GB),
+                           by_round=[2 * p.total / (x * GB) for x in mem["by_round"]])
+            cells = {t: stats.get(key(net, "xfer", pid, t, mode)) for t in TRANSPORTS}
+            zb_name, zbest = _best(stats, net, pid, mode, [t for t in TRANSPORTS if t.startswith("zmq")])
+            rb_name, rbest = _best(stats, net, pid, mode, ["raw1", "raw4"])
+            fast = mode == "oneway"
+            ratios = {"zmq_pskv_vs_raw1": speed_ratio(cells["zmq_io2"], cells["raw1"], fast),
+                      "best_zmq_vs_best_raw": speed_ratio(zbest, rbest, fast),
+                      "best_raw_vs_memcpy": speed_ratio(rbest, mem, fast)}
+            rows.append({"network": net, "payload": pid, "mode": mode, "memcpy": mem, **cells,
+                         "best_zmq": zb_name, "best_raw": rb_name, **ratios})
+            lines.append(f"| {p.name} | {_cell(mem, scale)} | "
+                         + " | ".join(_cell(cells[t], scale) for t in TRANSPORTS)
+                         + f" | {_rcell(ratios['zmq_pskv_vs_raw1'])} | {_rcell(ratios['best_zmq_vs_best_raw'])}"
+                           f" ({zb_name} / {rb_name}) | {_rcell(ratios['best_raw_vs_memcpy'])} |")
+    lines += [f"\n**{net}: minor page faults per one-way message** (client + server, median)\n",
+              "| message | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for pid in payloads:
+        p = next(x for x in PAYLOADS if x.id == pid)
+        fl = [(stats.get(key(net, "xfer", pid, t, "oneway")) or {}).get("faults_per_message") for t in TRANSPORTS]
+        lines.append(f"| {p.name} | " + " | ".join("—" if f is None else f"{f:.0f}" for f in fl) + " |")
+
+
+def _pipe_table(stats: dict[str, dict[str, Any]], net: str, pipe_payloads: Sequence[str], pieces: Sequence[int],
+                lines: list[str], rows: list[dict[str, Any]]) -> None:
+    """The pipelining table of one network: lines to ``lines``, rows to ``rows``."""
+    lines += [f"\n**{net}: pipelining**, ms per message (median, range of the round medians); overlap = "
+              "(receive only + sums alone - receive and sum) / sums alone\n",
+              "| payload | transport | pieces | receive only | receive + sum | sums alone | overlap | "
+              "receive + sum vs whole |",
+              "|---|---|---|---|---|---|---|---|"]
+    for pid in pipe_payloads:
+        p = next(x for x in PAYLOADS if x.id == pid)
+        for t in PIPE_TRANSPORTS:
+            whole = stats.get(key(net, "pipe", pid, t, "oneway", "receive_sum", 0))
+            for mib in pieces:
+                recv, both, alone = (stats.get(key(net, "pipe", pid, t, "oneway", ph, mib)) for ph in PIPE_PHASES)
+                overlap = None
+                if recv and both and alone:
+                    overlap = {"ratio": (recv["median"] + alone["median"] - both["median"]) / alone["median"],
+                               "by_round": [(a + s - b) / s for a, b, s in
+                                            zip(recv["by_round"], both["by_round"], alone["by_round"])]}
+                vs_whole = speed_ratio(both, whole, False) if mib else None
+                rows.append({"network": net, "payload": pid, "mode": "pipe", "transport": t, "piece_mib": mib,
+                             "receive": recv, "receive_sum": both, "sum_alone": alone, "overlap": overlap,
+                             "vs_whole": vs_whole})
+                ov = "—" if not overlap else (f"{overlap['ratio']:.2f}" + (
+                    " (" + ", ".join(f"{x:.2f}" for x in overlap["by_round"]) + ")"
+                    if len(overlap["by_round"]) > 1 else ""))
+                lines.append(f"| {p.name} | {TRANSPORT_NAMES[t]} | {f'{mib} MiB' if mib else 'whole'} | "
+                             f"{_cell(recv, 1e3)} | {_cell(both, 1e3)} | {_cell(alone, 1e3)} | {ov} | "
+                             f"{_rcell(vs_whole) if vs_whole else '—'} |")
+
+
 def tables(stats: dict[str, dict[str, Any]], networks: Sequence[str], payloads: Sequence[str],
            pipe_payloads: Sequence[str], pieces: Sequence[int]) -> tuple[str, list[dict[str, Any]]]:
     """The Markdown report and the table rows."""
-    def best(net: str, pid: str, mode: str, names: Sequence[str]) -> tuple[str | None, dict[str, Any] | None]:
-        cands = [(n, stats.get(key(net, "xfer", pid, n, mode))) for n in names]
-        cands = [(n, s) for n, s in cands if s]
-        if not cands:
-            return None, None
-        pick = max(cands, key=lambda c: c[1]["median"]) if mode == "oneway" else min(cands, key=lambda c: c[1]["median"])
-        return pick
-
-    def cell(s: dict[str, Any] | None, scale: float = 1.0) -> str:
-        if not s:
-            return "—"
-        lo, hi = min(s["by_round"]) * scale, max(s["by_round"]) * scale
-        rng = f" ({lo:.3g}–{hi:.3g})" if len(s["by_round"]) > 1 else ""
-        return f"{s['median'] * scale:.3g}{rng}"
-
-    def rcell(r: dict[str, Any] | None) -> str:
-        if not r:
-            return "—"
-        rounds = ", ".join(f"{x:.2f}" for x in r["by_round"]) if len(r["by_round"]) > 1 else ""
-        return f"{r['ratio']:.2f}x" + (f" ({rounds})" if rounds else "")
-
     lines: list[str] = []
     rows: list[dict[str, Any]] = []
-    names = [TRANSPORT_NAMES[t] for t in TRANSPORTS]
     for net in networks:
-        for mode, title, scale in (("oneway", "one-way throughput, GB/s (higher is faster)", 1.0),
-                                   ("echo", "echo round trip, ms (lower is faster)", 1e3)):
-            lines += [f"\n**{net}: {title}**; median (range of the round medians)\n",
-                      "| message | memcpy | " + " | ".join(names) + " | ZeroMQ (pskv) / raw 1 | best ZeroMQ / best raw"
-                      " | best raw / memcpy |",
-                      "|---" * (len(names) + 5) + "|"]
-            for pid in payloads:
-                p = next(x for x in PAYLOADS if x.id == pid)
-                mem = stats.get(key(net, "local", pid, "memcpy", "copy"))
-                if mem and mode == "echo":  # an echo moves the bytes twice
-                    mem = dict(mem, median=2 * p.total / (mem["median"] * GB),
-                               by_round=[2 * p.total / (x * GB) for x in mem["by_round"]])
-                cells = {t: stats.get(key(net, "xfer", pid, t, mode)) for t in TRANSPORTS}
-                zb_name, zbest = best(net, pid, mode, [t for t in TRANSPORTS if t.startswith("zmq")])
-                rb_name, rbest = best(net, pid, mode, ["raw1", "raw4"])
-                fast = mode == "oneway"
-                ratios = {"zmq_pskv_vs_raw1": speed_ratio(cells["zmq_io2"], cells["raw1"], fast),
-                          "best_zmq_vs_best_raw": speed_ratio(zbest, rbest, fast),
-                          "best_raw_vs_memcpy": speed_ratio(rbest, mem, fast)}
-                rows.append({"network": net, "payload": pid, "mode": mode, "memcpy": mem, **cells,
-                             "best_zmq": zb_name, "best_raw": rb_name, **ratios})
-                lines.append(f"| {p.name} | {cell(mem, scale)} | "
-                             + " | ".join(cell(cells[t], scale) for t in TRANSPORTS)
-                             + f" | {rcell(ratios['zmq_pskv_vs_raw1'])} | {rcell(ratios['best_zmq_vs_best_raw'])}"
-                               f" ({zb_name} / {rb_name}) | {rcell(ratios['best_raw_vs_memcpy'])} |")
-        lines += [f"\n**{net}: minor page faults per one-way message** (client + server, median)\n",
-                  "| message | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-        for pid in payloads:
-            p = next(x for x in PAYLOADS if x.id == pid)
-            fl = [(stats.get(key(net, "xfer", pid, t, "oneway")) or {}).get("faults_per_message") for t in TRANSPORTS]
-            lines.append(f"| {p.name} | " + " | ".join("—" if f is None else f"{f:.0f}" for f in fl) + " |")
-        if not pipe_payloads:
-            continue
-        lines += [f"\n**{net}: pipelining**, ms per message (median, range of the round medians); overlap = "
-                  "(receive only + sums alone - receive and sum) / sums alone\n",
-                  "| payload | transport | pieces | receive only | receive + sum | sums alone | overlap | "
-                  "receive + sum vs whole |",
-                  "|---|---|---|---|---|---|---|---|"]
-        for pid in pipe_payloads:
-            p = next(x for x in PAYLOADS if x.id == pid)
-            for t in PIPE_TRANSPORTS:
-                whole = stats.get(key(net, "pipe", pid, t, "oneway", "receive_sum", 0))
-                for mib in pieces:
-                    recv, both, alone = (stats.get(key(net, "pipe", pid, t, "oneway", ph, mib)) for ph in PIPE_PHASES)
-                    overlap = None
-                    if recv and both and alone:
-                        overlap = {"ratio": (recv["median"] + alone["median"] - both["median"]) / alone["median"],
-                                   "by_round": [(a + s - b) / s for a, b, s in
-                                                zip(recv["by_round"], both["by_round"], alone["by_round"])]}
-                    vs_whole = speed_ratio(both, whole, False) if mib else None
-                    rows.append({"network": net, "payload": pid, "mode": "pipe", "transport": t, "piece_mib": mib,
-                                 "receive": recv, "receive_sum": both, "sum_alone": alone, "overlap": overlap,
-                                 "vs_whole": vs_whole})
-                    ov = "—" if not overlap else (f"{overlap['ratio']:.2f}" + (
-                        " (" + ", ".join(f"{x:.2f}" for x in overlap["by_round"]) + ")"
-                        if len(overlap["by_round"]) > 1 else ""))
-                    lines.append(f"| {p.name} | {TRANSPORT_NAMES[t]} | {f'{mib} MiB' if mib else 'whole'} | "
-                                 f"{cell(recv, 1e3)} | {cell(both, 1e3)} | {cell(alone, 1e3)} | {ov} | "
-                                 f"{rcell(vs_whole) if vs_whole else '—'} |")
+        _xfer_table(stats, net, payloads, lines, rows)
+        if pipe_payloads:
+            _pipe_table(stats, net, pipe_payloads, pieces, lines, rows)
     return "\n".join(lines), rows
 
 

@@ -10,34 +10,44 @@ updaters and optimizers) over NumPy arrays and PyTorch tensors::
     print(kv.pull(3))                                # [[4. 4. 4.] [4. 4. 4.]]
 
 Public surface — what users import (everything else is an implementation module whose
-names may change; ``tests/unit/test_public_surface.py`` checks this table):
+names may change). This table is the one declaration: ``docs/api`` documents exactly
+these namespaces, and ``tests/unit/test_public_surface.py`` checks the names, the pages of
+``docs/api`` and ``mkdocs.yml`` against it:
 
 =========================  ==============================================================
 ``pskv``                   ``create``, ``known_types``, the store classes
-                           (``KVStoreBase``, ``LocalStore``, ``StoreType``, ``OpHandle``),
-                           ``Config``, every error class, ``optimizer``,
-                           ``RowSparse`` (a row-sparse value), ``TableInit`` (a table
-                           drawn on the servers)
+                           (``KVStoreBase``, ``LocalStore``, ``DistStore``,
+                           ``BytePSStore``, ``AllreduceStore``, ``StoreType``,
+                           ``OpHandle``), ``Config``, ``ClusterConfig``, every error
+                           class, ``optimizer``, ``RowSparse`` (a row-sparse value),
+                           ``TableInit`` (a table drawn on the servers)
 ``pskv.optimizer``         optimizers, learning-rate schedulers, ``Updater``, ``create``,
                            ``register``
+``pskv.compression``       gradient compressors (``Compressor``, ``TwoBit``, ...),
+                           ``create``, ``register``, ``Residuals``
 ``pskv.parallel``          ``DataParallelExecutorGroup``, ``Trainer``, ``fit``, data
                            iterators, checkpoints, ``metrics``, ``Monitor``
-``pskv.server``            ``controller`` (functions answering ``send_command_to_servers``)
+``pskv.metrics``           a job's metrics through its scheduler: ``snapshot``,
+                           ``MetricsClient``, ``JobMetrics``, ``NodeMetrics``
+``pskv.timeline``          timeline files: ``load``, ``merge``, ``summary``
+``pskv.errors``            every exception pskv raises (each also exported at the top)
+``pskv.server``            ``controller`` (functions answering
+                           ``kv.send_command_to_servers``)
 ``pskv.testing``           ``InProcessCluster``, ``fuzz``
-``pskv.checkpoints``       the checkpoint directory layout (``latest_server_checkpoint``, ...)
-``pskv`` command           ``pskv launch / info / checkpoint / keygen / server / scheduler``
+``pskv.checkpoints``       the checkpoint directory layout (``latest_server_checkpoint``,
+                           ``latest_training_checkpoint``, ``read_manifest``)
+``pskv`` command           ``pskv launch / info / checkpoint / keygen / server /
+                           scheduler / top / timeline``
 =========================  ==============================================================
 
-The layers below (imports point down only; ``docs/architecture.md`` has the map):
-``cli > launch > testing > parallel > kvstore > roles > server | worker > cluster >
-optimizer > transport > protocol > arrays > checkpoints > atomic | partition > config |
-_registry > errors``.
+The layers (imports point down only) are listed once, in ``pyproject.toml``'s
+``[tool.importlinter]``, which ``lint-imports`` enforces; ``docs/architecture.md`` has the map.
 """
 
 from pskv import optimizer
 from pskv.arrays.rowsparse import RowSparse
 from pskv.arrays.tables import TableInit
-from pskv.config import Config
+from pskv.config import ClusterConfig, Config
 from pskv.errors import (
     CheckpointError,
     CollectiveFailedError,
@@ -62,16 +72,30 @@ from pskv.errors import (
     UnknownKeyError,
     UnsupportedValueError,
 )
-from pskv.kvstore import KVStoreBase, LocalStore, OpHandle, StoreType, create, known_types
+from pskv.kvstore import (
+    AllreduceStore,
+    BytePSStore,
+    DistStore,
+    KVStoreBase,
+    LocalStore,
+    OpHandle,
+    StoreType,
+    create,
+    known_types,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AllreduceStore",
+    "BytePSStore",
     "CheckpointError",
+    "ClusterConfig",
     "CollectiveFailedError",
     "CollectiveMismatchError",
     "Config",
     "DTypeMismatchError",
+    "DistStore",
     "DuplicateKeyError",
     "InitMismatchError",
     "InvalidArgumentError",

@@ -1,12 +1,13 @@
 """Atomic file writes: a file appears whole or not at all, even if the process dies.
 
 Write under a temporary name in the same directory, flush it to disk, rename it into
-place, then flush the directory entry. Used by the server checkpoints
-(:mod:`pskv.server.snapshot`) and the training checkpoints (:mod:`pskv.parallel.checkpoint`).
+place, then flush the directory entry. Used by every file of tensors (:mod:`pskv.safefile`)
+and the checkpoints' JSON files (:mod:`pskv.checkpoints`, :mod:`pskv.parallel.checkpoint`).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -23,16 +24,20 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def write_atomic(path: str | os.PathLike[str], write: Callable[[Path], object]) -> None:
+def write_atomic(path: str | os.PathLike[str], write: Callable[[Path], object], *, make_dirs: bool = True) -> None:
     """Call ``write(tmp_path)``, flush the file to disk and rename it to ``path``.
 
-    The directory is created if needed; a failed ``write`` leaves no temporary file.
+    The directory is created if needed (unless ``make_dirs`` is false: then a missing one
+    is an error); a failed ``write`` leaves no temporary file.
 
     Raises:
         OSError: the file could not be written or renamed.
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    if make_dirs:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    elif not target.parent.is_dir():
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(target.parent))
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
     try:
         write(tmp)

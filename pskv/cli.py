@@ -22,7 +22,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
-from safetensors import SafetensorError, safe_open
 
 from pskv import __version__
 from pskv.checkpoints import (
@@ -40,6 +39,7 @@ from pskv.launch import DESCRIPTION as LAUNCH_DESCRIPTION
 from pskv.launch import add_arguments as add_launch_arguments
 from pskv.launch import run_args as run_launch
 from pskv.roles import run_role
+from pskv.safefile import read_header
 from pskv.server.snapshot import read_shard
 from pskv.timeline import load as load_timeline
 from pskv.timeline import merge as merge_timeline
@@ -122,7 +122,7 @@ def _checkpoint(args: argparse.Namespace) -> int:
     for d in candidates:
         try:
             line = _verify_training(d) if kind_of(d) is Kind.TRAINING else _verify_server(d)
-        except (CheckpointError, KeyError, ValueError, OSError, SafetensorError) as exc:
+        except (CheckpointError, KeyError, ValueError, OSError) as exc:
             bad += 1
             print(f"{d}: NOT usable: {exc}")
             continue
@@ -147,8 +147,7 @@ def _verify_training(d: Path) -> str:
     meta = json.loads((d / TRAINING_META).read_text(encoding="utf-8"))
     if not isinstance(meta, dict) or "epoch" not in meta:
         raise CheckpointError(f"{d / TRAINING_META} is not a pskv training checkpoint's meta")
-    with safe_open(str(d / "params.safetensors"), framework="numpy") as f:
-        tensors = len(list(f.keys()))
+    tensors = len(read_header(d / "params.safetensors")[1])
     return (f"training checkpoint, epoch {int(meta['epoch']) + 1} done, store {meta.get('store')}, "
             f"{tensors} parameter tensor(s), update_on_kvstore={meta.get('update_on_kvstore')}")
 

@@ -18,7 +18,9 @@ import hashlib
 
 from pskv.errors import KeyTypeError
 
-__all__ = ["server_key", "home_server", "split", "row_ranges"]
+__all__ = ["Key", "server_key", "home_server", "split", "row_ranges"]
+
+Key = int | str  # a store key (one store uses one kind); pskv's one definition, below every user of it
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _MASK64 = (1 << 64) - 1

@@ -552,7 +552,8 @@ GROUPS = {"kill_server": ["kill_server", "kill_server_short"], "kill_worker": ["
                                                         "growth_member")}}
 
 
-def plan(rows: list[str], repeats: int, fuzz_count: int) -> list[Trial]:
+def _kill_trials(rows: list[str], repeats: int) -> list[Trial]:
+    """The kill rows (server, worker, scheduler; default and short heartbeats), each with its launcher view."""
     trials: list[Trial] = []
     kills = {"kill_server": ("server 1", "server", 1), "kill_worker": ("worker 1", "worker", 1),
              "kill_scheduler": ("scheduler", "scheduler", None)}
@@ -567,6 +568,12 @@ def plan(rows: list[str], repeats: int, fuzz_count: int) -> list[Trial]:
             if not short:
                 trials.append(Trial(row + ":launch", f"{row}:launch", lambda t, ro=role, ra=rank: trial_launch_view(
                     t, ro, ra, signal.SIGKILL, DEFAULT_HB), 10))
+    return trials
+
+
+def _stop_trials(rows: list[str], repeats: int) -> list[Trial]:
+    """The stopped-worker rows (SIGSTOP; default and short heartbeats), the default one with its launcher view."""
+    trials: list[Trial] = []
     for short in (False, True):
         row = "stop_worker" + ("_short" if short else "")
         if row in rows:
@@ -577,6 +584,12 @@ def plan(rows: list[str], repeats: int, fuzz_count: int) -> list[Trial]:
             if not short:
                 trials.append(Trial(row + ":launch", f"{row}:launch", lambda t: trial_launch_view(
                     t, "worker", 1, signal.SIGSTOP, STOP_DEFAULT), 20))
+    return trials
+
+
+def _restart_trials(rows: list[str], repeats: int) -> list[Trial]:
+    """The restart and replacement rows, each with its reference run."""
+    trials: list[Trial] = []
     if "restart" in rows:
         trials.append(Trial("restart:reference", "restart:reference", lambda t: trial_restart(t, None), 12))
         for r in range(repeats):
@@ -594,6 +607,12 @@ def plan(rows: list[str], repeats: int, fuzz_count: int) -> list[Trial]:
         for r in range(repeats):
             trials.append(Trial("restart_exact", f"restart_exact#{r}", lambda t, s=r: trial_restart_exact(t, 4200 + s),
                                 14))
+    return trials
+
+
+def _input_trials(rows: list[str], repeats: int, fuzz_count: int) -> list[Trial]:
+    """The uneven-data, fuzz, forged-message and hostile-peer rows."""
+    trials: list[Trial] = []
     for variant in ("none", "join", "fit"):
         row = f"uneven_{variant}"
         if row in rows:
@@ -613,6 +632,13 @@ def plan(rows: list[str], repeats: int, fuzz_count: int) -> list[Trial]:
             for r in range(min(repeats, 2)):
                 trials.append(Trial("hostile", f"hostile_{category}#{r}",
                                     lambda t, c=category: trial_hostile(t, c), 12))
+    return trials
+
+
+def plan(rows: list[str], repeats: int, fuzz_count: int) -> list[Trial]:
+    """The trials of ``rows``, heaviest first."""
+    trials = (_kill_trials(rows, repeats) + _stop_trials(rows, repeats) + _restart_trials(rows, repeats)
+              + _input_trials(rows, repeats, fuzz_count))
     trials.sort(key=lambda tr: -tr.weight)  # longest first: the pool ends together
     return trials
 

@@ -178,9 +178,9 @@ def worker_train(spec: dict[str, Any]) -> int:
             if step == 3:
                 emit("ready", rank=rank, pskv=os.path.dirname(pskv.__file__))
                 if spec.get("hog") and rank == 1:  # this worker also opens a connection that never reads
-                    _hog(kv._client.info, spec["hog"])
+                    _hog(kv._worker.client.info, spec["hog"])
                 if spec.get("grow") and rank == 1:  # ... or connections that make the server keep state
-                    _grow(kv._client.info, spec["grow"])
+                    _grow(kv._worker.client.info, spec["grow"])
             if step % 10 == 0:
                 emit("step", rank=rank, step=step)
             if stop_file and stop_at is None and os.path.exists(stop_file):

@@ -33,7 +33,6 @@ __all__ = [
     "clone",
     "copy_into",
     "sum_into",
-    "fan_out",
     "fan_out_many",
     "sum_into_many",
     "take_rows",
@@ -230,11 +229,6 @@ def fan_out_many(pairs: Sequence[tuple[Sequence[Array], Array]], kernels: CpuKer
             else:
                 copy_into(d, src)
     kernels.run(jobs)
-
-
-def fan_out(dsts: Sequence[Array], src: Array, kernels: CpuKernels) -> None:
-    """Copy ``src`` into every array of ``dsts`` (shapes and dtypes already checked)."""
-    fan_out_many([(dsts, src)], kernels)
 
 
 def sum_into_many(pairs: Sequence[tuple[Array, Sequence[Array]]], kernels: CpuKernels) -> None:

@@ -1,4 +1,4 @@
-"""The compressor interface, the registry of types, and per-key residuals (error feedback).
+"""The compressor interface and the registry of types (residuals: :mod:`pskv.compression.residuals`).
 
 A compressor turns a float32 gradient (1-D, contiguous) into a payload of bytes and
 back. ``compress`` adds the key's *residual* first (what earlier compressions left out)
@@ -23,17 +23,22 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from pskv._registry import Registry
 from pskv.errors import InvalidArgumentError
 
-__all__ = ["Compressor", "COMPRESSORS", "Residuals", "create", "register"]
+__all__ = ["Compressor", "COMPRESSORS", "create", "register"]
 
-COMPRESSORS: dict[str, type[Compressor]] = {}
+#: The compression types by name (:class:`~pskv._registry.Registry`: another class under a taken name raises).
+COMPRESSORS: Registry[type[Compressor]] = Registry("gradient compression type")
 
 
 def register(cls: type[Compressor]) -> type[Compressor]:
-    """Class decorator: make ``cls`` available to :func:`create` under ``cls.type``."""
-    COMPRESSORS[cls.type] = cls
-    return cls
+    """Class decorator: make ``cls`` available to :func:`create` under ``cls.type``.
+
+    Raises:
+        InvalidArgumentError: another class is registered under ``cls.type``.
+    """
+    return COMPRESSORS.add(cls.type, cls)
 
 
 class Compressor(abc.ABC):
@@ -127,30 +132,7 @@ def create(params: Mapping[str, Any]) -> Compressor:
         raise InvalidTypeError(f"gradient compression parameters must be a dict like {{'type': '2bit', "
                                f"'threshold': 0.5}}, got {type(params).__name__}")
     kind = params.get("type")
-    if kind not in COMPRESSORS:
-        raise InvalidArgumentError(f"unknown gradient compression type {kind!r}; known: {sorted(COMPRESSORS)}")
+    if not isinstance(kind, str) or kind not in COMPRESSORS.names():  # exact names: "2BIT" is none
+        raise InvalidArgumentError(f"unknown gradient compression type {kind!r}; known: {COMPRESSORS.names()}")
     return COMPRESSORS[kind](**params)
 
-
-class Residuals:
-    """Per key and sender (a device, a worker), what compression left out so far (float32, zeros at first)."""
-
-    def __init__(self) -> None:
-        self._of: dict[tuple[Any, int], np.ndarray[Any, Any]] = {}
-
-    def get(self, key: Any, sender: int, n: int) -> np.ndarray[Any, Any]:
-        """The residual of ``key`` from ``sender`` (``n`` elements; made zero on first use)."""
-        res = self._of.get((key, sender))
-        if res is None or res.size != n:
-            res = self._of[(key, sender)] = np.zeros(n, np.float32)
-        return res
-
-    def items(self) -> list[tuple[tuple[Any, int], np.ndarray[Any, Any]]]:
-        """Every residual, by (key, sender)."""
-        return list(self._of.items())
-
-    def clear(self) -> None:
-        self._of.clear()
-
-    def __len__(self) -> int:
-        return len(self._of)

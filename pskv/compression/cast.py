@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from pskv.arrays.dtypes import bf16_bits_to_f32, f32_to_bf16_bits
 from pskv.compression import kernels
 from pskv.compression.base import register
 from pskv.compression.sparsify import FeedbackCompressor
@@ -90,12 +91,11 @@ class BFloat16(_Cast):
     type: ClassVar[str] = "bf16"
 
     def _encode(self, r: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        bits = np.clip(r, -_BF16_MAX, _BF16_MAX).view(np.uint32)
-        rounded = (bits + (np.uint32(0x7FFF) + ((bits >> 16) & 1))) >> 16  # no overflow: |value| <= the max
-        return np.where(np.isnan(r), _BF16_NAN, rounded.astype(np.uint16)).astype(_U16)
+        rounded = f32_to_bf16_bits(np.clip(r, -_BF16_MAX, _BF16_MAX))  # no overflow: |value| <= the max
+        return np.where(np.isnan(r), _BF16_NAN, rounded).astype(_U16)
 
     def _fused(self, values: np.ndarray[Any, Any], grad: np.ndarray[Any, Any], ef: bool) -> np.ndarray[Any, Any]:
         return kernels.bf16_compress(values, grad, ef, _BF16_MAX)
 
     def decompress(self, payload: Any, n: int) -> np.ndarray[Any, Any]:
-        return (self._bytes(payload, n).view(_U16).astype(np.uint32) << 16).view(np.float32)
+        return bf16_bits_to_f32(self._bytes(payload, n).view(_U16))

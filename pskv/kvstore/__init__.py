@@ -25,7 +25,8 @@ from pskv.roles import run_role
 #: The distributed store type names (aliases included).
 DIST_TYPES = tuple(sorted(n for n in BUILTIN_TYPES if StoreType.parse(n).distributed))
 
-__all__ = ["AllreduceStore", "DIST_TYPES", "KVStoreBase", "LocalStore", "OpHandle", "StoreType", "create", "known_types"]
+__all__ = ["AllreduceStore", "BytePSStore", "DIST_TYPES", "DistStore", "KVStoreBase", "LocalStore", "OpHandle", "StoreType",
+           "create", "known_types"]
 
 
 def run_role_if_not_worker(store_type: StoreType, config: Config | None,

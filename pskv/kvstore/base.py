@@ -19,6 +19,7 @@ from pskv.errors import InvalidArgumentError, NotSupportedError
 from pskv.kvstore.engine import OpHandle
 from pskv.kvstore.keys import Keys, Outs, Values
 from pskv.kvstore.types import BUILTIN_TYPES, StoreType
+from pskv.metrics import JobMetrics
 from pskv.optimizer import Optimizer
 
 __all__ = ["KVStoreBase", "RESERVED_NAMES"]
@@ -212,6 +213,18 @@ class KVStoreBase(abc.ABC):
         """Pull selected rows (see the concrete store); ``block=False`` returns a handle."""
         raise self._unsupported("row_sparse_pull")
 
+    def restore_rows(self, key: Any, ids: Any, rows: Any) -> None:
+        """Make the row-sparse ``key`` hold exactly ``rows`` at the sorted unique ``ids`` (its present rows from
+        now on, every other row zero), as a training checkpoint saved them (:mod:`pskv.parallel.checkpoint`).
+
+        An optional capability: the single-process stores offer it (a distributed store's servers restore
+        their rows from their own checkpoint when they start).
+
+        Raises:
+            NotSupportedError: this store does not restore rows (the default).
+        """
+        raise self._unsupported("restore_rows")
+
     def set_updater(self, updater: Callable[[Any, Any, Any], None]) -> None:
         """Install ``updater(key, merged, stored)`` (see the concrete store)."""
         raise self._unsupported("set_updater")
@@ -290,6 +303,18 @@ class KVStoreBase(abc.ABC):
         if timeout < 0:
             raise InvalidArgumentError(f"timeout must be >= 0, got {timeout}")
         return 0
+
+    def metrics(self, timeout: float = 5.0) -> JobMetrics:
+        """The job's metrics now, every node's, as ``pskv top`` shows them (:mod:`pskv.metrics`).
+
+        An optional capability: the stores with a scheduler (``dist_*``, ``byteps``) offer it.
+
+        Raises:
+            NotSupportedError: this store has no scheduler to ask (the default).
+            OperationTimeoutError: the scheduler did not answer within ``timeout`` seconds.
+        """
+        raise NotSupportedError(f"the {self.type!r} store has no scheduler to report a job's metrics; "
+                                "pskv.metrics.snapshot reads a job's scheduler")
 
     def set_barrier_before_exit(self, barrier_before_exit: bool = True) -> None:
         """Whether closing the store first waits at a barrier of all workers."""

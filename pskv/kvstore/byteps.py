@@ -9,7 +9,7 @@ push. ``local_rank`` is the worker's rank on its host, set by ``pskv launch``.
 The store *holds* a :class:`~pskv.kvstore.dist.DistStore` and offers only that subset
 of it; the cluster methods (``barrier``, ``join``, ``wait``, ``save_checkpoint``, ...)
 are the distributed store's. ``init``, ``push``, ``pull``, ``row_sparse_pull`` and the
-optimizer methods raise :class:`~pskv.errors.NotSupportedError`.
+optimizer methods raise :class:`~pskv.errors.NotSupportedError`; ``metrics`` is the job's.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from pskv.kvstore.dist import DistStore
 from pskv.kvstore.engine import OpHandle
 from pskv.kvstore.keys import Key, as_key_list, pair_up
 from pskv.kvstore.types import StoreType
+from pskv.metrics import JobMetrics
 from pskv.optimizer import Optimizer
 
 __all__ = ["BytePSStore"]
@@ -184,6 +185,10 @@ class BytePSStore(KVStoreBase):
     def num_dead_node(self, node_id: int, timeout: float = 60) -> int:
         """Nodes of group ``node_id`` silent for more than ``timeout`` seconds."""
         return self._dist.num_dead_node(node_id, timeout)
+
+    def metrics(self, timeout: float = 5.0) -> JobMetrics:
+        """The job's metrics now, every node's (see :meth:`DistStore.metrics`)."""
+        return self._dist.metrics(timeout)
 
     def set_barrier_before_exit(self, barrier_before_exit: bool = True) -> None:
         """Whether closing the store first waits at a barrier of all workers."""

@@ -30,7 +30,7 @@ A server checkpoint (the directory layout is :mod:`pskv.checkpoints`'s) is writt
 step 3: each server writes its file, then rank 0 writes the manifest, which makes the
 directory a checkpoint. Before it, one more meeting gives every worker rank 0's directory,
 and each worker that compresses its pushes writes its residuals there
-(:meth:`pskv.worker.KVWorker.save_residuals`), which the manifest then lists.
+(:meth:`pskv.worker.compressing.PushCompression.save`), which the manifest then lists.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ class ServerCollectives:
         """
         limit = self._cluster.request_timeout if timeout is None else timeout
         try:
-            out = self._worker.barrier(limit, name, failure, result, agree, mode)
+            out = self._worker.control.barrier(limit, name, failure, result, agree, mode)
         except Exception:
             if failure is None:
                 raise
@@ -156,7 +156,7 @@ class ServerCollectives:
             raise InvalidTypeError(f"set_optimizer needs a pskv.optimizer.Optimizer, got {type(optimizer).__qualname__}")
         if recovery:  # the servers run the job's optimizer already (with its state)
             return
-        self.run("set_optimizer", lambda: self._worker.set_optimizer(optimizer.to_config()))
+        self.run("set_optimizer", lambda: self._worker.control.set_optimizer(optimizer.to_config()))
 
     def save_checkpoint(self, path: str | None, meta: Any, store: str, num_servers: int) -> str:
         """Have every server write its shard into ``path``, then rank 0 the manifest; the directory.
@@ -183,7 +183,7 @@ class ServerCollectives:
         directory = self.meet("save_checkpoint", failure, result=chosen)
 
         def residuals() -> None:  # a failure is carried to the next meeting
-            self._worker.save_residuals(directory, self._cluster.num_workers)
+            self._worker.compression.save(directory, self._cluster.num_workers)
         self.run("save_checkpoint", lambda: self._write_checkpoint(directory, meta_json, store, num_servers),
                  settle=residuals)
         self._worker.checkpoint_saved()  # a replacement server will load this checkpoint
@@ -203,14 +203,14 @@ class ServerCollectives:
         (listing the workers' residual files, which they wrote before); the directory."""
         workers = self._cluster.num_workers
         residuals = None
-        if self._worker.compressor is not None:
+        if self._worker.compression.on:
             files = [worker_file(directory, r) for r in range(workers)]
             missing = [r for r, f in enumerate(files) if not f.is_file()]
             if missing:
                 raise CheckpointError(f"save_checkpoint: worker(s) {missing} wrote no compression residuals into "
                                       f"{directory} (do all workers call set_gradient_compression alike?)")
-            residuals = {"files": [f.name for f in files], "compression": self._worker.compression_params}
-        bodies = self._worker.save_checkpoint(directory)
+            residuals = {"files": [f.name for f in files], "compression": self._worker.compression.params}
+        bodies = self._worker.control.save_checkpoint(directory)
         write_manifest(directory, {
             "store": store, "num_servers": num_servers, "num_workers": workers,
             "files": [b.get("file") for b in bodies], "bytes": sum(int(b.get("bytes", 0)) for b in bodies),

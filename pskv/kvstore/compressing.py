@@ -24,7 +24,10 @@ __all__ = ["GradientCompression"]
 
 
 class GradientCompression:
-    """A compressor and the residuals of one store (per key and device).
+    """A compressor and the residuals of one store (per key and device, :mod:`pskv.compression.residuals`).
+
+    A distributed store hands it to its worker (:class:`pskv.worker.compressing.PushCompression`),
+    which compresses per part of each key with residuals of its own.
 
     Args:
         params: what the user passed to ``set_gradient_compression``.
@@ -59,7 +62,8 @@ class GradientCompression:
                 **({"min_size": self.min_size} if self.min_size else {})}
 
     def applies(self, meta: ArrayMeta, summed: bool = False) -> bool:
-        """Whether pushes of a key like ``meta`` are compressed (not ``summed``, at least ``min_size`` elements)."""
+        """Whether pushes of a key like ``meta`` are compressed (not ``summed``, at least ``min_size`` elements):
+        the one rule, for these stores and for each worker's (:mod:`pskv.worker.compressing`)."""
         return not summed and meta.size >= self.min_size
 
     def check(self, key: Any, meta: ArrayMeta, op: str) -> None:
@@ -117,7 +121,7 @@ class GradientCompression:
             if on_device:
                 self._saved_on_device[(key, device)] = np.array(values, np.float32)
             else:
-                np.copyto(self.residuals.get(key, device, values.size), values)
+                self.residuals.load(key, device, values)
 
     def _device_residual(self, key: Any, device: int, flat: Any) -> Any:
         """A new residual on ``flat``'s device: a loaded one of its size, else zeros."""

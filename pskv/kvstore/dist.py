@@ -32,28 +32,24 @@ and wait in the caller's thread; bigger or queued calls use the engine's threads
 
 from __future__ import annotations
 
-import atexit
 import logging
-import os
 import warnings
-import weakref
 from typing import Any
 
-import numpy as np
-
-from pskv.arrays import describe, empty
-from pskv.arrays.rowsparse import RowSparse, is_row_sparse
-from pskv.arrays.tables import TableInit
+from pskv.arrays import describe
+from pskv.arrays.rowsparse import is_row_sparse
 from pskv.checkpoints import read_manifest
 from pskv.config import ClusterConfig, Config
 from pskv.errors import InvalidArgumentError, InvalidTypeError, NodeFailedError, NotSupportedError
 from pskv.kvstore import dist_rows
 from pskv.kvstore.collectives import ServerCollectives
 from pskv.kvstore.compressing import GradientCompression
+from pskv.kvstore.dist_rows import DistRows, RowInit
 from pskv.kvstore.engine import Deferred
+from pskv.kvstore.exit import leave_at_exit, left
 from pskv.kvstore.frontend import StoreFrontEnd
-from pskv.kvstore.keys import Key
-from pskv.kvstore.rows import RowPlan, apply_row_plan, plan_row_pulls
+from pskv.kvstore.keys import Key, merge_repeats
+from pskv.kvstore.resume import PushNumbers
 from pskv.kvstore.staging import deliver, fan_out_rest, is_quick, landing, reduce_outgoing, reuses_buffers
 from pskv.metrics import JobMetrics, snapshot
 from pskv.optimizer import Optimizer
@@ -63,45 +59,6 @@ __all__ = ["DistStore"]
 
 log = logging.getLogger("pskv.dist")
 
-_NO_ROWS = np.zeros(0, np.int64)  # a pull of present rows names none
-_AT_EXIT_TIMEOUT = 10.0  # seconds a store left open may take to leave at interpreter exit
-_OPEN: weakref.WeakSet[DistStore] = weakref.WeakSet()  # stores not closed yet (no strong reference)
-
-
-@atexit.register
-def _leave_at_exit() -> None:
-    """Interpreter exit: every store still open leaves the job (without the exit barrier).
-
-    A script that never calls ``close()`` still tells the scheduler it left, so nobody
-    takes it for dead (no heartbeat timeout, no ERROR line), and the servers and the
-    scheduler end as soon as every worker has left. Not waiting for the others keeps a
-    failing script's exit (and its exit code, the launcher's root cause) prompt.
-    """
-    for store in list(_OPEN):
-        try:
-            store._leave(wait=False, timeout=min(store._cluster.request_timeout, _AT_EXIT_TIMEOUT))
-        except Exception as exc:  # noqa: BLE001 - exiting anyway: say why leaving failed
-            log.error("worker %d: could not leave the job at exit: %s", store._rank, exc)
-
-
-# A forked child (a data-loading process) has the parent's stores but not their threads:
-# it must not make them leave when it exits.
-os.register_at_fork(after_in_child=_OPEN.clear)
-
-
-def _tables(key: Any, value: Any) -> tuple[Any, dict[int, TableInit]]:
-    """``value`` with each :class:`TableInit` replaced by an empty RowSparse of its shape (by ``id``: the table)."""
-    found: dict[int, TableInit] = {}
-
-    def swap(v: Any) -> Any:
-        if isinstance(v, TableInit):
-            stand_in = RowSparse.zeros(v.shape, v.dtype)
-            found[id(stand_in)] = v
-            return stand_in
-        return v
-    if isinstance(key, (list, tuple)) and isinstance(value, (list, tuple)):
-        return [swap(v) for v in value], found
-    return swap(value), found
 
 
 class DistStore(StoreFrontEnd[KeyLayout]):
@@ -133,9 +90,8 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         self._cluster = cluster
         self._on_device = self._store_type.on_device
         self._keys: dict[Key, KeyLayout] = {}
-        self._resumed: dict[Key, int] = {}  # a replacement: per key, pushes of this rank that had arrived
         self._worker = worker if worker is not None else KVWorker(cluster, context, sync=self._store_type.sync)
-        self._client = self._worker.client  # the connection (tests reach in)
+        self._rows = DistRows(self._worker, self._kernels)  # row-sparse keys (kvstore/dist_rows.py)
         try:
             info = self._worker.connect()
             self._rank = info.rank
@@ -143,15 +99,16 @@ class DistStore(StoreFrontEnd[KeyLayout]):
             self._num_workers = info.num_workers
             self._num_servers = info.num_servers
             self._servers = ServerCollectives(self._worker, cluster, self._rank, self._engine)
+            self._pushes = PushNumbers(self._worker, self._recovery)
             if self._recovery:  # the job runs already: nobody else is at a creation barrier
                 log.warning("worker %d: a replacement process joins the running job (is_recovery)", self._rank)
             else:  # rank 0 sets the servers' mode; every worker learns whether it could
-                self._servers.run("create", lambda: self._worker.set_mode(self._store_type.sync),
+                self._servers.run("create", lambda: self._worker.control.set_mode(self._store_type.sync),
                                   settle=lambda: None, before=False)
         except BaseException:
             self._worker.close()
             raise
-        _OPEN.add(self)
+        leave_at_exit(self, cluster.request_timeout)  # a store never closed still leaves (pskv.kvstore.exit)
 
     # -- properties ---------------------------------------------------------------------
     @property
@@ -187,11 +144,8 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         return self._recovery
 
     def push_count(self, key: Any) -> int:
-        """How many pushes (and pushpulls) of ``key`` this worker rank has made.
-
-        In a replacement process (:attr:`is_recovery`) the count goes on from the pushes
-        of the processes it replaced that reached the servers (of a key split over
-        servers: that reached every one of them); the next push is numbered one more.
+        """How many pushes (and pushpulls) of ``key`` this worker rank has made; in a replacement
+        process, on from those of its predecessors that reached the servers (:mod:`~pskv.kvstore.resume`).
 
         Raises:
             UnknownKeyError: ``key`` was not initialised.
@@ -200,41 +154,23 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         keys, single = self._key_list(key)
         if not single:
             raise InvalidArgumentError(f"push_count takes one key, not {key!r}")
-        return self._record(keys[0], "push_count").pushes[0]
+        return self._pushes.count(self._record(keys[0], "push_count"))
 
     def resume_step(self, keys: Any = None) -> int:
         """The step to go on from, for a training loop that pushes each of ``keys`` once per step.
 
-        In a replacement process: the fewest pushes of any of ``keys`` (default: every key
-        initialised so far) that reached the servers from the processes it replaced. Each
-        of those keys' push numbering is set back to that step, so where the old process
-        had pushed that step for some keys only (it died in between), pushing the step
-        again is applied for the others and ignored by the servers for those. A pull
-        before pushing returns the values of the rounds the pushes before that step joined.
-        Elsewhere: the fewest pushes made of any of ``keys`` (0 before any push).
+        The fewest pushes of any of ``keys`` (default: every key initialised so far); in a
+        replacement process, of those that reached the servers from the processes it
+        replaced, and each key's push numbering is set back to that step
+        (:mod:`~pskv.kvstore.resume`). 0 before any push.
 
         Raises:
             UnknownKeyError: a key was not initialised.
             InvalidArgumentError: a replacement process pushed one of ``keys`` already
                 (call it before the first push).
         """
-        if keys is None:
-            names = list(self._keys)
-        else:
-            names, _ = self._key_list(keys)
-        recs = [self._record(k, "resume_step") for k in names]
-        if not recs:
-            return 0
-        step = min(rec.pushes[0] for rec in recs)
-        if self._recovery:
-            pushed = [rec.key for rec in recs if rec.pushes[0] != self._resumed.get(rec.key)]
-            if pushed:
-                raise InvalidArgumentError(f"resume_step: this replacement process pushed key {pushed[0]!r} "
-                                           "already; call resume_step before the first push")
-            for rec in recs:
-                rec.pushes = [step] * len(rec.parts)
-                self._resumed[rec.key] = step
-        return step
+        names = list(self._keys) if keys is None else self._key_list(keys)[0]
+        return self._pushes.resume_step([self._record(k, "resume_step") for k in names])
 
     # -- records, init -----------------------------------------------------------------
     def _lookup(self, key: Key) -> KeyLayout | None:
@@ -246,14 +182,14 @@ class DistStore(StoreFrontEnd[KeyLayout]):
     def _compression_set(self, compression: GradientCompression) -> None:
         """Each worker compresses its pushes (after summing its devices' values, as MXNet's dist
         stores do); the servers decode each push by the compression it names."""
-        self._worker.set_compressor(compression.compressor, compression.both_ways, compression.min_size)
+        self._worker.set_compression(compression)
         # a resumed job takes each worker's residuals from the checkpoint; a replacement's died with its predecessor
         if self._recovery:
             log.warning("worker %d: a replacement process: the compression residuals of its predecessor died with "
                         "it; they start at zero", self._rank)
         elif self._cluster.resume_from:
-            self._worker.restore_residuals(self._cluster.resume_from, read_manifest(self._cluster.resume_from),
-                                           self._num_workers)
+            self._worker.compression.restore(self._cluster.resume_from, read_manifest(self._cluster.resume_from),
+                                             self._num_workers)
 
     def init(self, key: Any, value: Any, *, summed: bool = False) -> None:
         """Initialise keys on every worker; rank 0's values are used.
@@ -272,14 +208,13 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         self._check_open("init")
         pairs: list[tuple[Key, KeyLayout, list[Any]]] = []
         failure: Exception | None = None
-        value, tables = _tables(key, value)
-        sparse: list[tuple[KeyLayout, Any, Any, TableInit | None]] = []
+        value, tables = DistRows.tables(key, value)
+        sparse: list[RowInit] = []
         try:
             keys, staged = self._new_values(key, value, "init")
             pairs = [(k, self._layout(k, v, summed), [v]) for k, v in staged]
             self._key_kind.check(keys, fix=True)
-            sparse = [(rec, *dist_rows.summed_rows(vals, rec.meta), tables.get(id(vals[0])))
-                      for _, rec, vals in pairs if rec.sparse]
+            sparse = DistRows.staged(pairs, tables, summed)
         except Exception as exc:
             if self._recovery:
                 raise
@@ -287,8 +222,6 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         recs = [rec for _, rec, _ in pairs]
         dense = [p for p in pairs if not p[1].sparse]
         self._worker.adopt([rec for _, rec, _ in dense], summed)
-        for rec, _, _, _ in sparse:
-            rec.summed = summed
         if not self._recovery:  # else the keys exist on the servers (created by the job before this process)
             def settle() -> None:
                 if failure is not None:
@@ -298,17 +231,14 @@ class DistStore(StoreFrontEnd[KeyLayout]):
                 if dense:
                     reduce_outgoing(dense, self._kernels, self._on_device)
                     self._worker.init([rec for _, rec, _ in dense], summed=summed)
-                if sparse:  # rows only; a TableInit is drawn by the servers
-                    self._worker.init_rows([(rec, ids, rows, None if table is None else table.init)
-                                            for rec, ids, rows, table in sparse], summed=summed)
+                self._rows.init(sparse, summed)
             # every worker's keys, shapes and dtypes must agree (InitMismatchError on every worker
             # if not); once the call returns, rank 0's init (and the servers' shared buffers) exist
             agree = [(repr(rec.key), f"shape {tuple(rec.meta.shape)} dtype {rec.meta.dtype}"
                       + (" row-sparse" if rec.sparse else "")) for rec in recs]
             self._servers.run("init", send, settle=settle, agree=agree)
         else:  # number the pushes on from those of this rank that reached the servers (push_count)
-            self._worker.resume(recs)
-            self._resumed.update((rec.key, rec.pushes[0]) for rec in recs)
+            self._pushes.resume(recs)
         self._worker.attach(recs)
         for rec in recs:
             self._keys[rec.key] = rec
@@ -321,10 +251,7 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         """
         if not is_row_sparse(value):
             return self._worker.layout(key, describe(value))
-        meta = dist_rows.key_meta(key, value)
-        if not summed:
-            self._refuse_sparse_compression(key, meta, True, "init")
-        return self._worker.layout(key, meta, sparse=True)
+        return self._rows.layout(key, value, summed, self._refuse_sparse_compression)
 
     # -- push / pull --------------------------------------------------------------------
     def push(self, key: Any, value: Any, priority: int = 0, *, block: bool = True,
@@ -360,12 +287,7 @@ class DistStore(StoreFrontEnd[KeyLayout]):
             reduce_outgoing(pairs, self._kernels, self._on_device)
             sent = worker.push(recs, priority, timeout, quiet) if recs else None
             if rows:  # summed on this worker, then each server gets the rows of its range
-                more = worker.push_rows([(rec, *dist_rows.summed_rows(vals, rec.meta)) for _, rec, vals in rows],
-                                        priority, timeout, quiet)
-                if sent is not None:
-                    more.messages += sent.messages
-                    more.replies += sent.replies
-                sent = more
+                sent = self._rows.push(rows, sent, priority, timeout, quiet)
             assert sent is not None
 
             def confirm() -> None:
@@ -416,29 +338,18 @@ class DistStore(StoreFrontEnd[KeyLayout]):
 
         def start() -> Deferred:
             sent = worker.pull(dense, priority, timeout) if dense else None
-            asked = worker.pull_rows([(recs[i], _NO_ROWS) for i in present], priority, timeout, present=True) \
-                if present else None
+            rows = self._rows.pull_present(recs, present, sparse_outs, priority, timeout)
             into = landing(dense, dense_outs)
 
             def finish() -> Any:
                 values = worker.values(sent, timeout, into) if sent is not None else {}
                 result = deliver(dense, values, dense_outs, False, self._kernels)
-                got = worker.rows_values(asked, timeout) if asked is not None else {}
-                rows = {i: got.get(id(recs[i]), (np.zeros(0, np.int64), np.zeros((0, recs[i].row_width))))
-                        for i in present}
-                for i, o in sparse_outs:
-                    if i in rows:  # a row-sparse key: its present rows
-                        dist_rows.fill(o, "sparse", recs[i].meta.shape, rows[i][0], rows[i][1], rows[i][0])
-                    else:  # a dense key: every row
-                        dist_rows.fill_all(o, values[id(recs[i])])
+                made = rows.finish(values, recs, timeout, new=out is None)  # the row-sparse outs and keys
                 if out is not None:
                     return None
-                arrays = dict(zip(whole, result))
-                for i in present:
-                    arrays[i] = new = dist_rows.new_sparse_out(recs[i].meta)
-                    dist_rows.fill(new, "sparse", recs[i].meta.shape, rows[i][0], rows[i][1], rows[i][0])
+                arrays = {**dict(zip(whole, result)), **made}
                 return arrays[0] if single else [arrays[i] for i in range(len(recs))]
-            replies = (sent.replies if sent is not None else []) + (asked.replies if asked is not None else [])
+            replies = (sent.replies if sent is not None else []) + rows.replies
             return Deferred(replies, finish, inline=quick)
         result = self._submit("pull", keys, priority, start, block, timeout, quick)
         return result if (not block or out is None) else None
@@ -456,40 +367,7 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         self._check_open("row_sparse_pull")
         keys, single = self._key_list(key)
         recs = [self._record(k, "row_sparse_pull") for k in keys]
-        metas = [rec.meta for rec in recs]
-        made = None
-        if out is None:  # new values: row-sparse for row-sparse keys, as the local store
-            made = [dist_rows.new_sparse_out(rec.meta) if rec.sparse else empty(rec.meta) for rec in recs]
-        plan = plan_row_pulls(keys, single, metas, metas, made[0] if made and single else made if made else out,
-                              row_ids, sparse=True)
-        dense = [i for i, rec in enumerate(recs) if not rec.sparse]
-        wanted: dict[int, Any] = {}  # per row-sparse key: the union of its outs' rows
-        for i, _, rows, _ in plan.steps:
-            if recs[i].sparse:
-                wanted[i] = rows if i not in wanted else np.union1d(wanted[i], rows)
-        quick = not wanted and is_quick(recs, [a for _, k_outs in plan.outs for a in k_outs if not is_row_sparse(a)])
-        worker = self._worker
-        dense_plan = RowPlan(plan.outs, [s for s in plan.steps if not recs[s[0]].sparse], False)
-
-        def start() -> Deferred:
-            sent = worker.pull([recs[i] for i in dense], priority, timeout) if dense else None
-            asked = worker.pull_rows([(recs[i], ids) for i, ids in wanted.items()], priority, timeout) \
-                if wanted else None
-
-            def finish() -> Any:
-                if sent is not None:
-                    values = worker.values(sent, timeout)
-                    apply_row_plan(dense_plan, [values.get(id(rec)) for rec in recs], False, self._kernels)
-                got = worker.rows_values(asked, timeout) if asked is not None else {}
-                for i, o, rows, mode in plan.steps:
-                    if recs[i].sparse:
-                        ids, data = got.get(id(recs[i]), (wanted[i][:0], np.zeros((0, recs[i].row_width))))
-                        dist_rows.fill(o, mode, recs[i].meta.shape, ids, data, rows)
-                if made is not None:
-                    return made[0] if single else made
-                return None
-            replies = (sent.replies if sent is not None else []) + (asked.replies if asked is not None else [])
-            return Deferred(replies, finish, inline=quick)
+        start, quick, made = self._rows.row_sparse_pull(keys, single, recs, out, row_ids, priority, timeout)
         result = self._submit("row_sparse_pull", keys, priority, start, block, timeout, quick)
         return result if (not block or made is not None) else None
 
@@ -511,10 +389,8 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         recs = [rec for _, rec, _ in pairs]
         if out is None:
             targets = [vals for _, _, vals in pairs]
-        else:
-            outs: dict[Key, list[Any]] = {}
-            for k, _, o in out_targets:  # a key listed twice: every out of it
-                outs.setdefault(k, []).extend(o)
+        else:  # a key listed twice: every out of it
+            outs = dict(merge_repeats([(k, o) for k, _, o in out_targets]))
             targets = [outs[k] for k, _, _ in pairs]
         worker = self._worker
         reuses = reuses_buffers(pairs)
@@ -629,7 +505,7 @@ class DistStore(StoreFrontEnd[KeyLayout]):
             CollectiveMismatchError: rank 0 went on to a collective without making this call.
         """
         self._check_open("save_optimizer_states")
-        self._servers.alone("save_optimizer_states", lambda: self._worker.save_states(str(fname), bool(dump_optimizer)))
+        self._servers.alone("save_optimizer_states", lambda: self._worker.control.save_states(str(fname), bool(dump_optimizer)))
 
     def load_optimizer_states(self, fname: str) -> None:
         """Every server loads ``<fname>.server<rank>`` (written by :meth:`save_optimizer_states`). Collective.
@@ -640,7 +516,7 @@ class DistStore(StoreFrontEnd[KeyLayout]):
             CollectiveMismatchError: the workers are in different collectives.
         """
         self._check_open("load_optimizer_states")
-        self._servers.run("load_optimizer_states", lambda: self._worker.load_states(str(fname)))
+        self._servers.run("load_optimizer_states", lambda: self._worker.control.load_states(str(fname)))
 
     def save_checkpoint(self, path: str | None = None, meta: Any = None) -> str:
         """Save every server's shard — values, rounds, optimizer state and config — as a checkpoint.
@@ -696,7 +572,7 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         self._check_open("send_command_to_servers")
         if isinstance(head, bool) or not isinstance(head, int) or not isinstance(body, str):
             raise InvalidTypeError("send_command_to_servers needs an int head and a str body")
-        self._worker.controller(head, body)
+        self._worker.control.controller(head, body)
 
     # -- cluster ------------------------------------------------------------------------
     def barrier(self) -> None:
@@ -708,7 +584,7 @@ class DistStore(StoreFrontEnd[KeyLayout]):
             OperationTimeoutError: a worker did not come within ``PSKV_REQUEST_TIMEOUT`` (named).
         """
         self._check_open("barrier")
-        self._worker.barrier(self._cluster.request_timeout, "barrier")
+        self._worker.control.barrier(self._cluster.request_timeout, "barrier")
 
     def join(self, timeout: float | None = None) -> None:
         """This worker has no more data: rounds go on without it until every worker joined.
@@ -727,7 +603,7 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         failure = None
         try:
             self.wait(timeout=limit)
-            self._worker.join(limit)
+            self._worker.control.join(limit)
         except Exception as exc:  # noqa: BLE001 - every worker learns it at the meeting
             failure = exc
         self._servers.meet("join", failure, timeout=limit)
@@ -735,7 +611,7 @@ class DistStore(StoreFrontEnd[KeyLayout]):
     def num_dead_node(self, node_id: int, timeout: float = 60) -> int:
         """Nodes of group ``node_id`` (1 scheduler, 2 servers, 4 workers, sums) silent for > ``timeout`` s."""
         super().num_dead_node(node_id, timeout)  # validates
-        return self._worker.num_dead_node(node_id, timeout)
+        return self._worker.control.num_dead_node(node_id, timeout)
 
     def metrics(self, timeout: float = 5.0) -> JobMetrics:
         """The job's metrics now, every node's (:func:`pskv.metrics.snapshot` of this job's scheduler):
@@ -765,11 +641,11 @@ class DistStore(StoreFrontEnd[KeyLayout]):
         if self._closed:
             return
         self._closed = True
-        _OPEN.discard(self)
+        left(self)
         try:
             self._engine.close(timeout)
             try:
-                self._worker.shutdown(timeout, wait=wait)
+                self._worker.control.shutdown(timeout, wait=wait)
             except NodeFailedError as exc:  # the job is failing anyway: still release everything
                 log.error("worker %d: could not report shutdown: %s", self._rank, exc)
         finally:

@@ -1,8 +1,8 @@
 """``StoreFrontEnd``: what every pskv store does before its own backend touches a value.
 
 MXNet's ``KVStoreDist`` inherits grouping and merging from ``KVStoreLocal``; pskv's
-stores share this front end instead. It is written once for ``local``, ``device`` and
-the ``dist_*`` stores:
+stores share this front end instead. It is written once for ``local``, ``device``, the
+``dist_*`` stores and the all-reduce stores (``horovod``, ``nccl``):
 
 * the store's parsed :class:`~pskv.kvstore.types.StoreType`, its engine and CPU kernels;
 * argument normalisation — one key or a list, values and outs paired with keys, a key
@@ -31,7 +31,7 @@ from pskv.kvstore.base import KVStoreBase
 from pskv.kvstore.checks import check_like, check_priority
 from pskv.kvstore.compressing import GradientCompression
 from pskv.kvstore.engine import Engine
-from pskv.kvstore.keys import SERVERS_DENSE, Key, KeyKind, as_key_list, pair_up
+from pskv.kvstore.keys import SERVERS_DENSE, Key, KeyKind, as_key_list, merge_repeats, pair_up
 from pskv.kvstore.types import StoreType
 
 __all__ = ["StoreFrontEnd"]
@@ -60,6 +60,8 @@ class StoreFrontEnd(KVStoreBase, Generic[R]):
         config: local settings (default: from the environment).
         default_timeout: seconds an operation, ``wait()`` or a handle's ``wait()`` waits
             when given no timeout (default: ``config.default_timeout``).
+        engine_threads: the engine's threads (default: ``config.engine_threads``; the
+            all-reduce stores run one collective at a time).
     """
 
     #: Why row-sparse values are refused (None: accepted).
@@ -67,13 +69,15 @@ class StoreFrontEnd(KVStoreBase, Generic[R]):
     #: Whether a pull's out may have another floating dtype than its key (the copy casts).
     _casts_outs: bool = False
 
-    def __init__(self, name: str, config: Config | None, default_timeout: float | None = None) -> None:
+    def __init__(self, name: str, config: Config | None, default_timeout: float | None = None,
+                 engine_threads: int | None = None) -> None:
         self._type = name
         self._store_type = StoreType.parse(name)
         self._config = Config.from_env() if config is None else config
         self._kernels = CpuKernels(self._config.kernel_threads, self._config.kernel_parallel_bytes)
         self._default_timeout = self._config.default_timeout if default_timeout is None else default_timeout
-        self._engine = Engine(self._config.engine_threads, name=f"pskv-{name}", default_timeout=self._default_timeout)
+        threads = self._config.engine_threads if engine_threads is None else engine_threads
+        self._engine = Engine(threads, name=f"pskv-{name}", default_timeout=self._default_timeout)
         self._key_kind = KeyKind()
         self._closed = False
         self._barrier_before_exit = True
@@ -231,11 +235,8 @@ class StoreFrontEnd(KVStoreBase, Generic[R]):
             UnknownKeyError, ShapeMismatchError, DTypeMismatchError: before anything runs.
         """
         keys, single = self._key_list(key)
-        merged: dict[Key, list[Any]] = {}
-        for k, vals in pair_up(keys, single, value, "value", self._sparse_refusal):
-            merged.setdefault(k, []).extend(vals)
         out = []
-        for k, vals in merged.items():
+        for k, vals in merge_repeats(pair_up(keys, single, value, "value", self._sparse_refusal)):
             rec = self._record(k, op)
             self._check_like(k, rec, vals, op)
             out.append((k, rec, vals))

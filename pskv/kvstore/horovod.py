@@ -36,7 +36,7 @@ without rank variables the store is a group of one.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, Protocol
 
 import numpy as np
@@ -48,13 +48,11 @@ from pskv.errors import (
     InvalidArgumentError,
     KVStoreError,
     NotSupportedError,
-    StoreClosedError,
     UnsupportedValueError,
 )
-from pskv.kvstore.base import KVStoreBase
 from pskv.kvstore.checks import check_like, check_priority
-from pskv.kvstore.engine import Engine
-from pskv.kvstore.keys import Key, KeyKind, as_key_list, pair_up
+from pskv.kvstore.frontend import StoreFrontEnd
+from pskv.kvstore.keys import Key, merge_repeats, pair_up
 from pskv.kvstore.torchgroup import GroupSpec, TorchGroup, load_torch
 from pskv.kvstore.types import StoreType
 from pskv.optimizer import Optimizer
@@ -79,8 +77,13 @@ class Ranks(Protocol):
     def master_port(self) -> int | None: ...
 
 
-class AllreduceStore(KVStoreBase):
+class AllreduceStore(StoreFrontEnd[Any]):
     """An all-reduce store (``pskv.create('horovod')`` / ``pskv.create('nccl')``).
+
+    On the store front end (:mod:`~pskv.kvstore.frontend`: arguments, the key kind, a
+    closed store, the engine) like pskv's other stores; it keeps no key records (nothing
+    is stored between calls), and every call holds one engine key: one collective at a
+    time, in call order.
 
     Args:
         name: ``'horovod'`` (Gloo; NCCL for CUDA values) or ``'nccl'`` (NCCL for every value).
@@ -95,11 +98,10 @@ class AllreduceStore(KVStoreBase):
     """
 
     def __init__(self, name: str = "horovod", config: Config | None = None, ranks: Ranks | None = None) -> None:
-        self._store_type = StoreType.parse(name)
-        if not self._store_type.allreduce:
+        store_type = StoreType.parse(name)
+        if not store_type.allreduce:
             raise InvalidArgumentError(f"{name!r} is not an all-reduce store type (horovod, nccl)")
-        self._config = Config.from_env() if config is None else config
-        self._closed = False
+        config = Config.from_env() if config is None else config
         self._rank, self._size = (0, 1) if ranks is None else (ranks.rank, ranks.world_size)
         self._local_rank = 0 if ranks is None else ranks.local_rank
         if not 0 <= self._rank < self._size:
@@ -109,7 +111,7 @@ class AllreduceStore(KVStoreBase):
         if master is None and self._size > 1:
             raise InvalidArgumentError(f"the {name!r} store of rank {self._rank} of {self._size} needs a rendezvous "
                                        "address: set MASTER_ADDR and MASTER_PORT (torchrun and pskv launch do)")
-        nccl = self._store_type.canonical == "nccl"
+        nccl = store_type.canonical == "nccl"
         device = "cpu"
         torch = load_torch()
         if nccl:
@@ -119,26 +121,21 @@ class AllreduceStore(KVStoreBase):
             device = f"cuda:{self._local_rank % torch.cuda.device_count()}"
         spec = GroupSpec(self._rank, self._size, None if master is None else master[0],
                          0 if master is None else master[1], "nccl" if nccl else "gloo",
-                         self._config.default_timeout, device)
+                         config.default_timeout, device)
         self._spec = spec
         self._group = TorchGroup(spec)  # every call's agreement; the data of values on its device
         self._cuda: TorchGroup | None = self._group if nccl else None  # horovod: made by the first CUDA call
         self._torch = torch
         self._device = device
-        self._key_kind = KeyKind()
-        self._engine = Engine(1, f"pskv-{name}", self._config.default_timeout)
+        super().__init__(store_type.name, config, engine_threads=1)
+
+    def _lookup(self, key: Key) -> None:
+        return None  # no key records: nothing is stored between calls
+
+    def _holds_keys(self) -> bool:
+        return False
 
     # -- properties ----------------------------------------------------------------------
-    @property
-    def type(self) -> str:
-        """The type name given to ``create``."""
-        return self._store_type.name
-
-    @property
-    def store_type(self) -> StoreType:
-        """What the type means (an all-reduce; pushpull and broadcast only)."""
-        return self._store_type
-
     @property
     def rank(self) -> int:
         """This process's rank (torchrun's ``RANK``, ``pskv launch``'s worker rank, ...)."""
@@ -267,13 +264,13 @@ class AllreduceStore(KVStoreBase):
         self._submit("barrier", [], 0, lambda: self._group.agree("barrier"), True, None)
 
     def wait(self, keys: Any = None, timeout: float | None = None) -> None:
-        """Wait for this rank's outstanding non-blocking calls.
+        """Wait for this rank's outstanding non-blocking calls (all of them, whatever ``keys``).
 
         Raises:
             OperationTimeoutError: still pending after ``timeout`` seconds.
             Exception: the first error of a call nobody waited on.
         """
-        self._engine.wait_all(None, self._config.default_timeout if timeout is None else timeout)
+        super().wait(None, timeout)  # every call holds the one engine key: waiting for some is waiting for all
 
     def close(self) -> None:
         """Finish queued calls and leave the group; idempotent. Not a collective."""
@@ -281,7 +278,7 @@ class AllreduceStore(KVStoreBase):
             return
         self._closed = True
         try:
-            self._engine.close(self._config.default_timeout)
+            self._engine.close(self._default_timeout)
         finally:
             self._group.close()
             if self._cuda is not None and self._cuda is not self._group:
@@ -291,6 +288,10 @@ class AllreduceStore(KVStoreBase):
     def _unsupported(self, op: str) -> NotSupportedError:
         return NotSupportedError(f"the {self.type!r} store is an all-reduce without servers: it offers pushpull "
                                  f"and broadcast, not {op}")
+
+    def set_gradient_compression(self, compression_params: Any) -> None:
+        """Not available: the values are summed as they are."""
+        raise self._unsupported("set_gradient_compression")
 
     def set_optimizer(self, optimizer: Optimizer) -> None:
         """Not available: nothing runs an optimizer; update on each rank after ``pushpull``."""
@@ -306,8 +307,8 @@ class AllreduceStore(KVStoreBase):
 
     # -- helpers -------------------------------------------------------------------------
     def _check_open(self, op: str) -> None:
-        if self._closed:
-            raise StoreClosedError(f"{op} on a closed {self.type!r} store")
+        """The front end's check; then a group that failed (a rank died) fails every later call."""
+        super()._check_open(op)
         if self._group.failed is not None:
             raise self._group.failed
 
@@ -316,15 +317,14 @@ class AllreduceStore(KVStoreBase):
         """(keys, values per key, outs per key), every array checked against its key's first value,
         and every array the result goes to (the outs; the values if ``out`` is None and
         ``writes_values``) writable — before the collective, so no rank fails after it."""
-        keys, single = as_key_list(key)
-        self._key_kind.check(keys, fix=True)
-        values = pair_up(keys, single, value, "value")
-        outs = pair_up(keys, single, out, "out") if out is not None else [(k, []) for k in keys]
+        keys, single = self._key_list(key, creates=True)
+        values = pair_up(keys, single, value, "value", self._sparse_refusal)
+        outs = pair_up(keys, single, out, "out", self._sparse_refusal) if out is not None else [(k, []) for k in keys]
         if len(set(keys)) != len(keys):  # a key listed twice: its values summed, every out of it filled
             if op == "broadcast":
                 raise InvalidArgumentError(f"broadcast: key listed twice in {keys!r}; give one value per key")
             keys = list(dict.fromkeys(keys))
-            values, outs = _merged(values), _merged(outs)
+            values, outs = merge_repeats(values), merge_repeats(outs)
         for (k, vals), (_, k_outs) in zip(values, outs):
             check_like(k, describe(vals[0]), vals[1:] + k_outs, op)
             written = k_outs if out is not None else vals if writes_values else []
@@ -333,11 +333,11 @@ class AllreduceStore(KVStoreBase):
                                            "NumPy array")
         return keys, values, outs
 
-    def _submit(self, op: str, keys: list[Key], priority: int, run: Callable[[], None], block: bool,
-                timeout: float | None) -> Any:
+    def _submit(self, op: str, keys: Sequence[Key], priority: int, fn: Callable[[], Any], block: bool,
+                timeout: float | None, quick: bool = False) -> Any:
+        """The front end's submission under the one engine key (``priority`` is checked, cannot reorder)."""
         check_priority(priority)
-        limit = self._config.default_timeout if timeout is None else timeout
-        result = self._engine.submit(op, [_WHOLE], 0, run, block, limit)
+        result = super()._submit(op, [_WHOLE], 0, fn, block, timeout)
         return None if block else result
 
     def _tensor(self, array: Any) -> Any:
@@ -399,14 +399,6 @@ class AllreduceStore(KVStoreBase):
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"rank {self._rank} of {self._size}"
         return f"<pskv.kvstore.AllreduceStore type={self.type!r} {state}>"
-
-
-def _merged(pairs: list[tuple[Key, list[Any]]]) -> list[tuple[Key, list[Any]]]:
-    """``pairs`` with each key once, holding the arrays of every pair of it (first-seen order)."""
-    merged: dict[Key, list[Any]] = {}
-    for k, arrays in pairs:
-        merged.setdefault(k, []).extend(arrays)
-    return list(merged.items())
 
 
 def _in_place(tensor: Any, device: str) -> bool:

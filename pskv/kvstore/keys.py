@@ -18,21 +18,20 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from pskv.arrays import is_array
+from pskv.arrays import Array, is_array
 from pskv.arrays.rowsparse import is_row_sparse
 from pskv.errors import InvalidArgumentError, KeyTypeError, NotSupportedError, UnsupportedValueError
+from pskv.partition import Key
 
-__all__ = ["Array", "Key", "KeyKind", "Keys", "Outs", "Values", "as_key", "as_key_list", "pair_up", "SERVERS_DENSE"]
+__all__ = ["Array", "Key", "KeyKind", "Keys", "Outs", "Values", "as_key", "as_key_list", "merge_repeats", "pair_up",
+           "SERVERS_DENSE"]
 
 #: Why a store without row-sparse support refuses a row-sparse value (``byteps``: an all-reduce of dense values).
 SERVERS_DENSE = ("this store takes dense values only (the local, device and dist_* stores take row-sparse "
                  "values)")
 
-Key = int | str
 #: One key or a list of keys (MXNet's forms).
 Keys: TypeAlias = Key | Sequence[Key]
-#: A NumPy array or a PyTorch tensor (CPU or CUDA); checked at run time (arrays.describe).
-Array: TypeAlias = Any
 #: Per key one array, or a list of arrays (one per device); for a key list, a list of those.
 Values: TypeAlias = Array | Sequence[Array] | Sequence[Sequence[Array]]
 #: Where pulled values go: the same forms as :data:`Values`.
@@ -123,6 +122,18 @@ def pair_up(keys: Sequence[Key], single: bool, values: object, what: str,
     if len(values) != len(keys):
         raise InvalidArgumentError(f"{len(keys)} keys but {len(values)} {what}s: the lengths must match")
     return [(k, _array_list(k, v, what, refuse_sparse)) for k, v in zip(keys, values)]
+
+
+def merge_repeats(pairs: Sequence[tuple[Key, list[Any]]]) -> list[tuple[Key, list[Any]]]:
+    """``pairs`` with each key once, holding the arrays of every pair of it (first-seen order).
+
+    A key listed twice in a push or pushpull contributes all its values (summed), and a
+    result goes to every out given for it.
+    """
+    merged: dict[Key, list[Any]] = {}
+    for k, arrays in pairs:
+        merged.setdefault(k, []).extend(arrays)
+    return list(merged.items())
 
 
 class KeyKind:

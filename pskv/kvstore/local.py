@@ -9,17 +9,16 @@ Guarantees (each one fixes a known MXNet defect):
 * ``broadcast`` works for new and existing keys, any number of times;
 * ``row_sparse_pull`` checks its row ids.
 
-Row-sparse keys and values (MXNet's ``row_sparse``; :mod:`pskv.kvstore.sparse`): a key
+Row-sparse keys and values (MXNet's ``row_sparse``; :mod:`pskv.kvstore.local_rows`): a key
 made by ``init`` with a :class:`~pskv.arrays.rowsparse.RowSparse` or a torch sparse COO
 tensor keeps its table dense here and remembers which rows are present.
 """
 
 from __future__ import annotations
 
-import sys
 import threading
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +33,6 @@ from pskv.arrays import (
     fan_out_many,
     signature,
     sum_into_many,
-    torch_dtype,
 )
 from pskv.arrays.rowsparse import RowSparse, is_row_sparse
 from pskv.config import Config
@@ -47,27 +45,32 @@ from pskv.errors import (
 )
 from pskv.kvstore.frontend import StoreFrontEnd
 from pskv.kvstore.keys import Key, pair_up
-from pskv.kvstore.rows import apply_row_plan, plan_row_pulls
-from pskv.kvstore.sparse import (
+from pskv.kvstore.local_rows import (
     add_present,
+    all_rows,
     as_sparse_like,
     cast_copy,
+    empty_sparse,
     fill_sparse_out,
+    join_rows,
     merge_into,
     merge_rows,
-    nonzero_rows,
+    present_rows,
+    present_value,
     replace_rows,
     scatter_rows,
+    sparse_meta,
     sparse_parts,
+    store_pushes,
     value_device,
     zero_rows,
 )
+from pskv.kvstore.row_ids import apply_row_plan, plan_row_pulls
 from pskv.optimizer import Optimizer
+from pskv.optimizer.base import UpdateFn
 from pskv.optimizer.updater import install_optimizer, updater_from_states
 
 __all__ = ["LocalStore"]
-
-Updater = Callable[[Any, Any, Any], None]
 
 
 @dataclass(slots=True)
@@ -102,7 +105,7 @@ class LocalStore(StoreFrontEnd[_Entry]):
         self._on_device = self._store_type.on_device
         self._entries: dict[Key, _Entry] = {}
         self._table_lock = threading.Lock()
-        self._updater: Updater | None = None
+        self._updater: UpdateFn | None = None
         self._builtin_updater = False
         # Engine threads run pushes of different keys concurrently; updaters (and the
         # optimizers' shared update counts) see one call at a time.
@@ -149,7 +152,7 @@ class LocalStore(StoreFrontEnd[_Entry]):
         keys, staged = self._new_values(key, value, "init")
         for k, v in staged:
             if not summed and is_row_sparse(v):
-                self._refuse_sparse_compression(k, _sparse_meta(v), True, "init")
+                self._refuse_sparse_compression(k, sparse_meta(v), True, "init")
         entries = [(k, self._new_entry(v, summed)) for k, v in staged]
         self._key_kind.check(keys, fix=True)
         with self._table_lock:
@@ -160,7 +163,7 @@ class LocalStore(StoreFrontEnd[_Entry]):
 
     def _new_entry(self, value: Any, summed: bool = False) -> _Entry:
         sparse = is_row_sparse(value)
-        origin = _sparse_meta(value) if sparse else describe(value)
+        origin = sparse_meta(value) if sparse else describe(value)
         device = origin.device if self._on_device else "cpu"
         stored = empty(origin, device=device, pin=not self._on_device and origin.device != "cpu")
         rows = None
@@ -212,20 +215,9 @@ class LocalStore(StoreFrontEnd[_Entry]):
             self._apply_updater(updater, [p for p in pairs if not p[1].summed])
         for _, entry, vals in stored:
             self._settle_device(entry, vals)
-        plain = [(entry, vals) for _, entry, vals in stored if not any(is_row_sparse(v) for v in vals)]
-        sum_into_many([(entry.value, vals) for entry, vals in plain], self._kernels)
-        for entry, _ in plain:
-            if entry.rows is not None:
-                entry.rows = _all_rows(entry)
-        for _, entry, vals in stored:
-            if entry.rows is not None and all(is_row_sparse(v) for v in vals):
-                entry.rows = replace_rows(entry.value, entry.rows, vals)  # only rows present before or after
-            elif any(is_row_sparse(v) for v in vals):
-                rows = merge_into(entry.value, vals, self._kernels)
-                if entry.rows is not None:
-                    entry.rows = _all_rows(entry) if rows is None else rows
+        store_pushes(stored, self._kernels)
 
-    def _apply_updater(self, updater: Updater, pairs: Sequence[tuple[Key, _Entry, list[Any]]]) -> None:
+    def _apply_updater(self, updater: UpdateFn, pairs: Sequence[tuple[Key, _Entry, list[Any]]]) -> None:
         """Give each key's merged pushes to the updater; if it fails, no stored value changed.
 
         pskv's optimizers get, for a push of row-sparse values only and with ``lazy_update``
@@ -250,7 +242,7 @@ class LocalStore(StoreFrontEnd[_Entry]):
                 updater.update_batch(  # type: ignore[attr-defined]
                     [(k, m, entry.value) for (k, entry, _), m in zip(dense, merged)],
                     [(k, ids, rows, entry.value) for (k, entry, _), (ids, rows) in zip(lazy_pairs, row_sums)])
-            _join_rows(dense, pushed_rows)
+            join_rows(dense, pushed_rows)
             for (_, entry, _), (ids, _) in zip(lazy_pairs, row_sums):
                 if entry.rows is not None:  # only the pushed rows changed: they join the present rows
                     entry.rows = add_present(entry.rows, ids)
@@ -266,7 +258,7 @@ class LocalStore(StoreFrontEnd[_Entry]):
                 updater(k, m if rows is None else as_sparse_like(m, rows), entry.spare)
         for _, entry, _ in pairs:
             entry.value, entry.spare = entry.spare, entry.value
-        _join_rows(pairs, pushed_rows)
+        join_rows(pairs, pushed_rows)
 
     def _merge_all(self, pairs: Sequence[tuple[Key, _Entry, list[Any]]]
                    ) -> tuple[list[Any], list[np.ndarray[Any, Any] | None]]:
@@ -352,15 +344,13 @@ class LocalStore(StoreFrontEnd[_Entry]):
         fan_out_many(same, self._kernels)
         for o, entry in rest:
             if is_row_sparse(o):
-                fill_sparse_out(o, entry.value, _all_rows(entry) if entry.rows is None else entry.rows)
+                fill_sparse_out(o, entry.value, present_rows(entry))
             else:
                 cast_copy(o, entry.value)
 
     def _copy_out(self, entry: _Entry) -> Any:
         if entry.rows is not None:
-            if entry.origin.backend == "numpy":
-                return as_sparse_like(_host(entry.value), entry.rows)
-            return as_sparse_like(entry.value, entry.rows).to(entry.origin.device)
+            return present_value(entry)
         new = empty(entry.origin)
         copy_into(new, entry.value, self._kernels)
         return new
@@ -441,7 +431,7 @@ class LocalStore(StoreFrontEnd[_Entry]):
                           if pinned_values[k] is not None], self._kernels)
             for e in entries:
                 if e.rows is not None:  # a dense value overwrote a row-sparse key: every row
-                    e.rows = _all_rows(e)
+                    e.rows = all_rows(e)
             fan_out_many([(k_outs, e.value) for (_, _, k_outs), e in zip(plan, entries)], self._kernels)
         result = self._submit("broadcast", keys, priority, run, block, timeout)
         return result if not block else None
@@ -473,7 +463,7 @@ class LocalStore(StoreFrontEnd[_Entry]):
         entries = [self._record(k, "row_sparse_pull") for k in keys]
         new = None
         if out is None and any(e.rows is not None for e in entries):  # a row-sparse key gives a row-sparse value
-            new = [_empty_sparse(e) if e.rows is not None else empty(e.origin) for e in entries]
+            new = [empty_sparse(e.origin) if e.rows is not None else empty(e.origin) for e in entries]
             out = new[0] if single else new
         plan = plan_row_pulls(keys, single, [e.meta for e in entries], [e.origin for e in entries], out, row_ids,
                               sparse=True)
@@ -485,7 +475,7 @@ class LocalStore(StoreFrontEnd[_Entry]):
         return result if (not block or plan.returns_new or new is not None) else None
 
     # -- updater / optimizer ---------------------------------------------------------------
-    def set_updater(self, updater: Updater) -> None:
+    def set_updater(self, updater: UpdateFn) -> None:
         """Install ``updater(key, merged, stored)``, called on every push instead of assignment.
 
         ``merged`` is the sum of the pushed values; the updater must change ``stored``
@@ -560,7 +550,7 @@ class LocalStore(StoreFrontEnd[_Entry]):
             "config (call set_optimizer first, or save with dump_optimizer=True)"))
         self._builtin_updater = True
 
-    def _restore_rows(self, key: Any, ids: np.ndarray[Any, Any], rows: Any) -> None:
+    def restore_rows(self, key: Any, ids: Any, rows: Any) -> None:
         """Make the row-sparse ``key`` hold exactly ``rows`` at the sorted unique ``ids`` (its present rows
         from now on; every other row zero), as a training checkpoint saved them (:mod:`pskv.parallel.checkpoint`).
 
@@ -602,43 +592,3 @@ class LocalStore(StoreFrontEnd[_Entry]):
         state = "closed" if self._closed else f"{len(self._entries)} keys"
         return f"<pskv.LocalStore type={self._type!r} {state}>"
 
-
-def _sparse_meta(value: Any) -> ArrayMeta:
-    """What a row-sparse value stands for: a NumPy array for a RowSparse, else the tensor's kind and device."""
-    if isinstance(value, RowSparse):
-        return ArrayMeta("numpy", value.shape, value.dtype, "cpu")
-    return describe(value)
-
-
-def _all_rows(entry: _Entry) -> np.ndarray[Any, Any]:
-    return np.arange(entry.meta.shape[0], dtype=np.int64)
-
-
-def _join_rows(pairs: Sequence[tuple[Key, _Entry, list[Any]]], pushed: Sequence[np.ndarray[Any, Any] | None]) -> None:
-    """After an update: the rows pushed, and any row the update made non-zero, join a row-sparse key's present rows.
-
-    (An update costs the table anyway; afterwards the rows not present are zero again, which
-    a push without updater relies on.)
-    """
-    for (_, entry, _), rows in zip(pairs, pushed):
-        if entry.rows is not None:
-            joined = _all_rows(entry) if rows is None else np.union1d(entry.rows, rows)
-            if len(joined) < entry.meta.shape[0]:
-                joined = np.union1d(joined, nonzero_rows(entry.value))
-            entry.rows = joined
-
-
-def _host(value: Any) -> np.ndarray[Any, Any]:
-    """A NumPy array of a stored table (a copy when it is a tensor)."""
-    return value if isinstance(value, np.ndarray) else np.array(value.detach().cpu().numpy())
-
-
-def _empty_sparse(entry: _Entry) -> Any:
-    """A row-sparse value without rows, of the kind (and device) a row-sparse key was made with."""
-    meta = entry.origin
-    if meta.backend == "numpy":
-        return RowSparse.zeros(meta.shape, meta.dtype)
-    torch = sys.modules["torch"]
-    index = torch.zeros((1, 0), dtype=torch.int64)
-    data = torch.zeros((0,) + meta.shape[1:], dtype=torch_dtype(meta.dtype))
-    return torch.sparse_coo_tensor(index, data, meta.shape, is_coalesced=True, check_invariants=False).to(meta.device)

@@ -9,6 +9,7 @@ Modules, bottom up:
 
 * :mod:`~pskv.launch.contract` — the environment each process gets (the launch contract);
 * :mod:`~pskv.launch.config` — :class:`LaunchConfig`, the validated request;
+* :mod:`~pskv.launch.console` — the terminal and the log files (``--log-dir``, ``--tee``);
 * :mod:`~pskv.launch.supervisor` — starting, output streaming, root cause, stopping;
 * :mod:`~pskv.launch.on_host` / :mod:`~pskv.launch.ssh` — where the processes run.
 
@@ -28,12 +29,13 @@ from pskv.checkpoints import latest_server_checkpoint
 from pskv.config import log_level_from_env
 from pskv.errors import InvalidArgumentError, LaunchError
 from pskv.launch.config import DEFAULT_SSH_PORT, LAUNCHERS, LaunchConfig, parse_env_pairs
+from pskv.launch.console import Console
 from pskv.launch.contract import CONTRACT
 from pskv.launch.mpi import run_mpi
 from pskv.launch.on_host import run_local
 from pskv.launch.slurm import run_slurm
 from pskv.launch.ssh import run_ssh
-from pskv.launch.supervisor import EXIT_FAILURE, Console
+from pskv.launch.supervisor import EXIT_FAILURE
 from pskv.transport.shm import remove_job_files
 
 __all__ = ["CONTRACT", "DESCRIPTION", "LaunchConfig", "add_arguments", "config_from_args", "launch", "main", "run_args"]
@@ -77,7 +79,15 @@ _RUNNERS = {"local": run_local, "ssh": run_ssh, "slurm": run_slurm, "mpi": run_m
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the ``pskv launch`` options and the command to ``parser``."""
+    """Add the ``pskv launch`` options and the command to ``parser`` (in the order ``--help`` shows)."""
+    _add_placement(parser)
+    _add_timing(parser)
+    _add_output_and_recovery(parser)
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="the worker command, after --")
+
+
+def _add_placement(parser: argparse.ArgumentParser) -> None:
+    """The job's shape and where its processes run: -n, -s, --launcher, the hosts, --env."""
     parser.add_argument("-n", "--num-workers", type=int, required=True, metavar="W", help="number of workers")
     parser.add_argument("-s", "--num-servers", type=int, default=None, metavar="S",
                         help="number of servers (default: W, as MXNet's launcher); 0: workers only, no scheduler "
@@ -101,6 +111,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "default: srun / mpirun)")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="set a variable in every process (repeatable)")
+
+
+def _add_timing(parser: argparse.ArgumentParser) -> None:
+    """The scheduler's port, the time limits and the interpreter of the roles."""
     parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                         help="stop the job after this long (exit 124)")
     parser.add_argument("--port", type=int, default=None,
@@ -115,6 +129,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="how long servers and scheduler may take to exit after the last worker (default 30)")
     parser.add_argument("--python", default=sys.executable, metavar="PATH",
                         help="interpreter for the server and scheduler roles (default: this one)")
+
+
+def _add_output_and_recovery(parser: argparse.ArgumentParser) -> None:
+    """Logs, security, checkpoints and restarts, the address file and the timeline."""
     parser.add_argument("--log-dir", default=None, metavar="DIR",
                         help="write each process's output to DIR/<role>-<rank>.log (scheduler.log, server-0.log, "
                              "worker-1.log); the terminal then shows only the launcher's lines (see --tee)")
@@ -146,7 +164,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeline", default=None, metavar="DIR",
                         help="every worker and server writes its timeline to DIR/<role>-<rank>.json (Chrome "
                              "trace-event JSON for chrome://tracing or ui.perfetto.dev; sets PSKV_TIMELINE)")
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="the worker command, after --")
 
 
 def config_from_args(args: argparse.Namespace) -> LaunchConfig:

@@ -11,7 +11,7 @@ import re
 import shlex
 import sys
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pskv.errors import InvalidArgumentError
@@ -151,79 +151,108 @@ class LaunchConfig:
                          self.server_restarts > 0)
 
     def _problems(self) -> Sequence[str]:
-        out = []
-        if self.num_workers < 1:
-            out.append(f"-n/--num-workers must be >= 1, got {self.num_workers}")
-        if self.num_servers < 0:
-            out.append(f"-s/--num-servers must be >= 0 (0: workers only, no scheduler), got {self.num_servers}")
-        elif self.num_servers == 0 and self.address_file:
-            out.append("--address-file names the scheduler's address, and -s 0 starts no scheduler")
-        if not self.command or not self.command[0]:
-            out.append("no worker command given (put it after --, e.g. pskv launch -n 2 -- python train.py)")
-        elif "=" in self.command[0]:
-            # env(1) starts every process and would take it for an assignment.
-            out.append(f"the command's program {self.command[0]!r} contains '='; name it by a path without '='")
-        if self.launcher not in LAUNCHERS:
-            out.append(f"--launcher must be one of {', '.join(LAUNCHERS)}, got {self.launcher!r}")
-        elif self.launcher in ("ssh", "mpi") and not self.hostfile:
-            out.append(f"--launcher {self.launcher} needs a hostfile (-H FILE) or a host list (-H HOST:SLOTS,...)")
-        elif self.launcher == "local" and self.hostfile:
-            out.append("-H/--hostfile only applies to --launcher ssh, slurm or mpi")
-        if self.server_hostfile is not None and self.launcher not in REMOTE_LAUNCHERS:
-            out.append("--server-hostfile only applies to --launcher ssh, slurm or mpi")
-        elif self.server_hostfile is not None and not self.server_hostfile:
-            out.append("--server-hostfile needs a file name")
-        if self.launcher != "ssh" and self.ssh_command != "ssh":
-            out.append("--ssh-command only applies to --launcher ssh")
-        if self.launcher_command and self.launcher not in ("slurm", "mpi"):
-            out.append("--launcher-command only applies to --launcher slurm or mpi")
+        """Every problem of this configuration, in the order of :data:`_CHECKS`."""
+        return [problem for check in _CHECKS for problem in check(self)]
+
+
+# -- the checks ------------------------------------------------------------------------
+# One row per rule: a (condition, message) pair made a check by _rule, or a function for the
+# rules that loop or catch; rows of one former if/elif chain exclude each other by condition.
+# The order is the order of the messages.
+_Check = Callable[[LaunchConfig], Iterable[str]]
+
+
+def _rule(failed: Callable[[LaunchConfig], object], message: Callable[[LaunchConfig], str]) -> _Check:
+    """A check that gives ``message(config)`` when ``failed(config)`` is true."""
+    return lambda config: [message(config)] if failed(config) else []
+
+
+def _split_problems(config: LaunchConfig) -> Iterator[str]:
+    """``--launcher-command`` and ``--ssh-command`` split as a shell would, and not empty."""
+    for flag, text, used in (("--launcher-command", config.launcher_command, bool(config.launcher_command)),
+                             ("--ssh-command", config.ssh_command, True)):
         try:
-            if self.launcher_command and not shlex.split(self.launcher_command):
-                out.append("--launcher-command is empty")
+            if used and not shlex.split(text):
+                yield f"{flag} is empty"
         except ValueError as exc:
-            out.append(f"--launcher-command {self.launcher_command!r}: {exc}")
+            yield f"{flag} {text!r}: {exc}"
+
+
+def _env_problems(config: LaunchConfig) -> Iterator[str]:
+    """``--env`` names: valid, and none the launcher sets itself."""
+    for name in config.env:
+        if not _ENV_NAME.match(name):
+            yield f"--env: {name!r} is not a valid environment variable name"
+        elif name in CONTRACT:
+            yield f"--env: {name} is set by the launcher ({CONTRACT[name][1]})"
+
+
+def _grace_problems(config: LaunchConfig) -> Iterator[str]:
+    """``--stop-grace`` and ``--exit-grace`` not negative."""
+    for name in ("stop_grace", "exit_grace"):
+        if getattr(config, name) < 0:
+            yield f"--{name.replace('_', '-')} must be >= 0 seconds, got {getattr(config, name):g}"
+
+
+def _key_problems(config: LaunchConfig) -> Iterator[str]:
+    """``--secure`` or ``--curve-key``, and the key readable before anything starts: every process
+    would refuse it (over ssh: checked here if present)."""
+    if config.secure and config.curve_key_file:
+        yield "give --secure (a fresh key) or --curve-key FILE, not both"
+    elif config.curve_key_file and (config.launcher == "local" or os.path.exists(config.curve_key_file)):
         try:
-            if not shlex.split(self.ssh_command):
-                out.append("--ssh-command is empty")
-        except ValueError as exc:
-            out.append(f"--ssh-command {self.ssh_command!r}: {exc}")
-        for name in self.env:
-            if not _ENV_NAME.match(name):
-                out.append(f"--env: {name!r} is not a valid environment variable name")
-            elif name in CONTRACT:
-                out.append(f"--env: {name} is set by the launcher ({CONTRACT[name][1]})")
-        if self.tee and not self.log_dir:
-            out.append("--tee needs --log-dir (without it all output goes to the terminal)")
-        if self.timeout is not None and not self.timeout > 0:
-            out.append(f"--timeout must be > 0 seconds, got {self.timeout:g}")
-        if self.port is not None and not 0 < self.port < 65536:
-            out.append(f"--port must be a TCP port (1-65535), got {self.port}")
-        if not self.startup_timeout > 0:
-            out.append(f"--startup-timeout must be > 0 seconds, got {self.startup_timeout:g}")
-        for name in ("stop_grace", "exit_grace"):
-            if getattr(self, name) < 0:
-                out.append(f"--{name.replace('_', '-')} must be >= 0 seconds, got {getattr(self, name):g}")
-        if not self.python:
-            out.append("--python must name an interpreter")
-        if self.secure and self.curve_key_file:
-            out.append("give --secure (a fresh key) or --curve-key FILE, not both")
-        elif self.curve_key_file and (self.launcher == "local" or os.path.exists(self.curve_key_file)):
-            try:  # before anything starts: every process would refuse it (over ssh: checked here if present)
-                read_key_file(self.curve_key_file)
-            except InvalidArgumentError as exc:
-                out.append(f"--curve-key: {exc}")
-        if self.server_restarts < 0:
-            out.append(f"--restart-servers must be >= 0, got {self.server_restarts}")
-        elif self.server_restarts and not self.checkpoint_dir:
-            out.append("--restart-servers needs --checkpoint-dir (a replacement server loads the newest checkpoint)")
-        elif self.server_restarts and self.launcher != "local":
-            out.append("--restart-servers works with the local launcher only")
-        if self.worker_restarts < 0:
-            out.append(f"--restart-workers must be >= 0, got {self.worker_restarts}")
-        if not self.recovery_timeout > 0:
-            out.append(f"--recovery-timeout must be > 0 seconds, got {self.recovery_timeout:g}")
-        if self.max_restarts < 0:
-            out.append(f"--max-restarts must be >= 0, got {self.max_restarts}")
-        if self.secure and self.launcher != "local":
-            out.append("--secure makes a key on this machine only; over ssh use --curve-key FILE (see docs/security.md)")
-        return out
+            read_key_file(config.curve_key_file)
+        except InvalidArgumentError as exc:
+            yield f"--curve-key: {exc}"
+
+
+_CHECKS: tuple[_Check, ...] = (
+    _rule(lambda c: c.num_workers < 1, lambda c: f"-n/--num-workers must be >= 1, got {c.num_workers}"),
+    _rule(lambda c: c.num_servers < 0,
+          lambda c: f"-s/--num-servers must be >= 0 (0: workers only, no scheduler), got {c.num_servers}"),
+    _rule(lambda c: c.num_servers == 0 and c.address_file,
+          lambda c: "--address-file names the scheduler's address, and -s 0 starts no scheduler"),
+    _rule(lambda c: not c.command or not c.command[0],
+          lambda c: "no worker command given (put it after --, e.g. pskv launch -n 2 -- python train.py)"),
+    # env(1) starts every process and would take it for an assignment.
+    _rule(lambda c: c.command and "=" in c.command[0],
+          lambda c: f"the command's program {c.command[0]!r} contains '='; name it by a path without '='"),
+    _rule(lambda c: c.launcher not in LAUNCHERS,
+          lambda c: f"--launcher must be one of {', '.join(LAUNCHERS)}, got {c.launcher!r}"),
+    _rule(lambda c: c.launcher in ("ssh", "mpi") and not c.hostfile,
+          lambda c: f"--launcher {c.launcher} needs a hostfile (-H FILE) or a host list (-H HOST:SLOTS,...)"),
+    _rule(lambda c: c.launcher == "local" and c.hostfile,
+          lambda c: "-H/--hostfile only applies to --launcher ssh, slurm or mpi"),
+    _rule(lambda c: c.server_hostfile is not None and c.launcher not in REMOTE_LAUNCHERS,
+          lambda c: "--server-hostfile only applies to --launcher ssh, slurm or mpi"),
+    _rule(lambda c: c.server_hostfile == "" and c.launcher in REMOTE_LAUNCHERS,
+          lambda c: "--server-hostfile needs a file name"),
+    _rule(lambda c: c.launcher != "ssh" and c.ssh_command != "ssh",
+          lambda c: "--ssh-command only applies to --launcher ssh"),
+    _rule(lambda c: c.launcher_command and c.launcher not in ("slurm", "mpi"),
+          lambda c: "--launcher-command only applies to --launcher slurm or mpi"),
+    _split_problems,
+    _env_problems,
+    _rule(lambda c: c.tee and not c.log_dir,
+          lambda c: "--tee needs --log-dir (without it all output goes to the terminal)"),
+    _rule(lambda c: c.timeout is not None and not c.timeout > 0,
+          lambda c: f"--timeout must be > 0 seconds, got {c.timeout:g}"),
+    _rule(lambda c: c.port is not None and not 0 < c.port < 65536,
+          lambda c: f"--port must be a TCP port (1-65535), got {c.port}"),
+    _rule(lambda c: not c.startup_timeout > 0,
+          lambda c: f"--startup-timeout must be > 0 seconds, got {c.startup_timeout:g}"),
+    _grace_problems,
+    _rule(lambda c: not c.python, lambda c: "--python must name an interpreter"),
+    _key_problems,
+    _rule(lambda c: c.server_restarts < 0, lambda c: f"--restart-servers must be >= 0, got {c.server_restarts}"),
+    _rule(lambda c: c.server_restarts > 0 and not c.checkpoint_dir,
+          lambda c: "--restart-servers needs --checkpoint-dir (a replacement server loads the newest checkpoint)"),
+    _rule(lambda c: c.server_restarts > 0 and c.checkpoint_dir and c.launcher != "local",
+          lambda c: "--restart-servers works with the local launcher only"),
+    _rule(lambda c: c.worker_restarts < 0, lambda c: f"--restart-workers must be >= 0, got {c.worker_restarts}"),
+    _rule(lambda c: not c.recovery_timeout > 0,
+          lambda c: f"--recovery-timeout must be > 0 seconds, got {c.recovery_timeout:g}"),
+    _rule(lambda c: c.max_restarts < 0, lambda c: f"--max-restarts must be >= 0, got {c.max_restarts}"),
+    _rule(lambda c: c.secure and c.launcher != "local",
+          lambda c: "--secure makes a key on this machine only; over ssh use --curve-key FILE (see docs/security.md)"),
+)

@@ -20,9 +20,9 @@ import shlex
 from collections.abc import Sequence
 
 from pskv.launch.config import LaunchConfig
+from pskv.launch.console import Console
 from pskv.launch.slurm import run_steps
 from pskv.launch.ssh import Host, read_hostfile
-from pskv.launch.supervisor import Console
 
 __all__ = ["mpirun_argv", "run_mpi"]
 

@@ -16,8 +16,9 @@ from pskv.atomic import write_text_atomic
 from pskv.config import omp_num_threads_set
 from pskv.errors import LaunchError
 from pskv.launch.config import LaunchConfig
+from pskv.launch.console import Console
 from pskv.launch.contract import ProcessSpec, contract_env, env_argv, omp_note, role_argv, with_workers
-from pskv.launch.supervisor import Console, Supervisor
+from pskv.launch.supervisor import Supervisor
 from pskv.transport.security import generate_keys, write_key_file
 
 __all__ = ["LOOPBACK", "free_port", "publish_address", "run_local", "local_specs", "scheduler_spec"]

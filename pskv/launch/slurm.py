@@ -28,10 +28,11 @@ from collections.abc import Callable, Sequence
 from pskv.config import omp_num_threads_set, slurm_allocation
 from pskv.errors import InvalidArgumentError, LaunchError
 from pskv.launch.config import DEFAULT_SSH_PORT, LaunchConfig
+from pskv.launch.console import Console
 from pskv.launch.contract import ProcessSpec, contract_env, env_argv, omp_note, port_beside, role_argv, with_workers
 from pskv.launch.on_host import publish_address
 from pskv.launch.ssh import Host, place, read_hostfile
-from pskv.launch.supervisor import Console, Supervisor
+from pskv.launch.supervisor import Supervisor
 
 __all__ = ["Wrap", "allocation_hosts", "run_slurm", "run_steps", "srun_argv", "step_specs"]
 

@@ -38,9 +38,10 @@ from pskv import __version__
 from pskv.config import omp_num_threads_set
 from pskv.errors import InvalidArgumentError, LaunchError
 from pskv.launch.config import DEFAULT_SSH_PORT, LaunchConfig
+from pskv.launch.console import Console
 from pskv.launch.contract import ProcessSpec, contract_env, env_argv, omp_note, port_beside, role_argv, with_workers
 from pskv.launch.on_host import publish_address
-from pskv.launch.supervisor import Console, Supervisor, describe_exit, guard_argv
+from pskv.launch.supervisor import Supervisor, describe_exit, guard_argv
 
 __all__ = ["Host", "HostCheck", "Placement", "check_hosts", "parse_host_list", "parse_hostfile", "read_hostfile", "place", "ssh_argv",
            "ssh_specs", "run_ssh"]

@@ -14,10 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from pskv.arrays import ArrayMeta, numpy_dtype, to_numpy, torch_dtype
+from pskv.arrays import Array, ArrayMeta, numpy_dtype, to_numpy, torch_dtype
 
 __all__ = [
-    "is_numpy",
     "detach",
     "sqrt",
     "clip",
@@ -34,16 +33,9 @@ __all__ = [
     "clamp_",
 ]
 
-Array = Any  # numpy.ndarray or torch.Tensor
-
 
 def _torch() -> Any:
     return sys.modules["torch"]
-
-
-def is_numpy(x: Array) -> bool:
-    """True for a NumPy array (anything else here is a torch tensor)."""
-    return isinstance(x, np.ndarray)
 
 
 def detach(x: Array) -> Array:

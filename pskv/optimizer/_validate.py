@@ -25,6 +25,8 @@ __all__ = [
     "check_mult",
     "accepted_params",
     "construct",
+    "mult_to_json",
+    "mult_from_json",
 ]
 
 
@@ -205,3 +207,20 @@ def construct(what: str, cls: type, params: Any, hidden: tuple[str, ...] = ()) -
         if isinstance(exc, KeyTypeError):
             raise
         raise InvalidArgumentError(f"{what}: {exc}") from exc
+
+
+def mult_to_json(mult: Mapping[int | str, float]) -> list[list[Any]]:
+    """Per-key multipliers as ``[[key, multiplier], ...]``, so int and str keys survive JSON."""
+    return [[k, v] for k, v in mult.items()]
+
+
+def mult_from_json(name: str, value: Any) -> dict[int | str, float]:
+    """What :func:`mult_to_json` wrote, checked as :func:`check_mult` checks.
+
+    Raises:
+        InvalidArgumentError: not a list of ``[key, multiplier]`` pairs, or a bad multiplier.
+        KeyTypeError: a key is neither int nor str.
+    """
+    if not isinstance(value, list) or not all(isinstance(p, list) and len(p) == 2 for p in value):
+        raise InvalidArgumentError(f"{name} in a config must be a list of [key, multiplier] pairs, got {value!r}")
+    return check_mult("config", name, {p[0]: p[1] for p in value})

@@ -28,111 +28,39 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 
-from pskv.arrays import FLOAT_DTYPES, ArrayMeta, describe, is_torch, to_numpy
-from pskv.errors import (
-    DTypeMismatchError,
-    InvalidArgumentError,
-    InvalidTypeError,
-    ShapeMismatchError,
-    UnsupportedValueError,
-)
+from pskv.arrays import FLOAT_DTYPES, Array, ArrayMeta, describe
+from pskv.errors import InvalidArgumentError, UnsupportedValueError
 from pskv.optimizer import _math
 from pskv.optimizer._scratch import NumpyScratch, TorchScratch, Workspace
-from pskv.optimizer._validate import as_bool, as_float, as_int, as_optional_float, check_key, check_mult, construct
+from pskv.optimizer._validate import (
+    as_bool,
+    as_float,
+    as_int,
+    as_optional_float,
+    check_key,
+    check_mult,
+    construct,
+    mult_from_json,
+    mult_to_json,
+)
 from pskv.optimizer.lr_scheduler import LRScheduler
 from pskv.optimizer.registry import OPTIMIZERS, create, lookup, registered_class
+from pskv.optimizer.rows import update_rows
+from pskv.partition import Key
 
 if TYPE_CHECKING:
     from pskv.optimizer.updater import Updater
 
-# The Updater class: pskv.optimizer.updater (which imports this module) puts it here when
-# it is imported, and the package pskv.optimizer imports it before anyone can reach this
-# module. So Optimizer.get_updater needs no import back into updater (no cycle).
-_UPDATER: list[Callable[[Optimizer], Updater]] = []
+__all__ = ["Optimizer", "Key", "State", "UpdateFn"]
 
-__all__ = ["Optimizer", "Key", "State", "check_rows"]
-
-Key = int | str
-Array = Any
 State = tuple[Array, ...] | None
+UpdateFn = Callable[[Any, Any, Any], None]  # what set_updater takes: updater(key, grad, weight); Updater is one
 
 _LOW_PRECISION = frozenset({"float16", "bfloat16"})
 # NumPy rules run over large arrays in blocks of this many bytes (of the compute dtype)
 # per array, so that the rule's several passes find each block in the CPU cache: each
 # array then travels through memory once per update instead of once per operation.
 _BLOCK_BYTES = 512 * 1024
-
-
-def _mult_to_json(mult: Mapping[Key, float]) -> list[list[Any]]:
-    return [[k, v] for k, v in mult.items()]
-
-
-def _mult_from_json(name: str, value: Any) -> dict[Key, float]:
-    if not isinstance(value, list) or not all(isinstance(p, list) and len(p) == 2 for p in value):
-        raise InvalidArgumentError(f"{name} in a config must be a list of [key, multiplier] pairs, got {value!r}")
-    return check_mult("config", name, {p[0]: p[1] for p in value})
-
-
-def _take_rows(a: Array, ids: np.ndarray[Any, Any]) -> Array:
-    """``a[ids]`` (a new array on ``a``'s backend and device)."""
-    if isinstance(a, np.ndarray):
-        return a[ids]
-    return a.index_select(0, _math.torch_ops().from_numpy(ids).to(a.device))
-
-
-def _put_rows(a: Array, ids: np.ndarray[Any, Any], rows: Array) -> None:
-    """``a[ids] = rows`` in place (``rows`` on ``a``'s backend, device and dtype)."""
-    if isinstance(a, np.ndarray):
-        a[ids] = rows
-    else:
-        a.index_copy_(0, _math.torch_ops().from_numpy(ids).to(a.device), rows)
-
-
-def check_rows(key: Key, meta: ArrayMeta, indices: Any, grad_rows: Array) -> tuple[np.ndarray[Any, Any], Array]:
-    """Validate a row-sparse gradient for a weight described by ``meta``; ``(int64 ids, rows next to the weight)``.
-
-    ``indices`` must be integers (a 1-D NumPy array or tensor), sorted, unique and in
-    ``[0, rows)``; ``grad_rows`` must have shape ``(len(indices),) + meta.shape[1:]`` and
-    the weight's dtype. Bounded work: one pass over the ids, none over the weight.
-
-    Raises:
-        InvalidTypeError: ``indices`` are not an integer array.
-        InvalidArgumentError: not 1-D, not sorted and unique, out of range, or a weight without rows.
-        UnsupportedValueError: ``grad_rows`` is not a supported array.
-        ShapeMismatchError, DTypeMismatchError: ``grad_rows`` does not fit the weight.
-    """
-    what = f"row-sparse update of key {key!r}"
-    if not meta.shape:
-        raise InvalidArgumentError(f"{what}: the weight is a scalar; it has no rows")
-    ids = to_numpy(indices) if is_torch(indices) else indices
-    if not isinstance(ids, np.ndarray) or ids.dtype.kind not in "iu":
-        kind = f"dtype {ids.dtype}" if isinstance(ids, np.ndarray) else type(indices).__qualname__
-        raise InvalidTypeError(f"{what}: row ids must be an integer array, got {kind}")
-    if ids.ndim != 1:
-        raise InvalidArgumentError(f"{what}: row ids must be 1-D, got shape {ids.shape}")
-    ids = ids.astype(np.int64, copy=False)
-    rows = meta.shape[0]
-    if ids.size:
-        if ids.size > 1:
-            bad = np.flatnonzero(ids[1:] <= ids[:-1])
-            if bad.size:
-                i = int(bad[0])
-                raise InvalidArgumentError(f"{what}: row ids must be sorted and unique; ids[{i}] = {int(ids[i])} "
-                                           f"is followed by {int(ids[i + 1])}")
-        if ids[0] < 0 or ids[-1] >= rows:
-            out = ids[(ids < 0) | (ids >= rows)]
-            raise InvalidArgumentError(f"{what}: row ids {out[:8].tolist()} out of range for {rows} rows "
-                                       f"(valid: 0..{rows - 1})")
-    try:
-        gmeta = describe(grad_rows)
-    except UnsupportedValueError as exc:
-        raise UnsupportedValueError(f"{what}: gradient rows: {exc}") from None
-    want = (len(ids),) + tuple(meta.shape[1:])
-    if tuple(gmeta.shape) != want:
-        raise ShapeMismatchError(key, f"row-sparse update ({len(ids)} rows)", want, tuple(gmeta.shape))
-    if gmeta.dtype != meta.dtype:
-        raise DTypeMismatchError(key, "row-sparse update", meta.dtype, gmeta.dtype)
-    return ids, _math.to_backend(grad_rows, meta)
 
 
 class Optimizer:
@@ -397,50 +325,12 @@ class Optimizer:
     def update_rows(self, key: Key, weight: Array, indices: Any, grad_rows: Array, state: State) -> None:
         """Apply one update from a row-sparse gradient: the rows ``indices`` hold ``grad_rows``, others zero.
 
-        With ``lazy_update`` (MXNet's lazy update) only the rows ``indices`` of ``weight``
-        and of every state array shaped like it change: the rule runs on those rows as
-        the dense rule would on a weight made of them, with the key's one update count
-        (Adam's bias correction uses it, as MXNet's lazy Adam does). Every other row,
-        and its state, stays bit for bit. Without ``lazy_update`` this is the dense
-        update of the gradient with the missing rows zero. Either way the key's update
-        count grows by one, even for no rows.
-
-        Rows travel through the weight's own backend: NumPy fancy indexing, or
-        ``index_select`` / ``index_copy_`` on the tensor's device.
-
-        Args:
-            key: the store key.
-            weight: the full weight, rows first (e.g. shape ``(R, D)``), updated in place.
-            indices: sorted, unique int row ids ``< R`` (a 1-D NumPy array or int tensor).
-            grad_rows: the gradient rows, shape ``(len(indices),) + weight.shape[1:]``,
-                the weight's dtype (any backend or device: moved next to the weight).
-            state: what :meth:`create_state` returned for this key and weight.
-
-        Raises:
-            KeyTypeError: ``key`` is neither int nor str.
-            UnsupportedValueError: ``weight`` is not a floating-point array.
-            InvalidTypeError: ``indices`` are not integers.
-            InvalidArgumentError: ``indices`` not sorted and unique, out of range, or
-                ``state`` has the wrong number of arrays.
-            ShapeMismatchError, DTypeMismatchError: ``grad_rows`` does not fit.
+        With ``lazy_update`` only those rows of ``weight`` and of its state change; the
+        key's update count grows by one either way. Arguments and the errors of the rows:
+        :func:`pskv.optimizer.rows.update_rows`; the others are :meth:`update`'s.
         """
-        key, meta, arrays = self._checked(key, weight, state)
-        ids, grad_rows = check_rows(key, meta, indices, grad_rows)
-        w = _math.detach(weight)
-        if not self.lazy_update:
-            dense = _math.zeros_like(w)
-            _put_rows(dense, ids, grad_rows)
-            self.update(key, weight, dense, state)
-            return
-        shape = tuple(w.shape)
-        picked = [tuple(a.shape) == shape for a in arrays]
-        w_rows = _take_rows(w, ids)
-        st_rows = tuple(_take_rows(_math.detach(a), ids) if p else a for a, p in zip(arrays, picked, strict=True))
-        self.update(key, w_rows, grad_rows, st_rows if arrays else state)
-        _put_rows(w, ids, w_rows)
-        for a, r, p in zip(arrays, st_rows, picked, strict=True):
-            if p:
-                _put_rows(_math.detach(a), ids, r)
+        key, meta, _ = self._checked(key, weight, state)
+        update_rows(self, key, meta, weight, indices, grad_rows, state)
 
     # ----------------------------------------------------------- the update engine
     def _apply(self, items: Sequence[tuple[Key, Array, Array, tuple[Array, ...], bool]]) -> None:
@@ -471,9 +361,8 @@ class Optimizer:
                 for (_, _, master, lr, wd, _), group in groups.items():
                     self._apply_torch(group, master, lr, wd, group[0][3])
 
-    def _apply_numpy(
-        self, w: Array, g: Array, st: tuple[Array, ...], master: bool, lr: float, wd: float, t: int
-    ) -> None:
+    def _apply_numpy(self, w: Array, g: Array, st: tuple[Array, ...], master: bool, lr: float, wd: float,
+                     t: int) -> None:
         if not self._fast_rules:
             self._apply_generic(w, g, st, master, lr, wd, t)
             return
@@ -488,9 +377,8 @@ class Optimizer:
         else:
             self._numpy_block(w, g, st, master, lr, wd, t)
 
-    def _numpy_block(
-        self, w: Array, g: Array, st: tuple[Array, ...], master: bool, lr: float, wd: float, t: int
-    ) -> None:
+    def _numpy_block(self, w: Array, g: Array, st: tuple[Array, ...], master: bool, lr: float, wd: float,
+                     t: int) -> None:
         if master:
             target = st[0]
             scratch = self._workspace.numpy(target)
@@ -502,9 +390,8 @@ class Optimizer:
             scratch = self._workspace.numpy(w)
             self._numpy_rule(w, self._numpy_preprocess(g, scratch), st, lr, wd, t, scratch)
 
-    def _apply_torch(
-        self, items: list[tuple[Array, Array, tuple[Array, ...], int]], master: bool, lr: float, wd: float, t: int
-    ) -> None:
+    def _apply_torch(self, items: list[tuple[Array, Array, tuple[Array, ...], int]], master: bool, lr: float,
+                     wd: float, t: int) -> None:
         """Update a group of tensors (one device and dtype; called under ``torch.no_grad()``).
 
         ``t`` is the first item's count: the items share it when the rule reads it.
@@ -529,9 +416,8 @@ class Optimizer:
             g, scale = self._torch_preprocess(gs, scratch)
             self._torch_rule(ws, g, scale, sts, lr, wd, t, scratch)
 
-    def _apply_generic(
-        self, w: Array, g: Array, st: tuple[Array, ...], master: bool, lr: float, wd: float, t: int
-    ) -> None:
+    def _apply_generic(self, w: Array, g: Array, st: tuple[Array, ...], master: bool, lr: float, wd: float,
+                       t: int) -> None:
         """The plain path for custom rules: ``_step(weight, _preprocess(grad), ...)``."""
         if master:
             target = st[0]
@@ -575,16 +461,8 @@ class Optimizer:
         return g
 
     # ------------------------------------------------------------------ rules
-    def _numpy_rule(
-        self,
-        weight: Array,
-        g: Array,
-        state: tuple[Array, ...],
-        lr: float,
-        wd: float,
-        t: int,
-        scratch: NumpyScratch,
-    ) -> None:
+    def _numpy_rule(self, weight: Array, g: Array, state: tuple[Array, ...], lr: float, wd: float, t: int,
+                    scratch: NumpyScratch) -> None:
         """The rule on NumPy arrays, in place, without new full-size arrays.
 
         ``g`` is the preprocessed gradient: read-only, except that it may *be*
@@ -593,17 +471,8 @@ class Optimizer:
         """
         raise NotImplementedError
 
-    def _torch_rule(
-        self,
-        weights: list[Array],
-        g: list[Array],
-        scale: float,
-        states: list[tuple[Array, ...]],
-        lr: float,
-        wd: float,
-        t: int,
-        scratch: TorchScratch,
-    ) -> None:
+    def _torch_rule(self, weights: list[Array], g: list[Array], scale: float, states: list[tuple[Array, ...]],
+                    lr: float, wd: float, t: int, scratch: TorchScratch) -> None:
         """The rule on a list of tensors (one device and dtype), in place.
 
         The preprocessed gradient of ``weights[i]`` is ``scale * g[i]``; ``g`` is
@@ -653,8 +522,8 @@ class Optimizer:
             "multi_precision": self.multi_precision,
             "begin_num_update": self.begin_num_update,
             "lazy_update": self.lazy_update,
-            "lr_mult": _mult_to_json(self.lr_mult),
-            "wd_mult": _mult_to_json(self.wd_mult),
+            "lr_mult": mult_to_json(self.lr_mult),
+            "wd_mult": mult_to_json(self.wd_mult),
         }
         params.update(self._params())
         return {"name": self.name, "params": params}
@@ -680,8 +549,8 @@ class Optimizer:
         if not isinstance(params, Mapping):
             raise InvalidArgumentError(f"optimizer params must be a dict, got {params!r}")
         params = dict(params)
-        lr_mult = _mult_from_json("lr_mult", params.pop("lr_mult", []))
-        wd_mult = _mult_from_json("wd_mult", params.pop("wd_mult", []))
+        lr_mult = mult_from_json("lr_mult", params.pop("lr_mult", []))
+        wd_mult = mult_from_json("wd_mult", params.pop("wd_mult", []))
         opt: Optimizer = construct(f"optimizer {opt_cls.name!r}", opt_cls, params, opt_cls.aliases)
         opt.set_lr_mult(lr_mult)
         opt.set_wd_mult(wd_mult)
@@ -692,8 +561,10 @@ class Optimizer:
 
     # --------------------------------------------------------------- misc
     def get_updater(self) -> Updater:
-        """An :class:`~pskv.optimizer.Updater` driving this optimizer."""
-        return _UPDATER[0](self)
+        """An :class:`~pskv.optimizer.Updater` driving this optimizer (:func:`pskv.optimizer.get_updater`)."""
+        from pskv.optimizer.updater import get_updater  # at call time: updater imports this module
+
+        return get_updater(self)
 
     def __repr__(self) -> str:
         try:

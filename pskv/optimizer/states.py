@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import json
 import os
-import struct
-import tempfile
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from pskv.arrays import FLOAT_DTYPES, describe, numpy_dtype, to_numpy
-from pskv.errors import OptimizerStateError
+from pskv.arrays.dtypes import bf16_bits_to_f32, f32_to_bf16_bits
+from pskv.errors import CheckpointError, OptimizerStateError
+from pskv.safefile import Source, Tensors, dump_tensors, load_tensors, read_header, write_tensors
 
 __all__ = [
     "FORMAT_NAME",
@@ -41,7 +41,6 @@ __all__ = [
 
 FORMAT_NAME = "pskv.optimizer-states"
 FORMAT_VERSION = 1
-_MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit
 
 
 @dataclass(frozen=True)
@@ -86,15 +85,15 @@ def encode_array(x: Any) -> tuple[np.ndarray[Any, Any], str]:
     """A CPU NumPy array to store for ``x`` (any backend / device) and its real dtype name."""
     dtype = describe(x).dtype
     values = np.ascontiguousarray(to_numpy(x))
-    if dtype == "bfloat16":  # float32 of a bfloat16 value: the low 16 bits are zero
-        values = (values.view(np.uint32) >> 16).astype(np.uint16)
+    if dtype == "bfloat16":  # float32 of a bfloat16 value: the low 16 bits are zero, converted exactly
+        values = f32_to_bf16_bits(values)
     return values, dtype
 
 
 def decode_array(stored: np.ndarray[Any, Any], dtype: str) -> np.ndarray[Any, Any]:
     """The numeric array for a stored one (``uint16`` bits -> float32 for bfloat16)."""
     if dtype == "bfloat16":
-        return (stored.astype(np.uint32) << 16).view(np.float32)
+        return bf16_bits_to_f32(stored)
     return stored
 
 
@@ -120,55 +119,32 @@ def _encode(doc: StatesDocument) -> tuple[dict[str, np.ndarray[Any, Any]], dict[
 
 def dumps(doc: StatesDocument) -> bytes:
     """Serialise ``doc`` to the bytes of a state file."""
-    from safetensors.numpy import save as st_save
-
-    tensors, meta = _encode(doc)
-    return bytes(st_save(tensors, metadata=meta))
+    return dump_tensors(*_encode(doc))
 
 
 def save(fname: str | os.PathLike[str], doc: StatesDocument) -> None:
-    """Write ``doc`` to ``fname`` atomically (temporary file in the same folder, then rename)."""
-    from safetensors.numpy import save_file
+    """Write ``doc`` to ``fname`` atomically (temporary file in the same folder, then rename).
 
-    tensors, meta = _encode(doc)
-    path = os.fspath(fname)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata=meta)
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    Raises:
+        OSError: the file could not be written (its folder must exist).
+    """
+    write_tensors(fname, *_encode(doc), make_dirs=False)
 
 
 def _bad(what: str) -> OptimizerStateError:
     return OptimizerStateError(f"malformed optimizer state file: {what}")
 
 
-def _metadata(prefix: bytes, total: int) -> dict[str, str]:
-    """Parse the safetensors header at the start of a file of ``total`` bytes."""
+def _metadata(source: Source) -> dict[str, str]:
+    """The metadata of a state file (its header only), its format and version checked."""
     foreign = OptimizerStateError(
         f"not a pskv optimizer state file (expected a safetensors file of format {FORMAT_NAME!r})"
     )
-    if len(prefix) < 8:
-        raise foreign
-    (n,) = struct.unpack("<Q", prefix[:8])
-    if n > _MAX_HEADER or 8 + n > total or len(prefix) < 8 + n:
-        raise foreign
     try:
-        header = json.loads(prefix[8 : 8 + n].decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+        meta, _ = read_header(source)
+    except CheckpointError:
         raise foreign from None
-    meta = header.get("__metadata__") if isinstance(header, dict) else None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+    if meta.get("format") != FORMAT_NAME:
         raise foreign
     if meta.get("version") != str(FORMAT_VERSION):
         raise OptimizerStateError(
@@ -186,7 +162,7 @@ def _field(obj: Any, name: str, kind: type | tuple[type, ...], where: str) -> An
     return value
 
 
-def _decode(meta: dict[str, str], tensors: dict[str, np.ndarray[Any, Any]]) -> StatesDocument:
+def _decode(meta: dict[str, str], tensors: Tensors) -> StatesDocument:
     try:
         body = json.loads(meta.get("states", ""))
     except ValueError:
@@ -244,14 +220,7 @@ def loads(data: bytes) -> StatesDocument:
         OptimizerStateError: not a pskv state file, unknown version, malformed
             metadata or missing / unexpected tensors.
     """
-    from safetensors.numpy import load as st_load
-
-    meta = _metadata(bytes(data[: 8 + _MAX_HEADER]), len(data))
-    try:
-        tensors = st_load(bytes(data))
-    except Exception as exc:  # safetensors raises its own error types
-        raise OptimizerStateError(f"corrupted optimizer state file: {exc}") from exc
-    return _decode(meta, tensors)
+    return _decode(*_read(bytes(data), "corrupted optimizer state file"))
 
 
 def load(fname: str | os.PathLike[str]) -> StatesDocument:
@@ -261,18 +230,13 @@ def load(fname: str | os.PathLike[str]) -> StatesDocument:
         OptimizerStateError: as :func:`loads`.
         OSError: the file cannot be read.
     """
-    from safetensors.numpy import load_file
+    return _decode(*_read(fname, f"corrupted optimizer state file {os.fspath(fname)!r}"))
 
-    with open(fname, "rb") as f:
-        head = f.read(8)
-        total = os.fstat(f.fileno()).st_size
-        if len(head) == 8:
-            (n,) = struct.unpack("<Q", head)
-            if n <= _MAX_HEADER and 8 + n <= total:
-                head += f.read(n)
-    meta = _metadata(head, total)
+
+def _read(source: Source, corrupted: str) -> tuple[dict[str, str], Tensors]:
+    """A state file's checked metadata and its tensors; ``corrupted`` starts the error of a damaged one."""
+    meta = _metadata(source)
     try:
-        tensors = load_file(os.fspath(fname))
-    except Exception as exc:  # safetensors raises its own error types
-        raise OptimizerStateError(f"corrupted optimizer state file {os.fspath(fname)!r}: {exc}") from exc
-    return _decode(meta, tensors)
+        return meta, load_tensors(source)
+    except CheckpointError as exc:
+        raise OptimizerStateError(f"{corrupted}: {exc.__cause__ or exc}") from exc

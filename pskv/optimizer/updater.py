@@ -32,9 +32,10 @@ from pskv.errors import (
     ShapeMismatchError,
     UnsupportedValueError,
 )
-from pskv.optimizer import _math, base, states
+from pskv.optimizer import _math, states
 from pskv.optimizer._validate import check_key
-from pskv.optimizer.base import Key, Optimizer, State, check_rows
+from pskv.optimizer.base import Key, Optimizer, State
+from pskv.optimizer.rows import check_rows
 
 __all__ = ["Updater", "get_updater", "install_optimizer", "updater_from_states"]
 
@@ -140,7 +141,7 @@ class Updater:
         Raises:
             KeyTypeError, UnsupportedValueError, OptimizerStateError: as :meth:`__call__`.
             InvalidTypeError, InvalidArgumentError, ShapeMismatchError, DTypeMismatchError:
-                the row ids or rows do not fit the weight (see :func:`~pskv.optimizer.base.check_rows`).
+                the row ids or rows do not fit the weight (see :func:`~pskv.optimizer.rows.check_rows`).
         """
         if isinstance(key, (list, tuple)):
             lists = (indices, grad_rows, weight)
@@ -367,9 +368,6 @@ class Updater:
         self._restore(states.load(fname))
 
 
-base._UPDATER.append(Updater)  # Optimizer.get_updater builds these (see pskv.optimizer.base)
-
-
 def get_updater(optimizer: Optimizer) -> Updater:
     """An :class:`Updater` for ``optimizer``.
 
@@ -404,7 +402,7 @@ def install_optimizer(current: object, optimizer: Optimizer) -> Updater:
         return current
     if not isinstance(optimizer, Optimizer):
         raise InvalidArgumentError(f"set_optimizer needs an Optimizer, got {optimizer!r}")
-    return optimizer.get_updater()
+    return Updater(optimizer)
 
 
 def updater_from_states(source: StatesSource, no_config: Exception | None = None) -> Updater:
@@ -433,6 +431,6 @@ def updater_from_states(source: StatesSource, no_config: Exception | None = None
         document = states.load(source)
     if document.optimizer is None:
         raise no_config or OptimizerStateError("the optimizer state file holds no optimizer config")
-    updater = Optimizer.from_config(document.optimizer).get_updater()
+    updater = Updater(Optimizer.from_config(document.optimizer))
     updater._restore(document)
     return updater

@@ -9,10 +9,9 @@ A checkpoint is a directory ``<root>/epoch-NNNN/`` holding
   ``optimizer.safetensors.server<rank>`` (the servers must see the same directory: one
   machine, or a shared file system);
 * ``residuals.safetensors`` — with gradient compression on a ``local`` / ``device`` store,
-  the store's residuals (per key and device; tensors ``r<i>``, float32, and in the
-  metadata a JSON document with the compression's parameters and each residual's key,
-  device, size and whether it lived on an accelerator). A distributed store's residuals
-  live in its workers: ``kv.save_checkpoint`` saves those (:mod:`pskv.worker.residuals`);
+  the store's residuals (per key and device; the file is :mod:`pskv.compression.residuals`'s).
+  A distributed store's residuals live in its workers: ``kv.save_checkpoint`` saves those
+  (:mod:`pskv.worker.compressing`);
 * the store's embedding tables (:class:`pskv.parallel.Embedding`; row-sparse keys that
   never live on a worker as parameters): with a ``local`` / ``device`` store,
   ``tables.safetensors`` holds each table's present rows (``ids<i>``: sorted unique
@@ -43,17 +42,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from safetensors import SafetensorError, safe_open
-from safetensors.numpy import load_file as load_numpy
-from safetensors.numpy import save_file as save_numpy
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from pskv.arrays import is_torch, to_numpy
 from pskv.atomic import fsync_dir, write_text_atomic
 from pskv.checkpoints import TRAINING_META, latest_training_checkpoint, mark_latest_training, training_dir
+from pskv.compression.residuals import read_store_file, write_store_file
 from pskv.errors import CheckpointError, InvalidArgumentError
 from pskv.kvstore.compressing import GradientCompression
-from pskv.kvstore.sparse import sparse_parts
+from pskv.kvstore.local_rows import sparse_parts
+from pskv.safefile import read_document, write_document
 
 if TYPE_CHECKING:  # the trainer's fit() uses these; they only need its type
     from pskv.parallel.trainer import Trainer
@@ -64,7 +63,6 @@ FORMAT = "pskv-checkpoint-1"
 PARAMS = "params.safetensors"
 OPTIMIZER = "optimizer.safetensors"
 RESIDUALS = "residuals.safetensors"
-RESIDUALS_FORMAT = "pskv.store-residuals"
 TABLES = "tables.safetensors"
 TABLES_FORMAT = "pskv.store-tables"
 SERVERS = "servers"  # a dist_* store's tables: the server checkpoint written with the training checkpoint
@@ -219,8 +217,7 @@ def _save_tables(trainer: Trainer, tmp: Path, epoch: int, rank: int) -> dict[str
         host = to_numpy(rows) if is_torch(rows) else np.asarray(rows)
         tensors[f"ids{i}"] = np.ascontiguousarray(ids, np.int64)
         tensors[f"rows{i}"] = np.ascontiguousarray(host).reshape(len(ids), table.embedding_dim)
-    doc = {"format": TABLES_FORMAT, "version": 1, "tables": entries}
-    save_numpy(tensors, str(tmp / TABLES), metadata={"pskv": json.dumps(doc)})
+    write_document(tmp / TABLES, TABLES_FORMAT, 1, {"tables": entries}, tensors)
     return {"file": TABLES, "tables": entries}
 
 
@@ -269,7 +266,7 @@ def _load_tables(trainer: Trainer, path: Path, meta: dict[str, Any]) -> None:
     if not kv.store_type.distributed:
         saved = _read_tables(path / meta["tables"]["file"], [_table_entry(t) for t in tables])
         for table, (ids, rows) in zip(tables, saved):
-            kv._restore_rows(table.key, ids, rows)  # type: ignore[attr-defined]
+            kv.restore_rows(table.key, ids, rows)
     for table in tables:
         table.forget_prefetch()
 
@@ -282,13 +279,8 @@ def _read_tables(path: Path, want: list[dict[str, Any]]) -> list[tuple[np.ndarra
     Raises:
         CheckpointError: unreadable, not a pskv tables file, or damaged; naming the file and the table.
     """
-    try:
-        with safe_open(str(path), framework="numpy") as f:
-            doc = json.loads((f.metadata() or {})["pskv"])
-        tensors = load_numpy(str(path))
-    except (OSError, SafetensorError, KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"{path} is not a usable pskv tables file: {exc}") from exc
-    if not isinstance(doc, dict) or doc.get("format") != TABLES_FORMAT or doc.get("tables") != want:
+    doc, tensors = read_document(path, TABLES_FORMAT, 1, what="usable pskv tables file")
+    if doc.get("tables") != want:
         raise CheckpointError(f"{path} is not the tables file of this model's tables {want}")
     names = {f"{kind}{i}" for i in range(len(want)) for kind in ("ids", "rows")}
     if set(tensors) != names:
@@ -316,7 +308,7 @@ def _compression(trainer: Trainer) -> GradientCompression | None:
 
 def _key_sizes(trainer: Trainer) -> dict[Any, tuple[int, int]]:
     """Each store key of the trainer: (elements, devices)."""
-    return {key: (int(w[0].numel()), len(w)) for key, w in zip(trainer.keys, trainer._weights)}
+    return dict(trainer.key_sizes)
 
 
 def _save_residuals(trainer: Trainer, path: Path) -> bool:
@@ -329,12 +321,7 @@ def _save_residuals(trainer: Trainer, path: Path) -> bool:
         log.warning("training checkpoint: a distributed store's compression residuals are not in it (they live "
                     "in its workers; kv.save_checkpoint saves them)")
         return False
-    state = compression.residual_state()
-    tensors = {f"r{i}": np.ascontiguousarray(values, np.float32) for i, (_, _, values, _) in enumerate(state)}
-    entries = [{"key": key, "device": device, "size": int(values.size), "on_device": on_device}
-               for key, device, values, on_device in state]
-    doc = {"format": RESIDUALS_FORMAT, "version": 1, "compression": compression.params, "residuals": entries}
-    save_numpy(tensors, str(path), metadata={"pskv": json.dumps(doc)})
+    write_store_file(path, compression.params, compression.residual_state())
     return True
 
 
@@ -359,47 +346,19 @@ def _load_residuals(trainer: Trainer, path: Path, meta: dict[str, Any]) -> None:
                         "(training checkpoints do not hold them; kv.save_checkpoint's do)", path)
         return
     why = "" if held else "it holds none (written before they were saved, or without compression)"
-    doc, tensors = ({}, {}) if why else _read_residuals(path / RESIDUALS)
-    if not why and doc["compression"] != compression.params:
-        why = f"they were made by compression {doc['compression']}, this store's is {compression.params}"
-    saved: list[tuple[Any, int, np.ndarray[Any, Any], bool]] = []
-    if not why:
-        sizes = _key_sizes(trainer)
-        for i, entry in enumerate(doc["residuals"]):
-            key, device, size = entry["key"], entry["device"], entry["size"]
-            have = sizes.get(key) if isinstance(key, (int, str)) else None
-            if have is None or not isinstance(device, int) or not 0 <= device < have[1] or size != have[0]:
-                why = (f"key {key!r} device {device!r} of {size} values does not fit this trainer's keys "
-                       f"({'no such key' if have is None else f'{have[0]} values on {have[1]} devices'})")
-                break
-            saved.append((key, device, tensors[f"r{i}"], bool(entry["on_device"])))
+    made_by, saved = ({}, []) if why else read_store_file(path / RESIDUALS)
+    if not why and made_by != compression.params:
+        why = f"they were made by compression {made_by}, this store's is {compression.params}"
+    sizes = _key_sizes(trainer)
+    for key, device, values, _ in [] if why else saved:
+        size = values.size
+        have = sizes.get(key) if isinstance(key, (int, str)) else None
+        if have is None or not isinstance(device, int) or not 0 <= device < have[1] or size != have[0]:
+            why = (f"key {key!r} device {device!r} of {size} values does not fit this trainer's keys "
+                   f"({'no such key' if have is None else f'{have[0]} values on {have[1]} devices'})")
+            break
     if why:
         log.warning("training checkpoint %s: compression residuals start at zero, not restored: %s", path, why)
         return
     compression.load_residuals(saved)
 
-
-def _read_residuals(path: Path) -> tuple[dict[str, Any], dict[str, np.ndarray[Any, Any]]]:
-    """The residuals file's document and tensors, each tensor checked against its entry (float32, 1-D, size).
-
-    Raises:
-        InvalidArgumentError: unreadable, not a pskv residuals file, or damaged.
-    """
-    try:
-        with safe_open(str(path), framework="numpy") as f:
-            doc = json.loads((f.metadata() or {})["pskv"])
-        tensors = load_numpy(str(path))
-        entries = doc["residuals"]
-        if doc.get("format") != RESIDUALS_FORMAT or not isinstance(entries, list) \
-                or not isinstance(doc.get("compression"), dict):
-            raise ValueError("not a pskv residuals file")
-        if set(tensors) != {f"r{i}" for i in range(len(entries))}:
-            raise ValueError(f"{len(tensors)} tensors for {len(entries)} entries")
-        for i, entry in enumerate(entries):
-            values = tensors[f"r{i}"]
-            if not isinstance(entry, dict) or values.dtype != np.float32 or values.shape != (entry["size"],):
-                raise ValueError(f"residual {i} is {values.dtype}{list(values.shape)}, its entry claims "
-                                 f"float32[{entry.get('size') if isinstance(entry, dict) else '?'}]")
-    except (OSError, SafetensorError, KeyError, TypeError, ValueError) as exc:
-        raise InvalidArgumentError(f"{path} is not a usable pskv residuals file: {exc}") from exc
-    return doc, tensors

@@ -19,7 +19,6 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,57 +26,13 @@ import torch
 
 from pskv.errors import InvalidArgumentError, InvalidTypeError, ShapeMismatchError
 from pskv.parallel.data import as_list, batch_arrays
+from pskv.parallel.layouts import InputDesc, check_output_layouts, input_descs, integer_dtype, output_axis
 from pskv.parallel.split import check_workload, split_batch
 
 __all__ = ["DataParallelExecutorGroup", "GRAD_REQS"]
 
 GRAD_REQS = ("write", "add", "null")
 Factory = Callable[[], torch.nn.Module]
-
-
-@dataclass(frozen=True)
-class _Desc:
-    """Name, shape and batch axis of one bound input."""
-
-    name: str
-    shape: tuple[int, ...]
-    axis: int  # batch axis; -1: not split (the whole array goes to every device)
-    dtype: str | None = None  # a DataDesc's dtype name (output_shapes feeds integer zeros to an integer input)
-
-
-def _batch_axis(layout: str | None) -> int:
-    return 0 if not layout else layout.find("N")
-
-
-def _descs(shapes: Iterable[Any] | None, what: str) -> list[_Desc]:
-    """DataDesc objects or ``(name, shape)`` pairs -> validated descriptions."""
-    if shapes is None:
-        return []
-    out = []
-    for item in shapes:
-        dtype = None
-        if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
-            name, shape, layout = item[0], item[1], None
-        elif hasattr(item, "name") and hasattr(item, "shape"):
-            name, shape, layout = item.name, item.shape, getattr(item, "layout", None)
-            dtype = getattr(item, "dtype", None)
-        else:
-            raise InvalidTypeError(f"{what} must be DataDesc objects or (name, shape) pairs, got {item!r}")
-        shape = tuple(int(d) for d in shape)
-        axis = _batch_axis(layout)
-        if axis >= 0 and (axis >= len(shape) or shape[axis] < 1):
-            raise InvalidArgumentError(f"{what} {name!r}: shape {shape} has no batch axis {axis} of size >= 1")
-        out.append(_Desc(name, shape, axis, dtype if isinstance(dtype, str) else None))
-    return out
-
-
-def _integer_dtype(name: str | None) -> torch.dtype | None:
-    """The torch dtype of an integer dtype name (an input of ids, e.g. for an embedding); else None."""
-    try:
-        dt = np.dtype(name) if name is not None else None
-    except TypeError:
-        return None
-    return torch.from_numpy(np.zeros(0, dt)).dtype if dt is not None and dt.kind in "iu" else None
 
 
 def _device(name: str | torch.device) -> torch.device:
@@ -152,10 +107,7 @@ class DataParallelExecutorGroup:
                  fixed_param_names: Iterable[str] = (), shared_group: DataParallelExecutorGroup | None = None,
                  concurrent: bool | None = None, output_layouts: Sequence[str | None] | None = None) -> None:
         self.devices = [_device(d) for d in devices]
-        if output_layouts is not None and (isinstance(output_layouts, str) or not all(
-                layout is None or isinstance(layout, str) for layout in output_layouts)):
-            raise InvalidTypeError(f"output_layouts must be a list of layout strings (or None), got {output_layouts!r}")
-        self.output_layouts = None if output_layouts is None else list(output_layouts)
+        self.output_layouts = check_output_layouts(output_layouts)
         self.workload = check_workload(workload, len(self.devices))
         self.loss = loss
         self.for_training = bool(for_training)
@@ -188,8 +140,8 @@ class DataParallelExecutorGroup:
         workers = len(self.devices) if (concurrent if concurrent is not None else len(self.devices) > 1) else 0
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="pskv-group") if workers > 1 else None
         self._forward_listeners: list[Callable[[DataParallelExecutorGroup], None]] = []
-        self.data_shapes: list[_Desc] = []
-        self.label_shapes: list[_Desc] = []
+        self.data_shapes: list[InputDesc] = []
+        self.label_shapes: list[InputDesc] = []
         self.batch_size = 0
         self.slices: list[slice] = []
         self._outputs: list[list[torch.Tensor]] | None = None
@@ -278,8 +230,8 @@ class DataParallelExecutorGroup:
             raise InvalidArgumentError("the group is already bound; use reshape() or bind_exec(..., reshape=True)")
         if shared_group is not None and shared_group is not self.shared_group:
             raise InvalidArgumentError("give shared_group when building the group, not at bind time")
-        data = _descs(data_shapes, "data_shapes")
-        labels = _descs(label_shapes, "label_shapes")
+        data = input_descs(data_shapes, "data_shapes")
+        labels = input_descs(label_shapes, "label_shapes")
         if not data:
             raise InvalidArgumentError("bind_exec needs at least one data shape")
         sizes = {d.shape[d.axis] for d in data + labels if d.axis >= 0}
@@ -316,17 +268,17 @@ class DataParallelExecutorGroup:
         futures = [self._pool.submit(fn, i) for i in devices]
         return [f.result() for f in futures]
 
-    def _split(self, x: Any, desc: _Desc, i: int) -> torch.Tensor:
+    def _split(self, x: Any, desc: InputDesc, i: int) -> torch.Tensor:
         return self._slice(x, desc, i).to(self.devices[i], non_blocking=True)
 
-    def _slice(self, x: Any, desc: _Desc, i: int) -> torch.Tensor:
+    def _slice(self, x: Any, desc: InputDesc, i: int) -> torch.Tensor:
         """Device ``i``'s slice of ``x`` along ``desc``'s batch axis (all of it for -1), where ``x`` is."""
         t = _to_tensor(x)
         if desc.axis >= 0:
             t = t.narrow(desc.axis, self.slices[i].start, self.slices[i].stop - self.slices[i].start)
         return t
 
-    def _inputs_for(self, arrays: list[Any], descs: list[_Desc], what: str) -> list[_Desc]:
+    def _inputs_for(self, arrays: list[Any], descs: list[InputDesc], what: str) -> list[InputDesc]:
         """Descriptions matching ``arrays``; the batch size follows the batch (auto-reshape)."""
         if len(arrays) != len(descs):
             raise InvalidArgumentError(f"the batch has {len(arrays)} {what} arrays, the group was bound for {len(descs)}")
@@ -370,7 +322,7 @@ class DataParallelExecutorGroup:
         if labels and self.label_shapes:
             self._inputs_for(labels, self.label_shapes, "label")
         elif labels and not self.label_shapes:
-            self.label_shapes = [_Desc(f"label{k}", tuple(x.shape), 0) for k, x in enumerate(labels)]
+            self.label_shapes = [InputDesc(f"label{k}", tuple(x.shape), 0) for k, x in enumerate(labels)]
         for listener in self._forward_listeners:
             listener(self)
         self._last_train = train
@@ -438,7 +390,7 @@ class DataParallelExecutorGroup:
         def run(i: int) -> None:
             if grads:
                 outs = outputs[i][: len(grads)]
-                slices = [self._split(g, _Desc(f"out_grad{k}", tuple(g.shape),
+                slices = [self._split(g, InputDesc(f"out_grad{k}", tuple(g.shape),
                                                 self._output_axis(k, [tuple(g.shape)], [self.batch_size])), i)
                           for k, g in enumerate(grads)]
                 for k, (out, piece) in enumerate(zip(outs, slices)):
@@ -472,31 +424,9 @@ class DataParallelExecutorGroup:
         return merged
 
     def _output_axis(self, k: int, shapes: list[tuple[int, ...]], sizes: list[int]) -> int:
-        """The batch axis of output ``k``, whose copies have ``shapes`` for ``sizes`` samples; -1: not batched.
-
-        Raises:
-            InvalidArgumentError: its layout in ``output_layouts`` does not fit the shapes,
-                or (no layout given) no candidate axis holds the samples in every copy.
-        """
-        if self.output_layouts is not None and k < len(self.output_layouts):
-            layout = self.output_layouts[k]
-            axis = _batch_axis(layout)
-            for shape, n in zip(shapes, sizes):
-                if layout is not None and len(layout) != len(shape):
-                    raise InvalidArgumentError(f"output {k} has {len(shape)} dimension(s), its layout {layout!r} "
-                                               f"(output_layouts) has {len(layout)}")
-                if axis >= 0 and shape[axis] != n:
-                    raise InvalidArgumentError(f"output {k} of shape {shape}: its batch axis {axis} (layout "
-                                               f"{layout!r}) holds {shape[axis]}, not the {n} samples of its batch")
-            return axis
-        if not shapes[0]:
-            return -1
-        candidates = dict.fromkeys((max(self.data_shapes[0].axis, 0) if self.data_shapes else 0, 0))
-        for axis in candidates:
-            if all(axis < len(shape) and shape[axis] == n for shape, n in zip(shapes, sizes)):
-                return axis
-        raise InvalidArgumentError(f"output {k} of shape {shapes[0]} holds the {sizes[0]} samples of its batch slice "
-                                   f"on none of the axes {list(candidates)}; give its layout in output_layouts")
+        """The batch axis of output ``k`` (see :func:`~pskv.parallel.layouts.output_axis`)."""
+        default = max(self.data_shapes[0].axis, 0) if self.data_shapes else 0
+        return output_axis(k, shapes, sizes, self.output_layouts, default)
 
     def get_loss(self) -> float:
         """The summed loss of the last forward over all devices (a Python float)."""
@@ -542,7 +472,7 @@ class DataParallelExecutorGroup:
                 shape = list(d.shape)
                 if d.axis >= 0:
                     shape[d.axis] = n
-                xs.append(torch.zeros(shape, device=device, dtype=_integer_dtype(d.dtype) or dtype))
+                xs.append(torch.zeros(shape, device=device, dtype=integer_dtype(d.dtype) or dtype))
             was_training = replica.training
             replica.eval()
             try:
@@ -585,7 +515,7 @@ class DataParallelExecutorGroup:
                 if axis >= 0 and (t.ndim <= axis or t.shape[axis] != self.batch_size):
                     raise InvalidArgumentError(f"update_metric: label {k} of shape {tuple(t.shape)} does not hold "
                                                f"the batch of {self.batch_size} on its batch axis {axis}")
-                descs.append(_Desc(f"label{k}", tuple(t.shape), axis))
+                descs.append(InputDesc(f"label{k}", tuple(t.shape), axis))
         for n, i in enumerate(self.active_devices):
             if pre_sliced:
                 device_labels = as_list(labels[n])

@@ -135,9 +135,8 @@ def fit(trainer: Trainer, train_data: Iterable[Any], eval_data: Iterable[Any] | 
     """
     group = _checked_group(trainer, num_epoch, resume, checkpoint_dir)
     kv = trainer.kvstore
-    rank = kv.rank if kv is not None else 0
     workers = kv.num_workers if kv is not None else 1
-    show = log_all_ranks or rank == 0
+    show = log_all_ranks or (kv.rank if kv is not None else 0) == 0
     if resume:
         begin_epoch = _resume(trainer, group, train_data, checkpoint_dir, begin_epoch, show)
     run = _Run(trainer, group, kv, workers, show, _snapshot_steps(kv, server_checkpoint_steps, uneven),
@@ -145,10 +144,7 @@ def fit(trainer: Trainer, train_data: Iterable[Any], eval_data: Iterable[Any] | 
                eval_metric, checkpoint_dir, checkpoint_period, batch_end_callback)
     history = []
     for epoch in range(begin_epoch, num_epoch):
-        _begin_epoch(train_data, epoch)
-        metric = _metric(eval_metric)
-        totals, seconds = _train_epoch(run, train_data, epoch, metric)
-        record = _epoch_record(run, epoch, totals, seconds, metric)
+        record = _epoch(run, train_data, epoch)
         history.append(record)
         if epoch_end_callback is not None:
             epoch_end_callback(record)
@@ -241,6 +237,14 @@ def _uneven_shadow(trainer: Trainer, kv: KVStoreBase | None, workers: int, uneve
     if uneven and kv is not None and workers > 1 and kv.store_type.distributed and kv.store_type.sync:
         return UnevenSteps(trainer)
     return None
+
+
+def _epoch(run: _Run, train_data: Iterable[Any], epoch: int) -> dict[str, Any]:
+    """Train one epoch with a fresh metric; its record."""
+    _begin_epoch(train_data, epoch)
+    metric = _metric(run.eval_metric)
+    totals, seconds = _train_epoch(run, train_data, epoch, metric)
+    return _epoch_record(run, epoch, totals, seconds, metric)
 
 
 def _train_epoch(run: _Run, train_data: Iterable[Any], epoch: int, metric: Any) -> tuple[_EpochTotals, float]:

@@ -32,11 +32,12 @@ import torch
 from pskv.errors import InvalidArgumentError, InvalidTypeError
 from pskv.kvstore import KVStoreBase, StoreType, create
 from pskv.kvstore.types import BUILTIN_TYPES
-from pskv.optimizer import Optimizer
+from pskv.optimizer import Optimizer, get_updater
 from pskv.optimizer import create as create_optimizer
-from pskv.parallel.embedding import StoreTable, store_tables, wait_handles
+from pskv.parallel.embedding import StoreTable, wait_handles
 from pskv.parallel.executor_group import DataParallelExecutorGroup
 from pskv.parallel.fit import fit
+from pskv.parallel.trainer_tables import TrainerTables
 
 __all__ = ["Trainer"]
 
@@ -116,7 +117,7 @@ class Trainer:
         group, names, leaves, self._num_devices = _trainable(target)
         self._group: DataParallelExecutorGroup | None = group
         # embedding tables in the store (pskv.parallel.Embedding): rows pulled and pushed by their modules
-        self._tables: list[StoreTable] = store_tables(group.replicas if group is not None else [target])  # type: ignore[list-item]
+        self._tables = TrainerTables(group.replicas if group is not None else [target])  # type: ignore[list-item]
         if not names and not self._tables:
             raise InvalidArgumentError("the model has no trainable parameters")
         if not isinstance(prefix, str):
@@ -126,17 +127,15 @@ class Trainer:
         self._leaves = leaves  # [param][device] -> the torch Parameter
         self._target = target
         self._optimizer = _make_optimizer(optimizer, optimizer_params)
-        self._kv, self._owns_kv = self._tables_store(kvstore) if self._tables else self._make_store(
+        self._kv, self._owns_kv = (self._tables.store(kvstore), False) if self._tables else self._make_store(
             kvstore, compression_params is not None)
         if compression_params is not None:
             if self._kv is None:
                 raise InvalidArgumentError("compression_params need a store to compress for (kvstore=...)")
             self._kv.set_gradient_compression(compression_params)
         self.update_on_kvstore = self._resolve_update_on_kvstore(update_on_kvstore)
-        if self._tables and not self.update_on_kvstore:
-            raise InvalidArgumentError(f"the embedding tables {[t.key for t in self._tables]} live in the store, so "
-                                       "its optimizer updates them: update_on_kvstore must be True")
-        self._updater = None if self.update_on_kvstore else self._optimizer.get_updater()
+        self._tables.check_update_on_kvstore(self.update_on_kvstore)
+        self._updater = None if self.update_on_kvstore else get_updater(self._optimizer)
         workers = self._kv.num_workers if self._kv is not None and self._kv.store_type.multiprocess and self._kv.store_type.sync else 1
         self._worker_factor = workers
         self._set_up_buckets(bucket_bytes)
@@ -182,7 +181,8 @@ class Trainer:
         self._batch_size: int | None = None
         self._errors: list[BaseException] = []
         self._hooks: list[Any] = []
-        self._uneven_key_ready = False  # UnevenSteps declared its collective key on the store
+        # set by UnevenSteps once it declared its counter key on the store (collective: once per trainer)
+        self.uneven_key_ready = False
 
     def _attach(self) -> None:
         """Broadcast parameters before the first forward; with ``overlap``, send gradients as they are made."""
@@ -192,24 +192,7 @@ class Trainer:
             self._hooks.append(self._target.register_forward_pre_hook(lambda *_: self._ensure_params()))
         if self.overlap:
             self._install_grad_hooks()
-        for table in self._tables:  # pushed in backward like the buckets, else at step() (a plain module's
-            table.auto_push = self.overlap  # batch size is known only then; grad_req 'add' accumulates till then)
-
-    def _tables_store(self, kvstore: str | KVStoreBase | None) -> tuple[KVStoreBase, bool]:
-        """The store of the model's embedding tables (a store name or None given: theirs).
-
-        Raises:
-            InvalidArgumentError: tables in several stores, or ``kvstore`` is another store.
-        """
-        stores = {id(t.kv): t.kv for t in self._tables}
-        if len(stores) > 1:
-            raise InvalidArgumentError(f"the model's embedding tables {[t.key for t in self._tables]} live in "
-                                       f"{len(stores)} stores; a Trainer drives one")
-        kv = next(iter(stores.values()))
-        if isinstance(kvstore, KVStoreBase) and kvstore is not kv:
-            raise InvalidArgumentError(f"kvstore is not the store holding the embedding tables "
-                                       f"{[t.key for t in self._tables]} (a {kv.type!r} store): pass that one")
-        return kv, False
+        self._tables.attach(self.overlap)
 
     def _make_store(self, kvstore: str | KVStoreBase | None, wanted: bool = False) -> tuple[KVStoreBase | None, bool]:
         if kvstore is None:
@@ -344,7 +327,12 @@ class Trainer:
     @property
     def tables(self) -> list[StoreTable]:
         """The embedding tables of the model (:class:`pskv.parallel.Embedding`), pushed and pulled by their modules."""
-        return list(self._tables)
+        return self._tables.tables
+
+    @property
+    def key_sizes(self) -> dict[str, tuple[int, int]]:
+        """Each store key of the parameters: (elements, devices) of its flat buffer."""
+        return {key: (int(w[0].numel()), len(w)) for key, w in zip(self.keys, self._weights)}
 
     @property
     def kvstore(self) -> KVStoreBase | None:
@@ -373,7 +361,7 @@ class Trainer:
         self._ensure_params()
         if self.update_on_kvstore:
             self._ensure_optimizer(group.batch_size)
-        self._scale_tables(group.batch_size)
+        self._tables.begin_step(self._optimizer_batch, group.batch_size)
         with self._lock:
             self._expected = len(group.active_devices)
             self._reset_counts()
@@ -414,30 +402,6 @@ class Trainer:
         self._optimizer_batch = batch_size
 
     # -- communication ------------------------------------------------------------------------
-    def _scale_tables(self, batch: int | None) -> None:
-        """Start a step of the embedding tables; their gradients scaled as the buckets' (see _send_bucket)."""
-        for table in self._tables:
-            table.scale = self._optimizer_batch / batch if self._optimizer_batch and batch else 1.0
-            table.begin_step()
-
-    def _push_tables(self) -> None:
-        """Push each table's gradients not pushed yet (an empty push if it got none: every step pushes
-        once, as sync rounds need)."""
-        for table in self._tables:
-            table.flush(push_empty=True)
-
-    def _finish_tables(self) -> None:
-        """Wait for the tables' pushes; the next forward opens a new step."""
-        failure: BaseException | None = None
-        for table in self._tables:
-            try:
-                table.wait()
-            except BaseException as exc:
-                failure = failure or exc
-            table.end_step()
-        if failure is not None:
-            raise failure
-
     def _send_bucket(self, b: int) -> None:
         assert self._kv is not None
         self._adopt_grads(b)
@@ -501,10 +465,10 @@ class Trainer:
             self._ensure_optimizer(batch)
         if self._tables:
             if self._group is None:
-                self._scale_tables(batch)
-            self._push_tables()
+                self._tables.begin_step(self._optimizer_batch, batch)
+            self._tables.push()
         self._communicate()
-        self._finish_tables()
+        self._tables.finish()
         if not self.update_on_kvstore:
             self.update(batch)
 
@@ -556,10 +520,10 @@ class Trainer:
         if self.update_on_kvstore:
             self._ensure_optimizer(batch)
         if self._tables:
-            self._scale_tables(batch)
-            self._push_tables()  # nothing came: an empty push joins the round
+            self._tables.begin_step(self._optimizer_batch, batch)
+            self._tables.push()  # nothing came: an empty push joins the round
         self._communicate()
-        self._finish_tables()
+        self._tables.finish()
         if not self.update_on_kvstore:
             self.update(batch)
 
@@ -606,10 +570,9 @@ class Trainer:
         """Finish pending sends, remove hooks, and close the store if this trainer created it."""
         try:
             self._finish_sends()
-            self._finish_tables()
+            self._tables.finish()
         finally:
-            for table in self._tables:
-                table.auto_push = True
+            self._tables.detach()
             for h in self._hooks:
                 h.remove()
             self._hooks = []

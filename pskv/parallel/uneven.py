@@ -49,11 +49,11 @@ class UnevenSteps:
         self._handle: Any = None
         self._sent = np.zeros(2, np.float64)
         self._out = np.zeros(2, np.float64)
-        if not getattr(trainer, "_uneven_key_ready", False):
+        if not trainer.uneven_key_ready:
             if not kv.store_type.summation_only:  # byteps declares keys by their first pushpull (its servers only sum)
                 # collective; summed: the servers' optimizer (update_on_kvstore) must not touch it
                 kv.init(self._key, np.zeros(2, np.float64), summed=True)
-            trainer._uneven_key_ready = True
+            trainer.uneven_key_ready = True
 
     def before_step(self, batch_size: int) -> None:
         """Announce a real step of ``batch_size`` samples (call before ``trainer.step()``)."""

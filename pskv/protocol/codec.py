@@ -103,6 +103,46 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> tuple[Head
     Raises:
         ProtocolError: the message is malformed or breaks a limit; the message says how.
     """
+    version, command, request, sender, priority, body, specs, flags = _header_fields(frames, limits)
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(f"protocol version {version!r} not supported (this node speaks {PROTOCOL_VERSION})")
+    cmd = _COMMANDS.get(command) if type(command) is int else None
+    if cmd is None:
+        raise ProtocolError(f"unknown command {command!r}")
+    lo, hi = _INT64
+    # one expression for the usual case (every message passes here); details on failure
+    if not (type(request) is int and type(sender) is int and type(priority) is int
+            and lo <= request <= hi and lo <= sender <= hi and lo <= priority <= hi):
+        _bad_ints(request, sender, priority)
+    if type(body) is not str or len(body) > limits.max_body_chars:
+        raise ProtocolError("body must be a string within the size limit")
+    if type(flags) is not int or flags & ~KNOWN_FLAGS or flags < 0:
+        raise ProtocolError(f"flags {flags!r} are not a combination of the known flag bits")
+    if flags or body:
+        _check_flags(cmd, flags, body)
+    if type(specs) is not list or len(specs) > limits.max_arrays:
+        raise ProtocolError("array list missing or too long")
+    rows = flags & Flag.ROWS
+    named = (cmd is Command.PULL and not rows) or flags & Flag.SHM  # the specs name parts; no data frames follow
+    if len(frames) - 1 != (0 if named else len(specs)):
+        raise ProtocolError(f"header describes {len(specs)} arrays but {len(frames) - 1} data frames arrived"
+                            + (f" ({cmd.name} names its parts without data)" if named else ""))
+    if not specs:
+        return Header(cmd, request, sender, (), priority, body, flags), []
+    if named:
+        parsed = tuple(_shm_rows_spec(i, s, limits) if rows else _spec(i, s, None, limits) for i, s in enumerate(specs))
+        return Header(cmd, request, sender, parsed, priority, body, flags), []
+    buffers = [_bytes_of(f) for f in frames[1:]]
+    if rows:
+        parsed = _rows_specs(cmd, flags, specs, buffers, limits)
+    else:
+        compressed = bool(flags & Flag.COMPRESSED)
+        parsed = tuple(_spec(i, s, buf, limits, compressed) for i, (s, buf) in enumerate(zip(specs, buffers)))
+    return Header(cmd, request, sender, parsed, priority, body, flags), buffers
+
+
+def _header_fields(frames: Sequence[Any], limits: Limits) -> list[Any]:
+    """The header frame's eight fields, unpacked within the limits (not checked yet)."""
     if not frames:
         raise ProtocolError("empty message")
     head = _bytes_of(frames[0])
@@ -119,31 +159,26 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> tuple[Head
         raise ProtocolError(f"undecodable header: {type(exc).__name__}: {exc}") from None
     if not isinstance(fields, list) or len(fields) != 8:
         raise ProtocolError("header is not an 8-field list")
-    version, command, request, sender, priority, body, specs, flags = fields
-    if version != PROTOCOL_VERSION:
-        raise ProtocolError(f"protocol version {version!r} not supported (this node speaks {PROTOCOL_VERSION})")
-    cmd = _COMMANDS.get(command) if type(command) is int else None
-    if cmd is None:
-        raise ProtocolError(f"unknown command {command!r}")
+    return fields
+
+
+def _bad_ints(request: Any, sender: Any, priority: Any) -> None:
+    """Raise naming the first of the header's int fields that is no 64-bit int."""
     lo, hi = _INT64
-    # one expression for the usual case (every message passes here); details on failure
-    if not (type(request) is int and type(sender) is int and type(priority) is int
-            and lo <= request <= hi and lo <= sender <= hi and lo <= priority <= hi):
-        for name, value in (("request", request), ("sender", sender), ("priority", priority)):
-            if type(value) is not int or not lo <= value <= hi:
-                raise ProtocolError(f"field {name} must be a 64-bit int, got {value!r}")
-    if type(body) is not str or len(body) > limits.max_body_chars:
-        raise ProtocolError("body must be a string within the size limit")
-    if type(flags) is not int or flags & ~KNOWN_FLAGS or flags < 0:
-        raise ProtocolError(f"flags {flags!r} are not a combination of the known flag bits")
-    compressed = bool(flags & Flag.COMPRESSED)
-    if compressed and (cmd not in _COMPRESSED_COMMANDS or flags & Flag.SHM or not body):
+    for name, value in (("request", request), ("sender", sender), ("priority", priority)):
+        if type(value) is not int or not lo <= value <= hi:
+            raise ProtocolError(f"field {name} must be a 64-bit int, got {value!r}")
+
+
+def _check_flags(cmd: Command, flags: int, body: str) -> None:
+    """Check that the ``flags`` (known bits) and whether there is a ``body`` fit the command ``cmd``."""
+    if flags & Flag.COMPRESSED and (cmd not in _COMPRESSED_COMMANDS or flags & Flag.SHM or not body):
         raise ProtocolError(f"{cmd.name}: the COMPRESSED flag needs a PUSH, PUSHPULL or REPLY with data frames and "
                             "a body naming the compression")
     if flags & Flag.COMPRESS_REPLY and (cmd not in (Command.PULL, Command.PUSHPULL) or flags & Flag.SHM or not body):
         raise ProtocolError(f"{cmd.name}: the COMPRESS_REPLY flag needs a PULL or PUSHPULL through a socket and a "
                             "body naming the compression")
-    rows = bool(flags & Flag.ROWS)
+    rows = flags & Flag.ROWS
     if rows and (cmd not in _ROWS_COMMANDS or flags & (Flag.COMPRESSED | Flag.COMPRESS_REPLY)):
         raise ProtocolError(f"{cmd.name}: the ROWS flag needs an INIT, PUSH, PULL or REPLY, uncompressed")
     if rows and flags & Flag.SHM and (cmd is Command.INIT or flags & Flag.PRESENT):
@@ -153,26 +188,16 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> tuple[Head
         raise ProtocolError(f"{cmd.name}: the PRESENT flag needs a PULL with the ROWS flag")
     if body and cmd in _DATA_COMMANDS and not flags & (Flag.COMPRESSED | Flag.COMPRESS_REPLY):
         raise ProtocolError(f"{cmd.name} carries no body (its options are header flags)")
-    if type(specs) is not list or len(specs) > limits.max_arrays:
-        raise ProtocolError("array list missing or too long")
-    named = (cmd is Command.PULL and not rows) or flags & Flag.SHM  # the specs name parts; no data frames follow
-    if len(frames) - 1 != (0 if named else len(specs)):
-        raise ProtocolError(f"header describes {len(specs)} arrays but {len(frames) - 1} data frames arrived"
-                            + (f" ({cmd.name} names its parts without data)" if named else ""))
-    if not specs:
-        return Header(cmd, request, sender, (), priority, body, flags), []
-    if named:
-        parsed = tuple(_shm_rows_spec(i, s, limits) if rows else _spec(i, s, None, limits) for i, s in enumerate(specs))
-        return Header(cmd, request, sender, parsed, priority, body, flags), []
-    buffers = [_bytes_of(f) for f in frames[1:]]
-    if rows:
-        ids_only = cmd is Command.PULL
-        parsed = tuple(_rows_spec(i, s, buf, limits, ids_only) for i, (s, buf) in enumerate(zip(specs, buffers)))
-        if flags & Flag.PRESENT and any(spec.shape[0] for spec in parsed):
-            raise ProtocolError("PULL of present rows: its specs name no rows (shape (0, row width))")
-        return Header(cmd, request, sender, parsed, priority, body, flags), buffers
-    parsed = tuple(_spec(i, s, buf, limits, compressed) for i, (s, buf) in enumerate(zip(specs, buffers)))
-    return Header(cmd, request, sender, parsed, priority, body, flags), buffers
+
+
+def _rows_specs(cmd: Command, flags: int, specs: list[Any], buffers: list[memoryview],
+                limits: Limits) -> tuple[ArraySpec, ...]:
+    """The validated specs of a message of row-sparse parts (Flag.ROWS) with data frames."""
+    ids_only = cmd is Command.PULL
+    parsed = tuple(_rows_spec(i, s, buf, limits, ids_only) for i, (s, buf) in enumerate(zip(specs, buffers)))
+    if flags & Flag.PRESENT and any(spec.shape[0] for spec in parsed):
+        raise ProtocolError("PULL of present rows: its specs name no rows (shape (0, row width))")
+    return parsed
 
 
 def _spec(i: int, s: Any, buf: memoryview | None, limits: Limits, compressed: bool = False) -> ArraySpec:

@@ -54,15 +54,19 @@ class Role(enum.IntEnum):
 
 
 class Command(enum.IntEnum):
-    """What a message asks for (requests) or what it answers (replies)."""
+    """What a message asks for (requests) or what it answers (replies).
+
+    What a command's body and its reply's hold is the table in :mod:`pskv.protocol.bodies`, and
+    nowhere else: these comments say what the command does.
+    """
 
     # node <-> scheduler
-    REGISTER = 1  # body: JSON {role, host, port}; reply body: JSON node table
-    BARRIER = 2  # body: JSON {group}; reply when every member of the group arrived
-    HEARTBEAT = 3  # body: bodies.Heartbeat (the node's metrics, optional); reply body: JSON {dead: [...]}
+    REGISTER = 1  # a node joins the job; the reply gives its id and where the servers are
+    BARRIER = 2  # a collective: answered when every member of the group arrived
+    HEARTBEAT = 3  # the node is alive (and its metrics); the reply: which nodes are dead or left
     SHUTDOWN = 4  # a worker is done; the scheduler stops the job when all are
     # anyone (pskv top, pskv.metrics.snapshot; no registration, but under CURVE only a key
-    # holder connects) -> scheduler: the job's metrics; reply body: bodies.JobReport
+    # holder connects) -> scheduler: the job's metrics
     METRICS = 5
     # worker -> server: data (no body; options are Flag bits)
     INIT = 10  # one frame per part; SUMMED, OVERWRITE flags
@@ -74,17 +78,16 @@ class Command(enum.IntEnum):
     PULL = 12
     PUSHPULL = 13  # as PUSH, answered as PULL
     # worker -> server: control
-    SET_OPTIMIZER = 20  # body: JSON optimizer config (never a pickle)
-    CONTROLLER = 21  # body: JSON {head, body} for the registered controller
-    SAVE_STATES = 22  # body: JSON {path}
-    LOAD_STATES = 23
-    SET_MODE = 25  # body: JSON {sync: bool}; sent by worker 0 when a dist store is created
-    # body: JSON {token, tx?: "<16 hex digits>"} (bodies.Hello). A worker opens every
-    # connection to a server with HELLO carrying its token from the scheduler; the server
-    # binds the connection to the worker only if it is right (server/senders.py). Over
-    # ZeroMQ it is sent on the polled DEALER and names the send-only socket (routing
-    # identity "pskv-tx-" + tx); the server then answers requests that arrive from that
-    # socket on the DEALER the HELLO came from (workers send from the calling thread).
+    SET_OPTIMIZER = 20  # install the optimizer (its config, never a pickle)
+    CONTROLLER = 21  # call a registered controller
+    SAVE_STATES = 22  # write the optimizer's states to a file
+    LOAD_STATES = 23  # read them back
+    SET_MODE = 25  # sync or async; sent by worker 0 when a dist store is created
+    # A worker opens every connection to a server with HELLO carrying its token from the
+    # scheduler; the server binds the connection to the worker only if it is right
+    # (server/senders.py). Over ZeroMQ it is sent on the polled DEALER and names the send-only
+    # socket (routing identity "pskv-tx-" + tx); the server then answers requests that arrive
+    # from that socket on the DEALER the HELLO came from (workers send from the calling thread).
     HELLO = 26
     # Answered at once: its reply tells the worker that every message it sent to this
     # server before was handled (a QUIET push is answered only when it fails).
@@ -92,16 +95,15 @@ class Command(enum.IntEnum):
     # The sender has no more data (uneven data, ``kv.join()``): sync rounds complete
     # without it until every worker has joined. No body.
     JOIN = 28
-    # body: JSON {dir}: write this server's shard to <dir>/server-<rank>.safetensors
-    # (pskv.server.snapshot); reply body {file, bytes, open_rounds}
+    # write this server's shard into a checkpoint directory (pskv.server.snapshot)
     SAVE_CHECKPOINT = 29
     # A replacement process of a dead worker (PSKV_RECOVERY_TIMEOUT) announces itself: the
-    # server restarts its push numbering and stops waiting for the old process. Body: JSON
-    # {token} (bodies.Rejoin), as HELLO's: it may open a connection.
+    # server restarts its push numbering and stops waiting for the old process. Like HELLO,
+    # it may open a connection.
     REJOIN = 30
     # replies
     REPLY = 40
-    ERROR = 41  # body: JSON {type, message}
+    ERROR = 41  # a request failed
 
 
 class Flag:

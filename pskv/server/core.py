@@ -32,9 +32,9 @@ from typing import Any
 
 from pskv.config import ClusterConfig
 from pskv.errors import KVStoreError, ProtocolError
-from pskv.metrics import STALL_AFTER, NodeCounters, value_bytes
+from pskv.metrics import STALL_AFTER
 from pskv.partition import server_key
-from pskv.protocol import Command, Flag, Header, Role, decode, node_id, node_name, node_role_rank
+from pskv.protocol import Command, Header, Role, decode, node_id, node_name, node_role_rank
 from pskv.protocol.bodies import Counters, InitBody
 from pskv.protocol.replies import error_frames
 from pskv.server.checkpointing import ShardCheckpoints
@@ -42,11 +42,13 @@ from pskv.server.control import ControlHandlers
 from pskv.server.dedup import Dropped, Regather, Repeat, ReplyCache
 from pskv.server.handlers import DataHandlers, Handler
 from pskv.server.liveness import DeadWorkers
+from pskv.server.observe import ServerObserver, observer
 from pskv.server.paths import AllowedPaths
 from pskv.server.routes import Routes
 from pskv.server.rows import SharedRows
 from pskv.server.senders import CONNECTIONS_PER_WORKER, SenderBindings
 from pskv.server.shard import Allocator, ServerShard
+from pskv.timeline import Timeline
 
 __all__ = ["ServerCore", "Send"]
 
@@ -69,7 +71,7 @@ class ServerCore:
         allocate: makes a part's shared-memory buffers (None: no shared memory).
         defer: runs a call on this server's handling thread later (the reactor's
             ``call_soon``); with it, big tables are drawn on a thread of their own
-            (:meth:`DataHandlers._init_rows`). None: everything inline.
+            (:class:`~pskv.server.row_init.RowInit`). None: everything inline.
     """
 
     def __init__(self, cluster: ClusterConfig, send: Send, node_id: Callable[[], int], name: Callable[[], str],
@@ -80,14 +82,16 @@ class ServerCore:
         self._node_id = node_id
         self._name = name
         workers = tuple(node_id_of(r) for r in range(cluster.num_workers))
-        self.shard = ServerShard(cluster.num_workers, sync=True, allocate=allocate, workers=workers)
+        self.observer = ServerObserver()  # what pskv top shows of this server (metrics()), spans once traced
+        self.shard = ServerShard(cluster.num_workers, sync=True, allocate=allocate, workers=workers,
+                                 observer=self.observer)
         self.dead = DeadWorkers(self.shard, cluster.recovery_timeout, name)
         self.replies = ReplyCache(CONNECTIONS_PER_WORKER * max(1, cluster.num_workers))
         self.senders = SenderBindings(name, secret)  # which worker each connection speaks for (by its token)
         self.checkpoints = ShardCheckpoints(self.shard, cluster, name)
         self.routes = Routes()  # a worker's send-only socket -> where its replies go (HELLO); bounded
         self.data = DataHandlers(self.shard, self._reply, self._answer, node_id, self.replies, self.dead,
-                                 self.routes, name, cluster.max_table_bytes, defer)
+                                 self.routes, name, cluster.max_table_bytes, defer, fail=self.fail)
         self.data.squeezed = self.checkpoints.squeezed  # both_ways residuals: saved and restored with the shard
         if allocate is not None and cluster.shm_rows_bytes:  # rows of row-sparse keys in shared memory (workers here)
             self.data.shared_rows = SharedRows(allocate, workers, cluster.shm_rows_bytes)
@@ -99,7 +103,6 @@ class ServerCore:
         self._secret = secret
         self._early: list[tuple[bytes, list[bytes]]] | None = []  # HELLO/REJOIN that came before the secret
         self._early_limit = 2 * cluster.num_workers + 16  # a worker's connections open one at a time per server
-        self.counters = NodeCounters()  # what pskv top shows of this server (metrics())
         self._workers = workers  # node ids: a stalled round waits for those that did not push
         self._scanned = (0, 0, 0)  # queue, stalls, whom they wait for: the last pass over the parts (metrics())
         self._next_scan = 0.0  # monotonic time metrics() may pass over the parts again
@@ -111,7 +114,7 @@ class ServerCore:
         except ProtocolError as exc:
             log.error("%s: rejected a malformed message from %r: %s", self._name(), identity, exc)
             return
-        self._count(header, buffers)
+        self.observer.received(header, buffers)
         if self._early is not None and self._hold_early(identity, header, buffers, frames):
             return
         origin = identity  # the socket it came from: one process's (fixed across reconnects)
@@ -126,27 +129,24 @@ class ServerCore:
             else:
                 self._answer_repeat(identity, header, repeat)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an ERROR reply; the server lives on
-            if not isinstance(exc, KVStoreError):
-                log.exception("%s: %s failed", self._name(), header.command.name)
-            self._reply(identity, error_frames(header, self._node_id(), type(exc).__name__, str(exc)))
+            self.fail(identity, header, exc)
         finally:
             self.replies.end()
             held, self._held = self._held, None
             for peer, reply in held:
                 self._send(peer, reply)
 
-    def _count(self, header: Header, buffers: list[memoryview]) -> None:
-        """This message in the server's metrics: one op; its arrays' bytes in (and out, for a
-        shared-memory pull: the reply only names what the worker reads)."""
-        counters = self.counters
-        counters.ops += 1
-        if buffers:
-            counters.bytes_in += sum(b.nbytes for b in buffers)
-        elif header.flags & Flag.SHM and not header.flags & Flag.ROWS:
-            if header.command is not Command.PULL:  # a push or pushpull's values are in its slots
-                counters.bytes_in += value_bytes(header.arrays)
-            if header.command is not Command.PUSH:
-                counters.bytes_out += value_bytes(header.arrays)
+    def fail(self, identity: bytes, header: Header, exc: Exception) -> None:
+        """The server's one ERROR reply: the request ``header`` failed with ``exc`` (its type and text go back;
+        logged with its traceback unless a :class:`~pskv.errors.KVStoreError`). Called in the ``except``
+        block, also for a request answered later (a row-sparse INIT drawn on a thread)."""
+        if not isinstance(exc, KVStoreError):
+            log.exception("%s: %s failed", self._name(), header.command.name)
+        self._reply(identity, error_frames(header, self._node_id(), type(exc).__name__, str(exc)))
+
+    def trace(self, timeline: Timeline | None) -> None:
+        """Record the shard's rounds on ``timeline`` too (``PSKV_TIMELINE``; None: off), str keys by name."""
+        self.observer = self.shard.observer = observer(self.observer.counters, timeline, self.key_names)
 
     def metrics(self) -> Counters:
         """This server's metrics now (the membership sends them with a heartbeat; reactor thread).
@@ -159,17 +159,15 @@ class ServerCore:
         """
         start = time.monotonic()
         if start >= self._next_scan:
-            queue = stalls = 0
-            stale = start - STALL_AFTER
+            stalls = 0
+            joined = self.shard.joined
             missing: collections.Counter[int] = collections.Counter()  # worker -> stalled rounds without its push
-            for part in self.shard.parts.values():
-                queue += len(part.waiting) + len(part.early)
-                if part.pushed and part.round_started < stale:
-                    stalls += 1
-                    missing.update(w for w in self._workers if w not in part.pushed and w not in self.shard.joined)
-            self._scanned = (queue, stalls, missing.most_common(1)[0][0] if missing else 0)
+            for stall in self.shard.open_rounds(STALL_AFTER):
+                stalls += 1
+                missing.update(w for w in self._workers if w not in stall.pushed and w not in joined)
+            self._scanned = (self.shard.parked(), stalls, missing.most_common(1)[0][0] if missing else 0)
             self._next_scan = start + 50 * (time.monotonic() - start)
-        return self.counters.report(*self._scanned, rounds=self.shard.rounds_done)
+        return self.observer.counters.report(*self._scanned)
 
     def registered(self) -> None:
         """The job's secret is known now: handle the opening messages held until now, in order."""
@@ -232,7 +230,7 @@ class ServerCore:
 
     def _answer(self, identity: bytes, frames: list[Any]) -> None:
         """Send a reply with values (pull, pushpull) — after the reply to the message being handled."""
-        self.counters.bytes_out += sum(memoryview(f).nbytes for f in frames[1:])
+        self.observer.sent(frames)
         if self._held is not None:
             self._held.append((identity, frames))
         else:

@@ -3,7 +3,8 @@
 ``INIT``, ``PUSH``, ``PULL``, ``PUSHPULL``, ``JOIN``, ``SYNC``, ``HELLO`` and ``REJOIN``.
 Each validates its request and drives the :class:`~pskv.server.shard.ServerShard`
 (the rules live there); a pull's values are sent by a :class:`~pskv.server.gather.Gather`
-once every part it names has completed the round it waits for.
+once every part it names has completed the round it waits for. The INIT of row-sparse keys
+is :class:`~pskv.server.row_init.RowInit`'s.
 
 Two kinds of reply: ``reply`` sends at once (acknowledgements; kept for a repeat of the
 request), ``answer`` sends values after the reply to the message being handled, so a
@@ -13,26 +14,25 @@ worker sees its push acknowledged before any pull that includes it returns.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from functools import partial
 from typing import Any, TypeAlias
 
 import numpy as np
 
-from pskv.arrays.tables import TABLE_DTYPES, draw_rows, is_drawn
 from pskv.compression import Compressor
 from pskv.compression import create as create_compressor
 from pskv.errors import InvalidArgumentError, KVStoreError, ProtocolError
 from pskv.protocol import TX_PREFIX, ArraySpec, Command, Flag, Header, frame_array, node_name, split_rows
-from pskv.protocol.bodies import CompressionParams, Hello, HelloReply, InitBody, Rejoined
-from pskv.protocol.replies import error_frames, reply_frames
+from pskv.protocol.bodies import CompressionParams, Hello, HelloReply, Rejoined
+from pskv.protocol.replies import reply_frames
 from pskv.server.dedup import ReplyCache
 from pskv.server.gather import Gather, Parking, Refused
 from pskv.server.liveness import DeadWorkers
 from pskv.server.routes import Routes
-from pskv.server.rows import RowBatch, SharedRows, check_fits, checked_ids
-from pskv.server.shard import MAX_PUSHES_AHEAD, Part, ServerShard, storage_dtype, to_storage
+from pskv.server.row_init import MAX_TABLE_BYTES, RowInit
+from pskv.server.rows import RowBatch, SharedRows, checked_ids
+from pskv.server.shard import MAX_PUSHES_AHEAD, Part, ServerShard, to_storage
 from pskv.server.squeeze import ReplyCompression
 
 __all__ = ["DataHandlers", "Handler", "Reply"]
@@ -45,13 +45,6 @@ Handler: TypeAlias = Callable[[bytes, Header, list[memoryview]], None]  # (ident
 Reply: TypeAlias = Callable[[bytes, list[Any]], None]  # (identity, frames)
 Frames: TypeAlias = list[tuple[Part, Any]]  # (part, its pushed values: an array, or a RowBatch)
 
-#: Bytes of row-sparse keys one server holds at most, unless the cluster config says (PSKV_MAX_TABLE_BYTES).
-MAX_TABLE_BYTES = 16 << 30
-#: An INIT drawing at least this many elements from initializers draws them on a thread of its own
-#: (when the server can defer its answer): its reactor goes on serving, heartbeats included.
-DRAW_IN_THREAD = 1 << 22
-Planned: TypeAlias = list[tuple[ArraySpec, int, int, "dict[str, Any] | None", np.ndarray[Any, Any],
-                                np.ndarray[Any, Any]]]
 
 
 def _must_wait(part: Part, min_round: int | None) -> bool:
@@ -74,16 +67,16 @@ class DataHandlers:
     Pulls that wait (for a round, or for a push that has not arrived) are bounded per
     worker (:class:`~pskv.server.gather.Parking`): past the bound a pull is refused.
         name: the server's name, for the log.
+        max_table_bytes, defer: for the INIT of row-sparse keys (:class:`~pskv.server.row_init.RowInit`).
+        fail: the server's one ERROR reply to a request that failed (``ServerCore.fail``).
     """
 
     def __init__(self, shard: ServerShard, reply: Reply, answer: Reply, node_id: Callable[[], int],
                  replies: ReplyCache, dead: DeadWorkers, routes: Routes, name: Callable[[], str],
                  max_table_bytes: int = MAX_TABLE_BYTES,
-                 defer: Callable[[Callable[[], None]], None] | None = None) -> None:
+                 defer: Callable[[Callable[[], None]], None] | None = None, *,
+                 fail: Callable[[bytes, Header, Exception], None]) -> None:
         self._shard = shard
-        self._max_table_bytes = max_table_bytes
-        self._defer = defer
-        self._drawing: dict[tuple[int, int], int] = {}  # parts being drawn on a thread -> their bytes
         self._reply = reply
         self._answer = answer
         self._node_id = node_id
@@ -96,7 +89,16 @@ class DataHandlers:
         self.stream_port = 0  # the TCP port of this server's data connections, if it takes them (HELLO says it)
         self._compressors: dict[str, Compressor] = {}  # COMPRESSED pushes' bodies -> their compressors (a few)
         self.squeezed = ReplyCompression()  # COMPRESS_REPLY: the parts' compressed values and residuals
-        self.shared_rows: SharedRows | None = None  # the rows buffers of workers on this host (ServerCore sets it)
+        self._row_init = RowInit(shard, self._ack, fail, name, max_table_bytes, defer)  # INIT of row-sparse keys
+
+    @property
+    def shared_rows(self) -> SharedRows | None:
+        """The rows buffers of workers on this host (ServerCore sets them; the first row-sparse INIT makes them)."""
+        return self._row_init.shared
+
+    @shared_rows.setter
+    def shared_rows(self, shared: SharedRows | None) -> None:
+        self._row_init.shared = shared
 
     def handlers(self) -> dict[Command, Handler]:
         """The handler of each data command."""
@@ -122,7 +124,7 @@ class DataHandlers:
     def init(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
         """Create keys (a restored key keeps its value), or overwrite existing ones (``OVERWRITE``: a broadcast)."""
         if header.flags & Flag.ROWS:
-            self._init_rows(identity, header, buffers)
+            self._row_init(identity, header, buffers)
             return
         items = self._frames(header, buffers)
         if header.flags & Flag.OVERWRITE:  # broadcast to existing keys
@@ -141,97 +143,6 @@ class DataHandlers:
         for spec, data in items:
             if not self._shard.accept_init(spec.key, spec.offset, spec.dtype, data.size):  # restored: kept
                 self._shard.init(spec.key, spec.offset, spec.dtype, data, summed=summed)
-        self._ack(identity, header)
-
-    def _init_rows(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
-        """INIT of row-sparse keys (``ROWS``): each part a range of rows, from its initializer or zeros, then the
-        rows its frame carries. Everything is checked before any part is made.
-
-        Raises:
-            InvalidArgumentError: a broadcast, a part past PSKV_MAX_TABLE_BYTES, bad row ids, an initializer
-                for a dtype it cannot draw, a width that does not divide the offset.
-            KVStoreError: a duplicate init.
-        """
-        sender = node_name(header.sender)
-        if header.flags & Flag.OVERWRITE:
-            raise InvalidArgumentError(f"broadcast from {sender}: row-sparse keys cannot be overwritten by a broadcast")
-        tables = InitBody.parse(header).tables
-        planned: Planned = []
-        held = sum(p.value.nbytes for p in self._shard.parts.values() if p.row_width) + sum(self._drawing.values())
-        for spec, buf, (count, init) in zip(header.arrays, buffers, tables):
-            n, width = spec.shape
-            what = f"init of row-sparse key {spec.key} from {sender}"
-            if width < 1 or spec.offset % width:
-                raise InvalidArgumentError(f"{what}: rows of {width} elements cannot start at element {spec.offset}")
-            if init is not None and spec.dtype not in TABLE_DTYPES:
-                raise InvalidArgumentError(f"{what}: a table drawn from an initializer must be one of {TABLE_DTYPES}, "
-                                           f"not {spec.dtype}")
-            existing = self._shard.parts.get((spec.key, spec.offset))
-            if (existing is not None and not existing.restored) or (spec.key, spec.offset) in self._drawing or any(
-                    p[0].key == spec.key and p[0].offset == spec.offset for p in planned):
-                raise KVStoreError(f"duplicate init of key {spec.key}")
-            if existing is None:  # a restored part is counted in what this server holds already
-                check_fits(count, width, storage_dtype(spec.dtype).itemsize, held, self._max_table_bytes, what)
-                held += count * width * storage_dtype(spec.dtype).itemsize
-            ids, rows = split_rows(spec, buf)
-            planned.append((spec, count, width, init, checked_ids(ids, spec.offset // width, count, what), rows))
-        summed = bool(header.flags & Flag.SUMMED)
-        if self.shared_rows is not None:  # the job has row-sparse keys: rows may travel in shared memory now
-            try:
-                self.shared_rows.make()
-            except OSError as exc:
-                log.warning("%s: no shared-memory rows buffers, row-sparse keys use sockets: %s", self._name(), exc)
-                self.shared_rows = None
-        drawn = [init is not None and is_drawn(init) and self._shard.parts.get((spec.key, spec.offset)) is None
-                 for spec, _, _, init, _, _ in planned]
-        elements = sum(count * width for (_, count, width, _, _, _), d in zip(planned, drawn) if d)
-        if self._defer is None or elements < DRAW_IN_THREAD:
-            self._create_rows(planned, [self._draw(p) if d else None for p, d in zip(planned, drawn)], summed)
-            self._ack(identity, header)
-            return
-        # a big table: drawn on a thread while this server goes on serving (and sending heartbeats); the
-        # parts are made and the INIT answered back on the server's thread
-        for spec, count, width, _, _, _ in planned:
-            self._drawing[(spec.key, spec.offset)] = count * width * storage_dtype(spec.dtype).itemsize
-        defer = self._defer
-
-        def draw() -> None:
-            try:
-                tables = [self._draw(p) if d else None for p, d in zip(planned, drawn)]
-            except Exception as exc:  # noqa: BLE001 - e.g. MemoryError: answered as the INIT's error
-                defer(partial(self._drawn, identity, header, planned, None, summed, exc))
-                return
-            defer(partial(self._drawn, identity, header, planned, tables, summed, None))
-        threading.Thread(target=draw, name="pskv-draw-table", daemon=True).start()
-
-    @staticmethod
-    def _draw(planned: tuple[ArraySpec, int, int, dict[str, Any] | None, Any, Any]) -> np.ndarray[Any, Any]:
-        spec, count, width, init, _, _ = planned
-        assert init is not None
-        return draw_rows(init, spec.dtype, spec.offset // width, count, width)
-
-    def _create_rows(self, planned: Planned, drawn: list[np.ndarray[Any, Any] | None], summed: bool) -> None:
-        """Make the parts of a checked INIT of row-sparse keys (a restored one is kept)."""
-        for (spec, count, width, _, local, rows), table in zip(planned, drawn):
-            if self._shard.accept_init(spec.key, spec.offset, spec.dtype, count * width, width):
-                continue  # restored from a checkpoint: kept
-            self._shard.init_rows(spec.key, spec.offset, spec.dtype, count, width,
-                                  RowBatch(local, to_storage(spec.dtype, rows)), table, summed)
-
-    def _drawn(self, identity: bytes, header: Header, planned: Planned, drawn: list[np.ndarray[Any, Any] | None] | None,
-               summed: bool, failure: Exception | None) -> None:
-        """On the server's thread: the tables an INIT's thread drew are ready (or failed): make the parts, answer."""
-        for spec, _, _, _, _, _ in planned:
-            self._drawing.pop((spec.key, spec.offset), None)
-        try:
-            if failure is not None:
-                raise failure
-            assert drawn is not None
-            self._create_rows(planned, drawn, summed)
-        except Exception as exc:  # noqa: BLE001 - the INIT's answer, as ServerCore.handle would give it
-            log.error("%s: INIT of row-sparse keys from %s failed: %s", self._name(), node_name(header.sender), exc)
-            self._reply(identity, error_frames(header, self._node_id(), type(exc).__name__, str(exc)))
-            return
         self._ack(identity, header)
 
     def _dense(self, part: Part, header: Header, op: str) -> Part:

@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from pskv.protocol import Role, node_id, node_name, node_role_rank
-from pskv.server.shard import Part, PartId, ServerShard
+from pskv.server.shard import Part, ServerShard
 
 __all__ = ["DeadWorkers", "StallReport"]
 
@@ -173,17 +173,17 @@ class StallReport:
         self._everyone = {node_id(Role.WORKER, r) for r in range(num_workers)}
         self._limit = limit
         self._name = name
-        self._reported: set[tuple[PartId, int]] = set()
+        self._reported: set[tuple[int, int, int]] = set()  # (key, offset, round)
 
     def report(self) -> None:
         """Timer: log the rounds that newly passed the limit."""
-        for pid, rnd, pushed, age in self._shard.stalled(self._limit):
-            if (pid, rnd) in self._reported:
+        for part, rnd, pushed, age in self._shard.open_rounds(self._limit):
+            if (part.key, part.offset, rnd) in self._reported:
                 continue
-            self._reported.add((pid, rnd))
+            self._reported.add((part.key, part.offset, rnd))
             missing = ", ".join(node_name(n) for n in sorted(self._everyone - pushed))
             have = ", ".join(node_name(n) for n in sorted(pushed))
-            known = self._key_names.get(pid[0])
-            key = f"{pid[0]}" if known is None else f"{known!r} (server key {pid[0]})"
+            known = self._key_names.get(part.key)
+            key = f"{part.key}" if known is None else f"{known!r} (server key {part.key})"
             log.warning("%s: round %d of key %s (offset %d) has waited %.0f s for %s (pushed: %s)",
-                        self._name(), rnd, key, pid[1], age, missing, have)
+                        self._name(), rnd, key, part.offset, age, missing, have)

@@ -115,8 +115,8 @@ class ServerNode:
             self._reactor.start()
             info = self._membership.register(self._cluster.server_rank)
             self._rank = info.rank
-            self._shard.trace(open_timeline(self._cluster.timeline, "server", self._rank, self._cluster.restart_count,
-                                            info.recovery), self._core.key_names)
+            self._core.trace(open_timeline(self._cluster.timeline, "server", self._rank, self._cluster.restart_count,
+                                           info.recovery))
             self._reactor.call_soon(self._core.registered)  # workers' HELLOs that came first: checked now
             if info.recovery:  # a replacement in a running job: the workers go on numbering their pushes
                 self._reactor.call_soon(self._core.checkpoints.apply_saved_counts)
@@ -131,8 +131,7 @@ class ServerNode:
     def stop(self) -> None:
         """Stop serving and release the sockets (idempotent); unblocks :meth:`run`."""
         self._runtime.stop()
-        if self._shard.timeline is not None:
-            self._shard.timeline.close()
+        self._core.observer.close()
         if self._shm_dir is not None:
             self._shm_dir.remove()
 

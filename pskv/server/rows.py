@@ -4,7 +4,7 @@ A row-sparse key's part on a server is the dense range of rows ``[first, first +
 of the key (:func:`pskv.partition.row_ranges`), stored as one flat array like any part
 (``Part.row_width`` > 0 marks it), with the sorted *local* ids of its present rows
 (``Part.present``: the rows a push without optimizer left, see the local store's
-:mod:`pskv.kvstore.sparse`). Rows travel as the rows encoding
+:mod:`pskv.kvstore.local_rows`). Rows travel as the rows encoding
 (:data:`pskv.protocol.Flag.ROWS`): global row ids, then the rows.
 
 What a round does with the rows pushed (:func:`apply`), each summed over workers by id
@@ -24,6 +24,10 @@ Rows in shared memory (``ROWS`` with ``SHM``, :class:`SharedRows`): each worker 
 host has one rows buffer here (``PSKV_SHM_ROWS_BYTES``), made with the first row-sparse
 INIT; a message's specs name regions of it (``ArraySpec.buffer``: byte offset), each
 checked to lie inside the buffer before it is read or written.
+
+The INIT of row-sparse keys, which checks its parts with :func:`checked_ids` and
+:func:`check_fits`, is :mod:`pskv.server.row_init`'s (it draws tables, a thread's I/O: not
+in this pure module); the worker's side is :mod:`pskv.worker.rows`.
 """
 
 from __future__ import annotations

@@ -49,45 +49,31 @@ pull of that round.
 
 from __future__ import annotations
 
-import functools
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 
-from pskv.arrays.dtypes import numpy_dtype
+from pskv.arrays.dtypes import bf16_bits_to_f32, f32_to_bf16_bits, numpy_dtype
 from pskv.errors import DTypeMismatchError, DuplicateKeyError, InvalidArgumentError, ShapeMismatchError, UnknownKeyError
-from pskv.protocol import node_name
+from pskv.optimizer.base import UpdateFn
 from pskv.server import rows as sparse_rows
 from pskv.server.rows import RowBatch
-from pskv.timeline import Timeline
 
-__all__ = ["MAX_PUSHES_AHEAD", "Part", "PushLog", "ServerShard", "PartId", "bf16_bits_to_f32", "f32_to_bf16_bits"]
+__all__ = ["MAX_PUSHES_AHEAD", "OpenRound", "Part", "PushLog", "ServerShard", "ShardObserver", "PartId",
+           "bf16_bits_to_f32", "f32_to_bf16_bits"]
 
 PartId = tuple[int, int]  # (key, offset)
 # allocate(key, offset, name, dtype, size) -> a shared 1-D array
 Allocator = Callable[[int, int, str, np.dtype[Any], int], np.ndarray[Any, Any]]
-Updater = Callable[[Any, Any, Any], None]
-_node_name = functools.lru_cache(maxsize=1 << 16)(node_name)  # a timeline's merge spans name workers often
+T = TypeVar("T")
 
 # How far past a worker's contiguous pushes of a part a push number may be (pushes of one
 # part may overtake each other in the worker's priority queue, never by this many).
 MAX_PUSHES_AHEAD = 1024
-
-
-def bf16_bits_to_f32(bits: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """bfloat16 bit patterns (uint16) to float32 values (exact)."""
-    return (bits.astype(np.uint32) << 16).view(np.float32)
-
-
-def f32_to_bf16_bits(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """float32 values to bfloat16 bit patterns, rounding to nearest even."""
-    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
-    rounded = u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))
-    return (rounded >> np.uint32(16)).astype(np.uint16)
 
 
 def storage_dtype(dtype: str) -> np.dtype[Any]:
@@ -153,7 +139,6 @@ class Part:
     first_row: int = 0  # a row-sparse part: the global id of its first row
     present: np.ndarray[Any, Any] | None = None  # a row-sparse part: local ids of its present rows
     rows_merge: list[RowBatch] = field(default_factory=list)  # a row-sparse part: the open round's rows
-    arrived: dict[int, float] = field(default_factory=dict)  # with a timeline: when each worker's push joined
 
     @property
     def num_rows(self) -> int:
@@ -185,53 +170,56 @@ class Part:
         return self.published[1]
 
 
+class ShardObserver:
+    """What a shard's rounds do, told to whoever watches them: the server's counters and timeline spans
+    (:mod:`pskv.server.observe`). This one, the default, ignores it all: the shard calls it without a test."""
+
+    def pushed(self, part: Part, worker: int) -> None:
+        """``worker``'s push joined ``part``'s open sync round."""
+
+    def round_full(self, part: Part) -> None:
+        """``part``'s open sync round has every push it waits for; it is applied next."""
+
+    def applied(self, part: Part, update: Callable[..., T], *args: Any) -> T:
+        """Apply ``part``'s round (or async push): ``update(*args)``, whose result is returned."""
+        return update(*args)
+
+    def round_completed(self, part: Part) -> None:
+        """A round of ``part`` completed (sync) or a push of it was applied (async)."""
+
+
+class OpenRound(NamedTuple):
+    """A sync round some workers pushed to and others not yet (:meth:`ServerShard.open_rounds`)."""
+
+    part: Part
+    round: int  # its number (1-based)
+    pushed: set[int]  # the workers whose push joined it (the part's own set: read, do not keep)
+    age: float  # seconds since its first push
+
+
 class ServerShard:
     """All parts of one server.
 
     Args:
         num_workers: workers whose pushes make up one sync round.
         sync: sync (True) or async (False) aggregation.
+        allocate: makes a part's shared-memory buffers (None: none), with a push slot for each of ``workers``.
+        observer: told what the rounds do (:class:`ShardObserver`; the default ignores it).
     """
 
     def __init__(self, num_workers: int, sync: bool = True, allocate: Allocator | None = None,
-                 workers: tuple[int, ...] = ()) -> None:
+                 workers: tuple[int, ...] = (), observer: ShardObserver | None = None) -> None:
         self.num_workers = num_workers
         self.sync = sync
         self._allocate = allocate
         self._workers = workers
         self.parts: dict[PartId, Part] = {}
-        self.updater: Updater | None = None
-        self.rounds_done = 0  # rounds completed over all parts (async: pushes applied), for pskv top
+        self.updater: UpdateFn | None = None
         # Workers that joined (ran out of data, see :meth:`join`): sync rounds complete
         # without them until every worker has joined.
         self.joined: set[int] = set()
         self._pieces: dict[int, list[Part]] = {}  # key -> its parts here, by offset (one slice, maybe cut)
-        self.timeline: Timeline | None = None  # PSKV_TIMELINE: rounds' merge and update spans (trace)
-        self._names: Mapping[int, str] = {}
-
-    def trace(self, timeline: Timeline | None, names: Mapping[int, str]) -> None:
-        """Record on ``timeline`` each part's ``merge`` (a sync round, from its first push until it is full)
-        and ``update`` (the updater, or a row-sparse part's rows applied) spans, per round; str keys by
-        their ``names`` (server key -> name)."""
-        self.timeline = timeline
-        self._names = names
-
-    def _span(self, name: str, part: Part, start: float, number: int, more: dict[str, Any] | None = None) -> None:
-        """Span ``name`` of ``part``'s round ``number`` from ``start`` until now, on the part's track."""
-        assert self.timeline is not None
-        key = self._names.get(part.key, part.key)
-        self.timeline.span(name, f"key {key} @{part.offset}" if part.offset else f"key {key}", start,
-                           time.monotonic(), {"key": key, "offset": part.offset, "round": number,
-                                              "bytes": part.value.nbytes, "workers": len(part.pushed), **(more or {})})
-
-    @staticmethod
-    def _arrivals(part: Part) -> dict[str, Any]:
-        """A merge span's ``pushes`` (per worker, in order: microseconds after the round's first push) and
-        ``last`` worker."""
-        arrived = sorted(((t, w) for w, t in part.arrived.items() if w in part.pushed))
-        part.arrived.clear()
-        return {"pushes": {_node_name(w): int((t - arrived[0][0]) * 1e6) for t, w in arrived},
-                "last": _node_name(arrived[-1][1]) if arrived else None}
+        self.observer = observer or ShardObserver()
 
     def _full(self, part: Part) -> bool:
         """True if the open round of ``part`` has a push from every worker that has not joined."""
@@ -513,28 +501,18 @@ class ServerShard:
             self.pull_after_push(part, worker, number, ready, fail)
 
     def _push(self, part: Part, worker: int, data: Any) -> int:
-        if not self.sync and part.row_width:
+        if not self.sync:
             if self.updater is None and not part.summed:
                 raise InvalidArgumentError(
                     "dist_async applies every push through the optimizer: call set_optimizer "
                     "(or set an updater on the servers) before pushing"
                 )
-            part.present = self._apply_rows(part, data)
-            part.round += 1
-            self._answer(part)
-            return part.round
-        if not self.sync:
-            if part.summed:
+            if part.row_width:
+                part.present = self._apply_rows(part, data)
+            elif part.summed:
                 np.add(part.value, data, out=part.value)
-                part.round += 1
-                self._answer(part)
-                return part.round
-            if self.updater is None:
-                raise InvalidArgumentError(
-                    "dist_async applies every push through the optimizer: call set_optimizer "
-                    "(or set an updater on the servers) before pushing"
-                )
-            self._update(part, data)
+            else:
+                self._update(part, data)
             part.round += 1
             self._answer(part)
             return part.round
@@ -549,17 +527,13 @@ class ServerShard:
         return joined
 
     def _add(self, part: Part, worker: int, data: Any) -> None:
-        if self.timeline is not None:
-            part.arrived[worker] = time.monotonic()
+        if not part.pushed:
+            part.round_started = time.monotonic()  # its age: a round open too long is a stall
         if part.row_width:  # the rows are kept (copied) until the round completes
             if not part.pushed:
-                part.round_started = time.monotonic()
                 part.rows_merge = []
             part.rows_merge.append(RowBatch(data.ids, np.array(data.rows)))
-            part.pushed.add(worker)
-            return
-        if not part.pushed:
-            part.round_started = time.monotonic()
+        elif not part.pushed:
             if part.merge is None:
                 part.merge = part._fresh_merge()
             np.copyto(part.merge, data)
@@ -567,6 +541,7 @@ class ServerShard:
             assert part.merge is not None
             np.add(part.merge, data, out=part.merge)
         part.pushed.add(worker)
+        self.observer.pushed(part, worker)
 
     def _complete(self, part: Part) -> None:
         """Apply a full round, answer pulls, and start queued pushes (possibly repeatedly).
@@ -577,8 +552,7 @@ class ServerShard:
         Until then a full piece stays full, so its next pushes queue.
         """
         while True:
-            if self.timeline is not None:
-                self._span("merge", part, part.round_started, part.round + 1, self._arrivals(part))
+            self.observer.round_full(part)
             if part.row_width:
                 batches, part.rows_merge = part.rows_merge, []
                 part.present = self._apply_rows(part, sparse_rows.merge(batches, part.row_width, part.value.dtype))
@@ -613,19 +587,13 @@ class ServerShard:
         """A round's (or an async push's) rows into a row-sparse part; its present rows after."""
         assert part.present is not None
         part.published = None
-        start = time.monotonic() if self.timeline is not None else 0.0
-        present = sparse_rows.apply(part.table(), part.present, batch, part.key, self.updater, part.summed)
-        if self.timeline is not None:
-            self._span("update", part, start, part.round + 1)
-        return present
+        return self.observer.applied(part, sparse_rows.apply, part.table(), part.present, batch, part.key,
+                                     self.updater, part.summed)
 
     def _update(self, part: Part, grad: np.ndarray[Any, Any]) -> None:
         """The updater on ``part``'s value with ``grad`` (a round's sum, or an async push)."""
         assert self.updater is not None
-        start = time.monotonic() if self.timeline is not None else 0.0
-        self.updater(part.key, grad, part.value)
-        if self.timeline is not None:
-            self._span("update", part, start, part.round + 1)
+        self.observer.applied(part, self.updater, part.key, grad, part.value)
 
     def _advance(self, part: Part) -> None:
         """``part``'s round is applied: count it, answer its pulls, start its queued pushes."""
@@ -643,10 +611,7 @@ class ServerShard:
         assert self.updater is not None
         merged = np.concatenate([p.merge for p in pieces if p.merge is not None])
         value = np.concatenate([p.value for p in pieces])
-        start = time.monotonic() if self.timeline is not None else 0.0
-        self.updater(pieces[0].key, merged, value)
-        if self.timeline is not None:
-            self._span("update", pieces[0], start, pieces[0].round + 1)
+        self.observer.applied(pieces[0], self.updater, pieces[0].key, merged, value)
         at = 0
         for p in pieces:
             np.copyto(p.value, value[at: at + p.value.size])
@@ -666,9 +631,9 @@ class ServerShard:
             part.waiting.append((min_round, ready, fail))
 
     def _answer(self, part: Part) -> None:
-        """A round of ``part`` completed (sync) or a push was applied (async): count it (:attr:`rounds_done`),
-        answer the pulls that waited for it."""
-        self.rounds_done += 1
+        """A round of ``part`` completed (sync) or a push was applied (async): tell the observer, answer the
+        pulls that waited for it."""
+        self.observer.round_completed(part)
         if not part.waiting:
             return
         now = [cb for r, cb, _ in part.waiting if r <= part.round]
@@ -688,8 +653,14 @@ class ServerShard:
                     failed += 1
         return failed
 
-    def stalled(self, older_than: float = 0.0) -> list[tuple[PartId, int, set[int], float]]:
-        """Open rounds older than ``older_than`` s: ``(part id, round, workers that pushed, age)``."""
+    def open_rounds(self, older_than: float = 0.0) -> Iterator[OpenRound]:
+        """The open sync rounds whose first push came ``older_than`` s ago or more (stalls: the stall report
+        and the metrics both ask here)."""
         now = time.monotonic()
-        return [(pid, p.round + 1, set(p.pushed), now - p.round_started)
-                for pid, p in self.parts.items() if p.pushed and now - p.round_started >= older_than]
+        for part in self.parts.values():
+            if part.pushed and now - part.round_started >= older_than:
+                yield OpenRound(part, part.round + 1, part.pushed, now - part.round_started)
+
+    def parked(self) -> int:
+        """Pulls parked now: waiting for a round to complete, or for the push they name to arrive."""
+        return sum(len(part.waiting) + len(part.early) for part in self.parts.values())

@@ -24,7 +24,6 @@ shared file system across hosts).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -32,10 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from safetensors import SafetensorError, safe_open
-from safetensors.numpy import load_file, save_file
 
-from pskv.atomic import write_atomic
 from pskv.checkpoints import (
     MANIFEST,
     SERVER_FORMAT,
@@ -47,6 +43,7 @@ from pskv.checkpoints import (
 )
 from pskv.compression import create
 from pskv.errors import CheckpointError, KVStoreError
+from pskv.safefile import read_document, write_document
 
 __all__ = [
     "FORMAT", "MANIFEST", "PartState", "ReplyState", "ShardState", "latest_checkpoint", "read_manifest", "read_shard",
@@ -120,14 +117,10 @@ def write_shard(directory: str | os.PathLike[str], state: ShardState) -> Path:
         tensors[f"r{j}"] = np.ascontiguousarray(r.residual, np.float32)
         tensors[f"q{j}"] = np.ascontiguousarray(r.payload, np.uint8)
         replies.append({"key": r.key, "offset": r.offset, "round": r.round, "compression": dict(r.compression)})
-    doc = {"format": FORMAT, "version": VERSION, "rank": state.rank, "num_servers": state.num_servers,
-           "num_workers": state.num_workers, "sync": state.sync, "parts": parts,
-           "optimizer": state.optimizer is not None, "replies": replies}
+    doc = {"rank": state.rank, "num_servers": state.num_servers, "num_workers": state.num_workers, "sync": state.sync,
+           "parts": parts, "optimizer": state.optimizer is not None, "replies": replies}
     path = shard_file(directory, state.rank)
-    try:
-        write_atomic(path, lambda tmp: save_file(tensors, str(tmp), metadata={"pskv": json.dumps(doc)}))
-    except OSError as exc:
-        raise CheckpointError(f"server {state.rank} could not write {path}: {exc}") from exc
+    write_document(path, FORMAT, VERSION, doc, tensors, writer=f"server {state.rank}")
     return path
 
 
@@ -140,15 +133,7 @@ def read_shard(directory: str | os.PathLike[str], rank: int) -> ShardState:
     path = shard_file(directory, rank)
     if not path.is_file():
         raise CheckpointError(f"{path} does not exist (server {rank}'s part of the checkpoint)")
-    try:
-        with safe_open(str(path), framework="numpy") as f:
-            meta = f.metadata() or {}
-        doc = json.loads(meta["pskv"])
-        tensors = load_file(str(path))
-    except (SafetensorError, OSError, KeyError, ValueError) as exc:
-        raise CheckpointError(f"{path} is not a pskv server checkpoint: {exc}") from exc
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION:
-        raise CheckpointError(f"{path} is not a pskv server checkpoint (format {doc.get('format')!r})")
+    doc, tensors = read_document(path, FORMAT, VERSION, what="pskv server checkpoint")
     try:
         parts = tuple(_rows_checked(PartState(int(p["key"]), int(p["offset"]), str(p["dtype"]), tensors[f"p{i}"],
                                               int(p["round"]), bool(p.get("summed", False)),

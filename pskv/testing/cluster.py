@@ -1,8 +1,9 @@
 """A whole cluster inside one process, for tests and experiments.
 
 :class:`InProcessCluster` starts a scheduler on ``127.0.0.1`` (port chosen by the OS)
-and the servers as threads; :meth:`InProcessCluster.run_workers` runs a function once
-per worker, each in its own thread with its own store, and returns their results — or
+and the servers as threads; :meth:`InProcessCluster.run_workers` runs a function of the
+worker's cluster contract once per worker, each in its own thread (:meth:`InProcessCluster.run_stores`:
+a function of a store each worker creates and closes), and returns their results — or
 raises the first worker's exception. Every wait has a deadline; leftover threads are
 daemons and the sockets are closed on exit.
 """
@@ -20,6 +21,7 @@ from typing import Any, TypeVar
 from pskv.cluster import Scheduler
 from pskv.config import ClusterConfig
 from pskv.errors import OperationTimeoutError
+from pskv.kvstore import KVStoreBase, create
 from pskv.server.node import ServerNode
 
 __all__ = ["InProcessCluster"]
@@ -91,6 +93,17 @@ class InProcessCluster:
             return results
         finally:
             pool.shutdown(wait=False, cancel_futures=True)
+
+    def run_stores(self, fn: Callable[[KVStoreBase], T], store: str = "dist_sync", timeout: float | None = None) -> list[T]:
+        """:meth:`run_workers` of ``fn(kv)``, each worker with a ``store`` of its own (closed after ``fn``)."""
+        def body(cluster: ClusterConfig) -> T:
+            kv = create(store, cluster=cluster)
+            try:
+                return fn(kv)
+            finally:
+                kv.close()
+
+        return self.run_workers(body, timeout)
 
     def close(self) -> None:
         """Wait for the servers to finish (they end when every worker closed its store).

@@ -3,14 +3,19 @@
 :class:`SimulatedHosts` makes N "hosts": each a network namespace with one veth link to a
 bridge that lives in a namespace of its own, a private address ``10.215.0.<i+1>/24`` that
 exists only inside these namespaces, and optional ``tc`` shaping of its link (``tbf`` for
-a rate, both ways; ``netem`` for a delay where the kernel has it). Everything is named
-uniquely per process and removed when the context ends, also on failure.
+a rate, both ways; ``netem`` for a delay where the kernel has ``sch_netem``, found out once
+per process by :func:`netem_available` — elsewhere the delay is left out and the links are
+shaped by ``tbf`` alone, so jobs still run). Everything is named uniquely per process and
+removed when the context ends, also on failure.
 
 A job runs on them through the real ssh launcher: :meth:`SimulatedHosts.hostfile` writes
 a hostfile of their addresses and :meth:`SimulatedHosts.ssh_command` is the
 ``pskv launch --ssh-command`` that "enters" a host instead of logging into it::
 
-    python -m pskv.testing.hosts enter ADDR=NETNS/NAME[,...] [ssh options] ADDR COMMAND
+    python -S .../pskv/testing/hosts.py enter ADDR=NETNS/NAME[,...] [ssh options] ADDR COMMAND
+
+(this file run as a script: it needs only the standard library, so starting a process on
+a host does not import pskv once more; ``python -m pskv.testing.hosts enter`` is the same)
 
 drops the ssh options (as ssh takes them), and runs ``sh -c COMMAND`` inside the host's
 network namespace with its own UTS namespace and host name ``NAME``. So pskv's
@@ -24,6 +29,7 @@ skip).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -37,7 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-__all__ = ["SUBNET", "SimHost", "SimulatedHosts", "Unavailable", "enter_argv", "main", "strip_ssh_options"]
+__all__ = ["SUBNET", "SimHost", "SimulatedHosts", "Unavailable", "enter_argv", "main", "netem_available",
+           "strip_ssh_options"]
 
 SUBNET = "10.215.0"  # /24; the addresses exist only inside the namespaces made here
 PREFIX_LEN = 24
@@ -62,6 +69,29 @@ def _must(argv: Sequence[str]) -> str:
     if res.returncode != 0:
         raise Unavailable(f"`{shlex.join(argv)}` failed ({res.returncode}): {(res.stderr or res.stdout).strip()}")
     return res.stdout
+
+
+@functools.cache
+def netem_available() -> bool:
+    """Whether ``tc`` can add a ``netem`` qdisc here (tried once per process, in a namespace made for it).
+
+    Many kernels (and containers) come without ``sch_netem``; ``tbf`` is built in nearly
+    everywhere. False also where namespaces cannot be made (nothing can be tried).
+    """
+    if sys.platform != "linux" or shutil.which("tc") is None or shutil.which("ip") is None:
+        return False
+    probe = f"pskvn{os.getpid()}x{next(_counter)}"
+    try:
+        _must(["ip", "netns", "add", probe])
+    except Unavailable:
+        return False
+    try:
+        _must(["ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms"])
+        return True
+    except Unavailable:
+        return False
+    finally:
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True, timeout=_CMD_TIMEOUT, check=False)
 
 
 @dataclass(frozen=True)
@@ -89,11 +119,16 @@ class SimulatedHosts:
     Args:
         count: how many hosts (1..250).
         rate: a ``tc tbf`` rate (e.g. ``'1gbit'``) for every host's link, both ways; None: unshaped.
-        delay: a ``tc netem`` delay (e.g. ``'1ms'``) on every host's outgoing traffic; None: none.
+        delay: a ``tc netem`` delay (e.g. ``'1ms'``) on every host's outgoing traffic where
+            :func:`netem_available`; elsewhere none. None: none.
+
+    Attributes:
+        rate: the rate in effect.
+        delay: the delay in effect: ``delay``, or None where the kernel has no ``netem``.
 
     Raises:
-        Unavailable: not Linux, ``ip`` / ``unshare`` missing, namespaces not permitted, or
-            the qdisc asked for is not available (e.g. no ``sch_netem`` for ``delay``).
+        Unavailable: not Linux, ``ip`` / ``unshare`` (or ``tc``, for a rate) missing,
+            namespaces not permitted, or ``tbf`` refused the rate.
         ValueError: ``count`` out of range.
     """
 
@@ -102,16 +137,18 @@ class SimulatedHosts:
             raise ValueError(f"count must be in 1..250, got {count}")
         if sys.platform != "linux":
             raise Unavailable("network namespaces are Linux-only")
-        for tool in ("ip", "unshare", "hostname") + (("tc",) if rate or delay else ()):
+        for tool in ("ip", "unshare", "hostname") + (("tc",) if rate else ()):
             if shutil.which(tool) is None:
                 raise Unavailable(f"the `{tool}` command is not installed")
+        self.rate = rate
+        self.delay = delay if delay and netem_available() else None
         self.tag = f"pskvh{os.getpid()}x{next(_counter)}"
         self.bridge_ns = f"{self.tag}b"
         self.hosts = tuple(SimHost(i, f"{SUBNET}.{i + 1}", f"{self.tag}h{i}", f"simhost{i}", f"v{i}")
                            for i in range(count))
         self._made: list[str] = []
         try:
-            self._build(rate, delay)
+            self._build(self.rate, self.delay)
         except BaseException:
             self.destroy()
             raise
@@ -217,9 +254,9 @@ class SimulatedHosts:
 
 # -- the remote shell --------------------------------------------------------------------
 def enter_argv(hosts: Sequence[SimHost], python: str = sys.executable) -> list[str]:
-    """``PYTHON -m pskv.testing.hosts enter ADDR=NETNS/NAME,...``: ssh's stand-in for ``hosts``."""
-    return [python, "-m", "pskv.testing.hosts", "enter", ",".join(f"{h.address}={h.netns}/{h.hostname}"
-                                                                   for h in hosts)]
+    """``PYTHON -S .../hosts.py enter ADDR=NETNS/NAME,...``: ssh's stand-in for ``hosts`` (standard library only)."""
+    return [python, "-S", str(Path(__file__).resolve()), "enter",
+            ",".join(f"{h.address}={h.netns}/{h.hostname}" for h in hosts)]
 
 
 def _parse_table(text: str) -> dict[str, tuple[str, str]]:

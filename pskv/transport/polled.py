@@ -1,7 +1,7 @@
 """The connections a reactor polls itself, outside ZeroMQ: local and TCP data connections.
 
 Besides its ZeroMQ sockets, a node's reactor (:mod:`pskv.transport.reactor`) polls plain
-sockets of two kinds, which behave alike (:data:`Connection`):
+sockets of two kinds, which behave alike (:class:`PolledConnection`):
 
 * Unix-domain local connections between nodes of one host (:mod:`pskv.transport.unix`):
   a service accepts them at a path (:meth:`PolledConnections.bind_local`), a client
@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import zmq
 
@@ -48,7 +49,7 @@ from pskv.transport.unix import LocalConnection, listen
 if TYPE_CHECKING:  # the reactor hands its handlers in; only their types are needed here
     from pskv.transport.reactor import DealerHandler, RouterHandler
 
-__all__ = ["LOCAL_PREFIX", "MAX_OPENING", "MAX_STREAMS", "Connection", "PolledConnections"]
+__all__ = ["LOCAL_PREFIX", "MAX_OPENING", "MAX_STREAMS", "PolledConnection", "PolledConnections"]
 
 log = logging.getLogger("pskv.transport")
 
@@ -57,7 +58,6 @@ log = logging.getLogger("pskv.transport")
 # connection's binding (pskv.server.senders).
 LOCAL_PREFIX = b"\x00local-"
 
-Connection = LocalConnection | StreamConnection  # a connection the reactor polls itself, outside ZeroMQ
 
 _POLLIN, _POLLOUT = int(zmq.POLLIN), int(zmq.POLLOUT)
 # Packets read from one local connection in one turn of the reactor.
@@ -69,6 +69,52 @@ _READ_SLICE = 0.05
 # that have not sent their first message yet; more are closed as they come, logged.
 MAX_STREAMS = 4096
 MAX_OPENING = 256
+
+
+class PolledConnection(Protocol):
+    """A connection the reactor polls itself, outside ZeroMQ: a local one (:class:`LocalConnection`) or a TCP
+    data connection (:class:`StreamConnection`).
+
+    Whole messages leave from any thread (:meth:`send`; what the peer cannot take yet may
+    queue, :attr:`pending`, until :meth:`flush`) and arrive on the one thread holding
+    :attr:`reading`: the reactor, or a thread waiting for its reply (:meth:`PolledConnections.read_local`).
+    """
+
+    name: str  # for logs and error messages
+    fd: int  # the socket's descriptor, as polled
+    reading: threading.Lock  # held by the one thread that receives and hands the messages on, in order
+    claimed: bool  # a thread waiting for a reply reads it: the reactor leaves it out of its poll
+    polled: bool  # in the reactor's poll set for reading (changed by the reactor thread only)
+
+    def send(self, frames: Sequence[Any]) -> None:
+        """Send one message, or queue what the peer cannot take yet. Raises ConnectionError once closed."""
+
+    @property
+    def pending(self) -> bool:
+        """True while queued bytes wait for the peer (call :meth:`flush` when the socket is writable)."""
+
+    def flush(self) -> bool:
+        """Send queued bytes while the socket takes them (never waits); True once the queue is empty.
+
+        Raises ConnectionError if the connection failed (it is closed).
+        """
+
+    def overdue(self, now: float) -> bool:
+        """True if the peer took none of the queue for the bounds' slow-peer timeout."""
+
+    def receive(self, wait: float | None = None) -> list[memoryview] | None:
+        """Read what has come (waiting up to ``wait`` s, None: not at all); a whole message's frames, or None.
+
+        Raises BlockingIOError if nothing came, EOFError, ConnectionError or ProtocolError
+        if the connection ended or failed (the owner drops it).
+        """
+
+    @property
+    def closed(self) -> bool:
+        """True once the connection was closed."""
+
+    def close(self) -> None:
+        """Close it (idempotent)."""
 
 
 class PolledConnections:
@@ -96,11 +142,11 @@ class PolledConnections:
         self._bounds = bounds
         self._ids = ids
         self._call_soon = call_soon
-        self.writable: dict[int, Connection] = {}  # service connections with queued replies, by descriptor
+        self.writable: dict[int, PolledConnection] = {}  # service connections with queued replies, by descriptor
         self._listeners: list[socket.socket] = []
-        self.connections: dict[int, tuple[Connection, bytes | None]] = {}  # by descriptor
-        self.peers: dict[bytes, Connection] = {}  # accepted connections by identity
-        self.clients: list[Connection] = []  # connect_local's, adopt_stream's: a waiting thread may read them
+        self.connections: dict[int, tuple[PolledConnection, bytes | None]] = {}  # by descriptor
+        self.peers: dict[bytes, PolledConnection] = {}  # accepted connections by identity
+        self.clients: list[PolledConnection] = []  # connect_local's, adopt_stream's: a waiting thread may read them
         self._masks: dict[int, int] = {}  # poll flags of client connections, where not POLLIN
         self._opening: dict[int, StreamConnection] = {}  # accepted data connections before their first message
         self._on_lost: dict[int, Callable[[], None]] = {}  # client data connections: called once dropped
@@ -214,7 +260,7 @@ class PolledConnections:
                                             f"{timeout:g} s")
             self.drop(conn)
 
-    def send(self, conn: Connection, frames: list[Any]) -> bool:
+    def send(self, conn: PolledConnection, frames: list[Any]) -> bool:
         """Send ``frames`` to the accepted connection ``conn`` (the reactor's ``send_router``); never waits.
 
         What the socket does not take now queues on the connection, which is then polled
@@ -308,7 +354,7 @@ class PolledConnections:
         self.clients.append(conn)
         return conn
 
-    def read_local(self, conn: Connection, handler: DealerHandler, done: Callable[[], bool],
+    def read_local(self, conn: PolledConnection, handler: DealerHandler, done: Callable[[], bool],
                    deadline: float) -> None:
         """Read ``conn``'s packets in the calling thread, handing each message to ``handler``, until ``done()``.
 
@@ -368,7 +414,7 @@ class PolledConnections:
             conn.polled = not conn.claimed
 
     # -- either side -----------------------------------------------------------------------
-    def _failed(self, conn: Connection, exc: BaseException) -> None:
+    def _failed(self, conn: PolledConnection, exc: BaseException) -> None:
         """``conn`` failed (``exc`` from its receive; reactor thread): dropped, its peer is gone."""
         if self.connections.get(conn.fd, (None, None))[0] is not conn:  # dropped already (its number may be reused)
             return
@@ -380,12 +426,12 @@ class PolledConnections:
             log.info("%s: %s", self._name, exc)
         self.drop(conn)
 
-    def _watch(self, conn: Connection, on_packet: Callable[[], None], identity: bytes | None) -> None:
+    def _watch(self, conn: PolledConnection, on_packet: Callable[[], None], identity: bytes | None) -> None:
         self.connections[conn.fd] = (conn, identity)
         self._fd_handlers[conn.fd] = on_packet
         self._poller.register(conn.fd, zmq.POLLIN)
 
-    def _receive(self, conn: Connection, handle: Callable[[list[memoryview]], None]) -> None:
+    def _receive(self, conn: PolledConnection, handle: Callable[[list[memoryview]], None]) -> None:
         """Hand the messages waiting on ``conn`` to ``handle``, in order; a closed or failed connection is dropped.
 
         At most ``_LOCAL_BATCH`` packets a turn (the reactor's other work gets its turn):
@@ -404,12 +450,12 @@ class PolledConnections:
                 if conn.closed:  # the handler dropped it
                     return
 
-    def close_connection(self, conn: Connection) -> None:
+    def close_connection(self, conn: PolledConnection) -> None:
         """Stop polling ``conn`` and close it, without calling its ``on_lost`` (reactor thread)."""
         self._on_lost.pop(conn.fd, None)
         self.drop(conn)
 
-    def drop(self, conn: Connection) -> None:
+    def drop(self, conn: PolledConnection) -> None:
         """Stop polling ``conn``, close it and call its ``on_lost`` if it has one (reactor thread)."""
         entry = self.connections.get(conn.fd)
         if entry is None or entry[0] is not conn:  # dropped already (its descriptor may be reused)

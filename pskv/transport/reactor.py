@@ -42,7 +42,7 @@ import zmq
 from pskv.errors import OperationTimeoutError, TransportError
 from pskv.transport.bounds import DEFAULT_BOUNDS, SEND_HWM, Bounds
 from pskv.transport.frames import SOCKET_BUFFER_BYTES, Backlog, Discarding, Sender, recv_frames, send_frames
-from pskv.transport.polled import LOCAL_PREFIX, Connection, PolledConnections
+from pskv.transport.polled import LOCAL_PREFIX, PolledConnection, PolledConnections
 from pskv.transport.security import CurveSecurity, RefusalLog
 from pskv.transport.stream import OPENING_TIMEOUT, StreamConnection
 from pskv.transport.unix import LocalConnection
@@ -238,7 +238,7 @@ class Reactor:
         """
         return self._polled.connect_local(path, handler, send_timeout)
 
-    def read_local(self, conn: Connection, handler: DealerHandler, done: Callable[[], bool],
+    def read_local(self, conn: PolledConnection, handler: DealerHandler, done: Callable[[], bool],
                    deadline: float) -> None:
         """Read a client connection's replies in the calling thread until ``done()`` or ``deadline``.
 
@@ -247,11 +247,11 @@ class Reactor:
         """
         self._polled.read_local(conn, handler, done, deadline)
 
-    def close_connection(self, conn: Connection) -> None:
+    def close_connection(self, conn: PolledConnection) -> None:
         """Stop polling ``conn`` and close it, without calling its ``on_lost`` (reactor thread)."""
         self._polled.close_connection(conn)
 
-    def _drop_local(self, conn: Connection) -> None:
+    def _drop_local(self, conn: PolledConnection) -> None:
         """Stop polling ``conn``, close it, call its ``on_lost`` (reactor thread; tests drop a peer with it)."""
         self._polled.drop(conn)
 
@@ -490,39 +490,9 @@ class Reactor:
         return self._error
 
     def _run(self) -> None:
+        """The reactor thread: :meth:`_loop` until stopped; an exception that ends it goes to the owner."""
         try:
-            while not self._stopping:
-                timeout_ms = self._run_timers()
-                if self._backlogs:  # ROUTER peers have no writability to poll: retry soon
-                    timeout_ms = min(timeout_ms, _BACKLOG_RETRY_MS)
-                if self._discarding:
-                    self._discard_some()
-                    timeout_ms = 0 if self._discarding else timeout_ms
-                if self._client_locals:
-                    self._polled.poll_clients()
-                events = dict(self._poller.poll(timeout_ms))
-                if self._wake_recv in events:
-                    while True:
-                        try:
-                            self._wake_recv.recv(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                while self._calls:
-                    self._calls.popleft()()
-                for sock, handler in list(self._handlers.items()):
-                    if sock in events and sock not in self._discarding:
-                        self._drain(sock, handler)
-                if self._fd_handlers:
-                    for fd, on_ready in list(self._fd_handlers.items()):
-                        flags = events.get(fd)
-                        if flags is None:
-                            continue
-                        if flags & _POLLOUT:
-                            self._polled.flush(fd)
-                        if flags & ~_POLLOUT and fd in self._fd_handlers:
-                            on_ready()
-                if self._backlogs or self._writable:
-                    self._flush_backlogs()
+            self._loop()
         except BaseException as exc:  # noqa: BLE001 - handed to the owner; the node fails loudly
             self._error = exc
             log.exception("%s: reactor thread failed", self._name)
@@ -531,6 +501,45 @@ class Reactor:
         finally:
             self._stopping = True
             self._close_sockets()
+
+    def _loop(self) -> None:
+        """Turn until stopped: timers, one poll, the calls handed over, every ready socket and descriptor.
+        The hot loop of every node: rare branches are methods, the per-turn work stays inline."""
+        while not self._stopping:
+            timeout_ms = self._run_timers()
+            if self._backlogs:  # ROUTER peers have no writability to poll: retry soon
+                timeout_ms = min(timeout_ms, _BACKLOG_RETRY_MS)
+            if self._discarding:
+                timeout_ms = self._discard_some(timeout_ms)
+            if self._client_locals:
+                self._polled.poll_clients()
+            events = dict(self._poller.poll(timeout_ms))
+            if self._wake_recv in events:
+                self._woken()
+            while self._calls:
+                self._calls.popleft()()
+            for sock, handler in list(self._handlers.items()):
+                if sock in events and sock not in self._discarding:
+                    self._drain(sock, handler)
+            if self._fd_handlers:
+                for fd, on_ready in list(self._fd_handlers.items()):
+                    flags = events.get(fd)
+                    if flags is None:
+                        continue
+                    if flags & _POLLOUT:
+                        self._polled.flush(fd)
+                    if flags & ~_POLLOUT and fd in self._fd_handlers:
+                        on_ready()
+            if self._backlogs or self._writable:
+                self._flush_backlogs()
+
+    def _woken(self) -> None:
+        """Take every pending wake-up off the wake socket (one turn answers them all)."""
+        try:
+            while True:
+                self._wake_recv.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return
 
     def _drain(self, sock: zmq.Socket[Any], handler: Callable[[list[zmq.Frame]], None]) -> None:
         """Handle the messages waiting on ``sock`` (the poll said at least one is)."""
@@ -552,12 +561,14 @@ class Reactor:
                 continue
             handler(frames)
 
-    def _discard_some(self) -> None:
-        """Drop the next frames of oversized messages being discarded; log each one that ended."""
+    def _discard_some(self, timeout_ms: int) -> int:
+        """Drop the next frames of oversized messages being discarded; log each one that ended. Returns the
+        poll's timeout: ``timeout_ms``, or 0 while some are still being discarded."""
         for sock, over in list(self._discarding.items()):
             if over.step(sock, _DISCARD_STEP):
                 del self._discarding[sock]
                 log.warning("%s: %s", self._name, over)
+        return 0 if self._discarding else timeout_ms
 
     def _run_timers(self) -> int:
         if not self._timers:

@@ -1,23 +1,10 @@
 """The worker's connection to the cluster: registration, liveness, requests to servers.
 
 Requests are sent from the calling thread — no hand-off to the reactor thread; requests
-queued while another thread is sending go out by priority (higher first). Per server:
-
-* on the same host (shared memory on): one local connection
-  (:mod:`pskv.transport.unix`, a Unix-domain packet socket in the server's
-  shared-memory directory) carries the requests and their replies — no ZeroMQ I/O
-  threads on the way, which roughly halves the cost of a small message; it opens with a
-  ``HELLO`` carrying this worker's token (the server binds it to this worker only then);
-* otherwise ZeroMQ opens the session: requests leave on a send-only socket (a
-  :class:`~pskv.transport.reactor.Sender`) and replies arrive on a DEALER the reactor
-  polls; the server learns that pairing, and that the sockets are this worker's (its
-  token from the scheduler), from the ``HELLO`` sent when connecting. If its answer
-  offers a data port (``PSKV_DATA_CHANNEL=tcp``, no CURVE), a plain TCP connection
-  (:mod:`pskv.transport.stream`) opened with its own ``HELLO`` then carries the
-  requests and their replies, as a local connection does; one that fails is opened
-  again under the same tag and the unanswered requests sent again (the server answers
-  a repeat without applying it twice). The ZeroMQ session stays, for pulls that
-  overtake (:meth:`WorkerClient.request`).
+queued while another thread is sending go out by priority (higher first), each on the
+connection to its server that :class:`~pskv.worker.lanes.Lanes` chose: a local one, a TCP
+data connection (both carry the replies too, read by the waiting thread itself:
+:meth:`WorkerClient._read_local`), or ZeroMQ.
 
 Each request returns a :class:`~pskv.cluster.requests.Pending` that the caller waits on
 with a timeout, or that completes callbacks. A request made with a timeout fails with
@@ -27,9 +14,9 @@ request waiting on it with :class:`~pskv.errors.NodeFailedError`.
 
 *Quiet* requests (non-blocking pushes) get no reply when they succeed; the client tells
 :class:`~pskv.worker.quiet.QuietPushes` (``client.quiet``) what it sent and which replies
-came, and that confirms them. Server replacement (``PSKV_SERVER_RECOVERY``):
-:meth:`WorkerClient.reconnect` switches the connection and sends first what the owner's
-:class:`~pskv.worker.replay.ReplayLog` gives it. Key-value requests are built by
+came, and that confirms them. A reset ZeroMQ connection and a replaced server
+(``PSKV_SERVER_RECOVERY``) are :class:`~pskv.worker.replacement.ServerReplacement`'s
+(``client.replacement``). Key-value requests are built by
 :class:`~pskv.worker.kv_worker.KVWorker`, which owns this client.
 """
 
@@ -52,11 +39,10 @@ import zmq
 from pskv.cluster import Membership, NodeInfo, Pending, RequestTracker
 from pskv.cluster.runtime import NodeRuntime
 from pskv.config import ClusterConfig
-from pskv.errors import KVStoreError, NodeFailedError, OperationTimeoutError, ProtocolError, TransportError
+from pskv.errors import NodeFailedError, ProtocolError
 from pskv.metrics import STALL_AFTER, NodeCounters
 from pskv.protocol import (
     SCHEDULER_ID,
-    TX_PREFIX,
     ArraySpec,
     Command,
     Flag,
@@ -68,26 +54,21 @@ from pskv.protocol import (
     node_name,
     node_role_rank,
 )
-from pskv.protocol.bodies import Counters, Hello, HelloReply, Rejoin, Rejoined
+from pskv.protocol.bodies import Counters, Rejoin, Rejoined
 from pskv.transport import IO_THREADS
-from pskv.transport.frames import Sender
-from pskv.transport.shm import host_id
-from pskv.transport.stream import StreamConnection, tag_of
-from pskv.transport.unix import LocalConnection, local_path
+from pskv.transport.polled import PolledConnection
+from pskv.transport.stream import StreamConnection
+from pskv.transport.unix import LocalConnection
+from pskv.worker.lanes import Lanes
 from pskv.worker.quiet import QuietPushes
+from pskv.worker.replacement import ServerReplacement
 
 __all__ = ["WorkerClient", "WorkerRequest"]
-
-# Routing identity prefix of a worker's reply socket: fixed, so the server's route to it
-# (from HELLO) survives a reconnect after a reset connection.
-RX_PREFIX = b"pskv-rx-"
 
 log = logging.getLogger("pskv.worker")
 
 # How often the reactor fails requests whose timeout passed (seconds).
 EXPIRY_INTERVAL = 0.1
-# A lost data connection is opened again this often (seconds) until it is back or its server is dead.
-RESTREAM_INTERVAL = 0.5
 
 
 class Channel(Protocol):
@@ -115,7 +96,7 @@ class WorkerRequest(Pending):
         self.epoch: int | None = None  # which incarnation of the server it was sent to (None: not sent yet)
         self.local: WorkerClient | None = None  # sent on a local connection of this client
         self.overtook = False  # sent on the reply connection, ahead of the request connection's queue
-        self.reader: LocalConnection | StreamConnection | None = None  # where its reply comes, if not the server's usual
+        self.reader: PolledConnection | None = None  # where its reply comes, if not the server's usual
 
     def wait(self, timeout: float | None) -> Header:
         """Wait for the reply (see :meth:`Pending.wait`); on a local connection, read it in this thread."""
@@ -149,31 +130,29 @@ class WorkerClient:
     def __init__(self, cluster: ClusterConfig, context: zmq.Context[Any] | None = None,
                  on_server_replaced: Callable[[int], None] | None = None) -> None:
         self._cluster = cluster
-        self._on_server_replaced = on_server_replaced
         self.tracker: RequestTracker[WorkerRequest] = RequestTracker(WorkerRequest)
         self._runtime = NodeRuntime("pskv-worker", context, IO_THREADS, self.tracker, lambda: "the worker", cluster)
         self._reactor = self._runtime.reactor
         self.counters = NodeCounters()  # what pskv top shows of this worker (KVWorker counts its calls)
+        self.lanes = Lanes(self)  # chooses, opens and opens again the connections to each server
+        self.replacement = ServerReplacement(self, on_server_replaced)  # a reset connection, a replaced server
         self.membership = Membership(cluster, self._reactor, self.tracker, Role.WORKER, on_dead=self._on_node_dead,
-                                     on_servers=self._on_servers_replaced, metrics=self._metrics)
-        self._servers: list[int | None] = []  # polled dealer socket id per server rank (replies arrive there)
-        self._senders: list[Channel] = []  # where requests to each server rank leave
+                                     on_servers=self.replacement.replaced, metrics=self._metrics)
+        # per server rank (set by self.lanes): its polled DEALER's id (ZeroMQ replies), where its requests leave
+        self._servers: list[int | None] = []
+        self._senders: list[Channel] = []
         self._queue: list[tuple[float, int, int, list[Any], WorkerRequest]] = []  # (-priority, seq, server, frames, pending)
         self._queue_lock = threading.Lock()
         self._send_lock = threading.Lock()  # held by the thread emptying the queue
         self._sent: list[itertools.count[int]] = []  # per server: sequence numbers of the messages sent there
         self._epoch: list[int] = []  # per server: replacements so far (PSKV_SERVER_RECOVERY)
-        # servers being replaced or reconnected: their requests wait in the queue (a count per
-        # server: a lost data connection and a replacement may overlap)
+        # servers being replaced or reconnected: their requests wait in the queue (_hold, _release)
         self._paused: collections.Counter[int] = collections.Counter()
         self.quiet = QuietPushes(self.tracker, self._sync)  # quiet requests sent, not yet confirmed
         self._seq = itertools.count()
         self._tx = os.urandom(8).hex()  # names this worker's send-only sockets (HELLO) and data connections
-        self._stream_ports: dict[int, int] = {}  # server rank -> its data port, while a data connection is used
-        self._lanes: dict[int, StreamConnection] = {}  # server rank -> its data connection for overtaking pulls
         self.info: NodeInfo | None = None
-        # a replacement process (REJOIN): per (server key, offset), pushes of this rank that arrived
-        self.landed: dict[tuple[int, int], int] = {}
+        self.landed: dict[tuple[int, int], int] = {}  # rejoin: per (server key, offset), this rank's pushes in
         self._reactor.add_timer(EXPIRY_INTERVAL, self._expire)
 
     # -- life cycle ---------------------------------------------------------------------
@@ -187,181 +166,12 @@ class WorkerClient:
             return self.info
         self._reactor.start()
         info = self.membership.register(self._cluster.rank)
-        connected = threading.Event()
-
-        paths = [self._local_path(s, info) for s in range(len(info.servers))]
-
-        def connect_all() -> None:
-            for server, address in enumerate(info.servers):
-                self._senders.append(self._connect(server, address, paths[server]))
-            self._sent = [itertools.count(1) for _ in info.servers]
-            self._epoch = [0] * len(info.servers)
-            connected.set()
-
-        self._reactor.call_soon(connect_all)
-        if not connected.wait(self._cluster.startup_timeout):
-            raise OperationTimeoutError("could not connect to the servers")
-        self.info = info
-        answers = self._hello_all(info, self._cluster.startup_timeout)
-        for server, answer in enumerate(answers):
-            self._open_stream(server, answer, self._cluster.startup_timeout)
+        self._sent = [itertools.count(1) for _ in info.servers]
+        self._epoch = [0] * len(info.servers)
+        self.lanes.open(info, self._cluster.startup_timeout)
         if info.recovery:  # a replacement of a dead worker: each server says which pushes of this rank arrived
             self.rejoin(len(info.servers), self._cluster.startup_timeout)
         return info
-
-    def _hello_all(self, info: NodeInfo, timeout: float) -> list[Header]:
-        """Open every connection with ``HELLO`` carrying this worker's token, before any request.
-
-        The server binds the connection to this worker only then (:mod:`pskv.server.senders`);
-        over ZeroMQ it also learns where this worker's replies go.
-
-        Returns:
-            Every server's answer, by rank.
-
-        Raises:
-            OperationTimeoutError: a server did not answer within ``timeout``.
-            RemoteError: a server refused (a wrong token).
-        """
-        hellos = []
-        for server, sid in enumerate(self._servers):
-            pending = self.tracker.new(node_id(Role.SERVER, server), "hello")
-            tx = self._tx if sid is not None else ""  # a local connection carries its replies itself
-            frames = encode(Header(Command.HELLO, pending.request, info.node_id, body=Hello(tx, info.token).encode()))
-            if sid is None:
-                self._senders[server].send(frames)
-            else:
-                self._reactor.call_soon(partial(self._reactor.send_dealer, sid, frames))
-            hellos.append(pending)
-        answers = []
-        for pending in hellos:
-            try:
-                answers.append(pending.wait(timeout))
-            except OperationTimeoutError:
-                raise OperationTimeoutError(f"could not connect to the servers: {pending.what} to "
-                                            f"{node_name(pending.node)} got no answer") from None
-        return answers
-
-    # -- data connections (pskv.transport.stream) ---------------------------------------------
-    def _open_stream(self, server: int, answer: Header, timeout: float) -> None:
-        """Send requests to ``server`` on a data connection from now on, if its HELLO answer offers one.
-
-        A data port that cannot be reached leaves the ZeroMQ session in use (logged).
-        Call before requests go to ``server`` (connecting, or a replacement server).
-        """
-        if self._cluster.data_channel != "tcp" or self._servers[server] is None:
-            return
-        try:
-            port = HelloReply.parse(answer).stream
-        except ProtocolError as exc:
-            log.warning("worker: server %d's HELLO answer is malformed, using ZeroMQ: %s", server, exc)
-            return
-        if not port:
-            return
-        try:
-            requests, overtaking = self._streams(server, port, timeout)
-        except (OSError, OperationTimeoutError, KVStoreError) as exc:
-            log.warning("worker: server %d's data port %d is unusable, using ZeroMQ: %s", server, port, exc)
-            return
-        with self._send_lock:
-            self._senders[server] = requests
-            self._lanes[server] = overtaking
-        self._stream_ports[server] = port
-
-    def _streams(self, server: int, port: int, timeout: float) -> tuple[StreamConnection, StreamConnection]:
-        """The two data connections to ``server``: lane 0 for requests in order, lane 1 for pulls that overtake.
-
-        Raises:
-            as :meth:`_stream`.
-        """
-        requests = self._stream(server, port, 0, timeout)
-        try:
-            return requests, self._stream(server, port, 1, timeout)
-        except BaseException:
-            self._close_stream(requests)
-            raise
-
-    def _stream(self, server: int, port: int, lane: int, timeout: float) -> StreamConnection:
-        """A data connection to ``server`` that its HELLO opened (polled by the reactor).
-
-        Raises:
-            OSError: no connection.
-            OperationTimeoutError, RemoteError, NodeFailedError: no answer to the HELLO, or a refusal.
-        """
-        assert self.info is not None
-        address = self.membership.info.servers[server] if self.membership.info else self.info.servers[server]
-        host = address.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
-        conn = StreamConnection.connect(host, port, tag_of(self._tx, lane),
-                                        f"worker data connection to server {server} (lane {lane})",
-                                        min(timeout, 10.0), self._reactor.bounds, on_pending=self._reactor.wake)
-        adopted = threading.Event()
-
-        def adopt() -> None:
-            self._reactor.adopt_stream(conn, self._on_reply, partial(self._stream_lost, server, conn))
-            adopted.set()
-        try:
-            self._reactor.call_soon(adopt)
-            if not adopted.wait(timeout):
-                raise OperationTimeoutError(f"the worker's reactor took no data connection to server {server}")
-            hello = self.tracker.new(node_id(Role.SERVER, server), "hello", timeout=timeout)
-            conn.send(encode(Header(Command.HELLO, hello.request, self.info.node_id,
-                                    body=Hello("", self.info.token).encode())))
-            hello.wait(timeout)
-        except BaseException:
-            self._close_stream(conn)
-            raise
-        return conn
-
-    def _close_stream(self, conn: StreamConnection) -> None:
-        try:
-            self._reactor.call_soon(partial(self._reactor.close_connection, conn))
-        except TransportError:  # the reactor stopped: it closed everything
-            conn.close()
-
-    def _stream_lost(self, server: int, conn: StreamConnection) -> None:
-        """Reactor callback: a data connection to ``server`` failed. Both are opened again (another thread)."""
-        lanes = (self._senders[server], self._lanes.get(server))
-        if conn not in lanes or self._reactor.stopped:
-            return  # replaced already (a replacement server, or the other lane failed first), or closing
-        log.warning("worker: data connection to server %d lost; opening it again", server)
-        with self._send_lock:
-            self._lanes.pop(server, None)
-        for other in lanes:
-            if other is not conn and isinstance(other, StreamConnection):
-                self._reactor.close_connection(other)  # its requests are sent again with the others
-        with self._queue_lock:
-            self._paused[server] += 1  # requests wait in the queue until it is back
-        threading.Thread(target=self._restream, args=(server, lanes[0]), daemon=True,
-                         name=f"pskv-worker-restream-{server}").start()
-
-    def _restream(self, server: int, lost: StreamConnection) -> None:
-        """Open the data connection to ``server`` again, then send every unanswered request again.
-
-        Tries every :data:`RESTREAM_INTERVAL` s while the server lives; requests fail
-        meanwhile only by their own timeouts or the server's death (NodeFailedError).
-        """
-        node, epoch = node_id(Role.SERVER, server), self._epoch[server]
-        try:  # until it is back, the worker closes, the server is dead or replaced (reconnect takes over)
-            while not self._reactor.stopped and node not in self.membership.dead() and self._epoch[server] == epoch:
-                try:
-                    requests, overtaking = self._streams(server, self._stream_ports[server], 5.0)
-                except (OSError, KVStoreError) as exc:
-                    log.info("worker: data connection to server %d not back yet: %s", server, exc)
-                    time.sleep(RESTREAM_INTERVAL)
-                    continue
-                with self._send_lock:
-                    if self._senders[server] is not lost and self._lanes.get(server) is not lost:  # replaced
-                        self._close_stream(requests)
-                        self._close_stream(overtaking)
-                        return
-                    self._senders[server] = requests
-                    self._lanes[server] = overtaking
-                log.warning("worker: data connection to server %d is back", server)
-                self._resend_outstanding(server)
-                return
-        finally:
-            with self._queue_lock:
-                self._resume(server)
-            self._flush()
 
     def rejoin(self, num_servers: int, timeout: float) -> None:
         """A replacement process: ``REJOIN`` every server; :attr:`landed` gets their counts of this rank's pushes.
@@ -388,11 +198,9 @@ class WorkerClient:
         """
         self.info = info
         self.membership = membership
-        self._senders = list(channels)
-        self._servers = [None] * len(self._senders)
-        self._sent = [itertools.count(1) for _ in self._senders]
-        self._epoch = [0] * len(self._senders)
-        self._hello_all(info, self._cluster.startup_timeout)
+        self._sent = [itertools.count(1) for _ in channels]
+        self._epoch = [0] * len(channels)
+        self.lanes.in_process(channels, self._cluster.startup_timeout)
 
     def _metrics(self) -> Counters:
         """This worker's metrics now (reactor thread): its requests without a reply are its queue,
@@ -409,70 +217,21 @@ class WorkerClient:
         self._on_reply(frames)
 
     def channels(self) -> list[str]:
-        """How requests reach each server, by rank: ``"local"`` (a Unix socket: the server is on
-        this host), ``"tcp"`` (a data connection), ``"zmq"``, or ``"in-process"`` (tests)."""
-        kinds = {LocalConnection: "local", StreamConnection: "tcp", Sender: "zmq"}
-        return [kinds.get(type(c), "in-process") for c in self._senders]
+        """How requests reach each server, by rank (:meth:`Lanes.kinds`)."""
+        return self.lanes.kinds()
 
-    def _local_path(self, server: int, info: NodeInfo) -> str | None:
-        """The local socket of ``server`` if it runs on this host (and shared memory is on)."""
-        shm = info.server_shm[server] if server < len(info.server_shm) else None
-        if not self._cluster.uses_shm or not shm or shm.get("host") != host_id():
-            return None
-        return local_path(shm["dir"])
+    # -- a server's connection replaced (self.lanes, self.replacement) ----------------------
+    def _hold(self, server: int) -> None:
+        """Requests to ``server`` wait in the queue until :meth:`_release` (its connection is being replaced)."""
+        with self._queue_lock:
+            self._paused[server] += 1  # a count: a lost data connection and a replacement may overlap
 
-    def _connect(self, server: int, address: str, path: str | None) -> Sender | LocalConnection:
-        """The request channel to ``server`` (on the reactor thread): its local socket, else ZeroMQ.
-
-        Over ZeroMQ, requests leave on a send-only socket and replies arrive on a polled
-        DEALER (``self._servers``; None for local connections, which carry both ways).
-        """
-        if path is not None:
-            try:
-                conn = self._reactor.connect_local(path, self._on_reply, self._cluster.request_timeout)
-                self._servers.append(None)
-                return conn
-            except OSError as exc:  # e.g. another mount namespace: ZeroMQ then
-                log.info("worker: server %d's local socket %s is unusable, using %s: %s", server, path, address, exc)
-        sid = self._reactor.connect_dealer(address, self._on_reply, identity=RX_PREFIX + self._tx.encode())
-        self._servers.append(sid)
-        sender = self._reactor.connect_sender(address, TX_PREFIX + self._tx.encode())
-        self._watch(server, sid, sender)
-        return sender
-
-    # -- reset connections -------------------------------------------------------------------
-    def _watch(self, server: int, sid: int, sender: Sender) -> None:
-        """Resend what a reset connection to ``server`` may have lost, once both sockets are back.
-
-        ZeroMQ reconnects a reset TCP connection by itself (same routing identities, so the
-        server's routes stay valid), but messages in flight in the dead connection are
-        gone. When the reply socket and the request socket are both connected again, every
-        request still waiting for its answer (unconfirmed quiet pushes included) is sent
-        again under its request id; the server answers a repeat without applying it twice.
-        """
-        down: set[str] = set()
-        state = {"was_down": False}
-
-        def on_change(which: str, up: bool) -> None:
-            if not up:
-                if not down:
-                    log.warning("worker: connection to server %d lost; waiting for ZeroMQ to reconnect", server)
-                down.add(which)
-                state["was_down"] = True
-                return
-            down.discard(which)
-            if not down and state["was_down"]:
-                state["was_down"] = False
-                self._resend_outstanding(server)
-
-        self._reactor.watch_connection(sid, lambda up: on_change("rx", up))
-        self._reactor.watch_connection(sender, lambda up: on_change("tx", up))
-
-    def _resend_outstanding(self, server: int) -> None:
-        node = node_id(Role.SERVER, server)
-        waiting = [(p, p.frames) for p in self.tracker.outstanding_to(node) if p.frames is not None and p.sent is not None]
-        log.warning("worker: reconnected to server %d; sending %d unanswered request(s) again", server, len(waiting))
-        self._queue_first(server, waiting)
+    def _release(self, server: int) -> None:
+        """One reason to hold ``server``'s requests is over: if it was the last, they go out."""
+        with self._queue_lock:
+            self._paused[server] -= 1
+            if self._paused[server] <= 0:
+                del self._paused[server]
         self._flush()
 
     def _queue_first(self, server: int, messages: list[tuple[WorkerRequest, list[Any]]]) -> None:
@@ -485,89 +244,6 @@ class WorkerClient:
     def close(self) -> None:
         """Stop the reactor and release the sockets (idempotent)."""
         self._runtime.stop("the worker's connection was closed")
-
-    # -- server replacement (PSKV_SERVER_RECOVERY) ------------------------------------------
-    def _on_servers_replaced(self, ranks: list[int]) -> None:
-        """Membership callback (reactor thread): the owner reconnects and replays, off this thread."""
-        if self._on_server_replaced is None:
-            return
-        for rank in ranks:
-            log.warning("worker: server %d was replaced; reconnecting to %s", rank,
-                        self.membership.info.servers[rank] if self.membership.info else "?")
-            threading.Thread(target=self._on_server_replaced, args=(rank,), daemon=True,
-                             name=f"pskv-worker-recover-{rank}").start()
-
-    def reconnect(self, server: int, timeout: float,
-                  replay: Callable[[int], list[tuple[WorkerRequest, list[Any]]]]) -> None:
-        """Switch to the replacement of server ``server`` (its address from the membership).
-
-        Requests to it wait meanwhile. After the new process answered HELLO, ``replay(epoch)``
-        gives the messages to send it first, in order — each ``(pending, frames)``, the
-        pending completed by the reply — typically every push since the checkpoint it
-        loaded (those sent to an older incarnation: ``pending.epoch < epoch``), then the
-        outstanding pulls; then the waiting requests go out.
-
-        Raises:
-            OperationTimeoutError: no connection or no HELLO answer within ``timeout``.
-        """
-        info = self.membership.info
-        assert info is not None and self.info is not None
-        address = info.servers[server]
-        swapped = threading.Event()
-        with self._queue_lock:
-            self._paused[server] += 1
-
-        def swap() -> None:
-            old_sid, old_sender = self._servers[server], self._senders[server]
-            sid = self._reactor.connect_dealer(address, self._on_reply, identity=RX_PREFIX + self._tx.encode())
-            sender = self._reactor.connect_sender(address, TX_PREFIX + self._tx.encode())
-            with self._send_lock:
-                self._servers[server] = sid
-                self._senders[server] = sender
-                old_lane = self._lanes.pop(server, None)
-                self._sent[server] = itertools.count(1)
-                self._epoch[server] += 1
-            self.quiet.forget(node_id(Role.SERVER, server))  # they are sent again, answered
-            if old_sid is not None:
-                self._reactor.close_dealer(old_sid)
-            if isinstance(old_sender, Sender):
-                self._reactor.unwatch(old_sender)
-            if old_lane is not None:
-                self._reactor.close_connection(old_lane)
-            if isinstance(old_sender, (StreamConnection, LocalConnection)):
-                self._reactor.close_connection(old_sender)  # not polled any more, not opened again
-            else:
-                old_sender.close()
-            self._watch(server, sid, sender)
-            swapped.set()
-
-        try:
-            self._reactor.call_soon(swap)
-            if not swapped.wait(timeout):
-                raise OperationTimeoutError(f"could not reconnect to server {server} within {timeout} s")
-            self.info = info
-            hello = self.tracker.new(node_id(Role.SERVER, server), "hello", timeout=timeout)
-            frames = encode(Header(Command.HELLO, hello.request, info.node_id,
-                                   body=Hello(self._tx, self.info.token).encode()))
-            sid = self._servers[server]
-            assert sid is not None
-            self._reactor.call_soon(partial(self._reactor.send_dealer, sid, frames))
-            self._open_stream(server, hello.wait(timeout), timeout)
-            with self._send_lock:  # nothing goes to this server while the replay is queued
-                messages = replay(self._epoch[server])
-                for pending, _ in messages:
-                    pending.quiet = False  # answered now: its old confirmation queue is gone
-                self._queue_first(server, messages)
-        finally:
-            with self._queue_lock:
-                self._resume(server)
-            self._flush()
-
-    def _resume(self, server: int) -> None:
-        """One reason to hold ``server``'s requests is over (the queue lock is held)."""
-        self._paused[server] -= 1
-        if self._paused[server] <= 0:
-            del self._paused[server]
 
     def _expire(self) -> None:
         self.tracker.expire()
@@ -643,7 +319,7 @@ class WorkerClient:
             pending.sent = next(self._sent[server])  # sent again after a reset, like any request
             pending.epoch = self._epoch[server]
             pending.overtook = True
-            lane = self._lanes.get(server)
+            lane = self.lanes.overtaking.get(server)
             if lane is None:
                 pending.local = None  # its reply comes through ZeroMQ: the reactor reads it
                 self._reactor.call_soon(partial(self._reactor.send_dealer, sid, frames))
@@ -683,7 +359,7 @@ class WorkerClient:
         return sync
 
     # -- replies read by the waiting thread (local connections) -----------------------------
-    def _local_conn(self, server: int) -> LocalConnection | StreamConnection | None:
+    def _local_conn(self, server: int) -> PolledConnection | None:
         """The local or data connection that carries requests to server ``server`` and their replies, if any."""
         conn = self._senders[server] if 0 <= server < len(self._senders) else None
         return conn if type(conn) is LocalConnection or type(conn) is StreamConnection else None
@@ -709,7 +385,7 @@ class WorkerClient:
         reactor's next timer turn (at most ``EXPIRY_INTERVAL``).
         """
         server = node_role_rank(node)[1]
-        for conn in (self._local_conn(server), self._lanes.get(server)):
+        for conn in (self._local_conn(server), self.lanes.overtaking.get(server)):
             if conn is not None and not conn.claimed and not conn.polled and self.tracker.any_to(node, _answered):
                 self._reactor.wake()
                 return

@@ -64,7 +64,7 @@ class ReplayLog:
         """
         node = node_id(Role.SERVER, server)
         try:
-            client.reconnect(server, timeout, lambda epoch: self._messages(server, epoch, client, rank, timeout))
+            client.replacement.reconnect(server, timeout, lambda epoch: self._messages(server, epoch, client, rank, timeout))
         except Exception as exc:  # noqa: BLE001 - fail what waits on it rather than hang
             log.error("worker %d: could not switch to server %d's replacement: %s", rank, server, exc)
             client.tracker.fail_node(node, f"its replacement could not be reached: {exc}")

@@ -1,119 +1,100 @@
-"""A worker's compression residuals in a server checkpoint: ``worker-<rank>.safetensors``.
+"""Which compression residuals a worker takes back from a server checkpoint, and which it drops.
 
-A worker that compresses its pushes (``set_gradient_compression``) keeps, per part of
-each key (server key, offset), what compression left out so far. ``kv.save_checkpoint``
-has every such worker write them next to the servers' shards, before worker 0's manifest
-commits the checkpoint (the directory layout is :mod:`pskv.checkpoints`'s): each residual
-as tensor ``r<i>`` (float32, 1-D), and in the safetensors metadata a JSON document —
-format, version, rank, numbers of workers and servers, the compression's parameters, and
-per residual its server key, offset and size. Nothing is unpickled; a file is read whole
-and every entry checked (names, dtype, shape against the size it claims) before use; the
-sizes are checked against the job's key layout when the keys are created again.
+A worker that compresses its pushes saves its residuals (per part of each key: server
+key, offset) in ``kv.save_checkpoint``'s directory, as ``worker-<rank>.safetensors``
+(the file and its checks: :mod:`pskv.compression.residuals`). A resumed job reads them
+back here (:meth:`RestoredResiduals.read`) and installs each key's when the key is
+created again (:meth:`RestoredResiduals.take`), if its parts match. Residuals that
+cannot come back start at zero, with a WARNING naming them and why: a checkpoint
+without worker residuals (written before they were saved), another number of workers,
+another compression, another layout of the key, or a key this job does not compress.
 """
 
 from __future__ import annotations
 
-import json
+import logging
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
-from safetensors import SafetensorError, safe_open
-from safetensors.numpy import load_file, save_file
 
-from pskv.atomic import write_atomic
-from pskv.checkpoints import worker_file
-from pskv.errors import CheckpointError
+from pskv.compression import Residuals, create
+from pskv.compression.residuals import read_worker_file
+from pskv.errors import KVStoreError
+from pskv.worker.layout import KeyLayout
 
-__all__ = ["FORMAT", "SavedResiduals", "read_residuals", "write_residuals"]
+__all__ = ["RestoredResiduals"]
 
-FORMAT = "pskv.worker-residuals"
-VERSION = 1
+log = logging.getLogger("pskv.worker")
 
 
-@dataclass(frozen=True)
-class SavedResiduals:
-    """What one worker saved."""
+class RestoredResiduals:
+    """Residuals read from a checkpoint, by server key then offset, until their keys are created again.
 
-    rank: int
-    num_workers: int
-    num_servers: int
-    compression: dict[str, Any]  # the compressor's parameters and both_ways / min_size (JSON)
-    parts: dict[tuple[int, int], np.ndarray[Any, Any]]  # (server key, offset) -> float32 residual
-
-
-def write_residuals(directory: str | os.PathLike[str], state: SavedResiduals) -> Path:
-    """Write ``state`` atomically as ``worker-<rank>.safetensors``; returns the path.
-
-    Raises:
-        CheckpointError: the file could not be written.
+    Args:
+        rank: this worker's rank (its file, and the warnings).
     """
-    tensors: dict[str, np.ndarray[Any, Any]] = {}
-    parts = []
-    for i, ((key, offset), residual) in enumerate(sorted(state.parts.items(), key=lambda kv: kv[0])):
-        tensors[f"r{i}"] = np.ascontiguousarray(residual, np.float32).reshape(-1)
-        parts.append({"key": key, "offset": offset, "size": int(residual.size)})
-    doc = {"format": FORMAT, "version": VERSION, "rank": state.rank, "num_workers": state.num_workers,
-           "num_servers": state.num_servers, "compression": state.compression, "parts": parts}
-    path = worker_file(directory, state.rank)
+
+    def __init__(self, rank: int) -> None:
+        self._rank = rank
+        self._by_key: dict[int, dict[int, np.ndarray[Any, Any]]] = {}
+        self._from = ""
+
+    def __bool__(self) -> bool:
+        return bool(self._by_key)
+
+    def read(self, directory: str | os.PathLike[str], manifest: Mapping[str, Any], num_workers: int,
+             compression: Mapping[str, Any]) -> None:
+        """Read this worker's residuals from the checkpoint ``directory`` (whose manifest is ``manifest``),
+        if they were made by ``compression`` (the parameters of this job's) with ``num_workers`` workers.
+
+        Raises:
+            CheckpointError: this worker's file there is unreadable or damaged.
+        """
+        self._by_key, self._from = {}, str(directory)
+        why = ""
+        record = manifest.get("residuals")
+        if not isinstance(record, dict):
+            why = "it holds no worker residuals (written before they were saved, or without compression)"
+        elif manifest.get("num_workers") != num_workers:
+            why = f"it was written by {manifest.get('num_workers')} workers; this job has {num_workers}"
+        saved = None if why else read_worker_file(directory, self._rank)
+        if not why and saved is None:
+            why = f"it has no file of worker {self._rank}"
+        elif saved is not None and _compressor_params(saved.compression) != _compressor_params(compression):
+            why = f"its residuals were made by compression {saved.compression}, this job's is {dict(compression)}"
+        if why:
+            log.warning("worker %d: compression residuals start at zero, not restored from checkpoint %s: %s",
+                        self._rank, directory, why)
+            return
+        assert saved is not None
+        for (key, offset), residual in saved.parts.items():
+            self._by_key.setdefault(key, {})[offset] = residual
+        log.info("worker %d: compression residuals of %d part(s) read from %s", self._rank, len(saved.parts),
+                 directory)
+
+    def take(self, layouts: Sequence[KeyLayout], residuals: Residuals) -> None:
+        """Install into ``residuals`` those of ``layouts``' keys whose parts they fit; drop (warned) the others."""
+        for rec in layouts:
+            saved = self._by_key.pop(rec.skey, None)
+            if saved is None:
+                continue
+            have = {offset: length for _, offset, length in rec.parts}
+            claims = {offset: r.size for offset, r in saved.items()}
+            if not rec.compress or claims != have:
+                why = ("this job does not compress it" if not rec.compress else
+                       f"they are of parts (offset: size) {claims}, this job's layout has {have}")
+                log.warning("worker %d: key %r: its compression residuals from checkpoint %s dropped (they start "
+                            "at zero): %s", self._rank, rec.key, self._from, why)
+                continue
+            for offset, residual in saved.items():
+                residuals.load((rec.skey, offset), 0, residual)
+
+
+def _compressor_params(params: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The compressor parameters of saved compression ``params`` (without both_ways / min_size), or None if bad."""
     try:
-        write_atomic(path, lambda tmp: save_file(tensors, str(tmp), metadata={"pskv": json.dumps(doc)}))
-    except OSError as exc:
-        raise CheckpointError(f"worker {state.rank} could not write {path}: {exc}") from exc
-    return path
-
-
-def read_residuals(directory: str | os.PathLike[str], rank: int) -> SavedResiduals | None:
-    """Worker ``rank``'s residuals in a checkpoint directory, or None if it has no file there.
-
-    Raises:
-        CheckpointError: the file is unreadable, not a pskv worker-residuals file, or an
-            entry does not fit what it claims (a name, dtype or size).
-    """
-    path = worker_file(directory, rank)
-    if not path.is_file():
+        return create({k: v for k, v in params.items() if k not in ("both_ways", "min_size")}).params
+    except KVStoreError:
         return None
-    try:
-        with safe_open(str(path), framework="numpy") as f:
-            meta = f.metadata() or {}
-        doc = json.loads(meta["pskv"])
-        tensors = load_file(str(path))
-    except (SafetensorError, OSError, KeyError, ValueError) as exc:
-        raise CheckpointError(f"{path} is not a pskv worker-residuals file: {exc}") from exc
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("version") != VERSION:
-        raise CheckpointError(f"{path} is not a pskv worker-residuals file")
-    try:
-        entries = doc["parts"]
-        compression = doc["compression"]
-        if not isinstance(entries, list) or not isinstance(compression, dict):
-            raise TypeError("parts must be a list and compression a dict")
-        parts = _parts(entries, tensors, path)
-        saved = SavedResiduals(int(doc["rank"]), int(doc["num_workers"]), int(doc["num_servers"]), compression, parts)
-    except CheckpointError:
-        raise
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise CheckpointError(f"{path} is damaged: {exc!r}") from exc
-    if saved.rank != rank:
-        raise CheckpointError(f"{path} holds worker {saved.rank}'s residuals, not worker {rank}'s")
-    return saved
-
-
-def _parts(entries: list[Any], tensors: Mapping[str, np.ndarray[Any, Any]],
-           path: Path) -> dict[tuple[int, int], np.ndarray[Any, Any]]:
-    """Each entry's residual, checked: one tensor per entry, float32, 1-D, of the size it claims."""
-    if set(tensors) != {f"r{i}" for i in range(len(entries))}:
-        raise CheckpointError(f"{path}: its tensors {sorted(tensors)[:8]} do not match its {len(entries)} entries")
-    parts: dict[tuple[int, int], np.ndarray[Any, Any]] = {}
-    for i, entry in enumerate(entries):
-        key, offset, size = int(entry["key"]), int(entry["offset"]), int(entry["size"])
-        residual = tensors[f"r{i}"]
-        if key < 0 or offset < 0 or (key, offset) in parts:
-            raise CheckpointError(f"{path}: entry {i} names key {key} offset {offset} (negative or twice)")
-        if residual.dtype != np.float32 or residual.shape != (size,):
-            raise CheckpointError(f"{path}: the residual of key {key} offset {offset} is {residual.dtype}"
-                                  f"{list(residual.shape)}; its entry claims float32[{size}]")
-        parts[(key, offset)] = residual
-    return parts

@@ -2,7 +2,7 @@
 
 A row-sparse key (``KeyLayout.row_width`` > 0) has one part per server holding rows of
 it (:func:`pskv.partition.row_ranges`). Here rows are NumPy arrays ``(n, width)`` of the
-key's dtype with sorted unique int64 global ids; the store above (:mod:`pskv.kvstore.dist`)
+key's dtype with sorted unique int64 global ids; the store above (:mod:`pskv.kvstore.dist_rows`)
 sums a push's values into one such set and writes received rows into the caller's outs.
 
 * :func:`by_part` cuts sorted ids at the parts' first rows;
@@ -16,21 +16,35 @@ sums a push's values into one such set and writes received rows into the caller'
 
 A message to a server on this host may carry its rows in shared memory instead
 (:func:`pskv.worker.shared.write_rows`); its pieces are grouped the same way.
+
+:class:`RowRequests` (``KVWorker.rows``) owns the requests themselves: ``init``, ``push``,
+``pull`` and ``values`` of row-sparse keys, sent through the worker's client. The store's
+side is :mod:`pskv.kvstore.dist_rows`, the servers' :mod:`pskv.server.rows` and :mod:`pskv.server.row_init`.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pskv.config import ClusterConfig
 from pskv.errors import InvalidArgumentError, ProtocolError
-from pskv.protocol import ArraySpec, Header, rows_frame, split_rows
+from pskv.protocol import ArraySpec, Command, Flag, Header, node_name, rows_frame, split_rows
+from pskv.protocol.bodies import InitBody
+from pskv.worker.client import WorkerClient, WorkerRequest
 from pskv.worker.layout import KeyLayout
+from pskv.worker.observe import CallObserver
+from pskv.worker.replay import ReplayLog
+from pskv.worker.shared import RowsBuffer, SharedParts, read_rows, write_rows
 
-__all__ = ["RowPiece", "by_part", "grouped", "messages", "socket_message", "assemble"]
+if TYPE_CHECKING:
+    from pskv.worker.kv_worker import Exchange
+
+__all__ = ["RowPiece", "RowRequests", "by_part", "grouped", "messages", "socket_message", "assemble"]
 
 #: One part's share of a call: (layout, part index, global ids, rows (n, width) or None for a pull).
 RowPiece = tuple[KeyLayout, int, np.ndarray[Any, Any], "np.ndarray[Any, Any] | None"]
@@ -116,3 +130,151 @@ def assemble(asked: Sequence[RowPiece], header: Header, buffers: Sequence[memory
             raise ProtocolError(f"{node} answered other rows of key {rec.key!r} than those asked for")
         out.append((rec, got, rows))
     return out
+
+
+class RowRequests:
+    """A worker's requests on row-sparse keys (``KVWorker.rows``): init, push, pull, and the pulled rows.
+
+    Args:
+        client: the worker's connection.
+        cluster: the cluster contract (``PSKV_MAX_MESSAGE_BYTES``, ``PSKV_REQUEST_TIMEOUT``).
+        replay: the worker's push log (``PSKV_SERVER_RECOVERY``), or None.
+        exchange: the type of a call's messages and replies (``KVWorker``'s ``Exchange``).
+        big_call_bytes: a push of at least this many bytes of rows is always acknowledged.
+
+    :meth:`connected` hands it the worker's shared-memory rows buffers and its observer (counters and
+    spans of every call, :mod:`pskv.worker.observe`) once it has them (at connect).
+    """
+
+    def __init__(self, client: WorkerClient, cluster: ClusterConfig, replay: ReplayLog | None,
+                 exchange: type[Exchange], big_call_bytes: int) -> None:
+        self._client = client
+        self._cluster = cluster
+        self._replay = replay
+        self._exchange = exchange
+        self._big = big_call_bytes
+        self._shared = SharedParts((), False)
+        self._observe = CallObserver(client.counters)
+
+    def connected(self, shared: SharedParts, observe: CallObserver) -> None:
+        """The worker's shared-memory parts (their rows buffers) and its observer, known once it connected."""
+        self._shared = shared
+        self._observe = observe
+
+    def _limit(self, timeout: float | None) -> float:
+        return self._cluster.request_timeout if timeout is None else timeout
+
+    def init(self, items: Sequence[tuple[KeyLayout, np.ndarray[Any, Any], np.ndarray[Any, Any],
+                                         dict[str, Any] | None]],
+             summed: bool = False, timeout: float | None = None) -> None:
+        """Create row-sparse keys on their servers: per key ``(layout, ids, rows, initializer)`` — each server
+        draws its range from the initializer (None: zeros), then writes the rows given. Waits for every answer."""
+        inits = {id(rec): init for rec, _, _, init in items}
+        cut = [piece for rec, ids, rows, _ in items for piece in pieces(rec, ids, rows, True)]
+        limit = self._limit(timeout)
+        pendings = []
+        for server, group, specs, frames in messages(cut, False, self._cluster.max_message_bytes, "init"):
+            tables = [(rec.parts[i][2] // rec.row_width, inits[id(rec)]) for rec, i, _, _ in group]
+            body = InitBody.of((rec.key for rec, _, _, _ in group if isinstance(rec.key, str)), tables).encode()
+            pendings.append(self._client.request(server, Command.INIT, specs, frames, body, timeout=limit,
+                                                 flags=Flag.ROWS | (Flag.SUMMED if summed else 0)))
+        for pending in pendings:
+            pending.wait(limit)
+
+    def push(self, items: Sequence[tuple[KeyLayout, np.ndarray[Any, Any], np.ndarray[Any, Any]]],
+             priority: int = 0, timeout: float | None = None, quiet: bool = False) -> Exchange:
+        """Push rows of row-sparse keys: per key ``(layout, sorted unique ids, rows (n, width))``.
+
+        Every part of each key gets this push (no rows where it has none: its server's sync
+        round needs every worker's push); counted per part like a dense push.
+        """
+        sent = self._exchange()
+        limit = self._limit(timeout)
+        cut = [piece for rec, ids, rows in items for piece in pieces(rec, ids, rows, True)]
+        nbytes = sum(rows.nbytes for _, _, _, rows in cut if rows is not None)
+        big = nbytes >= self._big
+        start = self._observe.calling(nbytes, 0, push=True)
+        traced: list[tuple[list[RowPiece], WorkerRequest]] = []
+        for server, group in grouped(cut, self._cluster.max_message_bytes, "push").items():
+            buffer = self._shared.rows.get(server)
+            placed = write_rows(buffer, group, True, pull=False) if buffer is not None else None
+            if placed is not None:  # answered (never quiet): the region is free again once the server read it
+                region, specs = placed
+                pending = self._client.request(server, Command.PUSH, specs, priority=priority, timeout=limit,
+                                               flags=Flag.ROWS | Flag.SHM)
+                region.pending = pending
+            else:
+                specs, frames = socket_message(group, True)
+                pending = self._client.request(server, Command.PUSH, specs, frames, priority=priority,
+                                               timeout=limit, quiet=quiet and not big, flags=Flag.ROWS)
+                if self._replay is not None:  # kept until the next checkpoint
+                    self._replay.record(server, Command.PUSH, pending, specs, frames, Flag.ROWS, "")
+            for rec, i, _, _ in group:
+                rec.pushes[i] += 1
+            sent.messages.append(([(rec, i) for rec, i, _, _ in group], pending))
+            sent.replies.append(pending)
+            traced.append((group, pending))
+        for rec, _, _ in items:
+            rec.acks = sent.replies
+        self._observe.sent_rows("push", start, traced)
+        return sent
+
+    def pull(self, items: Sequence[tuple[KeyLayout, np.ndarray[Any, Any]]], priority: int = 0,
+             timeout: float | None = None, present: bool = False) -> Exchange:
+        """Ask the servers for rows of row-sparse keys (per key: sorted unique ids), as of this worker's
+        last push of each part; only the servers holding some of them are asked (:meth:`values`).
+        ``present``: every part's present rows instead (the ids given are ignored)."""
+        sent = self._exchange()
+        limit = self._limit(timeout)
+        cut = [piece for rec, ids in items for piece in (
+            pieces(rec, np.zeros(0, np.int64), None, True) if present else pieces(rec, ids, None, False))]
+        start = self._observe.calling(0, 0, push=False)
+        for server, group in grouped(cut, self._cluster.max_message_bytes, "row_sparse_pull").items():
+            buffer = None if present else self._shared.rows.get(server)
+            placed = write_rows(buffer, group, False, pull=True) if buffer is not None else None
+            if placed is not None:  # the server writes the rows after the ids; the region is held until read
+                region, specs = placed
+                pending = self._client.request(server, Command.PULL, specs, priority=priority, timeout=limit,
+                                               flags=Flag.ROWS | Flag.SHM)
+                region.pending = pending
+                sent.rows.append((group, pending, present, (buffer, region, specs)))
+                weakref.finalize(sent, RowsBuffer.release, region)  # also if nobody reads the rows
+            else:
+                specs, frames = socket_message(group, False)
+                pending = self._client.request(server, Command.PULL, specs, frames, priority=priority,
+                                               timeout=limit, flags=Flag.ROWS | (Flag.PRESENT if present else 0))
+                sent.rows.append((group, pending, present, None))
+            sent.replies.append(pending)
+        self._observe.sent_rows("pull", start, [(g, p) for g, p, _, _ in sent.rows])
+        return sent
+
+    def values(self, sent: Exchange, timeout: float | None = None
+               ) -> dict[int, tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
+        """Wait for a row pull's replies: per key (``id`` of its layout) the ids asked and their rows ``(n, width)``.
+
+        Raises:
+            ProtocolError: a reply's rows are not those asked for.
+            RemoteError, NodeFailedError, OperationTimeoutError: from the requests.
+        """
+        limit = self._limit(timeout)
+        start = self._observe.now()
+        got: dict[int, list[tuple[int, np.ndarray[Any, Any], np.ndarray[Any, Any]]]] = {}
+        try:
+            for group, pending, present, shared in sent.rows:
+                header = self._observe.wait(pending, limit)
+                buffers = pending.buffers if shared is None or not header.flags & Flag.SHM else read_rows(
+                    shared[0], shared[2], header, pending.node)
+                for (rec, ids, rows), (_, i, _, _) in zip(assemble(group, header, buffers, node_name(pending.node),
+                                                                   present), group):
+                    got.setdefault(id(rec), []).append((i, ids, rows))
+            out = {}
+            for key, found in got.items():
+                found.sort(key=lambda t: t[0])  # parts in row order
+                out[key] = (np.concatenate([ids for _, ids, _ in found]),
+                            np.concatenate([rows for _, _, rows in found]))  # copies: out of the rows buffers
+        finally:
+            for _, _, _, shared in sent.rows:
+                if shared is not None:
+                    shared[0].release(shared[1])
+        self._observe.waited_rows(start, [(g, p) for g, p, _, _ in sent.rows])
+        return out

@@ -8,7 +8,8 @@ for a pull the push whose round it waits for), ``bytes`` (of values sent or aske
 (<thread>)``): ``wait``, the time a thread blocked for replies. On ``compress``: the
 compression of a push's message.
 
-The :class:`~pskv.worker.kv_worker.KVWorker` calls these only when its timeline is set.
+The worker's observer calls these only when its timeline is set
+(:class:`~pskv.worker.observe.TracedCalls`).
 """
 
 from __future__ import annotations

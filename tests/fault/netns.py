@@ -10,9 +10,9 @@ unique to this process, and removed when it ends:
   (taking an interface down removes its local routes) while the edge is cut off.
   ``tc`` qdiscs go on both ends, so traffic is shaped both ways.
 * :class:`NetJob` — a scheduler (always in core), servers and workers as real
-  processes, each started with ``ip netns exec <ns> python ...`` and the ``DMLC_*``
-  contract pointing at those addresses; line readers per process; every process is
-  reaped by :meth:`NetJob.reap`.
+  processes (a :class:`~pskv.testing.jobs.ProcessGroup`), each started with
+  ``ip netns exec <ns> python ...`` and the ``DMLC_*`` contract pointing at those
+  addresses; every process is reaped when the group closes.
 
 A host where namespaces, veth or ``tc`` are not permitted raises :class:`Unavailable`
 (the tests turn it into a skip).
@@ -23,13 +23,12 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import queue
 import shutil
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
+
+from pskv.testing.jobs import ProcessGroup, child_env, start_nodes
 
 __all__ = ["CORE_IP", "EDGE_IP", "NetJob", "Unavailable", "VethPair"]
 
@@ -181,8 +180,8 @@ def probe_qdisc(spec: list[str]) -> None:
         pair.destroy()
 
 
-class NetJob:
-    """A pskv job whose processes run in the namespaces of a :class:`VethPair`.
+class NetJob(ProcessGroup):
+    """A pskv job whose processes run in the namespaces of a :class:`VethPair` (:func:`~pskv.testing.jobs.start_nodes`).
 
     Args:
         net: the namespaces.
@@ -195,113 +194,20 @@ class NetJob:
 
     def __init__(self, net: VethPair, tmp: Path, worker_script: str, placement: dict[str, str],
                  env: dict[str, str]) -> None:
-        self.net = net
-        self.procs: dict[str, subprocess.Popen[str]] = {}
-        self.lines: dict[str, queue.Queue[str]] = {}
-        self.output: dict[str, list[str]] = {}
-        servers = sorted(n for n in placement if n.startswith("server"))
-        workers = sorted(n for n in placement if n.startswith("worker"))
-        clean = {k: v for k, v in os.environ.items() if not k.startswith(("DMLC_", "PS_", "PSKV_"))}
-        base = {**clean, "PYTHONUNBUFFERED": "1", "DMLC_PS_ROOT_URI": CORE_IP,
-                "DMLC_NUM_SERVER": str(len(servers)), "DMLC_NUM_WORKER": str(len(workers)),
-                "PSKV_SHM": "0",  # array data must cross the veth, not /dev/shm
-                "PSKV_JOB_ID": f"net{os.getpid()}{next(_counter)}", **env}
-        self.job_id = base["PSKV_JOB_ID"]
-        port_file = tmp / "scheduler.port"
-        self._start("scheduler", "core", [sys.executable, "-m", "pskv", "scheduler", "--port-file", str(port_file)],
-                    {**base, "DMLC_ROLE": "scheduler", "DMLC_PS_ROOT_PORT": "0", "DMLC_NODE_HOST": CORE_IP})
-        deadline = time.monotonic() + 30
-        while not port_file.exists():  # readiness: the port file appears (written atomically)
-            if self.procs["scheduler"].poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"the scheduler did not start: {''.join(self.drain('scheduler'))}")
-            time.sleep(0.02)
-        base["DMLC_PS_ROOT_PORT"] = port_file.read_text().strip()
+        super().__init__("net job")
+        side = {"scheduler": "core", **placement}
+        clean = {k: v for k, v in child_env().items() if not k.startswith(("DMLC_", "PS_", "PSKV_"))}
         script = tmp / "net_worker.py"
         script.write_text(worker_script)
-        for name in servers:
-            rank = name.split()[1]
-            self._start(name, placement[name], [sys.executable, "-m", "pskv", "server"],
-                        {**base, "DMLC_ROLE": "server", "PSKV_SERVER_RANK": rank,
-                         "DMLC_NODE_HOST": net.ip[placement[name]]})
-        for name in workers:
-            rank = name.split()[1]
-            self._start(name, placement[name], [sys.executable, str(script)],
-                        {**base, "DMLC_ROLE": "worker", "DMLC_WORKER_ID": rank,
-                         "DMLC_NODE_HOST": net.ip[placement[name]]})
-
-    def _start(self, name: str, side: str, argv: list[str], env: dict[str, str]) -> None:
-        proc = subprocess.Popen(self.net.exec_argv(side, argv), env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
-        lines: queue.Queue[str] = queue.Queue()
-        self.procs[name], self.lines[name], self.output[name] = proc, lines, []
-
-        def read() -> None:
-            assert proc.stdout is not None
-            try:
-                for line in proc.stdout:
-                    lines.put(line)
-            except ValueError:  # closed by reap()
-                pass
-
-        threading.Thread(target=read, name=f"read {name}", daemon=True).start()
-
-    def drain(self, name: str) -> list[str]:
-        """Everything ``name`` printed so far."""
-        while True:
-            try:
-                self.output[name].append(self.lines[name].get_nowait())
-            except queue.Empty:
-                return self.output[name]
-
-    def expect(self, name: str, text: str, timeout: float) -> str:
-        """The first line (not seen by an earlier ``expect``) of ``name`` containing ``text``."""
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise AssertionError(f"{name} did not print {text!r} within {timeout} s; it printed:\n"
-                                     + "".join(self.output[name][-40:]))
-            try:
-                line = self.lines[name].get(timeout=min(left, 0.1))
-            except queue.Empty:
-                if self.procs[name].poll() is not None and self.lines[name].empty():
-                    time.sleep(0.05)  # let the reader hand over the last lines
-                    if self.lines[name].empty():
-                        raise AssertionError(f"{name} exited ({self.procs[name].returncode}) without printing "
-                                             f"{text!r}; it printed:\n" + "".join(self.output[name][-40:])) from None
-                continue
-            self.output[name].append(line)
-            if text in line:
-                return line
-
-    def wait_all(self, timeout: float) -> dict[str, int]:
-        """Exit codes of every process; AssertionError naming those still running after ``timeout``."""
-        deadline = time.monotonic() + timeout
-        for proc in self.procs.values():
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        running = [n for n, p in self.procs.items() if p.poll() is None]
-        assert not running, f"still running {timeout} s later: {running}; " + self.describe()
-        return {n: p.returncode for n, p in self.procs.items()}
-
-    def describe(self) -> str:
-        """The last lines of every process (for assertion messages)."""
-        parts = []
-        for name in self.procs:
-            parts.append(f"--- {name}:\n" + "".join(self.drain(name)[-25:]))
-        return "\n".join(parts)
-
-    def reap(self) -> None:
-        """Kill (by pid) every process of the job still running, and wait for each."""
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-        for proc in self.procs.values():
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:  # pragma: no cover - a process in D state
-                pass
-            if proc.stdout is not None:
-                proc.stdout.close()
+        try:
+            started = start_nodes(
+                self, tmp, servers=sum(n.startswith("server") for n in side),
+                workers=sum(n.startswith("worker") for n in side), worker_argv=[sys.executable, str(script)],
+                env={**clean, "PSKV_SHM": "0",  # array data must cross the veth, not /dev/shm
+                     "PSKV_JOB_ID": f"net{os.getpid()}{next(_counter)}", **env},
+                enter=lambda name, argv: net.exec_argv(side[name], argv), address=lambda name: net.ip[side[name]],
+                timeout=30)
+        except BaseException:
+            self.close(grace=0)
+            raise
+        self.job_id = started["PSKV_JOB_ID"]

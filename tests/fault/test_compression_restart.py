@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fault.launched import finals, launch_job
+from tests.fault.launched import finals, launch_crashing
 
 WORKER = """
 import hashlib, json, logging, os, sys
@@ -47,16 +47,6 @@ print(f"final {kv.rank} {hashlib.sha256(acc.tobytes()).hexdigest()} {float(acc.a
 kv.close()
 """
 
-CRASH = """
-import os, signal
-from pskv.server import controller
-
-@controller(99)
-def crash(head, body):
-    if os.environ.get("PSKV_SERVER_RANK") == "0" and not os.environ.get("PSKV_RESUME_FROM"):
-        os.kill(os.getpid(), signal.SIGKILL)
-    return "ok"
-"""
 
 TWO_BIT = {"type": "2bit", "threshold": 0.5}
 BOTH_WAYS = {**TWO_BIT, "both_ways": True}
@@ -66,10 +56,9 @@ TOPK_BOTH_WAYS = {"type": "topk", "k": 0.05, "both_ways": True}
 
 
 def launch(tmp: Path, crash_at: int, params: dict, *extra: str) -> tuple[int, str]:
-    return launch_job(tmp, WORKER, [str(crash_at), json.dumps(params)], [
-        "--env", "PSKV_SERVER_MODULES=pskv_test_crash3", "--env", "PS_HEARTBEAT_TIMEOUT=3",
-        "--env", "PS_HEARTBEAT_INTERVAL=0.3", "--env", "PSKV_SHM=0", "--env", "MXNET_KVSTORE_BIGARRAY_BOUND=1000",
-        "--checkpoint-dir", str(tmp / "ckpts"), *extra], modules={"pskv_test_crash3": CRASH}, deadline=90.0)
+    return launch_crashing(tmp, WORKER, [str(crash_at), json.dumps(params)], [
+        "--env", "PSKV_SHM=0", "--env", "MXNET_KVSTORE_BIGARRAY_BOUND=1000", "--checkpoint-dir", str(tmp / "ckpts"),
+        *extra], deadline=90.0)
 
 
 _REFERENCES: dict[str, dict[int, str]] = {}

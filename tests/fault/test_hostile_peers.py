@@ -51,7 +51,7 @@ def test_a_peer_that_never_reads_is_dropped_while_workers_get_exact_results(capl
         stats = {"sent": 0}
 
         def hog() -> None:  # worker 1's name after a HELLO with its token, then pulls of the big key, never reading
-            ctx = zmq.Context.instance()
+            ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
             sock = ctx.socket(zmq.DEALER)
             sock.linger = 0
             sock.setsockopt(zmq.RCVBUF, 4096)

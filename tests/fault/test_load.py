@@ -8,7 +8,6 @@ import time
 
 import numpy as np
 
-import pskv
 from pskv.testing import InProcessCluster
 
 DEADLINE = 120.0
@@ -32,13 +31,7 @@ def open_fds() -> dict[str, str]:
 
 def run(servers: int, workers: int, fn, store: str = "dist_sync"):
     with InProcessCluster(servers, workers, deadline=DEADLINE) as cluster:
-        def body(cfg):
-            kv = pskv.create(store, cluster=cfg)
-            try:
-                return fn(kv)
-            finally:
-                kv.close()
-        return cluster.run_workers(body)
+        return cluster.run_stores(fn, store)
 
 
 def test_ten_thousand_keys_in_one_call_and_key_by_key():

@@ -36,8 +36,8 @@ import time
 
 import pytest
 
-from pskv.transport.shm import remove_job_files
-from tests.fault.netns import NetJob, Unavailable, probe_qdisc
+from pskv.testing.hosts import netem_available
+from tests.fault.netns import NetJob, Unavailable, VethPair, probe_qdisc
 
 HEARTBEAT_INTERVAL = 0.25
 HEARTBEAT_TIMEOUT = 4.0
@@ -126,8 +126,7 @@ def start_job(net, tmp_path):
 
     yield start
     for job in jobs:
-        job.reap()
-        remove_job_files(job.job_id)
+        job.close(grace=0)
 
 
 def iteration(line: str) -> int:
@@ -142,10 +141,7 @@ def field(line: str, name: str) -> str:
 
 def finish(job: NetJob, iters: int, timeout: float) -> dict[str, str]:
     """Wait for both workers' ``done`` lines and every process's exit 0; returns the done lines."""
-    try:
-        done = {w: job.expect(w, "done", timeout) for w in WORKERS}
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{job.describe()}") from None
+    done = {w: job.expect(w, "done", timeout) for w in WORKERS}
     want = -3 * iters * (iters + 1) // 2
     for line in done.values():
         assert int(field(line, "value")) == want, line
@@ -167,17 +163,17 @@ def test_link_down_briefly_then_up_loses_nothing(net, start_job, placement):
     time.sleep(FLAP_SECONDS)  # the outage itself
     net.set_link(True)
     came_up = time.monotonic()
-    assert not any(p.poll() is not None for p in job.procs.values()), job.describe()
+    assert not any(p.poll() is not None for p in job.procs), job.describe()
     done = finish(job, iters, 40)
     # training went on after the link came back: iterations were still to do then
-    after = [line for w in WORKERS for line in job.output[w] if line.startswith("iter ")
+    after = [line for w in WORKERS for line in job[w].text() if line.startswith("iter ")
              and float(field(line, "at")) > came_up]
     assert len(after) >= 2, f"the link flap did not happen in the middle of the loop:\n{job.describe()}"
     stalls = [float(field(line, "max_stall")) for line in done.values()]
     assert max(stalls) >= FLAP_SECONDS * 0.5, f"no round waited for the link: {stalls}"
     assert max(stalls) < HEARTBEAT_TIMEOUT, f"a round waited longer than the heartbeat timeout: {stalls}"
-    for name in job.procs:
-        assert not any("dead" in line for line in job.drain(name)), f"{name} saw a death:\n{job.describe()}"
+    for p in job.procs:
+        assert not any("dead" in line for line in p.text()), f"{p.name} saw a death:\n{job.describe()}"
     print(f"{placement}: link down {came_up - went_down:.2f} s, longest round {max(stalls):.2f} s")
 
 
@@ -206,11 +202,21 @@ def test_lasting_partition_ends_in_node_failed_error(net, start_job, placement, 
     assert codes["scheduler"] == 0, f"{codes}\n{job.describe()}"
     if placement == "server-cut":  # the cut-off server lost the scheduler: it fails loudly
         assert codes["server 0"] != 0, codes
-        assert any("scheduler failed" in line for line in job.drain("server 0")), job.describe()
+        assert any("scheduler failed" in line for line in job["server 0"].text()), job.describe()
     else:  # the scheduler declared the workers dead, which ends the job for the server
         assert codes["server 0"] == 0, f"{codes}\n{job.describe()}"
     print(f"{placement}: {named} reported dead {max(detected.values()):.2f} s after the link went down "
           f"(heartbeat timeout {HEARTBEAT_TIMEOUT} s)")
+
+
+def shape(net: VethPair, kind: str, spec: list[str]) -> None:
+    """Put qdisc ``spec`` on both ends; skip the test where this kernel lacks it (``netem`` is often missing)."""
+    if spec[0] == "netem" and not netem_available():
+        pytest.skip(f"{kind}: this kernel has no sch_netem (the tbf kinds run)")
+    try:
+        net.add_qdisc(spec)
+    except Unavailable as exc:
+        pytest.skip(f"{kind} is not available here: {exc}")
 
 
 RATE_BYTES = 1 << 20  # 8 Mbit/s each way
@@ -226,10 +232,7 @@ SHAPING = {
 @pytest.mark.parametrize("kind", sorted(SHAPING))
 def test_delay_gives_correct_results_just_slower(net, start_job, kind):
     """Shaped both ways: every value exact, no drops, and no faster than the shaping allows."""
-    try:
-        net.add_qdisc(SHAPING[kind])
-    except Unavailable as exc:
-        pytest.skip(f"{kind} is not available here: {exc}")
+    shape(net, kind, SHAPING[kind])
     iters, size = 20, 16384  # 64 KiB per push and per pull
     before = net.link_bytes()
     job = start_job("workers-cut", iters=iters, pace=0, size=size)
@@ -260,10 +263,7 @@ LOSS = {
 @pytest.mark.parametrize("kind", sorted(LOSS))
 def test_packet_loss_gives_correct_results(net, start_job, kind):
     """Packets dropped both ways (checked through the qdisc's counter): every value still exact."""
-    try:
-        net.add_qdisc(LOSS[kind])
-    except Unavailable as exc:
-        pytest.skip(f"{kind} is not available here: {exc}")
+    shape(net, kind, LOSS[kind])
     iters = 20
     job = start_job("workers-cut", iters=iters, pace=0, size=16384)
     done = finish(job, iters, 45)
@@ -294,7 +294,7 @@ def test_connections_reset_in_the_middle_recover(net, start_job):
     assert killed, "no connection was reset"
     finish(job, iters, 30)
     for w in WORKERS:  # the resend after the reconnect did happen
-        assert any("sending" in line and "unanswered request(s) again" in line for line in job.drain(w)), \
+        assert any("sending" in line and "unanswered request(s) again" in line for line in job[w].text()), \
             job.describe()
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fault.launched import finals, launch_job
+from tests.fault.launched import finals, launch_crashing
 
 WORKER = """
 import os, sys
@@ -37,22 +37,9 @@ print(f"final {kv.rank} {float(w.astype(np.float64).sum())!r}", flush=True)
 kv.close()
 """
 
-CRASH = """
-import os, signal
-from pskv.server import controller
-
-@controller(99)
-def crash(head, body):
-    if os.environ.get("PSKV_SERVER_RANK") == "0":
-        os.kill(os.getpid(), signal.SIGKILL)
-    return "ok"
-"""
-
 
 def launch(tmp: Path, crash_at: int, *extra: str) -> tuple[int, str]:
-    return launch_job(tmp, WORKER, [str(crash_at)], [
-        "--env", "PSKV_SERVER_MODULES=pskv_test_crash", "--env", "PS_HEARTBEAT_TIMEOUT=3",
-        "--env", "PS_HEARTBEAT_INTERVAL=0.3", *extra], modules={"pskv_test_crash": CRASH}, deadline=90.0)
+    return launch_crashing(tmp, WORKER, [str(crash_at)], extra, deadline=90.0)
 
 
 @pytest.mark.timeout(200)

@@ -6,11 +6,10 @@ without the crash."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
-from tests.fault.launched import finals, launch_job
+from tests.fault.launched import finals, run_with_a_replaced_server
 
 WORKER = """
 import os, sys
@@ -41,35 +40,10 @@ print(f"final {kv.rank} {float(w.astype(np.float64).sum())!r} {float(b.sum())!r}
 kv.close()
 """
 
-CRASH = """
-import os, signal
-from pskv.server import controller
-
-@controller(99)
-def crash(head, body):
-    if os.environ.get("PSKV_SERVER_RANK") == "0" and not os.environ.get("PSKV_RESUME_FROM"):
-        os.kill(os.getpid(), signal.SIGKILL)
-    return "ok"
-"""
-
-
-def launch(tmp: Path, crash_at: int, *extra: str) -> tuple[int, str]:
-    return launch_job(tmp, WORKER, [str(crash_at)], [
-        "--env", "PSKV_SERVER_MODULES=pskv_test_crash2", "--env", "PS_HEARTBEAT_TIMEOUT=3",
-        "--env", "PS_HEARTBEAT_INTERVAL=0.3", "--checkpoint-dir", str(tmp / "ckpts"), *extra],
-        modules={"pskv_test_crash2": CRASH})
-
 
 @pytest.mark.timeout(300)
 def test_a_killed_server_is_replaced_and_training_ends_as_without_the_crash(tmp_path):
-    code, clean = launch(tmp_path / "a", -1, "--restart-servers", "1")
-    assert code == 0, clean
-    reference = finals(clean)
-    assert len(reference) == 2 and reference[0] == reference[1]
-
-    code, out = launch(tmp_path / "b", 7, "--restart-servers", "1", "--recovery-timeout", "30")
-    assert code == 0, out
-    assert "crashing server 0" in out
+    reference, out = run_with_a_replaced_server(tmp_path, WORKER, crash_at=7)
     assert re.search(r"server 0 on 127.0.0.1 was killed by SIGKILL; starting it again from checkpoint "
                      r".*ckpt-2 \(1 of at most 1 server restarts\)", out), out
     assert "server 0: restored" in out and "replacement server; push counts" in out, out

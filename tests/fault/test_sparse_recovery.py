@@ -5,11 +5,9 @@ without the crash."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-from tests.fault.launched import finals, launch_job
+from tests.fault.launched import finals, run_with_a_replaced_server
 
 WORKER = """
 import sys
@@ -36,35 +34,10 @@ print(f"final {kv.rank} {float(final.data.astype(np.float64).sum())!r}", flush=T
 kv.close()
 """
 
-CRASH = """
-import os, signal
-from pskv.server import controller
-
-@controller(99)
-def crash(head, body):
-    if os.environ.get("PSKV_SERVER_RANK") == "0" and not os.environ.get("PSKV_RESUME_FROM"):
-        os.kill(os.getpid(), signal.SIGKILL)
-    return "ok"
-"""
-
-
-def launch(tmp: Path, crash_at: int, *extra: str) -> tuple[int, str]:
-    return launch_job(tmp, WORKER, [str(crash_at)], [
-        "--env", "PSKV_SERVER_MODULES=pskv_test_crash_rows", "--env", "PS_HEARTBEAT_TIMEOUT=3",
-        "--env", "PS_HEARTBEAT_INTERVAL=0.3", "--checkpoint-dir", str(tmp / "ckpts"), *extra],
-        modules={"pskv_test_crash_rows": CRASH})
-
 
 @pytest.mark.timeout(300)
 def test_a_killed_server_of_a_row_sparse_key_is_replaced_and_training_ends_as_without_the_crash(tmp_path):
-    code, clean = launch(tmp_path / "a", -1, "--restart-servers", "1")
-    assert code == 0, clean
-    reference = finals(clean)
-    assert len(reference) == 2 and reference[0] == reference[1]
-
-    code, out = launch(tmp_path / "b", 7, "--restart-servers", "1", "--recovery-timeout", "30")
-    assert code == 0, out
-    assert "crashing server 0" in out
+    reference, out = run_with_a_replaced_server(tmp_path, WORKER, crash_at=7)
     assert "server 0: restored" in out and "replacement server; push counts" in out, out
     assert out.count("server 0 replaced: sending it") == 2, out  # both workers replay their row pushes
     assert finals(out) == reference, out  # the same floats as without the crash

@@ -24,7 +24,7 @@ def grads(step: int, rank: int) -> dict[str, np.ndarray]:
     return {"w": rng.normal(size=N).astype(np.float32), "b": rng.normal(size=7).astype(np.float64)}
 
 
-def train(kv, steps: range, save_at: set[int] = frozenset(), root: str | None = None) -> dict[str, np.ndarray]:
+def train(kv, steps: range, save_at: frozenset[int] | set[int] = frozenset(), root: str | None = None) -> dict[str, np.ndarray]:
     """Init (kept on resume), SGD with momentum on the servers, deterministic gradients."""
     kv.set_optimizer(SGD(learning_rate=0.01, momentum=0.9, wd=1e-3))
     kv.init(["w", "b"], [np.ones(N, np.float32), np.zeros(7, np.float64)])
@@ -39,13 +39,7 @@ def train(kv, steps: range, save_at: set[int] = frozenset(), root: str | None = 
 
 def run(fn, servers=2, workers=2, shm=1, **settings):
     with InProcessCluster(servers, workers, deadline=DEADLINE, shm=shm, **settings) as cluster:
-        def body(cfg):
-            kv = pskv.create("dist_sync", cluster=cfg)
-            try:
-                return fn(kv)
-            finally:
-                kv.close()
-        return cluster.run_workers(body)
+        return cluster.run_stores(fn)
 
 
 @pytest.mark.parametrize("shm", [0, 1])

@@ -14,8 +14,8 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
-import pskv
 from pskv.checkpoints import read_manifest, worker_file
+from pskv.compression.residuals import read_worker_file
 from pskv.config import ClusterConfig
 from pskv.errors import CheckpointError
 from pskv.kvstore.dist import DistStore
@@ -23,7 +23,6 @@ from pskv.server.snapshot import read_shard
 from pskv.testing import InProcessCluster
 from pskv.testing.loopback import LoopbackNetwork
 from pskv.worker import KVWorker
-from pskv.worker.residuals import read_residuals
 
 DEADLINE = 30.0
 N = 3000  # split over both servers (bigarray bound 1000 below)
@@ -51,13 +50,7 @@ def train(kv, params, steps, save_at=()):
 
 def run(fn, workers=2, **settings):
     with InProcessCluster(2, workers, deadline=DEADLINE, shm=0, bigarray_bound=1000, **settings) as cluster:
-        def body(cfg):
-            kv = pskv.create("dist_sync", cluster=cfg)
-            try:
-                return fn(kv)
-            finally:
-                kv.close()
-        return cluster.run_workers(body)
+        return cluster.run_stores(fn)
 
 
 @pytest.mark.parametrize("params", [TWO_BIT, BOTH_WAYS], ids=["2bit", "both_ways"])
@@ -70,7 +63,7 @@ def test_a_resumed_compressed_job_ends_bitwise_as_an_uninterrupted_one(tmp_path,
     manifest = read_manifest(ckpt)
     assert manifest["residuals"] == {"files": ["worker-0.safetensors", "worker-1.safetensors"],
                                      "compression": params}
-    saved = [read_residuals(ckpt, r) for r in range(2)]
+    saved = [read_worker_file(ckpt, r) for r in range(2)]
     assert all(len(s.parts) == 2 and any(np.any(r) for r in s.parts.values()) for s in saved)  # both parts, nonzero
     replies = [r for rank in range(2) for r in read_shard(ckpt, rank).replies]
     assert len(replies) == (2 if params.get("both_ways") else 0)
@@ -142,7 +135,7 @@ def test_a_damaged_residuals_file_is_refused_naming_it(tmp_path):
     save_file(tensors, str(path), metadata={"pskv": json.dumps(doc)})
     with pytest.raises(CheckpointError, match=r"worker-0.safetensors: the residual of key \d+ offset 0 is "
                                               r"float32\[\d+\]; its entry claims float32\[\d+\]"):
-        read_residuals(root / "ckpt-1", 0)
+        read_worker_file(root / "ckpt-1", 0)
 
 
 def test_a_replacement_worker_says_its_residuals_start_at_zero(caplog):

@@ -187,13 +187,13 @@ def test_both_ways_the_servers_compress_the_sums_they_send_back_with_their_own_r
     want = [{k: comp.decompress(comp.compress(step[k].copy(), server_res[k]), SIZES[k]) for k in SIZES}
             for step in pushed]
     replies = []
-    from pskv.worker.kv_worker import KVWorker
-    reply_compressor = KVWorker._reply_compressor
+    from pskv.worker.compressing import PushCompression
+    decoder = PushCompression.decoder
 
     def spy(self, header, node):
         replies.append(bool(header.flags & 16))
-        return reply_compressor(self, header, node)
-    monkeypatch.setattr(KVWorker, "_reply_compressor", spy)
+        return decoder(self, header, node)
+    monkeypatch.setattr(PushCompression, "decoder", spy)
 
     def fn(kv):
         kv.set_gradient_compression({"type": kind, "threshold": threshold, "both_ways": True})

@@ -31,13 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def run(fn, servers=2, workers=2, **settings):
     with InProcessCluster(servers, workers, deadline=DEADLINE, **settings) as cluster:
-        def body(cfg):
-            kv = pskv.create("dist_sync", cluster=cfg)
-            try:
-                return fn(kv)
-            finally:
-                kv.close()
-        return cluster.run_workers(body)
+        return cluster.run_stores(fn)
 
 
 def exchange(kv):
@@ -46,7 +40,7 @@ def exchange(kv):
     for i in range(3):
         kv.push(["small", "big"], [np.full(10, kv.rank + i, np.float32), np.full(300_000, kv.rank - i, np.float32)])
         small, big = kv.pull(["small", "big"])
-    return kv._client.channels(), small.tolist(), float(big.min()), float(big.max())
+    return kv._worker.client.channels(), small.tolist(), float(big.min()), float(big.max())
 
 
 PIECES = dict(shm=0, bigarray_bound=1000, part_bytes=64 << 10)  # the big key: 10 pieces per server
@@ -88,11 +82,11 @@ def test_a_data_connection_that_breaks_is_opened_again_and_no_push_is_applied_tw
         for i in range(rounds):
             kv.push(["w", "big"], [np.ones(4, np.float32), np.ones(200_000, np.float32)])
             if kv.rank == 0 and i % 3 == 1:
-                for conn in kv._client._senders:
+                for conn in kv._worker.client._senders:
                     conn._sock.shutdown(socket.SHUT_RDWR)  # as a reset would: both ends see it fail
             kv.pull(["w", "big"])
         w, big = kv.pull(["w", "big"])
-        return kv._client.channels(), w.tolist(), float(big.min()), float(big.max())
+        return kv._worker.client.channels(), w.tolist(), float(big.min()), float(big.max())
 
     results = run(fn, **PIECES)
     for channels, w, low, high in results:
@@ -108,7 +102,7 @@ WORKER = textwrap.dedent("""
     for i in range(3):
         kv.push("w", np.full(100_000, kv.rank + 1.0, np.float32))
         out = kv.pull("w")
-    print(f"rank={kv.rank} channels={','.join(kv._client.channels())} value={out.min()},{out.max()}", flush=True)
+    print(f"rank={kv.rank} channels={','.join(kv._worker.client.channels())} value={out.min()},{out.max()}", flush=True)
     kv.close()
 """)
 
@@ -180,7 +174,7 @@ def test_a_stranger_on_the_data_port_is_refused_and_the_job_is_unaffected(monkey
                 for _ in range(3):
                     kv.push("w", np.full(1000, kv.rank + 1.0, np.float32))
                     out = kv.pull("w")
-                return kv._client.channels(), float(out.min()), float(out.max())
+                return kv._worker.client.channels(), float(out.min()), float(out.max())
             finally:
                 kv.close()
 

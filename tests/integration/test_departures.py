@@ -237,17 +237,17 @@ def test_the_exit_hook_holds_open_stores_weakly_and_forked_children_leave_them_a
     import gc
     import weakref
 
-    from pskv.kvstore import dist
+    from pskv.kvstore import exit as store_exit
     from pskv.testing.loopback import loopback_store
 
     kv = loopback_store()
-    assert kv in dist._OPEN
+    assert kv in store_exit._OPEN
     pid = os.fork()
     if pid == 0:  # a data-loading child: it has the store, not its threads; its exit must not close it
-        os._exit(0 if len(dist._OPEN) == 0 else 1)
+        os._exit(0 if len(store_exit._OPEN) == 0 else 1)
     assert os.waitpid(pid, 0)[1] == 0
     kv.close()
-    assert kv not in dist._OPEN
+    assert kv not in store_exit._OPEN
     other = loopback_store()
     ref = weakref.ref(other)
     del other

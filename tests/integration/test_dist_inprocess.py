@@ -205,7 +205,7 @@ def test_a_dead_worker_fails_the_others_barrier_with_its_name():
         def fn(cfg):
             kv = pskv.create("dist_sync", cluster=cfg)
             if kv.rank == 1:
-                kv._client.close()  # this worker "dies": no more heartbeats
+                kv._worker.client.close()  # this worker "dies": no more heartbeats
                 return None
             start = time.monotonic()
             with pytest.raises(pskv.NodeFailedError, match="worker 1"):
@@ -326,7 +326,7 @@ def test_a_dead_worker_fails_pulls_waiting_for_its_push():
             kv = pskv.create("dist_sync", cluster=cfg)
             kv.init(0, np.zeros(2))
             if kv.rank == 1:
-                kv._client.close()  # dies before pushing
+                kv._worker.client.close()  # dies before pushing
                 return None
             kv.push(0, np.ones(2))  # accepted: the data is on the server
             start = time.monotonic()
@@ -405,7 +405,7 @@ def test_a_pull_right_after_a_non_blocking_push_sees_that_push(shm):
 def test_a_pull_that_overtakes_its_push_waits_for_it(shm):
     def fn(kv):
         kv.init(0, np.zeros(3))
-        client = kv._client
+        client = kv._worker.client
         got = []
         for step in range(1, 4):
             with client._send_lock:  # another thread is sending: both requests queue up ...
@@ -573,13 +573,13 @@ def test_big_values_are_cut_into_pieces_sent_as_separate_messages(shm):
 
     def fn(kv):
         sent = []
-        request = kv._client.request
+        request = kv._worker.client.request
 
         def counting(server, command, *args, **kwargs):
             sent.append((server, command.name))
             return request(server, command, *args, **kwargs)
 
-        kv._client.request = counting
+        kv._worker.client.request = counting
         kv.init([0, 1], [np.zeros(n, np.float32), np.zeros(3, np.float32)])
         parts = kv._keys[0].parts
         kv.push([0, 1], [np.arange(n, dtype=np.float32) * (kv.rank + 1), np.ones(3, np.float32)])
@@ -646,9 +646,9 @@ def test_a_pull_behind_a_big_non_blocking_push_overtakes_it_on_the_reply_connect
 
     def fn(kv):
         kv.init([0, 1], [np.zeros(n, np.float32), np.zeros(10, np.float32)])
-        client = kv._client
+        client = kv._worker.client
         overtaking, send_dealer = [], client._reactor.send_dealer
-        lanes = set(client._lanes.values())
+        lanes = set(client.lanes.overtaking.values())
         assert len(lanes) == (2 if channel == "tcp" else 0)
 
         def spy(sid, frames):

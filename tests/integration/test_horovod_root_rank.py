@@ -111,9 +111,12 @@ def test_the_horovod_store_of_one_process():
         with pytest.raises(pskv.InvalidArgumentError, match="root_rank 1"):
             kv.broadcast("k", value, root_rank=1)
         assert not any(kv.is_capable(c) for c in ("optimizer", "row_sparse_pull", "gradient_compression"))
-        for call in (lambda: kv.push("k", value), lambda: kv.pull("k"), lambda: kv.init("k", value)):
+        for call in (lambda: kv.push("k", value), lambda: kv.pull("k"), lambda: kv.init("k", value),
+                     lambda: kv.set_gradient_compression({"type": "2bit"})):
             with pytest.raises(pskv.NotSupportedError, match="offers pushpull and broadcast"):
                 call()
+    with pytest.raises(pskv.StoreClosedError, match="cannot pushpull: the store is closed"):  # as every store says
+        kv.pushpull("k", value)
 
 
 def test_the_nccl_store_without_cuda_says_so():

@@ -13,13 +13,10 @@ import argparse
 import io
 import json
 import os
-import queue
 import re
 import signal
 import socket
-import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -31,6 +28,7 @@ from pskv.launch import add_arguments as add_launch_arguments
 from pskv.launch.contract import JobLayout, ProcessSpec, contract_env, env_argv
 from pskv.launch.ssh import Host, parse_hostfile, place, read_hostfile, ssh_argv, ssh_specs
 from pskv.launch.supervisor import Console, Supervisor, describe_exit
+from pskv.testing.jobs import ProcessGroup, child_env, free_port, run_launch, start_launch
 from tests.integration.conftest import tagged_pids
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="finds leftover processes through /proc")
@@ -99,32 +97,10 @@ def worker_script(tmp_path: Path) -> Path:
     return path
 
 
-def start_launcher(args: list[str], tag: str, cwd: Path, env: dict[str, str] | None = None,
-                   module: tuple[str, ...] = ("pskv", "launch")) -> subprocess.Popen[str]:
-    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    return subprocess.Popen([sys.executable, "-m", *module, "--env", f"PSKV_TEST_TAG={tag}", *args],
-                            env=full_env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-
-
-def kill_launcher(proc: subprocess.Popen[str]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-
-
 def run_launcher(args: list[str], tag: str, cwd: Path, env: dict[str, str] | None = None,
                  module: tuple[str, ...] = ("pskv", "launch")) -> tuple[int, str]:
-    """Run a launcher to its end; returns (exit code, merged output)."""
-    proc = start_launcher(args, tag, cwd, env, module)
-    try:
-        out, _ = proc.communicate(timeout=JOB_DEADLINE)
-    except subprocess.TimeoutExpired:
-        kill_launcher(proc)
-        pytest.fail(f"the launcher did not finish within {JOB_DEADLINE} s")
-    return proc.returncode, out
+    """Run a launcher to its end (within JOB_DEADLINE); returns (exit code, merged output)."""
+    return run_launch(args, cwd, JOB_DEADLINE, env=child_env(env), tag=tag, module=module)
 
 
 def job(workers: int, servers: int, script: Path, mode: str, *extra: str) -> list[str]:
@@ -152,12 +128,6 @@ def contracts(out: str) -> dict[int, dict[str, str]]:
         if m:
             found[int(m.group(1))] = json.loads(m.group(2))
     return found
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # -- real jobs ----------------------------------------------------------------------------
@@ -236,29 +206,13 @@ def test_a_worker_killed_by_a_signal_is_named_with_the_signal(tag, tmp_path, wor
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_to_the_launcher_stops_everything(signum, tag, tmp_path, worker_script):
-    proc = start_launcher(job(2, 1, worker_script, "hang"), tag, tmp_path)
-    lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
-
-    def read() -> None:
-        assert proc.stdout is not None
-        with proc.stdout:
-            for line in proc.stdout:
-                lines.put(line.rstrip("\n"))
-        lines.put(None)
-
-    threading.Thread(target=read, daemon=True).start()
-    seen: list[str] = []
-    try:
-        while not {"[worker 0] ready", "[worker 1] ready"} <= set(seen):  # readiness, not a sleep
-            line = lines.get(timeout=JOB_DEADLINE)
-            assert line is not None, "\n".join(seen)
-            seen.append(line)
-        proc.send_signal(signum)
-        assert proc.wait(timeout=JOB_DEADLINE) == 128 + signum
-    finally:
-        kill_launcher(proc)
-    while (line := lines.get(timeout=10)) is not None:
-        seen.append(line)
+    with ProcessGroup("pskv launch") as group:
+        proc = start_launch(group, job(2, 1, worker_script, "hang"), tmp_path, tag=tag)
+        for ready in ("[worker 0] ready", "[worker 1] ready"):  # readiness, not a sleep
+            assert proc.find(ready.__eq__, JOB_DEADLINE), group.describe()
+        proc.signal(signum)
+        assert proc.wait(JOB_DEADLINE) == 128 + signum, proc.output()
+        seen = proc.text()
     name = signal.Signals(signum).name
     assert f"pskv launch: received {name}; stopping the job" in seen, seen
     assert "pskv launch: stopped scheduler, server 0, worker 0, worker 1" in seen, seen
@@ -507,15 +461,9 @@ def test_a_worker_that_left_early_is_named_as_having_left_not_as_failed(tag, tmp
     assert "(look there first)" not in out, out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.timeout(60)
 def test_a_local_job_runs_its_scheduler_on_the_port_given(tag, tmp_path, worker_script):
-    port = _free_port()  # free a moment ago: the scheduler binds it again
+    port = free_port()  # free a moment ago: the scheduler binds it again
     code, out = run_launcher(job(1, 1, worker_script, "ok", "--port", str(port)), tag, tmp_path)
     assert code == 0, out
     assert contracts(out)[0]["DMLC_PS_ROOT_PORT"] == str(port), out

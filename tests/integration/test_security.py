@@ -23,12 +23,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import struct
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,8 +37,8 @@ import zmq
 
 import pskv
 from pskv.config import ClusterConfig
+from pskv.testing.jobs import ProcessGroup, child_env, run_launch, start_launch
 from pskv.transport.security import generate_keys, write_key_file
-from pskv.transport.shm import remove_job_files
 from pskv.worker.client import WorkerClient
 from tests.fault.launched import finals, launch_job
 from tests.fault.netns import NetJob, Unavailable, VethPair
@@ -51,7 +49,6 @@ from tests.fault.test_worker_recovery import WORKER as RECOVERY_WORKER
 pytestmark = [pytest.mark.skipif(sys.platform != "linux", reason="Linux processes and namespaces"),
               pytest.mark.skipif(not zmq.has("curve"), reason="libzmq without CURVE")]
 
-REPO = Path(__file__).resolve().parents[2]
 JOB_DEADLINE = 60.0  # seconds a launched job may take
 PATTERN = b"pskv-known-array"  # 16 bytes; the pushed array is 8 copies of it (32 float32)
 
@@ -74,11 +71,11 @@ kv.init(0, np.zeros(pattern.size, np.float32))
 kv.push(0, pattern)
 before = kv.pull(0)
 scheduler = "tcp://%s:%s" % (os.environ["DMLC_PS_ROOT_URI"], os.environ["DMLC_PS_ROOT_PORT"])
-server = kv._client.info.servers[0]
+server = kv._worker.client.info.servers[0]
 print("addresses " + json.dumps({"scheduler": scheduler, "server": server}), flush=True)
 
 W0 = node_id(Role.WORKER, 0)
-TOKEN = kv._client.info.token  # worker 0's proof from the scheduler: plaintext on the wire without a key
+TOKEN = kv._worker.client.info.token  # worker 0's proof from the scheduler: plaintext on the wire without a key
 print("token " + TOKEN, flush=True)
 REGISTER = encode(Header(Command.REGISTER, 1, 0, body=Register("worker", "", 0).encode()))
 HELLO = encode(Header(Command.HELLO, 2, W0, body=Hello("00000000deadbeef").encode()))  # no token
@@ -162,22 +159,15 @@ def key_file(tmp_path: Path) -> Path:
     return write_key_file(tmp_path / "cluster.key", generate_keys())
 
 
-def launch_argv(worker_script: Path, mode: str, go_file: Path, *options: str) -> list[str]:
-    return [sys.executable, "-m", "pskv", "launch", "-n", "1", "-s", "1", "--env", "PSKV_SHM=0",
-            "--timeout", str(JOB_DEADLINE), *options, "--", sys.executable, str(worker_script), mode, str(go_file)]
+def launch_args(worker_script: Path, mode: str, go_file: Path, *options: str) -> list[str]:
+    """``pskv launch`` arguments of the one-worker, one-server job (the job ends itself after JOB_DEADLINE)."""
+    return ["-n", "1", "-s", "1", "--env", "PSKV_SHM=0", "--timeout", str(JOB_DEADLINE), *options, "--",
+            sys.executable, str(worker_script), mode, str(go_file)]
 
 
-def run_job(argv: list[str], cwd: Path) -> tuple[int, str]:
-    """Run a launcher (in its own session) to its end; returns (exit code, merged output)."""
-    proc = subprocess.Popen(argv, cwd=cwd, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=JOB_DEADLINE + 15)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"the job did not end within {JOB_DEADLINE + 15:g} s:\n{out}")
-    return proc.returncode, out
+def run_job(args: list[str], cwd: Path) -> tuple[int, str]:
+    """Run the job to its end; returns (exit code, merged output)."""
+    return run_launch(args, cwd, JOB_DEADLINE + 15)
 
 
 def line_value(out: str, prefix: str) -> str:
@@ -198,7 +188,7 @@ def pattern_array() -> list[float]:
 @pytest.mark.parametrize("option", ["--curve-key", "--secure"])
 def test_with_a_key_a_stranger_gets_no_reply_changes_nothing_and_is_logged(tmp_path, worker_script, key_file, option):
     options = ["--curve-key", str(key_file)] if option == "--curve-key" else ["--secure"]
-    code, out = run_job(launch_argv(worker_script, "attack", tmp_path / "go", *options), tmp_path)
+    code, out = run_job(launch_args(worker_script, "attack", tmp_path / "go", *options), tmp_path)
     assert code == 0, out
     result = json.loads(line_value(out, "result"))
     # no reply to REGISTER, HELLO or PUSH: plain TCP, a key pair of its own, another cluster's key
@@ -225,7 +215,7 @@ def test_with_a_key_a_stranger_gets_no_reply_changes_nothing_and_is_logged(tmp_p
 @pytest.mark.timeout(90)
 def test_without_a_key_a_stranger_cannot_speak_for_a_worker_unless_it_learnt_its_token(tmp_path, worker_script):
     # what docs/security.md says a peer can do without a key (and proof the test above can fail)
-    code, out = run_job(launch_argv(worker_script, "attack", tmp_path / "go"), tmp_path)
+    code, out = run_job(launch_args(worker_script, "attack", tmp_path / "go"), tmp_path)
     assert code == 0, out
     result = json.loads(line_value(out, "result"))
     assert result["plain_scheduler"] == 1  # answered (the cluster is complete: an ERROR, but an answer)
@@ -250,7 +240,7 @@ def test_a_bad_key_file_stops_the_launcher_before_anything_starts(tmp_path, work
         key_file.chmod(0o644)
     else:
         key_file.write_text("public = short\nsecret = short\n")
-    code, out = run_job(launch_argv(worker_script, "attack", tmp_path / "go", "--curve-key", str(key_file)), tmp_path)
+    code, out = run_job(launch_args(worker_script, "attack", tmp_path / "go", "--curve-key", str(key_file)), tmp_path)
     assert code == 2, out
     assert out.startswith(f"pskv launch: error: --curve-key: CURVE key file {key_file}") or \
         out.startswith(f"pskv launch: error: --curve-key: cannot read CURVE key file {key_file}"), out
@@ -261,9 +251,8 @@ def test_a_bad_key_file_stops_the_launcher_before_anything_starts(tmp_path, work
 def test_a_role_with_a_shared_key_file_exits_naming_it_before_binding(tmp_path, key_file):
     key_file.chmod(0o640)
     port_file = tmp_path / "port"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "DMLC_ROLE": "scheduler", "DMLC_PS_ROOT_URI": "127.0.0.1",
-           "DMLC_PS_ROOT_PORT": "0", "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "1",
-           "PSKV_CURVE_KEY_FILE": str(key_file)}
+    env = child_env({"DMLC_ROLE": "scheduler", "DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_PS_ROOT_PORT": "0",
+                     "DMLC_NUM_SERVER": "1", "DMLC_NUM_WORKER": "1", "PSKV_CURVE_KEY_FILE": str(key_file)})
     res = subprocess.run([sys.executable, "-m", "pskv", "scheduler", "--port-file", str(port_file)], env=env,
                          capture_output=True, text=True, timeout=30, check=False)
     assert res.returncode == 2, res.stderr
@@ -385,24 +374,13 @@ def captured_job(ns: Namespace, tmp_path: Path, worker_script: Path, options: li
     """
     capture_file, go_file = tmp_path / "capture.bin", tmp_path / "go"
     (tmp_path / "capture.py").write_text(CAPTURE)
-    capture = subprocess.Popen(ns.argv([sys.executable, str(tmp_path / "capture.py"), str(capture_file)]),
-                               stdout=subprocess.PIPE, text=True)
-    job: subprocess.Popen[str] | None = None
-    try:
-        assert capture.stdout is not None and capture.stdout.readline().strip() == "capturing"
-        job = subprocess.Popen(ns.argv(launch_argv(worker_script, "wait", go_file, *options)), cwd=tmp_path,
-                               env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        assert job.stdout is not None
-        lines = []
-        deadline = time.monotonic() + JOB_DEADLINE
-        for line in job.stdout:  # the job's own --timeout bounds this read
-            lines.append(line)
-            if line.rstrip().endswith("] waiting"):
-                break
-        assert time.monotonic() < deadline and lines and lines[-1].rstrip().endswith("] waiting"), "".join(lines)
+    with ProcessGroup("captured job") as group:
+        group.start("capture", ns.argv([sys.executable, str(tmp_path / "capture.py"), str(capture_file)]), child_env())
+        group.expect("capture", "capturing", 30)
+        job = start_launch(group, launch_args(worker_script, "wait", go_file, *options), tmp_path, enter=ns.argv([]))
+        group.expect("launch", "] waiting", JOB_DEADLINE)
         if replay:
-            ports = json.loads(line_value("".join(lines), "addresses"))
+            ports = json.loads(line_value(job.output(), "addresses"))
             listening = {int(ports["scheduler"].rsplit(":", 1)[1]), int(ports["server"].rsplit(":", 1)[1])}
             streams = [(dst, data.hex()) for (src, dst), data in tcp_streams(capture_file.read_bytes()).items()
                        if dst in listening]
@@ -412,16 +390,9 @@ def captured_job(ns: Namespace, tmp_path: Path, worker_script: Path, options: li
             subprocess.run(ns.argv([sys.executable, str(tmp_path / "replay.py"), str(tmp_path / "streams.json")]),
                            check=True, timeout=60, capture_output=True)
         go_file.touch()
-        rest, _ = job.communicate(timeout=JOB_DEADLINE)
-        return job.returncode, "".join(lines) + rest, capture_file.read_bytes()
-    finally:
-        if job is not None and job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
-        if job is not None and job.stdout is not None:
-            job.stdout.close()
-        capture.kill()
-        capture.communicate()
+        code = job.wait(JOB_DEADLINE)
+        assert code is not None, group.describe()
+        return code, job.output(), capture_file.read_bytes()
 
 
 @pytest.mark.timeout(120)
@@ -474,12 +445,11 @@ def test_connections_reset_under_curve_reconnect_and_keep_their_bindings(tmp_pat
         assert killed, "no connection was reset"
         finish(job, iters, 40)
         for w in WORKERS:
-            assert any("unanswered request(s) again" in line for line in job.drain(w)), job.describe()
-        assert not any("refused" in line for name in job.output for line in job.drain(name)), job.describe()
+            assert any("unanswered request(s) again" in line for line in job[w].text()), job.describe()
+        assert not any("refused" in line for p in job.procs for line in p.text()), job.describe()
     finally:
         if job is not None:
-            job.reap()
-            remove_job_files(job.job_id)
+            job.close(grace=0)
         net.destroy()
 
 

@@ -235,13 +235,13 @@ def test_a_push_and_a_row_pull_move_the_rows_not_the_table(monkeypatch):
             sent[command.name] += sum(memoryview(d).nbytes for d in data or ())
         return request(self, server, command, arrays, data, *args, **kwargs)
     monkeypatch.setattr(WorkerClient, "request", spy)
-    from pskv.worker import kv_worker
-    assemble = kv_worker.assemble
+    from pskv.worker import rows as worker_rows
+    assemble = worker_rows.assemble
 
     def counting(asked, header, buffers, *args):
         answered.append(sum(len(b) for b in buffers))
         return assemble(asked, header, buffers, *args)
-    monkeypatch.setattr(kv_worker, "assemble", counting)
+    monkeypatch.setattr(worker_rows, "assemble", counting)
     rows, width = 100_000, 64
     ids = np.array([3, 17, 999, 40_000, 49_999, 50_000, 50_001, 77_777, 99_998, 99_999])
 
@@ -267,16 +267,16 @@ def test_a_table_drawn_on_the_servers_is_the_same_on_any_layout(servers, threade
     """The servers draw their ranges from (seed, block of rows): whatever the number of servers, the
     table is TableInit.todense(); the INIT carries no rows. ``threaded``: drawn on a thread of its own
     (a big table: the server goes on serving meanwhile), then the parts are made on the server's thread."""
-    from pskv.server import handlers
+    from pskv.server import row_init
     if threaded:
-        monkeypatch.setattr(handlers, "DRAW_IN_THREAD", 1)
+        monkeypatch.setattr(row_init, "DRAW_IN_THREAD", 1)
         threads = []
-        start = handlers.threading.Thread.start
+        start = row_init.threading.Thread.start
 
         def spy(self):
             threads.append(self.name)
             return start(self)
-        monkeypatch.setattr(handlers.threading.Thread, "start", spy)
+        monkeypatch.setattr(row_init.threading.Thread, "start", spy)
     init_bytes = []
     request = WorkerClient.request
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pskv.metrics import snapshot
-from tests.integration.conftest import tagged_pids
+from pskv.testing.jobs import ProcessGroup, start_launch, tagged_pids
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="finds leftover processes through /proc")
 
@@ -47,42 +46,30 @@ kv.close()
 class Job:
     """A launched job whose workers run until :meth:`stop`."""
 
-    def __init__(self, tmp: Path, tag: str) -> None:
+    def __init__(self, group: ProcessGroup, tmp: Path, tag: str) -> None:
         script = tmp / "worker.py"
         script.write_text(WORKER)
         self.address_file = tmp / "scheduler.address"
         self.stop_file = tmp / "stop"
-        argv = [sys.executable, "-m", "pskv", "launch", "-n", "2", "-s", "2", "--address-file", str(self.address_file),
-                "--env", f"PSKV_TEST_TAG={tag}", "--env", "PS_HEARTBEAT_INTERVAL=0.2",
-                "--env", "MXNET_KVSTORE_BIGARRAY_BOUND=100",  # the key on both servers: each has work
-                "--timeout", str(DEADLINE), "--", sys.executable, str(script), str(self.stop_file)]
-        self.log = tmp / "launch.log"
-        with open(self.log, "wb") as out:
-            self.process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + DEADLINE
-        while not self.address_file.exists():  # written once the scheduler listens
-            assert self.process.poll() is None, self.log.read_text(errors="replace")
-            assert time.monotonic() < deadline, "the launcher wrote no scheduler address"
-            time.sleep(0.05)
+        self.launcher = start_launch(group, [
+            "-n", "2", "-s", "2", "--address-file", str(self.address_file), "--env", "PS_HEARTBEAT_INTERVAL=0.2",
+            "--env", "MXNET_KVSTORE_BIGARRAY_BOUND=100",  # the key on both servers: each has work
+            "--timeout", str(DEADLINE), "--", sys.executable, str(script), str(self.stop_file)], tmp, tag=tag)
+        group.wait_for_file(self.address_file, DEADLINE)  # written once the scheduler listens
 
-    def stop(self) -> int:
+    def stop(self) -> int | None:
+        """Let the workers end; the launcher's exit status (None: it did not end within DEADLINE)."""
         self.stop_file.touch()
-        try:
-            return self.process.wait(DEADLINE)
-        finally:
-            if self.process.poll() is None:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        return self.launcher.wait(DEADLINE)
 
 
 @pytest.fixture
 def job(tmp_path: Path, tag: str) -> Iterator[Job]:
-    running = Job(tmp_path, tag)
-    try:
+    with ProcessGroup("pskv launch") as group:
+        running = Job(group, tmp_path, tag)
         yield running
-    finally:
-        assert running.stop() == 0, running.log.read_text(errors="replace")[-3000:]
-        assert not tagged_pids(tag)
+        assert running.stop() == 0, running.launcher.output()[-3000:]
+    assert not tagged_pids(tag)
 
 
 def top(*args: str) -> subprocess.CompletedProcess[str]:

@@ -251,7 +251,7 @@ def test_optimizer_states_of_row_sparse_keys_round_trip_on_a_single_process_stor
     np.testing.assert_array_equal(kv.pull("d"), other.pull("d"))
 
     skipped = fresh()  # without the states the continuation differs (momentum / moments start at zero)
-    skipped._restore_rows("t", ids, rows)
+    skipped.restore_rows("t", ids, rows)
     skipped.push("t", row_grad(3))
     kv2 = fresh()
     for step in range(4):

@@ -67,12 +67,14 @@ def launch(tmp_path, epochs: int, root: str, resume_from: str = "") -> list[dict
 
 @pytest.mark.timeout(200)
 def test_a_launched_job_resumes_its_table_from_a_training_checkpoint_bitwise(tmp_path):
-    """pskv launch -n 2 -s 2: 3 epochs with a checkpoint after each; then a job started with
-    PSKV_RESUME_FROM=<epoch 2's checkpoint>/servers resumes from it for the third: the first job's floats."""
-    want = launch(tmp_path, 3, "ckpt")
-    second = tmp_path / "ckpt" / "epoch-0001"
-    mark_latest_training(tmp_path / "ckpt", second)  # resume from the second epoch's checkpoint
-    got = launch(tmp_path, 3, "ckpt", resume_from=str(second / "servers"))
+    """pskv launch -n 2 -s 2: 2 epochs with a checkpoint after each; then a job started with
+    PSKV_RESUME_FROM=<epoch 1's checkpoint>/servers resumes from it for the second: the first job's floats.
+    (Resuming from a checkpoint that is not the newest: ``mark_latest_training`` names it.)"""
+    want = launch(tmp_path, 2, "ckpt")
+    first = tmp_path / "ckpt" / "epoch-0000"
+    assert (tmp_path / "ckpt" / "epoch-0001").is_dir()  # the newest one, which the resumed job must not take
+    mark_latest_training(tmp_path / "ckpt", first)  # resume from the first epoch's checkpoint
+    got = launch(tmp_path, 2, "ckpt", resume_from=str(first / "servers"))
     for r, w in zip(got, want):
-        assert r["epochs"] == [2] and w["epochs"] == [0, 1, 2]
+        assert r["epochs"] == [1] and w["epochs"] == [0, 1]
         assert r["table"] == w["table"] and r["params"] == w["params"]

@@ -26,24 +26,21 @@ def launch(*args: str, state_dir: Path | None = None) -> subprocess.CompletedPro
 
 
 def test_digits_example_trains_under_the_launcher_and_resumes_from_its_checkpoint(tmp_path):
+    # The first job also misses its accuracy target on purpose (99.9 % after 2 epochs): the job
+    # fails, naming it, yet its checkpoints are complete (written every epoch, before the check).
     ckpt = tmp_path / "ckpt"
-    first = launch("--model", "mlp", "--epochs", "2", "--checkpoint-dir", str(ckpt), "--min-accuracy", "0.8",
+    first = launch("--model", "mlp", "--epochs", "2", "--checkpoint-dir", str(ckpt), "--min-accuracy", "0.999",
                    state_dir=tmp_path)
-    assert first.returncode == 0, first.stdout + first.stderr
+    assert first.returncode != 0, first.stdout + first.stderr
+    assert "FAILED: ['mlp'] below 100%" in first.stdout + first.stderr
     assert "[worker 0] epoch 2/2" in first.stdout and "[worker 1] epoch" not in first.stdout
     assert sorted(p.name for p in (ckpt / "mlp" / "epoch-0001").iterdir()) == [
         "meta.json", "optimizer.safetensors.server0", "optimizer.safetensors.server1", "params.safetensors"]
 
-    second = launch("--model", "mlp", "--epochs", "8", "--checkpoint-dir", str(ckpt), "--resume", "--min-accuracy", "0.9",
+    second = launch("--model", "mlp", "--epochs", "5", "--checkpoint-dir", str(ckpt), "--resume", "--min-accuracy", "0.9",
                     state_dir=tmp_path)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "resumed from" in second.stdout and "epoch-0001" in second.stdout
-    assert "epoch 1/8" not in second.stdout and "epoch 3/8" in second.stdout and "epoch 8/8" in second.stdout
+    assert "epoch 1/5" not in second.stdout and "epoch 3/5" in second.stdout and "epoch 5/5" in second.stdout
     accuracy = float(second.stdout.split("test accuracy: mlp ")[1].split("%")[0]) / 100
     assert accuracy >= 0.9
-
-
-def test_digits_example_fails_when_the_accuracy_target_is_missed():
-    proc = launch("--model", "mlp", "--epochs", "1", "--min-accuracy", "0.999")
-    assert proc.returncode != 0
-    assert "FAILED" in proc.stderr or "FAILED" in proc.stdout

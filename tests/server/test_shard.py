@@ -88,11 +88,11 @@ def test_init_and_checks():
         s.check(7, 0, "float64", 4, "push")
     with pytest.raises(pskv.ShapeMismatchError):
         s.check(7, 0, "float32", 5, "push")
-    assert s.stalled() == []
+    assert list(s.open_rounds()) == [] and s.parked() == 0
     s.push(p, 9, f(1))
-    [(pid, rnd, pushed, age)] = s.stalled()
-    assert (pid, rnd, pushed) == ((7, 0), 1, {9}) and age >= 0
-    assert s.stalled(older_than=3600) == []
+    [(part, rnd, pushed, age)] = s.open_rounds()
+    assert (part, rnd, pushed) == (p, 1, {9}) and age >= 0
+    assert list(s.open_rounds(older_than=3600)) == []
 
 
 def test_bfloat16_parts_are_summed_in_float32():

@@ -11,6 +11,7 @@ from typing_extensions import assert_type
 
 import pskv
 from pskv.kvstore.keys import Keys, Outs, Values
+from pskv.metrics import JobMetrics
 from pskv.optimizer import SGD
 
 
@@ -37,3 +38,23 @@ def setup() -> None:
     train_step(kv, ["w", "b"], [np.ones(3, np.float32), np.ones(1, np.float32)],
                [np.empty(3, np.float32), np.empty(1, np.float32)])
     kv.close()
+
+
+def observe(kv: pskv.KVStoreBase) -> None:
+    """An optional capability typed on every store: ``metrics`` (NotSupportedError where no scheduler)."""
+    try:
+        job = kv.metrics(timeout=5.0)
+    except pskv.NotSupportedError:
+        return
+    assert_type(job, JobMetrics)
+    assert all(node.state for node in job.nodes)
+
+
+def store_classes(cluster: pskv.ClusterConfig) -> None:
+    """The store classes are importable from the top (the table in pskv/__init__.py)."""
+    dist: pskv.KVStoreBase = pskv.DistStore("dist_sync", cluster=cluster)
+    summing: pskv.KVStoreBase = pskv.BytePSStore("byteps", cluster=cluster)
+    allreduce: pskv.KVStoreBase = pskv.AllreduceStore("horovod")
+    assert_type(dist.metrics(), JobMetrics)
+    for kv in (dist, summing, allreduce):
+        kv.close()

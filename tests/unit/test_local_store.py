@@ -98,6 +98,8 @@ def test_register_custom_store():
         assert_all(outs[1], 2)
         with pytest.raises(pskv.NotSupportedError, match="summingstore.*push"):
             kv.push(0, np.ones(3))
+        with pytest.raises(pskv.NotSupportedError, match="summingstore.*restore_rows"):  # an optional capability
+            kv.restore_rows(0, np.zeros(0, np.int64), np.zeros((0, 3)))
         assert kv.num_dead_node(2) == 0
         pskv.KVStoreBase.register(SummingStore)  # the same class again: replaces it
 

@@ -22,6 +22,7 @@ from pskv.protocol import Command, Header
 from pskv.protocol import bodies as b
 from pskv.testing import InProcessCluster
 from pskv.top import render
+from pskv.worker import KVWorker
 
 GOOD = [3, 2, 4096, 1024, 0.5, 1, 1, 11]
 
@@ -233,9 +234,10 @@ def test_a_silent_node_shows_as_dead():
     heartbeats) is dead for the scheduler after PS_HEARTBEAT_TIMEOUT, and so in the metrics."""
     with InProcessCluster(1, 1, deadline=30, heartbeat_interval=0.1, heartbeat_timeout=0.5) as cluster:
         def work(config: ClusterConfig) -> dict[str, str]:
-            kv = pskv.create("dist_sync", cluster=config)
+            worker = KVWorker(config)  # the store's worker layer, handed in: its connection is stopped below
+            kv = pskv.DistStore("dist_sync", cluster=config, worker=worker)
             kv.init(1, np.zeros(10, np.float32))
-            kv._client._runtime.stop()  # as a killed process: no SHUTDOWN, no heartbeat
+            worker.client.close()  # as a killed process: no SHUTDOWN, no heartbeat
             deadline = time.monotonic() + 20
             while True:
                 states = {n.node: n.state for n in snapshot(cluster.config.scheduler_address, timeout=5).nodes}

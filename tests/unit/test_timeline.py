@@ -377,5 +377,5 @@ def test_off_no_file_no_thread(tmp_path, monkeypatch):
     with InProcessCluster(1, 2, deadline=30) as cluster:
         cluster.run_workers(_job)
         assert len(_timeline_threads()) == before
-        assert all(server._shard.timeline is None for server in cluster.servers)
+        assert all(server._core.observer.timeline is None for server in cluster.servers)
     assert list(tmp_path.rglob("*")) == []

@@ -8,21 +8,28 @@ of row-sparse values without an updater touches only the rows present before and
 and updates only those rows (``Optimizer.update_rows``). A
 row-sparse value is a :class:`~pskv.arrays.rowsparse.RowSparse` or a PyTorch sparse COO
 tensor; its rows are added into the table where it lives (a CUDA tensor's on its device).
+
+The functions on a store's keys (:class:`RowKey`: :func:`store_pushes`, :func:`join_rows`,
+:func:`present_value`, ...) keep a key's present rows in step with its table, so
+:class:`~pskv.kvstore.local.LocalStore` calls one line for them. The distributed stores'
+row-sparse keys are :mod:`pskv.kvstore.dist_rows`; row ids of ``row_sparse_pull``
+:mod:`pskv.kvstore.row_ids`.
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from pskv.arrays import CpuKernels, describe, is_torch, sum_into, to_numpy
+from pskv.arrays import ArrayMeta, CpuKernels, describe, is_torch, sum_into, sum_into_many, to_numpy, torch_dtype
 from pskv.arrays.rowsparse import RowSparse, coo_parts, is_row_sparse
 
 __all__ = ["sparse_parts", "value_device", "merge_into", "merge_rows", "add_present", "replace_rows", "nonzero_rows", "gather_rows",
-           "scatter_rows", "zero_rows", "cast_copy", "fill_sparse_out", "as_sparse_like"]
+           "scatter_rows", "zero_rows", "cast_copy", "fill_sparse_out", "as_sparse_like", "RowKey", "sparse_meta",
+           "all_rows", "present_rows", "store_pushes", "join_rows", "present_value", "empty_sparse"]
 
 
 def sparse_parts(v: Any) -> tuple[np.ndarray[Any, Any], Any]:
@@ -197,3 +204,83 @@ def fill_sparse_out(out: Any, table: Any, rows: np.ndarray[Any, Any]) -> None:
     index = torch.from_numpy(rows.reshape(1, -1).copy())
     src = torch.sparse_coo_tensor(index, data.cpu(), tuple(out.shape), is_coalesced=True, check_invariants=False)
     out.copy_(src)
+
+
+# -- a store's keys ------------------------------------------------------------------------------
+class RowKey(Protocol):
+    """A key of a single-process store as seen here: its table, what the table and the value given to
+    ``init`` are, and its present rows (sorted; None: a dense key, every row)."""
+
+    value: Any
+    meta: ArrayMeta
+    origin: ArrayMeta
+    rows: np.ndarray[Any, Any] | None
+
+
+def sparse_meta(value: Any) -> ArrayMeta:
+    """What a row-sparse value stands for: a NumPy array for a RowSparse, else the tensor's kind and device."""
+    if isinstance(value, RowSparse):
+        return ArrayMeta("numpy", value.shape, value.dtype, "cpu")
+    return describe(value)
+
+
+def all_rows(key: RowKey) -> np.ndarray[Any, Any]:
+    """Every row id of ``key``'s table."""
+    return np.arange(key.meta.shape[0], dtype=np.int64)
+
+
+def present_rows(key: RowKey) -> np.ndarray[Any, Any]:
+    """``key``'s present rows (every row of a dense key)."""
+    return all_rows(key) if key.rows is None else key.rows
+
+
+def store_pushes(stored: Sequence[tuple[Any, RowKey, list[Any]]], kernels: CpuKernels) -> None:
+    """Store each key's pushed values without an updater: dense ones summed into the table in one batch
+    (a row-sparse key then has every row), row-sparse ones by row — on a row-sparse key they replace
+    the rows present before (:func:`replace_rows`), on a dense key they are added (:func:`merge_into`)."""
+    plain = [(key, vals) for _, key, vals in stored if not any(is_row_sparse(v) for v in vals)]
+    sum_into_many([(key.value, vals) for key, vals in plain], kernels)
+    for key, _ in plain:
+        if key.rows is not None:
+            key.rows = all_rows(key)
+    for _, key, vals in stored:
+        if key.rows is not None and all(is_row_sparse(v) for v in vals):
+            key.rows = replace_rows(key.value, key.rows, vals)  # only rows present before or after
+        elif any(is_row_sparse(v) for v in vals):
+            rows = merge_into(key.value, vals, kernels)
+            if key.rows is not None:
+                key.rows = all_rows(key) if rows is None else rows
+
+
+def join_rows(pairs: Sequence[tuple[Any, RowKey, list[Any]]], pushed: Sequence[np.ndarray[Any, Any] | None]) -> None:
+    """After an update: the rows pushed, and any row the update made non-zero, join a row-sparse key's present rows.
+
+    (An update costs the table anyway; afterwards the rows not present are zero again, which
+    a push without updater relies on.)
+    """
+    for (_, key, _), rows in zip(pairs, pushed):
+        if key.rows is not None:
+            joined = all_rows(key) if rows is None else np.union1d(key.rows, rows)
+            if len(joined) < key.meta.shape[0]:
+                joined = np.union1d(joined, nonzero_rows(key.value))
+            key.rows = joined
+
+
+def present_value(key: RowKey) -> Any:
+    """A row-sparse key's present rows as a new row-sparse value of the kind (and device) it was made with."""
+    assert key.rows is not None
+    if key.origin.backend == "numpy":
+        table = key.value
+        host = table if isinstance(table, np.ndarray) else np.array(table.detach().cpu().numpy())
+        return as_sparse_like(host, key.rows)
+    return as_sparse_like(key.value, key.rows).to(key.origin.device)
+
+
+def empty_sparse(meta: ArrayMeta) -> Any:
+    """A row-sparse value without rows of the kind (and device) ``meta`` describes."""
+    if meta.backend == "numpy":
+        return RowSparse.zeros(meta.shape, meta.dtype)
+    torch = _torch()
+    index = torch.zeros((1, 0), dtype=torch.int64)
+    data = torch.zeros((0,) + meta.shape[1:], dtype=torch_dtype(meta.dtype))
+    return torch.sparse_coo_tensor(index, data, meta.shape, is_coalesced=True, check_invariants=False).to(meta.device)

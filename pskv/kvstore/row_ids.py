@@ -26,7 +26,7 @@ from pskv.arrays.rowsparse import is_row_sparse
 from pskv.errors import DTypeMismatchError, InvalidArgumentError, InvalidTypeError, ShapeMismatchError
 from pskv.kvstore.checks import check_like
 from pskv.kvstore.keys import SERVERS_DENSE, Key, pair_up
-from pskv.kvstore.sparse import cast_copy, fill_sparse_out, gather_rows, scatter_rows, zero_rows
+from pskv.kvstore.local_rows import cast_copy, fill_sparse_out, gather_rows, scatter_rows, zero_rows
 
 __all__ = ["unique_rows", "row_id_sets", "RowPlan", "plan_row_pulls", "apply_row_plan"]
 

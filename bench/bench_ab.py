@@ -1,0 +1,144 @@
+"""A/B of pskv's per-call cost between two commits, alternating on one machine (issue 21's hot-path bar).
+
+Usage::
+
+    python bench/bench_ab.py [--a 835c445] [--b HEAD] [--pairs 7] [--iters 3000] [--json PATH]
+
+``git archive`` puts ``pskv/`` of each commit into a temporary directory (``--b WORKTREE`` measures this
+checkout's ``pskv/``, uncommitted edits included). Each *pair* then runs one child process per commit, in
+alternating order (A B, B A, ...), so a drift of the shared machine hits both sides alike. A child imports
+only its commit's pskv and times, on a ``local`` store with one 4 KB float32 key and 4 values per push
+(the values of 4 devices, summed by the store):
+
+* ``push_pull``: ``kv.push(0, values)`` then ``kv.pull(0, out=out)``, ms per iteration;
+* ``pushpull``: ``kv.pushpull(0, values, out=out)``, ms per iteration.
+
+Every child checks the pulled sum once. Per commit and call the median over the pairs is reported, with the
+range, and the ratio ``B / A`` of the medians (``<= 1``: B no slower); the raw samples, both commits and the
+machine go to ``--json`` (default ``bench/results/ab_local.json``). This is the local half of the A/B; the
+``dist_sync`` half with SGD on the servers is ``bench/bench_dist.py --only 4kb,resnet50_sgd --pskv-commit
+REV`` run for both commits in one session (docs/benchmarks.md, *Hot path A/B*).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_DIR = BENCH_DIR.parent
+DEFAULT_JSON = BENCH_DIR / "results" / "ab_local.json"
+CALLS = ("push_pull", "pushpull")
+
+CHILD = r"""
+import json, sys, time
+import numpy as np
+import pskv
+
+iters = int(sys.argv[1])
+kv = pskv.create("local")
+kv.init(0, np.zeros(1024, np.float32))
+values = [np.full(1024, i + 1, np.float32) for i in range(4)]
+out = np.zeros(1024, np.float32)
+
+def push_pull():
+    kv.push(0, values)
+    kv.pull(0, out=out)
+
+def pushpull():
+    kv.pushpull(0, values, out=out)
+
+result = {}
+for name, call in (("push_pull", push_pull), ("pushpull", pushpull)):
+    for _ in range(iters // 10):
+        call()
+    samples = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(iters):
+            call()
+        samples.append((time.perf_counter() - start) / iters * 1e3)
+    assert (out == 10).all(), out[:4]
+    result[name] = min(samples)
+kv.close()
+result["pskv_file"] = pskv.__file__
+print(json.dumps(result))
+"""
+
+
+def export(rev: str, dest: Path) -> tuple[Path, str]:
+    """``pskv/`` of ``rev`` under ``dest`` (``WORKTREE``: this checkout's directory); returns (path, commit)."""
+    if rev == "WORKTREE":
+        head = subprocess.run(["git", "-C", str(REPO_DIR), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True, timeout=30).stdout.strip()
+        return REPO_DIR, f"{head}+worktree"
+    commit = subprocess.run(["git", "-C", str(REPO_DIR), "rev-parse", "--verify", f"{rev}^{{commit}}"],
+                            capture_output=True, text=True, check=True, timeout=30).stdout.strip()
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(REPO_DIR), "archive", "--format=tar", commit, "pskv"],
+                             capture_output=True, check=True, timeout=60).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True, timeout=60)
+    return dest, commit
+
+
+def child(src: Path, iters: int) -> dict[str, float]:
+    env = dict(os.environ, PYTHONPATH=str(src), OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-c", CHILD, str(iters)], cwd=str(src), env=env, capture_output=True,
+                          text=True, timeout=600, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"child for {src} failed ({done.returncode}): {done.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    where = Path(result.pop("pskv_file")).resolve()
+    if not where.is_relative_to(src.resolve()):
+        raise RuntimeError(f"child imported {where}, not the pskv under {src}")
+    return {k: float(v) for k, v in result.items()}
+
+
+def summary(samples: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(samples), "min": min(samples), "max": max(samples)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--a", default="835c445", help="commit A (default 835c445)")
+    p.add_argument("--b", default="HEAD", help="commit B (default HEAD; WORKTREE: this checkout's pskv/)")
+    p.add_argument("--pairs", type=int, default=7, help="A/B pairs, alternating order (default 7)")
+    p.add_argument("--iters", type=int, default=3000, help="calls per timed sample (default 3000)")
+    p.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    args = p.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="pskv-ab-") as tmp:
+        src_a, commit_a = export(args.a, Path(tmp) / "a")
+        src_b, commit_b = export(args.b, Path(tmp) / "b")
+        raw: dict[str, dict[str, list[float]]] = {"a": {c: [] for c in CALLS}, "b": {c: [] for c in CALLS}}
+        for i in range(args.pairs):
+            order = (("a", src_a), ("b", src_b)) if i % 2 == 0 else (("b", src_b), ("a", src_a))
+            for side, src in order:
+                for call, ms in child(src, args.iters).items():
+                    raw[side][call].append(ms)
+            print(f"pair {i + 1}/{args.pairs}: " + ", ".join(
+                f"{c} A {raw['a'][c][-1]:.4f} B {raw['b'][c][-1]:.4f} ms" for c in CALLS), file=sys.stderr)
+    table: dict[str, Any] = {}
+    for call in CALLS:
+        a, b = summary(raw["a"][call]), summary(raw["b"][call])
+        table[call] = {"a_ms": a, "b_ms": b, "ratio_b_over_a": b["median"] / a["median"]}
+        print(f"{call:10s} A {a['median']:.4f} ms [{a['min']:.4f}-{a['max']:.4f}]  "
+              f"B {b['median']:.4f} ms [{b['min']:.4f}-{b['max']:.4f}]  B/A {b['median'] / a['median']:.3f}")
+    doc = {"a": {"rev": args.a, "commit": commit_a}, "b": {"rev": args.b, "commit": commit_b},
+           "pairs": args.pairs, "iters": args.iters, "store": "local", "key_bytes": 4096, "values": 4,
+           "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
+           "results": table, "raw": raw}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,286 @@
+"""The bodies a node and the scheduler exchange: registration, heartbeats' replies, collectives, shutdown.
+
+A node registers (:class:`Register`, answered with its :class:`NodeTable` and proof of identity,
+:func:`node_token`), hears who is dead or left (:class:`Liveness`, the HEARTBEAT reply; the
+heartbeat's own body is in :mod:`pskv.protocol.bodies.metrics`), meets the others in collectives
+(:class:`Barrier`, answered with :class:`Met`) and says it is done (:class:`Shutdown`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from typing import Any, NamedTuple
+
+from pskv.errors import ProtocolError
+from pskv.protocol.bodies.fields import MAX_NAME, bounded, dump, field, hex_digest, json_object, string_list
+from pskv.protocol.messages import Header
+
+__all__ = ["MAX_AGREE", "MAX_ITEM", "MAX_RESULT", "MAX_TEXT", "Barrier", "Failure", "Liveness", "Met", "NodeTable",
+           "Register", "ShmInfo", "Shutdown", "node_token"]
+
+
+class ShmInfo(NamedTuple):
+    """Where a server's shared memory is: its directory, on which host."""
+
+    dir: str
+    host: str
+
+    @classmethod
+    def parse_value(cls, header: Header, value: Any) -> ShmInfo | None:
+        """From a JSON value (None stays None)."""
+        if value is None:
+            return None
+        if not isinstance(value, dict) or type(value.get("dir")) is not str or type(value.get("host")) is not str:
+            raise ProtocolError(f"{header.command.name}: shm must be {{dir: str, host: str}} or null")
+        return cls(value["dir"], value["host"])
+
+
+class Register(NamedTuple):
+    """REGISTER: ``{role: "server"|"worker", address: str, rank: int (-1: any), shm?: ShmInfo}``."""
+
+    role: str
+    address: str
+    rank: int = -1
+    shm: ShmInfo | None = None
+
+    def encode(self) -> str:
+        body: dict[str, Any] = {"role": self.role, "address": self.address, "rank": self.rank}
+        if self.shm is not None:
+            body["shm"] = self.shm._asdict()
+        return dump(body)
+
+    @classmethod
+    def parse(cls, header: Header) -> Register:
+        body = json_object(header)
+        role = field(header, body, "role", str)
+        if role not in ("server", "worker"):
+            raise ProtocolError("REGISTER: role must be server or worker")
+        rank = field(header, body, "rank", int, -1)
+        if rank < -1:
+            raise ProtocolError(f"REGISTER: rank {rank} is not a rank (or -1)")
+        return cls(role, field(header, body, "address", str, ""), rank,
+                   ShmInfo.parse_value(header, body.get("shm")))
+
+
+class NodeTable(NamedTuple):
+    """REGISTER reply: the node's id and rank, every server's address and shared memory, sizes;
+    and the proof of identity: a server gets the job's ``secret``, a worker its ``token``
+    (:func:`node_token` of its id; it opens every connection to a server with it). Both are
+    optional (64 lowercase hex digits, or absent)."""
+
+    node_id: int
+    rank: int
+    servers: tuple[str, ...]
+    server_shm: tuple[ShmInfo | None, ...]
+    num_servers: int
+    num_workers: int
+    recovery: bool = False
+    secret: str = ""  # a server's: the job's secret, hex
+    token: str = ""  # a worker's: node_token(secret, node_id)
+
+    def encode(self) -> str:
+        body = {"node_id": self.node_id, "rank": self.rank, "servers": list(self.servers),
+                "server_shm": [None if s is None else s._asdict() for s in self.server_shm],
+                "num_servers": self.num_servers, "num_workers": self.num_workers, "recovery": self.recovery}
+        body.update((k, v) for k, v in (("secret", self.secret), ("token", self.token)) if v)
+        return dump(body)
+
+    @classmethod
+    def parse(cls, header: Header) -> NodeTable:
+        body = json_object(header)
+        servers = string_list(header, body, "servers")
+        shm = field(header, body, "server_shm", list)
+        if len(shm) != len(servers):
+            raise ProtocolError("REGISTER reply: server_shm and servers differ in length")
+        return cls(field(header, body, "node_id", int), field(header, body, "rank", int), servers,
+                   tuple(ShmInfo.parse_value(header, s) for s in shm), field(header, body, "num_servers", int),
+                   field(header, body, "num_workers", int), field(header, body, "recovery", bool, False),
+                   hex_digest(header, body, "secret"), hex_digest(header, body, "token"))
+
+
+def node_token(secret: str, node: int) -> str:
+    """The proof that a worker is node ``node`` of the job whose secret (hex) is ``secret``:
+    HMAC-SHA256 of the node id, hex. The scheduler hands it to the worker; a server
+    recomputes it (compare with :func:`hmac.compare_digest`)."""
+    return hmac.new(bytes.fromhex(secret), b"pskv-node-%d" % node, hashlib.sha256).hexdigest()
+
+
+class Liveness(NamedTuple):
+    """HEARTBEAT reply (and a waiting SHUTDOWN's): dead node ids, seconds since each node was
+    heard (by id), after a server was replaced (``servers_version`` > 0) where the servers are
+    now, and ``left``: the workers that left the job (sent SHUTDOWN; not dead)."""
+
+    dead: tuple[int, ...]
+    ages: dict[int, float]
+    servers_version: int = 0
+    servers: tuple[str, ...] = ()
+    server_shm: tuple[ShmInfo | None, ...] = ()
+    left: tuple[int, ...] = ()
+
+    def encode(self) -> str:
+        body: dict[str, Any] = {"dead": list(self.dead), "ages": {str(n): a for n, a in self.ages.items()}}
+        if self.left:
+            body["left"] = list(self.left)
+        if self.servers_version:
+            body.update(servers_version=self.servers_version, servers=list(self.servers),
+                        server_shm=[None if s is None else s._asdict() for s in self.server_shm])
+        return dump(body)
+
+    @classmethod
+    def parse(cls, header: Header) -> Liveness:
+        body = json_object(header)
+        dead = field(header, body, "dead", list, [])
+        ages = field(header, body, "ages", dict, {})
+        left = field(header, body, "left", list, [])
+        if any(type(n) is not int for n in dead + left) or any(
+                not k.lstrip("-").isdigit() or type(v) not in (int, float) for k, v in ages.items()):
+            raise ProtocolError("HEARTBEAT reply: dead must be node ids (and left too), ages {node id: seconds}")
+        version = field(header, body, "servers_version", int, 0)
+        servers = string_list(header, body, "servers") if version else ()
+        shm = tuple(ShmInfo.parse_value(header, s) for s in field(header, body, "server_shm", list, [])) \
+            if version else ()
+        return cls(tuple(dead), {int(k): float(v) for k, v in ages.items()}, version, servers, shm, tuple(left))
+
+
+# -- collectives (BARRIER) -----------------------------------------------------------------
+MAX_TEXT = 2000  # an error message carried by a meeting
+MAX_RESULT = 4096  # rank 0's result (a directory)
+MAX_AGREE = 256  # items described in a meeting that every worker must agree on
+MAX_ITEM = 200  # one item's description
+
+
+class Failure(NamedTuple):
+    """A worker's failure in a collective: the error's class name and its message (both bounded)."""
+
+    type: str
+    message: str
+
+    @classmethod
+    def of(cls, exc: BaseException) -> Failure:
+        """``exc`` as it travels (a server's refusal keeps the server's error class: ``remote_type``)."""
+        kind = getattr(exc, "remote_type", None) or type(exc).__name__
+        return cls(str(kind)[:MAX_NAME], str(exc)[:MAX_TEXT])
+
+    @classmethod
+    def parse_value(cls, header: Header, value: Any) -> Failure:
+        if not isinstance(value, dict) or type(value.get("type")) is not str or type(value.get("message")) is not str:
+            raise ProtocolError(f"{header.command.name}: a failure must be {{type: str, message: str}}")
+        return cls(bounded(header, "type", value["type"], MAX_NAME),
+                   bounded(header, "message", value["message"], MAX_TEXT))
+
+
+class Barrier(NamedTuple):
+    """BARRIER: ``{group: int, name?: str, seq?: int, timeout?: number, failure?: Failure, result?: str,
+    agree?: [[str, str]], digest?: str, mode?: "post"|"read", nth?: int}``.
+
+    ``group``: the node-group bits (1 scheduler, 2 servers, 4 workers) that meet. A worker's
+    collective names itself (``name``: ``"barrier"``, ``"init"``, ``"save_checkpoint"``, ...)
+    and counts its meetings (``seq``, 1-based; 0: not counted, as in a replacement process):
+    the scheduler refuses a meeting whose members differ in either. ``timeout``: how long
+    the member waits (the scheduler answers first, naming who did not arrive).
+    ``failure``: this worker's failure in the collective so far (every member then
+    raises); ``result``: rank 0's result, handed to every member (:class:`Met`); ``agree`` /
+    ``digest``: what every member must have alike (``init``: ``[key, "shape dtype"]``
+    items, the first ``MAX_AGREE`` of them, and a digest of all).
+
+    ``mode`` ``"post"``: no meeting — rank 0 records the outcome of its ``nth`` call of
+    ``name`` since its meeting ``seq`` (answered at once); ``"read"``: answered with that
+    outcome once rank 0 posted it (a call rank 0 may make alone, which the others may
+    make too). Old nodes send only ``group``.
+    """
+
+    group: int
+    name: str = ""
+    seq: int = 0
+    timeout: float = 0.0
+    failure: Failure | None = None
+    result: str = ""
+    agree: tuple[tuple[str, str], ...] = ()
+    digest: str = ""
+    mode: str = ""
+    nth: int = 0
+
+    def encode(self) -> str:
+        body: dict[str, Any] = {"group": self.group}
+        if self.name:
+            body.update(name=self.name, seq=self.seq)
+        if self.timeout:
+            body["timeout"] = self.timeout
+        if self.mode:
+            body.update(mode=self.mode, nth=self.nth)
+        if self.failure is not None:
+            body["failure"] = self.failure._asdict()
+        if self.result:
+            body["result"] = self.result
+        if self.digest:
+            body.update(agree=[list(a) for a in self.agree], digest=self.digest)
+        return dump(body)
+
+    @classmethod
+    def parse(cls, header: Header) -> Barrier:
+        body = json_object(header)
+        group = field(header, body, "group", int, 4)
+        if not 1 <= group <= 7:
+            raise ProtocolError(f"BARRIER: group {group} is not a node group (1..7)")
+        name = bounded(header, "name", field(header, body, "name", str, ""), MAX_NAME)
+        seq = field(header, body, "seq", int, 0)
+        if seq < 0:
+            raise ProtocolError(f"BARRIER: seq {seq} is negative")
+        timeout = body.get("timeout", 0.0)
+        if type(timeout) not in (int, float) or not 0 <= timeout <= 1e7:
+            raise ProtocolError("BARRIER: timeout must be a number of seconds in [0, 1e7]")
+        mode = field(header, body, "mode", str, "")
+        nth = field(header, body, "nth", int, 0)
+        if mode not in ("", "post", "read") or (mode and not (name and nth > 0)):
+            raise ProtocolError("BARRIER: mode must be post or read, with a name and an nth > 0")
+        failure = Failure.parse_value(header, body["failure"]) if body.get("failure") is not None else None
+        result = bounded(header, "result", field(header, body, "result", str, ""), MAX_RESULT)
+        agree = field(header, body, "agree", list, [])
+        if len(agree) > MAX_AGREE or any(
+                type(a) is not list or len(a) != 2 or any(type(x) is not str or len(x) > MAX_ITEM for x in a)
+                for a in agree):
+            raise ProtocolError(f"BARRIER: agree must be at most {MAX_AGREE} [str, str] pairs "
+                                f"of at most {MAX_ITEM} characters")
+        digest = bounded(header, "digest", field(header, body, "digest", str, ""), 64)
+        return cls(group, name, seq, float(timeout), failure, result, tuple((a[0], a[1]) for a in agree), digest, mode, nth)
+
+
+class Met(NamedTuple):
+    """BARRIER reply: ``{result?: str, failed?: [{rank: int, type: str, message: str}]}``: rank 0's
+    result, and the members that reported a failure (every member then raises)."""
+
+    result: str = ""
+    failed: tuple[tuple[int, Failure], ...] = ()
+
+    def encode(self) -> str:
+        body: dict[str, Any] = {}
+        if self.result:
+            body["result"] = self.result
+        if self.failed:
+            body["failed"] = [{"rank": r, **f._asdict()} for r, f in self.failed]
+        return dump(body)
+
+    @classmethod
+    def parse(cls, header: Header) -> Met:
+        body = json_object(header)
+        result = bounded(header, "result", field(header, body, "result", str, ""), MAX_RESULT)
+        failed = []
+        for item in field(header, body, "failed", list, [])[:MAX_AGREE]:
+            if not isinstance(item, dict) or type(item.get("rank")) is not int:
+                raise ProtocolError("BARRIER reply: failed must be [{rank: int, type: str, message: str}]")
+            failed.append((item["rank"], Failure.parse_value(header, item)))
+        return cls(result, tuple(failed))
+
+
+class Shutdown(NamedTuple):
+    """SHUTDOWN: ``{wait: bool}``: this node is done; with ``wait`` the reply comes when the job ends."""
+
+    wait: bool = False
+
+    def encode(self) -> str:
+        return dump({"wait": self.wait})
+
+    @classmethod
+    def parse(cls, header: Header) -> Shutdown:
+        return cls(field(header, json_object(header), "wait", bool, False))
