@@ -104,8 +104,8 @@ MULTIPROCESS_MODULES = frozenset({
     "tests/integration/test_launcher.py",
     "tests/integration/test_launch_logs.py",
     "tests/integration/test_security.py",
+    "tests/integration/test_mxnet_dist_compression.py",
     "tests/integration/test_mxnet_dist_sparse.py",
-    "tests/integration/test_sparse_launched.py",
     "tests/integration/test_timeline.py",
     "tests/integration/test_top.py",
     "tests/unit/test_doc_blocks.py",  # runs every code block of the docs (pskv launch jobs among them)
@@ -119,7 +119,24 @@ SLOW_MODULES = MULTIPROCESS_MODULES | frozenset({
     "tests/fault/test_hostile_peers.py",  # in-process clusters under hostile peers, seconds per test
     "tests/fault/test_load.py",
     "tests/integration/test_checkpoint.py",  # restarts whole in-process clusters
+    "tests/transport/test_memory.py",  # a fresh interpreter per malloc setting (importing pskv: seconds)
+    "tests/unit/test_torch_missing.py",  # a fresh interpreter that imports pskv without torch
 })
+# Single slow tests (launched jobs, big arrays, statistics) in modules that are otherwise fast:
+# module -> test function names (every parametrization of each).
+SLOW_TESTS = {
+    "tests/integration/test_compression_dist.py": {"test_a_launched_job_compresses_between_hosts",
+                                                   "test_the_digits_example_trains_with_2bit_compression_to_its_accuracy_bar"},
+    "tests/integration/test_data_channel.py": {"test_a_launched_job_without_shared_memory_uses_data_connections"},
+    "tests/integration/test_sparse_dist.py": {"test_a_big_table_is_drawn_while_the_server_keeps_sending_heartbeats"},
+    "tests/server/test_state_files.py": {"test_a_relative_state_file_works_through_pskv_launch_and_escapes_are_refused"},
+    "tests/transport/test_reactor.py": {"test_a_message_of_more_frames_than_allowed_is_discarded_unbuilt"},
+    "tests/unit/test_compression.py": {"test_mxnets_compressed_store_test_passes"},
+    "tests/unit/test_compression_torch.py": {"test_dithering_on_tensors_is_unbiased_and_within_a_step"},
+    "tests/unit/test_sparse.py": {"test_rsp_push_pull_large_rowid"},
+    "tests/unit/test_timeline.py": {"test_a_process_killed_while_writing_leaves_a_valid_file",
+                                    "test_a_forked_child_writes_nothing_into_its_parents_file"},
+}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -129,5 +146,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         module = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
         if module in MULTIPROCESS_MODULES:
             item.add_marker(pytest.mark.multiprocess)
-        if module in SLOW_MODULES:
+        if module in SLOW_MODULES or getattr(item, "originalname", item.name) in SLOW_TESTS.get(module, ()):
             item.add_marker(pytest.mark.slow)

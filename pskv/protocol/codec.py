@@ -29,6 +29,8 @@ _DATA_COMMANDS = frozenset({Command.PUSH, Command.PULL, Command.PUSHPULL})  # IN
 _COMPRESSED_COMMANDS = frozenset({Command.PUSH, Command.PUSHPULL, Command.REPLY})  # frames may be payloads
 _ROWS_COMMANDS = frozenset({Command.INIT, Command.PUSH, Command.PULL, Command.REPLY})  # Flag.ROWS: row-sparse parts
 _ID_BYTES = 8  # one int64 row id of the rows encoding
+# flags whose command (and body) is ruled (_check_flags); QUIET, SHM, SUMMED, OVERWRITE alone fit any message
+_RULED_FLAGS = Flag.COMPRESSED | Flag.COMPRESS_REPLY | Flag.ROWS | Flag.PRESENT
 # bfloat16 travels as its raw 16-bit pattern; NumPy holds it as uint16.
 _NUMPY_FRAME_DTYPE: dict[str, np.dtype[Any]] = {
     "float16": np.dtype(np.float16),
@@ -118,7 +120,7 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> tuple[Head
         raise ProtocolError("body must be a string within the size limit")
     if type(flags) is not int or flags & ~KNOWN_FLAGS or flags < 0:
         raise ProtocolError(f"flags {flags!r} are not a combination of the known flag bits")
-    if flags or body:
+    if flags & _RULED_FLAGS or body:  # the usual message has neither: nothing to check
         _check_flags(cmd, flags, body)
     if type(specs) is not list or len(specs) > limits.max_arrays:
         raise ProtocolError("array list missing or too long")

@@ -4,9 +4,8 @@ A message is one header frame followed by one raw data frame per array. The head
 says, for every array, which key it belongs to, its dtype and shape, and (for arrays
 split over servers) where it sits inside the whole value. Array bytes are never pickled
 or otherwise interpreted beyond this description. What each command's ``body`` holds is
-:mod:`pskv.protocol.bodies`; the data path (PUSH, PULL, PUSHPULL and their replies)
-carries no body at all — its options are :class:`Flag` bits and its arrays' specs (INIT's
-body may only name its str keys).
+:mod:`pskv.protocol.bodies`, and only there; the data path's options are :class:`Flag` bits
+and its arrays' specs.
 
 Data frames: one per spec, except in a ``PULL`` request (without :attr:`Flag.ROWS`) and in
 any message with the :attr:`Flag.SHM` bit, whose specs *name* parts without data (a pull names the parts it
@@ -68,7 +67,7 @@ class Command(enum.IntEnum):
     # anyone (pskv top, pskv.metrics.snapshot; no registration, but under CURVE only a key
     # holder connects) -> scheduler: the job's metrics
     METRICS = 5
-    # worker -> server: data (no body; options are Flag bits)
+    # worker -> server: data (options are Flag bits)
     INIT = 10  # one frame per part; SUMMED, OVERWRITE flags
     # one frame per part, or SHM: parts named, data in the sender's slot; QUIET flag; a spec's
     # round = the push's number n (the sender's n-th push of that part; each applied at most once)
@@ -93,7 +92,7 @@ class Command(enum.IntEnum):
     # server before was handled (a QUIET push is answered only when it fails).
     SYNC = 27
     # The sender has no more data (uneven data, ``kv.join()``): sync rounds complete
-    # without it until every worker has joined. No body.
+    # without it until every worker has joined.
     JOIN = 28
     # write this server's shard into a checkpoint directory (pskv.server.snapshot)
     SAVE_CHECKPOINT = 29
@@ -118,7 +117,7 @@ class Flag:
     SUMMED = 4  # INIT: rounds of these keys store the plain sum, even with an optimizer
     OVERWRITE = 8  # INIT: replace the values of existing keys (broadcast)
     # PUSH / PUSHPULL: every data frame is a compressed payload (pskv.compression) of its
-    # spec's float32 elements; the body names the compression (CompressionParams)
+    # spec's float32 elements; the body names the compression (pskv.protocol.bodies)
     COMPRESSED = 16
     # PULL / PUSHPULL: compress the values of the reply (REPLY: COMPRESSED) if they are sums,
     # with the compression the body names (server -> worker compression)
@@ -126,7 +125,7 @@ class Flag:
     # INIT / PUSH / PULL / REPLY of row-sparse keys (issue 13): every data frame is in the
     # *rows* encoding (pskv.protocol.codec.rows_frame). A spec's shape is (n, w): n rows of w
     # elements; the frame holds the n global row ids (int64, sorted, unique) then, except in a
-    # PULL (which asks for those rows), the n rows. INIT's body gives each part's row count.
+    # PULL (which asks for those rows), the n rows (an INIT's parts: see its body, pskv.protocol.bodies).
     ROWS = 64
     # With SHM (PUSH, PULL without PRESENT, REPLY): no data frames; each spec's region of the worker's rows
     # buffer (its `buffer` field: byte offset) holds the n ids, then (PUSH, REPLY) the n rows.
@@ -184,7 +183,7 @@ class Header(NamedTuple):
         sender: node id of the sender.
         arrays: one spec per data frame, in frame order.
         priority: higher is sent / served first.
-        body: command-specific text (:mod:`pskv.protocol.bodies`); empty on the data path.
+        body: command-specific text (:mod:`pskv.protocol.bodies`).
         flags: :class:`Flag` bits.
     """
 

@@ -152,7 +152,8 @@ class ServerCore:
         """This server's metrics now (the membership sends them with a heartbeat; reactor thread).
 
         Rounds are the shard's completed rounds; the queue is the pulls parked until a
-        round completes; stalls the open rounds older than :data:`STALL_AFTER` s. Queue and
+        round completes; stalls the open rounds older than :data:`STALL_AFTER` s (the shard's
+        :meth:`~ServerShard.open_rounds`, which the stall report reads too). Queue and
         stalls need a pass over every part: it is made again only once 50 times its own
         duration has passed, so it takes at most 2% of this thread (100,000 parts: about
         80 ms, so every 4 s; till then the last pass's numbers are sent).

@@ -30,7 +30,8 @@ import time
 from collections.abc import Callable, Mapping
 
 from pskv.protocol import Role, node_id, node_name, node_role_rank
-from pskv.server.shard import Part, ServerShard
+from pskv.server.part import Part
+from pskv.server.shard import ServerShard
 
 __all__ = ["DeadWorkers", "StallReport"]
 

@@ -71,7 +71,7 @@ class ServerNode:
                                 self._shm_dir.create if self._shm_dir is not None else None,
                                 self._reactor.call_soon)
         if cluster.data_channel == "tcp" and not cluster.curve_key_file:
-            try:  # workers on other hosts send their requests here (see WorkerClient._open_stream)
+            try:  # workers on other hosts send their requests here (see pskv/worker/lanes.py, Lanes.open_data)
                 self._core.data.stream_port = self._reactor.bind_stream(self._sid, bind_host(cluster))
             except TransportError as exc:
                 log.warning("no data port, workers on other hosts use ZeroMQ: %s", exc)

@@ -23,7 +23,8 @@ from typing import Any, TypeVar
 
 from pskv.metrics import NodeCounters, value_bytes
 from pskv.protocol import Command, Flag, Header, node_name
-from pskv.server.shard import Part, PartId, ShardObserver
+from pskv.server.part import Part, PartId
+from pskv.server.shard import ShardObserver
 from pskv.timeline import Timeline
 
 __all__ = ["ServerObserver", "TracingObserver", "observer"]

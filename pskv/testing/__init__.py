@@ -8,6 +8,11 @@
   random calls against a dict model (needs ``hypothesis``; import it explicitly).
 * :mod:`pskv.testing.loopback` — :func:`~pskv.testing.loopback.loopback_store`: a
   distributed store whose servers run in this process, without sockets.
+* :mod:`pskv.testing.jobs` — real processes: a ``pskv launch`` job, or a scheduler, servers
+  and workers started by hand on 127.0.0.1, with readiness waits, deadlines and reaping
+  (import it explicitly).
+* :mod:`pskv.testing.hosts` — :class:`~pskv.testing.hosts.SimulatedHosts`: hosts as network
+  namespaces on one Linux machine (root; import it explicitly).
 """
 
 from pskv.testing import contracts, fuzz

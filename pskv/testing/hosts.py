@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import logging
 import os
 import shlex
 import shutil
@@ -51,6 +52,7 @@ PREFIX_LEN = 24
 BRIDGE = "br0"
 HOST_DEV = "eth0"
 
+_log = logging.getLogger("pskv.testing.hosts")
 _counter = itertools.count()
 _CMD_TIMEOUT = 15.0  # seconds any one `ip` / `tc` command may take
 _SSH_OPTIONS_WITH_VALUE = frozenset("BbcDEeFIiJLlmOopQRSWw")  # ssh(1) options that take an argument
@@ -142,6 +144,8 @@ class SimulatedHosts:
                 raise Unavailable(f"the `{tool}` command is not installed")
         self.rate = rate
         self.delay = delay if delay and netem_available() else None
+        if delay and self.delay is None:
+            _log.warning("no sch_netem here: the delay %s is left out (links shaped by tbf alone)", delay)
         self.tag = f"pskvh{os.getpid()}x{next(_counter)}"
         self.bridge_ns = f"{self.tag}b"
         self.hosts = tuple(SimHost(i, f"{SUBNET}.{i + 1}", f"{self.tag}h{i}", f"simhost{i}", f"v{i}")

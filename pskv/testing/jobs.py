@@ -405,7 +405,7 @@ def start_nodes(group: ProcessGroup, workdir: Path, servers: int, workers: int, 
         env: the environment of every process (:func:`child_env`); a ``PSKV_JOB_ID`` is
             added if it has none, and the job's shared memory is removed at ``group.close()``.
         server_argv: each server's program; default ``python -m pskv server``.
-        enter: ``(name, argv) -> argv`` run instead (e.g. inside a network namespace).
+        enter: ``(name, argv) -> the argv to run`` (e.g. ``ip netns exec NS`` or a profiler in front).
         address: ``name -> the host address`` of that process (``DMLC_NODE_HOST``; the
             scheduler's is everyone's ``DMLC_PS_ROOT_URI``).
         timeout: seconds the scheduler may take to write its port.

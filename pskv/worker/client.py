@@ -125,6 +125,7 @@ class WorkerClient:
     Args:
         cluster: the cluster contract.
         context: ZeroMQ context (a new one by default).
+        on_server_replaced: given a replaced server's rank (see :class:`ServerReplacement`).
     """
 
     def __init__(self, cluster: ClusterConfig, context: zmq.Context[Any] | None = None,

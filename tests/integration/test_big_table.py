@@ -9,6 +9,8 @@ so it never exists on a worker: a worker that held it (``TableInit.todense()``, 
 the rows its batch touches, pushes their gradient as a ``RowSparse``, and the servers run
 SGD on those rows; the test replays the steps in NumPy on the touched rows only (drawn
 with :func:`pskv.arrays.tables.draw_rows`, which gives a row from (seed, row block) alone).
+It is also the test of row-sparse training through ``pskv launch -n 2 -s 2`` (rows of both
+servers' ranges, the same rows pushed by both workers, untouched rows left as drawn).
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ def launch(*args: str, state_dir: Path | None = None) -> subprocess.CompletedPro
     )
 
 
+@pytest.mark.timeout(300)  # two launched trainings
 def test_digits_example_trains_under_the_launcher_and_resumes_from_its_checkpoint(tmp_path):
     # The first job also misses its accuracy target on purpose (99.9 % after 2 epochs): the job
     # fails, naming it, yet its checkpoints are complete (written every epoch, before the check).

@@ -37,3 +37,14 @@ def test_optimizers_schedulers_and_metrics_share_the_rule():
     with pytest.raises(InvalidArgumentError, match="already registered"):
         register(SGD2)
     assert {"factor", "cosine"} <= set(SCHEDULERS) and "acc" in METRICS
+
+
+def test_compressors_share_the_rule():
+    from pskv.compression import COMPRESSORS, TwoBit
+    from pskv.compression import register as register_compressor
+
+    register_compressor(TwoBit)  # again: fine
+    other = type("TwoBit", (TwoBit,), {"type": "2bit"})
+    with pytest.raises(InvalidArgumentError, match="gradient compression type name '2bit' is already registered"):
+        register_compressor(other)
+    assert COMPRESSORS["2bit"] is TwoBit

@@ -1,0 +1,262 @@
+"""The job-level calls of a distributed store: replacement, the servers' state, the cluster.
+
+:class:`~pskv.kvstore.dist.DistStore` is the MXNet API of the distributed stores. Its key
+calls (``init``, ``push``, ``pull``, ``pushpull``, ``broadcast``, ``row_sparse_pull``) live
+in :mod:`pskv.kvstore.dist`; the calls that concern the job rather than keys live in its base
+class here, :class:`DistJob`:
+
+- the worker's place: ``rank``, ``local_rank``, ``num_workers``;
+- replacement: :attr:`~DistJob.is_recovery`, :meth:`~DistJob.push_count`, :meth:`~DistJob.resume_step`
+  (the push numbering is :mod:`~pskv.kvstore.resume`'s);
+- the servers' state, as collectives (:mod:`~pskv.kvstore.collectives`): ``set_optimizer``,
+  ``save_optimizer_states`` / ``load_optimizer_states``, ``save_checkpoint`` / ``resumed``,
+  ``send_command_to_servers``;
+- the cluster: ``barrier``, ``join``, ``num_dead_node``, ``metrics``.
+
+Each is a line or two of wiring to the module that owns it; the docstrings are the API's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pskv.config import ClusterConfig
+from pskv.errors import InvalidArgumentError, InvalidTypeError, NotSupportedError
+from pskv.kvstore.collectives import ServerCollectives
+from pskv.kvstore.frontend import StoreFrontEnd
+from pskv.kvstore.keys import Key
+from pskv.kvstore.resume import PushNumbers
+from pskv.metrics import JobMetrics, snapshot
+from pskv.optimizer import Optimizer
+from pskv.worker import KeyLayout, KVWorker
+
+__all__ = ["DistJob"]
+
+
+class DistJob(StoreFrontEnd[KeyLayout]):
+    """The job-level calls of :class:`~pskv.kvstore.dist.DistStore` (its base class; it sets the state below)."""
+
+    _cluster: ClusterConfig
+    _worker: KVWorker
+    _servers: ServerCollectives
+    _pushes: PushNumbers
+    _keys: dict[Key, KeyLayout]
+    _recovery: bool
+    _num_servers: int
+    _rank: int
+    _num_workers: int
+
+    # -- the job ----------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        """This worker's rank."""
+        return self._rank
+
+    @property
+    def local_rank(self) -> int:
+        """This worker's rank among the workers of its host: ``PSKV_LOCAL_RANK`` (set by ``pskv launch``)
+        or ``BYTEPS_LOCAL_RANK``; unset, its rank in a job on one host, else 0 (docs/env.md)."""
+        return self._cluster.local_rank_of(self._rank)
+
+    @property
+    def num_workers(self) -> int:
+        """Number of workers in the job."""
+        return self._num_workers
+
+    @property
+    def is_recovery(self) -> bool:
+        """True in a process that replaced a dead worker of a running job (``PSKV_RECOVERY_TIMEOUT``).
+
+        Such a process skips the collective steps the others did long ago: ``init``
+        registers the keys without sending values or meeting at a barrier (pulls return
+        the servers' current values), ``set_optimizer`` keeps the servers' optimizer, and
+        ``broadcast`` of existing keys pulls them. Its pushes join the current rounds. Explicit
+        ``barrier()`` calls are not skipped: guard them with ``if not kv.is_recovery``.
+
+        Where to go on: the servers told it how many pushes of its rank reached them
+        (:meth:`push_count`, :meth:`resume_step`); a push number that arrived already is
+        never applied again, so re-pushing a step that had landed changes nothing.
+        """
+        return self._recovery
+
+    def push_count(self, key: Any) -> int:
+        """How many pushes (and pushpulls) of ``key`` this worker rank has made; in a replacement
+        process, on from those of its predecessors that reached the servers (:mod:`~pskv.kvstore.resume`).
+
+        Raises:
+            UnknownKeyError: ``key`` was not initialised.
+            InvalidArgumentError: ``key`` is a list.
+        """
+        keys, single = self._key_list(key)
+        if not single:
+            raise InvalidArgumentError(f"push_count takes one key, not {key!r}")
+        return self._pushes.count(self._record(keys[0], "push_count"))
+
+    def resume_step(self, keys: Any = None) -> int:
+        """The step to go on from, for a training loop that pushes each of ``keys`` once per step.
+
+        The fewest pushes of any of ``keys`` (default: every key initialised so far); in a
+        replacement process, of those that reached the servers from the processes it
+        replaced, and each key's push numbering is set back to that step
+        (:mod:`~pskv.kvstore.resume`). 0 before any push.
+
+        Raises:
+            UnknownKeyError: a key was not initialised.
+            InvalidArgumentError: a replacement process pushed one of ``keys`` already
+                (call it before the first push).
+        """
+        names = list(self._keys) if keys is None else self._key_list(keys)[0]
+        return self._pushes.resume_step([self._record(k, "resume_step") for k in names])
+
+    # -- the servers' state: collectives (pskv.kvstore.collectives) ------------------------
+    def set_optimizer(self, optimizer: Optimizer) -> None:
+        """Install ``optimizer`` on every server (its config, never pickled). Collective.
+
+        Calling it again updates the hyperparameters and keeps the optimizer state; a
+        replacement worker (:attr:`is_recovery`) keeps the servers' optimizer.
+
+        Raises:
+            InvalidTypeError: ``optimizer`` is not a :class:`pskv.optimizer.Optimizer`.
+            RemoteError: a server refused it (on rank 0).
+            CollectiveFailedError: it failed on rank 0 (on every other rank, at once).
+            CollectiveMismatchError: the workers are in different collectives.
+        """
+        self._check_open("set_optimizer")
+        self._servers.set_optimizer(optimizer, self._recovery)
+
+    def set_updater(self, updater: Any) -> None:
+        """Not available: code never travels to the servers. Use :meth:`set_optimizer`."""
+        raise NotSupportedError("a distributed store cannot ship a Python function to its servers; use "
+                                "set_optimizer with a pskv.optimizer optimizer")
+
+    def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
+        """Every server writes its shard's optimizer state to ``<fname>.server<rank>``.
+
+        Rank 0 may call it alone (``if kv.rank == 0: kv.save_optimizer_states(f)``): it
+        waits for its own operations, has every server write (on their hosts: use a shared
+        file system across hosts) and returns; the other workers go on. Every worker may
+        call it too: the others wait for their own operations and for rank 0's outcome of
+        the same call. A worker of another rank calling it while rank 0 does not fails.
+
+        Raises:
+            RemoteError: a server has no optimizer, or could not write (on rank 0).
+            CollectiveFailedError: rank 0's call failed (on the other ranks that called it).
+            CollectiveMismatchError: rank 0 went on to a collective without making this call.
+        """
+        self._check_open("save_optimizer_states")
+        self._servers.alone("save_optimizer_states", lambda: self._worker.control.save_states(str(fname), bool(dump_optimizer)))
+
+    def load_optimizer_states(self, fname: str) -> None:
+        """Every server loads ``<fname>.server<rank>`` (written by :meth:`save_optimizer_states`). Collective.
+
+        Raises:
+            RemoteError: a file is missing or not a pskv state file (on rank 0).
+            CollectiveFailedError: it failed on rank 0 (on every other rank, at once).
+            CollectiveMismatchError: the workers are in different collectives.
+        """
+        self._check_open("load_optimizer_states")
+        self._servers.run("load_optimizer_states", lambda: self._worker.control.load_states(str(fname)))
+
+    def save_checkpoint(self, path: str | None = None, meta: Any = None) -> str:
+        """Save every server's shard — values, rounds, optimizer state and config — as a checkpoint.
+
+        With gradient compression, every worker's residuals too (``worker-<rank>.safetensors``)
+        and the servers' ``both_ways`` reply residuals: a resumed job restores them.
+
+        Collective: every worker calls it at the same point (e.g. every N steps). The
+        files are written atomically on the servers' hosts (use a shared file system
+        across hosts). A job started with ``PSKV_RESUME_FROM`` set to the directory (``pskv
+        launch --max-restarts`` does it after a failure) continues from it: see :attr:`resumed`.
+
+        Args:
+            path: the checkpoint directory; default ``<PSKV_CHECKPOINT_DIR>/ckpt-<n>``
+                with ``n`` one more than the highest existing one.
+            meta: any JSON-serialisable value (e.g. the step), returned by :attr:`resumed`
+                after a restart.
+
+        Returns:
+            The checkpoint directory (rank 0's, on every worker).
+
+        Raises:
+            InvalidArgumentError: no ``path`` and no ``PSKV_CHECKPOINT_DIR``, or ``meta``
+                is not JSON-serialisable.
+            RemoteError: a server could not write its file (CheckpointError there; on rank 0).
+            CheckpointError: rank 0 could not create the directory.
+            CollectiveFailedError: it failed on rank 0 (on every other rank, at once).
+            CollectiveMismatchError: the workers are in different collectives.
+        """
+        self._check_open("save_checkpoint")
+        return self._servers.save_checkpoint(path, meta, self._type, self._num_servers)
+
+    @property
+    def resumed(self) -> dict[str, Any] | None:
+        """The manifest of the checkpoint this job resumed from (``PSKV_RESUME_FROM``), or None.
+
+        Its ``"meta"`` is what :meth:`save_checkpoint` was given, ``"path"`` the directory.
+        The keys it holds keep their saved values (and optimizer state) when the workers
+        ``init`` them again.
+        """
+        return self._servers.resumed()
+
+    def send_command_to_servers(self, head: int, body: str) -> None:
+        """Run the controller registered for ``head`` on every server; returns when all answered.
+
+        Controllers are registered on the servers (``@pskv.server.controller`` in a module
+        named by ``PSKV_SERVER_MODULES``); only ``head`` and ``body`` travel.
+
+        Raises:
+            InvalidTypeError: ``head`` is not an int or ``body`` not a str.
+            RemoteError: a server has no controller for ``head``, or it raised.
+        """
+        self._check_open("send_command_to_servers")
+        if isinstance(head, bool) or not isinstance(head, int) or not isinstance(body, str):
+            raise InvalidTypeError("send_command_to_servers needs an int head and a str body")
+        self._worker.control.controller(head, body)
+
+    # -- cluster ------------------------------------------------------------------------
+    def barrier(self) -> None:
+        """Wait until every worker reached the barrier (a collective named ``"barrier"``).
+
+        Raises:
+            NodeFailedError: a worker died (named).
+            CollectiveMismatchError: another worker is in another collective (both named).
+            OperationTimeoutError: a worker did not come within ``PSKV_REQUEST_TIMEOUT`` (named).
+        """
+        self._check_open("barrier")
+        self._worker.control.barrier(self._cluster.request_timeout, "barrier")
+
+    def join(self, timeout: float | None = None) -> None:
+        """This worker has no more data: rounds go on without it until every worker joined.
+
+        Collective (:meth:`KVStoreBase.join`): finishes this worker's operations, tells
+        every server, then waits at a barrier for the other workers; when it returns,
+        every server has seen every worker's join. ``timeout`` bounds each wait, the
+        slowest worker's included (default ``PSKV_REQUEST_TIMEOUT``).
+
+        Raises:
+            NodeFailedError: a worker or server died.
+            OperationTimeoutError: a server did not answer within the timeout.
+        """
+        self._check_open("join")
+        limit = self._timeout(timeout)
+        failure = None
+        try:
+            self.wait(timeout=limit)
+            self._worker.control.join(limit)
+        except Exception as exc:  # noqa: BLE001 - every worker learns it at the meeting
+            failure = exc
+        self._servers.meet("join", failure, timeout=limit)
+
+    def num_dead_node(self, node_id: int, timeout: float = 60) -> int:
+        """Nodes of group ``node_id`` (1 scheduler, 2 servers, 4 workers, sums) silent for > ``timeout`` s."""
+        super().num_dead_node(node_id, timeout)  # validates
+        return self._worker.control.num_dead_node(node_id, timeout)
+
+    def metrics(self, timeout: float = 5.0) -> JobMetrics:
+        """The job's metrics now, every node's (:func:`pskv.metrics.snapshot` of this job's scheduler):
+        per node its state, ops, rounds and bytes per second, queue and stalls, as ``pskv top`` shows.
+
+        Raises:
+            OperationTimeoutError: the scheduler did not answer within ``timeout`` seconds.
+        """
+        return snapshot(self._cluster.scheduler_address, timeout, self._cluster.curve_key_file)
