@@ -40,7 +40,13 @@ def is_torch_sparse(x: object) -> bool:
 
 
 def is_row_sparse(x: object) -> bool:
-    """True for a :class:`RowSparse` or a PyTorch sparse COO tensor."""
+    """True for a :class:`RowSparse` or a PyTorch sparse COO tensor.
+
+    Every value of every call is asked this (dense values take the plain path), so a NumPy array,
+    the common case, is answered by its type alone.
+    """
+    if type(x) is np.ndarray:
+        return False
     return isinstance(x, RowSparse) or is_torch_sparse(x)
 
 

@@ -139,7 +139,10 @@ def fill_all(out: Any, value: Any) -> None:
 
 
 def densified(values: Sequence[Any]) -> list[Any]:
-    """``values`` with row-sparse ones made dense (a push of them to a dense key: summed like dense ones)."""
+    """``values`` with row-sparse ones made dense (a push of them to a dense key: summed like dense ones);
+    ``values`` itself when none is (every dense push asks)."""
+    if not any(map(is_row_sparse, values)):
+        return values if isinstance(values, list) else list(values)
     out = []
     for v in values:
         if isinstance(v, RowSparse):

@@ -75,6 +75,8 @@ def _refuse_sparse(key: Key, value: object, what: str, refusal: str | None) -> N
 
 
 def _array_list(key: Key, value: object, what: str, refusal: str | None) -> list[Any]:
+    if type(value) is np.ndarray:  # the common case first: every call of every store comes here
+        return [value]
     if is_array(value) or is_row_sparse(value):
         _refuse_sparse(key, value, what, refusal)
         return [value]
@@ -82,6 +84,8 @@ def _array_list(key: Key, value: object, what: str, refusal: str | None) -> list
         if not value:
             raise InvalidArgumentError(f"empty {what} list for key {key!r}")
         for v in value:
+            if type(v) is np.ndarray:
+                continue
             _refuse_sparse(key, v, what, refusal)
             if not is_array(v) and not is_row_sparse(v):
                 raise UnsupportedValueError(

@@ -270,7 +270,7 @@ class LocalStore(StoreFrontEnd[_Entry]):
         for _, entry, _ in pairs:
             if entry.merge is None:
                 entry.merge = empty(entry.meta)
-        sparse = [any(is_row_sparse(v) for v in vals) for _, _, vals in pairs]
+        sparse = [any(map(is_row_sparse, vals)) for _, _, vals in pairs]
         sum_into_many([(entry.merge, vals) for (_, entry, vals), s in zip(pairs, sparse) if not s], self._kernels)
         rows = [merge_into(entry.merge, vals, self._kernels) if s else None for (_, entry, vals), s in zip(pairs, sparse)]
         return [entry.merge for _, entry, _ in pairs], rows
@@ -371,7 +371,7 @@ class LocalStore(StoreFrontEnd[_Entry]):
         else:
             targets = [(entry, outs) for _, entry, outs in self._out_targets(key, out, "pushpull")]
         for (k, _, vals), (_, outs) in zip(pairs, targets):
-            if any(is_row_sparse(a) for a in vals + list(outs)):
+            if any(map(is_row_sparse, vals)) or any(map(is_row_sparse, outs)):
                 raise NotSupportedError(f"pushpull of key {k!r} got a row-sparse value or out; push it, then "
                                         "pull or row_sparse_pull")
 

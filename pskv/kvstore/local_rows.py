@@ -238,15 +238,20 @@ def store_pushes(stored: Sequence[tuple[Any, RowKey, list[Any]]], kernels: CpuKe
     """Store each key's pushed values without an updater: dense ones summed into the table in one batch
     (a row-sparse key then has every row), row-sparse ones by row — on a row-sparse key they replace
     the rows present before (:func:`replace_rows`), on a dense key they are added (:func:`merge_into`)."""
-    plain = [(key, vals) for _, key, vals in stored if not any(is_row_sparse(v) for v in vals)]
+    sparse = [any(map(is_row_sparse, vals)) for _, _, vals in stored]
+    plain = [(key, vals) for (_, key, vals), has_rows in zip(stored, sparse) if not has_rows]
     sum_into_many([(key.value, vals) for key, vals in plain], kernels)
     for key, _ in plain:
         if key.rows is not None:
             key.rows = all_rows(key)
-    for _, key, vals in stored:
-        if key.rows is not None and all(is_row_sparse(v) for v in vals):
+    if not any(sparse):
+        return
+    for (_, key, vals), has_rows in zip(stored, sparse):
+        if not has_rows:
+            continue
+        if key.rows is not None and all(map(is_row_sparse, vals)):
             key.rows = replace_rows(key.value, key.rows, vals)  # only rows present before or after
-        elif any(is_row_sparse(v) for v in vals):
+        else:
             rows = merge_into(key.value, vals, kernels)
             if key.rows is not None:
                 key.rows = all_rows(key) if rows is None else rows

@@ -1,8 +1,7 @@
 """MXNet's own distributed row-sparse checks (``tests/nightly/dist_sync_kvstore.py``: its
 ``check_row_sparse_keys``, ``check_row_sparse_keys_with_zeros`` and ``check_big_row_sparse_keys``,
-float16 and float32; 3 repeats where MXNet has 7, each further one checking the same path again)
-ported to pskv and run through ``pskv launch`` with 2 workers and 2 servers; the row-sparse keys
-live on the servers by row ranges (issue 13).
+float16 and float32, 7 repeats) ported to pskv and run through ``pskv launch`` with 2 workers and 2
+servers; the row-sparse keys live on the servers by row ranges (issue 13).
 
 MXNet's keys, shapes and row choices: a (2, 3) key each worker pushes one row of, random
 ``row_sparse_pull`` row ids given as a 2-D float array (duplicates included), pushes of no rows
@@ -30,7 +29,7 @@ WORKER = textwrap.dedent(r'''
     import pskv
     from pskv.optimizer import SGD
 
-    rate, nrepeat = 2.0, 3  # MXNet: 7
+    rate, nrepeat = 2.0, 7
     shape, big_shape = (2, 3), (1200, 1200)
     rsp_keys, rsp_big = ["9", "11", "13"], ["97"]
     fp16_rsp_keys, fp16_rsp_big = ["10", "12", "14"], ["98"]
