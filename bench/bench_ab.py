@@ -33,6 +33,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench_dist import export_pskv  # git archive of pskv/ at a commit
+
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
 DEFAULT_JSON = BENCH_DIR / "results" / "ab_local.json"
@@ -80,13 +82,7 @@ def export(rev: str, dest: Path) -> tuple[Path, str]:
         head = subprocess.run(["git", "-C", str(REPO_DIR), "rev-parse", "HEAD"], capture_output=True, text=True,
                               check=True, timeout=30).stdout.strip()
         return REPO_DIR, f"{head}+worktree"
-    commit = subprocess.run(["git", "-C", str(REPO_DIR), "rev-parse", "--verify", f"{rev}^{{commit}}"],
-                            capture_output=True, text=True, check=True, timeout=30).stdout.strip()
-    dest.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(REPO_DIR), "archive", "--format=tar", commit, "pskv"],
-                             capture_output=True, check=True, timeout=60).stdout
-    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True, timeout=60)
-    return dest, commit
+    return export_pskv(rev, dest)
 
 
 def child(src: Path, iters: int) -> dict[str, float]:

@@ -13,7 +13,7 @@ server    ``<root>/ckpt-<n>``                    ``manifest.json`` ``kv.save_che
                                                                    each compressing worker its
                                                                    ``worker-<rank>.safetensors``
                                                                    (residuals,
-                                                                   :mod:`pskv.worker.residuals`),
+                                                                   :mod:`pskv.compression.residuals`),
                                                                    then worker 0 the manifest
 training  ``<root>/epoch-<NNNN>``                ``meta.json``     ``pskv.parallel.save_checkpoint``
                                                                    (params, optimizer state);

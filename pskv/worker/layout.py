@@ -61,7 +61,7 @@ class KeyLayout:
     nbytes: int = 0  # of one value; set with the layout
     itemsize: int = 0  # bytes of one element on the wire; set with the layout
     summed: bool = False  # init(summed=True): rounds store the plain sum (never compressed)
-    compress: bool = False  # pushes of it are compressed (KVWorker.set_compressor before init, float32)
+    compress: bool = False  # pushes of it are compressed (KVWorker.set_compression before init, float32)
     row_width: int = 0  # > 0: a row-sparse key, split by row ranges (partition.row_ranges); elements of a row
 
     @property
