@@ -122,17 +122,31 @@ SLOW_MODULES = MULTIPROCESS_MODULES | frozenset({
     "tests/transport/test_memory.py",  # a fresh interpreter per malloc setting (importing pskv: seconds)
     "tests/unit/test_torch_missing.py",  # a fresh interpreter that imports pskv without torch
 })
-# Single slow tests (launched jobs, big arrays, statistics) in modules that are otherwise fast:
-# module -> test function names (every parametrization of each).
+# Single slow tests (over ~1 s: launched jobs, big arrays, fuzzing, waits for a timeout) in modules
+# that are otherwise fast: module -> test function names (every parametrization) or test ids (one).
 SLOW_TESTS = {
+    "tests/contracts/test_store_contracts.py": {"test_random_operations_match_a_dict_model[dist_sync-2s2w]",
+                                                "test_random_operations_match_a_dict_model[dist_sync-loopback-2s]"},
+    "tests/integration/test_collectives.py": {
+        "test_a_rank0_only_collective_while_the_others_push_names_who_did_not_come"},
+    "tests/integration/test_dist_inprocess.py": {"test_a_stalled_round_is_reported_with_the_missing_workers",
+                                                 "test_big_arrays_are_split_over_servers_and_reassembled"},
     "tests/integration/test_compression_dist.py": {"test_a_launched_job_compresses_between_hosts",
                                                    "test_the_digits_example_trains_with_2bit_compression_to_its_accuracy_bar"},
     "tests/integration/test_data_channel.py": {"test_a_launched_job_without_shared_memory_uses_data_connections"},
     "tests/integration/test_sparse_dist.py": {"test_a_big_table_is_drawn_while_the_server_keeps_sending_heartbeats"},
     "tests/server/test_state_files.py": {"test_a_relative_state_file_works_through_pskv_launch_and_escapes_are_refused"},
     "tests/transport/test_reactor.py": {"test_a_message_of_more_frames_than_allowed_is_discarded_unbuilt"},
+    "tests/transport/test_stream.py": {"test_a_message_split_across_many_small_writes_is_put_together"},
+    "tests/unit/test_bench_report.py": {"test_the_committed_texts_are_what_the_results_give"},
     "tests/unit/test_compression.py": {"test_mxnets_compressed_store_test_passes"},
     "tests/unit/test_compression_torch.py": {"test_dithering_on_tensors_is_unbiased_and_within_a_step"},
+    "tests/unit/test_metrics.py": {"test_top_usage_errors_are_one_line",
+                                   "test_a_round_waiting_for_a_slow_worker_is_a_stall_naming_it"},
+    "tests/unit/test_optimizer_states.py": {"test_set_optimizer_keeps_state_and_counts"},
+    "tests/unit/test_protocol.py": {"test_mutated_valid_messages_are_decoded_or_rejected",
+                                    "test_random_frames_never_escape_as_other_errors"},
+    "tests/unit/test_security.py": {"test_zap_admits_only_the_cluster_key_and_logs_refusals"},
     "tests/unit/test_sparse.py": {"test_rsp_push_pull_large_rowid"},
     "tests/unit/test_timeline.py": {"test_a_process_killed_while_writing_leaves_a_valid_file",
                                     "test_a_forked_child_writes_nothing_into_its_parents_file"},
@@ -146,5 +160,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         module = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
         if module in MULTIPROCESS_MODULES:
             item.add_marker(pytest.mark.multiprocess)
-        if module in SLOW_MODULES or getattr(item, "originalname", item.name) in SLOW_TESTS.get(module, ()):
+        slow_here = SLOW_TESTS.get(module, ())
+        if module in SLOW_MODULES or item.name in slow_here or getattr(item, "originalname", "") in slow_here:
             item.add_marker(pytest.mark.slow)
