@@ -129,11 +129,11 @@ SLOW_TESTS = {
                                                 "test_random_operations_match_a_dict_model[dist_sync-loopback-2s]"},
     "tests/integration/test_collectives.py": {
         "test_a_rank0_only_collective_while_the_others_push_names_who_did_not_come"},
-    "tests/integration/test_dist_inprocess.py": {"test_a_stalled_round_is_reported_with_the_missing_workers",
-                                                 "test_big_arrays_are_split_over_servers_and_reassembled"},
     "tests/integration/test_compression_dist.py": {"test_a_launched_job_compresses_between_hosts",
                                                    "test_the_digits_example_trains_with_2bit_compression_to_its_accuracy_bar"},
     "tests/integration/test_data_channel.py": {"test_a_launched_job_without_shared_memory_uses_data_connections"},
+    "tests/integration/test_dist_inprocess.py": {"test_a_stalled_round_is_reported_with_the_missing_workers",
+                                                 "test_big_arrays_are_split_over_servers_and_reassembled"},
     "tests/integration/test_sparse_dist.py": {"test_a_big_table_is_drawn_while_the_server_keeps_sending_heartbeats"},
     "tests/server/test_state_files.py": {"test_a_relative_state_file_works_through_pskv_launch_and_escapes_are_refused"},
     "tests/transport/test_reactor.py": {"test_a_message_of_more_frames_than_allowed_is_discarded_unbuilt"},
@@ -154,7 +154,7 @@ SLOW_TESTS = {
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the tests of the modules above (one list, so nobody forgets a file's marker)."""
+    """Mark the tests of the modules and the single tests above (one list, so nobody forgets a marker)."""
     root = config.rootpath
     for item in items:
         module = item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else ""
