@@ -28,14 +28,13 @@ from pathlib import Path
 
 import pytest
 
+from pskv.testing.jobs import child_env
 from tests.integration.conftest import tagged_pids
 from tests.integration.test_launcher import (
     JOB_DEADLINE,
     WORKER,
     free_port,
-    kill_launcher,
     run_launcher,
-    start_launcher,
 )
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="finds the job's processes through /proc")
@@ -106,6 +105,22 @@ threading.Thread(target=relay, daemon=True).start()
 code = remote.wait()
 sys.exit(code if code >= 0 else 255)
 """
+
+
+def start_launcher(args: list[str], tag: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """``python -m pskv launch ARGS`` in a session of its own, its output merged on a pipe the test reads."""
+    return subprocess.Popen([sys.executable, "-m", "pskv", "launch", "--env", f"PSKV_TEST_TAG={tag}", *args],
+                            env=child_env(env), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
+def kill_launcher(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL the launcher's session (whatever of it is left) and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def wait_gone(tag: str, within: float) -> list[int]:

@@ -27,13 +27,12 @@ from pskv.launch.contract import ProcessSpec
 from pskv.launch.supervisor import Console, Supervisor
 from pskv.logs import show_records
 from tests.integration.conftest import tagged_pids
+from tests.integration.test_departures import kill_launcher, start_launcher
 from tests.integration.test_launcher import (
     FAKE_SSH,
     JOB_DEADLINE,
     free_port,
-    kill_launcher,
     run_launcher,
-    start_launcher,
 )
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="finds leftover processes through /proc")
