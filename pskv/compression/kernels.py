@@ -20,6 +20,8 @@ on disk where the package directory is writable).
 
 from __future__ import annotations
 
+import importlib.util
+import threading
 from typing import Any
 
 import numpy as np
@@ -27,12 +29,9 @@ import numpy as np
 __all__ = ["AVAILABLE", "ENABLED", "add_max_abs", "bf16_compress", "dither", "f16_compress", "magnitude_at_least",
            "quantize_1bit", "quantize_2bit", "scaled_sign_compress", "undither"]
 
-try:
-    import numba
-except ImportError:  # the NumPy path runs
-    numba = None  # type: ignore[assignment]
-
-AVAILABLE = numba is not None
+#: Numba is installed (it is imported, and the loops compiled, at the first compressed value of a process:
+#: importing it costs a third of a second, which a process that never compresses does not pay).
+AVAILABLE = importlib.util.find_spec("numba") is not None
 #: Use the compiled loops when available (tests turn them off to run the NumPy path).
 ENABLED = True
 
@@ -252,38 +251,44 @@ def _magnitude_at_least(r: Any, floor: Any, out: Any) -> int:  # pragma: no cove
 def quantize_2bit(r: np.ndarray[Any, Any], grad: np.ndarray[Any, Any], t: np.float32,
                   out: np.ndarray[Any, Any]) -> None:
     """``r += grad``, MXNet's 2-bit codes of ``r`` into ``out`` (``(n + 3) // 4`` bytes), ``r`` keeps the rest."""
-    _quantize_2bit(r, grad, t, out)
+    _loop("_quantize_2bit")(r, grad, t, out)
 
 
 def quantize_1bit(r: np.ndarray[Any, Any], grad: np.ndarray[Any, Any], t: np.float32,
                   out: np.ndarray[Any, Any]) -> None:
     """``r += grad``, MXNet 2.0's 1-bit codes of ``r`` into ``out`` (``(n + 7) // 8`` bytes), ``r`` keeps the rest."""
-    _quantize_1bit(r, grad, t, out)
+    _loop("_quantize_1bit")(r, grad, t, out)
 
 
 
-if numba is not None:
-    _jit = numba.njit(cache=True, nogil=True)
-    _quantize_2bit = _jit(_quantize_2bit)
-    _quantize_1bit = _jit(_quantize_1bit)
-    _add_abs_sum = _jit(_add_abs_sum)
-    _scaled_sign = _jit(_scaled_sign)
-    _f16_compress = _jit(_f16_compress)
-    _bf16_compress = _jit(_bf16_compress)
-    _magnitude_at_least = _jit(_magnitude_at_least)
-    _add_max_abs = _jit(_add_max_abs)
-    _dither = _jit(_dither)
-    _undither = _jit(_undither)
+_LOOPS = (_quantize_2bit, _quantize_1bit, _add_abs_sum, _scaled_sign, _f16_compress, _bf16_compress, _magnitude_at_least,
+          _add_max_abs, _dither, _undither)
+_compiled: dict[str, Any] = {}
+_compiling = threading.Lock()
+
+
+def _loop(name: str) -> Any:
+    """The compiled loop ``name``; the first call in a process imports Numba and compiles every loop (cached on disk)."""
+    loop = _compiled.get(name)
+    if loop is None:
+        with _compiling:
+            if not _compiled:
+                import numba  # optional and slow to import: only where a value is compressed
+
+                jit = numba.njit(cache=True, nogil=True)
+                _compiled.update({f.__name__: jit(f) for f in _LOOPS})
+        loop = _compiled[name]
+    return loop
 
 
 def scaled_sign_compress(r: np.ndarray[Any, Any], grad: np.ndarray[Any, Any], ef: bool) -> np.ndarray[Any, Any]:
     """``onebit``'s payload of ``r + grad`` (with ``ef``: ``r`` becomes that, then keeps the rest; else ``r`` is
     the values, read only): the scale (mean ``|value|``) then the sign bits."""
     n = r.size
-    scale = np.float32(_add_abs_sum(r, grad, ef) / n) if n else np.float32(0)
+    scale = np.float32(_loop("_add_abs_sum")(r, grad, ef) / n) if n else np.float32(0)
     payload = np.empty(4 + (n + 7) // 8, np.uint8)
     payload[:4] = np.array([scale], "<f4").view(np.uint8)
-    _scaled_sign(r, scale, ef, payload[4:])
+    _loop("_scaled_sign")(r, scale, ef, payload[4:])
     return payload
 
 
@@ -291,34 +296,34 @@ def f16_compress(r: np.ndarray[Any, Any], grad: np.ndarray[Any, Any], ef: bool, 
                  table: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """``fp16``'s codes of ``r + grad`` saturated at ``limit`` (``table``: float32 of every code, for the residual)."""
     out = np.empty(r.size, "<u2")
-    _f16_compress(r, grad, ef, limit, table, out)
+    _loop("_f16_compress")(r, grad, ef, limit, table, out)
     return out
 
 
 def bf16_compress(r: np.ndarray[Any, Any], grad: np.ndarray[Any, Any], ef: bool, limit: np.float32) -> np.ndarray[Any, Any]:
     """``bf16``'s codes of ``r + grad`` saturated at ``limit``."""
     out = np.empty(r.size, "<u2")
-    _bf16_compress(r, grad, ef, limit, out)
+    _loop("_bf16_compress")(r, grad, ef, limit, out)
     return out
 
 
 def magnitude_at_least(r: np.ndarray[Any, Any], floor: np.float32, out: np.ndarray[Any, Any]) -> int:
     """The indices of ``r`` with ``|r| >= floor``, in order, into ``out`` (as many as fit); their count."""
-    return int(_magnitude_at_least(r, floor, out))
+    return int(_loop("_magnitude_at_least")(r, floor, out))
 
 
 def add_max_abs(r: np.ndarray[Any, Any], grad: np.ndarray[Any, Any], ef: bool) -> np.float32:
     """With ``ef``, ``r += grad``; then the largest ``|r|`` (NaN if one is NaN): dithering's ``max`` norm."""
-    return np.float32(_add_max_abs(r, grad, ef))
+    return np.float32(_loop("_add_max_abs")(r, grad, ef))
 
 
 def dither(r: np.ndarray[Any, Any], ef: bool, norm: np.float32, s: int, bits: int,
            uniform: np.ndarray[Any, Any], out: np.ndarray[Any, Any]) -> None:
     """Dithering's codes of ``r`` into ``out`` (with ``ef``, ``r`` keeps the rest): see :mod:`.sparsify`."""
-    _dither(r, ef, norm, s, bits, uniform, out)
+    _loop("_dither")(r, ef, norm, s, bits, uniform, out)
 
 
 def undither(data: np.ndarray[Any, Any], n: int, s: int, bits: int, norm: np.float32) -> np.ndarray[Any, Any] | None:
     """The ``n`` values of dithering codes ``data`` (after the norm), or None if a level is above ``s``."""
     out = np.empty(n, np.float32)
-    return out if _undither(data, n, s, bits, norm, out) else None
+    return out if _loop("_undither")(data, n, s, bits, norm, out) else None
