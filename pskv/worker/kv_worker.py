@@ -59,6 +59,7 @@ __all__ = ["BIG_CALL_BYTES", "Exchange", "KVWorker"]
 #: results flow back while the pushed pieces are still on the wire.
 BIG_CALL_BYTES = 1 << 20
 
+
 class Exchange:
     """The messages of one call: per message the parts it carries and its pending reply.
 
@@ -95,8 +96,7 @@ class KVWorker:
         self._shared = SharedParts((), False)
         # With PSKV_SERVER_RECOVERY every push since the newest checkpoint is kept (copied).
         self._replay = ReplayLog() if cluster.server_recovery else None
-        # A weak reference: a bound method would make worker and client a reference cycle
-        # (the push log's copies would then live until the garbage collector runs).
+        # weak: a bound method would make worker and client a cycle (the push log's copies kept until a gc run)
         recover = weakref.WeakMethod(self._recover_server)
 
         def on_server_replaced(server: int) -> None:

@@ -43,8 +43,9 @@ WORKER = """
 import logging, os, sys
 import pskv
 kv = pskv.create("dist_sync")
-print(f"rank {kv.rank} here")
+print(f"rank {kv.rank} here", flush=True)
 logging.getLogger("pskv.dist").warning("rank %d ready", kv.rank)  # as pskv's own records are shown
+kv.barrier()  # both wrote their lines before worker 1 fails (else the job may stop worker 0 before it did)
 if kv.rank == 1:
     for i in range(30):
         print(f"line {i}")
