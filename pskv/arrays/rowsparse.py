@@ -19,7 +19,7 @@ use it). Like the rest of :mod:`pskv.arrays`, nothing here imports torch.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -28,7 +28,7 @@ from pskv.arrays.backend import describe, is_torch, to_numpy
 from pskv.arrays.dtypes import NUMPY_NAMES, SUPPORTED_DTYPES, numpy_dtype
 from pskv.errors import InvalidArgumentError, InvalidTypeError, UnsupportedValueError
 
-__all__ = ["RowSparse", "is_row_sparse", "is_torch_sparse", "coo_parts", "canonical_rows"]
+__all__ = ["RowSparse", "any_row_sparse", "is_row_sparse", "is_torch_sparse", "coo_parts", "canonical_rows"]
 
 #: Above this many elements a shape cannot be a real array (int64 byte counts would overflow).
 MAX_ELEMENTS = 1 << 60
@@ -48,6 +48,15 @@ def is_row_sparse(x: object) -> bool:
     if type(x) is np.ndarray:
         return False
     return isinstance(x, RowSparse) or is_torch_sparse(x)
+
+
+def any_row_sparse(values: Iterable[object]) -> bool:
+    """True if one of ``values`` is row-sparse: the per-call question of every store's hot path, so
+    NumPy arrays are passed over by their type, without a call."""
+    for x in values:
+        if type(x) is not np.ndarray and (isinstance(x, RowSparse) or is_torch_sparse(x)):
+            return True
+    return False
 
 
 def _check_shape(shape: object) -> tuple[int, ...]:

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from pskv.arrays import ArrayMeta, CpuKernels, describe, empty, is_torch, to_numpy
-from pskv.arrays.rowsparse import RowSparse, is_row_sparse
+from pskv.arrays.rowsparse import RowSparse, any_row_sparse, is_row_sparse
 from pskv.arrays.tables import TableInit
 from pskv.errors import NotSupportedError
 from pskv.kvstore.engine import Deferred
@@ -141,7 +141,7 @@ def fill_all(out: Any, value: Any) -> None:
 def densified(values: Sequence[Any]) -> list[Any]:
     """``values`` with row-sparse ones made dense (a push of them to a dense key: summed like dense ones);
     ``values`` itself when none is (every dense push asks)."""
-    if not any(map(is_row_sparse, values)):
+    if not any_row_sparse(values):
         return values if isinstance(values, list) else list(values)
     out = []
     for v in values:

@@ -134,6 +134,8 @@ def merge_repeats(pairs: Sequence[tuple[Key, list[Any]]]) -> list[tuple[Key, lis
     A key listed twice in a push or pushpull contributes all its values (summed), and a
     result goes to every out given for it.
     """
+    if len(pairs) == 1:  # one key: nothing to merge (and no copy of its list)
+        return list(pairs)
     merged: dict[Key, list[Any]] = {}
     for k, arrays in pairs:
         merged.setdefault(k, []).extend(arrays)

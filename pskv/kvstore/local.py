@@ -34,7 +34,7 @@ from pskv.arrays import (
     signature,
     sum_into_many,
 )
-from pskv.arrays.rowsparse import RowSparse, is_row_sparse
+from pskv.arrays.rowsparse import RowSparse, any_row_sparse, is_row_sparse
 from pskv.config import Config
 from pskv.errors import (
     DuplicateKeyError,
@@ -270,7 +270,7 @@ class LocalStore(StoreFrontEnd[_Entry]):
         for _, entry, _ in pairs:
             if entry.merge is None:
                 entry.merge = empty(entry.meta)
-        sparse = [any(map(is_row_sparse, vals)) for _, _, vals in pairs]
+        sparse = [any_row_sparse(vals) for _, _, vals in pairs]
         sum_into_many([(entry.merge, vals) for (_, entry, vals), s in zip(pairs, sparse) if not s], self._kernels)
         rows = [merge_into(entry.merge, vals, self._kernels) if s else None for (_, entry, vals), s in zip(pairs, sparse)]
         return [entry.merge for _, entry, _ in pairs], rows
@@ -322,7 +322,7 @@ class LocalStore(StoreFrontEnd[_Entry]):
         for (k, outs), entry in zip(pairs, entries):
             self._check_like(k, entry, outs, "pull", casts=True)
         if ignore_sparse:
-            skipped = [k for k, outs in pairs if any(is_row_sparse(o) for o in outs)]
+            skipped = [k for k, outs in pairs if any_row_sparse(outs)]
             if skipped:
                 warnings.warn(f"pull skipped the row-sparse outs of keys {skipped!r} (ignore_sparse=True, as MXNet); "
                               "use row_sparse_pull, or pull(..., ignore_sparse=False)", UserWarning, stacklevel=2)
@@ -338,9 +338,14 @@ class LocalStore(StoreFrontEnd[_Entry]):
         same: list[tuple[list[Any], Any]] = []
         rest: list[tuple[Any, _Entry]] = []
         for outs, entry in targets:
-            plain = [o for o in outs if not is_row_sparse(o) and signature(o)[1] == entry.meta.dtype]
+            dtype = entry.meta.dtype
+            plain = []
+            for o in outs:
+                if (type(o) is np.ndarray or not is_row_sparse(o)) and signature(o)[1] == dtype:
+                    plain.append(o)
+                else:
+                    rest.append((o, entry))
             same.append((plain, entry.value))
-            rest.extend((o, entry) for o in outs if not any(o is p for p in plain))
         fan_out_many(same, self._kernels)
         for o, entry in rest:
             if is_row_sparse(o):
@@ -371,7 +376,7 @@ class LocalStore(StoreFrontEnd[_Entry]):
         else:
             targets = [(entry, outs) for _, entry, outs in self._out_targets(key, out, "pushpull")]
         for (k, _, vals), (_, outs) in zip(pairs, targets):
-            if any(map(is_row_sparse, vals)) or any(map(is_row_sparse, outs)):
+            if any_row_sparse(vals) or any_row_sparse(outs):
                 raise NotSupportedError(f"pushpull of key {k!r} got a row-sparse value or out; push it, then "
                                         "pull or row_sparse_pull")
 

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from pskv.arrays import ArrayMeta, CpuKernels, describe, is_torch, sum_into, sum_into_many, to_numpy, torch_dtype
-from pskv.arrays.rowsparse import RowSparse, coo_parts, is_row_sparse
+from pskv.arrays.rowsparse import RowSparse, any_row_sparse, coo_parts, is_row_sparse
 
 __all__ = ["sparse_parts", "value_device", "merge_into", "merge_rows", "add_present", "replace_rows", "nonzero_rows", "gather_rows",
            "scatter_rows", "zero_rows", "cast_copy", "fill_sparse_out", "as_sparse_like", "RowKey", "sparse_meta",
@@ -238,13 +238,15 @@ def store_pushes(stored: Sequence[tuple[Any, RowKey, list[Any]]], kernels: CpuKe
     """Store each key's pushed values without an updater: dense ones summed into the table in one batch
     (a row-sparse key then has every row), row-sparse ones by row — on a row-sparse key they replace
     the rows present before (:func:`replace_rows`), on a dense key they are added (:func:`merge_into`)."""
-    sparse = [any(map(is_row_sparse, vals)) for _, _, vals in stored]
-    plain = [(key, vals) for (_, key, vals), has_rows in zip(stored, sparse) if not has_rows]
+    sparse = [any_row_sparse(vals) for _, _, vals in stored]
+    dense = not any(sparse)  # the common case: every push dense
+    plain = [(key, vals) for _, key, vals in stored] if dense else \
+        [(key, vals) for (_, key, vals), has_rows in zip(stored, sparse) if not has_rows]
     sum_into_many([(key.value, vals) for key, vals in plain], kernels)
     for key, _ in plain:
         if key.rows is not None:
             key.rows = all_rows(key)
-    if not any(sparse):
+    if dense:
         return
     for (_, key, vals), has_rows in zip(stored, sparse):
         if not has_rows:
