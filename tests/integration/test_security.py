@@ -27,6 +27,7 @@ import socket
 import struct
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -366,6 +367,18 @@ def tcp_streams(capture: bytes) -> dict[tuple[int, int], bytes]:
     return {k: b"".join(v[s] for s in sorted(v)) for k, v in segments.items()}
 
 
+def captured_streams(capture_file: Path, listening: set[int], want: int = 3, limit: float = 20.0) -> list[tuple[int, str]]:
+    """The captured TCP streams to the ``listening`` ports once ``want`` of them are in the file (the capture
+    process writes what it reads; on a loaded machine it may still be behind the job), or those there at ``limit``."""
+    deadline = time.monotonic() + limit
+    while True:
+        streams = [(dst, data.hex()) for (_, dst), data in tcp_streams(capture_file.read_bytes()).items()
+                   if dst in listening]
+        if len(streams) >= want or time.monotonic() > deadline:
+            return streams
+        time.sleep(0.1)
+
+
 def captured_job(ns: Namespace, tmp_path: Path, worker_script: Path, options: list[str],
                  replay: bool) -> tuple[int, str, bytes]:
     """Run a job inside ``ns`` while capturing its loopback; optionally replay its client streams.
@@ -382,8 +395,7 @@ def captured_job(ns: Namespace, tmp_path: Path, worker_script: Path, options: li
         if replay:
             ports = json.loads(line_value(job.output(), "addresses"))
             listening = {int(ports["scheduler"].rsplit(":", 1)[1]), int(ports["server"].rsplit(":", 1)[1])}
-            streams = [(dst, data.hex()) for (src, dst), data in tcp_streams(capture_file.read_bytes()).items()
-                       if dst in listening]
+            streams = captured_streams(capture_file, listening)
             assert len(streams) >= 3, streams  # to the scheduler, and the worker's two sockets to the server
             (tmp_path / "streams.json").write_text(json.dumps(streams))
             (tmp_path / "replay.py").write_text(REPLAY)
