@@ -121,7 +121,6 @@ class ServerShard:
         # without them until every worker has joined.
         self.joined: set[int] = set()
         self._pieces: dict[int, list[Part]] = {}  # key -> its parts here, by offset (one slice, maybe cut)
-        self._scratch_buffers: dict[tuple[int, np.dtype[Any]], np.ndarray[Any, Any]] = {}  # _update_pieces
         self.observer = observer or ShardObserver()
 
     def _full(self, part: Part) -> bool:
@@ -512,23 +511,13 @@ class ServerShard:
     def _update_pieces(self, pieces: list[Part]) -> None:
         """One updater call over the slice ``pieces`` make up (in offset order), written back into them."""
         assert self.updater is not None
-        size = sum(p.value.size for p in pieces)
-        merged = np.concatenate([p.merge for p in pieces if p.merge is not None], out=self._scratch(0, size, pieces[0]))
-        value = np.concatenate([p.value for p in pieces], out=self._scratch(1, size, pieces[0]))
+        merged = np.concatenate([p.merge for p in pieces if p.merge is not None])
+        value = np.concatenate([p.value for p in pieces])
         self.observer.applied(pieces[0], self.updater, pieces[0].key, merged, value)
         at = 0
         for p in pieces:
             np.copyto(p.value, value[at: at + p.value.size])
             at += p.value.size
-
-    def _scratch(self, which: int, size: int, part: Part) -> np.ndarray[Any, Any]:
-        """Buffer ``which`` (0: the merges, 1: the values) of ``size`` elements of ``part``'s dtype for a slice's
-        update: kept and reused, so a step does not allocate (and fault in) two copies of every cut slice."""
-        dtype = part.value.dtype
-        buf = self._scratch_buffers.get((which, dtype))
-        if buf is None or buf.size < size:
-            buf = self._scratch_buffers[(which, dtype)] = np.empty(size, dtype)
-        return buf[:size]
 
     # -- pull -------------------------------------------------------------------------
     def pull(self, part: Part, min_round: int, ready: Callable[[Part], None],
