@@ -38,6 +38,8 @@ def check_priority(priority: object) -> int:
     Raises:
         InvalidTypeError: it is not an int (bool is refused).
     """
+    if type(priority) is int:  # every call asks
+        return priority
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise InvalidTypeError(f"priority must be an int, got {type(priority).__qualname__}")
     return priority

@@ -236,9 +236,12 @@ class StoreFrontEnd(KVStoreBase, Generic[R]):
         """
         keys, single = self._key_list(key)
         out = []
+        lookup = self._lookup  # every push comes here: the lookup and the check without their wrappers
         for k, vals in merge_repeats(pair_up(keys, single, value, "value", self._sparse_refusal)):
-            rec = self._record(k, op)
-            self._check_like(k, rec, vals, op)
+            rec = lookup(k)
+            if rec is None:
+                raise UnknownKeyError(k, op)
+            check_like(k, rec.meta, vals, op)
             out.append((k, rec, vals))
         return out
 
@@ -246,9 +249,12 @@ class StoreFrontEnd(KVStoreBase, Generic[R]):
         """``(key, record, outs)`` per listed key, the outs checked against the record (pull, pushpull)."""
         keys, single = self._key_list(key)
         targets = []
+        lookup = self._lookup
         for k, outs in pair_up(keys, single, out, "out", self._sparse_refusal):
-            rec = self._record(k, op)
-            self._check_like(k, rec, outs, op, self._casts_outs)
+            rec = lookup(k)
+            if rec is None:
+                raise UnknownKeyError(k, op)
+            check_like(k, rec.meta, outs, op, self._casts_outs)
             targets.append((k, rec, outs))
         return targets
 
@@ -256,7 +262,8 @@ class StoreFrontEnd(KVStoreBase, Generic[R]):
     def _submit(self, op: str, keys: Sequence[Key], priority: int, fn: Callable[[], Any], block: bool,
                 timeout: float | None, quick: bool = False) -> Any:
         """Run ``fn`` under the engine (per-key order, priority); a handle when not ``block``."""
-        return self._engine.submit(op, keys, check_priority(priority), fn, block, self._timeout(timeout), quick)
+        limit = self._default_timeout if timeout is None else timeout
+        return self._engine.submit(op, keys, check_priority(priority), fn, block, limit, quick)
 
     def wait(self, keys: Any = None, timeout: float | None = None) -> None:
         """Wait for outstanding operations (on ``keys``, if given).
