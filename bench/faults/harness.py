@@ -85,6 +85,16 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def _descendants(pid: int, depth: int) -> list[int]:
+    """Children, grandchildren, ... of ``pid`` down to ``depth`` generations (nearest first)."""
+    found: list[int] = []
+    generation = [pid]
+    for _ in range(depth):
+        generation = [c for p in generation for c in _children(p)]
+        found += generation
+    return found
+
+
 def _environ(pid: int) -> dict[str, str]:
     try:
         with open(f"/proc/{pid}/environ", "rb") as f:
@@ -161,8 +171,8 @@ class Launch:
         self.seen: set[int] = set()
 
     def child(self, role: str, rank: int | None = None) -> int:
-        """The pid of the launcher's (current) child of that role and rank."""
-        for pid in _children(self.proc.pid):
+        """The pid of the launcher's (current) process of that role and rank: a grandchild, below its guard."""
+        for pid in _descendants(self.proc.pid, 3):
             env = _environ(pid)
             self.seen.add(pid)
             if env.get("DMLC_ROLE") != role:
@@ -177,7 +187,7 @@ class Launch:
     def reap(self) -> None:
         """SIGTERM to the launcher (it stops its job); its children by their sessions if it does not end in 15 s."""
         if self.proc.poll() is None:
-            kids = _children(self.proc.pid) + list(self.seen)
+            kids = _descendants(self.proc.pid, 3) + list(self.seen)
             self.proc.signal(signal.SIGTERM)
             if self.proc.wait(15) is None:
                 for pid in kids:

@@ -153,7 +153,7 @@ def trial_restart(tmp: Path, kill_after_step: int | None) -> dict[str, Any]:
             t0 = send_signal(launch.child("server", 0), signal.SIGKILL)
             steps_before = {w: max([e["step"] for e in p.events(f"[worker {w}]") if e["ev"] == "step"], default=-1)
                             for w in (0, 1)}
-            root = p.find(lambda s: s.startswith("pskv launch: "), 30)
+            root = p.find(lambda s: s.startswith("pskv launch: server 0 "), 30)
             restart = p.find(lambda s: "restarting the job" in s, 30)
             resumed = p.find(lambda s: "resumed at step" in s, 90)
             result["root_cause"] = root[1] if root else None
