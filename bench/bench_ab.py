@@ -13,8 +13,10 @@ only its commit's pskv and times, on a ``local`` store with one 4 KB float32 key
 * ``push_pull``: ``kv.push(0, values)`` then ``kv.pull(0, out=out)``, ms per iteration;
 * ``pushpull``: ``kv.pushpull(0, values, out=out)``, ms per iteration.
 
-Every child checks the pulled sum once. Per commit and call the median over the pairs is reported, with the
-range, and the ratio ``B / A`` of the medians (``<= 1``: B no slower); the raw samples, both commits and the
+Every child checks the pulled sum once, and counts per call the bytecodes run, the Python calls and the C
+calls (``sys.settrace`` / ``sys.setprofile`` over 50 calls after the timing): a deterministic measure of
+the work a call does, for a machine too noisy for the times alone. Per commit and call the median time over
+the pairs is reported, with the range, and the ratio ``B / A`` of the medians (``<= 1``: B no slower); the raw samples, both commits and the
 machine go to ``--json`` (default ``bench/results/ab_local.json``). This is the local half of the A/B; the
 ``dist_sync`` half with SGD on the servers is ``bench/bench_dist.py --only 4kb,resnet50_sgd --pskv-commit
 REV`` run for both commits in one session (docs/benchmarks.md, *Hot path A/B*).
@@ -70,6 +72,37 @@ for name, call in (("push_pull", push_pull), ("pushpull", pushpull)):
         samples.append((time.perf_counter() - start) / iters * 1e3)
     assert (out == 10).all(), out[:4]
     result[name] = min(samples)
+
+
+def counted(call, n=50):
+    # bytecodes, Python calls and C calls per call: deterministic, unlike the times on a shared machine
+    counts = {"bytecodes": 0, "py_calls": 0, "c_calls": 0}
+
+    def per_op(frame, event, arg):
+        if event == "opcode":
+            counts["bytecodes"] += 1
+        return per_op
+
+    def on_call(frame, event, arg):
+        frame.f_trace_opcodes = True
+        return per_op
+
+    def on_profile(frame, event, arg):
+        if event == "call":
+            counts["py_calls"] += 1
+        elif event == "c_call":
+            counts["c_calls"] += 1
+
+    sys.settrace(on_call)
+    sys.setprofile(on_profile)
+    for _ in range(n):
+        call()
+    sys.settrace(None)
+    sys.setprofile(None)
+    return {k: v / n for k, v in counts.items()}
+
+
+result["counts"] = {"push_pull": counted(push_pull), "pushpull": counted(pushpull)}
 kv.close()
 result["pskv_file"] = pskv.__file__
 print(json.dumps(result))
@@ -95,7 +128,7 @@ def child(src: Path, iters: int) -> dict[str, float]:
     where = Path(result.pop("pskv_file")).resolve()
     if not where.is_relative_to(src.resolve()):
         raise RuntimeError(f"child imported {where}, not the pskv under {src}")
-    return {k: float(v) for k, v in result.items()}
+    return result
 
 
 def summary(samples: list[float]) -> dict[str, float]:
@@ -114,19 +147,25 @@ def main(argv: list[str] | None = None) -> int:
         src_a, commit_a = export(args.a, Path(tmp) / "a")
         src_b, commit_b = export(args.b, Path(tmp) / "b")
         raw: dict[str, dict[str, list[float]]] = {"a": {c: [] for c in CALLS}, "b": {c: [] for c in CALLS}}
+        counts: dict[str, Any] = {}
         for i in range(args.pairs):
             order = (("a", src_a), ("b", src_b)) if i % 2 == 0 else (("b", src_b), ("a", src_a))
             for side, src in order:
-                for call, ms in child(src, args.iters).items():
-                    raw[side][call].append(ms)
+                result = child(src, args.iters)
+                counts[side] = result["counts"]  # the same in every run of a commit
+                for call in CALLS:
+                    raw[side][call].append(float(result[call]))
             print(f"pair {i + 1}/{args.pairs}: " + ", ".join(
                 f"{c} A {raw['a'][c][-1]:.4f} B {raw['b'][c][-1]:.4f} ms" for c in CALLS), file=sys.stderr)
     table: dict[str, Any] = {}
     for call in CALLS:
         a, b = summary(raw["a"][call]), summary(raw["b"][call])
-        table[call] = {"a_ms": a, "b_ms": b, "ratio_b_over_a": b["median"] / a["median"]}
+        table[call] = {"a_ms": a, "b_ms": b, "ratio_b_over_a": b["median"] / a["median"],
+                       "a_counts": counts["a"][call], "b_counts": counts["b"][call]}
         print(f"{call:10s} A {a['median']:.4f} ms [{a['min']:.4f}-{a['max']:.4f}]  "
               f"B {b['median']:.4f} ms [{b['min']:.4f}-{b['max']:.4f}]  B/A {b['median'] / a['median']:.3f}")
+        print("           per call, A -> B: " + ", ".join(
+            f"{k} {counts['a'][call][k]:g} -> {counts['b'][call][k]:g}" for k in counts["a"][call]))
     doc = {"a": {"rev": args.a, "commit": commit_a}, "b": {"rev": args.b, "commit": commit_b},
            "pairs": args.pairs, "iters": args.iters, "store": "local", "key_bytes": 4096, "values": 4,
            "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},

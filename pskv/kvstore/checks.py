@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from pskv.arrays import ArrayMeta, is_float, signature
+from pskv.arrays.dtypes import NUMPY_NAMES
 from pskv.arrays.rowsparse import RowSparse
 from pskv.errors import DTypeMismatchError, InvalidTypeError, ShapeMismatchError
 
@@ -25,7 +28,12 @@ def check_like(key: Any, meta: ArrayMeta, arrays: Sequence[Any], op: str, casts:
         UnsupportedValueError: an array is not a supported NumPy array or tensor.
     """
     for a in arrays:
-        shape, dtype = (a.shape, a.dtype) if isinstance(a, RowSparse) else signature(a)
+        if type(a) is np.ndarray:  # the common case: no call (an unsupported dtype goes to signature's error)
+            shape, dtype = a.shape, NUMPY_NAMES.get(a.dtype)
+            if dtype is None:
+                shape, dtype = signature(a)
+        else:
+            shape, dtype = (a.shape, a.dtype) if isinstance(a, RowSparse) else signature(a)
         if shape != meta.shape:
             raise ShapeMismatchError(key, op, meta.shape, shape)
         if dtype != meta.dtype and not (casts and is_float(dtype) and is_float(meta.dtype)):

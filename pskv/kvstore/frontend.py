@@ -228,16 +228,22 @@ class StoreFrontEnd(KVStoreBase, Generic[R]):
             staged.append((k, vals[0]))
         return keys, staged
 
-    def _push_pairs(self, key: Any, value: Any, op: str) -> list[tuple[Key, R, list[Any]]]:
+    def _push_pairs(self, key: Any, value: Any, op: str, listed: tuple[list[Key], bool] | None = None,
+                    refusal: str | None = None) -> list[tuple[Key, R, list[Any]]]:
         """``(key, record, values)`` per distinct key; a key listed twice gets all its values (summed).
+
+        ``listed``: ``key`` as :meth:`_key_list` gave it already; ``refusal``: why this call
+        refuses row-sparse values (default: the store's :attr:`_sparse_refusal`).
 
         Raises:
             UnknownKeyError, ShapeMismatchError, DTypeMismatchError: before anything runs.
         """
-        keys, single = self._key_list(key)
+        keys, single = self._key_list(key) if listed is None else listed
         out = []
         lookup = self._lookup  # every push comes here: the lookup and the check without their wrappers
-        for k, vals in merge_repeats(pair_up(keys, single, value, "value", self._sparse_refusal)):
+        refused = self._sparse_refusal if refusal is None else refusal
+        pairs = pair_up(keys, single, value, "value", refused)
+        for k, vals in (pairs if single else merge_repeats(pairs)):
             rec = lookup(k)
             if rec is None:
                 raise UnknownKeyError(k, op)
@@ -245,12 +251,14 @@ class StoreFrontEnd(KVStoreBase, Generic[R]):
             out.append((k, rec, vals))
         return out
 
-    def _out_targets(self, key: Any, out: Any, op: str) -> list[tuple[Key, R, list[Any]]]:
-        """``(key, record, outs)`` per listed key, the outs checked against the record (pull, pushpull)."""
-        keys, single = self._key_list(key)
+    def _out_targets(self, key: Any, out: Any, op: str, listed: tuple[list[Key], bool] | None = None,
+                     refusal: str | None = None) -> list[tuple[Key, R, list[Any]]]:
+        """``(key, record, outs)`` per listed key, the outs checked against the record (pull, pushpull);
+        ``listed`` and ``refusal`` as :meth:`_push_pairs`'."""
+        keys, single = self._key_list(key) if listed is None else listed
         targets = []
         lookup = self._lookup
-        for k, outs in pair_up(keys, single, out, "out", self._sparse_refusal):
+        for k, outs in pair_up(keys, single, out, "out", self._sparse_refusal if refusal is None else refusal):
             rec = lookup(k)
             if rec is None:
                 raise UnknownKeyError(k, op)

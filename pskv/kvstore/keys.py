@@ -24,11 +24,13 @@ from pskv.errors import InvalidArgumentError, KeyTypeError, NotSupportedError, U
 from pskv.partition import Key
 
 __all__ = ["Array", "Key", "KeyKind", "Keys", "Outs", "Values", "as_key", "as_key_list", "merge_repeats", "pair_up",
-           "SERVERS_DENSE"]
+           "PUSHPULL_DENSE", "SERVERS_DENSE"]
 
 #: Why a store without row-sparse support refuses a row-sparse value (``byteps``: an all-reduce of dense values).
 SERVERS_DENSE = ("this store takes dense values only (the local, device and dist_* stores take row-sparse "
                  "values)")
+#: Why pushpull refuses a row-sparse value or out on the stores that take them elsewhere.
+PUSHPULL_DENSE = "pushpull takes dense values and outs; push it, then pull or row_sparse_pull"
 
 #: One key or a list of keys (MXNet's forms).
 Keys: TypeAlias = Key | Sequence[Key]
@@ -58,6 +60,9 @@ def as_key_list(key: object) -> tuple[list[Key], bool]:
         KeyTypeError: an element is not a valid key, or int and str keys are mixed.
         InvalidArgumentError: an empty key list.
     """
+    kind = type(key)
+    if kind is int or kind is str:  # the common case first: every keyed call comes here
+        return [key], True  # type: ignore[list-item]
     if isinstance(key, (list, tuple)):
         keys = [as_key(k) for k in key]
         if not keys:
@@ -75,28 +80,36 @@ def _refuse_sparse(key: Key, value: object, what: str, refusal: str | None) -> N
 
 
 def _array_list(key: Key, value: object, what: str, refusal: str | None) -> list[Any]:
-    if type(value) is np.ndarray:  # the common case first: every call of every store comes here
+    kind = type(value)
+    if kind is np.ndarray:  # the common cases first: every call of every store comes here
         return [value]
+    if kind is list or kind is tuple:
+        return _checked_list(key, value, what, refusal)  # type: ignore[arg-type]
     if is_array(value) or is_row_sparse(value):
         _refuse_sparse(key, value, what, refusal)
         return [value]
     if isinstance(value, (list, tuple)):
-        if not value:
-            raise InvalidArgumentError(f"empty {what} list for key {key!r}")
-        for v in value:
-            if type(v) is np.ndarray:
-                continue
-            _refuse_sparse(key, v, what, refusal)
-            if not is_array(v) and not is_row_sparse(v):
-                raise UnsupportedValueError(
-                    f"{what} for key {key!r} must be numpy.ndarray or torch.Tensor, "
-                    f"got {type(v).__module__}.{type(v).__qualname__}"
-                )
-        return list(value)
+        return _checked_list(key, value, what, refusal)
     raise UnsupportedValueError(
         f"{what} for key {key!r} must be an array or a list of arrays, "
         f"got {type(value).__module__}.{type(value).__qualname__}"
     )
+
+
+def _checked_list(key: Key, value: list[Any] | tuple[Any, ...], what: str, refusal: str | None) -> list[Any]:
+    """``value``'s arrays (one per device) as a new list, each checked."""
+    if not value:
+        raise InvalidArgumentError(f"empty {what} list for key {key!r}")
+    for v in value:
+        if type(v) is np.ndarray:
+            continue
+        _refuse_sparse(key, v, what, refusal)
+        if not is_array(v) and not is_row_sparse(v):
+            raise UnsupportedValueError(
+                f"{what} for key {key!r} must be numpy.ndarray or torch.Tensor, "
+                f"got {type(v).__module__}.{type(v).__qualname__}"
+            )
+    return list(value)
 
 
 def pair_up(keys: Sequence[Key], single: bool, values: object, what: str,

@@ -34,17 +34,17 @@ from pskv.arrays import (
     signature,
     sum_into_many,
 )
+from pskv.arrays.dtypes import NUMPY_NAMES
 from pskv.arrays.rowsparse import RowSparse, any_row_sparse, is_row_sparse
 from pskv.config import Config
 from pskv.errors import (
     DuplicateKeyError,
     InvalidArgumentError,
     InvalidTypeError,
-    NotSupportedError,
     OptimizerStateError,
 )
 from pskv.kvstore.frontend import StoreFrontEnd
-from pskv.kvstore.keys import Key, pair_up
+from pskv.kvstore.keys import PUSHPULL_DENSE, Key, pair_up
 from pskv.kvstore.local_rows import (
     add_present,
     all_rows,
@@ -341,7 +341,8 @@ class LocalStore(StoreFrontEnd[_Entry]):
             dtype = entry.meta.dtype
             plain = []
             for o in outs:
-                if (type(o) is np.ndarray or not is_row_sparse(o)) and signature(o)[1] == dtype:
+                if (NUMPY_NAMES.get(o.dtype) == dtype if type(o) is np.ndarray  # the common case: no call
+                        else not is_row_sparse(o) and signature(o)[1] == dtype):
                     plain.append(o)
                 else:
                     rest.append((o, entry))
@@ -369,16 +370,14 @@ class LocalStore(StoreFrontEnd[_Entry]):
         Errors are those of :meth:`push` and :meth:`pull`; nothing changes on error.
         """
         self._check_open("pushpull")
-        pairs = self._push_pairs(key, value, "pushpull")
+        listed = self._key_list(key)
+        pairs = self._push_pairs(key, value, "pushpull", listed, PUSHPULL_DENSE)
         self._check_compressible(pairs, "pushpull")
         if out is None:
             targets = [(entry, vals) for _, entry, vals in pairs]
         else:
-            targets = [(entry, outs) for _, entry, outs in self._out_targets(key, out, "pushpull")]
-        for (k, _, vals), (_, outs) in zip(pairs, targets):
-            if any_row_sparse(vals) or any_row_sparse(outs):
-                raise NotSupportedError(f"pushpull of key {k!r} got a row-sparse value or out; push it, then "
-                                        "pull or row_sparse_pull")
+            targets = [(entry, outs) for _, entry, outs in self._out_targets(key, out, "pushpull", listed,
+                                                                               PUSHPULL_DENSE)]
 
         def run() -> None:
             self._apply_pushes(pairs)

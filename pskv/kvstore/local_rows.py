@@ -238,19 +238,15 @@ def store_pushes(stored: Sequence[tuple[Any, RowKey, list[Any]]], kernels: CpuKe
     """Store each key's pushed values without an updater: dense ones summed into the table in one batch
     (a row-sparse key then has every row), row-sparse ones by row — on a row-sparse key they replace
     the rows present before (:func:`replace_rows`), on a dense key they are added (:func:`merge_into`)."""
-    sparse = [any_row_sparse(vals) for _, _, vals in stored]
-    dense = not any(sparse)  # the common case: every push dense
-    plain = [(key, vals) for _, key, vals in stored] if dense else \
-        [(key, vals) for (_, key, vals), has_rows in zip(stored, sparse) if not has_rows]
-    sum_into_many([(key.value, vals) for key, vals in plain], kernels)
-    for key, _ in plain:
+    plain: list[tuple[Any, RowKey, list[Any]]] = []
+    sparse: list[tuple[Any, RowKey, list[Any]]] = []
+    for one in stored:  # the common case: every push dense
+        (sparse if any_row_sparse(one[2]) else plain).append(one)
+    sum_into_many([(key.value, vals) for _, key, vals in plain], kernels)
+    for _, key, _ in plain:
         if key.rows is not None:
             key.rows = all_rows(key)
-    if dense:
-        return
-    for (_, key, vals), has_rows in zip(stored, sparse):
-        if not has_rows:
-            continue
+    for _, key, vals in sparse:
         if key.rows is not None and all(map(is_row_sparse, vals)):
             key.rows = replace_rows(key.value, key.rows, vals)  # only rows present before or after
         else:

@@ -123,7 +123,10 @@ def test_tee_passes_output_on_live_with_carriage_return_updates_prefixed(tag, tm
                 if b"\r[worker 0] steps:  50%" in out:  # the first update came while the worker waits
                     go.touch()
         assert go.exists(), out
-        assert proc.wait(JOB_DEADLINE) == 0, out
+        if proc.wait(JOB_DEADLINE) != 0:  # the whole story: pytest would cut a long bytes repr short
+            logs = "".join(f"\n--- {p.name}:\n{p.read_text(errors='replace')}"
+                           for p in sorted((tmp_path / "logs").glob("*.log")))
+            pytest.fail(f"launcher exited {proc.returncode}:\n{out.decode(errors='replace')}{logs}", pytrace=False)
     finally:
         kill_launcher(proc)
         proc.stdout.close()

@@ -423,8 +423,12 @@ def test_a_torch_sparse_push_with_rows_out_of_range_is_refused(make_store):
 def test_pushpull_and_broadcast_refuse_row_sparse_values(make_store):
     kv = make_store("local")
     kv.init("e", RowSparse.zeros(SHAPE))
-    with pytest.raises(pskv.NotSupportedError, match="pushpull of key 'e' got a row-sparse value"):
+    with pytest.raises(pskv.NotSupportedError, match="value for key 'e' is row-sparse: pushpull takes dense values"):
         kv.pushpull("e", rsp([0]))
+    kv.init("d", np.zeros(SHAPE, np.float32))
+    with pytest.raises(pskv.NotSupportedError, match="out for key 'd' is row-sparse: pushpull takes dense values"):
+        kv.pushpull("d", np.ones(SHAPE, np.float32), out=rsp([0]))
+    assert (kv.pull("d") == 0).all()  # nothing ran
     with pytest.raises(pskv.NotSupportedError, match="broadcast takes dense values"):
         kv.broadcast("f", rsp([0]))
 
