@@ -60,15 +60,13 @@ from pskv.arrays.dtypes import bf16_bits_to_f32, f32_to_bf16_bits
 from pskv.errors import DTypeMismatchError, DuplicateKeyError, InvalidArgumentError, ShapeMismatchError, UnknownKeyError
 from pskv.optimizer.base import UpdateFn
 from pskv.server import rows as sparse_rows
-from pskv.server.part import MAX_PUSHES_AHEAD, Part, PartId, PushLog, storage_dtype, to_storage
+from pskv.server.part import MAX_PUSHES_AHEAD, Allocator, KeySlice, Part, PartId, PushLog, storage_dtype, to_storage
 from pskv.server.rows import RowBatch
 
 # Part and its helpers live in pskv.server.part; they are named here too, where the server's modules look for them.
-__all__ = ["MAX_PUSHES_AHEAD", "OpenRound", "Part", "PushLog", "ServerShard", "ShardObserver", "PartId",
+__all__ = ["MAX_PUSHES_AHEAD", "Allocator", "OpenRound", "Part", "PushLog", "ServerShard", "ShardObserver", "PartId",
            "bf16_bits_to_f32", "f32_to_bf16_bits", "storage_dtype", "to_storage"]
 
-# allocate(key, offset, name, dtype, size) -> a shared 1-D array
-Allocator = Callable[[int, int, str, np.dtype[Any], int], np.ndarray[Any, Any]]
 T = TypeVar("T")
 
 
@@ -120,7 +118,7 @@ class ServerShard:
         # Workers that joined (ran out of data, see :meth:`join`): sync rounds complete
         # without them until every worker has joined.
         self.joined: set[int] = set()
-        self._pieces: dict[int, list[Part]] = {}  # key -> its parts here, by offset (one slice, maybe cut)
+        self._pieces: dict[int, KeySlice] = {}  # key -> its parts here, by offset (one slice, maybe cut)
         self.observer = observer or ShardObserver()
 
     def _full(self, part: Part) -> bool:
@@ -229,33 +227,25 @@ class ServerShard:
 
     def _create(self, key: int, offset: int, dtype: str, data: np.ndarray[Any, Any], summed: bool,
                 row_width: int = 0, own: bool = False) -> Part:
-        pid = (key, offset)
-        for other in self._pieces.get(key, ()):
-            if offset < other.offset + other.value.size and other.offset < offset + data.size:
-                raise InvalidArgumentError(
-                    f"key {key}: a part of elements [{offset}, {offset + data.size}) overlaps the part "
-                    f"[{other.offset}, {other.offset + other.value.size}) this server holds (a checkpoint made "
-                    "with another PSKV_PART_BYTES, MXNET_KVSTORE_BIGARRAY_BOUND or number of servers?)"
-                )
+        pieces = self._pieces.setdefault(key, KeySlice(key))
+        other = pieces.overlapping(offset, data.size)
+        if other is not None:
+            raise InvalidArgumentError(
+                f"key {key}: a part of elements [{offset}, {offset + data.size}) overlaps the part "
+                f"[{other.offset}, {other.offset + other.value.size}) this server holds (a checkpoint made "
+                "with another PSKV_PART_BYTES, MXNET_KVSTORE_BIGARRAY_BOUND or number of servers?)"
+            )
         if self._allocate is not None and self.sync and dtype != "bfloat16" and not row_width:
             # shared buffers: co-located workers push into their slot and read the value in place
-            dt = storage_dtype(dtype)
-            a = self._allocate(key, offset, "v0", dt, data.size)
-            b = self._allocate(key, offset, "v1", dt, data.size)
-            np.copyto(a, data)
-            part = Part(key, offset, dtype, a, buffers=(a, b))
-            part.slots = {w: self._allocate(key, offset, f"w{w}", dt, data.size) for w in self._workers}
+            part = pieces.shared_part(self._allocate, offset, dtype, data)
+            part.slots = {w: self._allocate(key, offset, f"w{w}", part.value.dtype, data.size) for w in self._workers}
             part.summed = summed
         else:  # ``own``: ``data`` is this server's (made for this part): kept, not copied (a drawn table's range)
             value = np.asarray(data, storage_dtype(dtype)) if own else np.array(data, storage_dtype(dtype), copy=True)
-            part = Part(key, offset, dtype, value, summed=summed)
-        if row_width:
-            part.row_width = row_width
-            part.first_row = offset // row_width
-        self.parts[pid] = part
-        pieces = self._pieces.setdefault(key, [])
-        pieces.append(part)
-        pieces.sort(key=lambda p: p.offset)
+            part = Part(key, offset, dtype, value, summed=summed, row_width=row_width,
+                        first_row=offset // row_width if row_width else 0)
+            pieces.add(part)
+        self.parts[(key, offset)] = part
         return part
 
     def part(self, key: int, offset: int, op: str) -> Part:
@@ -467,12 +457,12 @@ class ServerShard:
                 part.value, part.merge = part.merge, None  # the old value may be in flight
                 self._advance(part)
             else:
-                pieces = self._pieces[part.key]
+                pieces = self._pieces[part.key].pieces
                 if len(pieces) == 1:
                     self._update(part, part.merge)
                     self._advance(part)
                 elif all(p.merge is not None and p.pushed and self._full(p) for p in pieces):
-                    self._update_pieces(pieces)
+                    self._update_pieces(self._pieces[part.key])
                     for p in pieces:
                         if p is not part:
                             self._advance(p)
@@ -508,9 +498,16 @@ class ServerShard:
             if not queue:
                 del part.queued[worker]
 
-    def _update_pieces(self, pieces: list[Part]) -> None:
-        """One updater call over the slice ``pieces`` make up (in offset order), written back into them."""
+    def _update_pieces(self, key_slice: KeySlice) -> None:
+        """One updater call over the slice the pieces make up (in offset order): in place, on the one buffer
+        their values and merges are views of; else (:meth:`KeySlice.update_views`) over a concatenation,
+        written back into them."""
         assert self.updater is not None
+        pieces = key_slice.pieces
+        views = key_slice.update_views()
+        if views is not None:
+            self.observer.applied(pieces[0], self.updater, key_slice.key, *views)
+            return
         merged = np.concatenate([p.merge for p in pieces if p.merge is not None])
         value = np.concatenate([p.value for p in pieces])
         self.observer.applied(pieces[0], self.updater, pieces[0].key, merged, value)

@@ -2,10 +2,10 @@
 
 On one host, moving array bytes through sockets costs two kernel copies per transfer
 (and ZeroMQ's own machinery); a shared-memory buffer costs one ``memcpy``. A server
-creates, per key part, two value buffers and one push slot per worker as files in a
-directory under ``/dev/shm``; workers on the same host map them, write their pushes
-into their slot, and read results straight from the value buffer — messages then carry
-only a few bytes of header. Row-sparse keys, whose parts may be gigabytes, get no
+creates, per key, two value buffers (each part of the key at its offset in them) and,
+per part, one push slot per worker as files in a directory under ``/dev/shm``; workers
+on the same host map them, write their pushes into their slot, and read results
+straight from the value buffer — messages then carry only a few bytes of header. Row-sparse keys, whose parts may be gigabytes, get no
 per-part buffers: each worker has one bounded rows buffer per server instead
 (:func:`rows_buffer`, ``PSKV_SHM_ROWS_BYTES``), in which its messages' rows travel. The
 server removes its directory when it stops.
@@ -114,8 +114,13 @@ class ShmDirectory:
         return os.path.join(self.path, f"{key}_{offset}_{name}")
 
     def create(self, key: int, offset: int, name: str, dtype: np.dtype[Any], size: int) -> np.ndarray[Any, Any]:
-        """Create and map a buffer."""
-        return map_array(self.file(key, offset, name), dtype, size, create=True)
+        """Create and map a buffer; one made before is grown to ``size`` elements and mapped anew (its
+        contents kept, its earlier maps still valid: a key's values grow as its parts arrive)."""
+        path = self.file(key, offset, name)
+        if not os.path.exists(path):
+            return map_array(path, dtype, size, create=True)
+        os.truncate(path, max(os.path.getsize(path), size * dtype.itemsize))
+        return map_array(path, dtype, size)
 
     def remove(self) -> None:
         """Delete the directory and its files (mapped buffers stay valid until unmapped)."""

@@ -2,10 +2,11 @@
 
 A sync server on this host (``PSKV_SHM``) keeps each part of a key in shared memory:
 one push slot per worker and the part's two values (the round's result alternates
-between them). After ``init`` the worker maps them (:meth:`SharedParts.attach`); a push
-then copies the part into its slot (:func:`write_slots`) and the message only names it,
-and a pull's reply names which of the two values holds the result
-(:meth:`SharedParts.read`). A part that cannot be mapped (another mount namespace, a
+between them), which are places in the key's two value buffers on that server (each
+part at its offset in the key: the pieces of a cut slice are one buffer, updated in
+place). After ``init`` the worker maps them (:meth:`SharedParts.attach`); a push then
+copies the part into its slot (:func:`write_slots`) and the message only names it, and
+a pull's reply names which of the two values holds the result (:meth:`SharedParts.read`). A part that cannot be mapped (another mount namespace, a
 ``bfloat16`` value) goes over the socket instead.
 
 Row-sparse keys have no per-part buffers (a part may be gigabytes): this worker has one
@@ -81,15 +82,22 @@ class SharedParts:
             if rec.meta.dtype == "bfloat16":
                 continue
             dtype = numpy_dtype(rec.meta.dtype)
+            values: dict[int, tuple[np.ndarray[Any, Any], ...]] = {}  # server -> the key's two value buffers there
+            ends: dict[int, int] = {}  # server -> the end of the key's last part there: its value buffers' size
+            for server, offset, length in rec.parts:
+                ends[server] = max(ends.get(server, 0), offset + length)
             for i, (server, offset, length) in enumerate(rec.parts):
                 directory = self._dirs.get(server)
                 if directory is None:
                     continue
                 try:
+                    if server not in values:  # one pair per key and server, every part at its offset in the key
+                        values[server] = tuple(map_array(part_file(directory, rec.skey, 0, name), dtype, ends[server])
+                                               for name in ("v0", "v1"))
+                    v0, v1 = values[server]
                     rec.shm[i] = SharedPart(
                         map_array(part_file(directory, rec.skey, offset, f"w{node_id}"), dtype, length),
-                        (map_array(part_file(directory, rec.skey, offset, "v0"), dtype, length),
-                         map_array(part_file(directory, rec.skey, offset, "v1"), dtype, length)),
+                        (v0[offset: offset + length], v1[offset: offset + length]),
                     )
                 except OSError as exc:  # e.g. another mount namespace: use the socket path
                     log.info("worker %d: key %r uses sockets, not shared memory: %s", rank, rec.key, exc)

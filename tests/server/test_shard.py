@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -299,6 +301,80 @@ def test_the_pieces_of_a_key_are_updated_together_once_every_piece_is_full():
     assert calls == [(7, [2, 4, 6, 8])]
     assert (a.round, b.round) == (1, 1) and pulled == [[-2, -4]] and b.value.tolist() == [-6, -8]
     assert a.pushed == {9}  # the queued push opened round 2
+
+
+def _sgd_round(s, cuts, r):
+    """Round ``r`` of two workers' pushes to a slice of 10 elements held as pieces starting at ``cuts``: its value."""
+    ends = [*cuts[1:], 10]
+    for worker in (9, 11):
+        grad = np.arange(10, dtype=np.float32) * (r + 1) + worker
+        for lo, hi in zip(cuts, ends):
+            s.push(s.part(7, lo, "test"), worker, grad[lo:hi])
+    return np.concatenate([s.part(7, lo, "test").value for lo in cuts])
+
+
+def _sgd_rounds(allocate, cuts, rounds=3):
+    """The slice of :func:`_sgd_round`, SGD with momentum on the server: the value after each round, and the shard."""
+    from pskv.optimizer import SGD
+
+    s = ServerShard(2, True, allocate=allocate, workers=(9, 11))
+    start = np.linspace(-1, 1, 10, dtype=np.float32)
+    for lo, hi in zip(cuts, [*cuts[1:], 10]):
+        s.init(7, lo, "float32", start[lo:hi])
+    s.updater = SGD(learning_rate=0.1, momentum=0.9).get_updater()
+    return [_sgd_round(s, cuts, r) for r in range(rounds)], s
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_cut_slice_is_updated_in_place_in_one_buffer_as_if_uncut(shared):
+    from pskv.transport.shm import ShmDirectory
+
+    directories = [ShmDirectory("pskv-test-shard-") for _ in range(3)] if shared else []
+    allocators = [d.create for d in directories] if shared else [None] * 3
+    try:
+        uncut, _ = _sgd_rounds(allocators[0], [0], rounds=4)
+        cut, s = _sgd_rounds(allocators[1], [0, 3, 7])
+        if shared:  # the workers map the key's two value files: the whole slice, each part at its offset
+            assert [os.path.getsize(directories[1].file(7, 0, name)) for name in ("v0", "v1")] == [40, 40]
+        restored = ServerShard(2, True, allocate=allocators[2], workers=(9, 11))  # from a checkpoint: same bytes
+        for p, value in s.snapshot():
+            restored.restore(7, p.offset, "float32", value, p.round)
+        assert [restored.part(7, lo, "test").value.tobytes() for lo in (0, 3, 7)] == [
+            s.part(7, lo, "test").value.tobytes() for lo in (0, 3, 7)]
+        restored.updater = s.updater  # its momentum, as loaded with the shard
+        np.testing.assert_array_equal(_sgd_round(restored, [0, 3, 7], 3), uncut[3])
+    finally:
+        for directory in directories:
+            directory.remove()
+    for one, other in zip(uncut, cut, strict=False):  # the same values (and momentum) every round
+        np.testing.assert_array_equal(one, other)
+    pieces = [s.part(7, lo, "test") for lo in (0, 3, 7)]
+    first = pieces[0].value
+    whole = first.base if first.base is not None else first
+    assert all(np.shares_memory(p.value, whole) for p in pieces)  # views of one buffer ...
+    addresses = [p.value.__array_interface__["data"][0] for p in pieces]
+    assert [b - a for a, b in zip(addresses, addresses[1:])] == [3 * 4, 4 * 4]  # ... one after the other
+    assert not any(np.shares_memory(p.value, p.merge) for p in pieces)
+    if shared:  # in shared memory: the key's two files, each part at its offset, the pair kept
+        assert all(p.buffers is not None and p.value is p.buffers[0] and p.merge is p.buffers[1] for p in pieces)
+    assert [p.value.tolist() for p in pieces] == [cut[-1][0:3].tolist(), cut[-1][3:7].tolist(),
+                                                  cut[-1][7:].tolist()]
+    assert [v.tolist() for _, v in s.snapshot()] == [cut[-1][0:3].tolist(), cut[-1][3:7].tolist(),
+                                                     cut[-1][7:].tolist()]
+
+
+def test_a_cut_slice_updated_after_rounds_without_an_updater_is_joined_again():
+    s = ServerShard(1, True)
+    s.init(7, 0, "float32", np.zeros(2, np.float32))
+    s.init(7, 2, "float32", np.zeros(2, np.float32))
+    a, b = s.part(7, 0, "test"), s.part(7, 2, "test")
+    s.push(a, 9, np.ones(2, np.float32))
+    s.push(b, 9, np.ones(2, np.float32))  # no updater: the sums replace the values
+    s.updater = lambda key, merged, stored: np.subtract(stored, merged, out=stored)
+    s.push(a, 9, np.array([1, 2], np.float32))
+    s.push(b, 9, np.array([3, 4], np.float32))
+    assert a.value.tolist() == [0, -1] and b.value.tolist() == [-2, -3]
+    assert a.value.base is not None and a.value.base is b.value.base  # views of one buffer again
 
 
 def test_a_part_overlapping_one_held_is_refused_with_both_ranges():
