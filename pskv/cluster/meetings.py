@@ -22,7 +22,8 @@ request, :class:`~pskv.protocol.bodies.Barrier`):
 
 A meeting fails with NodeFailedError when a member is dead for good or left the job,
 and with OperationTimeoutError, before the member's own timeout, naming who did not
-arrive. A released member's reply is kept, so a repeat of its request (a reset
+arrive; with CollectiveMismatchError when a server reports that a worker is in a sync round
+that a worker at the meeting never pushed (mismatched step counts: :meth:`Meetings.mismatch`). A released member's reply is kept, so a repeat of its request (a reset
 connection) gets the same answer. :class:`Meetings` holds this state and does no I/O:
 the scheduler (:mod:`pskv.cluster.scheduler`) hands it requests, node facts and a
 ``send`` callable, and calls :meth:`Meetings.settle` when a node dies or leaves.
@@ -83,11 +84,33 @@ class Meetings:
         self._posted: dict[str, tuple[int, int, int, Failure | None]] = {}  # name -> last (meeting, nth), posts, outcome
         self._readers: dict[int, _Arrival] = {}  # node -> its read of such an outcome
         self._released: dict[int, tuple[int, list[Any]]] = {}  # node -> (request id, reply) of its last meeting
+        self._mismatched: dict[int, str] = {}  # meeting count -> why it cannot complete (a server's report)
 
     def settle(self) -> None:
         """A node died, was given up on, or left: the meetings and reads that need it fail now."""
         for group in list(self._barriers):
             self._settle_barrier(group)
+
+    def mismatch(self, seq: int, text: str) -> None:
+        """A server found that meeting ``seq`` cannot complete: a worker is in a sync round that a
+        worker at the meeting never pushed (mismatched step counts, :mod:`pskv.server.steps`).
+
+        Every member waiting at it gets CollectiveMismatchError ``text`` now, and so does a member
+        that arrives at it later (the report may come first: the server acts on the member's mark,
+        sent before its request here). A meeting that completed already is left alone (the round
+        fails on the servers).
+        """
+        self._mismatched[seq] = text
+        while len(self._mismatched) > _KEPT_POSTS:
+            del self._mismatched[next(iter(self._mismatched))]
+        for arrived in self._barriers.values():
+            for nid in [n for n, a in arrived.items() if a.meeting.seq == seq and not a.meeting.mode]:
+                self._fail_mismatched(nid, arrived.pop(nid), text)
+
+    def _fail_mismatched(self, nid: int, a: _Arrival, text: str) -> None:
+        frames = error_frames(a.header, SCHEDULER_ID, "CollectiveMismatchError", text)
+        self._released[nid] = (a.header.request, frames)
+        self._send(a.identity, frames)
 
     def forget(self, nid: int) -> None:
         """A replacement process took over ``nid``: the old one may have died inside a meeting."""
@@ -113,6 +136,9 @@ class Meetings:
         arrival = _Arrival(identity, header, meeting, time.monotonic() + meeting.timeout if meeting.timeout else math.inf)
         if meeting.mode:
             self._post_or_read(nid, arrival)
+            return
+        if meeting.seq in self._mismatched:  # a server found that this meeting cannot complete
+            self._fail_mismatched(nid, arrival, self._mismatched[meeting.seq])
             return
         broken = self._broken.get(group)
         if broken is not None and nid not in broken[1]:  # the meeting it was late for failed

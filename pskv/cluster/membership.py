@@ -16,6 +16,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 import zmq
 
@@ -90,6 +91,9 @@ class Membership:
         metrics: called on the reactor thread for this node's metrics
             (:mod:`pskv.metrics`), sent with a heartbeat at most every :data:`METRICS_EVERY`
             seconds (the scheduler answers ``pskv top`` with them).
+        mismatch: a server's: called on the reactor thread before each heartbeat for a
+            workers' meeting that cannot complete and why (:mod:`pskv.server.steps`), sent
+            with the heartbeats until one is answered (the scheduler fails the meeting).
     """
 
     def __init__(self, cluster: ClusterConfig, reactor: Reactor, tracker: RequestTracker, role: Role,
@@ -97,9 +101,13 @@ class Membership:
                  shm: dict[str, str] | None = None, on_alive: Callable[[int], None] | None = None,
                  on_servers: Callable[[list[int]], None] | None = None,
                  on_left: Callable[[int], None] | None = None,
-                 metrics: Callable[[], Counters] | None = None) -> None:
+                 metrics: Callable[[], Counters] | None = None,
+                 mismatch: Callable[[], tuple[int, str] | None] | None = None) -> None:
         self._cluster = cluster
         self._metrics = metrics
+        self._mismatch = mismatch
+        self._unsent: tuple[int, str] | None = None  # a mismatch report not yet answered
+        self._carried: tuple[int, str] | None = None  # the one the heartbeat in flight carries
         self._metrics_sent = 0.0  # monotonic time the last heartbeat with metrics left
         self._reactor = reactor
         self._tracker = tracker
@@ -223,18 +231,48 @@ class Membership:
         except Exception:  # noqa: BLE001 - tracker closed: the node is shutting down
             self._heartbeat_in_flight = False
 
+    def report_now(self, done: Callable[[], None]) -> None:
+        """A server's mismatch report is due: it goes now, in a heartbeat of its own (not at the next tick,
+        nor after one in flight); ``done()`` is called once the scheduler has it (or it could not be sent),
+        on the reactor thread. The server fails the round only then, so the meeting fails with the report's
+        text before the worker ahead can raise and leave (which would fail it as a departure)."""
+        if not self._reactor.on_reactor_thread():
+            self._reactor.call_soon(lambda: self.report_now(done))
+            return
+        if self._unsent is None and self._mismatch is not None:
+            self._unsent = self._mismatch()
+        if self._unsent is None or SCHEDULER_ID in self._dead:
+            done()
+            return
+        try:
+            self._request(Command.HEARTBEAT, Heartbeat(None, self._unsent).encode(), "heartbeat",
+                          partial(self._on_report, done), timeout=max(2 * self._cluster.heartbeat_interval, 0.5))
+        except Exception:  # noqa: BLE001 - tracker closed: the node is shutting down
+            done()
+
+    def _on_report(self, done: Callable[[], None], pending: Pending) -> None:
+        if pending.error is None:
+            self._unsent = None  # the scheduler has it
+        done()
+
     def _heartbeat_body(self) -> str:
-        """This node's metrics, if it has some and sent none in the last :data:`METRICS_EVERY` s."""
+        """This node's metrics, if it has some and sent none in the last :data:`METRICS_EVERY` s; a
+        server's mismatch report, until a heartbeat that carried it is answered."""
+        if self._unsent is None and self._mismatch is not None:
+            self._unsent = self._mismatch()
+        self._carried = self._unsent  # answered: the scheduler has it
         now = time.monotonic()
         if self._metrics is None or now - self._metrics_sent < METRICS_EVERY:
-            return ""
+            return "" if self._unsent is None else Heartbeat(None, self._unsent).encode()
         self._metrics_sent = now
-        return Heartbeat(self._metrics()).encode()
+        return Heartbeat(self._metrics(), self._unsent).encode()
 
     def _on_heartbeat(self, pending: Pending) -> None:
         self._heartbeat_in_flight = False
         if pending.error is not None or pending.header is None:
             return
+        if self._unsent is self._carried:
+            self._unsent = None  # the scheduler has it
         try:
             body = Liveness.parse(pending.header)
         except ProtocolError as exc:
@@ -308,7 +346,8 @@ class Membership:
 
     # -- barrier / shutdown -------------------------------------------------------------
     def barrier(self, group: int, timeout: float, name: str = "", *, failure: Failure | None = None,
-                result: str = "", agree: Sequence[tuple[str, str]] = (), mode: str = "") -> Met:
+                result: str = "", agree: Sequence[tuple[str, str]] = (), mode: str = "",
+                before: Callable[[int], None] | None = None) -> Met:
         """Wait until every member of ``group`` reached the barrier; the meeting's answer.
 
         ``name`` names the collective (:class:`~pskv.protocol.bodies.Barrier`): the
@@ -316,7 +355,9 @@ class Membership:
         fails on all of them. ``failure`` (this node's), ``result`` (rank 0's) and ``agree``
         (items every member must have alike) travel with it; ``mode`` ``"post"`` / ``"read"``
         posts or reads rank 0's outcome of its n-th call of ``name`` instead of meeting.
-        The scheduler answers before ``timeout`` ends, naming who did not arrive.
+        The scheduler answers before ``timeout`` ends, naming who did not arrive. ``before``
+        is called with the meeting's count just before a counted meeting is asked for (a
+        worker marks it on every server: :mod:`pskv.server.steps`).
 
         Raises:
             NodeFailedError: a member died (names it).
@@ -332,6 +373,8 @@ class Membership:
             self._meetings += 1
             seq = self._meetings
             self._calls.clear()
+            if before is not None:
+                before(seq)
         digest = hashlib.sha256(json.dumps(list(agree)).encode()).hexdigest() if agree else ""
         items = tuple((k[:MAX_ITEM], v[:MAX_ITEM]) for k, v in agree[:MAX_AGREE])
         body = Barrier(group, name, seq, float(timeout), failure, result, items, digest, mode, nth)

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar, overload
 
-from pskv.errors import NodeFailedError, OperationTimeoutError, RemoteError
+from pskv.errors import CollectiveMismatchError, NodeFailedError, OperationTimeoutError, RemoteError
 from pskv.protocol import Command, Header, node_name
 from pskv.protocol.bodies import ErrorReply
 
@@ -58,11 +58,14 @@ class Pending:
         """True once the reply (or a failure) arrived."""
         return self._done
 
-    def wait(self, timeout: float | None) -> Header:
+    def wait(self, timeout: float | None, stated: float | None = None) -> Header:
         """Wait for the reply.
 
+        ``stated``: the timeout the caller was given, named in the error (``timeout`` may be
+        what is left of it, after a wait of the caller's own).
+
         Raises:
-            OperationTimeoutError: no reply within ``timeout`` seconds (names the request).
+            OperationTimeoutError: no reply within ``timeout`` seconds (names the request and the timeout).
             NodeFailedError: the peer died.
             RemoteError: the peer answered with an error.
         """
@@ -77,7 +80,8 @@ class Pending:
             if waiter is not None:
                 if not waiter.acquire(True, -1 if timeout is None else max(0.0, timeout)):
                     raise OperationTimeoutError(
-                        f"{self.what} to {node_name(self.node)} got no reply within {timeout} s"
+                        f"{self.what} to {node_name(self.node)} got no reply within "
+                        f"{timeout if stated is None else stated} s"
                     )
                 waiter.release()  # the next waiter, if any
         if self.error is not None:
@@ -198,6 +202,8 @@ class RequestTracker(Generic[P]):
             kind, message, node = ErrorReply.parse(header)
             if kind == "NodeFailedError":
                 p.error = NodeFailedError(node or node_name(p.node), message)
+            elif kind == "CollectiveMismatchError":  # a sync round failed on mismatched step counts (server.steps)
+                p.error = CollectiveMismatchError(message)
             else:
                 p.error = RemoteError(node_name(p.node), kind, message)
         p._finish()

@@ -191,17 +191,20 @@ class Scheduler:
 
     # -- metrics --------------------------------------------------------------------------
     def _take_metrics(self, identity: bytes, header: Header, nid: int) -> None:
-        """Keep the metrics a heartbeat carries; malformed ones are logged and dropped (the
-        heartbeat is still answered: liveness does not depend on them)."""
+        """Keep the metrics a heartbeat carries, and act on a server's mismatch report (mismatched
+        step counts: the meeting fails); malformed ones are logged and dropped (the heartbeat is
+        still answered: liveness does not depend on them)."""
         if not header.body:
             return
         try:
-            counters = Heartbeat.parse(header).metrics
+            beat = Heartbeat.parse(header)
         except ProtocolError as exc:
             self._refusals.error(identity, f"scheduler: {node_name(nid)}'s metrics refused: {exc}")
             return
-        if counters is not None:
-            self._rates.add(nid, counters)
+        if beat.metrics is not None:
+            self._rates.add(nid, beat.metrics)
+        if beat.mismatch is not None and self._nodes[nid].role is Role.SERVER:  # a meeting that cannot complete
+            self._meetings.mismatch(*beat.mismatch)
 
     def _states(self) -> dict[int, tuple[str, float]]:
         """Every registered node's state (alive, dead or left) and seconds since it was heard."""

@@ -432,6 +432,29 @@ class Engine:
         if failed:
             raise failed[0]._error  # type: ignore[misc]
 
+    def settle(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until no operation is pending; True if none is.
+
+        Unlike :meth:`wait_all` it reports no error: a failed operation's error stays for
+        its handle or the next :meth:`wait_all` (``barrier`` settles so, see DistJob.barrier).
+        """
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            self._waiters += 1
+            poked = list(self._pending)
+        try:
+            _poke(poked)  # quiet pushes finish only when asked
+            with self._lock:
+                while self._pending:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return False
+                    self._cond.wait(remaining)
+                return True
+        finally:
+            with self._lock:
+                self._waiters -= 1
+
     def pending(self) -> int:
         """Number of operations queued or running."""
         with self._lock:

@@ -55,6 +55,9 @@ EXIT_TIMEOUT = 124  # as timeout(1)
 EXIT_FAILURE = 1  # lingering servers or scheduler, or the launcher's own error
 # "NodeFailedError: worker 1 failed: ..." in a child's output: the peer it saw fail
 _BLAMED = re.compile(rb"NodeFailedError: ((?:worker|server) \d+|scheduler) failed")
+# "mismatched step counts: worker 1 is ahead" in a child's output (pskv.server.steps): the root cause
+_AHEAD = re.compile(rb"mismatched step counts: (worker \d+) is ahead")
+_UNEVEN = "with uneven data see kv.join() or fit(uneven=True)"
 # the scheduler's INFO line once every node registered (pskv.cluster.scheduler)
 _REGISTERED = re.compile(rb"scheduler: all (\d+) nodes registered")
 
@@ -129,6 +132,7 @@ class _Child:
     replaced: bool = False  # a failed worker that was started again (--restart-workers)
     blamed: str | None = None  # the node its last NodeFailedError named (a peer it saw die or hang)
     blamed_left: bool = False  # ... and that node had left the job (closed its store), not failed
+    ahead: str | None = None  # the worker its mismatched-step-counts error said is ahead (the root cause)
 
     @property
     def running(self) -> bool:
@@ -276,11 +280,15 @@ class Supervisor:
                 if not data:
                     break
                 for line in child.output.write(data):
-                    if b"NodeFailedError" in line:  # which peer it saw fail: named with the root cause
+                    if b"NodeFailedError" in line:  # which peer it saw fail (or leave): named with the root cause
                         m = _BLAMED.search(line)
                         if m is not None:
                             child.blamed = m.group(1).decode(errors="replace")
                             child.blamed_left = b"left the job" in line
+                    elif b"mismatched step counts: " in line:  # the worker that ran a sync step the others did not
+                        m = _AHEAD.search(line)
+                        if m is not None:
+                            child.ahead = m.group(1).decode(errors="replace")
                     elif child.spec.role == "scheduler" and b"nodes registered" in line:
                         m = _REGISTERED.search(line)
                         if m is not None:
@@ -375,16 +383,14 @@ class Supervisor:
             return
         if self._outcome is None:
             if returncode != 0:
-                hint = ""
-                if child.blamed and child.blamed != child.spec.name and child.blamed_left:
-                    hint = (f" after its NodeFailedError said {child.blamed} left the job early (it closed its "
-                            "store or ended before this worker was done: with uneven data see kv.join() or "
-                            "fit(uneven=True))")
-                elif child.blamed and child.blamed != child.spec.name:  # e.g. a peer that hung, not died
-                    hint = f" after its NodeFailedError named {child.blamed} (look there first)"
-                self._decide(_exit_status(returncode), f"{child.where} {describe_exit(returncode, self._via_ssh)}"
-                             f"{hint}; stopping the job", f"{child.spec.name}'s failure")
-                self._console.report_log(child.spec.name, child.output)
+                what = f"{child.where} {describe_exit(returncode, self._via_ssh)}{_hint(child)}"
+                ahead = child.ahead if child.ahead != child.spec.name else None
+                if ahead:  # the worker with the extra step is the cause, whoever raised first
+                    what = f"{ahead} is ahead (mismatched step counts: {_UNEVEN}): {what}"
+                self._decide(_exit_status(returncode), f"{what}; stopping the job",
+                             f"{ahead}'s extra step" if ahead else f"{child.spec.name}'s failure")
+                cause = next((c for c in self._children if c.spec.name == ahead), child)
+                self._console.report_log(cause.spec.name, cause.output)
             elif self._grace_at is None and all(c.returncode == 0 for c in self._children
                                                 if c.spec.is_worker and not c.replaced):
                 self._grace_at = time.monotonic() + self._exit_grace
@@ -462,6 +468,20 @@ class Supervisor:
                 child.stop_signal = signal.SIGTERM
                 _signal_group(child, signal.SIGTERM)
         self._kill_at = time.monotonic() + self._stop_grace
+
+
+def _hint(child: _Child) -> str:
+    """What a failed child's output said about its cause: the worker ahead, a peer that left or failed."""
+    if child.ahead == child.spec.name:
+        return f" after its error said it is ahead (mismatched step counts: {_UNEVEN})"
+    if child.ahead:
+        return " after its error said so"
+    if child.blamed and child.blamed != child.spec.name and child.blamed_left:
+        return (f" after its NodeFailedError said {child.blamed} left the job early (it closed its "
+                f"store or ended before this worker was done: {_UNEVEN})")
+    if child.blamed and child.blamed != child.spec.name:  # e.g. a peer that hung, not died
+        return f" after its NodeFailedError named {child.blamed} (look there first)"
+    return ""
 
 
 def _deaths_by(signum: int) -> set[int]:

@@ -24,7 +24,7 @@ from pskv.compression import Compressor
 from pskv.compression import create as create_compressor
 from pskv.errors import InvalidArgumentError, KVStoreError, ProtocolError
 from pskv.protocol import TX_PREFIX, ArraySpec, Command, Flag, Header, frame_array, node_name, split_rows
-from pskv.protocol.bodies import CompressionParams, Hello, HelloReply, Rejoined
+from pskv.protocol.bodies import CompressionParams, Hello, HelloReply, Meeting, Rejoined
 from pskv.protocol.replies import reply_frames
 from pskv.server.dedup import ReplyCache
 from pskv.server.gather import Gather, Parking, Refused
@@ -34,6 +34,7 @@ from pskv.server.row_init import MAX_TABLE_BYTES, RowInit
 from pskv.server.rows import RowBatch, SharedRows, checked_ids
 from pskv.server.shard import MAX_PUSHES_AHEAD, Part, ServerShard, to_storage
 from pskv.server.squeeze import ReplyCompression
+from pskv.server.steps import StepOrder
 
 __all__ = ["DataHandlers", "Handler", "Reply"]
 
@@ -90,6 +91,7 @@ class DataHandlers:
         self._compressors: dict[str, Compressor] = {}  # COMPRESSED pushes' bodies -> their compressors (a few)
         self.squeezed = ReplyCompression()  # COMPRESS_REPLY: the parts' compressed values and residuals
         self._row_init = RowInit(shard, self._ack, fail, name, max_table_bytes, defer)  # INIT of row-sparse keys
+        self.steps = StepOrder(shard, self.refuse_round, name)  # mismatched step counts (meeting marks, SYNC)
 
     @property
     def shared_rows(self) -> SharedRows | None:
@@ -295,6 +297,8 @@ class DataHandlers:
                 for (later, _), m in zip(checked[n + 1:], numbers[n + 1:]):
                     self._shard.skip_push(later, sender, m)
                 raise
+        if self.steps.watch:  # a worker is at a meeting that another's pushes may come from before: checked
+            self.steps.pushed([part for part, _ in joined], sender)
         if any(repeats):
             first = repeats.index(True)
             log.warning("%s: %s: %d push(es) of %s had arrived already (key %d push %d, ...): not applied again",
@@ -331,13 +335,19 @@ class DataHandlers:
         for part in parts:
             reason = Refused(f"{node_name(header.sender)}'s {exc}: sync round {part.round + 1} of key {part.key} "
                              "cannot complete", type(exc).__name__)
-            self._refused[(part.key, part.offset)] = (part.round + 1, reason)
-            waiting, part.waiting = part.waiting, []
-            early = [e for e in part.early if e[0] != header.sender]
-            part.early = [e for e in part.early if e[0] == header.sender]
-            for fail in [w[2] for w in waiting] + [e[3] for e in early]:
-                if fail is not None:
-                    fail(reason)
+            self.refuse_round(part, reason, header.sender)
+
+    def refuse_round(self, part: Part, reason: Refused, sender: int = -1) -> None:
+        """``part``'s open sync round cannot complete: its waiting pulls fail now with ``reason``, and so
+        do later ones that need it (:meth:`_refusal`), on every worker; pulls of ``sender`` that wait for
+        a push of its own to arrive keep waiting (it counted that push)."""
+        self._refused[(part.key, part.offset)] = (part.round + 1, reason)
+        waiting, part.waiting = part.waiting, []
+        early = [e for e in part.early if e[0] != sender]
+        part.early = [e for e in part.early if e[0] == sender]
+        for fail in [w[2] for w in waiting] + [e[3] for e in early]:
+            if fail is not None:
+                fail(reason)
 
     def _refusal(self, parts: list[tuple[Part, int]], sender: int, by_push: bool) -> Refused | None:
         """The refusal (:meth:`_refuse_rounds`) a pull of ``parts`` would wait on forever, if any."""
@@ -468,7 +478,10 @@ class DataHandlers:
         self._reply(identity, reply_frames(header, self._node_id(), body))
 
     def sync(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
-        """Answered at once: confirms the worker's earlier (quiet) messages were handled."""
+        """Answered at once: confirms the worker's earlier (quiet) messages were handled. With a
+        :class:`Meeting` body, the worker arrives at a meeting (:class:`~pskv.server.steps.StepOrder`)."""
+        if header.body:
+            self.steps.marked(header.sender, Meeting.parse(header))
         self._ack(identity, header)
 
     def join(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
@@ -486,4 +499,5 @@ class DataHandlers:
         is never applied twice (DeadWorkers.rejoined, ServerShard.replaced).
         """
         counts = self._dead.rejoined(header.sender)
+        self.steps.forget(header.sender)  # a replacement's meetings are not counted: it marks none
         self._reply(identity, reply_frames(header, self._node_id(), Rejoined(tuple(counts)).encode()))

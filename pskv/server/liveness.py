@@ -13,8 +13,9 @@ round it has not pushed to. What the server does about it (:class:`DeadWorkers`)
 
 A worker that *left* (closed its store, or its process ended: the scheduler's
 ``Liveness.left``) is not dead: it will never push again, so in sync mode exactly the
-waiting pulls whose rounds need a push of it fail, at once, naming it
-(:meth:`DeadWorkers.on_node_left`); rounds it pushed complete as usual.
+waiting pulls whose rounds need a push of it fail, at once, naming it — and, when other
+workers pushed the round, naming them as ahead (mismatched step counts), the key, the round and
+the fix (:meth:`DeadWorkers.on_node_left`); rounds it pushed complete as usual.
 
 In async mode nothing waits for a worker, so a death changes nothing here.
 
@@ -32,6 +33,7 @@ from collections.abc import Callable, Mapping
 from pskv.protocol import Role, node_id, node_name, node_role_rank
 from pskv.server.part import Part
 from pskv.server.shard import ServerShard
+from pskv.server.steps import mismatch_text
 
 __all__ = ["DeadWorkers", "StallReport"]
 
@@ -54,6 +56,7 @@ class DeadWorkers:
         self.dead: set[int] = set()  # node ids of workers dead for good (until replaced)
         self._recovering: dict[int, float] = {}  # dead workers that may be replaced -> when they died
         self.left: set[int] = set()  # node ids of workers that left the job (not dead)
+        self.key_names: Mapping[int, str] = {}  # str keys' names by server key (ServerCore.key_names)
 
     def __bool__(self) -> bool:
         """True if some worker is dead for good."""
@@ -94,16 +97,19 @@ class DeadWorkers:
         doomed = []
         for part in self._shard.parts.values():
             reach = self._reach(part, nid)
-            doomed += [w[2] for w in part.waiting if w[0] > reach and w[2] is not None]
+            fails = [w[2] for w in part.waiting if w[0] > reach and w[2] is not None]
             part.waiting = [w for w in part.waiting if not (w[0] > reach and w[2] is not None)]
             if reach <= part.round:  # a pull waiting for its sender's push: that joins an open round at least
-                doomed += [e[3] for e in part.early if e[3] is not None]
+                fails += [e[3] for e in part.early if e[3] is not None]
                 part.early = [e for e in part.early if e[3] is None]
-        reason = self._left_reason(nid)
-        for fail in doomed:
-            fail(reason)
+            if fails:
+                doomed.append((self._left_reason(nid, part), fails))
+        for reason, fails in doomed:
+            for fail in fails:
+                fail(reason)
         if doomed:
-            log.warning("%s: failed %d waiting pull(s): %s %s", self._name(), len(doomed), node_name(nid), reason)
+            log.warning("%s: failed %d waiting pull(s): %s %s", self._name(), sum(len(f) for _, f in doomed),
+                        node_name(nid), doomed[0][0])
 
     def left_reason(self, waits: list[tuple[Part, int | None]]) -> str | None:
         """Why a pull of these ``(part, round)`` waits can never complete because a worker left (None: it can).
@@ -113,8 +119,9 @@ class DeadWorkers:
         if not self.left or not self._shard.sync:
             return None
         for nid in sorted(self.left):
-            if any((part.round + 1 if r is None else r) > self._reach(part, nid) for part, r in waits):
-                return self._left_reason(nid)
+            for part, r in waits:
+                if (part.round + 1 if r is None else r) > self._reach(part, nid):
+                    return self._left_reason(nid, part)
         return None
 
     def _reach(self, part: Part, worker: int) -> int:
@@ -125,11 +132,16 @@ class DeadWorkers:
             return part.round + 1 + len(part.queued.get(worker, ()))
         return part.round
 
-    @staticmethod
-    def _left_reason(nid: int) -> str:
-        """The text of the NodeFailedError naming ``nid``: "worker 1 failed: left the job (...)"."""
-        return (f"left the job (closed its store or ended its process: {node_name(nid)} will never push again), "
+    def _left_reason(self, nid: int, part: Part) -> str:
+        """The text of the NodeFailedError naming ``nid``: "worker 1 failed: left the job (...)", and, when
+        workers pushed ``part``'s open round, that they are ahead (mismatched step counts, the fix)."""
+        text = (f"left the job (closed its store or ended its process: {node_name(nid)} will never push again), "
                 "so the sync round this request waits for can never complete")
+        if not part.pushed or nid in part.pushed:
+            return text
+        known = self.key_names.get(part.key)
+        key = f"{part.key}" if known is None else f"{known!r}"
+        return f"{text}: {mismatch_text(sorted(part.pushed), [nid], key, part.round + 1, 'leaving the job')}"
 
     def check_recovery(self) -> None:
         """Timer: dead workers not replaced within the recovery timeout fail the waits that need them."""

@@ -79,7 +79,9 @@ class ServerNode:
         dead = self._core.dead
         self._membership = Membership(cluster, self._reactor, self._tracker, Role.SERVER, self.address,
                                       on_dead=dead.on_node_dead, shm=shm_info, on_alive=dead.on_node_alive,
-                                      on_left=dead.on_node_left, metrics=self._core.metrics)
+                                      on_left=dead.on_node_left, metrics=self._core.metrics,
+                                      mismatch=self._core.data.steps.take_report)
+        self._core.data.steps.on_report = self._membership.report_now
         if cluster.recovery_timeout > 0:
             self._reactor.add_timer(max(0.05, min(1.0, cluster.recovery_timeout / 4)), dead.check_recovery)
         if cluster.server_modules:

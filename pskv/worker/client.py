@@ -98,15 +98,15 @@ class WorkerRequest(Pending):
         self.overtook = False  # sent on the reply connection, ahead of the request connection's queue
         self.reader: PolledConnection | None = None  # where its reply comes, if not the server's usual
 
-    def wait(self, timeout: float | None) -> Header:
+    def wait(self, timeout: float | None, stated: float | None = None) -> Header:
         """Wait for the reply (see :meth:`Pending.wait`); on a local connection, read it in this thread."""
         client = self.local
-        if client is not None and not self._done:
-            deadline = math.inf if timeout is None else time.monotonic() + timeout
-            client._read_local(self, deadline)
-            if timeout is not None:
-                timeout = max(0.0, deadline - time.monotonic())
-        return super().wait(timeout)
+        if client is None or self._done:
+            return super().wait(timeout, stated)
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
+        client._read_local(self, deadline)  # the error names the timeout given, not what is left of it
+        return super().wait(None if timeout is None else max(0.0, deadline - time.monotonic()),
+                            timeout if stated is None else stated)
 
     def background(self) -> None:
         """Nobody in this thread waits for the reply now: make sure it is read (by the reactor)."""
@@ -348,13 +348,14 @@ class WorkerClient:
             heapq.heappush(self._queue, (key, next(self._seq), server, frames, pending))
         self._flush()
 
-    def _sync(self, node: int, timeout: float | None, on_done: Callable[[Pending], None]) -> WorkerRequest:
-        """Queue a ``SYNC`` to server ``node`` after everything queued now (for :class:`QuietPushes`)."""
+    def _sync(self, node: int, timeout: float | None, on_done: Callable[[Pending], None], body: str = "") -> WorkerRequest:
+        """Queue a ``SYNC`` to server ``node`` after everything queued now (:class:`QuietPushes`; with a
+        :class:`~pskv.protocol.bodies.Meeting` body, :meth:`WorkerControl.barrier`'s mark)."""
         _, server = node_role_rank(node)
         sync = self.tracker.new(node, "sync", timeout=timeout)
         sync.local = self if self._local_conn(server) is not None else None
         sync.add_done_callback(on_done)
-        frames = encode(Header(Command.SYNC, sync.request, self.node_id))
+        frames = encode(Header(Command.SYNC, sync.request, self.node_id, body=body))
         self._queue_and_send(math.inf, server, frames, sync)  # after everything queued
         sync.background()  # completes callbacks: its reply must be read without a waiter
         return sync

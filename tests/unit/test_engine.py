@@ -319,3 +319,22 @@ def test_a_handle_waited_on_without_a_timeout_waits_the_store_default_not_foreve
             handle.wait()
         release.set()
         handle.wait(5)
+
+
+def test_settle_waits_for_pending_work_without_taking_its_errors():
+    # DistJob.barrier settles first (pskv.server.steps): a failure stays for the next wait_all
+    engine = Engine(threads=1)
+    started, release = threading.Event(), threading.Event()
+    gate_op(engine, "gate", started, release)
+    assert started.wait(WAIT)
+    assert engine.settle(0.05) is False  # still held
+
+    def fail() -> None:
+        raise ValueError("boom")
+
+    engine.submit("fail", ["k"], 0, fail, block=False, timeout=None)
+    release.set()
+    assert engine.settle(WAIT) is True
+    with pytest.raises(ValueError, match="boom"):
+        engine.wait_all(timeout=WAIT)
+    engine.close(WAIT)

@@ -10,6 +10,8 @@ from pskv.errors import ProtocolError
 from pskv.protocol.bodies.fields import dump, field, json_object
 from pskv.protocol.messages import Header
 
+MAX_MISMATCH = 2000  # a server's report of a meeting that cannot complete (Heartbeat.mismatch)
+
 __all__ = ["MAX_COUNT", "MAX_NODES", "MAX_RATE", "MAX_SECONDS", "NODE_STATES", "Counters", "Heartbeat", "JobReport",
            "NodeReport"]
 
@@ -71,17 +73,32 @@ class Counters(NamedTuple):
 
 
 class Heartbeat(NamedTuple):
-    """HEARTBEAT: ``{m?: Counters}`` (empty: no metrics with this one)."""
+    """HEARTBEAT: ``{m?: Counters, x?: [seq: int, message: str]}`` (empty: neither with this one).
+
+    ``x`` (a server's): the workers' meeting ``seq`` cannot complete — a sync round holds
+    pushes some workers made before it, and a worker at it never pushed that round
+    (mismatched step counts, :mod:`pskv.server.steps`); ``message`` says so, for every member."""
 
     metrics: Counters | None = None
+    mismatch: tuple[int, str] | None = None
 
     def encode(self) -> str:
-        return "" if self.metrics is None else dump({"m": list(self.metrics)})
+        body: dict[str, Any] = {}
+        if self.metrics is not None:
+            body["m"] = list(self.metrics)
+        if self.mismatch is not None:
+            body["x"] = list(self.mismatch)
+        return dump(body) if body else ""
 
     @classmethod
     def parse(cls, header: Header) -> Heartbeat:
         body = json_object(header)
-        return cls(None if body.get("m") is None else Counters.parse_value(header, body["m"]))
+        x = body.get("x")
+        if x is not None and (type(x) is not list or len(x) != 2 or type(x[0]) is not int or type(x[1]) is not str
+                              or len(x[1]) > MAX_MISMATCH):
+            raise ProtocolError(f"HEARTBEAT: x must be [meeting: int, message: str of at most {MAX_MISMATCH}]")
+        return cls(None if body.get("m") is None else Counters.parse_value(header, body["m"]),
+                   None if x is None else (x[0], x[1]))
 
 
 class NodeReport(NamedTuple):

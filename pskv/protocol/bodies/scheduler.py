@@ -16,7 +16,7 @@ from pskv.errors import ProtocolError
 from pskv.protocol.bodies.fields import MAX_NAME, bounded, dump, field, hex_digest, json_object, string_list
 from pskv.protocol.messages import Header
 
-__all__ = ["MAX_AGREE", "MAX_ITEM", "MAX_RESULT", "MAX_TEXT", "Barrier", "Failure", "Liveness", "Met", "NodeTable",
+__all__ = ["MAX_AGREE", "MAX_ITEM", "MAX_RESULT", "MAX_TEXT", "Barrier", "Failure", "Liveness", "Meeting", "Met", "NodeTable",
            "Register", "ShmInfo", "Shutdown", "node_token"]
 
 
@@ -271,6 +271,31 @@ class Met(NamedTuple):
                 raise ProtocolError("BARRIER reply: failed must be [{rank: int, type: str, message: str}]")
             failed.append((item["rank"], Failure.parse_value(header, item)))
         return cls(result, tuple(failed))
+
+
+class Meeting(NamedTuple):
+    """SYNC to a server, sent right before a worker's counted meeting (:class:`Barrier` ``seq``):
+    ``{meeting: int >= 1, settled: bool, name?: str}``. It follows every push the worker sent that
+    server before (one worker's messages are handled in order); ``settled``: the worker has no
+    operation left that may still push (every push it issued before the meeting is sent);
+    ``name``: the collective's (``"barrier"``). The server compares the sync rounds it holds
+    with it (:mod:`pskv.server.steps`)."""
+
+    seq: int
+    settled: bool = True
+    name: str = ""
+
+    def encode(self) -> str:
+        return dump({"meeting": self.seq, "settled": self.settled, "name": self.name})
+
+    @classmethod
+    def parse(cls, header: Header) -> Meeting:
+        body = json_object(header)
+        seq = field(header, body, "meeting", int)
+        if seq < 1:
+            raise ProtocolError(f"SYNC: meeting {seq} is not a meeting count (>= 1)")
+        return cls(seq, field(header, body, "settled", bool, True),
+                   bounded(header, "name", field(header, body, "name", str, ""), MAX_NAME))
 
 
 class Shutdown(NamedTuple):
