@@ -81,7 +81,7 @@ CLUSTER_ENV_VARS: dict[str, tuple[str, str]] = {
     "PSKV_JOB_ID": ("job_id", "an id of this job (set by pskv launch); names the servers' shared-memory files"),
     "PSKV_CURVE_KEY_FILE": ("curve_key_file", "a CURVE cluster key file (pskv keygen): authenticate and encrypt all traffic with it (default: off)"),
     "PSKV_CHECKPOINT_DIR": ("checkpoint_dir", "where kv.save_checkpoint() without a path writes ckpt-<n> directories (pskv launch --checkpoint-dir)"),
-    "PSKV_STATE_DIR": ("state_dir", "the directory under which servers write and read the files workers name (optimizer states, checkpoints), besides PSKV_CHECKPOINT_DIR (default: the server's working directory at start)"),
+    "PSKV_STATE_DIR": ("state_dir", "the directory under which servers write the checkpoints workers name (kv.save_checkpoint(path)), besides PSKV_CHECKPOINT_DIR (default: the server's working directory at start); optimizer-state files are written by the worker, anywhere"),
     "PSKV_RESUME_FROM": ("resume_from", "a checkpoint directory: servers load their shards from it at start, workers' init keeps the saved values (set by pskv launch on a restart)"),
     "PSKV_RESTART_COUNT": ("restart_count", "how many times pskv launch has restarted this job (0: first run)"),
     "PSKV_RECOVERY_TIMEOUT": ("recovery_timeout", "seconds a dead worker's rank stays open for a replacement process (pskv launch --restart-workers); 0: a dead worker fails the job (default 0)"),
@@ -217,9 +217,9 @@ class ClusterConfig:
         curve_key_file: a CURVE cluster key file; every socket then authenticates and
             encrypts with it (docs/security.md). Empty: plain TCP.
         checkpoint_dir: where ``kv.save_checkpoint()`` without a path writes ``ckpt-<n>``.
-        state_dir: servers write and read the files a request names (optimizer states,
-            checkpoints) only inside this directory or ``checkpoint_dir``
-            (:mod:`pskv.server.paths`). Empty: the server's working directory at start.
+        state_dir: servers write the checkpoints a request names only inside this
+            directory or ``checkpoint_dir`` (:mod:`pskv.server.paths`). Empty: the server's
+            working directory at start. (Optimizer-state files are the worker's.)
         resume_from: a checkpoint directory the job resumes from (servers load their
             shards at start; workers' ``init`` keeps the saved values). Empty: fresh start.
         restart_count: how many times the launcher has restarted the job.

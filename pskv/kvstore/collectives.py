@@ -21,8 +21,9 @@ naming it. Each wait is bounded by ``PSKV_REQUEST_TIMEOUT``; the scheduler answe
 naming who did not arrive.
 
 ``save_optimizer_states`` is the one state operation rank 0 may call alone
-(:meth:`ServerCollectives.alone`): rank 0 waits for its own operations, has every server
-write, and posts the outcome at the scheduler without meeting anyone; a worker of
+(:meth:`ServerCollectives.alone`): rank 0 waits for its own operations, writes every
+server's state to its files (:mod:`pskv.kvstore.state_files`), and posts the outcome at the
+scheduler without meeting anyone; a worker of
 another rank that calls it too waits for its own operations, then for rank 0's outcome
 of its same-numbered call (and raises if it failed).
 

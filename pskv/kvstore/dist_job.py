@@ -9,8 +9,8 @@ class here, :class:`DistJob`:
 - replacement: :attr:`~DistJob.is_recovery`, :meth:`~DistJob.push_count`, :meth:`~DistJob.resume_step`
   (the push numbering is :mod:`~pskv.kvstore.resume`'s);
 - the servers' state, as collectives (:mod:`~pskv.kvstore.collectives`): ``set_optimizer``,
-  ``save_optimizer_states`` / ``load_optimizer_states``, ``save_checkpoint`` / ``resumed``,
-  ``send_command_to_servers``;
+  ``save_optimizer_states`` / ``load_optimizer_states`` (their files: :mod:`~pskv.kvstore.state_files`),
+  ``save_checkpoint`` / ``resumed``, ``send_command_to_servers``;
 - the cluster: ``barrier``, ``join``, ``num_dead_node``, ``metrics``.
 
 Each is a line or two of wiring to the module that owns it; the docstrings are the API's.
@@ -26,11 +26,14 @@ from pskv.kvstore.collectives import ServerCollectives
 from pskv.kvstore.frontend import StoreFrontEnd
 from pskv.kvstore.keys import Key
 from pskv.kvstore.resume import PushNumbers
+from pskv.kvstore.state_files import load_states, save_states
 from pskv.metrics import JobMetrics, snapshot
 from pskv.optimizer import Optimizer
 from pskv.worker import KeyLayout, KVWorker
 
 __all__ = ["DistJob"]
+
+SETTLE_BEFORE_BARRIER = 10.0  # seconds barrier() waits for this worker's own operations (pskv.server.steps)
 
 
 class DistJob(StoreFrontEnd[KeyLayout]):
@@ -130,32 +133,39 @@ class DistJob(StoreFrontEnd[KeyLayout]):
                                 "set_optimizer with a pskv.optimizer optimizer")
 
     def save_optimizer_states(self, fname: str, dump_optimizer: bool = False) -> None:
-        """Every server writes its shard's optimizer state to ``<fname>.server<rank>``.
+        """Write every server's shard of the optimizer state to ``<fname>.server<rank>``, from rank 0.
+
+        The servers send their state; rank 0 writes the files (:mod:`~pskv.kvstore.state_files`),
+        on its own host, where ``fname`` says (relative: to its working directory) — no server
+        writes a path a worker names. Each file is in the local store's format.
 
         Rank 0 may call it alone (``if kv.rank == 0: kv.save_optimizer_states(f)``): it
-        waits for its own operations, has every server write (on their hosts: use a shared
-        file system across hosts) and returns; the other workers go on. Every worker may
-        call it too: the others wait for their own operations and for rank 0's outcome of
-        the same call. A worker of another rank calling it while rank 0 does not fails.
+        waits for its own operations, writes the files and returns; the other workers go on.
+        Every worker may call it too: the others wait for their own operations and for rank
+        0's outcome of the same call. A worker of another rank calling it while rank 0 does not fails.
 
         Raises:
-            RemoteError: a server has no optimizer, or could not write (on rank 0).
+            OptimizerStateError: a file could not be written (on rank 0; its folder must exist).
+            RemoteError: a server has no optimizer, or its state exceeds ``PSKV_MAX_MESSAGE_BYTES`` (on rank 0).
             CollectiveFailedError: rank 0's call failed (on the other ranks that called it).
             CollectiveMismatchError: rank 0 went on to a collective without making this call.
         """
         self._check_open("save_optimizer_states")
-        self._servers.alone("save_optimizer_states", lambda: self._worker.control.save_states(str(fname), bool(dump_optimizer)))
+        self._servers.alone("save_optimizer_states", lambda: save_states(self._worker, fname, bool(dump_optimizer)))
 
     def load_optimizer_states(self, fname: str) -> None:
-        """Every server loads ``<fname>.server<rank>`` (written by :meth:`save_optimizer_states`). Collective.
+        """Restore every server's optimizer state from ``<fname>.server<rank>`` (:meth:`save_optimizer_states`'
+        files), which rank 0 reads and sends to the servers. Collective.
 
         Raises:
-            RemoteError: a file is missing or not a pskv state file (on rank 0).
+            OptimizerStateError: a file is missing or not a pskv state file (on rank 0, naming it).
+            RemoteError: a server's state does not fit its shard (keys, shapes; on rank 0).
             CollectiveFailedError: it failed on rank 0 (on every other rank, at once).
             CollectiveMismatchError: the workers are in different collectives.
         """
         self._check_open("load_optimizer_states")
-        self._servers.run("load_optimizer_states", lambda: self._worker.control.load_states(str(fname)))
+        self._servers.run("load_optimizer_states", lambda: load_states(
+            self._worker, fname, self._num_servers, self._cluster.max_message_bytes))
 
     def save_checkpoint(self, path: str | None = None, meta: Any = None) -> str:
         """Save every server's shard — values, rounds, optimizer state and config — as a checkpoint.
@@ -217,13 +227,22 @@ class DistJob(StoreFrontEnd[KeyLayout]):
     def barrier(self) -> None:
         """Wait until every worker reached the barrier (a collective named ``"barrier"``).
 
+        This worker's own operations are waited for first, for up to
+        :data:`SETTLE_BEFORE_BARRIER` seconds (their errors stay for their handles), so the
+        servers can tell that a sync round this worker never pushed was pushed by another
+        worker before the barrier: mismatched step counts then fail on every worker at once.
+
         Raises:
             NodeFailedError: a worker died (named).
-            CollectiveMismatchError: another worker is in another collective (both named).
+            CollectiveMismatchError: another worker is in another collective (both named), or in a
+                sync round this worker never pushed (mismatched step counts: names the worker ahead).
             OperationTimeoutError: a worker did not come within ``PSKV_REQUEST_TIMEOUT`` (named).
         """
         self._check_open("barrier")
-        self._worker.control.barrier(self._cluster.request_timeout, "barrier")
+        # this worker's operations first (a while): then the servers tell a missing push from a late one;
+        # still pending (waiting for pushes the others make after the barrier?): its mark accuses nobody
+        settled = self._engine.settle(min(SETTLE_BEFORE_BARRIER, self._cluster.request_timeout))
+        self._worker.control.barrier(self._cluster.request_timeout, "barrier", settled=settled)
 
     def join(self, timeout: float | None = None) -> None:
         """This worker has no more data: rounds go on without it until every worker joined.

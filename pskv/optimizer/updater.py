@@ -345,6 +345,21 @@ class Updater:
         """
         self._restore(states.loads(data))
 
+    def document(self, dump_optimizer: bool = False) -> states.StatesDocument:
+        """The states and counts (and optionally the optimizer config) as a state document.
+
+        Its arrays may be the live states (a caller that keeps them past the next update copies them).
+        """
+        return self._document(dump_optimizer)
+
+    def restore(self, doc: states.StatesDocument) -> None:
+        """Replace all states and counts with ``doc``'s (as :meth:`load_states` does with a file's).
+
+        Raises:
+            OptimizerStateError: ``doc`` holds an invalid optimizer config.
+        """
+        self._restore(doc)
+
     def save_states(self, fname: str | os.PathLike[str], dump_optimizer: bool = False) -> None:
         """Write the states and counts to ``fname`` atomically (safetensors, no pickle).
 

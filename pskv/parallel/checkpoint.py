@@ -5,9 +5,8 @@ A checkpoint is a directory ``<root>/epoch-NNNN/`` holding
 * ``params.safetensors`` — parameters (``arg:<name>``) and buffers (``aux:<name>``),
   averaged over devices;
 * ``optimizer.safetensors`` — the optimizer state and config (pskv's state format); in
-  distributed mode with ``update_on_kvstore`` each server writes
-  ``optimizer.safetensors.server<rank>`` (the servers must see the same directory: one
-  machine, or a shared file system);
+  distributed mode with ``update_on_kvstore`` rank 0 writes each server's state as
+  ``optimizer.safetensors.server<rank>`` (``kv.save_optimizer_states``: the servers send it);
 * ``residuals.safetensors`` — with gradient compression on a ``local`` / ``device`` store,
   the store's residuals (per key and device; the file is :mod:`pskv.compression.residuals`'s).
   A distributed store's residuals live in its workers: ``kv.save_checkpoint`` saves those

@@ -529,8 +529,8 @@ class Trainer:
 
     # -- optimizer states ---------------------------------------------------------------------
     def save_states(self, fname: str) -> None:
-        """Save the optimizer state (with its config): the store's (servers write
-        ``<fname>.server<rank>`` in distributed mode; collective) or this process's."""
+        """Save the optimizer state (with its config): the store's (in distributed mode rank 0
+        writes each server's as ``<fname>.server<rank>``; collective) or this process's."""
         self._finish_sends()
         if self.update_on_kvstore:
             assert self._kv is not None

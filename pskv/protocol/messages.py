@@ -79,8 +79,8 @@ class Command(enum.IntEnum):
     # worker -> server: control
     SET_OPTIMIZER = 20  # install the optimizer (its config, never a pickle)
     CONTROLLER = 21  # call a registered controller
-    SAVE_STATES = 22  # write the optimizer's states to a file
-    LOAD_STATES = 23  # read them back
+    SAVE_STATES = 22  # answered with the optimizer's states (the worker writes the file; no path travels)
+    LOAD_STATES = 23  # carries optimizer states for the server to take (the worker read the file)
     SET_MODE = 25  # sync or async; sent by worker 0 when a dist store is created
     # A worker opens every connection to a server with HELLO carrying its token from the
     # scheduler; the server binds the connection to the worker only if it is right

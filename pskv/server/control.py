@@ -1,11 +1,17 @@
-"""The server's control commands: aggregation mode, optimizer, user controllers, saved states.
+"""The server's control commands: aggregation mode, optimizer, user controllers, optimizer states, checkpoints.
 
 ``SET_MODE``, ``SET_OPTIMIZER``, ``CONTROLLER``, ``SAVE_STATES``, ``LOAD_STATES`` and
 ``SAVE_CHECKPOINT``: requests that configure the shard or save / load what it holds,
-rather than move values. Each is answered at once with a short reply. Optimizers arrive
-as JSON configs, never as code; controllers are functions the server registered itself
-(:mod:`pskv.server.controllers`); the files a request names must lie in the directories
-fixed at start (:mod:`pskv.server.paths`).
+rather than move values. Each is answered at once. Optimizers arrive as JSON configs, never
+as code; controllers are functions the server registered itself (:mod:`pskv.server.controllers`).
+
+Optimizer states travel, they are not filed here: SAVE_STATES is answered with the shard's
+state and LOAD_STATES carries one (:mod:`pskv.optimizer.transfer`); the worker that called
+``save_optimizer_states`` / ``load_optimizer_states`` writes and reads the file, wherever its
+user said. A loaded state is checked against the shard before it replaces anything: every key
+held here, every array the shape of its key's slice. The one file a request names is
+SAVE_CHECKPOINT's directory, which must lie in the directories fixed at start
+(:mod:`pskv.server.paths`): a server never writes or reads a path a peer chose elsewhere.
 """
 
 from __future__ import annotations
@@ -14,7 +20,8 @@ import logging
 from collections.abc import Callable
 
 from pskv.errors import InvalidArgumentError, OptimizerStateError
-from pskv.optimizer import Optimizer, Updater
+from pskv.optimizer import Optimizer, Updater, transfer
+from pskv.optimizer.states import StatesDocument
 from pskv.optimizer.updater import install_optimizer, updater_from_states
 from pskv.protocol import Command, Header
 from pskv.protocol.bodies import (
@@ -24,7 +31,6 @@ from pskv.protocol.bodies import (
     ControllerCall,
     OptimizerConfig,
     SetMode,
-    StatesFile,
     StatesRequest,
 )
 from pskv.protocol.replies import reply_frames
@@ -33,6 +39,7 @@ from pskv.server.controllers import find_controller
 from pskv.server.handlers import Handler, Reply
 from pskv.server.paths import AllowedPaths
 from pskv.server.shard import ServerShard
+from pskv.transport.bounds import DEFAULT_BOUNDS, check_size
 
 __all__ = ["ControlHandlers"]
 
@@ -47,14 +54,18 @@ class ControlHandlers:
         checkpoints: saves the shard on SAVE_CHECKPOINT.
         reply: sends a reply at once (``reply(identity, frames)``).
         node_id: this server's node id (the replies' sender).
-        rank: this server's rank (names its state files).
-        paths: the directories its state files and checkpoints may be in.
+        rank: this server's rank.
+        paths: the directories its checkpoints may be in.
+        max_message_bytes: the biggest message a worker takes (``PSKV_MAX_MESSAGE_BYTES``): a state
+            reply past it is refused here, naming the setting, not discarded by the worker.
     """
 
     def __init__(self, shard: ServerShard, checkpoints: ShardCheckpoints, reply: Reply, node_id: Callable[[], int],
-                 rank: Callable[[], int], paths: AllowedPaths) -> None:
+                 rank: Callable[[], int], paths: AllowedPaths,
+                 max_message_bytes: int = DEFAULT_BOUNDS.max_message_bytes) -> None:
         self._shard = shard
         self._paths = paths
+        self._max_bytes = max_message_bytes
         self._checkpoints = checkpoints
         self._reply = reply
         self._node_id = node_id
@@ -112,37 +123,54 @@ class ControlHandlers:
             log.warning("%s", exc)
             raise
 
-    def _states_path(self, request: StatesRequest, what: str) -> str:
-        """``<path>.server<rank>``, resolved, inside the allowed directories (else InvalidArgumentError)."""
-        return self._allowed(f"{request.path}.server{self._rank()}", what)
-
     def save_states(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
-        """:class:`StatesRequest`: write the optimizer state to ``<path>.server<rank>``."""
+        """:class:`StatesRequest`: answer with the shard's optimizer state (:class:`OptimizerStates`, its arrays
+        copied: later updates change the live ones while the reply may wait to be sent)."""
         request = StatesRequest.parse(header)
         if not isinstance(self._shard.updater, Updater):
             raise OptimizerStateError(f"{self._name} has no optimizer (call set_optimizer first)")
-        path = self._states_path(request, "save_optimizer_states")
-        try:
-            self._shard.updater.save_states(path, dump_optimizer=request.dump_optimizer)
-        except OSError as exc:  # a pskv error naming the file, not a bare FileNotFoundError
-            raise OptimizerStateError(f"{self._name} cannot write {path}: {exc.strerror or exc}") from None
-        self._ack(identity, header, StatesFile(path).encode())
+        body, specs, arrays = transfer.message(self._shard.updater.document(request.dump_optimizer))
+        check_size(reply_frames(header, self._node_id(), body, specs, arrays), self._max_bytes,
+                   f"{self._name}: save_optimizer_states")
+        self._reply(identity, reply_frames(header, self._node_id(), body, specs, [a.copy() for a in arrays]))
 
     def load_states(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
-        """:class:`StatesRequest`: load the optimizer state from ``<path>.server<rank>``.
+        """:class:`OptimizerStates`: take the optimizer state the request carries, once it fits the shard.
 
-        Without an optimizer, the file's optimizer config (``dump_optimizer``) installs one.
+        Without an optimizer, the state's optimizer config (``dump_optimizer``) installs one.
         """
-        path = self._states_path(StatesRequest.parse(header), "load_optimizer_states")
-        try:
-            if isinstance(self._shard.updater, Updater):
-                self._shard.updater.load_states(path)
+        doc = transfer.document(header, buffers)
+        self._check_fits(doc)
+        if isinstance(self._shard.updater, Updater):
+            self._shard.updater.restore(doc)
+        else:
+            self._shard.updater = updater_from_states(doc, no_config=OptimizerStateError(
+                f"{self._name}: the optimizer state holds no optimizer config and no optimizer is set"))
+        self._ack(identity, header)
+
+    def _check_fits(self, doc: StatesDocument) -> None:
+        """Every key of ``doc`` held here, each of its arrays shaped as the key's slice (as the updater sees it).
+
+        Raises:
+            OptimizerStateError: naming the key (and the shapes).
+        """
+        shapes: dict[int, tuple[int, ...]] = {}
+        for part in self._shard.parts.values():
+            if part.row_width:
+                shapes[part.key] = (part.num_rows, part.row_width)
             else:
-                self._shard.updater = updater_from_states(path, no_config=OptimizerStateError(
-                    f"{self._name}: {path} holds no optimizer config and no optimizer is set"))
-        except OSError as exc:
-            raise OptimizerStateError(f"{self._name} cannot read {path}: {exc.strerror or exc}") from None
-        self._ack(identity, header, StatesFile(path).encode())
+                shapes[part.key] = (shapes.get(part.key, (0,))[0] + part.value.size,)
+        for ks in doc.keys:
+            shape = shapes.get(ks.key) if isinstance(ks.key, int) else None
+            if shape is None:
+                raise OptimizerStateError(
+                    f"{self._name}: load_optimizer_states: the state has key {ks.key}, which this server does not "
+                    "hold (load after init, in a job with the same keys and number of servers)")
+            for name, array in zip(ks.names, ks.arrays, strict=True):
+                if array.shape != shape:
+                    raise OptimizerStateError(
+                        f"{self._name}: load_optimizer_states: state {name!r} of key {ks.key} has shape "
+                        f"{array.shape}, the key's slice on this server {shape}")
 
     def save_checkpoint(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
         """:class:`CheckpointRequest`: write this server's shard into that checkpoint directory."""

@@ -95,10 +95,12 @@ class ServerCore:
         self.data.squeezed = self.checkpoints.squeezed  # both_ways residuals: saved and restored with the shard
         if allocate is not None and cluster.shm_rows_bytes:  # rows of row-sparse keys in shared memory (workers here)
             self.data.shared_rows = SharedRows(allocate, workers, cluster.shm_rows_bytes)
-        control = ControlHandlers(self.shard, self.checkpoints, self._reply, node_id, rank, AllowedPaths.of(cluster))
+        control = ControlHandlers(self.shard, self.checkpoints, self._reply, node_id, rank, AllowedPaths.of(cluster),
+                                  cluster.max_message_bytes)
         self._handlers: dict[Command, Handler] = {**self.data.handlers(), **control.handlers()}
         self._handlers[Command.INIT] = self._init
         self.key_names: dict[int, str] = {}  # str keys' names by server key, from INIT (for the stall report)
+        self.data.steps.key_names = self.dead.key_names = self.key_names  # and for mismatched step counts' errors
         self._held: list[tuple[bytes, list[Any]]] | None = None  # value replies held while a message is handled
         self._secret = secret
         self._early: list[tuple[bytes, list[bytes]]] | None = []  # HELLO/REJOIN that came before the secret

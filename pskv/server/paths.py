@@ -1,9 +1,10 @@
-"""The only directories a server writes and reads on a worker's request.
+"""The only directories a server writes on a worker's request.
 
-``SAVE_STATES``, ``LOAD_STATES`` and ``SAVE_CHECKPOINT`` carry a path chosen by the
-sender. MXNet's servers used it as given; a pskv server accepts it only if it lies,
-after resolving ``..`` and every symbolic link, inside one of the directories fixed
-when the server started (:class:`AllowedPaths`):
+``SAVE_CHECKPOINT`` carries a directory chosen by the sender (optimizer states carry no
+path: the worker writes their files, :mod:`pskv.kvstore.state_files`). MXNet's servers
+used a sender's path as given; a pskv server accepts it only if it lies, after resolving
+``..`` and every symbolic link, inside one of the directories fixed when the server
+started (:class:`AllowedPaths`):
 
 * the state directory, ``PSKV_STATE_DIR`` — by default the server's working directory
   at start, which ``pskv launch`` makes the job's working directory (locally it is the
@@ -11,7 +12,7 @@ when the server started (:class:`AllowedPaths`):
 * the checkpoint directory, ``PSKV_CHECKPOINT_DIR``, if set.
 
 A worker sends absolute paths (resolved against its own working directory), so
-``kv.save_optimizer_states("opt.states")`` names the same file on both sides of a job
+``kv.save_checkpoint("ckpts/first")`` names the same directory on both sides of a job
 whose processes share a working directory. A relative path from a peer is resolved
 against the state directory. Anything else is refused with
 :class:`~pskv.errors.InvalidArgumentError` naming the path and the allowed directories.
@@ -58,7 +59,7 @@ class AllowedPaths:
 
         Args:
             path: the path a request named.
-            what: who asks for what, for the message (``'server 0: save_optimizer_states'``).
+            what: who asks for what, for the message (``'server 0: save_checkpoint'``).
 
         Raises:
             InvalidArgumentError: the resolved path lies outside every allowed directory
@@ -71,6 +72,7 @@ class AllowedPaths:
             raise InvalidArgumentError(
                 f"{what}: refused path {path!r} (resolved: {resolved}): outside the directories this server "
                 f"writes and reads ({', '.join(self.roots)}); use a path inside them, or start the servers with "
-                "PSKV_STATE_DIR (pskv launch --env PSKV_STATE_DIR=DIR) or PSKV_CHECKPOINT_DIR naming its directory"
+                "PSKV_STATE_DIR (pskv launch --env PSKV_STATE_DIR=DIR) or PSKV_CHECKPOINT_DIR (pskv launch "
+                "--checkpoint-dir DIR) naming its directory"
             )
         return resolved

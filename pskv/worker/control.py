@@ -1,8 +1,9 @@
 """A worker's control calls: commands to every server, and its membership calls to the scheduler.
 
 :class:`WorkerControl` (``KVWorker.control``) sends one command to every server and waits
-for every answer — the mode, the optimizer, optimizer states, user controllers, server
-checkpoints, the end of this worker's data (the servers' side: :mod:`pskv.server.control`)
+for every answer — the mode, the optimizer, optimizer states (as messages: the store writes their
+files), user controllers, server checkpoints, the end of this worker's data (the servers' side:
+:mod:`pskv.server.control`)
 — and passes the membership calls (barrier, dead nodes, shutdown) to the scheduler
 (:class:`pskv.cluster.Membership`, through the worker's client). The data path —
 layouts, pushes, pulls and their replies — is :class:`~pskv.worker.kv_worker.KVWorker`'s.
@@ -10,18 +11,21 @@ layouts, pushes, pulls and their replies — is :class:`~pskv.worker.kv_worker.K
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from pskv.errors import CollectiveFailedError
+from pskv.optimizer import transfer
+from pskv.optimizer.states import StatesDocument
 from pskv.partition import server_key
-from pskv.protocol import Command, Header, Role
+from pskv.protocol import Command, Header, Role, node_id
 from pskv.protocol.bodies import (
     CheckpointRequest,
     CheckpointSaved,
     ControllerCall,
     Failure,
+    Meeting,
     OptimizerConfig,
     SetMode,
     StatesRequest,
@@ -66,15 +70,31 @@ class WorkerControl:
         """
         self._all_servers(Command.SET_OPTIMIZER, OptimizerConfig(_server_keyed(config)).encode(), "set_optimizer")
 
-    def save_states(self, path: str, dump_optimizer: bool) -> None:
-        """Every server writes its optimizer state to ``<path>.server<rank>`` (``path`` made absolute
-        here: the servers accept only paths inside their directories, :mod:`pskv.server.paths`)."""
-        self._all_servers(Command.SAVE_STATES, StatesRequest(os.path.abspath(path), dump_optimizer).encode(),
-                          "save_optimizer_states")
+    def save_states(self, dump_optimizer: bool) -> list[StatesDocument]:
+        """Every server's optimizer state, by server rank (:mod:`pskv.optimizer.transfer`): the caller
+        writes the files — a server writes no file a worker names.
 
-    def load_states(self, path: str) -> None:
-        """Every server loads ``<path>.server<rank>`` (``path`` made absolute here)."""
-        self._all_servers(Command.LOAD_STATES, StatesRequest(os.path.abspath(path)).encode(), "load_optimizer_states")
+        Raises:
+            ProtocolError: a server's answer is malformed.
+        """
+        what = "save_optimizer_states"
+        body = StatesRequest(dump_optimizer).encode()
+        pendings = [self._client.request(s, Command.SAVE_STATES, body=body, what=what) for s in self._servers()]
+        return [transfer.document(p.wait(self._timeout), p.buffers) for p in pendings]
+
+    def load_states(self, docs: Sequence[StatesDocument]) -> None:
+        """Give server ``r`` the optimizer state ``docs[r]`` (the caller read its file); waits for every answer."""
+        pendings = []
+        for server, doc in zip(self._servers(), docs, strict=True):
+            body, specs, arrays = transfer.message(doc)
+            pendings.append(self._client.request(server, Command.LOAD_STATES, specs, arrays, body=body,
+                                                 what="load_optimizer_states"))
+        for p in pendings:
+            p.wait(self._timeout)
+
+    def _servers(self) -> range:
+        info = self._client.info
+        return range(info.num_servers if info is not None else 0)
 
     def controller(self, head: int, body: str) -> None:
         """Run the controller registered for ``head`` on every server."""
@@ -95,8 +115,15 @@ class WorkerControl:
 
     # -- membership ---------------------------------------------------------------------
     def barrier(self, timeout: float, name: str = "barrier", failure: BaseException | None = None,
-                result: str = "", agree: Sequence[tuple[str, str]] = (), mode: str = "") -> str:
+                result: str = "", agree: Sequence[tuple[str, str]] = (), mode: str = "",
+                settled: bool = True) -> str:
         """Meet every worker in the collective ``name``; returns rank 0's ``result``.
+
+        Before a counted meeting, every server gets this worker's mark of it, behind its
+        pushes (:mod:`pskv.server.steps`: a sync round that this worker never pushed while
+        another worker did, before the meeting, fails the round and the meeting on every
+        worker at once). ``settled``: no operation of this worker is still queued (False:
+        the mark accuses nobody).
 
         ``failure``: this worker's error in the collective, told to every worker (this
         one's caller raises it; every other worker raises :class:`CollectiveFailedError`
@@ -110,11 +137,19 @@ class WorkerControl:
             NodeFailedError: a worker died (named). OperationTimeoutError: names who did not arrive.
         """
         met = self._client.membership.barrier(Role.WORKER, timeout, name, result=result, agree=agree, mode=mode,
-                                              failure=None if failure is None else Failure.of(failure))
+                                              failure=None if failure is None else Failure.of(failure),
+                                              before=partial(self._mark, name, settled))
         if met.failed and failure is None:
             rank, first = met.failed[0]
             raise CollectiveFailedError(f"worker {rank}", name, first.type, first.message)
         return met.result
+
+    def _mark(self, name: str, settled: bool, seq: int) -> None:
+        """Tell every server this worker arrives at its meeting ``seq`` (a SYNC behind its pushes; not waited for)."""
+        info = self._client.info
+        body = Meeting(seq, settled, name).encode()
+        for server in range(info.num_servers if info is not None else 0):
+            self._client._sync(node_id(Role.SERVER, server), None, _ignore, body)
 
     def num_dead_node(self, group: int, timeout: float) -> int:
         """Nodes of ``group`` (1 scheduler, 2 servers, 4 workers, sums) silent for > ``timeout`` s."""
@@ -123,6 +158,10 @@ class WorkerControl:
     def shutdown(self, timeout: float, wait: bool = False) -> None:
         """Tell the scheduler this worker leaves the job; with ``wait``, block until every worker has left."""
         self._client.membership.shutdown(wait, timeout)
+
+
+def _ignore(_: object) -> None:
+    """A meeting mark's answer: nothing to do (a refusal of it would say the same as the meeting)."""
 
 
 def _server_keyed(config: dict[str, Any]) -> dict[str, Any]:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pskv.config import ClusterConfig
-from pskv.errors import CheckpointError, OptimizerStateError
+from pskv.errors import CheckpointError, InvalidArgumentError, OptimizerStateError
 from pskv.optimizer import SGD, Updater
 from pskv.optimizer.updater import install_optimizer, updater_from_states
 from pskv.protocol import Command, Header, decode
@@ -183,33 +183,47 @@ def test_updater_from_states_needs_the_optimizer_config(tmp_path):
         updater_from_states(updater.get_states(), no_config=CheckpointError("no config"))
 
 
-def control(s: ServerShard, tmp_path) -> tuple[ControlHandlers, list[list]]:
+def control(s: ServerShard, tmp_path, max_bytes: int = 1 << 20) -> tuple[ControlHandlers, list[list]]:
     sent: list[list] = []
     cluster = ClusterConfig(num_servers=1, num_workers=2, role="server", root_uri="127.0.0.1", root_port=1)
     checkpoints = ShardCheckpoints(s, cluster, lambda: "server 0")
     return ControlHandlers(s, checkpoints, lambda identity, frames: sent.append(frames), lambda: 1, lambda: 0,
-                           AllowedPaths([str(tmp_path)])), sent
+                           AllowedPaths([str(tmp_path)]), max_bytes), sent
 
 
 def call(handler, command: Command, body: dict) -> None:
     handler(b"w", Header(command, 1, W0, body=json.dumps(body)), [])
 
 
-def test_control_commands_install_save_and_load_the_optimizer(tmp_path):
+def test_control_commands_install_send_and_take_the_optimizer_state(tmp_path):
+    from pskv.optimizer import transfer
+
     s = shard()
     handlers, sent = control(s, tmp_path)
-    path = str(tmp_path / "states")
     with pytest.raises(OptimizerStateError):
-        call(handlers.save_states, Command.SAVE_STATES, {"path": path})
-    call(handlers.set_optimizer, Command.SET_OPTIMIZER, SGD(learning_rate=0.3).to_config())
+        call(handlers.save_states, Command.SAVE_STATES, {})
+    call(handlers.set_optimizer, Command.SET_OPTIMIZER, SGD(learning_rate=0.3, momentum=0.9).to_config())
     first = s.updater
-    call(handlers.set_optimizer, Command.SET_OPTIMIZER, SGD(learning_rate=0.4).to_config())
+    call(handlers.set_optimizer, Command.SET_OPTIMIZER, SGD(learning_rate=0.4, momentum=0.9).to_config())
     assert s.updater is first and isinstance(first, Updater) and first.optimizer.learning_rate == 0.4
-    call(handlers.save_states, Command.SAVE_STATES, {"path": path, "dump_optimizer": True})
-    assert json.loads(decode(sent[-1])[0].body) == {"file": f"{path}.server0"}
+    part = s.parts[(7, 0)]
+    for w in (W0, W1):
+        s.push(part, w, np.ones(4, np.float32))
+    call(handlers.save_states, Command.SAVE_STATES, {"dump_optimizer": True})
+    header, buffers = decode(sent[-1])
+    doc = transfer.document(header, buffers)  # a copy: the next update does not change it
+    assert [(k.key, k.count, k.names) for k in doc.keys] == [(7, 1, ("momentum",))]
+    for w in (W0, W1):
+        s.push(part, w, np.ones(4, np.float32))
+    np.testing.assert_allclose(doc.keys[0].arrays[0], 2.0)  # the sum 1 + 1, not the next step's 3.8
     s.updater = None
-    call(handlers.load_states, Command.LOAD_STATES, {"path": path})  # installs the file's optimizer
-    assert isinstance(s.updater, Updater) and s.updater.optimizer.learning_rate == 0.4
+    body, specs, arrays = transfer.message(doc)
+    handlers.load_states(b"w", Header(Command.LOAD_STATES, 2, W0, specs, body=body), [memoryview(a) for a in arrays])
+    assert isinstance(s.updater, Updater) and s.updater.optimizer.learning_rate == 0.4  # the state's optimizer
+    assert s.updater.optimizer.get_update_count(7) == 1
+    small, _ = control(s, tmp_path, max_bytes=20)
+    with pytest.raises(InvalidArgumentError, match="exceeds PSKV_MAX_MESSAGE_BYTES=20"):
+        call(small.save_states, Command.SAVE_STATES, {})
 
 
 def test_a_saved_shard_restores_values_rounds_counts_and_optimizer(tmp_path):

@@ -33,8 +33,9 @@ EXAMPLES = [
     (Command.SET_OPTIMIZER, b.OptimizerConfig({"name": "sgd", "params": {"learning_rate": 0.1}})),
     (Command.CONTROLLER, b.ControllerCall(7, "go")),
     (Command.REPLY, b.ControllerAnswer("done")),
-    (Command.SAVE_STATES, b.StatesRequest("states/opt", True)),
-    (Command.REPLY, b.StatesFile("states/opt.server0")),
+    (Command.SAVE_STATES, b.StatesRequest(True)),
+    (Command.REPLY, b.OptimizerStates(3, ((7, 2, ()), (-5, 0, ())), {"name": "sgd", "params": {}})),
+    (Command.LOAD_STATES, b.OptimizerStates(0, ())),
     (Command.SAVE_CHECKPOINT, b.CheckpointRequest("/ckpt/ckpt-1")),
     (Command.REPLY, b.CheckpointSaved("/ckpt/ckpt-1/server-0.safetensors", 123, 1)),
     (Command.ERROR, b.ErrorReply("NodeFailedError", "worker 1 died", "worker 1")),
@@ -79,7 +80,16 @@ def test_each_body_round_trips(command, body):
     (b.SetMode, Command.SET_MODE, "{}", "needs field 'sync'"),
     (b.SetMode, Command.SET_MODE, '{"sync": 1}', "must be bool"),
     (b.ControllerCall, Command.CONTROLLER, '{"head": 1.5}', "'head' must be int"),
-    (b.StatesRequest, Command.SAVE_STATES, '{"path": ""}', "must not be empty"),
+    (b.StatesRequest, Command.SAVE_STATES, '{"path": "/etc/passwd"}', "SAVE_STATES names no file"),
+    (b.OptimizerStates, Command.LOAD_STATES, '{"path": "x", "num_update": 0, "keys": []}', "LOAD_STATES names no file"),
+    (b.OptimizerStates, Command.LOAD_STATES, '{"num_update": -1, "keys": []}', "num_update must be in"),
+    (b.OptimizerStates, Command.LOAD_STATES, '{"num_update": 0, "keys": [], "optimizer": "sgd"}', "an object or null"),
+    (b.OptimizerStates, Command.LOAD_STATES, '{"num_update": 0, "keys": [[1, 0, []], [1, 0, []]]}', "each key once"),
+    (b.OptimizerStates, Command.LOAD_STATES, '{"num_update": 0, "keys": [[1, -1, []]]}', "count >= 0"),
+    (b.OptimizerStates, Command.LOAD_STATES, '{"num_update": 0, "keys": [[1, 0, ["m", "m"]]]}', "distinct"),
+    (b.OptimizerStates, Command.LOAD_STATES, '{"num_update": 0, "keys": [[1, 0, ["m"]]]}', "one floating-point"),
+    (b.OptimizerStates, Command.LOAD_STATES, '{"num_update": 0, "keys": [[1, 0, ' + str([f"s{i}" for i in range(17)])
+     .replace("'", '"') + ']]}', "at most 16"),
     (b.CheckpointRequest, Command.SAVE_CHECKPOINT, '{"dir": ["a"]}', "'dir' must be str"),
     (b.SetMode, Command.SET_MODE, "[" * 100_000, "not JSON"),
     (b.SetMode, Command.SET_MODE, "[1]", "must be a JSON object"),
@@ -114,3 +124,17 @@ def test_a_token_is_the_hmac_of_the_node_id_under_the_jobs_secret():
     # bodies of older senders parse: no token is "" (a server then refuses the HELLO), no secret is ""
     assert b.Hello.parse(Header(Command.HELLO, 1, 9, body='{"tx": "0123456789abcdef"}')).token == ""
     assert b.Rejoin.parse(Header(Command.REJOIN, 1, 9)).token == ""
+
+
+def test_optimizer_states_name_one_floating_point_array_of_their_key_per_state():
+    from pskv.protocol import ArraySpec
+
+    body = b.OptimizerStates(4, ((7, 2, ("mean", "var")), (9, 0, ())), None)
+    specs = (ArraySpec(7, "float32", (3,)), ArraySpec(7, "bfloat16", (3,)))
+    assert b.OptimizerStates.parse(Header(Command.LOAD_STATES, 1, 9, specs, body=body.encode())) == body
+    for bad in ((ArraySpec(7, "float32", (3,)),),  # one array short
+                (*specs, ArraySpec(9, "float32", (1,))),  # one too many
+                (ArraySpec(8, "float32", (3,)), specs[1]),  # another key's
+                (ArraySpec(7, "int64", (3,)), specs[1])):  # not a state's dtype
+        with pytest.raises(ProtocolError, match="LOAD_STATES"):
+            b.OptimizerStates.parse(Header(Command.LOAD_STATES, 1, 9, bad, body=body.encode()))

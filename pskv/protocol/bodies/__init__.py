@@ -6,7 +6,8 @@ The data path has no bodies but INIT's optional key names (its options are
 every field's type and range before anything uses it and raises
 :class:`~pskv.errors.ProtocolError` naming the command and the field; nothing in a
 body is executed, unpickled, or used as a file path without the receiver's own checks
-(paths name files the *receiver* writes, as MXNet's ``save_optimizer_states`` did).
+(a path a body carries, SAVE_CHECKPOINT's, must lie in the directories the receiving server was
+started with; optimizer states travel as arrays, and the worker writes their file).
 
 The bodies live by peer, and are all re-exported here (``from pskv.protocol.bodies import X``):
 
@@ -33,10 +34,12 @@ HELLO             :class:`Hello`         :class:`HelloReply`
 SET_MODE          :class:`SetMode`       (none)
 SET_OPTIMIZER     :class:`OptimizerConfig`  (none)
 CONTROLLER        :class:`ControllerCall`   :class:`ControllerAnswer`
-SAVE_STATES       :class:`StatesRequest`    :class:`StatesFile`
-LOAD_STATES       :class:`StatesRequest`    :class:`StatesFile`
+SAVE_STATES       :class:`StatesRequest`    :class:`OptimizerStates` (and its arrays)
+LOAD_STATES       :class:`OptimizerStates`  (none)
+                  (and its arrays)
 SAVE_CHECKPOINT   :class:`CheckpointRequest`  :class:`CheckpointSaved`
-SYNC, JOIN        (none)                 (none)
+SYNC              (none), or :class:`Meeting`  (none)
+JOIN              (none)                 (none)
 REJOIN            :class:`Rejoin`        :class:`Rejoined`
 ERROR (reply)     —                      :class:`ErrorReply`
 ================  =====================  ================================================
@@ -69,6 +72,7 @@ from pskv.protocol.bodies.scheduler import (
     Barrier,
     Failure,
     Liveness,
+    Meeting,
     Met,
     NodeTable,
     Register,
@@ -80,6 +84,7 @@ from pskv.protocol.bodies.server import (
     MAX_COMPRESSION_FIELDS,
     MAX_KEY_NAME,
     MAX_NAMES_CHARS,
+    MAX_STATE_NAMES,
     MAX_TABLE_ROWS,
     CheckpointRequest,
     CheckpointSaved,
@@ -90,18 +95,19 @@ from pskv.protocol.bodies.server import (
     HelloReply,
     InitBody,
     OptimizerConfig,
+    OptimizerStates,
     Rejoin,
     Rejoined,
     SetMode,
-    StatesFile,
     StatesRequest,
 )
 
 __all__ = [
     "DIGEST_CHARS", "MAX_AGREE", "MAX_COMPRESSION_FIELDS", "MAX_COUNT", "MAX_ITEM", "MAX_KEY_NAME", "MAX_NAME",
-    "MAX_NAMES_CHARS", "MAX_NODES", "MAX_RATE", "MAX_RESULT", "MAX_SECONDS", "MAX_TABLE_ROWS", "MAX_TEXT",
+    "MAX_NAMES_CHARS", "MAX_NODES", "MAX_RATE", "MAX_RESULT", "MAX_SECONDS", "MAX_STATE_NAMES", "MAX_TABLE_ROWS",
+    "MAX_TEXT",
     "NODE_STATES", "Barrier", "CheckpointRequest", "CheckpointSaved", "CompressionParams", "ControllerAnswer",
     "ControllerCall", "Counters", "ErrorReply", "Failure", "Heartbeat", "Hello", "HelloReply", "InitBody",
-    "JobReport", "json_object", "Liveness", "Met", "node_token", "NodeReport", "NodeTable", "OptimizerConfig",
-    "Register", "Rejoin", "Rejoined", "SetMode", "ShmInfo", "Shutdown", "StatesFile", "StatesRequest",
+    "JobReport", "json_object", "Liveness", "Meeting", "Met", "node_token", "NodeReport", "NodeTable", "OptimizerConfig",
+    "OptimizerStates", "Register", "Rejoin", "Rejoined", "SetMode", "ShmInfo", "Shutdown", "StatesRequest",
 ]

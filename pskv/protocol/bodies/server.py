@@ -8,15 +8,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
+from pskv.arrays.dtypes import FLOAT_DTYPES
 from pskv.arrays.tables import check_init
 from pskv.errors import InvalidArgumentError, ProtocolError
 from pskv.partition import server_key
 from pskv.protocol.bodies.fields import MAX_NAME, dump, field, hex_digest, json_object, nonempty
 from pskv.protocol.messages import Flag, Header
 
-__all__ = ["MAX_COMPRESSION_FIELDS", "MAX_KEY_NAME", "MAX_NAMES_CHARS", "MAX_TABLE_ROWS", "CheckpointRequest",
-           "CheckpointSaved", "CompressionParams", "ControllerAnswer", "ControllerCall", "Hello", "HelloReply",
-           "InitBody", "OptimizerConfig", "Rejoin", "Rejoined", "SetMode", "StatesFile", "StatesRequest"]
+__all__ = ["MAX_COMPRESSION_FIELDS", "MAX_KEY_NAME", "MAX_NAMES_CHARS", "MAX_STATE_NAMES", "MAX_TABLE_ROWS",
+           "CheckpointRequest", "CheckpointSaved", "CompressionParams", "ControllerAnswer", "ControllerCall", "Hello",
+           "HelloReply", "InitBody", "OptimizerConfig", "OptimizerStates", "Rejoin", "Rejoined", "SetMode",
+           "StatesRequest"]
 
 
 class Hello(NamedTuple):
@@ -99,6 +101,7 @@ MAX_KEY_NAME = 256  # characters of a str key's name that INIT may carry
 MAX_NAMES_CHARS = 1 << 20  # characters of names one INIT carries (keys past it are reported by number)
 
 
+MAX_STATE_NAMES = 16  # state arrays of one key (an optimizer's momentum, mean, var, weight32, ...)
 MAX_TABLE_ROWS = 1 << 48  # rows one part of a row-sparse key may declare (the server bounds its bytes itself)
 
 
@@ -249,33 +252,92 @@ class ControllerAnswer(NamedTuple):
 
 
 class StatesRequest(NamedTuple):
-    """SAVE_STATES / LOAD_STATES: ``{path: str, dump_optimizer?: bool}``; the server uses
-    ``<path>.server<rank>``."""
+    """SAVE_STATES: ``{dump_optimizer?: bool}``; answered with the shard's :class:`OptimizerStates`.
 
-    path: str
+    It names no file, and a body that does (``path``, as SAVE_STATES once did) is refused: a
+    server writes and reads no file a peer names; the worker that asked writes it.
+    """
+
     dump_optimizer: bool = False
 
     def encode(self) -> str:
-        return dump({"path": self.path, "dump_optimizer": self.dump_optimizer})
+        return dump({"dump_optimizer": self.dump_optimizer})
 
     @classmethod
     def parse(cls, header: Header) -> StatesRequest:
         body = json_object(header)
-        path = nonempty(header, "path", field(header, body, "path", str))
-        return cls(path, field(header, body, "dump_optimizer", bool, False))
+        _no_path(header, body)
+        return cls(field(header, body, "dump_optimizer", bool, False))
 
 
-class StatesFile(NamedTuple):
-    """SAVE_STATES / LOAD_STATES reply: ``{file: str}``, the file written or read."""
+def _no_path(header: Header, body: dict[str, Any]) -> None:
+    if "path" in body:
+        raise ProtocolError(f"{header.command.name} names no file: a server writes and reads no state file a peer "
+                            "names (the worker writes and reads it, docs/security.md)")
 
-    file: str
+
+class OptimizerStates(NamedTuple):
+    """SAVE_STATES reply and LOAD_STATES request: a shard's optimizer state, ``{num_update: int,
+    optimizer: object | null, keys: [[key, count, [name, ...]], ...]}`` and one data frame per state
+    array, in the order the keys list their names.
+
+    Each frame's spec carries its key (the entry's), its dtype (a floating-point one; bfloat16 as
+    its bits) and shape (checked against the frame's length by the codec); ``optimizer`` is an
+    optimizer config (``Optimizer.to_config()``, checked by ``Optimizer.from_config``), or null.
+    Keys are server keys, each listed once, with at most :data:`MAX_STATE_NAMES` distinct names
+    of at most :data:`~pskv.protocol.bodies.fields.MAX_NAME` characters; counts are >= 0.
+    What the receiving server checks against its shard (which keys it holds, their shapes) is
+    :mod:`pskv.server.control`'s.
+    """
+
+    num_update: int
+    keys: tuple[tuple[int, int, tuple[str, ...]], ...]
+    optimizer: dict[str, Any] | None = None
 
     def encode(self) -> str:
-        return dump({"file": self.file})
+        return dump({"num_update": self.num_update, "optimizer": self.optimizer,
+                     "keys": [[k, c, list(names)] for k, c, names in self.keys]})
 
     @classmethod
-    def parse(cls, header: Header) -> StatesFile:
-        return cls(field(header, json_object(header), "file", str))
+    def parse(cls, header: Header) -> OptimizerStates:
+        body = json_object(header)
+        _no_path(header, body)
+        num_update = field(header, body, "num_update", int)
+        optimizer = body.get("optimizer")
+        if not 0 <= num_update <= _INT64_MAX or not (optimizer is None or type(optimizer) is dict):
+            raise ProtocolError(f"{header.command.name}: num_update must be in 0..{_INT64_MAX} and optimizer an "
+                                "object or null")
+        keys: list[tuple[int, int, tuple[str, ...]]] = []
+        seen: set[int] = set()
+        at = 0
+        for i, entry in enumerate(field(header, body, "keys", list)):
+            key, count, names = _state_entry(header, i, entry, seen)
+            specs = header.arrays[at: at + len(names)]
+            if len(specs) != len(names) or any(s.key != key or s.dtype not in FLOAT_DTYPES for s in specs):
+                raise ProtocolError(f"{header.command.name}: keys entry {i} (key {key}) needs one floating-point "
+                                    "array of its key per name")
+            seen.add(key)
+            at += len(names)
+            keys.append((key, count, names))
+        if at != len(header.arrays) or header.flags:
+            raise ProtocolError(f"{header.command.name}: {len(header.arrays)} arrays for {at} state names, "
+                                "or flags set")
+        return cls(num_update, tuple(keys), optimizer)
+
+
+_INT64_MAX = (1 << 63) - 1  # bounds a key and an update count (a key's, the optimizer's)
+
+
+def _state_entry(header: Header, i: int, entry: Any, seen: set[int]) -> tuple[int, int, tuple[str, ...]]:
+    """Entry ``i`` of :class:`OptimizerStates`' keys, checked: a new key, a count, distinct short names."""
+    ok = type(entry) is list and len(entry) == 3 and type(entry[0]) is int and type(entry[1]) is int
+    names = entry[2] if ok else None
+    if not ok or not -_INT64_MAX - 1 <= entry[0] <= _INT64_MAX or entry[0] in seen or not 0 <= entry[1] <= _INT64_MAX \
+            or type(names) is not list or len(names) > MAX_STATE_NAMES \
+            or any(type(n) is not str or not 0 < len(n) <= MAX_NAME for n in names) or len(set(names)) != len(names):
+        raise ProtocolError(f"{header.command.name}: keys entry {i} must be [key, count >= 0, [distinct names "
+                            f"(at most {MAX_STATE_NAMES})]], each key once, got {str(entry)[:200]}")
+    return entry[0], entry[1], tuple(names)
 
 
 class CheckpointRequest(NamedTuple):
