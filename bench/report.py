@@ -9,7 +9,15 @@ disagree with each other or with the results::
 
 ``tests/unit/test_bench_report.py`` runs the check. Which file is the current run of each
 benchmark is :data:`SOURCES`: point it at a new run's file (and run this script) when a
-new run replaces the old one. Standard library only.
+new run replaces the old one. Standard library (and ``git``) only.
+
+**Staleness.** Each text names every result's date and the commit it measured, and says
+which results are older than the code they measure: a result is current only while git
+shows no commit changing ``pskv/`` after the one it measured (:func:`later_commits`); one
+whose commit git cannot find (no history, a shallow clone) counts as older too. The
+flag is part of the rendered text, so when the first change to ``pskv/`` lands after a
+run, ``--check`` fails until the texts are rendered again and say so; ``--check`` also
+prints, per result, how many commits changed ``pskv/`` since.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -29,8 +38,14 @@ SOURCES = {
     "local": "local.json",  # bench_local.py: the local store vs MXNet 1.9.1
     "dist": "dist.json",  # bench_dist.py: W=2 on loopback vs MXNet dist_sync and Gloo
     "train": "train.json",  # bench_train.py: W=2 training vs PyTorch DDP (Gloo)
+    "hosts2": "hosts2_20261124_1gbit_8fbf874.json",  # bench_hosts.py (a): 2 simulated hosts, 1 Gbit/s links
+    "hosts8": "hosts8b_20261124_300mbit.json",  # bench_hosts.py --setup b: 4 worker + 4 server hosts, 300 Mbit/s
     "sparse": "sparse_d694b02.json",  # bench_sparse.py: embedding tables, 100k-30M rows (charts only)
 }
+#: The results the two texts quote, in the order they are named.
+QUOTED = ("local", "dist", "hosts2", "hosts8", "train")
+#: The code the results measure: a later commit changing it makes a result older than the code.
+MEASURED = "pskv"
 TARGETS = {"README.md": "performance", "docs/benchmarks.md": "summary"}
 
 
@@ -70,31 +85,95 @@ def train_rows(train: dict[str, Any]) -> list[tuple[str, list[float]]]:
     return list(models.items())
 
 
+def measured(data: dict[str, Any]) -> tuple[str, str]:
+    """(date, commit) of a run: ``environment`` in bench_local/dist/train's files, top level in bench_hosts's."""
+    env = data.get("environment", data)
+    return env["date_utc"][:10], str(env.get("git_commit") or env.get("commit"))
+
+
 def when(data: dict[str, Any]) -> str:
-    env = data["environment"]
-    return f"{env['date_utc'][:10]}, commit `{env['git_commit']}`"
+    date, commit = measured(data)
+    base, _, dirty = commit.partition("+")
+    return f"{date}, commit `{base}`" + ("+edits" if dirty else "")
+
+
+def later_commits(commit: str) -> int | None:
+    """How many commits changed ``pskv/`` after ``commit`` (``+dirty`` ignored); None when git cannot say."""
+    base = commit.partition("+")[0]
+    try:
+        done = subprocess.run(["git", "-C", str(ROOT), "rev-list", "--count", f"{base}..HEAD", "--", MEASURED],
+                              capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return int(done.stdout) if done.returncode == 0 and done.stdout.strip().isdigit() else None
+
+
+def older_than_code() -> dict[str, int | None]:
+    """The quoted results that are older than the code they measure, with their later commits (None: unknown)."""
+    later = {name: later_commits(measured(load(name))[1]) for name in QUOTED}
+    return {name: n for name, n in later.items() if n != 0}
+
+
+def staleness_sentence() -> str:
+    older = older_than_code()
+    if not older:
+        return "Every run measured the current code."
+    files = "every run" if len(older) == len(QUOTED) else ", ".join(f"`{SOURCES[n]}`" for n in older)
+    return (f"Older than the code they measure: {files} (`{MEASURED}/` changed after the commit measured; "
+            "`python bench/report.py --check` counts the commits): run them again before relying on a number.")
+
+
+def hosts_ratios(hosts: dict[str, Any], workload: str, placement: str | None = None) -> list[float]:
+    """pskv/Gloo of a simulated-hosts run over its pskv calls (push + pull, pushpull)."""
+    return [float(r["ratio_vs_gloo"]) for r in hosts["rows"]
+            if r["workload"] == workload and r.get("placement") == placement]
+
+
+def source(name: str) -> str:
+    return f"`{SOURCES[name]}`, {when(load(name))}"
+
+
+def single_host_text() -> str:
+    local, dist = load("local"), load("dist")
+    return (
+        f"**One host.** The `local` store ({source('local')}) is {x(local_ratio(local, 'ResNet-50 (161 keys)'))} "
+        f"MXNet 1.9.1 on the ResNet-50 parameter list, {x(local_ratio(local, '64 MB'))} on a 64 MB key and "
+        f"{x(local_ratio(local, '4 KB'))} per 4 KB operation. With 2 workers (1 or 2 servers; {source('dist')}) "
+        "the parameter server moves the ResNet-50 list at "
+        f"{span(dist_ratios(dist, 'resnet50', 'pskv', 'push_pull', 'mxnet'))} MXNet's `dist_sync` and "
+        f"{span(dist_ratios(dist, 'resnet50', 'pskv', 'push_pull', 'gloo'))} Gloo's bucketed all-reduce "
+        f"(co-located processes use shared memory), a 64 MB key at "
+        f"{span(dist_ratios(dist, '64mb', 'pskv', 'push_pull', 'mxnet'))} MXNet, and a 4 KB push + pull at "
+        f"{span(dist_ratios(dist, '4kb', 'pskv', 'push_pull', 'mxnet'))} MXNet (`pushpull` "
+        f"{span(dist_ratios(dist, '4kb', 'pskv', 'pushpull', 'mxnet'))}). **Sockets only** (`PSKV_SHM=0`, "
+        f"loopback, same run): the ResNet-50 list at {span(dist_ratios(dist, 'resnet50', 'pskv_tcp', 'push_pull', 'mxnet'))} "
+        f"MXNet but {span(dist_ratios(dist, 'resnet50', 'pskv_tcp', 'push_pull', 'gloo'))} Gloo."
+    )
+
+
+def between_hosts_text() -> str:
+    two, eight = load("hosts2"), load("hosts8")
+    return (
+        "**Between hosts** (simulated: network namespaces joined by shaped veth links on this machine; "
+        f"no real network measured). Two hosts at 1 Gbit/s ({source('hosts2')}): the ResNet-50 list at "
+        f"{span(hosts_ratios(two, 'resnet50'))} Gloo, a 64 MB key at {span(hosts_ratios(two, '64mb'))}. Four "
+        f"worker hosts at 300 Mbit/s ({source('hosts8')}), the ResNet-50 list: "
+        f"{span(hosts_ratios(eight, 'resnet50', 'dedicated'))} Gloo with four dedicated server hosts, "
+        f"{span(hosts_ratios(eight, 'resnet50', 'colocated'))} with the servers on the worker hosts."
+    )
 
 
 def render_performance() -> str:
-    local, dist, train = load("local"), load("dist"), load("train")
-    trained = "; ".join(f"{name} {span(ratios)}" for name, ratios in train_rows(train))
+    trained = "; ".join(f"{name} {span(ratios)}" for name, ratios in train_rows(load("train")))
     text = (
         "Performance on this project's 2-core machine (medians; ratios are pskv/other throughput, "
         "> 1: pskv faster; details in [docs/benchmarks.md](docs/benchmarks.md); this paragraph is "
-        "written by `bench/report.py` from `bench/results/local.json`, `dist.json` and `train.json`): "
-        f"the `local` store is {x(local_ratio(local, 'ResNet-50 (161 keys)'))} MXNet 1.9.1 on the ResNet-50 "
-        f"parameter list, {x(local_ratio(local, '64 MB'))} on a 64 MB key "
-        f"and {x(local_ratio(local, '4 KB'))} per 4 KB operation; with 2 workers (1 or 2 servers) the parameter "
-        f"server moves the ResNet-50 list at {span(dist_ratios(dist, 'resnet50', 'pskv', 'push_pull', 'mxnet'))} "
-        f"MXNet's `dist_sync` and {span(dist_ratios(dist, 'resnet50', 'pskv', 'push_pull', 'gloo'))} Gloo's "
-        "bucketed all-reduce (co-located processes use shared memory; over sockets alone it is "
-        f"{span(dist_ratios(dist, 'resnet50', 'pskv_tcp', 'push_pull', 'mxnet'))} MXNet), a 64 MB key at "
-        f"{span(dist_ratios(dist, '64mb', 'pskv', 'push_pull', 'mxnet'))} MXNet, and a 4 KB push + pull at "
-        f"{span(dist_ratios(dist, '4kb', 'pskv', 'push_pull', 'mxnet'))} MXNet (`pushpull` "
-        f"{span(dist_ratios(dist, '4kb', 'pskv', 'pushpull', 'mxnet'))}). Training on 2 workers "
-        f"(steps/s vs PyTorch DDP with Gloo, 1 or 2 servers): {trained}."
+        "written by `bench/report.py` from the result files in `bench/results` it names, each with "
+        f"its date and the commit it measured). {single_host_text()} {between_hosts_text()} **Training** "
+        f"on 2 workers ({source('train')}; steps/s vs PyTorch DDP with Gloo, 1 or 2 servers): {trained}. "
+        f"{staleness_sentence()}"
     )
-    for glued in ("4 KB", "64 MB", "> 1", "1 or 2", "2 workers"):  # kept on one line (no line starts with ">")
+    for glued in ("4 KB", "64 MB", "> 1", "1 or 2", "2 workers", "1 Gbit/s", "300 Mbit/s", "push + pull"):  # kept on one line (no line starts with ">")
         text = text.replace(glued, glued.replace(" ", "\xa0"))
     return textwrap.fill(text, width=95, break_long_words=False, break_on_hyphens=False).replace("\xa0", " ") + "\n"
 
@@ -121,11 +200,29 @@ def render_summary() -> str:
                 if ratios:
                     lines.append(f"| W=2, S=1 / S=2 ({what}) | {names[workload]} | {other} | "
                                  f"{' / '.join(x(v) for v in ratios)} | {src} |")
+    lines += hosts_summary_rows()
     src = f"`{SOURCES['train']}` ({when(train)})"
     for name, ratios in train_rows(train):
         lines.append(f"| training, W=2, S=1 / S=2 | {name} | PyTorch DDP (Gloo), steps/s | "
                      f"{' / '.join(x(v) for v in ratios)} | {src} |")
+    lines += ["", staleness_sentence()]
     return "\n".join(lines) + "\n"
+
+
+def hosts_summary_rows() -> list[str]:
+    """The simulated-hosts rows: pskv/Gloo for push + pull / pushpull."""
+    rows = []
+    for name, where, placement in [("hosts2", "2 simulated hosts, 1 Gbit/s", None),
+                                   ("hosts8", "4 worker hosts, 4 dedicated server hosts, 300 Mbit/s", "dedicated"),
+                                   ("hosts8", "4 worker hosts, servers on them, 300 Mbit/s", "colocated")]:
+        data = load(name)
+        names = {r["workload"]: r["name"] for r in data["rows"]}
+        for workload in names:
+            ratios = hosts_ratios(data, workload, placement)
+            if ratios:
+                rows.append(f"| {where} (push+pull / pushpull) | {names[workload]} | Gloo all-reduce | "
+                            f"{' / '.join(x(v) for v in ratios)} | `{SOURCES[name]}` ({when(data)}) |")
+    return rows
 
 
 RENDER = {"performance": render_performance, "summary": render_summary}
@@ -156,6 +253,11 @@ def main(argv: list[str] | None = None) -> int:
             stale.append(doc)
             if not args.check:
                 path.write_text(new, encoding="utf-8")
+    for name, later in older_than_code().items():
+        date, commit = measured(load(name))
+        count = "an unknown number of" if later is None else str(later)
+        print(f"older than the code: {SOURCES[name]} measured {commit} on {date}; {count} later commits change "
+              f"{MEASURED}/")
     if args.check and stale:
         print(f"not what bench/results gives: {', '.join(stale)} (run python bench/report.py)", file=sys.stderr)
         return 1

@@ -1,6 +1,6 @@
 """The ``byteps`` store: a BytePS-style summation service on pskv's servers.
 
-Servers only sum (no optimizer: ``is_capable`` is False for everything); workers use
+Servers only sum (no optimizer: ``is_capable`` is False for every known capability); workers use
 ``pushpull`` (an allreduce: every worker receives the sum of all workers' values) and
 ``broadcast`` (rank 0's value, or ``root_rank``'s, to everyone). A key is declared on its first use — the
 first ``pushpull`` or ``broadcast`` of a key is collective, like BytePS's first blocking
@@ -82,7 +82,12 @@ class BytePSStore(KVStoreBase):
 
     @classmethod
     def is_capable(cls, capability: str) -> bool:
-        """False for any capability, known or not: the servers only sum (BytePS's documented answer)."""
+        """False for every known capability: the servers only sum.
+
+        Raises:
+            InvalidArgumentError: unknown capability, as for every store.
+        """
+        cls._capability(capability)
         return False
 
     # -- pushpull and broadcast ------------------------------------------------------------

@@ -13,7 +13,7 @@ makes sense without servers, MXNet's ``Horovod`` store's:
 * ``broadcast(key, value, out=None, root_rank=0)`` — rank ``root_rank``'s value into every
   out (into ``value`` when ``out`` is None; the root's ``value`` is never changed);
 * ``rank``, ``num_workers``, ``local_rank``, ``barrier()``, ``is_capable()`` (False for
-  everything: no optimizer, no row-sparse pulls, no compression);
+  every known capability: no optimizer, no row-sparse pulls, no compression; an unknown one raises);
 * ``init``, ``push``, ``pull``, ``row_sparse_pull``, the optimizer and checkpoint calls raise
   :class:`~pskv.errors.NotSupportedError` naming the call: nothing is stored between calls.
 
@@ -153,8 +153,12 @@ class AllreduceStore(StoreFrontEnd[Any]):
 
     @classmethod
     def is_capable(cls, capability: str) -> bool:
-        """False for any capability, known or not (MXNet's horovod store's and BytePS's answer):
-        no optimizer, row-sparse pull or compression."""
+        """False for every known capability: no optimizer, row-sparse pull or compression.
+
+        Raises:
+            InvalidArgumentError: unknown capability, as for every store.
+        """
+        cls._capability(capability)
         return False
 
     # -- collectives ---------------------------------------------------------------------

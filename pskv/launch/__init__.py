@@ -101,7 +101,7 @@ def _add_placement(parser: argparse.ArgumentParser) -> None:
                              "file exists) a list HOST:SLOTS,HOST:SLOTS as horovodrun's -H (slurm: default the "
                              "allocation's)")
     parser.add_argument("--server-hostfile", default=None, metavar="FILE",
-                        help="ssh only: dedicated server hosts (same syntax as -H, slots ignored); server i runs on "
+                        help="ssh, slurm, mpi: dedicated server hosts (same syntax as -H, slots ignored); server i runs on "
                              "entry i mod len (default: servers share the -H hosts with the workers)")
     parser.add_argument("--ssh-command", default="ssh", metavar="CMD",
                         help="ssh only: the remote-shell program (and options) run as 'CMD -o BatchMode=yes HOST "

@@ -58,7 +58,7 @@ class LaunchConfig:
         hostfile: ssh, slurm, mpi: the file listing the hosts (``host [slots]`` per line), or a
             host list ``host1:2,host2:2`` (horovodrun's ``-H``) when no such file exists; slurm
             without it: the allocation's hosts.
-        server_hostfile: ssh only: a file of dedicated server hosts (``--server-hostfile``,
+        server_hostfile: ssh, slurm, mpi: a file of dedicated server hosts (``--server-hostfile``,
             the hostfile's syntax, slots ignored): server ``i`` runs on its entry ``i mod
             len``; None: the servers run on the hostfile's hosts, with the workers.
         env: extra variables for every process (``--env``); they may not name a
