@@ -75,6 +75,9 @@ def _check_shape(shape: object) -> tuple[int, ...]:
     return tuple(dims)
 
 
+_MAX_ID = int(np.iinfo(np.int64).max)
+
+
 def _index_array(indices: object) -> np.ndarray[Any, Any]:
     """``indices`` as a 1-D int64 NumPy array (integers only; no float ids)."""
     if is_torch(indices):
@@ -92,6 +95,9 @@ def _index_array(indices: object) -> np.ndarray[Any, Any]:
         raise InvalidArgumentError(f"row-sparse indices must be 1-D, got shape {ids.shape}")
     if ids.dtype.kind not in "iu":
         raise InvalidTypeError(f"row-sparse indices must be integers, got dtype {ids.dtype}")
+    if ids.dtype.kind == "u" and ids.size and ids.max() > _MAX_ID:  # the cast would wrap them to negative ids
+        raise InvalidArgumentError(f"row-sparse indices {ids[ids > _MAX_ID][:8].tolist()} out of range "
+                                   f"(row ids are int64, at most {_MAX_ID})")
     return ids.astype(np.int64, copy=False)
 
 

@@ -55,13 +55,12 @@ def unique_rows(key: Any, row_ids: Any, num_rows: int) -> np.ndarray[Any, Any]:
             raise InvalidArgumentError(f"row_ids for key {key!r} must be whole numbers, got {ids[:8].tolist()}")
     elif ids.dtype.kind not in "iu":
         raise InvalidTypeError(f"row_ids for key {key!r} must be integers, got dtype {ids.dtype}")
-    rows = np.unique(ids.astype(np.int64))
-    if rows[0] < 0 or rows[-1] >= num_rows:
-        bad = rows[(rows < 0) | (rows >= num_rows)]
+    if ids.min() < 0 or ids.max() >= num_rows:  # in their own dtype: a cast to int64 first would wrap
+        bad = np.unique(ids[(ids < 0) | (ids >= num_rows)])
         raise InvalidArgumentError(
             f"row_ids {bad[:8].tolist()} out of range for key {key!r} with {num_rows} rows (valid: 0..{num_rows - 1})"
         )
-    return rows
+    return np.unique(ids.astype(np.int64))
 
 
 def row_id_sets(key: Any, row_ids: Any, n_outs: int) -> list[Any]:

@@ -62,26 +62,29 @@ def all_rows(count: int) -> np.ndarray[Any, Any]:
 def checked_ids(ids: np.ndarray[Any, Any], first: int, count: int, what: str) -> np.ndarray[Any, Any]:
     """Global row ids from a peer as local ids of the range ``[first, first + count)``, after checking them.
 
+    Every comparison is of the ids themselves or of Python ints, never of differences (which wrap
+    at the int64 extremes: ``[0, 2**63 - 1, -2**63]`` would pass as increasing).
+
     Raises:
         InvalidArgumentError: more ids than the range has rows, ids not strictly increasing
             (unsorted or repeated), or outside the range; ``what`` names the key and sender.
     """
     n = ids.shape[0]
+    end = first + count
     if n > count:
         raise InvalidArgumentError(f"{what}: {n} rows, more than the {count} rows of this server's range "
-                                   f"[{first}, {first + count})")
+                                   f"[{first}, {end})")
     if n == 0:
         return np.zeros(0, np.int64)
     if n > 1:
-        steps = np.diff(ids)
-        if not bool((steps > 0).all()):
-            at = int(np.argmax(steps <= 0))
+        rising = ids[1:] > ids[:-1]
+        if not bool(rising.all()):
+            at = int(np.argmin(rising))
             raise InvalidArgumentError(f"{what}: row ids must be sorted and unique; {int(ids[at])} is followed by "
                                        f"{int(ids[at + 1])}")
-    if int(ids[0]) < first or int(ids[-1]) >= first + count:
-        bad = ids[(ids < first) | (ids >= first + count)]
-        raise InvalidArgumentError(f"{what}: row ids {bad[:8].tolist()} outside this server's range "
-                                   f"[{first}, {first + count})")
+    if int(ids[0]) < first or int(ids[-1]) >= end:  # sorted: the ends bound every id
+        bad = ids[(ids < first) | (ids >= end)]
+        raise InvalidArgumentError(f"{what}: row ids {bad[:8].tolist()} outside this server's range [{first}, {end})")
     return ids - first
 
 

@@ -123,7 +123,7 @@ def assemble(asked: Sequence[RowPiece], header: Header, buffers: Sequence[memory
         got, rows = split_rows(spec, buf)
         if present:
             first, count = rec.parts[i][1] // rec.row_width, rec.parts[i][2] // rec.row_width
-            if got.size and (got[0] < first or got[-1] >= first + count or not bool((np.diff(got) > 0).all())):
+            if got.size and (got[0] < first or got[-1] >= first + count or not bool((got[1:] > got[:-1]).all())):
                 raise ProtocolError(f"{node} answered rows of key {rec.key!r} that are not sorted, unique ids of its "
                                     "range")
         elif not np.array_equal(got, ids):
