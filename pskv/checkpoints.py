@@ -33,17 +33,18 @@ import json
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from pskv.atomic import write_text_atomic
 from pskv.errors import CheckpointError
+from pskv.safefile import read_json
 
 __all__ = [
     "Kind", "MANIFEST", "SERVER_FORMAT", "SERVER_VERSION", "TRAINING_META", "kind_of", "latest_server_checkpoint",
-    "latest_training_checkpoint", "mark_latest_training", "next_server_checkpoint", "read_manifest", "shard_file", "training_dir",
-    "worker_file", "write_manifest",
+    "latest_training_checkpoint", "mark_latest_training", "next_server_checkpoint", "read_manifest",
+    "restart_checkpoint", "shard_file", "training_dir", "worker_file", "write_manifest",
 ]
 
 SERVER_FORMAT = "pskv.server-checkpoint"
@@ -106,34 +107,58 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
     """
     path = Path(directory) / MANIFEST
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        doc = read_json(path)
     except FileNotFoundError:
         raise CheckpointError(f"{directory} is not a complete pskv checkpoint (no {MANIFEST})") from None
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path} is unreadable: {exc}") from exc
     if not isinstance(doc, dict) or doc.get("format") != SERVER_FORMAT:
         raise CheckpointError(f"{path} is not a pskv checkpoint manifest")
     return doc
 
 
-def latest_server_checkpoint(root: str | os.PathLike[str]) -> Path | None:
+def latest_server_checkpoint(root: str | os.PathLike[str], note: Callable[[str], None] | None = None) -> Path | None:
     """The complete server checkpoint ``<root>/ckpt-<n>`` with the highest ``n``, or None.
 
-    Complete: its manifest reads, and every server's file it names is there.
+    Complete: its manifest reads, and every server's file it names is there. A committed one
+    (its manifest is there) that is damaged is skipped, and ``note``, when given, gets one
+    line saying which and why.
     """
+    for d in _committed(root):
+        try:
+            servers = read_manifest(d).get("num_servers")
+            if not isinstance(servers, int) or isinstance(servers, bool) or servers <= 0:
+                raise CheckpointError(f"{d / MANIFEST} names no number of servers ({servers!r})")
+            missing = [r for r in range(servers) if not shard_file(d, r).is_file()]
+            if missing:
+                raise CheckpointError(f"{shard_file(d, missing[0])} is missing")
+        except CheckpointError as exc:
+            if note is not None:
+                note(f"skipping damaged checkpoint {d}: {exc}")
+            continue
+        return d
+    return None
+
+
+def restart_checkpoint(root: str | os.PathLike[str], note: Callable[[str], None]) -> Path | None:
+    """The checkpoint a restart resumes from: :func:`latest_server_checkpoint`, each damaged one
+    skipped with a line to ``note``; None when ``root`` holds no committed one.
+
+    Raises:
+        CheckpointError: it holds committed checkpoints and every one is damaged (one line).
+    """
+    found = latest_server_checkpoint(root, note)
+    if found is None and _committed(root):
+        raise CheckpointError(f"no usable checkpoint in {root}: every one is damaged")
+    return found
+
+
+def _committed(root: str | os.PathLike[str]) -> list[Path]:
+    """The directories ``<root>/ckpt-<n>`` that have a manifest, highest ``n`` first."""
     base = Path(root)
     if not base.is_dir():
-        return None
+        return []
     found = sorted(((int(m.group(1)), d) for d in base.iterdir()
                     if (m := _SERVER_NAME.match(d.name)) and (d / MANIFEST).is_file()), reverse=True)
-    for _, d in found:
-        try:
-            servers = int(read_manifest(d).get("num_servers", -1))
-        except (CheckpointError, TypeError, ValueError):
-            continue
-        if servers > 0 and all(shard_file(d, r).is_file() for r in range(servers)):
-            return d
-    return None
+    return [d for _, d in found]
 
 
 # -- training checkpoints -----------------------------------------------------------------

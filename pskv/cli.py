@@ -39,7 +39,7 @@ from pskv.launch import DESCRIPTION as LAUNCH_DESCRIPTION
 from pskv.launch import add_arguments as add_launch_arguments
 from pskv.launch import run_args as run_launch
 from pskv.roles import run_role
-from pskv.safefile import read_header
+from pskv.safefile import read_header, read_json
 from pskv.server.snapshot import read_shard
 from pskv.timeline import load as load_timeline
 from pskv.timeline import merge as merge_timeline
@@ -144,7 +144,7 @@ def _verify_server(d: Path) -> str:
 
 def _verify_training(d: Path) -> str:
     """Read a training checkpoint's meta and its parameter file's index; one line describing it."""
-    meta = json.loads((d / TRAINING_META).read_text(encoding="utf-8"))
+    meta = read_json(d / TRAINING_META)
     if not isinstance(meta, dict) or "epoch" not in meta:
         raise CheckpointError(f"{d / TRAINING_META} is not a pskv training checkpoint's meta")
     tensors = len(read_header(d / "params.safetensors")[1])

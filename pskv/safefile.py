@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -33,12 +33,16 @@ from pskv.errors import CheckpointError
 
 __all__ = [
     "DOCUMENT",
+    "MAX_JSON_BYTES",
+    "MAX_JSON_DEPTH",
     "Source",
     "Tensors",
     "dump_tensors",
     "load_tensors",
+    "parse_json",
     "read_document",
     "read_header",
+    "read_json",
     "write_document",
     "write_tensors",
 ]
@@ -47,6 +51,67 @@ DOCUMENT = "pskv"  # the metadata entry that holds the JSON document
 MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit on a header
 Tensors: TypeAlias = dict[str, np.ndarray[Any, Any]]
 Source: TypeAlias = str | os.PathLike[str] | bytes  # a file, or a file's content
+MAX_JSON_BYTES = 64 * 1024 * 1024  # a JSON file pskv reads (manifest, meta, ...): its largest size
+MAX_JSON_DEPTH = 64  # its deepest nesting of arrays and objects (pskv writes at most 4)
+
+
+def _depth(doc: Any) -> int:
+    """How deep a parsed JSON document nests arrays and objects (a walk without recursion)."""
+    deepest, todo = 0, [(doc, 1)]
+    while todo:
+        obj, depth = todo.pop()
+        if isinstance(obj, (dict, list)):
+            deepest = max(deepest, depth)
+            todo.extend((v, depth + 1) for v in (obj.values() if isinstance(obj, dict) else obj)
+                        if isinstance(v, (dict, list)))
+    return deepest
+
+
+def parse_json(text: str | bytes, where: str, error: Callable[[str], Exception] = CheckpointError, *,
+               max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """``text`` parsed as JSON within pskv's bounds; every JSON a pskv process reads goes through here.
+
+    ``where`` names the file (or the entry of one) in the error; ``error`` makes the caller's typed
+    error (``CheckpointError``, ``OptimizerStateError``) of its message.
+
+    Raises:
+        error: ``text`` is larger than ``max_bytes``, nests deeper than ``max_depth``, or is not JSON.
+    """
+    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+    if len(data) > max_bytes:
+        raise error(f"{where} is too large ({len(data):,} bytes of JSON; at most {max_bytes:,})")
+    try:
+        doc = json.loads(data)  # the parser's recursion stops at the interpreter's limit
+        deep = _depth(doc) > max_depth
+    except RecursionError:
+        deep = True
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise error(f"{where} is not JSON: {exc}") from None
+    if deep:
+        raise error(f"{where} nests deeper than {max_depth} levels of JSON arrays and objects")
+    return doc
+
+
+def read_json(path: str | os.PathLike[str], error: Callable[[str], Exception] = CheckpointError, *,
+              max_bytes: int = MAX_JSON_BYTES) -> Any:
+    """The JSON file ``path`` parsed within pskv's bounds (:func:`parse_json`); its size is checked
+    before it is read.
+
+    Raises:
+        FileNotFoundError: there is no such file.
+        error: it cannot be read, is too large, too deep, or not JSON (naming it).
+    """
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > max_bytes:
+                raise error(f"{os.fspath(path)} is too large ({size:,} bytes of JSON; at most {max_bytes:,})")
+            data = f.read(max_bytes + 1)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise error(f"{os.fspath(path)} is unreadable: {exc}") from exc
+    return parse_json(data, os.fspath(path), error, max_bytes=max_bytes)
 
 
 def _name(source: Source) -> str:
@@ -96,8 +161,8 @@ def read_header(source: Source) -> tuple[dict[str, str], tuple[str, ...]]:
     if n > MAX_HEADER or 8 + n > total or len(prefix) < 8 + n:
         raise bad
     try:
-        header = json.loads(prefix[8 : 8 + n].decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+        header = parse_json(prefix[8 : 8 + n], f"the header of {_name(source)}", max_bytes=MAX_HEADER)
+    except CheckpointError:
         raise bad from None
     meta = header.get("__metadata__") if isinstance(header, dict) else None
     if not isinstance(header, dict) or not isinstance(meta or {}, dict):
@@ -152,7 +217,7 @@ def read_document(path: str | os.PathLike[str], fmt: str, version: int, *,
     """
     try:
         meta, _ = read_header(path)
-        doc = json.loads(meta[DOCUMENT])
+        doc = parse_json(meta[DOCUMENT], f"the {DOCUMENT!r} metadata")
         tensors = load_tensors(path)
     except (CheckpointError, OSError, KeyError, ValueError) as exc:
         reason = f"no {DOCUMENT!r} metadata" if isinstance(exc, KeyError) else str(exc)

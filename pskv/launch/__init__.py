@@ -25,9 +25,9 @@ import sys
 import uuid
 from collections.abc import Sequence
 
-from pskv.checkpoints import latest_server_checkpoint
+from pskv.checkpoints import restart_checkpoint
 from pskv.config import log_level_from_env
-from pskv.errors import InvalidArgumentError, LaunchError
+from pskv.errors import CheckpointError, InvalidArgumentError, LaunchError
 from pskv.launch.config import DEFAULT_SSH_PORT, LAUNCHERS, LaunchConfig, parse_env_pairs
 from pskv.launch.console import Console
 from pskv.launch.contract import CONTRACT
@@ -68,7 +68,11 @@ def launch(config: LaunchConfig, console: Console | None = None) -> int:
             if code != 0 and restarts and not console.stop_requested:
                 console.note(f"giving up after {restarts} restart(s) (--max-restarts {config.max_restarts})")
             return code
-        found = latest_server_checkpoint(config.checkpoint_dir) if config.checkpoint_dir else None
+        try:  # a damaged checkpoint is skipped with a note; if every one is, the job stops here
+            found = restart_checkpoint(config.checkpoint_dir, console.note) if config.checkpoint_dir else None
+        except CheckpointError as exc:
+            console.note(f"giving up: {exc}")
+            return code
         console.note(f"restarting the job ({restarts + 1} of at most {config.max_restarts}) "
                      + (f"from checkpoint {found}" if found else "from the beginning (no complete checkpoint)"))
         attempt = dataclasses.replace(config, job_id=uuid.uuid4().hex[:12], restart_count=restarts + 1,

@@ -403,7 +403,7 @@ class Supervisor:
 
     def _restart_server(self, child: _Child, returncode: int) -> bool:
         """Start a failed server again from the newest checkpoint; False if there is none."""
-        found = latest_server_checkpoint(self._checkpoint_dir) if self._checkpoint_dir else None
+        found = latest_server_checkpoint(self._checkpoint_dir, self._console.note) if self._checkpoint_dir else None
         what = f"{child.where} {describe_exit(returncode, self._via_ssh)}"
         if found is None:
             self._console.note(f"{what}; no complete checkpoint in {self._checkpoint_dir or '(no --checkpoint-dir)'} "

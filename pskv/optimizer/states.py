@@ -24,7 +24,7 @@ import numpy as np
 from pskv.arrays import FLOAT_DTYPES, describe, numpy_dtype, to_numpy
 from pskv.arrays.dtypes import bf16_bits_to_f32, f32_to_bf16_bits
 from pskv.errors import CheckpointError, OptimizerStateError
-from pskv.safefile import Source, Tensors, dump_tensors, load_tensors, read_header, write_tensors
+from pskv.safefile import Source, Tensors, dump_tensors, load_tensors, parse_json, read_header, write_tensors
 
 __all__ = [
     "FORMAT_NAME",
@@ -163,10 +163,7 @@ def _field(obj: Any, name: str, kind: type | tuple[type, ...], where: str) -> An
 
 
 def _decode(meta: dict[str, str], tensors: Tensors) -> StatesDocument:
-    try:
-        body = json.loads(meta.get("states", ""))
-    except ValueError:
-        raise _bad("the 'states' metadata is not JSON") from None
+    body = parse_json(meta.get("states", ""), "the 'states' metadata", _bad)
     num_update = _field(body, "num_update", int, "document")
     entries = _field(body, "keys", list, "document")
     optimizer = body.get("optimizer") if isinstance(body, dict) else None

@@ -51,7 +51,7 @@ from pskv.compression.residuals import read_store_file, write_store_file
 from pskv.errors import CheckpointError, InvalidArgumentError
 from pskv.kvstore.compressing import GradientCompression
 from pskv.kvstore.local_rows import sparse_parts
-from pskv.safefile import read_document, write_document
+from pskv.safefile import read_document, read_json, write_document
 
 if TYPE_CHECKING:  # the trainer's fit() uses these; they only need its type
     from pskv.parallel.trainer import Trainer
@@ -168,7 +168,7 @@ def load_checkpoint(trainer: Trainer, path: str | os.PathLike[str]) -> dict[str,
         raise InvalidArgumentError("checkpoints need a Trainer over a DataParallelExecutorGroup")
     path = Path(path)
     try:
-        meta = json.loads((path / META).read_text(encoding="utf-8"))
+        meta = read_json(path / META)
     except (OSError, ValueError) as exc:
         raise InvalidArgumentError(f"{path} is not a pskv checkpoint: {exc}") from exc
     if meta.get("format") != FORMAT:

@@ -44,6 +44,7 @@ from pskv.checkpoints import (
 from pskv.compression import create
 from pskv.errors import CheckpointError, KVStoreError
 from pskv.safefile import read_document, write_document
+from pskv.server.part import storage_dtype
 
 __all__ = [
     "FORMAT", "MANIFEST", "PartState", "ReplyState", "ShardState", "latest_checkpoint", "read_manifest", "read_shard",
@@ -157,18 +158,29 @@ def read_shard(directory: str | os.PathLike[str], rank: int) -> ShardState:
 
 
 def _rows_checked(part: PartState, path: Path) -> PartState:
-    """A saved part, its row-sparse fields checked: whole rows, present rows sorted, unique, in range.
+    """A saved part checked: a flat value of its dtype's storage dtype; a row-sparse part's value
+    whole rows, its present rows int64, in range, sorted and unique (checked without int64 wrap).
 
     Raises:
         CheckpointError: they do not fit.
     """
+    where = f"{path}: key {part.key} offset {part.offset}"
+    try:
+        stored = storage_dtype(part.dtype)
+    except (KVStoreError, TypeError, ValueError):
+        raise CheckpointError(f"{where} has an unknown dtype {part.dtype!r}") from None
+    if part.value.ndim != 1 or part.value.dtype != stored:
+        raise CheckpointError(f"{where} holds {part.value.dtype}{list(part.value.shape)}, not a flat {stored} value "
+                              f"(a {part.dtype} part)")
     if not part.row_width:
         return dataclasses.replace(part, present=None)
     present = part.present
     rows = part.value.size // part.row_width if part.row_width > 0 else -1
-    if (part.row_width < 0 or part.value.size % part.row_width or present is None or present.dtype != np.int64
-            or present.ndim != 1 or (present.size and (present[0] < 0 or present[-1] >= rows
-                                                         or not bool((np.diff(present) > 0).all())))):
+    bad = (part.row_width < 0 or part.value.size % part.row_width or present is None or present.dtype != np.int64
+           or present.ndim != 1)
+    if not bad and present is not None and present.size:  # in range first: then the differences cannot wrap
+        bad = int(present.min()) < 0 or int(present.max()) >= rows or not bool((np.diff(present) > 0).all())
+    if bad:
         raise CheckpointError(f"{path}: the row-sparse part of key {part.key} offset {part.offset} is damaged (rows of "
                               f"{part.row_width}, {part.value.size} values, its present rows do not fit)")
     return part
