@@ -203,9 +203,9 @@ def worker_restart(spec: dict[str, Any]) -> int:
 
     ``pause`` (``{"rank", "step", "marker", "max_s"}``): that rank writes ``step`` to the marker
     file before pushing it and waits up to ``max_s`` s to be killed, so the kill falls on a step
-    boundary that the replacement (``kv.is_recovery``) reads back: it goes on from there.
-    ``resume`` ``"servers"``: a replacement goes on from ``kv.resume_step()`` instead (the steps of
-    its rank whose pushes reached the servers), wherever the kill fell.
+    boundary. A replacement (``kv.is_recovery``) goes on from ``kv.resume_step()`` (the steps of its
+    rank whose pushes reached the servers; its pushes are refused until it asked), and reports the
+    marker beside it. ``resume`` ``"servers"``: the same, wherever the kill fell.
     """
     import numpy as np
 
@@ -222,12 +222,10 @@ def worker_restart(spec: dict[str, Any]) -> int:
     kv.init(names, [np.linspace(-1, 1, 4096, dtype=np.float32), np.linspace(0, 1, 64, dtype=np.float32)])
     start = 0
     if recovery:  # a replacement of a killed worker: go on from the step it had not pushed
-        if spec.get("resume") == "servers":
-            start = kv.resume_step()  # type: ignore[attr-defined]
-        else:
-            start = int(Path(pause["marker"]).read_text(encoding="ascii")) if pause else 0
-        print(f"rejoined at step {start}", flush=True)
-        emit("rejoined", rank=rank, step=start)
+        start = kv.resume_step()  # type: ignore[attr-defined]  # a replacement's pushes wait for it
+        marked = int(Path(pause["marker"]).read_text(encoding="ascii")) if pause else start
+        print(f"rejoined at step {start} (its own marker: {marked})", flush=True)
+        emit("rejoined", rank=rank, step=start, marker=marked)
     elif kv.resumed is not None:
         start = int(kv.resumed["meta"]["step"]) + 1
         print(f"resumed at step {start}", flush=True)

@@ -94,7 +94,7 @@ class DistStore(DistJob):
             self._num_workers = info.num_workers
             self._num_servers = info.num_servers
             self._servers = ServerCollectives(self._worker, cluster, self._rank, self._engine)
-            self._pushes = PushNumbers(self._worker, self._recovery)
+            self._pushes = PushNumbers(self._worker, self._recovery, self)  # a replacement: its guard too
             if self._recovery:  # the job runs already: nobody else is at a creation barrier
                 log.warning("worker %d: a replacement process joins the running job (is_recovery)", self._rank)
             else:  # rank 0 sets the servers' mode; every worker learns whether it could

@@ -78,7 +78,8 @@ class DistJob(StoreFrontEnd[KeyLayout]):
 
         Where to go on: the servers told it how many pushes of its rank reached them
         (:meth:`push_count`, :meth:`resume_step`); a push number that arrived already is
-        never applied again, so re-pushing a step that had landed changes nothing.
+        never applied again, so re-pushing a step that had landed changes nothing. Its
+        pushes of a key its rank had pushed are refused until :meth:`resume_step` answered for it.
         """
         return self._recovery
 
@@ -101,7 +102,10 @@ class DistJob(StoreFrontEnd[KeyLayout]):
         The fewest pushes of any of ``keys`` (default: every key initialised so far); in a
         replacement process, of those that reached the servers from the processes it
         replaced, and each key's push numbering is set back to that step
-        (:mod:`~pskv.kvstore.resume`). 0 before any push.
+        (:mod:`~pskv.kvstore.resume`). 0 before any push. Until it answered for a key its
+        rank had pushed, a replacement's ``push`` / ``pushpull`` of the key raises
+        InvalidArgumentError naming it: the step its program had in mind could be summed
+        into a later round.
 
         Raises:
             UnknownKeyError: a key was not initialised.

@@ -10,17 +10,76 @@ numbers on from there, so re-pushing a step that had landed changes nothing.
 from: the fewest pushes of its keys. Where the old process died in the middle of a step
 (some keys pushed, others not), each key's numbering is set back to that step, so pushing
 the step again is applied for the keys that missed it and ignored for the others.
+
+Until it has asked, a replacement whose rank had pushed a key cannot push it
+(:class:`ResumeGuard`): numbered on from the pushes that arrived, a step the program
+takes from elsewhere (its own progress file) would be summed into a later round. A
+replacement whose rank never pushed the key goes on from step 0 either way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
 
 from pskv.errors import InvalidArgumentError
 from pskv.kvstore.keys import Key
 from pskv.worker import KeyLayout, KVWorker
 
-__all__ = ["PushNumbers"]
+__all__ = ["PushNumbers", "ResumeGuard"]
+
+GUARDED = ("push", "pushpull")  # the store's calls that number a push
+
+
+class ResumeGuard:
+    """Refuses a replacement's pushes of the keys its rank had pushed until it asked ``resume_step`` for them.
+
+    Armed, it puts wrappers of the store's :data:`GUARDED` calls in the store instance's
+    ``__dict__``, which check the call's keys before anything runs or is sent; disarmed,
+    it removes them: a store that is no replacement, or that asked, calls its own methods.
+
+    Args:
+        store: the dist store (its ``push`` / ``pushpull`` and ``_key_list``), held weakly: no cycle.
+    """
+
+    def __init__(self, store: Any) -> None:
+        self._store = weakref.ref(store)
+        self._unasked: dict[Any, int] = {}  # key -> its rank's pushes that arrived, before resume_step asked
+
+    def arm(self, counts: dict[Any, int]) -> None:
+        """Refuse pushes of these keys (key -> pushes of this rank that had arrived) until :meth:`asked`."""
+        if counts and not self._unasked:
+            store = self._store()
+            for name in GUARDED:
+                vars(store)[name] = self._guarded(getattr(type(store), name), name)
+        self._unasked.update(counts)
+
+    def asked(self, keys: Collection[Any]) -> None:
+        """``resume_step`` answered for ``keys``: their pushes go through (no wrapper left once all did)."""
+        for key in keys:
+            self._unasked.pop(key, None)
+        store = self._store()
+        if not self._unasked and store is not None:
+            for name in GUARDED:
+                vars(store).pop(name, None)
+
+    def _guarded(self, call: Callable[..., Any], op: str) -> Callable[..., Any]:
+        def guarded(key: Any, *args: Any, **kwargs: Any) -> Any:
+            store = self._store()
+            assert store is not None  # it calls this wrapper
+            self.check(store._key_list(key)[0], op)
+            return call(store, key, *args, **kwargs)
+        return guarded
+
+    def check(self, keys: Sequence[Any], op: str) -> None:
+        """Raises InvalidArgumentError, naming ``kv.resume_step()``, for a key of ``keys`` not asked about yet."""
+        for key in keys:
+            if key in self._unasked:
+                raise InvalidArgumentError(
+                    f"{op} of key {key!r}: this process replaced a worker whose pushes of it had reached the servers "
+                    f"({self._unasked[key]} of them); call kv.resume_step() first: it returns the step to go on from, and "
+                    "a push of a step that was applied already would be summed into a later round")
 
 
 class PushNumbers:
@@ -29,17 +88,22 @@ class PushNumbers:
     Args:
         worker: the store's worker layer (it learnt at REJOIN which pushes arrived).
         recovery: whether this process replaced a dead worker of a running job.
+        store: the dist store, whose pushes a replacement's :class:`ResumeGuard` holds back.
     """
 
-    def __init__(self, worker: KVWorker, recovery: bool) -> None:
+    def __init__(self, worker: KVWorker, recovery: bool, store: Any) -> None:
         self._worker = worker
         self._recovery = recovery
         self._resumed: dict[Key, int] = {}  # a replacement: per key, pushes of this rank that had arrived
+        self._guard = ResumeGuard(store)
 
     def resume(self, recs: Sequence[KeyLayout]) -> None:
         """A replacement's keys: number their pushes on from those of this rank that reached the servers."""
         self._worker.resume(recs)
         self._resumed.update((rec.key, rec.pushes[0]) for rec in recs)
+        landed = self._worker.client.landed  # any part's count: a key whose parts differ was pushed too
+        self._guard.arm({rec.key: most for rec in recs
+                         if (most := max((landed.get((rec.skey, offset), 0) for _, offset, _ in rec.parts), default=0))})
 
     @staticmethod
     def count(rec: KeyLayout) -> int:
@@ -64,4 +128,5 @@ class PushNumbers:
             for rec in recs:
                 rec.pushes = [step] * len(rec.parts)
                 self._resumed[rec.key] = step
+            self._guard.asked([rec.key for rec in recs])
         return step
