@@ -6,6 +6,10 @@ the message — protocol version, command, field types, dtype allow-list, shape 
 the frame's byte length, and size limits — and raises :class:`ProtocolError` on any
 violation. Nothing received is unpickled or executed: msgpack decodes only plain
 numbers, strings and lists here (``strict_map_key``, no extension types).
+
+A receiver that checks who sent a message decodes it in two halves, :func:`decode_head`
+(the fixed fields) and :func:`decode_arrays` (the specs), and checks the sender between
+them: a stranger's message then costs its header's first fields, however many arrays it names.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from pskv.arrays.dtypes import SUPPORTED_DTYPES, itemsize
 from pskv.errors import ProtocolError
 from pskv.protocol.messages import KNOWN_FLAGS, PROTOCOL_VERSION, ArraySpec, Command, Flag, Header
 
-__all__ = ["encode", "decode", "frame_array", "rows_frame", "split_rows", "Limits", "DEFAULT_LIMITS"]
+__all__ = ["encode", "decode", "decode_head", "decode_arrays", "frame_array", "rows_frame", "split_rows", "Limits", "DEFAULT_LIMITS"]
 
 _DTYPE_CODE = {name: i for i, name in enumerate(SUPPORTED_DTYPES)}
 _COMMANDS = {int(c): c for c in Command}
@@ -29,6 +33,8 @@ _DATA_COMMANDS = frozenset({Command.PUSH, Command.PULL, Command.PUSHPULL})  # IN
 _COMPRESSED_COMMANDS = frozenset({Command.PUSH, Command.PUSHPULL, Command.REPLY})  # frames may be payloads
 _ROWS_COMMANDS = frozenset({Command.INIT, Command.PUSH, Command.PULL, Command.REPLY})  # Flag.ROWS: row-sparse parts
 _ID_BYTES = 8  # one int64 row id of the rows encoding
+# builds a named tuple from all its fields in order, as its generated __new__ does, without that Python call
+_new = tuple.__new__
 # flags whose command (and body) is ruled (_check_flags); QUIET, SHM, SUMMED, OVERWRITE alone fit any message
 _RULED_FLAGS = Flag.COMPRESSED | Flag.COMPRESS_REPLY | Flag.ROWS | Flag.PRESENT
 # bfloat16 travels as its raw 16-bit pattern; NumPy holds it as uint16.
@@ -65,6 +71,7 @@ class Limits:
 
 
 DEFAULT_LIMITS = Limits()
+PEEK_BYTES = 64 << 10  # decode_head reads a longer header only up to its specs (its sender is checked first)
 
 
 def encode(header: Header, arrays: Sequence[Any] = ()) -> list[Any]:
@@ -105,10 +112,73 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> tuple[Head
     Raises:
         ProtocolError: the message is malformed or breaks a limit; the message says how.
     """
-    version, command, request, sender, priority, body, specs, flags = _header_fields(frames, limits)
+    _, cmd, request, sender, priority, body, specs, flags = _fixed_fields(frames, limits)
+    if not specs:
+        return _new(Header, (cmd, request, sender, (), priority, body, flags)), []
+    parsed, buffers = _arrays(cmd, flags, specs, frames, limits)
+    return _new(Header, (cmd, request, sender, parsed, priority, body, flags)), buffers
+
+
+def decode_head(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> tuple[Header, list[Any]]:
+    """The first, cheap half of :func:`decode`: the header's fixed fields, checked, and its specs, not yet.
+
+    A receiver that checks who sent a message does so between the halves, so a stranger's
+    message costs the unpacking of its header's first fields, not its arrays: a header
+    longer than :data:`PEEK_BYTES` is read only up to its specs (they and its flags are
+    read and checked by :func:`decode_arrays`).
+
+    Returns:
+        The header without its arrays and the raw specs (``None``: not read yet, and the
+        header's flags are 0 till then), for :func:`decode_arrays`.
+
+    Raises:
+        ProtocolError: as :func:`decode`.
+    """
+    _, cmd, request, sender, priority, body, specs, flags = _fixed_fields(frames, limits, PEEK_BYTES)
+    return _new(Header, (cmd, request, sender, (), priority, body, flags)), specs
+
+
+def decode_arrays(header: Header, specs: list[Any], frames: Sequence[Any],
+                  limits: Limits = DEFAULT_LIMITS) -> tuple[Header, list[memoryview]]:
+    """The second half of :func:`decode`: ``header`` (from :func:`decode_head`) with its ``specs`` validated.
+
+    Raises:
+        ProtocolError: as :func:`decode`.
+    """
+    if not specs:
+        return (header, []) if specs is not None else decode(frames, limits)  # None: a long header, read now
+    cmd, request, sender, _, priority, body, flags = header
+    parsed, buffers = _arrays(cmd, flags, specs, frames, limits)
+    return _new(Header, (cmd, request, sender, parsed, priority, body, flags)), buffers
+
+
+def _fixed_fields(frames: Sequence[Any], limits: Limits, peek_above: int = 1 << 62) -> list[Any]:
+    """The header frame's eight fields, unpacked within the limits; all but the specs checked (the command
+    is a :class:`Command` in place of its number), and the number of data frames against the specs.
+
+    A header longer than ``peek_above`` bytes: only the six fields before its specs are read and
+    checked (specs ``None``, flags 0).
+    """
+    if not frames:
+        raise ProtocolError("empty message")
+    head = memoryview(getattr(frames[0], "buffer", frames[0])).cast("B")  # _bytes_of, inline: every message
+    size = len(head)
+    if size > limits.max_header_bytes:
+        raise ProtocolError(f"header of {size} bytes exceeds the limit of {limits.max_header_bytes}")
+    try:
+        # the length limits stop a hostile header before it is built (a 14 MB header
+        # declaring millions of arrays would otherwise hold the decoding thread for seconds)
+        fields = _peek(head, limits) if size > peek_above else msgpack.unpackb(
+            head, raw=False, strict_map_key=True, use_list=True, max_bin_len=0, max_ext_len=0, max_map_len=0,
+            max_array_len=max(limits.max_arrays, limits.max_dims, 8), max_str_len=limits.max_body_chars)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise ProtocolError(f"undecodable header: {type(exc).__name__}: {exc}") from None
+    if not isinstance(fields, list) or len(fields) != 8:
+        raise ProtocolError("header is not an 8-field list")
+    version, command, request, sender, priority, body, specs, flags = fields
     if version != PROTOCOL_VERSION:
         raise ProtocolError(f"protocol version {version!r} not supported (this node speaks {PROTOCOL_VERSION})")
-    cmd = _COMMANDS.get(command) if type(command) is int else None
+    cmd = fields[1] = _COMMANDS.get(command) if type(command) is int else None
     if cmd is None:
         raise ProtocolError(f"unknown command {command!r}")
     lo, hi = _INT64
@@ -118,50 +188,44 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> tuple[Head
         _bad_ints(request, sender, priority)
     if type(body) is not str or len(body) > limits.max_body_chars:
         raise ProtocolError("body must be a string within the size limit")
+    if specs is None:  # peeked at: the rest once its sender passed
+        return fields
     if type(flags) is not int or flags & ~KNOWN_FLAGS or flags < 0:
         raise ProtocolError(f"flags {flags!r} are not a combination of the known flag bits")
     if flags & _RULED_FLAGS or body:  # the usual message has neither: nothing to check
         _check_flags(cmd, flags, body)
     if type(specs) is not list or len(specs) > limits.max_arrays:
         raise ProtocolError("array list missing or too long")
-    rows = flags & Flag.ROWS
-    named = (cmd is Command.PULL and not rows) or flags & Flag.SHM  # the specs name parts; no data frames follow
+    named = (cmd is Command.PULL and not flags & Flag.ROWS) or flags & Flag.SHM  # the specs name parts, no data
     if len(frames) - 1 != (0 if named else len(specs)):
         raise ProtocolError(f"header describes {len(specs)} arrays but {len(frames) - 1} data frames arrived"
                             + (f" ({cmd.name} names its parts without data)" if named else ""))
-    if not specs:
-        return Header(cmd, request, sender, (), priority, body, flags), []
-    if named:
-        parsed = tuple(_shm_rows_spec(i, s, limits) if rows else _spec(i, s, None, limits) for i, s in enumerate(specs))
-        return Header(cmd, request, sender, parsed, priority, body, flags), []
+    return fields
+
+
+def _peek(head: memoryview, limits: Limits) -> list[Any]:
+    """The six fields before the specs of the header ``head``, then ``None`` and 0 for its specs and flags."""
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=True, max_bin_len=0, max_ext_len=0, max_map_len=0,
+                                max_array_len=max(limits.max_dims, 8), max_str_len=limits.max_body_chars,
+                                max_buffer_size=len(head))
+    unpacker.feed(head)
+    if unpacker.read_array_header() != 8:
+        raise ProtocolError("header is not an 8-field list")
+    return [*(unpacker.unpack() for _ in range(6)), None, 0]
+
+
+def _arrays(cmd: Command, flags: int, specs: list[Any], frames: Sequence[Any],
+            limits: Limits) -> tuple[tuple[ArraySpec, ...], list[memoryview]]:
+    """The validated ``specs`` (not empty) of a message whose fixed fields passed, and its data frames' bytes."""
+    rows = flags & Flag.ROWS
+    if (cmd is Command.PULL and not rows) or flags & Flag.SHM:  # the specs name parts; no data frames follow
+        return tuple(_shm_rows_spec(i, s, limits) if rows else _spec(i, s, None, limits)
+                     for i, s in enumerate(specs)), []
     buffers = [_bytes_of(f) for f in frames[1:]]
     if rows:
-        parsed = _rows_specs(cmd, flags, specs, buffers, limits)
-    else:
-        compressed = bool(flags & Flag.COMPRESSED)
-        parsed = tuple(_spec(i, s, buf, limits, compressed) for i, (s, buf) in enumerate(zip(specs, buffers)))
-    return Header(cmd, request, sender, parsed, priority, body, flags), buffers
-
-
-def _header_fields(frames: Sequence[Any], limits: Limits) -> list[Any]:
-    """The header frame's eight fields, unpacked within the limits (not checked yet)."""
-    if not frames:
-        raise ProtocolError("empty message")
-    head = _bytes_of(frames[0])
-    if len(head) > limits.max_header_bytes:
-        raise ProtocolError(f"header of {len(head)} bytes exceeds the limit of {limits.max_header_bytes}")
-    try:
-        # the length limits stop a hostile header before it is built (a 14 MB header
-        # declaring millions of arrays would otherwise hold the decoding thread for seconds)
-        fields = msgpack.unpackb(head, raw=False, strict_map_key=True, use_list=True,
-                                 max_bin_len=0, max_ext_len=0, max_map_len=0,
-                                 max_array_len=max(limits.max_arrays, limits.max_dims, 8),
-                                 max_str_len=limits.max_body_chars)
-    except Exception as exc:  # msgpack raises several unrelated types on garbage
-        raise ProtocolError(f"undecodable header: {type(exc).__name__}: {exc}") from None
-    if not isinstance(fields, list) or len(fields) != 8:
-        raise ProtocolError("header is not an 8-field list")
-    return fields
+        return _rows_specs(cmd, flags, specs, buffers, limits), buffers
+    compressed = bool(flags & Flag.COMPRESSED)
+    return tuple(_spec(i, s, buf, limits, compressed) for i, (s, buf) in enumerate(zip(specs, buffers))), buffers
 
 
 def _bad_ints(request: Any, sender: Any, priority: Any) -> None:
@@ -237,7 +301,7 @@ def _spec(i: int, s: Any, buf: memoryview | None, limits: Limits, compressed: bo
         raise ProtocolError(
             f"array {i} (key {key}): shape {tuple(shape)} {dtype} needs {expected} bytes, frame has {len(buf)}"
         )
-    return ArraySpec(key, dtype, tuple(shape), offset, rnd, buffer)
+    return _new(ArraySpec, (key, dtype, tuple(shape), offset, rnd, buffer))
 
 
 def _shm_rows_spec(i: int, s: Any, limits: Limits) -> ArraySpec:

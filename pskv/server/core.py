@@ -1,7 +1,8 @@
 """``ServerCore``: everything a server does with a request, with no socket in sight.
 
 ps-lite's ``KVServer::Process`` decodes a message and calls one request handler; this
-is that handler for pskv: decode and validate the frames, check the sender, answer a
+is that handler for pskv: decode the header's fixed fields, check the sender, and only
+then decode and validate the arrays (a stranger's message costs its header), answer a
 repeated request from the :class:`~pskv.server.dedup.ReplyCache`, dispatch to the data
 (:mod:`pskv.server.handlers`) or control (:mod:`pskv.server.control`) commands, and
 turn any exception into an ``ERROR`` reply naming it. Replies leave through one
@@ -28,14 +29,15 @@ import collections
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from pskv.config import ClusterConfig
 from pskv.errors import KVStoreError, ProtocolError
 from pskv.metrics import STALL_AFTER
 from pskv.partition import server_key
-from pskv.protocol import Command, Header, Role, decode, node_id, node_name, node_role_rank
+from pskv.protocol import Command, Header, Role, node_id, node_name, node_role_rank
 from pskv.protocol.bodies import Counters, InitBody
+from pskv.protocol.codec import decode_arrays, decode_head
 from pskv.protocol.replies import error_frames
 from pskv.server.checkpointing import ShardCheckpoints
 from pskv.server.control import ControlHandlers
@@ -106,25 +108,33 @@ class ServerCore:
         self._early: list[tuple[bytes, list[bytes]]] | None = []  # HELLO/REJOIN that came before the secret
         self._early_limit = 2 * cluster.num_workers + 16  # a worker's connections open one at a time per server
         self._workers = workers  # node ids: a stalled round waits for those that did not push
+        self._members = frozenset(workers)  # the senders a server answers
         self._scanned = (0, 0, 0)  # queue, stalls, whom they wait for: the last pass over the parts (metrics())
         self._next_scan = 0.0  # monotonic time metrics() may pass over the parts again
 
     def handle(self, identity: bytes, frames: list[Any]) -> None:
         """Handle one message from the socket ``identity`` (malformed frames are logged and dropped)."""
         try:
-            header, buffers = decode(frames)
+            header, specs = decode_head(frames)  # the fixed fields: who sent it is checked before its arrays
         except ProtocolError as exc:
             log.error("%s: rejected a malformed message from %r: %s", self._name(), identity, exc)
             return
-        self.observer.received(header, buffers)
-        if self._early is not None and self._hold_early(identity, header, buffers, frames):
+        if self._early is not None and self._hold_early(identity, header, frames):
             return
         origin = identity  # the socket it came from: one process's (fixed across reconnects)
         identity = self.routes.get(identity)  # from a send-only socket: answer where its HELLO came from
         self._held = []
         try:
-            handler = self._checked_handler(header)
+            handler = self._handlers.get(header.command) if header.sender in self._members else None
+            if handler is None:
+                self._refuse(header)
             self.senders.check(origin, header)  # a connection speaks for one worker only
+            try:
+                header, buffers = decode_arrays(header, specs, frames)
+            except ProtocolError as exc:
+                log.error("%s: rejected a malformed message from %r: %s", self._name(), origin, exc)
+                return
+            self.observer.received(header, buffers)
             repeat = self.replies.begin(origin, header.request)
             if repeat is None:
                 handler(identity, header, buffers)
@@ -178,7 +188,7 @@ class ServerCore:
         for identity, frames in early or ():
             self.handle(identity, frames)
 
-    def _hold_early(self, identity: bytes, header: Header, buffers: list[memoryview], frames: list[Any]) -> bool:
+    def _hold_early(self, identity: bytes, header: Header, frames: list[Any]) -> bool:
         """Before the secret is known, hold an opening message (bounded) to handle at :meth:`registered`.
 
         Returns whether it was held. Past the bound, or with array frames, it is not: the
@@ -188,7 +198,7 @@ class ServerCore:
             self.registered()  # the secret came: what was held goes first
             return False
         assert self._early is not None
-        if header.command not in (Command.HELLO, Command.REJOIN) or buffers or len(self._early) >= self._early_limit:
+        if header.command not in (Command.HELLO, Command.REJOIN) or len(frames) > 1 or len(self._early) >= self._early_limit:
             return False
         self._early.append((identity, [bytes(memoryview(f).cast("B")) for f in frames]))  # copied: small
         return True
@@ -199,22 +209,19 @@ class ServerCore:
         self.data.init(identity, header, buffers)
         self.key_names.update((server_key(n), n) for n in names)
 
-    def _checked_handler(self, header: Header) -> Handler:
-        """The handler of a request from a worker of this job.
+    def _refuse(self, header: Header) -> NoReturn:
+        """Refuse a request this server does not handle.
 
         Raises:
-            ProtocolError: the sender is no worker of this job, or no server command.
+            ProtocolError: the sender is no worker of this job, or the command no server command.
         """
-        try:
-            role, rank = node_role_rank(header.sender)
-        except ValueError:
-            raise ProtocolError(f"sender {header.sender} is not a node id") from None
-        if role is not Role.WORKER or rank >= self._cluster.num_workers:
+        if header.sender not in self._members:
+            try:
+                node_role_rank(header.sender)
+            except ValueError:
+                raise ProtocolError(f"sender {header.sender} is not a node id") from None
             raise ProtocolError(f"sender {header.sender} is not a worker of this job")
-        handler = self._handlers.get(header.command)
-        if handler is None:
-            raise ProtocolError(f"a server does not handle {header.command.name}")
-        return handler
+        raise ProtocolError(f"a server does not handle {header.command.name}")
 
     def _answer_repeat(self, identity: bytes, header: Header, repeat: Repeat) -> None:
         """Answer a request its sender sent again after a reset connection (see :mod:`pskv.server.dedup`)."""
