@@ -210,6 +210,18 @@ class Membership:
             self._reactor.call_soon(lambda: self._reactor.add_timer(interval, self._beat))
         return self.info
 
+    def report_failure(self, rank: int, exc: BaseException, timeout: float = 2.0) -> None:
+        """This node could not start and is exiting: tell the scheduler why (``exc``), so that the
+        nodes waiting to register learn it now, not at ``startup_timeout``. Best effort: waits at
+        most ``timeout`` s for the scheduler to take it, and never raises (the node exits with
+        ``exc`` anyway). The reactor must be running."""
+        role = "server" if self._role is Role.SERVER else "worker"
+        body = Register(role, self._address, rank, failed=Failure.of(exc)).encode()
+        try:
+            self._request(Command.REGISTER, body, "startup failure report").wait(timeout)
+        except Exception as err:  # noqa: BLE001 - the scheduler is gone or refused: nothing more to do
+            log.info("%s: could not tell the scheduler why it did not start: %s", role, err)
+
     # -- heartbeats ---------------------------------------------------------------------
     def _beat(self) -> None:
         limit = time.monotonic() - self._cluster.recovery_timeout

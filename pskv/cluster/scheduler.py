@@ -33,7 +33,7 @@ from pskv.cluster.meetings import Meetings
 from pskv.cluster.rates import MetricsWindow
 from pskv.cluster.runtime import NodeRuntime
 from pskv.config import ClusterConfig
-from pskv.errors import OperationTimeoutError, ProtocolError
+from pskv.errors import NodeFailedError, OperationTimeoutError, ProtocolError
 from pskv.protocol import SCHEDULER_ID, Command, Header, Role, decode, node_id, node_name
 from pskv.protocol.bodies import (
     DIGEST_CHARS,
@@ -93,6 +93,8 @@ class Scheduler:
         self._told: set[int] = set()  # nodes whose SHUTDOWN wait was answered
         self._born = time.monotonic()
         self._failure: Exception | None = None  # why the job ended badly (startup timeout)
+        self._not_started: tuple[str, str] | None = None  # a node that could not start: its name, why
+        self._told_why: set[bytes] = set()  # connections told of it (the job ends once all were)
         self._finished = threading.Event()
         self._servers_version = 0  # counts server replacements (heartbeat replies carry the table)
         self._rates = MetricsWindow(cluster.num_workers, cluster.num_servers)  # nodes' reported metrics (pskv top)
@@ -229,6 +231,9 @@ class Scheduler:
         registration past that is refused alone (a stray or hostile extra node cannot
         make the real ones fail)."""
         role = Role.SERVER if body.role == "server" else Role.WORKER
+        if body.failed is not None or (self._not_started is not None and not self._nodes):
+            self._fail_startup(identity, header, body)
+            return
         expected = self._cluster.num_servers + self._cluster.num_workers
         if self._nodes and self._cluster.recovery_timeout > 0 and (
                 role is Role.WORKER or self._cluster.server_recovery):
@@ -276,6 +281,34 @@ class Scheduler:
             self._send(identity, reply_frames(header, SCHEDULER_ID, self._table(self._by_identity[identity]).encode()))
         self._pending = []
         log.info("scheduler: all %d nodes registered", len(self._nodes))
+
+    def _fail_startup(self, identity: bytes, header: Header, body: Register) -> None:
+        """A node could not start (REGISTER with ``failed``; it is exiting). Before the cluster
+        assembled, every registration fails with its reason (NodeFailedError naming it): the
+        pending ones now, later ones as they come; the scheduler ends once every node of the job
+        was told (or at ``startup_timeout``, or when the launcher ends it). After, a replacement
+        that could not start is only logged (the launcher, or the recovery window, decides)."""
+        if body.failed is not None:
+            self._send(identity, reply_frames(header, SCHEDULER_ID))  # taken: the node may exit
+            self._told_why.add(identity)
+            name = f"{body.role} {body.rank}" if body.rank >= 0 else f"a {body.role}"
+            text = f"could not start: {body.failed.type}: {body.failed.message}"
+            log.error("scheduler: %s %s", name, text)
+            if self._nodes or self._finished.is_set():
+                return
+            if self._not_started is None:
+                self._not_started = (name, text)
+                self._failure = NodeFailedError(name, text)
+            waiting, self._pending = [(i, h) for i, h, _ in self._pending], []
+        else:
+            waiting = [(identity, header)]
+        assert self._not_started is not None
+        name, text = self._not_started
+        for to, to_header in waiting:
+            self._send(to, error_frames(to_header, SCHEDULER_ID, "NodeFailedError", text, node=name))
+            self._told_why.add(to)
+        if len(self._told_why) >= self._cluster.num_servers + self._cluster.num_workers:
+            self._finished.set()
 
     def _table(self, nid: int, recovery: bool = False) -> NodeTable:
         """The registration reply of node ``nid``: its rank and the servers; a server's carries the
@@ -404,6 +437,9 @@ class Scheduler:
     def _check_startup(self) -> None:
         """Timer: a cluster that did not assemble within ``startup_timeout`` ends the scheduler."""
         if self._nodes or self._finished.is_set() or time.monotonic() - self._born < self._cluster.startup_timeout:
+            return
+        if self._not_started is not None:  # the reason went to every node that came (self._failure)
+            self._finished.set()
             return
         roles = [body.role for _, _, body in self._pending]
         text = (f"the cluster did not assemble within PSKV_STARTUP_TIMEOUT={self._cluster.startup_timeout:g} s: "

@@ -37,17 +37,23 @@ class ShmInfo(NamedTuple):
 
 
 class Register(NamedTuple):
-    """REGISTER: ``{role: "server"|"worker", address: str, rank: int (-1: any), shm?: ShmInfo}``."""
+    """REGISTER: ``{role: "server"|"worker", address: str, rank: int (-1: any), shm?: ShmInfo, failed?: Failure}``.
+
+    With ``failed`` the node could not start and is exiting (why: a :class:`Failure`, bounded):
+    the scheduler fails the job's pending registrations with it instead of waiting for the node."""
 
     role: str
     address: str
     rank: int = -1
     shm: ShmInfo | None = None
+    failed: Failure | None = None
 
     def encode(self) -> str:
         body: dict[str, Any] = {"role": self.role, "address": self.address, "rank": self.rank}
         if self.shm is not None:
             body["shm"] = self.shm._asdict()
+        if self.failed is not None:
+            body["failed"] = self.failed._asdict()
         return dump(body)
 
     @classmethod
@@ -59,8 +65,10 @@ class Register(NamedTuple):
         rank = field(header, body, "rank", int, -1)
         if rank < -1:
             raise ProtocolError(f"REGISTER: rank {rank} is not a rank (or -1)")
+        failed = body.get("failed")
         return cls(role, field(header, body, "address", str, ""), rank,
-                   ShmInfo.parse_value(header, body.get("shm")))
+                   ShmInfo.parse_value(header, body.get("shm")),
+                   None if failed is None else Failure.parse_value(header, failed))
 
 
 class NodeTable(NamedTuple):
