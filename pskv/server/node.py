@@ -72,7 +72,9 @@ class ServerNode:
                                 self._reactor.call_soon)
         if cluster.data_channel == "tcp" and not cluster.curve_key_file:
             try:  # workers on other hosts send their requests here (see pskv/worker/lanes.py, Lanes.open_data)
-                self._core.data.stream_port = self._reactor.bind_stream(self._sid, bind_host(cluster))
+                bound = self._core.senders.node_of  # a stranger's connection is trusted once bound to a worker
+                self._core.data.stream_port = self._reactor.bind_stream(self._sid, bind_host(cluster),
+                                                                        lambda conn: bound(conn) is not None)
             except TransportError as exc:
                 log.warning("no data port, workers on other hosts use ZeroMQ: %s", exc)
         self._shard = self._core.shard
@@ -84,8 +86,6 @@ class ServerNode:
         self._core.data.steps.on_report = self._membership.report_now
         if cluster.recovery_timeout > 0:
             self._reactor.add_timer(max(0.05, min(1.0, cluster.recovery_timeout / 4)), dead.check_recovery)
-        if cluster.server_modules:
-            import_modules(cluster.server_modules)
         if cluster.stall_report > 0:
             stalls = StallReport(self._shard, cluster.num_workers, cluster.stall_report, self._get_name,
                                  self._core.key_names)
@@ -110,10 +110,10 @@ class ServerNode:
             NodeFailedError: the scheduler died.
             OperationTimeoutError: the cluster did not assemble in time.
             CheckpointError: ``resume_from`` names no usable checkpoint for this server.
+            InvalidArgumentError: a module of ``server_modules`` cannot be imported.
         """
         try:
-            if self._cluster.resume_from:
-                self._core.checkpoints.restore(self._cluster.resume_from)
+            self._prepare()
             self._reactor.start()
             info = self._membership.register(self._cluster.server_rank)
             self._rank = info.rank
@@ -129,6 +129,20 @@ class ServerNode:
             self._membership.shutdown(wait=True, timeout=None)
         finally:
             self.stop()
+
+    def _prepare(self) -> None:
+        """What comes before registering: the controllers' modules, the checkpoint to resume from.
+        A failure here is reported to the scheduler before it is raised: the nodes waiting to
+        register learn why at once, not at the startup timeout."""
+        try:
+            if self._cluster.server_modules:
+                import_modules(self._cluster.server_modules)
+            if self._cluster.resume_from:
+                self._core.checkpoints.restore(self._cluster.resume_from)
+        except Exception as exc:
+            self._reactor.start()
+            self._membership.report_failure(self._cluster.server_rank, exc)
+            raise
 
     def stop(self) -> None:
         """Stop serving and release the sockets (idempotent); unblocks :meth:`run`."""

@@ -8,9 +8,10 @@ sockets of two kinds, which behave alike (:class:`PolledConnection`):
   connects one (:meth:`PolledConnections.connect_local`);
 * plain TCP data connections between hosts (:mod:`pskv.transport.stream`): a service
   accepts them on a port (:meth:`PolledConnections.bind_stream`) — at most
-  :data:`MAX_STREAMS` open, :data:`MAX_OPENING` of them before their first message, which
-  must come in time (:meth:`PolledConnections.close_unopened`) — and a client hands over
-  the one it connected (:meth:`PolledConnections.adopt_stream`).
+  :data:`MAX_STREAMS` of the job's members, and apart from them a pool of at most
+  :data:`MAX_STRANGERS` connections not trusted yet, which must authenticate in time
+  (:meth:`PolledConnections.close_unopened`) — and a client hands over the one it
+  connected (:meth:`PolledConnections.adopt_stream`).
 
 On the service side an accepted connection looks like a ROUTER peer: its messages reach
 the ROUTER's handler under an identity starting with :data:`LOCAL_PREFIX`, and the
@@ -49,7 +50,7 @@ from pskv.transport.unix import LocalConnection, listen
 if TYPE_CHECKING:  # the reactor hands its handlers in; only their types are needed here
     from pskv.transport.reactor import DealerHandler, RouterHandler
 
-__all__ = ["LOCAL_PREFIX", "MAX_OPENING", "MAX_STREAMS", "PolledConnection", "PolledConnections"]
+__all__ = ["LOCAL_PREFIX", "MAX_STRANGERS", "MAX_STREAMS", "PolledConnection", "PolledConnections"]
 
 log = logging.getLogger("pskv.transport")
 
@@ -65,10 +66,11 @@ _LOCAL_BATCH = 16
 # A thread reading its replies itself (read_local) checks whether its request ended
 # otherwise (a timeout, a dead peer) at least this often (seconds).
 _READ_SLICE = 0.05
-# Data connections (bind_stream) a service keeps open at most, and of those at most this many
-# that have not sent their first message yet; more are closed as they come, logged.
+# Data connections (bind_stream) of the job's members a service keeps open at most (more are
+# closed as they come, logged), and apart from them, connections not trusted yet (a stranger's
+# cost: docs/security.md): a new one past this many closes the oldest of them, never a member's.
 MAX_STREAMS = 4096
-MAX_OPENING = 256
+MAX_STRANGERS = 64
 
 
 class PolledConnection(Protocol):
@@ -148,7 +150,8 @@ class PolledConnections:
         self.peers: dict[bytes, PolledConnection] = {}  # accepted connections by identity
         self.clients: list[PolledConnection] = []  # connect_local's, adopt_stream's: a waiting thread may read them
         self._masks: dict[int, int] = {}  # poll flags of client connections, where not POLLIN
-        self._opening: dict[int, StreamConnection] = {}  # accepted data connections before their first message
+        self._opening: dict[int, StreamConnection] = {}  # accepted data connections not trusted yet, oldest first
+        self._trusts: Callable[[bytes], bool] | None = None  # bind_stream's ``trusted``
         self._on_lost: dict[int, Callable[[], None]] = {}  # client data connections: called once dropped
         self._refused = RefusalLog(log, limit=16)
 
@@ -197,19 +200,24 @@ class PolledConnections:
             self._receive(conn, deliver)  # type: ignore[arg-type]
         self._watch(conn, on_packet, identity)
 
-    def bind_stream(self, host: str, handler: RouterHandler) -> int:
+    def bind_stream(self, host: str, handler: RouterHandler, trusted: Callable[[bytes], bool] | None = None) -> int:
         """Also accept TCP data connections (:mod:`pskv.transport.stream`) on ``host`` for ``handler``'s ROUTER.
 
         As for :meth:`bind_local`, their messages reach the ROUTER's handler — under the
         identity their preamble names, from their first message on — and
-        :meth:`send` answers them on their connection. A connection that sends no
-        first message in time is closed (:meth:`close_unopened`, which the caller runs every
-        second); so are connections past :data:`MAX_STREAMS` (or :data:`MAX_OPENING` not yet
-        opened). Returns the port.
+        :meth:`send` answers them on their connection. A connection is a *stranger* until
+        ``trusted(identity)`` holds after one of its messages (the server: a HELLO with
+        the worker's token bound it; None: its first message is enough): till then its
+        messages are bounded by :data:`~pskv.transport.stream.OPENING_BYTES` and read into
+        buffers that grow as they arrive, it has ``timeout`` seconds to become trusted
+        (:meth:`close_unopened`, which the caller runs every second), and it takes one of
+        :data:`MAX_STRANGERS` places (a new stranger past them closes the oldest), not one
+        of the :data:`MAX_STREAMS` of members. Returns the port.
 
         Raises:
             TransportError: the address cannot be bound.
         """
+        self._trusts = trusted
         listener = self._listen(host, listen_tcp, lambda listener: self._accept_stream(listener, handler))
         return int(listener.getsockname()[1])
 
@@ -222,14 +230,18 @@ class PolledConnections:
             self._refused.error("accept", f"{self._name}: cannot accept a data connection: {exc}")
             return
         where = f"{peer[0]}:{peer[1]}"
-        if len(self._opening) >= MAX_OPENING or len(self.connections) >= MAX_STREAMS:
+        if len(self.connections) - len(self._opening) >= MAX_STREAMS:
             sock.close()
             self._refused.error("full", f"{self._name}: closed a data connection from {where}: "
-                                        f"{len(self._opening)} connections have not opened yet, "
-                                        f"{len(self.connections)} are open (at most {MAX_OPENING} and {MAX_STREAMS})")
+                                        f"{MAX_STREAMS} (the most) are open")
             return
+        if len(self._opening) >= MAX_STRANGERS:  # the oldest stranger makes room: members' places are never taken
+            oldest = next(iter(self._opening.values()))
+            self._refused.error("full", f"{self._name}: closed {oldest.name}: {MAX_STRANGERS} connections "
+                                        "not trusted yet (the most), it is the oldest")
+            self.drop(oldest)
         conn = StreamConnection(sock, f"{self._name} data connection from {where}", self._bounds,
-                                queue_limit=self._bounds.send_queue_bytes, accepted=True)
+                                queue_limit=self._bounds.send_queue_bytes, accepted=True, stranger=True)
         self._opening[conn.fd] = conn
         identity = b""
 
@@ -238,7 +250,6 @@ class PolledConnections:
             if not identity:  # its first message: the connection speaks under its tag from now on
                 assert conn.tag is not None
                 identity = LOCAL_PREFIX + b"tcp-" + conn.tag
-                self._opening.pop(conn.fd, None)
                 old = self.peers.get(identity)
                 if old is not None:  # the same worker connecting again (a reset): this one takes over
                     log.info("%s: %s replaces the older connection of %r", self._name, conn.name, identity)
@@ -246,17 +257,33 @@ class PolledConnections:
                 self.peers[identity] = conn
                 self.connections[conn.fd] = (conn, identity)
             handler(identity, frames)  # type: ignore[arg-type]
+            if not conn.trusted and not conn.closed:
+                self._check_trust(conn, identity)
 
         def on_packet() -> None:
             self._receive(conn, deliver)
         self._watch(conn, on_packet, None)
 
+    def _check_trust(self, conn: StreamConnection, identity: bytes | None) -> bool:
+        """Trust a stranger's connection if its owner does now (a member's place from now on); True if so."""
+        if identity is None or (self._trusts is not None and not self._trusts(identity)):
+            return False
+        conn.trust()
+        self._opening.pop(conn.fd, None)
+        return True
+
     def close_unopened(self, timeout: float) -> None:
-        """Close the data connections that sent no first message in ``timeout`` seconds
-        (:data:`~pskv.transport.stream.OPENING_TIMEOUT`, the reactor's)."""
+        """Close the data connections that were not trusted within ``timeout`` seconds
+        (:data:`~pskv.transport.stream.OPENING_TIMEOUT`, the reactor's).
+
+        The owner is asked once more first: a HELLO that came before the server registered
+        is checked later, when the connection may have nothing more to say."""
         now = time.monotonic()
         for conn in [c for c in self._opening.values() if now - c.opened > timeout]:
-            self._refused.error("unopened", f"{self._name}: closed {conn.name}: no first message in "
+            entry = self.connections.get(conn.fd)
+            if self._check_trust(conn, entry[1] if entry is not None else None):
+                continue
+            self._refused.error("unopened", f"{self._name}: closed {conn.name}: not authenticated in "
                                             f"{timeout:g} s")
             self.drop(conn)
 

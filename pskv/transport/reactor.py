@@ -207,15 +207,15 @@ class Reactor:
         """
         self._polled.bind_local(path, self._router_handlers[sid])
 
-    def bind_stream(self, sid: int, host: str) -> int:
+    def bind_stream(self, sid: int, host: str, trusted: Callable[[bytes], bool] | None = None) -> int:
         """Also accept TCP data connections on ``host`` for ROUTER ``sid`` (:meth:`PolledConnections.bind_stream`).
 
-        Returns the port; connections that send no first message in time are closed every second.
+        Returns the port; connections not ``trusted`` (an identity) in time are closed every second.
 
         Raises:
             TransportError: the address cannot be bound.
         """
-        port = self._polled.bind_stream(host, self._router_handlers[sid])
+        port = self._polled.bind_stream(host, self._router_handlers[sid], trusted)
         # OPENING_TIMEOUT is read each time from this module's name for it (a test shortens it here).
         self.add_timer(1.0, lambda: self._polled.close_unopened(OPENING_TIMEOUT))
         return port

@@ -20,13 +20,16 @@ The wire format, per connection:
   little-endian — followed by the frames.
 
 Every length is checked against the node's bounds before anything is allocated for it
-(:class:`~pskv.transport.bounds.Bounds`); until its first message arrived, a
-connection may send one of :data:`OPENING_BYTES` at most (a ``HELLO``, which the server
-checks like any other). Sending never waits: what the socket does not take now waits in
-the connection's queue (not copied: the frames must stay unchanged until answered, as
-for ZeroMQ's zero-copy sends) and leaves when the socket is writable — the reactor
-polls for that (:mod:`pskv.transport.reactor`). The receiving side reads exactly one
-message at a time into one buffer; its frames are views of it.
+(:class:`~pskv.transport.bounds.Bounds`); until its first message arrived (a *stranger*:
+until its owner trusts it, :meth:`StreamConnection.trust`), a connection may send
+messages of :data:`OPENING_BYTES` at most (a ``HELLO``, which the server checks like any
+other). A peer's counts and lengths never size a buffer up front beyond :data:`GROWTH`
+bytes: a message's table (and a stranger's body) grows by that much as its bytes arrive,
+so a connection holds little more than it has sent. Sending never waits: what the socket
+does not take now waits in the connection's queue (not copied: the frames must stay
+unchanged until answered, as for ZeroMQ's zero-copy sends) and leaves when the socket is
+writable — the reactor polls for that (:mod:`pskv.transport.reactor`). The receiving
+side reads exactly one message at a time into one buffer; its frames are views of it.
 
 A :class:`StreamConnection` offers what :class:`~pskv.transport.unix.LocalConnection`
 offers, so the reactor and the worker treat both alike: any thread sends; one thread at
@@ -51,15 +54,19 @@ from pskv.errors import ProtocolError
 from pskv.transport.bounds import DEFAULT_BOUNDS, Bounds, check_size
 from pskv.transport.frames import SOCKET_BUFFER_BYTES
 
-__all__ = ["MAGIC", "OPENING_BYTES", "OPENING_TIMEOUT", "StreamConnection", "listen_tcp", "tag_of"]
+__all__ = ["GROWTH", "MAGIC", "OPENING_BYTES", "OPENING_TIMEOUT", "StreamConnection", "listen_tcp", "tag_of"]
 
 MAGIC = b"pskv-stream-1:"
 _TAG = re.compile(rb"[0-9a-f]{16}[0-9]")
 TAG_BYTES = 17
-# The first message on an accepted connection (a HELLO) may have at most this many bytes,
-# and must come within OPENING_TIMEOUT seconds of the connection.
+# The first message on an accepted connection (a HELLO), and every one before its owner
+# trusts it, may have at most this many bytes; a server closes a data connection not trusted
+# within OPENING_TIMEOUT seconds of its opening (pskv.transport.polled).
 OPENING_BYTES = 64 << 10
-OPENING_TIMEOUT = 10.0
+OPENING_TIMEOUT = 5.0
+# Bytes a peer's count or length may make a connection allocate before they arrive: a table
+# longer than this (a stranger's body too) is read in pieces of it, into a buffer that grows.
+GROWTH = 16 << 10
 _COUNT = struct.Struct("<I")
 _MAX_BUFFERS = 512  # buffers gathered by one sendmsg (the kernel takes at most IOV_MAX = 1024)
 _SMALL = 1 << 16  # bodies up to this size are read into a bytearray (zero-filled), bigger ones into np.empty
@@ -125,15 +132,18 @@ class StreamConnection:
             :data:`OPENING_BYTES`.
         on_pending: called (from the sending thread, outside the lock) when the send
             queue stops being empty: someone must flush it when the socket is writable.
+        stranger: (``accepted`` only) every message, not only the first, is bounded by
+            :data:`OPENING_BYTES` and its body grows as it arrives, until :meth:`trust`.
     """
 
     __slots__ = ("_sock", "_lock", "name", "fd", "_bounds", "_queue_limit", "_queue", "_queue_bytes", "_progress",
                  "_on_pending", "reading", "claimed", "polled", "_read_timeout", "_stage", "_want", "_target",
-                 "_lengths", "tag", "opened", "_first", "_broken", "__weakref__")
+                 "_lengths", "tag", "opened", "_first", "_broken", "_stranger", "_grown", "_size",
+                 "__weakref__")
 
     def __init__(self, sock: socket.socket, name: str, bounds: Bounds = DEFAULT_BOUNDS,
                  queue_limit: int | None = None, accepted: bool = False,
-                 on_pending: Callable[[], None] | None = None) -> None:
+                 on_pending: Callable[[], None] | None = None, stranger: bool = False) -> None:
         # Blocking at the OS level (a thread waiting for its reply blocks in recv, bounded
         # by SO_RCVTIMEO); every other call passes MSG_DONTWAIT.
         sock.setblocking(True)
@@ -160,6 +170,9 @@ class StreamConnection:
         self._stage = _PREAMBLE if accepted else _COUNTING
         self._want = memoryview(self._target)
         self._lengths: tuple[int, ...] = ()
+        self._stranger = stranger and accepted
+        self._grown: bytearray | None = None  # the piece read so far, while it arrives in GROWTH steps
+        self._size = 0  # the bytes of that piece
 
     @classmethod
     def connect(cls, host: str, port: int, tag: bytes, name: str, timeout: float, bounds: Bounds = DEFAULT_BOUNDS,
@@ -326,6 +339,8 @@ class StreamConnection:
 
     def _advance(self) -> list[memoryview] | None:
         """The current piece (preamble, count, table, body) is in: check it and set up the next."""
+        if self._grown is not None and not self._gather():
+            return None
         stage = self._stage
         if stage == _PREAMBLE:
             data = bytes(self._target)
@@ -339,19 +354,22 @@ class StreamConnection:
             if not 0 < count <= self._bounds.max_frames:
                 raise ProtocolError(f"{self.name}: a message of {count} frames (PSKV_MAX_FRAMES="
                                     f"{self._bounds.max_frames})")
-            self._expect(_TABLE, bytearray(8 * count))
+            self._expect_growing(_TABLE, 8 * count)
             return None
         if stage == _TABLE:
             lengths = struct.unpack(f"<{len(self._target) // 8}Q", self._target)
             total = sum(lengths)
-            limit, setting = ((OPENING_BYTES, f"{OPENING_BYTES} bytes for a connection's first message")
-                              if self._first else (self._bounds.max_message_bytes,
-                                                   f"PSKV_MAX_MESSAGE_BYTES={self._bounds.max_message_bytes}"))
+            limit, setting = ((OPENING_BYTES, f"{OPENING_BYTES} bytes for a connection's first message "
+                                              "(or any before it is trusted)")
+                              if self._first or self._stranger else
+                              (self._bounds.max_message_bytes, f"PSKV_MAX_MESSAGE_BYTES={self._bounds.max_message_bytes}"))
             if total > limit:
                 raise ProtocolError(f"{self.name}: a message of {total} bytes in {len(lengths)} frames, over {setting}")
             self._lengths = lengths
-            body = bytearray(total) if total <= _SMALL else np.empty(total, np.uint8)
-            self._expect(_BODY, body)
+            if self._stranger:
+                self._expect_growing(_BODY, total)
+            else:
+                self._expect(_BODY, bytearray(total) if total <= _SMALL else np.empty(total, np.uint8))
             if total:
                 return None
         view = memoryview(self._target).cast("B")
@@ -366,6 +384,39 @@ class StreamConnection:
     def _expect(self, stage: int, target: Any) -> None:
         self._stage, self._target = stage, target
         self._want = memoryview(target).cast("B")
+
+    def _expect_growing(self, stage: int, size: int) -> None:
+        """Expect ``size`` bytes a peer announced: at once if at most GROWTH, else GROWTH at a time (:meth:`_gather`)."""
+        if size <= GROWTH:
+            self._expect(stage, bytearray(size))
+            return
+        self._grown, self._size = bytearray(), size
+        self._expect(stage, bytearray(GROWTH))
+
+    def _gather(self) -> bool:
+        """A GROWTH step is in: add it to the piece; True once the piece is whole (it is the target then)."""
+        grown = self._grown
+        assert grown is not None
+        grown += self._target
+        left = self._size - len(grown)
+        if left > 0:
+            if len(self._target) != min(left, GROWTH):
+                self._target = bytearray(min(left, GROWTH))
+            self._want = memoryview(self._target)
+            return False
+        self._grown = None
+        self._target = grown
+        return True
+
+    def trust(self) -> None:
+        """The owner knows the peer now (a stranger's HELLO was accepted): its messages are bounded by the node's
+        bounds from now on, and read into buffers sized up front."""
+        self._stranger = False
+
+    @property
+    def trusted(self) -> bool:
+        """False while the connection is a stranger's (see ``stranger``)."""
+        return not self._stranger
 
     @property
     def opening(self) -> bool:
