@@ -349,12 +349,14 @@ def test_a_message_of_more_frames_than_allowed_is_discarded_unbuilt(context, own
     start = time.monotonic()
     server.start()
     assert hostile.poll(3 * WAIT * 1000) and hostile.recv_multipart() == [b"ok"]
+    answered = time.monotonic()  # "after" is answered once the big message is discarded
     assert _round_trip(context, address)[0] == b"ok"
     assert "a message of 400001 frames" in caplog.text and "discarded" in caplog.text
     assert seen == [1, 1] and server.error is None
     assert time.monotonic() - start < 2 * WAIT
-    gaps = [b - a for a, b in zip(ticks, ticks[1:])]
-    assert max(gaps) < 2.0, max(gaps)  # the rest was dropped in steps: timers kept running
+    # the rest was dropped in steps: the timer kept running meanwhile (counted, not timed: a loaded machine
+    # stretches every gap, but a discard in one go would leave at most the tick before it)
+    assert len([t for t in ticks if t < answered]) >= 3, (ticks[:5], answered - start)
 
 
 def test_oversize_messages_are_refused_and_senders_refuse_to_send_them(context, owned, caplog):

@@ -194,7 +194,8 @@ def read(conn: StreamConnection, timeout: float = 5.0) -> list[memoryview]:
 def test_a_servers_data_port_closes_a_refused_stranger_and_keeps_its_workers(monkeypatch, caplog):
     """Through a real server (the finding's attack): a stranger whose first message is refused and who then
     announces 200,002 frames is closed within OPENING_TIMEOUT; the workers' connections, trusted by their
-    HELLO, stay open past it and the job's values are exact."""
+    HELLO, are never closed as strangers' and the job's values are exact. (On a loaded machine a worker's
+    data connection is sometimes lost and opened again, also before this change: not counted here.)"""
     import numpy as np
 
     import pskv
@@ -203,6 +204,15 @@ def test_a_servers_data_port_closes_a_refused_stranger_and_keeps_its_workers(mon
     from pskv.testing import InProcessCluster
 
     monkeypatch.setattr(reactor, "OPENING_TIMEOUT", 0.5)
+    closed_as_strangers: list[str] = []  # every connection the server closes for not being trusted in time
+    close_unopened = polled.PolledConnections.close_unopened
+
+    def spy(self, timeout):
+        before = list(self._opening.values())
+        close_unopened(self, timeout)
+        closed_as_strangers.extend(c.name for c in before if c.closed)
+    monkeypatch.setattr(polled.PolledConnections, "close_unopened", spy)
+    stranger_ports: list[int] = []
     with InProcessCluster(1, 2, deadline=60.0, shm=0) as cluster:
         def body(cfg):
             kv = pskv.create("dist_sync", cluster=cfg)
@@ -211,6 +221,7 @@ def test_a_servers_data_port_closes_a_refused_stranger_and_keeps_its_workers(mon
                 if kv.rank == 0:
                     port = cluster.servers[0]._core.data.stream_port
                     sock = socket.create_connection(("127.0.0.1", port), timeout=5.0)
+                    stranger_ports.append(sock.getsockname()[1])
                     try:
                         sync = encode(Header(Command.SYNC, 7, node_id(R.WORKER, 0)))
                         sock.sendall(MAGIC + tag_of("00000000000000aa", 0) + message(*map(bytes, sync)))
@@ -226,4 +237,6 @@ def test_a_servers_data_port_closes_a_refused_stranger_and_keeps_its_workers(mon
                 kv.close()
 
         assert cluster.run_workers(body) == [(["tcp"], 3.0, 3.0)] * 2
-    assert not [r for r in caplog.records if "opening it again" in r.getMessage()]  # no worker lost its connection
+    # the stranger was closed for not being trusted, and no other connection was (trusted or closed it was)
+    assert closed_as_strangers and all(name.endswith(f":{stranger_ports[0]}") for name in closed_as_strangers), \
+        (closed_as_strangers, stranger_ports)
