@@ -27,6 +27,12 @@ sockets; no CURVE key):
 * state_growth: 500 connections (100 at a time) each saying HELLO as worker 1 under a new send-only
   socket name, 20,000 requests with distinct ids on one connection, 3000 pulls after
   push number 10^9 (they would wait forever);
+* wide_push: 5 PUSHes from a stranger, each naming 200,000 arrays (a 1.4 MB header) followed by
+  200,000 four-byte frames (issue 28, finding 1), at the default heartbeats; the workers' longest
+  pause between step events meanwhile, and whether anyone was marked dead;
+* stranger_conns: 1,000 connections to the server's data port (plain TCP), each sending 35 bytes
+  (the preamble, then a frame count of 200,002), held open, then closed (issue 28, finding 2); the
+  server's RSS while they are open and after;
 * chosen_paths: SAVE_STATES / SAVE_CHECKPOINT / LOAD_STATES claiming worker 0 that name
   files outside the server's directories (absolute, ``..``, ``/etc/passwd``).
 
@@ -48,10 +54,10 @@ from typing import Any
 
 from .harness import Job
 from .settings import DEFAULT_HB, SIZES
-from .trials import _fuzz_outcome, _probe, _server_address, _stop_workers, fuzz_module
+from .trials import _fuzz_outcome, _max_gap, _probe, _server_address, _stop_workers, fuzz_module
 
 CATEGORIES = ["slow_reader", "slow_member", "growth_member", "many_frames", "oversize", "forged_sender", "replay", "unix_junk", "state_growth",
-              "chosen_paths"]
+              "chosen_paths", "wide_push", "stranger_conns"]
 ENV = {  # settings of each category's job (short timeouts keep the runs short)
     "slow_reader": {"PSKV_SLOW_PEER_TIMEOUT": "2", "PSKV_SEND_QUEUE_BYTES": str(64 << 20)},
     "slow_member": {"PSKV_SLOW_PEER_TIMEOUT": "2", "PSKV_SEND_QUEUE_BYTES": str(64 << 20)},
@@ -277,10 +283,59 @@ def attack_chosen_paths(job: Job, address: str, tmp: Path, result: dict[str, Any
     return len(messages)
 
 
+def attack_wide_push(job: Job, address: str, tmp: Path, result: dict[str, Any]) -> int:
+    """5 stranger PUSHes of 200,000 arrays each; the workers' longest pause while the server takes them."""
+    fuzz = fuzz_module()
+    code = fuzz.dtype_code("float32")
+    specs = [fuzz.raw_array(k, code, [1]) for k in range(200_000)]
+    sock = _dealer(address)
+    try:
+        start = time.monotonic()
+        for i in range(5):
+            sock.send_multipart([fuzz.raw_header(fuzz.Command.PUSH, 7 + i, 13, arrays=specs)] + [b"\0" * 4] * len(specs))
+        result["send_s"] = round(time.monotonic() - start, 1)
+        result["held_s"] = _probe(sock, [])
+        time.sleep(1.0)  # a step event after the attack closes the last gap
+        events = job.procs["worker 0"].events()
+        result["step_gap_before_s"] = _max_gap(events, start - 3, start - 0.5)
+        result["step_gap_during_s"] = _max_gap(events, start, time.monotonic() - 1.0)
+    finally:
+        sock.close(0)
+    return 5
+
+
+def attack_stranger_conns(job: Job, address: str, tmp: Path, result: dict[str, Any]) -> int:
+    """1,000 data-port connections of 35 bytes each, held open, then closed: the server's RSS meanwhile."""
+    import struct
+
+    from pskv.transport.stream import MAGIC, tag_of
+
+    line = job.procs["server 0"].find(lambda s: "data port" in s, 5)
+    if line is None:
+        raise RuntimeError("the server logged no data port")
+    port = int(line[1].split("data port ")[1].split(")")[0])
+    host = address.split("//")[1].rsplit(":", 1)[0]
+    server = job.procs["server 0"].pid
+    conns = []
+    try:
+        for i in range(1000):
+            sock = socket.create_connection((host, port), timeout=5.0)
+            sock.sendall(MAGIC + tag_of(f"{i:016x}", 0) + struct.pack("<I", 200_002))  # 35 bytes
+            conns.append(sock)
+        time.sleep(1.0)
+        result["memory_open"] = _memory(server)
+    finally:
+        for sock in conns:
+            sock.close()
+    time.sleep(7.0)  # past the opening timeout (5 s): whatever the server held for them is let go
+    result["memory_closed"] = _memory(server)
+    return len(conns)
+
+
 ATTACKS: dict[str, Callable[[Job, str, Path, dict[str, Any]], int]] = {
     name: globals()[f"attack_{name}"] for name in CATEGORIES}
 WATCH = ("dropped it", "discarded", "closed a local connection", "refused", "would pass the bound",
-         "reactor thread failed", "Traceback")
+         "reactor thread failed", "Traceback", "marked dead")
 
 
 def trial_hostile(tmp: Path, category: str) -> dict[str, Any]:
@@ -346,7 +401,9 @@ def hostile_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "logged": {k: sum(r["logged"][k] for r in ok) for k in WATCH},
             "details": {k: r[k] for r in ok[:1] for k in ("held_s", "send_s", "replies", "replies_fresh",
                                                           "replies_after_hello", "replies_parked",
-                                                          "connections_closed_by_server", "files_outside")
+                                                          "connections_closed_by_server", "files_outside",
+                                                          "step_gap_before_s", "step_gap_during_s",
+                                                          "memory_open", "memory_closed")
                         if k in r},
         })
     return rows

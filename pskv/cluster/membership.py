@@ -20,6 +20,7 @@ from functools import partial
 
 import zmq
 
+from pskv.cluster.attention import Attention
 from pskv.cluster.requests import Pending, RequestTracker
 from pskv.config import ClusterConfig
 from pskv.errors import (
@@ -207,6 +208,7 @@ class Membership:
                 interval = max(0.05, interval / 5)
             if self._role is Role.SERVER:  # learn of departures soon (a round may wait for one)
                 interval = max(0.05, min(interval, 0.2))
+            self._attention = Attention(interval)
             self._reactor.call_soon(lambda: self._reactor.add_timer(interval, self._beat))
         return self.info
 
@@ -228,7 +230,9 @@ class Membership:
         for nid in [n for n, since in self._dead_since.items() if since < limit]:
             del self._dead_since[nid]  # not replaced in time: its requests fail now
             self._tracker.fail_node(nid, f"dead and not replaced within {self._cluster.recovery_timeout:g} s")
-        if time.monotonic() - self._last_reply > self._cluster.heartbeat_timeout and SCHEDULER_ID not in self._dead:
+        # (not while this node's own loop was held up: the scheduler's replies wait unread)
+        if (not self._attention.held_up() and time.monotonic() - self._last_reply > self._cluster.heartbeat_timeout
+                and SCHEDULER_ID not in self._dead):
             self._mark_dead(SCHEDULER_ID, f"no answer for {self._cluster.heartbeat_timeout:.1f} s")
         if self._heartbeat_in_flight or SCHEDULER_ID in self._dead:
             return

@@ -29,6 +29,7 @@ from typing import Any
 
 import zmq
 
+from pskv.cluster.attention import Attention
 from pskv.cluster.meetings import Meetings
 from pskv.cluster.rates import MetricsWindow
 from pskv.cluster.runtime import NodeRuntime
@@ -81,7 +82,9 @@ class Scheduler:
         self._cluster = cluster
         self._runtime = NodeRuntime("pskv-scheduler", context, describe=lambda: "the scheduler", cluster=cluster)
         self._reactor = self._runtime.reactor
-        self._sid, self.address = self._reactor.bind_router(address or cluster.scheduler_address, self._on_message)
+        # a peer not registered yet sends one small REGISTER (or a metrics query): bigger messages are dropped
+        self._sid, self.address = self._reactor.bind_router(address or cluster.scheduler_address, self._on_message,
+                                                            lambda identity: identity in self._by_identity)
         self._pending: list[tuple[bytes, Header, Register]] = []  # registrations before all arrived
         # the job's secret: servers get it, each worker HMAC(secret, its id), which proves its id to them
         self._secret = os.urandom(DIGEST_CHARS // 2).hex()
@@ -103,7 +106,9 @@ class Scheduler:
         self._reactor.add_timer(0.25, self._meetings.expire)
         self._reactor.add_timer(min(1.0, max(0.05, cluster.startup_timeout / 4)), self._check_startup)
         if cluster.heartbeat_interval > 0:
-            self._reactor.add_timer(max(0.05, cluster.heartbeat_interval / 2), self._check_liveness)
+            period = max(0.05, cluster.heartbeat_interval / 2)
+            self._attention = Attention(period)
+            self._reactor.add_timer(period, self._check_liveness)
 
     # -- life cycle ---------------------------------------------------------------------
     def start(self) -> str:
@@ -379,6 +384,10 @@ class Scheduler:
 
     def _check_liveness(self) -> None:
         if not self._nodes:
+            return
+        held = self._attention.held_up()
+        if held:  # the nodes' heartbeats wait unread: judged at the next check, once they are read
+            log.warning("scheduler: its loop was held up for %.1f s; liveness is judged at the next check", held)
             return
         limit = time.monotonic() - self._cluster.heartbeat_timeout
         newly = [nid for nid, n in self._nodes.items() if not n.dead and n.last_seen < limit

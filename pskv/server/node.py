@@ -59,7 +59,9 @@ class ServerNode:
         self._tracker = RequestTracker()
         self._runtime = NodeRuntime("pskv-server", context, IO_THREADS, self._tracker, self._get_name, cluster)
         self._reactor = self._runtime.reactor
-        self._sid, self.address = self._reactor.bind_router(f"tcp://{bind_host(cluster)}:0", self._on_message)
+        # a connection not bound to a worker yet may send a HELLO or REJOIN: bigger messages are dropped
+        self._sid, self.address = self._reactor.bind_router(f"tcp://{bind_host(cluster)}:0", self._on_message,
+                                                            lambda identity: self._core.senders.node_of(identity) is not None)
         self._shm_dir = ShmDirectory(f"{job_prefix(cluster.job_id)}server-") if cluster.uses_shm else None
         shm_info = {"dir": self._shm_dir.path, "host": host_id()} if self._shm_dir else None
         if self._shm_dir is not None:
@@ -122,7 +124,8 @@ class ServerNode:
             self._reactor.call_soon(self._core.registered)  # workers' HELLOs that came first: checked now
             if info.recovery:  # a replacement in a running job: the workers go on numbering their pushes
                 self._reactor.call_soon(self._core.checkpoints.apply_saved_counts)
-            log.info("%s serving on %s", self.name, self.address)
+            port = self._core.data.stream_port
+            log.info("%s serving on %s%s", self.name, self.address, f" (data port {port})" if port else "")
             # Wait for the end of the job. This wait has no deadline of its own: a job may
             # run for days. It ends with NodeFailedError when the scheduler dies (the
             # heartbeats notice within PS_HEARTBEAT_TIMEOUT).

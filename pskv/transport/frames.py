@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import zmq
 
 from pskv.errors import ProtocolError, TransportError
-from pskv.transport.bounds import DEFAULT_BOUNDS, Bounds, check_size
+from pskv.transport.bounds import DEFAULT_BOUNDS, SEND_HWM, Bounds, check_size
 
-__all__ = ["SOCKET_BUFFER_BYTES", "ZERO_COPY_BYTES", "Discarding", "Sender", "recv_frames", "send_frames"]
+if TYPE_CHECKING:
+    from pskv.transport.security import CurveSecurity
+
+__all__ = ["SOCKET_BUFFER_BYTES", "STRANGER_BOUNDS", "ZERO_COPY_BYTES", "Discarding", "Sender", "dealer_socket",
+           "recv_frames", "recv_routed", "router_socket", "send_frames"]
 
 # Kernel socket buffers for every data socket. The OS default (~200 KB on loopback)
 # throttles large messages; 8 MiB measured 1.5x the throughput of 100 MB messages here.
@@ -27,6 +32,10 @@ SOCKET_BUFFER_BYTES = 8 << 20
 ZERO_COPY_BYTES = zmq.COPY_THRESHOLD
 # Plain ints: combining pyzmq's enum flags (e.g. EVENTS & POLLIN) runs Python-level enum code.
 _SNDMORE, _NOBLOCK = int(zmq.SNDMORE), int(zmq.NOBLOCK)
+# What one message of a peer not trusted yet may be (a ROUTER's peer before its HELLO or
+# REGISTER): the same 64 KiB as a data connection's opening message, and a few frames (a
+# routing identity, a header, a body); its replies are bounded like anyone's.
+STRANGER_BOUNDS = Bounds(64 << 10, 8, DEFAULT_BOUNDS.send_queue_bytes, DEFAULT_BOUNDS.slow_peer_timeout)
 
 
 def send_frames(sock: zmq.Socket[Any], frames: list[Any], first_flags: int = 0) -> None:
@@ -56,7 +65,21 @@ def recv_frames(sock: zmq.Socket[Any], bounds: Bounds = DEFAULT_BOUNDS, drain: b
         Discarding: the message broke a bound (a :class:`~pskv.errors.ProtocolError`);
             with ``drain`` it was read to its end.
     """
-    frame = sock.recv(_NOBLOCK, copy=False)
+    return _rest(sock, sock.recv(_NOBLOCK, copy=False), bounds, drain)
+
+
+def recv_routed(sock: zmq.Socket[Any], bounds: Bounds, drain: bool, trusted: Callable[[bytes], bool]
+                ) -> list[zmq.Frame]:
+    """:func:`recv_frames` of a ROUTER socket whose peers are trusted or strangers: a message
+    whose routing identity (its first frame) ``trusted`` refuses gets :data:`STRANGER_BOUNDS`,
+    so one message of a peer that has not proven itself costs a handful of frames, not
+    ``bounds`` (the rest of a bigger one is discarded in steps, like an oversized one)."""
+    first = sock.recv(_NOBLOCK, copy=False)
+    return _rest(sock, first, bounds if trusted(first.bytes) else STRANGER_BOUNDS, drain)
+
+
+def _rest(sock: zmq.Socket[Any], frame: zmq.Frame, bounds: Bounds, drain: bool) -> list[zmq.Frame]:
+    """The message whose first frame is ``frame``, read to its end within ``bounds`` (see :func:`recv_frames`)."""
     frames = [frame]
     size = len(frame)
     max_frames, max_bytes = bounds.max_frames, bounds.max_message_bytes
@@ -101,6 +124,10 @@ class Discarding(ProtocolError):
         return not last.more
 
     def __str__(self) -> str:
+        if self._bounds is STRANGER_BOUNDS:
+            return (f"a message of {self.count} frames, {self.size}+ bytes from a peer not trusted yet (routing "
+                    f"identity {self.head!r}), over {STRANGER_BOUNDS.max_frames} frames or "
+                    f"{STRANGER_BOUNDS.max_message_bytes} bytes: discarded")
         return (f"a message of {self.count} frames, {self.size}+ bytes (first frame {self.head!r}), over "
                 f"PSKV_MAX_FRAMES={self._bounds.max_frames} or PSKV_MAX_MESSAGE_BYTES="
                 f"{self._bounds.max_message_bytes}: discarded")
@@ -179,3 +206,56 @@ class Backlog:
             self.messages.popleft()
             self.bytes -= size
             self.progress = now
+
+
+def router_socket(ctx: zmq.Context[Any], address: str, bounds: Bounds, security: CurveSecurity | None
+                  ) -> tuple[zmq.Socket[Any], str]:
+    """A service's ROUTER socket bound to ``address`` (port 0: one the OS picks), with
+    ``bounds`` per peer (a frame over the message limit is refused by ZeroMQ before it is
+    allocated, and its peer disconnected; a peer's send queue holds ``SEND_HWM`` messages)
+    and, with ``security`` (its ZAP handler started), a CURVE server.
+
+    Returns:
+        ``(socket, the bound address)``.
+
+    Raises:
+        TransportError: the address cannot be bound.
+    """
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDBUF, SOCKET_BUFFER_BYTES)
+    sock.setsockopt(zmq.RCVBUF, SOCKET_BUFFER_BYTES)
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to a vanished peer raises, not drops
+    # A peer that reconnects (its TCP connection was reset) under its fixed routing
+    # identity takes over the old route instead of being refused as a duplicate.
+    sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
+    sock.setsockopt(zmq.MAXMSGSIZE, bounds.max_message_bytes)
+    sock.setsockopt(zmq.SNDHWM, SEND_HWM)
+    if security is not None:
+        security.server(sock)
+    try:
+        if address.startswith("tcp://") and address.endswith(":0"):
+            port = sock.bind_to_random_port(address[: -len(":0")])
+            address = f"{address[: -len(':0')]}:{port}"
+        else:
+            sock.bind(address)
+    except zmq.ZMQError as exc:
+        sock.close(0)
+        raise TransportError(f"cannot bind {address}: {exc}") from None
+    return sock, address
+
+
+def dealer_socket(ctx: zmq.Context[Any], address: str, identity: bytes | None, security: CurveSecurity | None
+                  ) -> zmq.Socket[Any]:
+    """A DEALER socket connected to a service at ``address`` under routing ``identity``
+    (None: ZeroMQ's own), a CURVE client with ``security`` (not for ``inproc://``)."""
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDBUF, SOCKET_BUFFER_BYTES)
+    sock.setsockopt(zmq.RCVBUF, SOCKET_BUFFER_BYTES)
+    if identity is not None:
+        sock.setsockopt(zmq.IDENTITY, identity)
+    if security is not None and not address.startswith("inproc://"):
+        security.client(sock)
+    sock.connect(address)
+    return sock

@@ -35,13 +35,23 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any, cast
 
 import zmq
 
 from pskv.errors import OperationTimeoutError, TransportError
-from pskv.transport.bounds import DEFAULT_BOUNDS, SEND_HWM, Bounds
-from pskv.transport.frames import SOCKET_BUFFER_BYTES, Backlog, Discarding, Sender, recv_frames, send_frames
+from pskv.transport.bounds import DEFAULT_BOUNDS, Bounds
+from pskv.transport.frames import (
+    Backlog,
+    Discarding,
+    Sender,
+    dealer_socket,
+    recv_frames,
+    recv_routed,
+    router_socket,
+    send_frames,
+)
 from pskv.transport.polled import LOCAL_PREFIX, PolledConnection, PolledConnections
 from pskv.transport.security import CurveSecurity, RefusalLog
 from pskv.transport.stream import OPENING_TIMEOUT, StreamConnection
@@ -97,6 +107,7 @@ class Reactor:
         self._identity = identity
         self._poller = zmq.Poller()
         self._handlers: dict[zmq.Socket[Any], Callable[[list[zmq.Frame]], None]] = {}
+        self._readers: dict[zmq.Socket[Any], Callable[[zmq.Socket[Any], Bounds, bool], list[zmq.Frame]]] = {}
         self._routers: dict[int, zmq.Socket[Any]] = {}
         self._dealers: dict[int, zmq.Socket[Any]] = {}
         self._senders: list[Sender] = []
@@ -124,8 +135,14 @@ class Reactor:
         self._error: BaseException | None = None
 
     # -- set-up (before start, or on the reactor thread) ------------------------------
-    def bind_router(self, address: str, handler: RouterHandler) -> tuple[int, str]:
+    def bind_router(self, address: str, handler: RouterHandler, trusted: Callable[[bytes], bool] | None = None
+                    ) -> tuple[int, str]:
         """Bind a ROUTER socket; ``handler(identity, frames)`` gets every message.
+
+        With ``trusted``, a message from a routing identity it refuses (a peer that has not
+        proven itself yet) is held to :data:`~pskv.transport.frames.STRANGER_BOUNDS`, and the
+        rest of a bigger one is discarded in steps between the reactor's other work: a
+        stranger's message never keeps the node's heartbeats or its members waiting.
 
         Returns:
             ``(socket id, the bound address)``; with port 0 the address names the real port.
@@ -133,29 +150,11 @@ class Reactor:
         Raises:
             TransportError: the address cannot be bound.
         """
-        sock = self._ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDBUF, SOCKET_BUFFER_BYTES)
-        sock.setsockopt(zmq.RCVBUF, SOCKET_BUFFER_BYTES)
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to a vanished peer raises, not drops
-        # A peer that reconnects (its TCP connection was reset) under its fixed routing
-        # identity takes over the old route instead of being refused as a duplicate.
-        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        self._bound_peers(sock)
         secure = self._security is not None and not address.startswith("inproc://")
         if secure:
             assert self._security is not None
             self._security.start(self._ctx)  # the ZAP handler answers before the first peer can connect
-            self._security.server(sock)
-        try:
-            if address.startswith("tcp://") and address.endswith(":0"):
-                port = sock.bind_to_random_port(address[: -len(":0")])
-                address = f"{address[: -len(':0')]}:{port}"
-            else:
-                sock.bind(address)
-        except zmq.ZMQError as exc:
-            sock.close(0)
-            raise TransportError(f"cannot bind {address}: {exc}") from None
+        sock, address = router_socket(self._ctx, address, self._bounds, self._security if secure else None)
 
         impostors = RefusalLog(log, limit=64)  # a line per identity every 10 s at most
 
@@ -171,6 +170,8 @@ class Reactor:
         self._routers[sid] = sock
         self._router_handlers[sid] = handler
         self._handlers[sock] = on_frames
+        if trusted is not None:
+            self._readers[sock] = partial(recv_routed, trusted=trusted)
         self._poller.register(sock, zmq.POLLIN)
         if secure:
             self._watch_handshakes(-sid, sock, address)
@@ -190,13 +191,6 @@ class Reactor:
 
         self._handlers[monitor] = on_event
         self._poller.register(monitor, zmq.POLLIN)
-
-    def _bound_peers(self, sock: zmq.Socket[Any]) -> None:
-        """A service socket's per-peer bounds: a frame over the message limit is refused by
-        ZeroMQ before it is allocated (the peer is disconnected); a peer's send queue holds
-        ``SEND_HWM`` messages, then sends report ``zmq.Again`` (see :meth:`send_router`)."""
-        sock.setsockopt(zmq.MAXMSGSIZE, self._bounds.max_message_bytes)
-        sock.setsockopt(zmq.SNDHWM, SEND_HWM)
 
     # -- connections polled outside ZeroMQ (pskv.transport.polled) ------------------------
     def bind_local(self, sid: int, path: str) -> None:
@@ -264,7 +258,8 @@ class Reactor:
         Returns:
             the socket id used with :meth:`send_dealer`.
         """
-        sock = self._dealer_socket(address, identity)
+        sock = dealer_socket(self._ctx, address, self._identity if identity is None else identity,
+                             self._security)
         sid = next(self._ids)
         self._dealers[sid] = sock
         self._handlers[sock] = handler
@@ -320,24 +315,12 @@ class Reactor:
         Call before :meth:`start` or on the reactor thread; the reactor closes it when it
         stops.
         """
-        sock = self._dealer_socket(address, identity)
+        sock = dealer_socket(self._ctx, address, self._identity if identity is None else identity,
+                             self._security)
         sock.setsockopt(zmq.SNDHWM, 0)  # never block a caller: requests are bounded by their callers
         sender = Sender(sock, f"{self._name} sender", self._bounds.max_message_bytes)
         self._senders.append(sender)
         return sender
-
-    def _dealer_socket(self, address: str, identity: bytes | None = None) -> zmq.Socket[Any]:
-        sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDBUF, SOCKET_BUFFER_BYTES)
-        sock.setsockopt(zmq.RCVBUF, SOCKET_BUFFER_BYTES)
-        identity = self._identity if identity is None else identity
-        if identity is not None:
-            sock.setsockopt(zmq.IDENTITY, identity)
-        if self._security is not None and not address.startswith("inproc://"):
-            self._security.client(sock)
-        sock.connect(address)
-        return sock
 
     def add_timer(self, interval: float, callback: Callable[[], None]) -> None:
         """Run ``callback`` on the reactor thread every ``interval`` seconds."""
@@ -543,14 +526,14 @@ class Reactor:
 
     def _drain(self, sock: zmq.Socket[Any], handler: Callable[[list[zmq.Frame]], None]) -> None:
         """Handle the messages waiting on ``sock`` (the poll said at least one is)."""
-        bounds = self._bounds
+        bounds, read = self._bounds, self._readers.get(sock, recv_frames)
         # Then asks the socket whether more are waiting instead of reading until zmq.Again:
         # raising that exception costs more than the check.
         for i in range(256):  # bounded, so timers and other sockets get their turn
             if i and not cast(int, sock.getsockopt(_EVENTS)) & _POLLIN:
                 return
             try:
-                frames = recv_frames(sock, bounds, drain=False)
+                frames = read(sock, bounds, False)
             except zmq.Again:
                 return
             except Discarding as over:

@@ -123,3 +123,51 @@ def test_a_request_over_the_message_limit_fails_at_once_on_the_worker(shm):
                 kv.close()
 
         assert c.run_workers(job) == [1.0]
+
+
+def test_a_strangers_pushes_of_200000_arrays_never_stall_the_server_past_its_heartbeats(caplog):
+    """Issue 28, finding 1: five PUSHes from a peer no worker of the job, each naming 200,000 arrays,
+    used to keep the server's loop reading for ~1 s each, long enough (at a 2 s heartbeat timeout) for the
+    scheduler to mark it dead and every worker to fail. A peer not trusted yet now gets a few frames a
+    message; the rest is discarded in steps between the reactor's other work."""
+    head = fuzz.raw_header(Command.PUSH, 7, 13, arrays=[fuzz.raw_array(k, fuzz.dtype_code("float32"), [1])
+                                                        for k in range(200_000)])
+    message = [head] + [b"\0" * 4] * 200_000
+    with InProcessCluster(1, 2, deadline=60, shm=0, heartbeat_interval=0.3, heartbeat_timeout=2.0) as c:
+        slowest: list[float] = []
+
+        def attack() -> None:
+            sock = zmq.Context.instance().socket(zmq.DEALER)
+            sock.connect(c.servers[0].address)
+            try:
+                for _ in range(5):
+                    sock.send_multipart(message)
+            finally:
+                sock.close(linger=20_000)  # every message delivered
+
+        def job(cfg):
+            kv = pskv.create("dist_sync", cluster=cfg)
+            try:
+                kv.init(KEYS, [np.zeros((4, 3), np.float32)] * len(KEYS))
+                kv.barrier()
+                if kv.rank == 0:
+                    threading.Thread(target=attack, daemon=True).start()
+                longest = 0.0
+                for step in range(80):  # ~5 s: past the attack, and past the heartbeat timeout twice over
+                    time.sleep(0.05)
+                    start = time.monotonic()
+                    kv.push(KEYS, [np.full((4, 3), kv.rank + step, np.float32)] * len(KEYS))
+                    out = kv.pull(KEYS)
+                    longest = max(longest, time.monotonic() - start)
+                    assert all(np.all(o == 2 * step + 1) for o in out), (step, out[0])
+                slowest.append(longest)
+                kv.barrier()
+                return True
+            finally:
+                kv.close()
+
+        assert c.run_workers(job) == [True, True]
+        assert not c.errors and all(s._reactor.error is None for s in c.servers)
+    assert "marked dead" not in caplog.text
+    assert caplog.text.count("from a peer not trusted yet") == 5, caplog.text[-2000:]
+    assert max(slowest) < 2.0, slowest
