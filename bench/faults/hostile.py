@@ -33,6 +33,9 @@ sockets; no CURVE key):
 * stranger_conns: 1,000 connections to the server's data port (plain TCP), each sending 35 bytes
   (the preamble, then a frame count of 200,002), held open, then closed (issue 28, finding 2); the
   server's RSS while they are open and after;
+* data_flood: 4,200 idle connections to the server's data port, opened as fast as they go and
+  held 8 s (past the 5 s opening timeout), at the default heartbeats; the workers' longest
+  pause meanwhile, and whether anyone was marked dead;
 * chosen_paths: SAVE_STATES / SAVE_CHECKPOINT / LOAD_STATES claiming worker 0 that name
   files outside the server's directories (absolute, ``..``, ``/etc/passwd``).
 
@@ -57,7 +60,7 @@ from .settings import DEFAULT_HB, SIZES
 from .trials import _fuzz_outcome, _max_gap, _probe, _server_address, _stop_workers, fuzz_module
 
 CATEGORIES = ["slow_reader", "slow_member", "growth_member", "many_frames", "oversize", "forged_sender", "replay", "unix_junk", "state_growth",
-              "chosen_paths", "wide_push", "stranger_conns"]
+              "chosen_paths", "wide_push", "stranger_conns", "data_flood"]
 ENV = {  # settings of each category's job (short timeouts keep the runs short)
     "slow_reader": {"PSKV_SLOW_PEER_TIMEOUT": "2", "PSKV_SEND_QUEUE_BYTES": str(64 << 20)},
     "slow_member": {"PSKV_SLOW_PEER_TIMEOUT": "2", "PSKV_SEND_QUEUE_BYTES": str(64 << 20)},
@@ -304,17 +307,43 @@ def attack_wide_push(job: Job, address: str, tmp: Path, result: dict[str, Any]) 
     return 5
 
 
+def _data_port(job: Job, address: str) -> tuple[str, int]:
+    """The server's data port, from its log line."""
+    line = job.procs["server 0"].find(lambda s: "data port" in s, 5)
+    if line is None:
+        raise RuntimeError("the server logged no data port")
+    return address.split("//")[1].rsplit(":", 1)[0], int(line[1].split("data port ")[1].split(")")[0])
+
+
+def attack_data_flood(job: Job, address: str, tmp: Path, result: dict[str, Any]) -> int:
+    """4,200 idle data-port connections held 8 s: the workers' longest pause meanwhile."""
+    host, port = _data_port(job, address)
+    conns = []
+    start = time.monotonic()
+    try:
+        for _ in range(4200):
+            try:
+                conns.append(socket.create_connection((host, port), timeout=5.0))
+            except OSError as exc:  # the backlog full: counted, the flood goes on
+                result["refused"] = result.get("refused", 0) + 1
+                result["refusal"] = str(exc)
+        time.sleep(8.0)
+        result["memory_open"] = _memory(job.procs["server 0"].pid)
+    finally:
+        for sock in conns:
+            sock.close()
+    time.sleep(1.0)
+    result["step_gap_during_s"] = _max_gap(job.procs["worker 0"].events(), start, time.monotonic() - 1.0)
+    return 4200
+
+
 def attack_stranger_conns(job: Job, address: str, tmp: Path, result: dict[str, Any]) -> int:
     """1,000 data-port connections of 35 bytes each, held open, then closed: the server's RSS meanwhile."""
     import struct
 
     from pskv.transport.stream import MAGIC, tag_of
 
-    line = job.procs["server 0"].find(lambda s: "data port" in s, 5)
-    if line is None:
-        raise RuntimeError("the server logged no data port")
-    port = int(line[1].split("data port ")[1].split(")")[0])
-    host = address.split("//")[1].rsplit(":", 1)[0]
+    host, port = _data_port(job, address)
     server = job.procs["server 0"].pid
     conns = []
     try:

@@ -549,7 +549,7 @@ GROUPS = {"kill_server": ["kill_server", "kill_server_short"], "kill_worker": ["
           "fuzz": ["fuzz"], "forged": ["forged"], "hostile": ["hostile"],
           **{f"hostile_{c}": [f"hostile_{c}"] for c in ("slow_reader", "many_frames", "oversize", "forged_sender",
                                                         "replay", "unix_junk", "state_growth", "chosen_paths", "slow_member",
-                                                        "growth_member", "wide_push", "stranger_conns")}}
+                                                        "growth_member", "wide_push", "stranger_conns", "data_flood")}}
 
 
 def _kill_trials(rows: list[str], repeats: int) -> list[Trial]:
