@@ -82,14 +82,14 @@ class Scheduler:
         self._cluster = cluster
         self._runtime = NodeRuntime("pskv-scheduler", context, describe=lambda: "the scheduler", cluster=cluster)
         self._reactor = self._runtime.reactor
+        self._by_identity: dict[bytes, int] = {}
         # a peer not registered yet sends one small REGISTER (or a metrics query): bigger messages are dropped
         self._sid, self.address = self._reactor.bind_router(address or cluster.scheduler_address, self._on_message,
-                                                            lambda identity: identity in self._by_identity)
+                                                            self._by_identity.__contains__)
         self._pending: list[tuple[bytes, Header, Register]] = []  # registrations before all arrived
         # the job's secret: servers get it, each worker HMAC(secret, its id), which proves its id to them
         self._secret = os.urandom(DIGEST_CHARS // 2).hex()
         self._nodes: dict[int, _Node] = {}
-        self._by_identity: dict[bytes, int] = {}
         self._refusals = RefusalLog(log)  # messages refused for their sender, logged at most every 10 s per peer
         self._done_workers: set[int] = set()  # workers that left the job (SHUTDOWN)
         self._waiting: dict[int, tuple[bytes, Header]] = {}  # SHUTDOWN with wait, answered when every worker left

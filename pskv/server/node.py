@@ -59,24 +59,24 @@ class ServerNode:
         self._tracker = RequestTracker()
         self._runtime = NodeRuntime("pskv-server", context, IO_THREADS, self._tracker, self._get_name, cluster)
         self._reactor = self._runtime.reactor
-        # a connection not bound to a worker yet may send a HELLO or REJOIN: bigger messages are dropped
-        self._sid, self.address = self._reactor.bind_router(f"tcp://{bind_host(cluster)}:0", self._on_message,
-                                                            lambda identity: self._core.senders.node_of(identity) is not None)
         self._shm_dir = ShmDirectory(f"{job_prefix(cluster.job_id)}server-") if cluster.uses_shm else None
         shm_info = {"dir": self._shm_dir.path, "host": host_id()} if self._shm_dir else None
+        self._core = ServerCore(cluster, self._send, self._node_id, self._get_name, self._get_rank, self._secret,
+                                self._shm_dir.create if self._shm_dir is not None else None,
+                                self._reactor.call_soon)
+        # a connection not bound to a worker yet may send a HELLO or REJOIN: bigger messages are dropped
+        self._sid, self.address = self._reactor.bind_router(f"tcp://{bind_host(cluster)}:0", self._on_message,
+                                                            self._core.senders.bound)
         if self._shm_dir is not None:
             try:  # workers on this host send their requests here (see WorkerClient.connect)
                 self._reactor.bind_local(self._sid, local_path(self._shm_dir.path))
             except TransportError as exc:
                 log.info("no local socket, workers on this host use TCP: %s", exc)
-        self._core = ServerCore(cluster, self._send, self._node_id, self._get_name, self._get_rank, self._secret,
-                                self._shm_dir.create if self._shm_dir is not None else None,
-                                self._reactor.call_soon)
         if cluster.data_channel == "tcp" and not cluster.curve_key_file:
             try:  # workers on other hosts send their requests here (see pskv/worker/lanes.py, Lanes.open_data)
-                bound = self._core.senders.node_of  # a stranger's connection is trusted once bound to a worker
+                # a stranger's connection is trusted once bound to a worker
                 self._core.data.stream_port = self._reactor.bind_stream(self._sid, bind_host(cluster),
-                                                                        lambda conn: bound(conn) is not None)
+                                                                        self._core.senders.bound)
             except TransportError as exc:
                 log.warning("no data port, workers on other hosts use ZeroMQ: %s", exc)
         self._shard = self._core.shard

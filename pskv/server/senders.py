@@ -64,6 +64,7 @@ class SenderBindings:
         self._name = name
         self._secret = secret
         self._node_of: dict[bytes, int] = {}
+        self.bound: Callable[[bytes], bool] = self._node_of.__contains__  # whether a connection is bound (no frame)
         # worker -> its connections, least recently used first; True once it spoke after its opening message
         self._connections: dict[int, dict[bytes, bool]] = {}
         self._refusals = RefusalLog(log, limit=4096)  # a line per connection and interval (a peer may flood)
