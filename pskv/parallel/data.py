@@ -33,7 +33,7 @@ import numpy as np
 from pskv.arrays import is_torch
 from pskv.errors import InvalidArgumentError, InvalidTypeError
 
-__all__ = ["DataDesc", "DataBatch", "NDArrayIter", "as_list", "batch_arrays"]
+__all__ = ["DataDesc", "DataBatch", "NDArrayIter", "as_list", "batch_arrays", "begin_epoch"]
 
 NDArray = np.ndarray[Any, Any]
 
@@ -350,6 +350,28 @@ class NDArrayIter:
             StopIteration: the epoch is over; call :meth:`reset`.
         """
         return self.__next__()
+
+
+def begin_epoch(data: Any, epoch: int) -> None:
+    """Position ``data`` at the start of ``epoch``, as ``fit`` does before every epoch.
+
+    An iterator with ``set_epoch`` (:class:`NDArrayIter`, ``PrefetchingIter``) gets
+    ``set_epoch(epoch)``. Otherwise every sampler of a ``torch.utils.data.DataLoader``
+    that has ``set_epoch`` gets it — ``loader.sampler``, ``loader.batch_sampler`` and the
+    batch sampler's ``sampler`` (a ``DistributedSampler`` handed to a ``BatchSampler``) —
+    so that a ``DistributedSampler`` shuffles each epoch anew, alike on every worker,
+    instead of repeating epoch 0's order (torch leaves that call to the training loop);
+    then ``reset()``, if ``data`` has one.
+    """
+    if hasattr(data, "set_epoch"):
+        data.set_epoch(epoch)
+        return
+    batch_sampler = getattr(data, "batch_sampler", None)
+    samplers: list[Any] = [getattr(data, "sampler", None), batch_sampler, getattr(batch_sampler, "sampler", None)]
+    for sampler in {id(s): s for s in samplers if callable(getattr(s, "set_epoch", None))}.values():  # each once
+        sampler.set_epoch(epoch)
+    if hasattr(data, "reset"):
+        data.reset()
 
 
 def batch_arrays(batch: Any) -> tuple[list[Any], list[Any]]:

@@ -41,6 +41,7 @@ from pskv.arrays.rowsparse import RowSparse
 from pskv.arrays.tables import TableInit
 from pskv.errors import InvalidArgumentError, InvalidTypeError, ShapeMismatchError
 from pskv.kvstore import KVStoreBase
+from pskv.parallel.data import begin_epoch
 
 __all__ = ["Embedding", "EmbeddingBag", "StoreTable", "PrefetchingIter", "store_tables"]
 
@@ -533,8 +534,5 @@ class PrefetchingIter:
             self.data.reset()
 
     def set_epoch(self, epoch: int) -> None:
-        if hasattr(self.data, "set_epoch"):
-            self.data.set_epoch(epoch)
-        elif hasattr(self.data, "reset"):
-            self.data.reset()
+        begin_epoch(self.data, epoch)  # a wrapped DataLoader's DistributedSampler gets set_epoch too
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from pskv.errors import InvalidArgumentError
 from pskv.parallel.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from pskv.parallel.data import batch_arrays
+from pskv.parallel.data import begin_epoch as start_epoch  # fit() has an argument named begin_epoch
 from pskv.parallel.metrics import create as create_metric
 from pskv.parallel.uneven import UnevenSteps
 
@@ -33,14 +34,6 @@ LINE_SECONDS = 10.0  # without a terminal, a progress line at most this often (p
 
 def _metric(spec: Any) -> Any:
     return create_metric(spec)
-
-
-def _begin_epoch(data: Any, epoch: int) -> None:
-    """Position an iterator at the start of ``epoch`` (``set_epoch`` if it has one, else ``reset``)."""
-    if hasattr(data, "set_epoch"):
-        data.set_epoch(epoch)
-    elif hasattr(data, "reset"):
-        data.reset()
 
 
 def _bind_from(group: Any, batch: Any) -> None:
@@ -104,7 +97,9 @@ def fit(trainer: Trainer, train_data: Iterable[Any], eval_data: Iterable[Any] | 
             with a loss. An unbound group is bound from the first batch's shapes.
         train_data: batches (``DataBatch``, ``(data, label)`` pairs); iterated once per
             epoch. An iterator with ``set_epoch(e)`` (or else ``reset()``) is positioned
-            at each epoch's start, so shuffles are reproducible and resumable.
+            at each epoch's start, so shuffles are reproducible and resumable; a
+            DataLoader's ``DistributedSampler`` gets ``set_epoch(e)``
+            (:func:`pskv.parallel.data.begin_epoch`).
         eval_data: evaluated after every epoch with a fresh ``eval_metric``.
         num_epoch: the epoch to stop before (total epochs, counting resumed ones).
         eval_metric: a metric name, object or list (``pskv.parallel.metrics.create``).
@@ -241,7 +236,7 @@ def _uneven_shadow(trainer: Trainer, kv: KVStoreBase | None, workers: int, uneve
 
 def _epoch(run: _Run, train_data: Iterable[Any], epoch: int) -> dict[str, Any]:
     """Train one epoch with a fresh metric; its record."""
-    _begin_epoch(train_data, epoch)
+    start_epoch(train_data, epoch)
     metric = _metric(run.eval_metric)
     totals, seconds = _train_epoch(run, train_data, epoch, metric)
     return _epoch_record(run, epoch, totals, seconds, metric)
@@ -301,7 +296,7 @@ def _epoch_record(run: _Run, epoch: int, totals: _EpochTotals, seconds: float, m
                               "train": dict(metric.get_name_value()),
                               "samples_per_s": totals.samples * run.workers / seconds, "seconds": seconds}
     if run.eval_data is not None:
-        _begin_epoch(run.eval_data, 0)
+        start_epoch(run.eval_data, 0)
         record["eval"] = evaluate(run.group, run.eval_data, run.eval_metric)
     if run.checkpoint_dir is not None and ((epoch + 1 - run.begin_epoch) % run.checkpoint_period == 0
                                            or epoch == run.num_epoch - 1):

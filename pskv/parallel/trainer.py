@@ -10,7 +10,8 @@ parameters to every worker and device; then each step sends every gradient with
 
 MXNet's rules pick the mode: ``dist_async`` forces True (an explicit False raises), a
 store without optimizer capability (``byteps``) forces False (an explicit True raises),
-and no store (one device, a non-distributed store name) means False.
+and no store (one device, a non-distributed store name) means False. A ``torch.optim``
+optimizer runs only here, on every worker (:mod:`pskv.parallel.torch_optim`).
 
 Communication overlaps the backward pass: gradients are grouped into buckets in reverse
 parameter order (roughly the order autograd produces them) and a bucket is sent — one
@@ -32,11 +33,11 @@ import torch
 from pskv.errors import InvalidArgumentError, InvalidTypeError
 from pskv.kvstore import KVStoreBase, StoreType, create
 from pskv.kvstore.types import BUILTIN_TYPES
-from pskv.optimizer import Optimizer, get_updater
-from pskv.optimizer import create as create_optimizer
+from pskv.optimizer import Optimizer
 from pskv.parallel.embedding import StoreTable, wait_handles
 from pskv.parallel.executor_group import DataParallelExecutorGroup
 from pskv.parallel.fit import fit
+from pskv.parallel.torch_optim import TorchOptimizerStep, local_updater, make_optimizer
 from pskv.parallel.trainer_tables import TrainerTables
 
 __all__ = ["Trainer"]
@@ -64,30 +65,16 @@ def _trainable(
                            f"got {type(target).__name__}")
 
 
-def _make_optimizer(optimizer: str | Optimizer, optimizer_params: Mapping[str, Any] | None) -> Optimizer:
-    """The optimizer given, or the one named built with ``optimizer_params``.
-
-    Raises:
-        InvalidArgumentError: ``optimizer_params`` with a ready-made optimizer.
-        InvalidTypeError: ``optimizer`` is neither a name nor an Optimizer.
-    """
-    if isinstance(optimizer, Optimizer):
-        if optimizer_params:
-            raise InvalidArgumentError("optimizer_params only go with an optimizer name")
-        return optimizer
-    if isinstance(optimizer, str):
-        return create_optimizer(optimizer, **dict(optimizer_params or {}))
-    raise InvalidTypeError(f"optimizer must be a name or a pskv Optimizer, got {type(optimizer).__name__}")
-
-
 class Trainer:
     """Trains a :class:`DataParallelExecutorGroup` (or a plain ``torch.nn.Module``) through a store.
 
     Args:
         target: the group, or a module whose trainable parameters are used (one device;
             call ``loss.backward()`` yourself, then :meth:`step` with the batch size).
-        optimizer: an optimizer name (``'sgd'``, ``'adam'``...) or an
-            :class:`~pskv.optimizer.Optimizer`.
+        optimizer: an optimizer name (``'sgd'``, ``'adam'``...), an
+            :class:`~pskv.optimizer.Optimizer`, or a ``torch.optim.Optimizer`` over the
+            model's parameters (``update_on_kvstore=False`` only: it steps on every worker;
+            :mod:`pskv.parallel.torch_optim`).
         optimizer_params: hyperparameters when ``optimizer`` is a name.
         kvstore: a store, a store name, or None. A name with one device and no
             ``dist`` in it means no store (nothing to sum), as in MXNet.
@@ -104,12 +91,14 @@ class Trainer:
             ``set_gradient_compression``). A store is then used even for one device.
 
     Raises:
-        InvalidArgumentError: an impossible ``update_on_kvstore``, several devices
+        InvalidArgumentError: an impossible ``update_on_kvstore`` (a torch optimizer
+            with ``update_on_kvstore`` True, given or by default), several devices
             without a store, ``compression_params`` without a store, or a store that
             holds keys already with another compression.
     """
 
-    def __init__(self, target: DataParallelExecutorGroup | torch.nn.Module, optimizer: str | Optimizer = "sgd",
+    def __init__(self, target: DataParallelExecutorGroup | torch.nn.Module,
+                 optimizer: str | Optimizer | torch.optim.Optimizer = "sgd",
                  optimizer_params: Mapping[str, Any] | None = None, kvstore: str | KVStoreBase | None = "device",
                  update_on_kvstore: bool | None = None, overlap: bool = True,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, prefix: str = "",
@@ -126,7 +115,7 @@ class Trainer:
         self._prefix = prefix
         self._leaves = leaves  # [param][device] -> the torch Parameter
         self._target = target
-        self._optimizer = _make_optimizer(optimizer, optimizer_params)
+        self._optimizer = make_optimizer(optimizer, optimizer_params, [copies[0] for copies in leaves])
         self._kv, self._owns_kv = (self._tables.store(kvstore), False) if self._tables else self._make_store(
             kvstore, compression_params is not None)
         if compression_params is not None:
@@ -135,7 +124,7 @@ class Trainer:
             self._kv.set_gradient_compression(compression_params)
         self.update_on_kvstore = self._resolve_update_on_kvstore(update_on_kvstore)
         self._tables.check_update_on_kvstore(self.update_on_kvstore)
-        self._updater = None if self.update_on_kvstore else get_updater(self._optimizer)
+        self._updater = local_updater(self._optimizer, self.update_on_kvstore, update_on_kvstore, self._kv)
         workers = self._kv.num_workers if self._kv is not None and self._kv.store_type.multiprocess and self._kv.store_type.sync else 1
         self._worker_factor = workers
         self._set_up_buckets(bucket_bytes)
@@ -340,8 +329,9 @@ class Trainer:
         return self._kv
 
     @property
-    def optimizer(self) -> Optimizer:
-        """The optimizer (a copy of it runs in the store with ``update_on_kvstore``)."""
+    def optimizer(self) -> Optimizer | TorchOptimizerStep:
+        """The optimizer (a copy of it runs in the store with ``update_on_kvstore``; a torch
+        optimizer is its ``torch_optimizer``)."""
         return self._optimizer
 
     @property
@@ -353,7 +343,7 @@ class Trainer:
         """Change the learning rate (in the store too; state is kept). Collective in distributed mode."""
         self._optimizer.set_learning_rate(lr)
         if self.update_on_kvstore and self._optimizer_batch is not None and self._kv is not None:
-            self._kv.set_optimizer(self._optimizer)
+            self._kv.set_optimizer(self._optimizer)  # type: ignore[arg-type]  # a torch one is refused here
 
     # -- initialisation ---------------------------------------------------------------------
     def _on_forward(self, group: DataParallelExecutorGroup) -> None:
@@ -398,7 +388,7 @@ class Trainer:
         if self._optimizer_batch is not None or self._kv is None:
             return
         self._optimizer.rescale_grad = 1.0 / (batch_size * self._worker_factor)
-        self._kv.set_optimizer(self._optimizer)
+        self._kv.set_optimizer(self._optimizer)  # type: ignore[arg-type]  # a torch one is refused here
         self._optimizer_batch = batch_size
 
     # -- communication ------------------------------------------------------------------------
