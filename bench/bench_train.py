@@ -81,6 +81,7 @@ DDP = "DDP (Gloo)"
 LOSS_DROP = 0.75          # the last probe steps' mean loss must be below this fraction of the first ones'
 FIRST_LOSS_TOL = 1e-4     # step 1: same parameters, same batch -> the same loss (float32 rounding only)
 TARGET_FACTOR = 1.2       # issue 11: every model's pskv steps/s >= 1.2x DDP's
+TORCH_TARGET_FACTOR = 1.0  # issue 22: pskv.torch's DistributedOptimizer and DistributedDataParallel >= 1.0x DDP
 TRAJECTORY_TOL = 0.05     # probe steps 1-10: same updates up to summation order
 STARTUP_TIMEOUT = 180.0   # every cluster's workers must have joined within this
 STEP_DEFINITION = ("one step = forward + backward + gradient exchange + parameter update of a "
@@ -93,16 +94,23 @@ class ClusterFailed(RuntimeError):
 
 
 # -- clusters and run tokens ------------------------------------------------------------------
+# pskv.torch's APIs (``--torch-apis``): the system name of its clusters and their column's name
+TORCH_APIS = {"optimizer": "pskv.torch DistributedOptimizer", "ddp": "pskv.torch DistributedDataParallel"}
+
+
 def column(system: str, servers: int) -> str:
-    """The results key of a cluster: ``pskv S=1``, ``pskv S=2``, ``DDP (Gloo)``."""
-    return DDP if system == "ddp" else f"pskv S={servers}"
+    """The results key of a cluster: ``pskv S=1``, ``pskv S=2``, ``pskv.torch DistributedOptimizer S=1``, ``DDP (Gloo)``."""
+    if system == "ddp":
+        return DDP
+    api = system.removeprefix("torch-")
+    return f"{TORCH_APIS[api]} S={servers}" if api in TORCH_APIS else f"pskv S={servers}"
 
 
 @dataclass
 class Cluster:
     """One running cluster: its processes, its workers' JSON lines (at the end), or its error."""
 
-    system: str          # "pskv" or "ddp"
+    system: str          # "pskv", "torch-optimizer", "torch-ddp" or "ddp"
     servers: int
     label: str
     group: ProcessGroup
@@ -268,11 +276,11 @@ class Runner:
 
     def start(self, system: str, servers: int, spec: Path) -> Cluster:
         """Start one cluster's processes (its workers then connect to the token server)."""
-        label = f"pskv-s{servers}" if system == "pskv" else "ddp"
+        label = f"{system}-s{servers}" if system != "ddp" else "ddp"
         cluster = Cluster(system, servers, label, ProcessGroup(label, self.tmp / label))
         self.clusters.append(cluster)
         try:
-            cluster.workers = (self._start_pskv if system == "pskv" else self._start_ddp)(cluster, spec)
+            cluster.workers = (self._start_ddp if system == "ddp" else self._start_pskv)(cluster, spec)
         except (JobError, OSError) as exc:
             cluster.fail(f"start failed: {exc}")
         return cluster
@@ -288,6 +296,9 @@ class Runner:
         env["PSKV_JOB_ID"] = self.job_id(label)
         assert group.logdir is not None
         script = [py, str(BENCH_DIR / "_train_worker_pskv.py"), str(spec)]
+        if cluster.system.startswith("torch-"):  # pskv.torch on the same servers: a PyTorch user's own loop
+            env["PSKV_BENCH_API"] = cluster.system.removeprefix("torch-")
+            script = [py, str(BENCH_DIR / "_train_worker_pskv_torch.py"), str(spec)]
         start_nodes(group, group.logdir, cluster.servers, WORKERS, script, env, cwd=src,
                     enter=lambda name, argv: argv if name == "scheduler" else self._profiled(argv, label, name))
         return [p for p in group.procs if p.name.startswith("worker")]
@@ -344,6 +355,8 @@ class Runner:
         spec = self._spec_file()
         for s in self.args.server_counts:
             self.start("pskv", s, spec)
+        for api in self.args.torch_apis:
+            self.start(f"torch-{api}", 1, spec)
         self.start("ddp", 0, spec)
         self.log(f"started {', '.join(c.column for c in self.clusters)}; waiting for their workers")
         deadline = time.monotonic() + STARTUP_TIMEOUT
@@ -392,7 +405,7 @@ class Runner:
             cluster.fail(f"at the end: {exc}")
         finally:
             cluster.group.close()
-            if cluster.system == "pskv":
+            if cluster.system != "ddp":
                 from pskv.transport.shm import remove_job_files
 
                 remove_job_files(self.job_id(cluster.label))
@@ -579,14 +592,15 @@ def evaluate_targets(rows: Sequence[dict[str, Any]], servers: Sequence[int]) -> 
             continue
         ddp_ok = index.get((mid, DDP), {}).get("checks_ok")
         ratio = row["pskv_over_ddp"]
+        factor = TORCH_TARGET_FACTOR if col.startswith("pskv.torch") else TARGET_FACTOR
         if row["checks_ok"] is False or ddp_ok is False:
             status = "INVALID"
         elif ratio is None:
             status = "n/a"
         else:
-            status = "PASS" if ratio >= TARGET_FACTOR else "MISS"
-        verdicts.append({"model": mid, "column": col, "servers": int(col.split("=")[1]), "factor": TARGET_FACTOR,
-                         "text": f"{row['name']}, {col}: steps/s >= {TARGET_FACTOR}x DDP", "ratio": ratio,
+            status = "PASS" if ratio >= factor else "MISS"
+        verdicts.append({"model": mid, "column": col, "servers": int(col.split("=")[1]), "factor": factor,
+                         "text": f"{row['name']}, {col}: steps/s >= {factor}x DDP", "ratio": ratio,
                          "ratio_iqr": row["pskv_over_ddp_iqr"], "ratio_by_round": row["pskv_over_ddp_by_round"],
                          "ratio_of_medians": row["ratio_of_medians"], "status": status})
     order = {s: i for i, s in enumerate(servers)}
@@ -673,6 +687,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"result file (default {DEFAULT_JSON.relative_to(REPO_DIR)})")
     p.add_argument("--models", default=",".join(MODELS), help=f"models to train, comma-separated (default {','.join(MODELS)})")
     p.add_argument("--servers", default="1,2", help="pskv server counts, comma-separated (default 1,2)")
+    p.add_argument("--torch-apis", default=",".join(TORCH_APIS),
+                   help="pskv.torch clusters to run too (1 server each), comma-separated from "
+                        f"{', '.join(TORCH_APIS)}; '' for none (default all)")
     p.add_argument("--rounds", type=int, default=None,
                    help="rounds of samples (default 4, quick 1); the per-round medians give the reported ranges")
     p.add_argument("--repeats", type=int, default=None,
@@ -695,6 +712,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         p.error("--servers takes comma-separated integers")
     if not args.server_counts or min(args.server_counts) < 1:
         p.error("--servers needs counts >= 1")
+    args.torch_apis = [a.strip() for a in args.torch_apis.split(",") if a.strip()]
+    if set(args.torch_apis) - set(TORCH_APIS):
+        p.error(f"--torch-apis: unknown {sorted(set(args.torch_apis) - set(TORCH_APIS))}; known: {', '.join(TORCH_APIS)}")
     args.model_ids = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = set(args.model_ids) - set(MODELS)
     if unknown or not args.model_ids:
@@ -738,7 +758,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     runner = Runner(args, work, tmp, pskv_src, log)
     if args.profile is not None and runner.py_spy is None:
         log("--profile: py-spy not found (pip install py-spy); running without it")
-    columns = [column("pskv", s) for s in args.server_counts] + [DDP]
+    columns = ([column("pskv", s) for s in args.server_counts] + [column(f"torch-{a}", 1) for a in args.torch_apis]
+               + [DDP])
     results = Results()
     try:
         wall = runner.run()
@@ -776,6 +797,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "pskv": "DataParallelExecutorGroup(model, ['cpu'], loss=CrossEntropyLoss()) + Trainer(group, 'sgd', "
                     "{learning_rate, momentum}, kvstore=dist_sync store): gradients pushed in buckets during backward "
                     "(non-blocking pushpull), SGD on the servers, new weights pulled back before step() returns",
+            "torch-optimizer": "pskv.torch.broadcast_parameters + DistributedOptimizer(torch.optim.SGD(lr, momentum), "
+                               "named_parameters) on the dist_sync store (1 server): gradients to the servers during "
+                               "backward, averaged; step() waits and applies locally",
+            "torch-ddp": "pskv.torch.DistributedDataParallel(model) on the dist_sync store (1 server), "
+                         "torch.optim.SGD(lr, momentum): gradients averaged during backward, a local step",
             "ddp": "DistributedDataParallel(model) on Gloo (default buckets), torch.optim.SGD(lr, momentum), "
                    "CrossEntropyLoss(); zero_grad, forward, loss, backward, step",
             "checks": f"in_sync: both workers' final parameters bit-identical; loss_falls: last probe (the model's "

@@ -1,0 +1,180 @@
+"""Gradient buckets: the all-reduces behind :class:`DistributedOptimizer` and :class:`DistributedDataParallel`.
+
+The parameters are cut into buckets once, in the order their gradients are expected
+(the reverse of the model's parameter order, roughly autograd's), each bucket of one
+dtype and device and about ``cap_bytes`` (the first one smaller, so communication starts
+early, as torch's DDP does). A caller marks a parameter :meth:`~GradientBuckets.ready`
+when its gradient is final for the step (a gradient hook); a complete bucket is sent at
+once as one asynchronous grouped all-reduce (its small tensors fused), **but only in
+bucket order**: a bucket waits for the ones before it. So every rank issues the same
+collectives in the same order whatever order its hooks fire in — the all-reduce store
+requires it, and a parameter that got no gradient on one rank cannot make the ranks'
+calls pair wrongly. :meth:`~GradientBuckets.launch_all` sends what is left at the end of
+the step, a missing gradient as zeros (Horovod's rule: another rank may have computed
+it); :meth:`~GradientBuckets.wait` waits for every bucket and writes the results into
+the gradients.
+
+Sparse gradients (``nn.Embedding(sparse=True)``) travel dense (Horovod's
+``sparse_as_dense``) and come back sparse with the same sparse dimensions; pskv's
+row-sparse path is not used. A compression (``Compression.fp16``) compresses each
+gradient on the way out and decompresses the result into it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from pskv.torch import ops
+
+__all__ = ["DEFAULT_BUCKET_BYTES", "FIRST_BUCKET_BYTES", "GradientBuckets", "Reduction"]
+
+DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024  # torch DDP's bucket_cap_mb=25
+FIRST_BUCKET_BYTES = 1024 * 1024  # torch DDP's first bucket: the last layers' gradients leave early
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """How a bucket is reduced: ``ops.grouped_allreduce_async_``'s arguments and the compression."""
+
+    op: Any
+    compression: Any
+    prescale_factor: float = 1.0
+    postscale_factor: float = 1.0
+
+
+@dataclass
+class _Bucket:
+    name: str
+    params: list[torch.Tensor]
+    ready: int = 0  # parameters marked ready this step
+    handle: int | None = None  # the grouped all-reduce in flight
+    wires: list[torch.Tensor] = field(default_factory=list)  # what travels (compressed, dense)
+    ctxs: list[Any] = field(default_factory=list)
+
+
+class GradientBuckets:
+    """The buckets of one set of parameters (one optimizer's, one DDP module's).
+
+    Args:
+        named: ``(name, parameter)`` in the order their gradients are expected; the names
+            are the same on every rank (they name the collectives).
+        prefix: what every bucket's collective name starts with (one per optimizer / module).
+        reduction: the reduce operation and the compression.
+        cap_bytes, first_cap_bytes: the buckets' sizes (a parameter bigger than that is a
+            bucket of its own; 0: every parameter its own bucket).
+    """
+
+    def __init__(self, named: Sequence[tuple[str, torch.Tensor]], prefix: str, reduction: Reduction,
+                 cap_bytes: int = DEFAULT_BUCKET_BYTES, first_cap_bytes: int = FIRST_BUCKET_BYTES) -> None:
+        self._reduction = reduction
+        self._buckets = _cut(named, prefix, cap_bytes, first_cap_bytes)
+        self._bucket_of = {p: b for b in self._buckets for p in b.params}
+        self._next = 0  # the first bucket not sent yet this step
+
+    def __contains__(self, param: torch.Tensor) -> bool:
+        return param in self._bucket_of
+
+    @property
+    def names(self) -> list[str]:
+        """Each bucket's collective name, in sending order."""
+        return [b.name for b in self._buckets]
+
+    @property
+    def sent(self) -> int:
+        """How many buckets were sent since the last :meth:`wait` (the first ones, in order)."""
+        return self._next
+
+    @property
+    def pending(self) -> bool:
+        """Whether a parameter was marked ready or a bucket sent since the last :meth:`wait`."""
+        return self._next > 0 or any(b.ready for b in self._buckets)
+
+    def ready(self, param: torch.Tensor) -> None:
+        """``param``'s gradient is final for this step; send every complete bucket that is next in order."""
+        self._bucket_of[param].ready += 1
+        buckets = self._buckets
+        while self._next < len(buckets) and buckets[self._next].ready >= len(buckets[self._next].params):
+            self._send(buckets[self._next])
+            self._next += 1
+
+    def launch_all(self) -> list[torch.Tensor]:
+        """Send every bucket not sent yet, in order; the parameters whose missing gradient became zeros."""
+        filled = []
+        for bucket in self._buckets[self._next:]:
+            for p in bucket.params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    filled.append(p)
+            self._send(bucket)
+        self._next = len(self._buckets)
+        return filled
+
+    def wait(self) -> None:
+        """Wait for every bucket sent; write each result into its gradient; start a new step.
+
+        Raises:
+            the first bucket's error (a collective's fails on every rank); the buckets after
+            it are still waited for, so none writes into a gradient later.
+        """
+        sent, error = self._buckets[:self._next], None
+        for bucket in sent:
+            assert bucket.handle is not None  # every bucket before _next was sent
+            try:
+                outputs = ops.synchronize(bucket.handle)
+                if error is None:
+                    for p, out, ctx in zip(bucket.params, outputs, bucket.ctxs):
+                        _write_back(p, self._reduction.compression.decompress(out, ctx))
+            except Exception as exc:  # kept, raised once every bucket is waited for
+                error = error or exc
+        self.reset()
+        if error is not None:
+            raise error
+
+    def reset(self) -> None:
+        """Forget this step's ready marks and handles (after :meth:`wait`, or a state reload)."""
+        for bucket in self._buckets:
+            bucket.ready, bucket.handle, bucket.wires, bucket.ctxs = 0, None, [], []
+        self._next = 0
+
+    def _send(self, bucket: _Bucket) -> None:
+        compression = self._reduction.compression
+        bucket.wires, bucket.ctxs = [], []
+        for p in bucket.params:
+            assert p.grad is not None, f"{bucket.name}: a parameter has no gradient"
+            grad = p.grad.to_dense() if p.grad.is_sparse else p.grad
+            wire, ctx = compression.compress(grad.contiguous())
+            bucket.wires.append(wire)
+            bucket.ctxs.append(ctx)
+        red = self._reduction
+        bucket.handle = ops.grouped_allreduce_async_(bucket.wires, name=bucket.name, op=red.op,
+                                                     prescale_factor=red.prescale_factor,
+                                                     postscale_factor=red.postscale_factor)
+
+
+def _write_back(param: torch.Tensor, result: torch.Tensor) -> None:
+    """The reduced ``result`` into ``param.grad`` (nothing to do where it was reduced in place)."""
+    grad = param.grad
+    assert grad is not None
+    if grad.is_sparse:
+        param.grad = result.to_sparse(grad.sparse_dim())
+    elif result is not grad and (result.data_ptr() != grad.data_ptr() or result.dtype != grad.dtype):
+        grad.copy_(result)
+
+
+def _cut(named: Sequence[tuple[str, torch.Tensor]], prefix: str, cap: int, first_cap: int) -> list[_Bucket]:
+    """Consecutive parameters of one dtype and device, up to ``cap`` bytes a bucket (``first_cap`` the first)."""
+    buckets: list[_Bucket] = []
+    size, kind = 0, None
+    for name, p in named:
+        nbytes = p.numel() * p.element_size()
+        limit = min(first_cap, cap) if len(buckets) <= 1 else cap
+        if not buckets or (p.dtype, p.device) != kind or size + nbytes > limit:
+            buckets.append(_Bucket(f"{prefix}.{name}", []))
+            size, kind = 0, (p.dtype, p.device)
+        buckets[-1].params.append(p)
+        size += nbytes
+    return buckets
