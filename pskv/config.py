@@ -23,7 +23,7 @@ from pskv.ranks import RankEnv, allocation, env_int, expand_hostlist, expand_tas
 
 __all__ = ["Config", "ClusterConfig", "ENV_VARS", "CLUSTER_ENV_VARS", "LOG_LEVELS", "log_level_from_env",
            "RANK_ENV_VARS", "RankEnv", "rank_env", "expand_hostlist", "expand_tasks_per_node",
-           "LAUNCHER_ENV_VARS", "omp_num_threads_set", "slurm_allocation"]
+           "LAUNCHER_ENV_VARS", "omp_num_threads_set", "slurm_allocation", "TORCH_ENV_VARS", "torch_store_name"]
 
 T = TypeVar("T")
 
@@ -455,6 +455,19 @@ RANK_ENV_VARS: dict[str, tuple[str, str]] = {
 LAUNCHER_ENV_VARS: dict[str, tuple[str, str]] = {
     "OMP_NUM_THREADS": ("pskv launch", "OpenMP threads per process: when it is set (or an --env pair sets it), pskv launch leaves it; else each worker gets max(1, CPUs of its host // workers there), as torchrun does"),
 }
+
+
+# variables pskv.torch reads (through torch_store_name); docs/env.md mirrors this table.
+TORCH_ENV_VARS: dict[str, tuple[str, str]] = {
+    "PSKV_TORCH_STORE": ("pskv.torch", "the store type pskv.torch.init() opens when given none (dist_sync, byteps, horovod, nccl, ...); default: dist_sync in a worker of a job with servers, else horovod"),
+}
+
+
+def torch_store_name(environ: Mapping[str, str] | None = None) -> str:
+    """``PSKV_TORCH_STORE``, stripped (``''`` when unset): the store type :func:`pskv.torch.init` opens
+    when given none. The name is checked where it is used (``StoreType.parse``)."""
+    env = os.environ if environ is None else environ
+    return env.get("PSKV_TORCH_STORE", "").strip()
 
 
 def omp_num_threads_set(environ: Mapping[str, str] | None = None) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 import operator
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, Literal, TypeVar, overload
+from typing import Any, ClassVar, Literal, NoReturn, TypeVar, overload
 
 from pskv._registry import Registry
 from pskv.errors import InvalidArgumentError, NotSupportedError
@@ -171,6 +171,24 @@ class KVStoreBase(abc.ABC):
     # -- data operations a store may offer ---------------------------------------------
     def _unsupported(self, op: str) -> NotSupportedError:
         return NotSupportedError(f"store type {self.type!r} does not support {op}")
+
+    def refuse_push(self, key: Any, error: BaseException, value: Any = None) -> NoReturn:
+        """Refuse this worker's part in a collective ``pushpull`` of ``key``, on every worker, raising ``error`` here.
+
+        For a caller that checks a value before the store sees it (``pskv.torch``: a tensor
+        whose dtype or size is not its name's) and must not leave the others waiting: it
+        calls this instead of ``pushpull``. The other workers' ``pushpull`` of ``key`` in
+        the same round (the same call, on the all-reduce stores) fails at once with an error
+        naming this worker; afterwards the key works on, as if nobody had called (the refused
+        round changes no value and counts alike on every worker). ``value``: what this worker
+        was given (described in the others' error where the store can), or None.
+
+        Raises:
+            error: on the stores that support it (``dist_sync``, ``dist_sync_device``,
+                ``byteps``, ``horovod``, ``nccl``), once the others are told.
+            NotSupportedError: the other stores (nobody to tell, or no collective rounds).
+        """
+        raise self._unsupported("refuse_push")
 
     def set_gradient_compression(self, compression_params: Mapping[str, Any]) -> None:
         """Compress pushed gradients (see :meth:`pskv.kvstore.frontend.StoreFrontEnd.set_gradient_compression`)."""

@@ -14,7 +14,7 @@ optimizer methods raise :class:`~pskv.errors.NotSupportedError`; ``metrics`` is 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 from pskv.arrays import describe, empty
 from pskv.config import ClusterConfig, Config
@@ -136,6 +136,10 @@ class BytePSStore(KVStoreBase):
                     return
                 if self._dist._refuse_push(k, meta):
                     break
+
+    def refuse_push(self, key: Any, error: BaseException, value: Any = None) -> NoReturn:
+        """:meth:`KVStoreBase.refuse_push` (:meth:`DistStore.refuse_push`); a key not declared yet: only ``error``."""
+        self._dist.refuse_push(key, error, value)
 
     def broadcast(self, key: Any, value: Any, out: Any = None, priority: int = 0, *, block: bool = True,
                   timeout: float | None = None, root_rank: int = 0) -> Any:  # KVStoreBase's overloads type the calls

@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Any
+from typing import Any, NoReturn
 
-from pskv.arrays import describe
+from pskv.arrays import ArrayMeta, describe
 from pskv.arrays.rowsparse import is_row_sparse
 from pskv.checkpoints import read_manifest
 from pskv.config import ClusterConfig, Config
@@ -387,6 +387,19 @@ class DistStore(DistJob):
         if out is not None:
             return self.pull(key, out=out, priority=priority, block=block, timeout=timeout)
         return None
+
+    def refuse_push(self, key: Any, error: BaseException, value: Any = None) -> NoReturn:
+        """:meth:`KVStoreBase.refuse_push`: a push the servers refuse (of ``value``'s dtype and size, or of no
+        elements if ``value`` is None or fits the key), which fails the sync round it would have joined on
+        every worker (:meth:`KVWorker.refuse`); then ``error`` is raised. A key this worker does not hold, or
+        an asynchronous store (no rounds to fail): only ``error``."""
+        rec = self._keys.get(key)
+        if rec is not None and self._store_type.sync:
+            meta = describe(value) if value is not None else None
+            if meta is None or (meta.dtype, meta.size) == (rec.meta.dtype, rec.meta.size):
+                meta = ArrayMeta("numpy", (0,) if rec.meta.size else (1,), rec.meta.dtype, "cpu")
+            self._refuse_push(key, meta)
+        raise error
 
     def _refuse_push(self, key: Key, meta: Any) -> bool:
         """If a value described by ``meta`` does not fit ``key``'s dtype or size, push it for the

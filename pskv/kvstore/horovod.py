@@ -12,6 +12,8 @@ makes sense without servers, MXNet's ``Horovod`` store's:
   store all-reduces each list element on its own);
 * ``broadcast(key, value, out=None, root_rank=0)`` — rank ``root_rank``'s value into every
   out (into ``value`` when ``out`` is None; the root's ``value`` is never changed);
+* ``refuse_push(key, error)`` — this rank's share of the others' ``pushpull`` is a refusal:
+  they raise CollectiveMismatchError naming ``error``, this rank raises ``error``;
 * ``rank``, ``num_workers``, ``local_rank``, ``barrier()``, ``is_capable()`` (False for
   every known capability: no optimizer, no row-sparse pulls, no compression; an unknown one raises);
 * ``init``, ``push``, ``pull``, ``row_sparse_pull``, the optimizer and checkpoint calls raise
@@ -186,7 +188,7 @@ class AllreduceStore(StoreFrontEnd[Any]):
                 meta = describe(vals[0])
                 device = self._work_device(meta.device)
                 buckets.setdefault((device, str(meta.dtype)), []).append(
-                    (k, self._local_sum(vals, device), k_outs if out is not None else vals))
+                    (k, self._local_sum(vals, device, in_place=out is None), k_outs if out is not None else vals))
             for (device, _), items in buckets.items():
                 works = [work for _, work, _ in items]
                 flat = works[0].reshape(-1) if len(works) == 1 else self._torch.cat([w.reshape(-1) for w in works])
@@ -248,7 +250,13 @@ class AllreduceStore(StoreFrontEnd[Any]):
             got = flat[offset:offset + s.numel() * s.element_size()].view(s.dtype).reshape(s.shape)
             self._copy_into(k_outs if outs_given else vals, got)
 
-    def _refuse(self, op: str, error: KVStoreError, timeout: float | None) -> NoReturn:
+    def refuse_push(self, key: Any, error: BaseException, value: Any = None) -> NoReturn:
+        """:meth:`KVStoreBase.refuse_push`: this rank's call in the others' ``pushpull`` is a refusal; they raise
+        CollectiveMismatchError naming ``error``, this rank ``error`` (in its order of calls)."""
+        self._check_open("pushpull")
+        self._refuse("pushpull", error, None)
+
+    def _refuse(self, op: str, error: BaseException, timeout: float | None) -> NoReturn:
         """This rank refuses its call: the others' same call fails at once (their agreement names
         this rank's error, CollectiveMismatchError) instead of waiting for it; then ``error`` is raised."""
         said = f"{op} refused on rank {self._rank}: {type(error).__name__}: {error}"
@@ -370,10 +378,11 @@ class AllreduceStore(StoreFrontEnd[Any]):
             self._cuda = TorchGroup(dataclasses.replace(self._spec, backend="nccl", device=device))
         return self._cuda
 
-    def _local_sum(self, vals: list[Any], device: str) -> Any:
-        """This rank's contribution on ``device``: the value itself (summed in place) or a new sum of the values."""
+    def _local_sum(self, vals: list[Any], device: str, in_place: bool) -> Any:
+        """This rank's contribution on ``device``: the value itself (summed in place, only if ``in_place``:
+        with an ``out`` the value is left as it was) or a new sum of the values."""
         tensors = [self._tensor(v) for v in vals]
-        if len(tensors) == 1 and _in_place(tensors[0], device):
+        if in_place and len(tensors) == 1 and _in_place(tensors[0], device):
             return tensors[0]
         work = tensors[0].to(device=device, copy=True).contiguous()
         for t in tensors[1:]:

@@ -85,7 +85,7 @@ class DataHandlers:
         self._dead = dead
         self._routes = routes
         self.parking = Parking(shard, name)
-        self._refused: dict[tuple[int, int], tuple[int, Refused]] = {}  # part -> (round, why): _refuse_rounds
+        self._refused: dict[tuple[int, int], tuple[int, Refused]] = {}  # part -> (round, why): refuse_round
         self._name = name
         self.stream_port = 0  # the TCP port of this server's data connections, if it takes them (HELLO says it)
         self._compressors: dict[str, Compressor] = {}  # COMPRESSED pushes' bodies -> their compressors (a few)
@@ -273,7 +273,7 @@ class DataHandlers:
         process pushing again what its predecessor's push had delivered — is not applied
         again: its part gets the round that push joined (:meth:`ServerShard.landed`). Each
         part the message names counts as pushed even when the message is refused
-        (:meth:`ServerShard.skip_push`): the worker counted it when sending, and its pulls
+        (:meth:`_refuse_pushes`): the worker counted it when sending, and its pulls
         name pushes by number.
         """
         sender = header.sender
@@ -282,9 +282,7 @@ class DataHandlers:
             checked = self._pushed(header, buffers, op)
             repeats = [self._shard.landed(part, sender, number) for (part, _), number in zip(checked, numbers)]
         except Exception as exc:
-            counted = self._counted_parts(header)
-            self._skip_pushes(header)
-            self._refuse_rounds(header, exc, counted)
+            self._refuse_pushes(header, exc)
             raise
         joined = []
         for n, ((part, data), number) in enumerate(zip(checked, numbers)):
@@ -307,8 +305,8 @@ class DataHandlers:
         return joined
 
     def _counted_parts(self, header: Header) -> list[Part]:
-        """The existing parts a refused push message names whose push numbers :meth:`_skip_pushes`
-        will count: new ones (not a repeat of a push that arrived, not a number no worker sends)."""
+        """The existing parts a refused push message names whose push numbers :meth:`_refuse_pushes`
+        counts: new ones (not a repeat of a push that arrived, not a number no worker sends)."""
         counted = []
         for spec in header.arrays:
             part = self._shard.parts.get((spec.key, spec.offset))
@@ -321,21 +319,23 @@ class DataHandlers:
             counted.append(part)
         return counted
 
-    def _refuse_rounds(self, header: Header, exc: Exception, parts: list[Part]) -> None:
-        """A sync push refused (its shape or dtype, forged rows, a bad payload, ...): the rounds it
-        would have joined cannot complete — every part the message names counted the push
-        without its value (:meth:`_skip_pushes`): ``parts``, from :meth:`_counted_parts`.
-
-        The other workers' pulls waiting for those rounds fail now, and later ones at once,
-        with the same error (its class, naming the sender and what was wrong) — not after
-        the request timeout. A refusal is forgotten once the part's round passes it.
+    def _refuse_pushes(self, header: Header, exc: Exception) -> None:
+        """A push message refused (its shape or dtype, forged rows, a bad payload, ...): every part it
+        names counts the push without its value. In sync mode each such push (:meth:`_counted_parts`)
+        holds its worker's place in the round it would have joined, which completes changing nothing
+        (:meth:`ServerShard.void_push`): the other workers' pulls of that round fail now, and later
+        ones at once, with the same error (its class, naming the sender and what was wrong) — not
+        after the request timeout — and every worker's next round is the same.
         """
         if not self._shard.sync:
+            self._skip_pushes(header)
             return
-        for part in parts:
-            reason = Refused(f"{node_name(header.sender)}'s {exc}: sync round {part.round + 1} of key {part.key} "
+        sender, numbers = header.sender, {(a.key, a.offset): a.round for a in header.arrays}
+        for part in {(p.key, p.offset): p for p in self._counted_parts(header)}.values():
+            ahead = 1 + len(part.queued.get(sender, ())) if sender in part.pushed else 0  # the round it joins
+            reason = Refused(f"{node_name(sender)}'s {exc}: sync round {part.round + 1 + ahead} of key {part.key} "
                              "cannot complete", type(exc).__name__)
-            self.refuse_round(part, reason, header.sender)
+            self._shard.void_push(part, sender, numbers[(part.key, part.offset)], reason)
 
     def refuse_round(self, part: Part, reason: Refused, sender: int = -1) -> None:
         """``part``'s open sync round cannot complete: its waiting pulls fail now with ``reason``, and so
@@ -350,7 +350,7 @@ class DataHandlers:
                 fail(reason)
 
     def _refusal(self, parts: list[tuple[Part, int]], sender: int, by_push: bool) -> Refused | None:
-        """The refusal (:meth:`_refuse_rounds`) a pull of ``parts`` would wait on forever, if any."""
+        """The refusal (:meth:`refuse_round`) a pull of ``parts`` would wait on forever, if any."""
         for part, r in parts:
             refused = self._refused.get((part.key, part.offset))
             if refused is None:

@@ -17,7 +17,9 @@ Sync mode (``dist_sync``), per part:
   lets a worker send the pull right behind the push, without waiting for the push's
   reply; a pull that overtook its push on the way waits for the push to arrive. Every
   push a worker sends counts, also one that failed (its "round" is that of the
-  worker's previous push), so worker and server always agree on the numbers.
+  worker's previous push), so worker and server always agree on the numbers; a
+  refused one holds its worker's place in a round that then changes nothing
+  (:mod:`pskv.server.void`), so the workers' rounds stay in step.
 
 Push numbers (at most once): every push of a part carries its number (the worker's
 ``n``-th push of it, :attr:`ArraySpec.round`). A number that already landed — a replayed
@@ -62,6 +64,7 @@ from pskv.optimizer.base import UpdateFn
 from pskv.server import rows as sparse_rows
 from pskv.server.part import MAX_PUSHES_AHEAD, Allocator, KeySlice, Part, PartId, PushLog, storage_dtype, to_storage
 from pskv.server.rows import RowBatch
+from pskv.server.void import VoidRounds, hold
 
 # Part and its helpers live in pskv.server.part; they are named here too, where the server's modules look for them.
 __all__ = ["MAX_PUSHES_AHEAD", "Allocator", "OpenRound", "Part", "PushLog", "ServerShard", "ShardObserver", "PartId",
@@ -118,6 +121,7 @@ class ServerShard:
         # Workers that joined (ran out of data, see :meth:`join`): sync rounds complete
         # without them until every worker has joined.
         self.joined: set[int] = set()
+        self.void = VoidRounds()  # rounds a refused push holds a place in (void_push)
         self._pieces: dict[int, KeySlice] = {}  # key -> its parts here, by offset (one slice, maybe cut)
         self.observer = observer or ShardObserver()
 
@@ -313,6 +317,8 @@ class ServerShard:
         log.mark(number)
         if joined > part.round:
             log.open.append((number, joined))
+        elif self.void.parts:  # this push completed its round: a void one's pulls may name it
+            self.void.completed_by(part, worker, number, joined)
         if part.early:
             self._resolve_early(part, worker)
         return joined
@@ -330,6 +336,22 @@ class ServerShard:
         log.mark(number)
         if part.early:
             self._resolve_early(part, worker)
+
+    def void_push(self, part: Part, worker: int, number: int, reason: str) -> int:
+        """Count ``worker``'s sync push ``number`` (0: its next one), refused for ``reason``: a place in the round
+        it would have joined, which is void (:mod:`pskv.server.void`). That round; 0 if :meth:`landed` refuses it."""
+        log = part.pushes.setdefault(worker, PushLog())
+        number = number or log.next_number()
+        if number > log.count + MAX_PUSHES_AHEAD:
+            return 0
+        log.mark(number)
+        joined = self.void.push(part, worker, reason)
+        log.open.append((number, joined))
+        if joined == part.round + 1 and self._full(part):
+            self._complete(part)
+        if part.early:
+            self._resolve_early(part, worker)
+        return joined
 
     def replaced(self, worker: int) -> list[tuple[int, int, int]]:
         """A replacement process took over ``worker``'s rank: its pushes that arrived, per part.
@@ -380,6 +402,8 @@ class ServerShard:
         min_round = self.round_of_push(part, worker, number)
         if min_round is None:
             part.early.append((worker, number, ready, fail))
+        elif self.void.parts and fail and (refused := self.void.refusal(part, min_round, worker, number)):
+            fail(refused)  # the push it names, or the round it waits for, is a refused push's (void)
         else:
             self.pull(part, min_round, ready, fail)
 
@@ -444,6 +468,11 @@ class ServerShard:
         Until then a full piece stays full, so its next pushes queue.
         """
         while True:
+            if self.void.parts and self.void.complete(part):  # a refused push's round: nothing applied
+                self._advance(part)
+                if not self._full(part):
+                    return
+                continue
             self.observer.round_full(part)
             if part.row_width:
                 batches, part.rows_merge = part.rows_merge, []
@@ -494,7 +523,11 @@ class ServerShard:
         self._answer(part)
         for worker in list(part.queued):
             queue = part.queued[worker]
-            self._add(part, worker, queue.popleft())
+            pushed = queue.popleft()
+            if pushed is None:  # a refused push's place (void_push)
+                hold(part, worker)
+            else:
+                self._add(part, worker, pushed)
             if not queue:
                 del part.queued[worker]
 
@@ -524,7 +557,9 @@ class ServerShard:
         ``fail(reason)`` is called instead if the round can never complete
         (:meth:`fail_waiting`).
         """
-        if part.round >= min_round:
+        if self.void.parts and fail and (refused := self.void.refusal(part, min_round)):
+            fail(refused)  # a pull of a round a refused push made void
+        elif part.round >= min_round:
             ready(part)
         else:
             part.waiting.append((min_round, ready, fail))

@@ -10,8 +10,8 @@ the workers) and ``broadcast(root_rank=)``:
   every rank at once whose shapes and dtypes the store checks alike, so a mismatch fails
   on every rank (``InitMismatchError``). The key keeps that dtype and size: a later
   call with another dtype or number of elements is refused on this rank and fails the
-  round of every other rank (the servers refuse it; that key's rounds stay out of step
-  afterwards, so treat it as fatal); another shape of the same size is summed through a
+  round of every other rank (the servers refuse it: ``kv.refuse_push``; the round changes
+  nothing and the name works on afterwards); another shape of the same size is summed through a
   view. Ranks that name different new keys fail together too (a checksum of the names,
   summed). Horovod's all-reduce store (``horovod``) keeps no keys: every call's names,
   shapes and dtypes are agreed on (``CollectiveMismatchError`` on every rank). Give tensors
@@ -43,7 +43,6 @@ from typing import Any
 
 import torch
 
-from pskv.arrays import describe
 from pskv.errors import DTypeMismatchError, InvalidArgumentError, NotSupportedError, ShapeMismatchError
 from pskv.torch.compression import NoneCompressor
 from pskv.torch.runtime import Runtime, current
@@ -206,13 +205,11 @@ def _refuse(job: Runtime, key: str, tensor: torch.Tensor, dtype: torch.dtype, sh
     fails, as in the ``byteps`` store); a broadcast's own check fails it on every rank."""
     if op != "allreduce":
         return  # DistStore.broadcast checks the value against the key at its meeting: every rank fails
-    refuse = getattr(job.store, "_refuse_push", None)  # DistStore's hook for this, as BytePSStore uses it
-    if refuse is not None:
-        refuse(key, describe(tensor))
     what = f"{op} (a name keeps the dtype and size of its first use on a store with servers: use another name)"
+    error: Exception = ShapeMismatchError(key, what, shape, tuple(tensor.shape))
     if tensor.dtype != dtype:
-        raise DTypeMismatchError(key, what, str(dtype).removeprefix("torch."), str(tensor.dtype).removeprefix("torch."))
-    raise ShapeMismatchError(key, what, shape, tuple(tensor.shape))
+        error = DTypeMismatchError(key, what, str(dtype).removeprefix("torch."), str(tensor.dtype).removeprefix("torch."))
+    job.store.refuse_push(key, error, tensor)  # the others' pushpull of this round fails too; raises ``error``
 
 
 def _numel(shape: tuple[int, ...]) -> int:

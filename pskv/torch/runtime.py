@@ -20,11 +20,10 @@ asynchronous one (``dist_async``) is refused: an all-reduce needs sync rounds.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from pskv.config import ClusterConfig, rank_env
+from pskv.config import ClusterConfig, rank_env, torch_store_name
 from pskv.errors import InvalidArgumentError, NotSupportedError
 from pskv.kvstore import KVStoreBase, StoreType, create
 
@@ -66,7 +65,7 @@ _parked: Runtime | None = None  # a store with servers that shutdown() kept for 
 
 def _default_store_name() -> str:
     """The store type for :func:`init` without an argument (the module docstring's rules 2-4)."""
-    named = os.environ.get(STORE_ENV, "").strip()  # pskv.torch's own variable, read only here
+    named = torch_store_name()  # PSKV_TORCH_STORE (pskv.config: the only reader of the environment)
     if named:
         return named
     cluster = ClusterConfig.from_env()

@@ -323,8 +323,8 @@ class KVWorker:
 
         Only a value of another dtype or size (the servers check those): each part's server
         refuses it, counts it as this worker's next push of the part (as this worker does
-        here) and fails the sync round it would have joined on every worker
-        (:meth:`pskv.server.handlers.DataHandlers._refuse_rounds`). Waits for the refusals.
+        here) and holds its place in the sync round it would have joined, which fails on every
+        worker and changes nothing (:mod:`pskv.server.void`). Waits for the refusals.
         """
         if (meta.dtype, meta.size) == (rec.meta.dtype, rec.meta.size):
             return

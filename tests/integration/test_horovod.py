@@ -196,6 +196,30 @@ JOB = "import json, sys, time\nimport numpy as np\nimport torch\n" + ADAPTER + t
         kv.barrier()
 
     @case
+    def refuse_push_fails_the_others_call_and_the_store_goes_on():
+        try:  # kv.refuse_push: rank 1 fails its share of the collective with its own error
+            if kv.rank == 1:
+                kv.refuse_push("rp", pskv.InvalidArgumentError("rank 1's own reason"), torch.ones(3))
+            kv.pushpull("rp", torch.ones(2))
+            raise AssertionError("the call did not fail")
+        except (pskv.InvalidArgumentError, pskv.CollectiveMismatchError) as exc:
+            mine = pskv.InvalidArgumentError if kv.rank == 1 else pskv.CollectiveMismatchError
+            assert type(exc) is mine, exc
+            assert kv.rank == 1 or "refused on rank 1: InvalidArgumentError: rank 1's own reason" in str(exc), exc
+        t = torch.ones(2)
+        kv.pushpull("rp", t)
+        assert t.tolist() == [2.0, 2.0], t
+
+    @case
+    def pushpull_into_out_leaves_the_value():
+        # the docstring's "into out (into value if out is None)": the value is the caller's, unchanged
+        total = sum(r + 1 for r in range(kv.num_workers))
+        for key, value, out in (("o.torch", torch.full((3,), kv.rank + 1.0), torch.zeros(3)),
+                                ("o.numpy", np.full(3, kv.rank + 1, np.int64), np.zeros(3, np.int64))):
+            kv.pushpull(key, value, out=out)
+            assert (value == kv.rank + 1).all() and (out == total).all(), (key, value, out)
+
+    @case
     def own_group_beside_torchs():
         # the script's own torch.distributed default group (torchrun's variables) and a second store
         torch.distributed.init_process_group("gloo")
@@ -233,7 +257,9 @@ JOB = "import json, sys, time\nimport numpy as np\nimport torch\n" + ADAPTER + t
 
 CASES = ["mxnet_type", "mxnet_broadcast", "mxnet_pushpull", "horovod_broadcast", "horovod_broadcast_inplace",
          "horovod_broadcast_error", "horovod_broadcast_type_error", "horovod_broadcast_rank_error",
-         "a_refused_call_fails_every_rank_at_once", "lists_numpy_and_roots", "own_group_beside_torchs",
+         "a_refused_call_fails_every_rank_at_once", "lists_numpy_and_roots", "refuse_push_fails_the_others_call_and_the_store_goes_on",
+         "pushpull_into_out_leaves_the_value",
+         "own_group_beside_torchs",
          "trainer_on_the_store"]
 
 

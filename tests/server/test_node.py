@@ -85,10 +85,13 @@ def test_replies_go_where_the_hello_came_from_and_quiet_pushes_are_answered_only
     assert (header.command, header.request) == (Command.ERROR, 5) and "ShapeMismatchError" in header.body
     header, _ = recv(rx0)  # the round it would have joined fails for the others at once, naming it
     assert (header.command, header.request) == (Command.ERROR, 4) and "worker 1's push of key 0" in header.body
-    push(rx1, 6, W1, np.full(3, 2.0, np.float32))  # completes round 1 after all
+    push(rx1, 6, W1, np.full(3, 2.0, np.float32))  # round 2: the refused push held its place in round 1 (void)
     pull(tx0, 8, W0, 1)
+    assert recv(rx0)[0].command is Command.ERROR  # round 1 changed nothing: its pulls fail, later ones too
+    push(tx0, 9, W0, np.ones(3, np.float32))
+    pull(tx0, 10, W0, 2)
     header, buffers = recv(rx0)
-    assert header.request == 8 and np.frombuffer(buffers[0], np.float32).tolist() == [3.0] * 3
+    assert header.request == 10 and np.frombuffer(buffers[0], np.float32).tolist() == [3.0] * 3
     send(tx0, Command.SYNC, 7, W0)
     assert recv(rx0)[0].request == 7  # a SYNC is answered at once
     assert not tx0.poll(50) and not rx1.poll(50)
@@ -105,9 +108,11 @@ def test_a_pull_sent_before_its_push_waits_for_it_and_refused_pushes_count(node)
     assert not s1.poll(100)
     push(s1, 4, W1, np.ones(3, np.float32))  # push 2 arrives; its round waits for worker 0
     assert not s1.poll(100)
-    push(s0, 5, W0, np.full(3, 5.0, np.float32), quiet=False)  # an acknowledged push
+    push(s0, 5, W0, np.full(3, 7.0, np.float32), quiet=False)  # an acknowledged push, in round 1: void
     header, _ = recv(s0)
     assert header.request == 5 and header.command is Command.REPLY and not header.arrays
+    assert not s1.poll(100)
+    push(s0, 6, W0, np.full(3, 5.0, np.float32))  # round 2, with worker 1's push 2
     header, buffers = recv(s1)
     assert header.request == 2 and np.frombuffer(buffers[0], np.float32).tolist() == [6.0] * 3
 

@@ -65,11 +65,13 @@ def test_a_push_of_ids_at_the_int64_extremes_is_refused_and_the_key_keeps_workin
     assert [h.command for h in replies] == [Command.REPLY, Command.ERROR]  # round 1 fails at once, by its sender
     assert "worker 1" in replies[1].body and "InvalidArgumentError" in replies[1].body
     sent.clear()
-    core.handle(b"w1", _push(5, [4], 2, W1))  # worker 1's next push completes the round: the key works again
+    core.handle(b"w1", _push(5, [4], 2, W1))  # round 2: the refused push held worker 1's place in round 1 (void)
     assert [decode(f)[0].command for _, f in sent] == [Command.REPLY]
     sent.clear()
-    core.handle(b"w0", _message(Command.PULL, 6, ArraySpec(KEY, "float32", (3, WIDTH), 0, 1), [0, 1, 4]))
-    [(_, frames)] = sent
+    core.handle(b"w0", _push(6, [1, 4], 2, W0))  # completes round 2: the key works again
+    core.handle(b"w0", _message(Command.PULL, 7, ArraySpec(KEY, "float32", (3, WIDTH), 0, 2), [0, 1, 4]))
+    [(_, ack), (_, frames)] = sent
+    assert decode(ack)[0].command is Command.REPLY
     header, buffers = decode(frames)
     assert header.command is Command.REPLY
     got = np.frombuffer(bytes(buffers[0]), np.uint8)[3 * 8:].view(np.float32).reshape(3, WIDTH)

@@ -46,13 +46,14 @@ CASES = ["test_horovod_rank_size", "test_horovod_reinit", "test_horovod_allreduc
          "test_horovod_allreduce_prescale_postscale", "test_horovod_grouped_allreduce", "test_horovod_allreduce_grad",
          "test_horovod_allreduce_error", "test_horovod_allreduce_type_error",
          "test_name_reused_with_another_shape_of_the_same_size",
-         "test_names_that_differ_at_first_use_fail_on_every_rank", "test_not_offered", "test_horovod_broadcast",
+         "test_names_that_differ_at_first_use_fail_on_every_rank",
+         "test_name_reused_with_another_size_fails_on_every_rank", "test_not_offered", "test_horovod_broadcast",
          "test_horovod_broadcast_inplace", "test_horovod_broadcast_grad", "test_horovod_broadcast_error",
          "test_horovod_broadcast_type_error", "test_horovod_broadcast_rank_error",
          "test_broadcast_name_reused_with_another_size_fails_on_every_rank",
          "test_horovod_allgather_variable_size", "test_broadcast_object", "test_allgather_object",
          "test_broadcast_state", "test_broadcast_state_options", "test_compression_fp16", "test_byteps_names",
-         "test_horovod_join_allreduce", "test_name_reused_with_another_size_fails_on_every_rank"]
+         "test_horovod_join_allreduce"]
 
 # (store, error of a mismatch at a name's first use): the servers' init agreement, or the all-reduce store's
 STORES = {"1": ("dist_sync", "InitMismatchError"), "0": ("horovod", "CollectiveMismatchError")}
@@ -95,7 +96,8 @@ def test_mismatches_fail_on_every_rank_with_the_stores_error(job: tuple[str, dic
 
 def test_a_name_reused_with_another_size_fails_on_every_rank(job: tuple[str, dict[int, Any]]) -> None:
     """Rank 1 reuses a name with 5 elements instead of 4: it is refused there, and the other rank's
-    call fails too (the servers refuse the round; the all-reduce store's agreement)."""
+    call fails too (the servers refuse the round; the all-reduce store's agreement). The name, and
+    every case after it, works on (the job's own assertion)."""
     servers, ranks = job
     expected = ["RemoteError", "ShapeMismatchError"] if servers == "1" else ["CollectiveMismatchError"] * 2
     assert [ranks[r]["reuse_error"] for r in range(2)] == expected
