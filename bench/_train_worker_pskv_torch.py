@@ -3,7 +3,7 @@
 Usage (started by ``bench_train.py`` with the cluster environment ``DMLC_*`` set, and
 ``PSKV_BENCH_GATE``, the driver's token server)::
 
-    python bench/_train_worker_pskv_torch.py SPEC.json   # env: PSKV_BENCH_API=optimizer|ddp
+    python bench/_train_worker_pskv_torch.py SPEC.json   # env: PSKV_BENCH_API=optimizer|ddp|cross_barrier
 
 Per model, ``torch.optim.SGD(params, lr, momentum)`` and ``CrossEntropyLoss()`` (mean), and
 one of:
@@ -12,7 +12,9 @@ one of:
   after ``hvd.broadcast_parameters(model.state_dict(), root_rank=0)`` (Horovod's loop:
   each gradient goes to the servers during backward; ``opt.step()`` waits and applies);
 * ``ddp``: ``hvd.DistributedDataParallel(model)`` (torch DDP's loop: gradients averaged
-  during backward, a local ``opt.step()``).
+  during backward, a local ``opt.step()``);
+* ``cross_barrier``: ``hvd.CrossBarrier(model, opt)`` (BytePS's: the servers run the SGD,
+  ``opt.step()`` returns at once and each layer's next forward waits for its own update).
 
 The same loop as ``_train_worker_ddp.py``; the gradients are averaged over the workers by
 pskv's servers (``dist_sync``), the update runs on every worker. Samples start with a
@@ -43,11 +45,15 @@ class TorchApiJob:
 
         self.model = spec.build()
         opt = torch.optim.SGD(self.model.parameters(), lr=spec.learning_rate, momentum=spec.momentum)
+        self.api = api
         if api == "ddp":
             self.net = hvd.DistributedDataParallel(self.model)
             self.opt = opt
+        elif api == "cross_barrier":  # the servers run the SGD; step() overlaps the next forward
+            self.net = self.model
+            self.opt = hvd.CrossBarrier(self.model, opt)  # its first step starts from rank 0's parameters
         else:
-            hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+            hvd.broadcast_parameters(self.model.state_dict(), root_rank=0, prefix=f"{spec.id}.")  # one key set per model
             self.net = self.model
             self.opt = hvd.DistributedOptimizer(opt, named_parameters=[(f"{spec.id}.{n}", p) for n, p in
                                                                          self.model.named_parameters()])
@@ -82,6 +88,8 @@ class TorchApiJob:
         return losses
 
     def final_params(self) -> Any:
+        if self.api == "cross_barrier":
+            self.opt.synchronize()  # the last step's updates
         return list(self.model.parameters())
 
     def close(self) -> dict[str, Any]:

@@ -82,6 +82,7 @@ LOSS_DROP = 0.75          # the last probe steps' mean loss must be below this f
 FIRST_LOSS_TOL = 1e-4     # step 1: same parameters, same batch -> the same loss (float32 rounding only)
 TARGET_FACTOR = 1.2       # issue 11: every model's pskv steps/s >= 1.2x DDP's
 TORCH_TARGET_FACTOR = 1.0  # issue 22: pskv.torch's DistributedOptimizer and DistributedDataParallel >= 1.0x DDP
+CROSS_BARRIER_TARGET_FACTOR = 1.1  # issue 22: pskv.torch's cross-barrier >= 1.1x DDP (ResNet-18's row)
 TRAJECTORY_TOL = 0.05     # probe steps 1-10: same updates up to summation order
 STARTUP_TIMEOUT = 180.0   # every cluster's workers must have joined within this
 STEP_DEFINITION = ("one step = forward + backward + gradient exchange + parameter update of a "
@@ -95,7 +96,8 @@ class ClusterFailed(RuntimeError):
 
 # -- clusters and run tokens ------------------------------------------------------------------
 # pskv.torch's APIs (``--torch-apis``): the system name of its clusters and their column's name
-TORCH_APIS = {"optimizer": "pskv.torch DistributedOptimizer", "ddp": "pskv.torch DistributedDataParallel"}
+TORCH_APIS = {"optimizer": "pskv.torch DistributedOptimizer", "ddp": "pskv.torch DistributedDataParallel",
+              "cross_barrier": "pskv.torch cross-barrier"}
 
 
 def column(system: str, servers: int) -> str:
@@ -593,6 +595,8 @@ def evaluate_targets(rows: Sequence[dict[str, Any]], servers: Sequence[int]) -> 
         ddp_ok = index.get((mid, DDP), {}).get("checks_ok")
         ratio = row["pskv_over_ddp"]
         factor = TORCH_TARGET_FACTOR if col.startswith("pskv.torch") else TARGET_FACTOR
+        if col.startswith(TORCH_APIS["cross_barrier"]):
+            factor = CROSS_BARRIER_TARGET_FACTOR
         if row["checks_ok"] is False or ddp_ok is False:
             status = "INVALID"
         elif ratio is None:

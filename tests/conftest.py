@@ -113,6 +113,12 @@ MULTIPROCESS_MODULES = frozenset({
     "tests/parallel/test_example_digits.py",
     "tests/parallel/test_embedding_launched.py",
     "tests/parallel/test_embedding_checkpoint_launched.py",
+    "tests/torch/test_api.py",
+    "tests/torch/test_cross_barrier.py",
+    "tests/torch/test_ddp.py",
+    "tests/torch/test_optimizer.py",
+    "tests/torch/test_peer_examples.py",
+    "tests/torch/test_server_update.py",
 })
 SLOW_MODULES = MULTIPROCESS_MODULES | frozenset({
     "tests/fault/test_fuzz_server.py",  # in-process clusters, but seconds per test

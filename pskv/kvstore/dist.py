@@ -42,7 +42,7 @@ from pskv.errors import InvalidArgumentError, NodeFailedError, NotSupportedError
 from pskv.kvstore import dist_rows
 from pskv.kvstore.collectives import ServerCollectives
 from pskv.kvstore.compressing import GradientCompression
-from pskv.kvstore.dist_job import DistJob
+from pskv.kvstore.dist_job import SETTLE_BEFORE_BARRIER, DistJob
 from pskv.kvstore.dist_rows import DistRows, RowInit
 from pskv.kvstore.engine import Deferred
 from pskv.kvstore.exit import leave_at_exit, left
@@ -127,10 +127,9 @@ class DistStore(DistJob):
     def init(self, key: Any, value: Any, *, summed: bool = False) -> None:
         """Initialise keys on every worker; rank 0's values are used.
 
-        Every worker must call ``init`` for the same keys; it returns when the keys are
-        initialised for everyone. ``summed=True`` makes keys whose sync rounds always
-        store the plain sum of the pushes, even when an optimizer runs on the servers
-        (counters and flags next to model weights; async: pushes are added).
+        Every worker must call ``init`` for the same keys; it returns when the keys are initialised for
+        everyone. ``summed=True`` makes keys whose sync rounds always store the plain sum of the pushes,
+        even when an optimizer runs on the servers (counters and flags next to model weights; async: added).
 
         Raises:
             DuplicateKeyError, KeyTypeError, UnsupportedValueError: as the local store.
@@ -156,7 +155,8 @@ class DistStore(DistJob):
         dense = [p for p in pairs if not p[1].sparse]
         self._worker.adopt([rec for _, rec, _ in dense], summed)
         if not self._recovery:  # else the keys exist on the servers (created by the job before this process)
-            def settle() -> None:
+            def settle() -> None:  # queued operations reach the servers first: no meeting finds this worker behind
+                self._engine.settle(min(SETTLE_BEFORE_BARRIER, self._cluster.request_timeout))
                 if failure is not None:
                     raise failure
 

@@ -17,6 +17,8 @@ Implementation modules (re-exported here):
 * :mod:`~pskv.torch.compression` — ``Compression.none`` / ``fp16``;
 * :mod:`~pskv.torch.byteps` — BytePS's names: ``push_pull``, ``push_pull_async``,
   ``push_pull_inplace``, ``push_pull_async_inplace``, ``declare``.
+* :mod:`~pskv.torch.server_update` — ``DistributedOptimizer(..., update_on_kvstore=True)``: the servers run it;
+* :mod:`~pskv.torch.cross_barrier` — ``CrossBarrier(model, optimizer)``: ``step()`` overlaps the next forward.
 
 Not offered (each raises :class:`~pskv.errors.NotSupportedError` naming itself):
 ``alltoall``, ``reducescatter``, ``grouped_reducescatter``, ``grouped_allgather``, process
@@ -30,6 +32,7 @@ from typing import Any, NoReturn
 from pskv.errors import NotSupportedError
 from pskv.torch.byteps import declare, push_pull, push_pull_async, push_pull_async_inplace, push_pull_inplace
 from pskv.torch.compression import Compression, Compressor
+from pskv.torch.cross_barrier import CrossBarrier
 from pskv.torch.ddp import DistributedDataParallel as DistributedDataParallel
 from pskv.torch.functions import allgather_object, broadcast_object, broadcast_optimizer_state, broadcast_parameters
 from pskv.torch.gather import allgather
@@ -118,5 +121,5 @@ __all__ = [
     "reducescatter_async", "grouped_reducescatter", "grouped_allgather", "allgather_async", "sparse_allreduce_async",
     "add_process_set", "remove_process_set", "DistributedOptimizer", "DistributedDataParallel", "nccl_built",
     "cuda_built", "gloo_built", "gloo_enabled", "mpi_built", "mpi_enabled", "mpi_threads_supported", "rocm_built",
-    "ddl_built", "ccl_built", "is_homogeneous",
+    "ddl_built", "ccl_built", "is_homogeneous", "CrossBarrier",
 ]

@@ -3,10 +3,16 @@
 The parameters are cut into buckets once, in the order their gradients are expected
 (the reverse of the model's parameter order, roughly autograd's), each bucket of one
 dtype and device and about ``cap_bytes`` (the first one smaller, so communication starts
-early, as torch's DDP does). A caller marks a parameter :meth:`~GradientBuckets.ready`
+early, as torch's DDP does). A bucket's small parameters (under ``FUSE_BYTES``, two or
+more) share a flat buffer made once: their gradients are copied into it and travel as
+**one key** (one part of the message, one sum on the servers) and the result is copied
+back into each ``.grad`` (torch's DDP copies the same way); a bigger gradient travels as
+itself, a key of its own in the bucket's one message (copying it would cost more than its
+key). Every bucket's keys are declared at once, before the first step
+(:meth:`~GradientBuckets.declare`). A caller marks a parameter :meth:`~GradientBuckets.ready`
 when its gradient is final for the step (a gradient hook); a complete bucket is sent at
-once as one asynchronous grouped all-reduce (its small tensors fused), **but only in
-bucket order**: a bucket waits for the ones before it. So every rank issues the same
+once as one asynchronous grouped all-reduce, **but only in bucket order**: a bucket
+waits for the ones before it. So every rank issues the same
 collectives in the same order whatever order its hooks fire in — the all-reduce store
 requires it, and a parameter that got no gradient on one rank cannot make the ranks'
 calls pair wrongly. :meth:`~GradientBuckets.launch_all` sends what is left at the end of
@@ -16,8 +22,8 @@ the gradients.
 
 Sparse gradients (``nn.Embedding(sparse=True)``) travel dense (Horovod's
 ``sparse_as_dense``) and come back sparse with the same sparse dimensions; pskv's
-row-sparse path is not used. A compression (``Compression.fp16``) compresses each
-gradient on the way out and decompresses the result into it.
+row-sparse path is not used. A compression (``Compression.fp16``) compresses what travels
+(the gradient, or the flat buffer) and decompresses the result into the gradients.
 """
 
 from __future__ import annotations
@@ -30,10 +36,11 @@ import torch
 
 from pskv.torch import ops
 
-__all__ = ["DEFAULT_BUCKET_BYTES", "FIRST_BUCKET_BYTES", "GradientBuckets", "Reduction"]
+__all__ = ["DEFAULT_BUCKET_BYTES", "FIRST_BUCKET_BYTES", "FUSE_BYTES", "GradientBuckets", "Reduction"]
 
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024  # torch DDP's bucket_cap_mb=25
 FIRST_BUCKET_BYTES = 1024 * 1024  # torch DDP's first bucket: the last layers' gradients leave early
+FUSE_BYTES = 256 * 1024  # a smaller parameter's gradient is copied into its bucket's flat buffer
 
 
 @dataclass(frozen=True)
@@ -51,9 +58,26 @@ class _Bucket:
     name: str
     params: list[torch.Tensor]
     ready: int = 0  # parameters marked ready this step
-    handle: int | None = None  # the grouped all-reduce in flight
-    wires: list[torch.Tensor] = field(default_factory=list)  # what travels (compressed, dense)
-    ctxs: list[Any] = field(default_factory=list)
+    handle: int | None = None  # the all-reduce in flight
+    ctxs: list[Any] = field(default_factory=list)  # the compression's, one per tensor sent
+    fused: list[torch.Tensor] = field(default_factory=list)  # small parameters: their gradients travel in flat
+    flat: torch.Tensor | None = None
+    views: list[torch.Tensor] = field(default_factory=list)  # each fused parameter's part of ``flat``, in its shape
+    whole: list[torch.Tensor] = field(default_factory=list)  # the others: each gradient travels as itself
+
+    def fuse(self) -> None:
+        """Give the bucket's small parameters (two or more) one flat buffer, made once."""
+        small = [p for p in self.params if p.numel() * p.element_size() < FUSE_BYTES]
+        if len(small) > 1:
+            self.fused = small
+            self.flat = torch.zeros(sum(p.numel() for p in small), dtype=small[0].dtype, device=small[0].device)
+            self.views = [v.view(p.shape) for v, p in zip(self.flat.split([p.numel() for p in small]), small)]
+        self.whole = [p for p in self.params if not any(p is q for q in self.fused)]
+
+    def like(self) -> list[torch.Tensor]:
+        """Zeros shaped as what the bucket sends (before compression): its key(s)."""
+        whole = [torch.zeros(p.shape, dtype=p.dtype, device=p.device) for p in self.whole]
+        return whole if self.flat is None else [torch.zeros_like(self.flat), *whole]
 
 
 class GradientBuckets:
@@ -93,6 +117,15 @@ class GradientBuckets:
         """Whether a parameter was marked ready or a bucket sent since the last :meth:`wait`."""
         return self._next > 0 or any(b.ready for b in self._buckets)
 
+    def declare(self, extra: Sequence[tuple[str, Sequence[torch.Tensor]]] = ()) -> None:
+        """Declare every bucket's key (and the ``extra`` groups' keys) now, in one meeting of every rank.
+
+        A collective. Otherwise each key is declared by its bucket's first all-reduce: a meeting
+        while the buckets before it are still on their way, which a store with servers may see
+        arrive after the meeting (a worker "ahead" of the other)."""
+        compress = self._reduction.compression.compress
+        ops.declare_groups([(b.name, [compress(t)[0] for t in b.like()]) for b in self._buckets] + list(extra))
+
     def ready(self, param: torch.Tensor) -> None:
         """``param``'s gradient is final for this step; send every complete bucket that is next in order."""
         self._bucket_of[param].ready += 1
@@ -124,10 +157,10 @@ class GradientBuckets:
         for bucket in sent:
             assert bucket.handle is not None  # every bucket before _next was sent
             try:
-                outputs = ops.synchronize(bucket.handle)
+                decompress = self._reduction.compression.decompress
+                results = [decompress(out, ctx) for out, ctx in zip(ops.synchronize(bucket.handle), bucket.ctxs)]
                 if error is None:
-                    for p, out, ctx in zip(bucket.params, outputs, bucket.ctxs):
-                        _write_back(p, self._reduction.compression.decompress(out, ctx))
+                    _write_back(bucket, results)
             except Exception as exc:  # kept, raised once every bucket is waited for
                 error = error or exc
         self.reset()
@@ -137,25 +170,54 @@ class GradientBuckets:
     def reset(self) -> None:
         """Forget this step's ready marks and handles (after :meth:`wait`, or a state reload)."""
         for bucket in self._buckets:
-            bucket.ready, bucket.handle, bucket.wires, bucket.ctxs = 0, None, [], []
+            bucket.ready, bucket.handle, bucket.ctxs = 0, None, []
         self._next = 0
 
     def _send(self, bucket: _Bucket) -> None:
-        compression = self._reduction.compression
-        bucket.wires, bucket.ctxs = [], []
-        for p in bucket.params:
-            assert p.grad is not None, f"{bucket.name}: a parameter has no gradient"
-            grad = p.grad.to_dense() if p.grad.is_sparse else p.grad
-            wire, ctx = compression.compress(grad.contiguous())
-            bucket.wires.append(wire)
+        tensors = [_dense(p, bucket.name).contiguous() for p in bucket.whole]
+        if bucket.flat is not None:  # one copy of each small gradient, as torch's DDP copies into its bucket
+            torch._foreach_copy_(bucket.views, [_dense(p, bucket.name) for p in bucket.fused])
+            tensors.insert(0, bucket.flat)
+        compress = self._reduction.compression.compress
+        wires = []
+        for t in tensors:
+            wire, ctx = compress(t)
+            wires.append(wire)
             bucket.ctxs.append(ctx)
         red = self._reduction
-        bucket.handle = ops.grouped_allreduce_async_(bucket.wires, name=bucket.name, op=red.op,
+        bucket.handle = ops.grouped_allreduce_async_(wires, name=bucket.name, op=red.op,
                                                      prescale_factor=red.prescale_factor,
                                                      postscale_factor=red.postscale_factor)
 
 
-def _write_back(param: torch.Tensor, result: torch.Tensor) -> None:
+def _dense(param: torch.Tensor, name: str) -> torch.Tensor:
+    grad = param.grad
+    assert grad is not None, f"{name}: a parameter has no gradient"
+    return grad.to_dense() if grad.is_sparse else grad
+
+
+def _write_back(bucket: _Bucket, results: list[torch.Tensor]) -> None:
+    """The bucket's reduced tensors (the flat buffer's first) into its parameters' gradients."""
+    if bucket.flat is not None:
+        flat, results = results[0], results[1:]
+        if flat.data_ptr() != bucket.flat.data_ptr():
+            bucket.flat.copy_(flat)
+        grads, views = [], []
+        for p, view in zip(bucket.fused, bucket.views):
+            grad = p.grad
+            assert grad is not None
+            if grad.is_sparse:
+                p.grad = view.to_sparse(grad.sparse_dim())
+            else:
+                grads.append(grad)
+                views.append(view)
+        if grads:
+            torch._foreach_copy_(grads, views)
+    for p, result in zip(bucket.whole, results):
+        _write_one(p, result)
+
+
+def _write_one(param: torch.Tensor, result: torch.Tensor) -> None:
     """The reduced ``result`` into ``param.grad`` (nothing to do where it was reduced in place)."""
     grad = param.grad
     assert grad is not None
@@ -177,4 +239,6 @@ def _cut(named: Sequence[tuple[str, torch.Tensor]], prefix: str, cap: int, first
             size, kind = 0, (p.dtype, p.device)
         buckets[-1].params.append(p)
         size += nbytes
+    for bucket in buckets:
+        bucket.fuse()
     return buckets

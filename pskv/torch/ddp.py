@@ -94,6 +94,8 @@ class DistributedDataParallel(torch.nn.Module):
         self._hooks = []
         if self._distributed:
             self._broadcast(module.state_dict().items(), "state")
+            used = [(f"{self._prefix}.used", [torch.zeros(len(self._params))])] if find_unused_parameters else []
+            self._buckets.declare(used)
             self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for _, p in self._params]
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:

@@ -189,7 +189,7 @@ def _declare(job: Runtime, fresh: dict[str, torch.Tensor]) -> None:
     values = {k: torch.zeros(t.shape, dtype=t.dtype) for k, t in fresh.items()}
     if _NAMES_KEY not in declared:
         values[_NAMES_KEY] = torch.zeros(2, dtype=torch.int64)
-    job.store.init(list(values), list(values.values()))
+    job.store.init(list(values), list(values.values()), summed=True)  # sums even when the servers run an optimizer
     declared[_NAMES_KEY] = (torch.int64, (2,))
     c = (zlib.crc32("\n".join(fresh).encode()) & 0xFFFFF) + 1
     probe = torch.tensor([c, c * c], dtype=torch.int64)

@@ -83,6 +83,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         prefix = f"DistributedOptimizer.{next(_instances)}"
         self._buckets = GradientBuckets([(names[p], p) for p in reversed(wanted)], prefix, reduction)
         if runtime.size() > 1:
+            self._buckets.declare()
             for p in wanted:  # a parameter wrapped again (a new wrapper each epoch) leaves the old wrapper
                 old = getattr(p, _HOOK_ATTRIBUTE, None)
                 if old is not None:
@@ -156,7 +157,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Iterable[Any] | None = None,  # noqa: N802
                          compression: Any = Compression.none, backward_passes_per_step: int = 1, op: Any = ops.Average,
                          gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups: Any = None,
-                         sparse_as_dense: bool = False) -> _DistributedOptimizer:
+                         sparse_as_dense: bool = False, update_on_kvstore: bool = False) -> _DistributedOptimizer:
     """``optimizer`` with its gradients averaged (summed: ``op=Sum``) over the job's ranks; Horovod's signature.
 
     Args:
@@ -171,6 +172,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Ite
             sum and multiplied by ``factor / size`` after it.
         num_groups, groups, sparse_as_dense: accepted for Horovod's programs; pskv's buckets
             fuse gradients and sparse gradients always travel dense.
+        update_on_kvstore: the servers run the optimizer (:mod:`pskv.torch.server_update`).
 
     Raises:
         InvalidArgumentError: ``named_parameters`` holds something other than pairs, duplicate
@@ -181,6 +183,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Ite
     del num_groups, groups, sparse_as_dense  # accepted for Horovod's programs (see the module docstring)
     if op is ops.Adasum or op == ops.Adasum:
         raise NotSupportedError("DistributedOptimizer(op=Adasum): pskv offers no Adasum; use op=Average or op=Sum")
+    if update_on_kvstore:  # the servers run it (pskv.torch.server_update, which imports this module)
+        from pskv.torch.server_update import server_side_optimizer
+        return server_side_optimizer(optimizer, named_parameters, compression, backward_passes_per_step, op)  # type: ignore[return-value]
     if gradient_predivide_factor != 1.0 and op != ops.Average:
         raise InvalidArgumentError("gradient_predivide_factor not supported with op != Average")
     passes = _check_passes(backward_passes_per_step)

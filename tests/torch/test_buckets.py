@@ -1,7 +1,8 @@
 """``pskv.torch.buckets`` in one process, its collectives recorded by a stand-in for ``pskv.torch.ops``:
 buckets cut by size and dtype, sent in bucket order whatever order gradients come in, missing
 gradients sent as zeros, sparse gradients sent dense and returned sparse, compressed ones
-decompressed into the gradient. The same wrapper on a job of one process sets no hook.
+decompressed into the gradient, a bucket's small gradients sent as one flat tensor and copied
+back. The same wrapper on a job of one process sets no hook.
 """
 
 from __future__ import annotations
@@ -144,3 +145,30 @@ def test_a_failed_bucket_is_raised_after_every_bucket_was_waited_for(ops: Record
     with pytest.raises(TimeoutError, match="bucket p.a"):
         cut.wait()
     assert waited == [0, 1] and not cut.pending
+
+
+def test_a_bucket_of_several_parameters_travels_as_one_flat_tensor(ops: RecordingOps) -> None:
+    a, b = params((2, 2), (3,))
+    a_grad = torch.ones(2, 2)
+    a.grad, b.grad = a_grad, torch.full((3,), 2.0)
+    cut = GradientBuckets([("a", a), ("b", b)], "p", Reduction(Average, Compression.none))
+    cut.ready(a)
+    cut.ready(b)
+    (name, sent), = ops.sent
+    assert name == "p.a" and len(sent) == 1 and sent[0].tolist() == [1.0] * 4 + [2.0] * 3  # one key, one copy
+    cut.wait()
+    assert a.grad is a_grad and a.grad.tolist() == [[2.0, 2.0], [2.0, 2.0]] and b.grad.tolist() == [3.0] * 3
+
+
+def test_a_flat_bucket_compresses_once_and_brings_sparse_gradients_back_sparse(ops: RecordingOps) -> None:
+    table = torch.nn.Embedding(3, 2, sparse=True)
+    table(torch.tensor([1])).sum().backward()
+    w, = params((2,))
+    w.grad = torch.full((2,), 0.5)
+    cut = GradientBuckets([("t", table.weight), ("w", w)], "p", Reduction(Average, Compression.fp16))
+    cut.launch_all()
+    assert [t.dtype for t in ops.sent[0][1]] == [torch.float16]
+    cut.wait()
+    grad = table.weight.grad
+    assert grad is not None and grad.is_sparse and grad.to_dense().tolist() == [[1.0, 1.0], [2.0, 2.0], [1.0, 1.0]]
+    assert w.grad.dtype == torch.float32 and w.grad.tolist() == [1.5, 1.5]

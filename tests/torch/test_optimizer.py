@@ -135,6 +135,9 @@ JOB = textwrap.dedent(r'''
     def gradients_leave_during_backward():
         model = mlp()
         opt = hvd.DistributedOptimizer(sgd(model.parameters()), named_parameters=model.named_parameters())
+        from pskv.torch import ops, runtime
+        job = runtime.current()  # with servers, every bucket's key exists before the first step: one flat key here
+        assert not job.servers or f"allreduce.{opt._buckets.names[0]}" in ops._names(job).keys, ops._names(job).keys
         (x, y), = batches(1)
         F.mse_loss(model(mine(x)), mine(y)).backward()
         assert opt._buckets.sent == len(opt._buckets.names) == 1, (opt._buckets.sent, opt._buckets.names)

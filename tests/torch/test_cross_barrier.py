@@ -1,0 +1,165 @@
+"""``pskv.torch.CrossBarrier`` on 2 ranks under ``pskv launch -n 2 -s 1`` (pskv/torch/cross_barrier.py).
+
+One job runs every case (one JSON per rank): several steps with the cross-barrier give the same
+parameters, bit for bit, as the server-side optimizer without it (for a torch SGD with momentum,
+a BytePS-style ``DistributedOptimizer`` handed over, and Adam); the overlap is wired: ``step()``
+returns with updates still on the way and the next forward's pre-hooks wait for them (neither
+happens without the cross-barrier); ``num_steps`` makes the last step wait; arguments checked.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from typing import Any
+
+import pytest
+
+from pskv.testing.jobs import ProcessGroup, child_env, start_launch
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.timeout(240)  # the module fixture (the launched job) is charged to the first test
+
+JOB_DEADLINE = 150
+
+JOB = textwrap.dedent(r'''
+    import json, sys
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+    import pskv
+    import pskv.torch as hvd
+
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    results, params = {}, {}
+
+    def case(fn):
+        try:
+            fn()
+            results[fn.__name__] = "ok"
+        except BaseException as exc:  # recorded; the next case runs
+            results[fn.__name__] = f"{type(exc).__name__}: {exc}"
+        return fn
+
+    def net():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+
+    def batches(count, per_rank=8):
+        gen = torch.Generator().manual_seed(1)
+        return [(torch.randn(per_rank, 16, generator=gen) + rank, torch.randn(per_rank, 4, generator=gen))
+                for _ in range(count)]
+
+    def sgd(ps):
+        return torch.optim.SGD(ps, lr=0.05, momentum=0.9, weight_decay=0.01)
+
+    def run(make, overlap, steps=6, num_steps=None):
+        """Train ``steps`` steps; the parameters, and what the overlap did (pending after step, forward waits)."""
+        model = net()
+        if overlap == "cross_barrier":
+            opt = hvd.CrossBarrier(model, make(model.parameters()), num_steps=num_steps, bucket_bytes=1)
+        elif overlap == "byteps":  # BytePS's program: bps.CrossBarrier(model, bps.DistributedOptimizer(...))
+            inner = hvd.DistributedOptimizer(make(model.parameters()), named_parameters=model.named_parameters())
+            opt = hvd.CrossBarrier(model, inner, num_steps=num_steps, bucket_bytes=1)
+        else:
+            opt = hvd.DistributedOptimizer(make(model.parameters()), named_parameters=model.named_parameters(),
+                                           update_on_kvstore=True)
+        pending_after_step = []
+        for x, y in batches(steps):
+            opt.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+            pending_after_step.append(opt._updates.pending)
+        waited = opt._updates.waited_in_forward
+        opt.synchronize()
+        flat = [v for p in model.parameters() for v in p.detach().reshape(-1).tolist()]
+        return flat, pending_after_step, waited
+
+    @case
+    def byteps_distributed_optimizer_handed_over_bit_for_bit():
+        """First: the all-reducing wrapper declares its keys before the servers run an optimizer
+        (pskv.torch.ops' keys are not summed keys: the servers would update them)."""
+        crossed, _, _ = run(sgd, "byteps")
+        plain, _, _ = run(sgd, None)
+        assert crossed == plain, max(abs(a - b) for a, b in zip(crossed, plain))
+        params["byteps"] = crossed
+
+    @case
+    def sgd_same_parameters_bit_for_bit():
+        plain, pending, waited = run(sgd, None)
+        crossed, crossed_pending, crossed_waited = run(sgd, "cross_barrier")
+        assert crossed == plain, max(abs(a - b) for a, b in zip(crossed, plain))
+        assert max(pending) == 0 and waited == 0, (pending, waited)  # without it: step() waits
+        assert max(crossed_pending) > 0, crossed_pending  # with it: step() returns with updates on the way
+        results["forward_waits"] = crossed_waited
+        params["sgd"] = crossed
+
+    @case
+    def adam_same_parameters_bit_for_bit():
+        adam = lambda ps: torch.optim.Adam(ps, lr=0.01)
+        plain, _, _ = run(adam, None, steps=4)
+        crossed, _, _ = run(adam, "cross_barrier", steps=4)
+        assert crossed == plain, max(abs(a - b) for a, b in zip(crossed, plain))
+        params["adam"] = crossed
+
+    @case
+    def forward_waits_for_the_updates():
+        """The next forward's pre-hooks find updates on the way and wait for them (several tries: timing)."""
+        waits = results.get("forward_waits", 0)
+        for _ in range(3):
+            if waits:
+                break
+            waits = run(sgd, "cross_barrier")[2]
+        assert waits > 0, "no forward pre-hook ever waited: the overlap is not wired"
+
+    @case
+    def num_steps_makes_the_last_step_wait():
+        _, pending, _ = run(sgd, "cross_barrier", steps=3, num_steps=3)
+        assert pending[-1] == 0, pending
+
+    @case
+    def arguments_are_checked():
+        for bad, message in (((object(), sgd(net().parameters())), "model must be a torch.nn.Module"),
+                             ((net(), sgd(net().parameters()), 0), "num_steps must be an int >= 1")):
+            try:
+                hvd.CrossBarrier(*bad)
+                raise RuntimeError(f"accepted: {bad}")
+            except pskv.InvalidArgumentError as exc:
+                assert message in str(exc), exc
+
+    results["params"] = params
+    with open(f"{sys.argv[1]}/rank-{rank}.json", "w") as f:
+        json.dump(results, f)
+    hvd.shutdown()
+''')
+
+CASES = ["byteps_distributed_optimizer_handed_over_bit_for_bit", "sgd_same_parameters_bit_for_bit",
+         "adam_same_parameters_bit_for_bit", "forward_waits_for_the_updates", "num_steps_makes_the_last_step_wait",
+         "arguments_are_checked"]
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, Any]]:
+    """JOB under ``pskv launch -n 2 -s 1``; each rank's outcomes."""
+    where = tmp_path_factory.mktemp("cross_barrier")
+    (where / "job.py").write_text(JOB)
+    with ProcessGroup("cross-barrier job") as group:
+        args = ["-n", "2", "-s", "1", "--stop-grace", "2", "--", sys.executable, str(where / "job.py"), str(where)]
+        proc = start_launch(group, args, where, child_env({"PSKV_DEFAULT_TIMEOUT": "60"}), name="launch")
+        code = proc.wait(JOB_DEADLINE)
+        assert code == 0, f"exit status {code}:\n" + proc.output()[-5000:]
+    return {r: json.loads((where / f"rank-{r}.json").read_text()) for r in range(2)}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_case_passes_on_both_ranks(job: dict[int, dict[str, Any]], name: str) -> None:
+    for rank, results in job.items():
+        assert results[name] == "ok", f"rank {rank}: {results[name]}"
+
+
+def test_both_ranks_end_with_the_same_parameters(job: dict[int, dict[str, Any]]) -> None:
+    first, second = job[0]["params"], job[1]["params"]
+    assert {"sgd", "byteps", "adam"} <= set(first)
+    assert first == second
