@@ -9,14 +9,11 @@ happens without the cross-barrier); ``num_steps`` makes the last step wait; argu
 
 from __future__ import annotations
 
-import json
-import sys
 import textwrap
-from typing import Any
 
 import pytest
 
-from pskv.testing.jobs import ProcessGroup, child_env, start_launch
+from tests.torch.launched import Outcomes, assert_case, run_jobs
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.timeout(240)  # the module fixture (the launched job) is charged to the first test
@@ -141,25 +138,17 @@ CASES = ["byteps_distributed_optimizer_handed_over_bit_for_bit", "sgd_same_param
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, Any]]:
+def job(tmp_path_factory: pytest.TempPathFactory) -> Outcomes:
     """JOB under ``pskv launch -n 2 -s 1``; each rank's outcomes."""
-    where = tmp_path_factory.mktemp("cross_barrier")
-    (where / "job.py").write_text(JOB)
-    with ProcessGroup("cross-barrier job") as group:
-        args = ["-n", "2", "-s", "1", "--stop-grace", "2", "--", sys.executable, str(where / "job.py"), str(where)]
-        proc = start_launch(group, args, where, child_env({"PSKV_DEFAULT_TIMEOUT": "60"}), name="launch")
-        code = proc.wait(JOB_DEADLINE)
-        assert code == 0, f"exit status {code}:\n" + proc.output()[-5000:]
-    return {r: json.loads((where / f"rank-{r}.json").read_text()) for r in range(2)}
+    return run_jobs(tmp_path_factory.mktemp("cross_barrier"), JOB, {"dist_sync": 1}, JOB_DEADLINE)["dist_sync"]
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_case_passes_on_both_ranks(job: dict[int, dict[str, Any]], name: str) -> None:
-    for rank, results in job.items():
-        assert results[name] == "ok", f"rank {rank}: {results[name]}"
+def test_case_passes_on_both_ranks(job: Outcomes, name: str) -> None:
+    assert_case(job, name)
 
 
-def test_both_ranks_end_with_the_same_parameters(job: dict[int, dict[str, Any]]) -> None:
+def test_both_ranks_end_with_the_same_parameters(job: Outcomes) -> None:
     first, second = job[0]["params"], job[1]["params"]
     assert {"sgd", "byteps", "adam"} <= set(first)
     assert first == second

@@ -14,15 +14,12 @@ kind) run at once, in a module fixture.
 
 from __future__ import annotations
 
-import json
-import sys
 import textwrap
-import time
 from typing import Any
 
 import pytest
 
-from pskv.testing.jobs import ProcessGroup, child_env, start_launch
+from tests.torch.launched import Outcomes, assert_case, run_jobs
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.timeout(240)  # the module fixture (both jobs) is charged to the first test
@@ -250,23 +247,9 @@ STORES = {"dist_sync": 1, "allreduce": 0}  # store kind -> pskv launch -s
 
 
 @pytest.fixture(scope="module")
-def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[int, dict[str, Any]]]:
+def jobs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Outcomes]:
     """JOB under ``pskv launch -n 2 -s 1`` and ``-s 0`` at the same time; each store kind's ranks' outcomes."""
-    where = tmp_path_factory.mktemp("ddp")
-    with ProcessGroup("ddp jobs") as group:
-        launched = {}
-        for kind, servers in STORES.items():
-            (where / kind).mkdir()
-            (where / kind / "job.py").write_text(JOB)
-            args = ["-n", "2", "-s", str(servers), "--stop-grace", "2", "--",
-                    sys.executable, str(where / kind / "job.py"), str(where / kind)]
-            launched[kind] = start_launch(group, args, where / kind, child_env({"PSKV_DEFAULT_TIMEOUT": "60"}),
-                                          name=f"launch {kind}")
-        deadline = time.monotonic() + JOB_DEADLINE
-        for kind, proc in launched.items():
-            code = proc.wait(deadline - time.monotonic())
-            assert code == 0, f"{kind} (exit status {code}):\n" + proc.output()[-5000:]
-    return {kind: {r: json.loads((where / kind / f"rank-{r}.json").read_text()) for r in range(2)} for kind in STORES}
+    return run_jobs(tmp_path_factory.mktemp("ddp"), JOB, STORES, JOB_DEADLINE)
 
 
 @pytest.fixture(params=list(STORES))
@@ -275,9 +258,8 @@ def job(request: pytest.FixtureRequest, jobs: dict[str, dict[int, dict[str, Any]
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_case_passes_on_both_ranks(job: dict[int, dict[str, Any]], name: str) -> None:
-    for rank, results in job.items():
-        assert results[name] == "ok", f"rank {rank}: {results[name]}"
+def test_case_passes_on_both_ranks(job: Outcomes, name: str) -> None:
+    assert_case(job, name)
 
 
 def test_both_ranks_end_alike(job: dict[int, dict[str, Any]]) -> None:

@@ -11,8 +11,6 @@ with the same parameters; nothing runs locally (no optimizer state on the worker
 
 from __future__ import annotations
 
-import json
-import sys
 import textwrap
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -25,8 +23,8 @@ torch = pytest.importorskip("torch")
 import pskv  # noqa: E402
 import pskv.torch as hvd  # noqa: E402
 from pskv.optimizer import get_updater  # noqa: E402
-from pskv.testing.jobs import ProcessGroup, child_env, start_launch  # noqa: E402
 from pskv.torch.server_update import pskv_optimizer_for  # noqa: E402
+from tests.torch.launched import Outcomes, assert_case, run_jobs  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)  # the module fixture (the launched job) is charged to the first test
 
@@ -290,25 +288,17 @@ CASES = ["rank_0_parameters_broadcast_after_wrapping_are_the_start", "sgd_moment
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, Any]]:
+def job(tmp_path_factory: pytest.TempPathFactory) -> Outcomes:
     """JOB under ``pskv launch -n 2 -s 1``; each rank's outcomes."""
-    where = tmp_path_factory.mktemp("server_update")
-    (where / "job.py").write_text(JOB)
-    with ProcessGroup("server update job") as group:
-        args = ["-n", "2", "-s", "1", "--stop-grace", "2", "--", sys.executable, str(where / "job.py"), str(where)]
-        proc = start_launch(group, args, where, child_env({"PSKV_DEFAULT_TIMEOUT": "60"}), name="launch")
-        code = proc.wait(JOB_DEADLINE)
-        assert code == 0, f"exit status {code}:\n" + proc.output()[-5000:]
-    return {r: json.loads((where / f"rank-{r}.json").read_text()) for r in range(2)}
+    return run_jobs(tmp_path_factory.mktemp("server_update"), JOB, {"dist_sync": 1}, JOB_DEADLINE)["dist_sync"]
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_case_passes_on_both_ranks(job: dict[int, dict[str, Any]], name: str) -> None:
-    for rank, results in job.items():
-        assert results[name] == "ok", f"rank {rank}: {results[name]}"
+def test_case_passes_on_both_ranks(job: Outcomes, name: str) -> None:
+    assert_case(job, name)
 
 
-def test_both_ranks_end_with_the_same_parameters(job: dict[int, dict[str, Any]]) -> None:
+def test_both_ranks_end_with_the_same_parameters(job: Outcomes) -> None:
     first, second = job[0]["params"], job[1]["params"]
     assert {"seeded", "sgd", "nesterov", "adam", "adamw", "schedule", "groups", "pskv_sgd", "passes"} <= set(first)
     assert first == second
