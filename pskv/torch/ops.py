@@ -100,10 +100,10 @@ def _key(job: Runtime, op: str, name: str | None) -> str:
     if name is None:
         names = _names(job)
         n = next(names.counters.setdefault(op, itertools.count()))
-        return f"{op}.noname.{n}"
+        return job.key(f"{op}.noname.{n}")
     if not isinstance(name, str) or not name:
         raise InvalidArgumentError(f"{op}: name must be a non-empty string, got {name!r}")
-    return f"{op}.{name}"
+    return job.key(f"{op}.{name}")
 
 
 def _group_keys(job: Runtime, name: str | None, count: int) -> list[str]:
@@ -187,13 +187,14 @@ def _declare(job: Runtime, fresh: dict[str, torch.Tensor]) -> None:
     """
     declared = _names(job).keys
     values = {k: torch.zeros(t.shape, dtype=t.dtype) for k, t in fresh.items()}
-    if _NAMES_KEY not in declared:
-        values[_NAMES_KEY] = torch.zeros(2, dtype=torch.int64)
+    check = job.key(_NAMES_KEY)
+    if check not in declared:
+        values[check] = torch.zeros(2, dtype=torch.int64)
     job.store.init(list(values), list(values.values()), summed=True)  # sums even when the servers run an optimizer
-    declared[_NAMES_KEY] = (torch.int64, (2,))
+    declared[check] = (torch.int64, (2,))
     c = (zlib.crc32("\n".join(fresh).encode()) & 0xFFFFF) + 1
     probe = torch.tensor([c, c * c], dtype=torch.int64)
-    job.store.pushpull(_NAMES_KEY, probe)
+    job.store.pushpull(check, probe)
     total, squares = int(probe[0]), int(probe[1])
     if job.store.num_workers * squares != total * total:
         raise InvalidArgumentError(f"the ranks' calls name different tensors: this rank's new names are "

@@ -20,7 +20,7 @@ asynchronous one (``dist_async``) is refused: an all-reduce needs sync rounds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pskv.config import ClusterConfig, rank_env, torch_store_name
@@ -52,6 +52,11 @@ class Runtime:
     owned: bool
     local_size: int = 1
     state: dict[str, Any] = field(default_factory=dict)
+    generation: int = 0  # how many times init() took a kept store back: each time, every name is new
+
+    def key(self, name: str) -> str:
+        """The store key of ``name`` in this runtime: ``name`` itself, or ``name@G`` after the G-th re-init."""
+        return name if self.generation == 0 else f"{name}@{self.generation}"
 
     @property
     def servers(self) -> bool:
@@ -72,12 +77,13 @@ def _default_store_name() -> str:
     return "dist_sync" if cluster.num_servers > 0 and cluster.role == "worker" else "horovod"
 
 
-def init(store: str | KVStoreBase | None = None) -> None:
+def init(store: str | KVStoreBase | None = None, *, lazy: bool = True) -> None:
     """Start ``pskv.torch`` in this process: open (or adopt) the job's store. Idempotent.
 
     Args:
         store: a store type name (``'dist_sync'``, ``'byteps'``, ``'horovod'``, ``'nccl'``, ...), or a
             store this process made (not closed by :func:`shutdown`); default: see the module docstring.
+        lazy: BytePS's ``init(lazy=False)``, accepted and ignored: the store is ready when ``init`` returns.
 
     Raises:
         NotSupportedError: an asynchronous or single-process store type.
@@ -88,7 +94,7 @@ def init(store: str | KVStoreBase | None = None) -> None:
     if _runtime is not None:
         return
     if _parked is not None and (store is None or store == _parked.kind.name):
-        _runtime, _parked = _parked, None
+        _runtime, _parked = replace(_parked, state={}, generation=_parked.generation + 1), None
         return
     if isinstance(store, KVStoreBase):
         made, owned = store, False
@@ -124,9 +130,11 @@ def shutdown() -> None:
     """Close the store :func:`init` opened and forget every name and handle. Idempotent.
 
     A store given to :func:`init` is left open (its maker closes it). A store with servers
-    is kept, with its names: its worker cannot join the job a second time, so a later
-    :func:`init` without another store takes it back (Horovod's re-init); it leaves the
-    job when the process exits (:mod:`pskv.kvstore.exit`).
+    is kept: its worker cannot join the job a second time, so a later :func:`init` without
+    another store takes it back (Horovod's re-init), with every name new again: its keys
+    are ``name@G`` after the G-th re-init (the same on every rank, which re-init alike; the
+    old keys stay on the servers until the job ends). It leaves the job when the process
+    exits (:mod:`pskv.kvstore.exit`).
     """
     global _runtime, _parked
     job, _runtime = _runtime, None

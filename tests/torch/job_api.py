@@ -62,6 +62,9 @@ def test_horovod_reinit() -> None:
     assert not hvd.is_initialized()
     hvd.init()  # with servers: the same worker again (it cannot join twice); else a new all-reduce store
     assert hvd.store().type == before and hvd.allreduce(torch.ones(2), name="reinit").tolist() == [1.0, 1.0]
+    hvd.shutdown()
+    hvd.init()  # every name is new again after a re-init (with servers: key "allreduce.reinit@G"), so any size goes
+    assert hvd.allreduce(torch.ones(3), name="reinit").tolist() == [1.0, 1.0, 1.0]
 
 
 @case

@@ -1,7 +1,7 @@
 """``import pskv.torch as hvd`` on 2 ranks under ``pskv launch``: with a server (``-s 1``: ``dist_sync``)
 and without (``-s 0``: the all-reduce store ``horovod``).
 
-Each store runs the whole job once (a module fixture, tests/torch/job_api.py); each test reads one
+Each store runs the whole job once (tests/torch/job_api.py, in the shared jobs of tests/torch/launched.py); each test reads one
 case's outcome on both ranks. Ported from the semantics (no code copied) of horovod/horovod
 ``test/parallel/test_torch.py``: ``test_horovod_reinit``, ``test_horovod_allreduce``, ``_average``, ``_inplace``,
 ``_async_fused``, ``_prescale``/``_postscale`` (one case), ``_error``, ``_type_error``, ``_grad``;
@@ -25,21 +25,16 @@ same job; it is not run here, to keep the file short.
 
 from __future__ import annotations
 
-import json
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pskv.testing.jobs import child_env, run_launch
+from tests.torch.launched import shared_jobs
 
 pytest.importorskip("torch")
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(420)]  # the first test waits for the shared jobs
 
-JOB = Path(__file__).with_name("job_api.py")
-DEADLINE = 150  # seconds for one launched job (it takes 10-25 on a loaded 2-core machine)
 
 CASES = ["test_horovod_rank_size", "test_horovod_reinit", "test_horovod_allreduce", "test_horovod_allreduce_average",
          "test_horovod_allreduce_inplace", "test_horovod_allreduce_async_fused",
@@ -61,14 +56,13 @@ STORES = {"1": ("dist_sync", "InitMismatchError"), "0": ("horovod", "CollectiveM
 
 @pytest.fixture(scope="module", params=sorted(STORES))
 def job(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[int, Any]]:
-    """The job under ``pskv launch -n 2 -s S``: (S, each rank's outcomes)."""
+    """job_api.py under ``pskv launch -n 2 -s S`` (in the shared jobs, tests/torch/launched.py): (S, each rank's
+    outcomes)."""
     servers = request.param
-    where = tmp_path_factory.mktemp(f"torch_api_s{servers}")
-    env = child_env({"PSKV_REQUEST_TIMEOUT": "30", "PSKV_DEFAULT_TIMEOUT": "30"})
-    code, out = run_launch(["-n", "2", "-s", servers, "--stop-grace", "2", "--", sys.executable, "-W",
-                            "ignore::DeprecationWarning", str(JOB), str(where)], where, DEADLINE, env=env)
-    assert code == 0, out[-4000:]
-    return servers, {r: json.loads((where / f"rank-{r}.json").read_text()) for r in range(2)}
+    ranks = shared_jobs(tmp_path_factory)["dist_sync" if servers == "1" else "allreduce"]["api"]
+    for rank, results in ranks.items():
+        assert "__crashed__" not in results, f"rank {rank}'s script crashed:\n{results['__crashed__']}"
+    return servers, ranks
 
 
 @pytest.mark.parametrize("name", CASES)
