@@ -114,6 +114,7 @@ MULTIPROCESS_MODULES = frozenset({
     "tests/parallel/test_embedding_launched.py",
     "tests/parallel/test_embedding_checkpoint_launched.py",
     "tests/torch/test_api.py",
+    "tests/torch/test_byteps.py",
     "tests/torch/test_cross_barrier.py",
     "tests/torch/test_ddp.py",
     "tests/torch/test_optimizer.py",

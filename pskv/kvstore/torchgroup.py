@@ -8,7 +8,8 @@ here. The group is the store's own (``ProcessGroupGloo`` / ``ProcessGroupNCCL`` 
 Rendezvous: the rank's ``MASTER_ADDR:MASTER_PORT`` holds a ``TCPStore``. Rank 0 opens it,
 unless something answers there already (torchrun's agent holds its own store there and
 its workers join it, ``TORCHELASTIC_USE_AGENT_STORE``): then rank 0 joins it as a client
-like everyone else. One
+like everyone else. A store rank 0 opened stays open for the process's life, and later
+groups of the process (a store closed and made again) meet there, under a prefix of their own. One
 process without rank variables gets a group of one on a store bound to port 0 of
 127.0.0.1.
 
@@ -40,6 +41,10 @@ __all__ = ["GroupSpec", "TorchGroup", "ROLL_CALL_SECONDS", "load_torch"]
 ROLL_CALL_SECONDS = 5.0
 _DESCRIPTION_BYTES = 512  # a call's description in a mismatch report (longer ones are cut)
 _GROUPS_MADE: dict[str, int] = {}  # per rendezvous address: groups this process made (the store prefix)
+# per rendezvous address: the TCPStore rank 0 opened there, kept for the process's life. A store closed
+# and made again (hvd.shutdown(); hvd.init()) meets at the same one: were the first store's TCPStore
+# freed with its group, the others could join it just before it went and lose their rendezvous.
+_OPENED: dict[str, Any] = {}
 
 
 @dataclass(frozen=True)
@@ -129,10 +134,13 @@ class TorchGroup:
             store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=delta, wait_for_workers=False)
             return store, f"127.0.0.1:{store.port}"
         where = f"{spec.master_addr}:{spec.master_port}"
+        if spec.rank == 0 and where in _OPENED:
+            return _OPENED[where], where
         if spec.rank == 0 and not _listening(spec.master_addr, spec.master_port):
             try:
-                return dist.TCPStore(spec.master_addr, spec.master_port, spec.world_size, is_master=True,
-                                     timeout=delta, wait_for_workers=False), where
+                opened = _OPENED[where] = dist.TCPStore(spec.master_addr, spec.master_port, spec.world_size,
+                                                        is_master=True, timeout=delta, wait_for_workers=False)
+                return opened, where
             except RuntimeError as exc:
                 if "EADDRINUSE" not in str(exc) and "address already in use" not in str(exc).lower():
                     raise NodeFailedError(f"the rendezvous at {where}",

@@ -16,13 +16,14 @@ Implementation modules (re-exported here):
   ``broadcast_object``, ``allgather_object``;
 * :mod:`~pskv.torch.compression` — ``Compression.none`` / ``fp16``;
 * :mod:`~pskv.torch.byteps` — BytePS's names: ``push_pull``, ``push_pull_async``,
-  ``push_pull_inplace``, ``push_pull_async_inplace``, ``declare``.
+  ``push_pull_inplace``, ``push_pull_async_inplace`` (alias ``byteps_push_pull``), ``declare``.
 * :mod:`~pskv.torch.server_update` — ``DistributedOptimizer(..., update_on_kvstore=True)``: the servers run it;
 * :mod:`~pskv.torch.cross_barrier` — ``CrossBarrier(model, optimizer)``: ``step()`` overlaps the next forward.
 
 Not offered (each raises :class:`~pskv.errors.NotSupportedError` naming itself):
 ``alltoall``, ``reducescatter``, ``grouped_reducescatter``, ``grouped_allgather``, process
-sets, and the ops ``Adasum``, ``Min``, ``Max``, ``Product``.
+sets, the ops ``Adasum``, ``Min``, ``Max``, ``Product``, and BytePS's ``send_async``, ``recv_async``
+(point to point), ``suspend`` and ``resume`` (elastic).
 """
 
 from __future__ import annotations
@@ -30,7 +31,14 @@ from __future__ import annotations
 from typing import Any, NoReturn
 
 from pskv.errors import NotSupportedError
-from pskv.torch.byteps import declare, push_pull, push_pull_async, push_pull_async_inplace, push_pull_inplace
+from pskv.torch.byteps import (
+    byteps_push_pull,
+    declare,
+    push_pull,
+    push_pull_async,
+    push_pull_async_inplace,
+    push_pull_inplace,
+)
 from pskv.torch.compression import Compression, Compressor
 from pskv.torch.cross_barrier import CrossBarrier
 from pskv.torch.ddp import DistributedDataParallel as DistributedDataParallel
@@ -109,6 +117,10 @@ allgather_async = _not_offered("allgather_async")
 sparse_allreduce_async = _not_offered("sparse_allreduce_async")
 add_process_set = _not_offered("add_process_set")
 remove_process_set = _not_offered("remove_process_set")
+send_async = _not_offered("send_async")  # BytePS's point to point
+recv_async = _not_offered("recv_async")
+suspend = _not_offered("suspend")  # BytePS's elastic pause
+resume = _not_offered("resume")
 
 __all__ = [
     "init", "shutdown", "is_initialized", "size", "rank", "local_size", "local_rank", "cross_size", "cross_rank",
@@ -122,4 +134,5 @@ __all__ = [
     "add_process_set", "remove_process_set", "DistributedOptimizer", "DistributedDataParallel", "nccl_built",
     "cuda_built", "gloo_built", "gloo_enabled", "mpi_built", "mpi_enabled", "mpi_threads_supported", "rocm_built",
     "ddl_built", "ccl_built", "is_homogeneous", "CrossBarrier",
+    "byteps_push_pull", "send_async", "recv_async", "suspend", "resume",
 ]

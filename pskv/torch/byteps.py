@@ -15,7 +15,7 @@ import torch
 from pskv.torch import ops
 from pskv.torch.compression import NoneCompressor
 
-__all__ = ["push_pull", "push_pull_async", "push_pull_async_inplace", "push_pull_inplace", "declare"]
+__all__ = ["push_pull", "push_pull_async", "push_pull_async_inplace", "push_pull_inplace", "byteps_push_pull", "declare"]
 
 
 def _op(average: bool) -> ops.ReduceOp:
@@ -38,6 +38,9 @@ def push_pull_async_inplace(tensor: torch.Tensor, average: bool = True, name: st
                             priority: int = 0) -> int:
     """Start :func:`push_pull` in place; a handle for ``synchronize``."""
     return ops.allreduce_async_(tensor, name=name, op=_op(average), priority=priority)
+
+
+byteps_push_pull = push_pull_async_inplace  # the name byteps.torch exports it under (its optimizer's, its tests')
 
 
 def push_pull_inplace(tensor: torch.Tensor, average: bool = True, name: str | None = None, version: int = 0,

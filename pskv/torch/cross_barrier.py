@@ -23,6 +23,11 @@ What ``optimizer`` may be: a ``torch.optim`` SGD / Adam / AdamW (wrapped with
 that all-reduces (BytePS's programs pass ``bps.DistributedOptimizer``): its hooks are
 removed and its optimizer is run by the servers instead (see :mod:`pskv.torch.server_update`). Unlike BytePS, no poller
 thread runs local per-parameter steps: the servers do the update.
+
+BytePS's programs import this module as their whole API (``import byteps.torch.cross_barrier
+as bps``), so it re-exports the names that BytePS's does: ``init``, ``shutdown``, ``size``,
+``local_size``, ``rank``, ``local_rank``, ``Compression``, ``byteps_push_pull``, ``poll``,
+``synchronize``, ``broadcast_parameters``, ``broadcast_optimizer_state``.
 """
 
 from __future__ import annotations
@@ -33,10 +38,16 @@ import torch
 
 from pskv.errors import InvalidArgumentError
 from pskv.optimizer import Optimizer as PskvOptimizer
+from pskv.torch.byteps import byteps_push_pull
+from pskv.torch.compression import Compression
+from pskv.torch.functions import broadcast_optimizer_state, broadcast_parameters
+from pskv.torch.ops import poll, synchronize
 from pskv.torch.optimizer import _DistributedOptimizer
+from pskv.torch.runtime import init, local_rank, local_size, rank, shutdown, size
 from pskv.torch.server_update import BUCKET_BYTES, ServerSideOptimizer, ServerUpdates, server_side_optimizer
 
-__all__ = ["CrossBarrier"]
+__all__ = ["CrossBarrier", "init", "shutdown", "size", "local_size", "rank", "local_rank", "Compression",
+           "byteps_push_pull", "poll", "synchronize", "broadcast_parameters", "broadcast_optimizer_state"]
 
 _LOCAL_WRAPPER_HOOK = "_pskv_distributed_optimizer_hook"  # pskv.torch.optimizer's hook, on each parameter
 
@@ -91,13 +102,17 @@ def _unwrapped(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
 
 
 def CrossBarrier(model: torch.nn.Module, optimizer: torch.optim.Optimizer | PskvOptimizer,  # noqa: N802
-                 num_steps: int | None = None, *, bucket_bytes: int = BUCKET_BYTES) -> ServerSideOptimizer:
+                 num_steps: int | None = None, *, named_parameters: Any = None, compression: Any = Compression.none,
+                 backward_passes_per_step: int = 1, bucket_bytes: int = BUCKET_BYTES) -> ServerSideOptimizer:
     """``optimizer`` run by the servers, with ``step()`` overlapping the next forward (module docstring).
 
     Args:
         model: the module trained; its submodules get the forward pre-hooks.
         optimizer: see the module docstring (a pskv optimizer over ``model.named_parameters()`` too).
         num_steps: BytePS's: the step after which ``step()`` waits again (None: never).
+        named_parameters, compression, backward_passes_per_step: BytePS's keywords, as
+            ``DistributedOptimizer``'s (default names: ``model.named_parameters()``); used
+            when ``optimizer`` is not run by the servers yet.
         bucket_bytes: about how many bytes of gradients one ``pushpull`` carries (smaller: finer overlap).
 
     Raises:
@@ -113,7 +128,8 @@ def CrossBarrier(model: torch.nn.Module, optimizer: torch.optim.Optimizer | Pskv
         wrapped = optimizer
     else:
         plain = optimizer if isinstance(optimizer, PskvOptimizer) else _unwrapped(optimizer)
-        wrapped = server_side_optimizer(plain, model.named_parameters(), bucket_bytes=bucket_bytes)
+        named = model.named_parameters() if named_parameters is None else named_parameters
+        wrapped = server_side_optimizer(plain, named, compression, backward_passes_per_step, bucket_bytes=bucket_bytes)
     base = next(c for c in type(wrapped).__mro__ if not issubclass(c, ServerSideOptimizer))  # the torch class
     cls = type(type(wrapped).__name__, (_CrossBarrierOptimizer, base), {})
     result: _CrossBarrierOptimizer = object.__new__(cls)

@@ -12,6 +12,7 @@ shape): every rank sees every header, so a disagreement fails on every rank alik
 from __future__ import annotations
 
 import zlib
+from typing import Any
 
 import torch
 
@@ -92,17 +93,43 @@ def broadcast_bytes(data: bytes | None, root_rank: int, name: str) -> bytes:
     return buffer.view(torch.uint8)[:n].numpy().tobytes()
 
 
-def allgather(tensor: torch.Tensor, name: str | None = None) -> torch.Tensor:
+class _Allgather(torch.autograd.Function):
+    """The rows of every rank; the gradient of this rank's rows is the output's gradient averaged over
+    the ranks, at those rows (Horovod's and BytePS's rule)."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, name: str | None) -> torch.Tensor:
+        trailing = tuple(tensor.shape[1:])
+        agree = zlib.crc32(f"{tensor.dtype}{trailing}".encode())
+        parts = allgather_bytes(tensor, f"allgather.{name or 'noname'}", agree)  # one call at a time: keys reused
+        rows = [torch.frombuffer(bytearray(p), dtype=tensor.dtype).reshape(-1, *trailing) if p
+                else torch.empty(0, *trailing, dtype=tensor.dtype) for p in parts]
+        rank = current().store.rank
+        ctx.mine = (sum(len(r) for r in rows[:rank]), len(rows[rank]))
+        ctx.grad_name = None if name is None else f"allgather.{name}.grad"
+        return torch.cat(rows).to(tensor.device)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        start, count = ctx.mine
+        averaged = ops.allreduce(grads[0].contiguous(), name=ctx.grad_name, op=ops.Average)
+        return averaged.narrow(0, start, count), None
+
+
+def allgather(tensor: torch.Tensor, name: str | None = None, *, output: torch.Tensor | None = None,
+              same_shape: bool = True) -> torch.Tensor:
     """Every rank's ``tensor`` concatenated along the first dimension (Horovod's ``allgather``).
 
     The first dimension may differ between ranks; the dtype and the other dimensions must not
-    (else every rank raises InvalidArgumentError). Not differentiable.
+    (else every rank raises InvalidArgumentError). Differentiable: the gradient of ``tensor`` is
+    the output's gradient averaged over the ranks, at this rank's rows. BytePS's keywords:
+    ``output`` is filled and returned (not differentiable); ``same_shape`` is accepted and
+    ignored (the first dimensions are always exchanged).
     """
     if not isinstance(tensor, torch.Tensor) or tensor.dim() == 0:
         raise InvalidArgumentError("allgather takes a torch.Tensor of at least one dimension")
-    trailing = tuple(tensor.shape[1:])
-    agree = zlib.crc32(f"{tensor.dtype}{trailing}".encode())
-    parts = allgather_bytes(tensor, f"allgather.{name or 'noname'}", agree)  # one call at a time: keys reused
-    rows = [torch.frombuffer(bytearray(p), dtype=tensor.dtype).reshape(-1, *trailing) if p
-            else torch.empty(0, *trailing, dtype=tensor.dtype) for p in parts]
-    return torch.cat(rows).to(tensor.device)
+    result: torch.Tensor = _Allgather.apply(tensor, name)
+    if output is None:
+        return result
+    with torch.no_grad():
+        return output.copy_(result)
