@@ -27,6 +27,7 @@ from torch import nn
 import pskv
 import pskv.torch as bps
 import pskv.torch.cross_barrier as bps_cross_barrier
+from pskv.torch.parallel import DistributedDataParallel
 
 results: dict[str, Any] = {}
 CASES: list[Callable[[], None]] = []
@@ -196,7 +197,7 @@ def test_pipeline_gradacc() -> None:
 @case
 def test_pipeline_ddp() -> None:
     module = regression_model()
-    model = bps.DistributedDataParallel(module, bucket_cap_mb=0)
+    model = DistributedDataParallel(module, bucket_cap_mb=0)  # BytePS's import, from pskv.torch.parallel
     linear_regression_run(model, torch.optim.SGD(model.parameters(), lr=0.01), LinearRegression(lr=0.01), 20, module)
 
 
