@@ -120,6 +120,7 @@ MULTIPROCESS_MODULES = frozenset({
     "tests/torch/test_optimizer.py",
     "tests/torch/test_peer_examples.py",
     "tests/torch/test_server_update.py",
+    "tests/torch/test_sparse.py",
 })
 SLOW_MODULES = MULTIPROCESS_MODULES | frozenset({
     "tests/fault/test_fuzz_server.py",  # in-process clusters, but seconds per test

@@ -12,7 +12,8 @@ What a round does with the rows pushed (:func:`apply`), each summed over workers
 
 * no updater: the sum replaces the value, as in the local store — the rows present
   before are zeroed, the pushed rows written, and they are the present rows now;
-* ``summed`` keys: the rows are added;
+* ``summed`` keys: a sync round as without updater (the plain sum of the round, the local
+  store's rule and a dense key's); one push of ``dist_async``: the rows are added;
 * an updater: ``updater.update_rows(key, ids, grad_rows, weight)``
   (:meth:`pskv.optimizer.Updater.update_rows`: the optimizer's lazy update of the pushed
   rows with ``lazy_update``, else its dense update of the scattered rows — what the local
@@ -120,17 +121,17 @@ def joined(present: np.ndarray[Any, Any], ids: np.ndarray[Any, Any], count: int)
 
 
 def apply(table: np.ndarray[Any, Any], present: np.ndarray[Any, Any], batch: RowBatch, key: int,
-          updater: Callable[..., None] | None, summed: bool) -> np.ndarray[Any, Any]:
+          updater: Callable[..., None] | None, summed: bool, sync: bool = False) -> np.ndarray[Any, Any]:
     """Apply a round's merged rows to ``table`` (the part's rows, ``(count, width)``, in place); the
-    present rows after it.
+    present rows after it. ``sync``: a sync round (else one push of ``dist_async``).
 
     Raises:
         Exception: the updater's own error (rows written before it are not undone).
     """
-    if summed:
+    if summed and not sync:
         table[batch.ids] += batch.rows
         return joined(present, batch.ids, table.shape[0])
-    if updater is None:
+    if updater is None or summed:  # a sync round of a summed key: its plain sum, as a dense key's
         table[present] = 0
         table[batch.ids] = batch.rows
         return batch.ids

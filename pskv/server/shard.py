@@ -509,7 +509,7 @@ class ServerShard:
         assert part.present is not None
         part.published = None
         return self.observer.applied(part, sparse_rows.apply, part.table(), part.present, batch, part.key,
-                                     self.updater, part.summed)
+                                     self.updater, part.summed, self.sync)
 
     def _update(self, part: Part, grad: np.ndarray[Any, Any]) -> None:
         """The updater on ``part``'s value with ``grad`` (a round's sum, or an async push)."""

@@ -20,9 +20,10 @@ the step, a missing gradient as zeros (Horovod's rule: another rank may have com
 it); :meth:`~GradientBuckets.wait` waits for every bucket and writes the results into
 the gradients.
 
-Sparse gradients (``nn.Embedding(sparse=True)``) travel dense (Horovod's
-``sparse_as_dense``) and come back sparse with the same sparse dimensions; pskv's
-row-sparse path is not used. A compression (``Compression.fp16``) compresses what travels
+Sparse gradients (``nn.Embedding(sparse=True)``) in a bucket travel dense (Horovod's
+``sparse_as_dense``) and come back sparse with the same sparse dimensions: DDP's, and a
+``DistributedOptimizer``'s first step; from the second on the optimizer sends them as
+rows (:mod:`pskv.torch.sparse`). A compression (``Compression.fp16``) compresses what travels
 (the gradient, or the flat buffer) and decompresses the result into the gradients.
 """
 

@@ -21,8 +21,8 @@ multiplies after it (``op=Average`` only). On a job of one process no hook is se
 
 Deliberate differences from Horovod: gradients are fused into buckets sent in a fixed
 order (``groups`` / ``num_groups`` are accepted and ignored: the buckets take their
-place); sparse gradients always travel dense (``sparse_as_dense`` is accepted, there is
-no allgather path); ``op=Adasum`` and process sets are not offered
+place); sparse gradients travel as rows from the second step on (:mod:`pskv.torch.sparse`;
+dense with ``sparse_as_dense=True``); ``op=Adasum`` and process sets are not offered
 (:class:`~pskv.errors.NotSupportedError`). A parameter that required a gradient when the
 optimizer was wrapped and got none in a step is reduced as zeros, as in Horovod (so it
 has a zero gradient afterwards, not None); one that did not require a gradient then is
@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from pskv.errors import InvalidArgumentError, NotSupportedError
-from pskv.torch import ops, runtime
+from pskv.torch import ops, runtime, sparse
 from pskv.torch.buckets import GradientBuckets, Reduction
 from pskv.torch.compression import Compression
 
@@ -65,14 +65,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     """The methods mixed in front of the wrapped optimizer's class (never instantiated on its own)."""
 
     _parameter_names: dict[torch.Tensor, str]
-    _buckets: GradientBuckets
+    _buckets: GradientBuckets | sparse.SparseGradients
     _delay: dict[torch.Tensor, int]
     _hooks: list[Any]
     backward_passes_per_step: int
     _synchronized: bool
     _should_synchronize: bool
 
-    def _set_up(self, names: dict[torch.Tensor, str], reduction: Reduction, backward_passes_per_step: int) -> None:
+    def _set_up(self, names: dict[torch.Tensor, str], reduction: Reduction, backward_passes_per_step: int,
+                sparse_as_dense: bool = False) -> None:
         self._parameter_names = names
         self.backward_passes_per_step = backward_passes_per_step
         self._synchronized = False
@@ -81,7 +82,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         wanted = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
         self._delay = {p: backward_passes_per_step for p in wanted}
         prefix = f"DistributedOptimizer.{next(_instances)}"
-        self._buckets = GradientBuckets([(names[p], p) for p in reversed(wanted)], prefix, reduction)
+        self._buckets = sparse.gradient_buckets([(names[p], p) for p in reversed(wanted)], prefix, reduction,
+                                                sparse_as_dense)  # sparse gradients: as rows (pskv.torch.sparse)
         if runtime.size() > 1:
             self._buckets.declare()
             for p in wanted:  # a parameter wrapped again (a new wrapper each epoch) leaves the old wrapper
@@ -170,8 +172,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Ite
         op: ``Average`` or ``Sum``.
         gradient_predivide_factor: with ``Average``, gradients are divided by it before the
             sum and multiplied by ``factor / size`` after it.
-        num_groups, groups, sparse_as_dense: accepted for Horovod's programs; pskv's buckets
-            fuse gradients and sparse gradients always travel dense.
+        num_groups, groups: accepted for Horovod's programs; pskv's buckets fuse gradients.
+        sparse_as_dense: sparse gradients travel dense, in the buckets (else as rows:
+            :mod:`pskv.torch.sparse`).
         update_on_kvstore: the servers run the optimizer (:mod:`pskv.torch.server_update`).
 
     Raises:
@@ -180,7 +183,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Ite
             ``backward_passes_per_step`` < 1, a predivide factor with ``op`` other than Average.
         NotSupportedError: ``op=Adasum``.
     """
-    del num_groups, groups, sparse_as_dense  # accepted for Horovod's programs (see the module docstring)
+    del num_groups, groups  # accepted for Horovod's programs (see the module docstring)
     if op is ops.Adasum or op == ops.Adasum:
         raise NotSupportedError("DistributedOptimizer(op=Adasum): pskv offers no Adasum; use op=Average or op=Sum")
     if update_on_kvstore:  # the servers run it (pskv.torch.server_update, which imports this module)
@@ -198,7 +201,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Ite
     cls: type[_DistributedOptimizer] = type(optimizer.__class__.__name__, bases, {})
     wrapped = object.__new__(cls)
     wrapped.__dict__.update(optimizer.__dict__)  # the same param_groups, state, defaults and hooks
-    wrapped._set_up(names, reduction, passes)
+    wrapped._set_up(names, reduction, passes, sparse_as_dense)
     return wrapped
 
 

@@ -47,3 +47,17 @@ def test_without_an_updater_the_sum_replaces_the_value_and_with_one_only_pushed_
     assert present.tolist() == [0, 3, 4] and table[:, 0].tolist() == [-0.5, 0, 0, 1, 1, 0]
     present = apply(table, present, RowBatch(np.array([5]), np.ones((1, 2), np.float32)), 0, None, True)  # summed
     assert present.tolist() == [0, 3, 4, 5] and table[5, 0] == 1
+
+
+def test_a_summed_key_stores_a_sync_rounds_plain_sum_even_with_an_updater_and_adds_async_pushes():
+    """``summed`` keys (pskv.torch's sparse gradients): a sync round's rows replace the value, as a dense summed
+    key's sum does, whatever updater the servers run; a dist_async push is added."""
+    table = np.zeros((6, 2), np.float32)
+    updater = SGD(learning_rate=0.5).get_updater()
+    present = apply(table, np.array([], np.int64), RowBatch(np.array([1, 2]), np.ones((2, 2), np.float32)), 0,
+                    updater, True, sync=True)
+    present = apply(table, present, RowBatch(np.array([2, 4]), np.full((2, 2), 3, np.float32)), 0, updater, True,
+                    sync=True)
+    assert present.tolist() == [2, 4] and table[:, 0].tolist() == [0, 0, 3, 0, 3, 0]
+    present = apply(table, present, RowBatch(np.array([4]), np.ones((1, 2), np.float32)), 0, None, True)  # async
+    assert present.tolist() == [2, 4] and table[:, 0].tolist() == [0, 0, 3, 0, 4, 0]

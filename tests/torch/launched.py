@@ -34,8 +34,8 @@ HERE = Path(__file__).resolve().parent
 # store kind -> (pskv launch -s, the scripts its job runs, in order): the all-reduce cases that make
 # errors on purpose (api) late, the one that installs an optimizer on the servers (server_update) last
 SCRIPTS: dict[str, tuple[int, tuple[str, ...]]] = {
-    "dist_sync": (1, ("ddp", "optimizer", "cross_barrier", "byteps", "api", "server_update")),
-    "allreduce": (0, ("ddp", "optimizer", "byteps", "api")),
+    "dist_sync": (1, ("ddp", "optimizer", "sparse", "cross_barrier", "byteps", "api", "server_update")),
+    "allreduce": (0, ("ddp", "optimizer", "sparse", "byteps", "api")),
 }
 SHARED_DEADLINE = 300.0  # seconds for both shared jobs (about 40 s on an idle 2-core machine)
 

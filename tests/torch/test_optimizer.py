@@ -10,10 +10,11 @@ Ported from the semantics (no code copied) of horovod/horovod ``test/parallel/te
 ``test_missing_named_parameters``, ``test_no_named_parameters``,
 ``test_optimizer_no_named_parameters``, ``test_dynamic_requires_grad``, ``test_force_allreduce``
 (every ``torch.optim`` optimizer but LBFGS, SparseAdam and Muon, which takes 2-D parameters only)
-and ``test_sparse_embeddings`` (sparse gradients travel dense: both of its ``sparse_as_dense``
-settings run the dense path). Not ported: ``test_delta_optimizer`` (Adasum, refused here:
+and ``test_sparse_embeddings`` (both of its ``sparse_as_dense`` settings; how the rows travel is
+tested in tests/torch/test_sparse.py). Not ported: ``test_delta_optimizer`` (Adasum, refused here:
 ``adasum_is_refused``), ``test_optimizer_process_sets`` (no process sets),
-``test_model_parallelism`` (GPUs) and ``test_async_sparse_allreduce`` (no allgather path).
+``test_model_parallelism`` (GPUs) and ``test_async_sparse_allreduce`` (Horovod's
+``sparse_allreduce_async`` is not offered; tests/torch/test_sparse.py covers sparse gradients).
 """
 
 from __future__ import annotations
