@@ -1,13 +1,16 @@
-"""Benchmarks (a) and (b) of issue 11: pskv against Gloo all-reduce on simulated hosts, over the same links.
+"""Benchmarks (a) and (b) of issue 11 and (c) of issue 23: pskv against Gloo all-reduce on simulated hosts.
 
 Usage (needs root: network namespaces, see :mod:`pskv.testing.hosts`)::
 
-    python bench/bench_hosts.py [--setup a|b] [--quick] [--rate RATE] [--delay DELAY] [--rounds R]
-                                [--repeats N] [--only resnet50,64mb] [--json PATH]
+    python bench/bench_hosts.py [--setup a|b|c] [--quick] [--rate RATE] [--delay DELAY] [--rounds R]
+                                [--repeats N] [--only resnet50,64mb] [--workers 2,4,8] [--json PATH]
 
 ``--setup a`` (the default) is benchmark (a), below. ``--setup b`` is benchmark (b): see
 :func:`main_b` — four worker hosts on rate-limited links, pskv with servers co-located
-and with four dedicated server hosts, and Gloo's ring.
+and with four dedicated server hosts, and Gloo's ring. ``--setup c`` is the scaling
+curve (issue 23, ``bench/_hosts_scaling.py``): W = 2, 4, 8 worker hosts and as many
+dedicated server hosts on 100 Mbit/s links, per-worker throughput of pskv and Gloo's
+ring against W, with each one's bound.
 
 Two hosts are made with :class:`~pskv.testing.hosts.SimulatedHosts` (a network namespace
 each, with its own host name, joined by veth links to a bridge; ``--rate`` shapes every
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import re
@@ -55,9 +59,12 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO_DIR = BENCH_DIR.parent
 sys.path[:0] = [str(BENCH_DIR), str(REPO_DIR)]
 
+from _hosts_scaling import C_QUICK_WORKERS, C_RATE, C_REPEATS, C_ROUNDS, C_WORKERS, main_c, parse_workers  # noqa: E402
 from _procs import install_sigterm_handler  # noqa: E402
 from bench_dist import CALL_LABEL, WORKERS, DistWorkload, display, make_workloads  # noqa: E402
 
+from pskv.config import ClusterConfig  # noqa: E402
+from pskv.partition import bytes_per_server  # noqa: E402
 from pskv.testing.hosts import HOST_DEV, SimHost, SimulatedHosts, Unavailable  # noqa: E402
 from pskv.testing.jobs import JobError as ProcError  # noqa: E402
 from pskv.testing.jobs import ProcessGroup as ProcGroup  # noqa: E402
@@ -89,11 +96,12 @@ def write_hostfile(path: Path, hosts: Sequence[SimHost]) -> Path:
 
 def run_pskv(hosts: SimulatedHosts, spec: Path, tmp: Path, timeout: float, workers: int = WORKERS,
              worker_hosts: Sequence[SimHost] | None = None, server_hosts: Sequence[SimHost] = (),
-             env: Sequence[str] = ()) -> list[dict[str, Any]]:
+             env: Sequence[str] = (), script: Path = BENCH_DIR / "_dist_worker_pskv.py") -> list[dict[str, Any]]:
     """One pskv job through ``pskv launch --launcher ssh``; the workers' JSON, by rank.
 
     ``worker_hosts`` (default: all) form the hostfile, one worker slot each, and run one
     server each unless ``server_hosts`` are given (``--server-hostfile``, one server each).
+    ``script``: the worker program (default the distributed benchmark's; its only argument is ``spec``).
     """
     on = list(worker_hosts or hosts.hosts)
     servers = len(server_hosts) if server_hosts else len(on)
@@ -103,7 +111,7 @@ def run_pskv(hosts: SimulatedHosts, spec: Path, tmp: Path, timeout: float, worke
             "--env", "PSKV_STARTUP_TIMEOUT=60", *(f"--env={pair}" for pair in env)]
     if server_hosts:
         argv += ["--server-hostfile", str(write_hostfile(tmp / "server-hostfile", server_hosts))]
-    argv += ["--", sys.executable, str(BENCH_DIR / "_dist_worker_pskv.py"), str(spec)]
+    argv += ["--", sys.executable, str(script), str(spec)]
     res = subprocess.run(argv, cwd=REPO_DIR, capture_output=True, text=True, timeout=timeout + 30)
     out = res.stdout + res.stderr
     (tmp / "pskv.log").write_text(out, encoding="utf-8")
@@ -114,17 +122,19 @@ def run_pskv(hosts: SimulatedHosts, spec: Path, tmp: Path, timeout: float, worke
 
 
 def run_gloo(hosts: SimulatedHosts, spec: Path, tmp: Path, timeout: float, workers: int = WORKERS,
-             worker_hosts: Sequence[SimHost] | None = None) -> list[dict[str, Any]]:
-    """Gloo's ranks, rank r on worker host r mod H, started through the hosts' remote shell; their JSON, by rank."""
+             worker_hosts: Sequence[SimHost] | None = None,
+             script: Path = BENCH_DIR / "_dist_worker_gloo.py") -> list[dict[str, Any]]:
+    """Gloo's ranks, rank r on worker host r mod H, started through the hosts' remote shell; their JSON, by rank.
+
+    ``script``: the rank's program (default the distributed benchmark's; its only argument is ``spec``)."""
     on = list(worker_hosts or hosts.hosts)
     enter = shlex.split(hosts.ssh_command())
     init = f"tcp://{on[0].address}:{GLOO_PORT}"
-    script = str(BENCH_DIR / "_dist_worker_gloo.py")
     with ProcGroup("gloo", tmp / "gloo") as group:
         procs = []
         for r in range(workers):
             remote = shlex.join(["env", f"GLOO_INIT={init}", f"GLOO_SOCKET_IFNAME={HOST_DEV}", f"RANK={r}",
-                                 f"WORLD_SIZE={workers}", sys.executable, script, str(spec)])
+                                 f"WORLD_SIZE={workers}", sys.executable, str(script), str(spec)])
             procs.append(group.start(f"worker{r}", [*enter, "-o", "BatchMode=yes", on[r % len(on)].address,
                                                     f"cd {shlex.quote(str(REPO_DIR))} && {remote}"],
                                      {k: v for k, v in os.environ.items()
@@ -191,20 +201,27 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """Command-line options."""
-    p = argparse.ArgumentParser(description="pskv vs Gloo all-reduce on simulated hosts (issue 11, benchmarks a, b)")
-    p.add_argument("--setup", choices=("a", "b"), default="a",
+    p = argparse.ArgumentParser(description="pskv vs Gloo all-reduce on simulated hosts (issue 11, benchmarks a, b; "
+                                            "issue 23, c)")
+    p.add_argument("--setup", choices=("a", "b", "c"), default="a",
                    help="a: two hosts, one worker and one server each (default); b: four worker hosts on "
-                        f"rate-limited links (default {B_RATE}), servers co-located vs four dedicated server hosts")
+                        f"rate-limited links (default {B_RATE}), servers co-located vs four dedicated server hosts; "
+                        f"c: the scaling curve, W worker hosts + W dedicated server hosts (default {C_RATE})")
     p.add_argument("--quick", action="store_true", help="1 round, fewer samples, short loops")
     p.add_argument("--rate", default=None, help="tc tbf rate of every host's link, both ways (e.g. 10gbit); "
-                                                f"default none (a), {B_RATE} (b)")
+                                                f"default none (a), {B_RATE} (b), {C_RATE} (c)")
     p.add_argument("--delay", default=None, help="tc netem delay on every host's outgoing traffic (e.g. 0.1ms)")
     p.add_argument("--rounds", type=int, default=None, help="rounds, each runs every system once "
-                                                            f"(default 3 (a), {B_ROUNDS} (b); quick 1)")
+                                                            f"(default 3 (a), {B_ROUNDS} (b), {C_ROUNDS} (c); quick 1)")
     p.add_argument("--repeats", type=int, default=None, help="timed samples per workload and mode per round "
-                                                             f"(default 5 (a), {B_REPEATS} (b); quick 3 (a), 2 (b))")
+                                                             f"(default 5 (a), {B_REPEATS} (b), {C_REPEATS} (c); "
+                                                             "quick 3 (a), 2 (b, c))")
     p.add_argument("--only", default=None, help="workload ids, comma-separated (default resnet50,64mb (a), "
-                                                "resnet50 (b))")
+                                                "resnet50 (b); c: one of 16mb (default), "
+                                                "resnet50, 64mb)")
+    p.add_argument("--workers", default=None,
+                   help=f"c only: worker host counts, comma-separated (default {','.join(map(str, C_WORKERS))}; "
+                        f"quick {','.join(map(str, C_QUICK_WORKERS))})")
     p.add_argument("--systems", default=",".join(B_SYSTEMS),
                    help=f"b only: which systems to run, comma-separated (default {','.join(B_SYSTEMS)})")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
@@ -216,13 +233,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         ":both also the servers' answers (both_ways)")
     p.add_argument("--json", type=Path, default=None,
                    help="result file (default bench/results/hosts2_<UTC date>[_RATE][_quick].json (a), "
-                        "hosts8b_<UTC date>_<RATE>[_quick].json (b))")
+                        "hosts8b_<UTC date>_<RATE>[_quick].json (b), hosts_scaling_<UTC date>_<RATE>[_quick].json (c))")
     args = p.parse_args(argv)
-    b = args.setup == "b"
-    args.rounds = args.rounds or (1 if args.quick else B_ROUNDS if b else 3)
-    args.repeats = args.repeats or ((2 if b else 3) if args.quick else B_REPEATS if b else 5)
-    args.only = args.only or ("resnet50" if b else "resnet50,64mb")
-    args.timeout = args.timeout or (600.0 if b else 300.0)
+    b, c = args.setup == "b", args.setup == "c"
+    args.rounds = args.rounds or (1 if args.quick else B_ROUNDS if b else C_ROUNDS if c else 3)
+    args.repeats = args.repeats or ((2 if b or c else 3) if args.quick else B_REPEATS if b else C_REPEATS if c else 5)
+    args.only = args.only or ("resnet50" if b else "16mb" if c else "resnet50,64mb")
+    args.timeout = args.timeout or (600.0 if b or c else 300.0)
+    if args.workers is not None and not c:
+        p.error("--workers applies to --setup c")
+    try:
+        args.workers = parse_workers(args.workers or ",".join(map(str, C_QUICK_WORKERS if args.quick else C_WORKERS)))
+    except ValueError as exc:
+        p.error(f"--workers: {exc}")
     args.systems = [x.strip() for x in args.systems.split(",") if x.strip()]
     if args.compression:
         kind, *rest = args.compression.split(":")
@@ -232,12 +255,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                 args.compression["both_ways"] = True
             elif item:
                 args.compression["threshold"] = float(item)
-        if b:
+        if b or c:
             p.error("--compression applies to --setup a")
     if not args.systems or not set(args.systems) <= set(B_SYSTEMS):
         p.error(f"--systems: expected some of {', '.join(B_SYSTEMS)}, got {args.systems}")
-    if b:
-        args.rate = args.rate or B_RATE
+    if b or c:
+        args.rate = args.rate or (B_RATE if b else C_RATE)
     return args
 
 
@@ -253,6 +276,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Make the hosts, run the rounds, print the table, write the JSON."""
     args = parse_args(argv)
     install_sigterm_handler()
+    if args.setup == "c":
+        return main_c(args, sys.argv[1:] if argv is None else list(argv))
     wanted = {w.strip() for w in args.only.split(",") if w.strip()}
     workloads = [w for w in make_workloads(args.quick) if w.id in wanted and not w.optimizer]
     if not workloads:
@@ -430,6 +455,31 @@ def summarize_b(runs: dict[str, list[list[dict[str, Any]]]], workloads: Sequence
     return rows
 
 
+def server_evenness(workloads: Sequence[DistWorkload], env: Sequence[str], servers: int,
+                    dedicated: Sequence[Sequence[dict[str, int]]], iters: int) -> dict[str, Any]:
+    """How evenly the servers carry a step (issue 23: each within 5 % of the mean).
+
+    ``bytes_held``: per workload, the bytes each server holds (and sends each worker per
+    step) by pskv's placement with the job's settings (``--env`` over the defaults), keys
+    numbered as the benchmark's workers number them; ``sent_per_iter``: the bytes each
+    dedicated server host sent over its link per iteration (whole jobs: init and checks
+    included), in host order; ``*_spread``: the largest distance from the mean, as a fraction.
+    """
+    settings = ClusterConfig.from_env(dict(pair.split("=", 1) for pair in env if "=" in pair))
+
+    def spread(xs: Sequence[float]) -> float:
+        return max(abs(x - statistics.mean(xs)) for x in xs) / statistics.mean(xs) if xs and sum(xs) else 0.0
+
+    held = {w.id: bytes_per_server(((1000 * i + k, math.prod(shape), 4) for k, shape in enumerate(w.shapes)),
+                                   servers, settings.bigarray_bound, settings.part_size)
+            for i, w in enumerate(workloads)}
+    sent = [statistics.mean(job[B_WORKERS + s]["tx"] for job in dedicated) / iters
+            for s in range(servers)] if dedicated else []
+    return {"servers": servers, "bigarray_bound": settings.bigarray_bound, "part_bytes": settings.part_size,
+            "bytes_held": held, "held_spread": {k: spread(v) for k, v in held.items()},
+            "sent_per_iter": sent, "sent_spread": spread(sent)}
+
+
 def table_b(rows: Sequence[dict[str, Any]]) -> str:
     """The Markdown table of benchmark (b)."""
     def cell(d: dict[str, Any] | None) -> str:
@@ -518,6 +568,14 @@ def main_b(args: argparse.Namespace, workloads: Sequence[DistWorkload], argv: li
         per_host = [statistics.mean(job[i]["tx"] for job in moved[system]) / iters / 1e6 for i in range(len(hosts))]
         print(f"{system}: MB sent per iteration by host (jobs' totals / {iters} iterations): "
               f"{[round(x) for x in per_host]}")
+    evenness = server_evenness(workloads, args.env, B_WORKERS, moved["dedicated"],
+                               iterations_per_job(workloads, args.repeats, True))
+    for wid, held in evenness["bytes_held"].items():
+        print(f"{wid}: MB each of {B_WORKERS} servers holds (pskv's placement): {[round(h / 1e6, 1) for h in held]}, "
+              f"{100 * evenness['held_spread'][wid]:.1f} % from the mean at most")
+    if evenness["sent_per_iter"]:
+        print(f"dedicated: MB each server host sent per iteration: {[round(x / 1e6) for x in evenness['sent_per_iter']]}"
+              f", {100 * evenness['sent_spread']:.1f} % from the mean at most")
     for system in (x for x in B_SYSTEMS if traces[x]):
         for t in traces[system]:
             h = t["host1"]
@@ -542,7 +600,7 @@ def main_b(args: argparse.Namespace, workloads: Sequence[DistWorkload], argv: li
                "wall_s": time.perf_counter() - started, "job_wall_s": walls,
                "target": {"what": "ResNet-50 list, dedicated server hosts, >= 1.3x Gloo (each pskv call)",
                           "ratios": target, "verdict": verdict},
-               "rows": rows, "link_bytes": moved, "link_trace": traces, "runs": runs}
+               "rows": rows, "link_bytes": moved, "link_trace": traces, "server_evenness": evenness, "runs": runs}
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(payload, indent=1), encoding="utf-8")
     print(f"\nwrote {json_path}")

@@ -2,7 +2,7 @@
 
 Usage (needs matplotlib: ``pip install -c requirements/constraints.txt -e '.[bench]'``)::
 
-    python bench/charts.py [-o docs/img]
+    python bench/charts.py [-o docs/img] [--only hosts_scaling.png,...]
 
 The runs are the ones ``bench/report.py`` names (:data:`report.SOURCES`), so the charts,
 the summary table and the README's sentences show the same numbers:
@@ -11,12 +11,16 @@ the summary table and the README's sentences show the same numbers:
 * ``dist.png`` — W=2 on loopback, pskv/MXNet and pskv/Gloo per workload and server count;
 * ``train.png`` — training on 2 workers, steps/s of pskv (1 and 2 servers) over PyTorch DDP;
 * ``sparse.png`` — a DLRM-style step's time against the embedding table's rows, pskv's
-  table on the servers vs DDP with a dense or ``sparse=True`` table.
+  table on the servers vs DDP with a dense or ``sparse=True`` table;
+* ``hosts_scaling.png`` — ``bench_hosts.py --setup c``: per-worker throughput of pskv
+  (dedicated servers) and Gloo's ring against the number of worker hosts W, with each
+  one's bound (a run that :data:`CHART_SOURCES` names: report.py quotes no number of it).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,6 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import report  # noqa: E402  (bench/report.py: the same result files)
 
 OUT = report.ROOT / "docs" / "img"
+#: Runs only charted (not quoted by report.py's texts): the current run of each.
+CHART_SOURCES = {
+    "hosts_scaling": "hosts_scaling_20261128_100mbit.json",  # bench_hosts.py --setup c: W = 2, 4, 8, 100 Mbit/s
+}
 PSKV, OTHER, THIRD = "#08519c", "#bdbdbd", "#fd8d3c"
 
 
@@ -114,18 +122,58 @@ def chart_sparse(sparse: dict[str, Any], path: Path) -> None:
     save(fig, path)
 
 
+def chart_scaling(run: dict[str, Any], path: Path) -> None:
+    """Per-worker MB/s against W: pskv and the ring (measured, solid) and their bounds (dashed)."""
+    rows = run["rows"]
+    fig, ax = plt.subplots(figsize=(6.5, 3.6))
+    for who, label, color in [("pskv", "pskv, W dedicated server hosts", PSKV), ("gloo", "Gloo all-reduce (ring)", THIRD)]:
+        have = [r for r in rows if who in r]
+        at = [r["workers"] for r in have]
+        ax.plot(at, [r[who]["bytes_per_s"] / 1e6 for r in have], "o-", color=color, label=label)
+        if have and have[0][who].get("bound_bytes_per_s"):
+            ax.plot(at, [r[who]["bound_bytes_per_s"] / 1e6 for r in have], "--", color=color, linewidth=1,
+                    label=f"{'pskv' if who == 'pskv' else 'ring'} bound ({'link rate' if who == 'pskv' else 'rate x n/(2(n-1))'})")
+    for r in rows:
+        if r.get("ratio_vs_gloo") and "pskv" in r:
+            ax.annotate(f"pskv/Gloo {report.x(r['ratio_vs_gloo'])}", (r["workers"], r["pskv"]["bytes_per_s"] / 1e6),
+                        xytext=(0, -13), textcoords="offset points", ha="center", fontsize=7, color=PSKV)
+    workers = [r["workers"] for r in rows]
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(workers, [str(w) for w in workers])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("worker hosts W (and W server hosts for pskv)")
+    ax.set_ylabel("MB/s per worker (value bytes / iteration)")
+    ax.set_title(f"Scaling, {run['workload']['name']}, links {run['rate']} ({CHART_SOURCES['hosts_scaling']}, "
+                 f"{run['date_utc'][:10]}, {run['commit']})", fontsize=8)
+    ax.legend(fontsize=7, loc="lower left")
+    save(fig, path)
+
+
 CHARTS = {"local.png": ("local", chart_local), "dist.png": ("dist", chart_dist), "train.png": ("train", chart_train),
-          "sparse.png": ("sparse", chart_sparse)}
+          "sparse.png": ("sparse", chart_sparse), "hosts_scaling.png": ("hosts_scaling", chart_scaling)}
+
+
+def load(source: str) -> dict[str, Any]:
+    """A run that report.py names, or one of :data:`CHART_SOURCES`."""
+    if source in report.SOURCES:
+        return report.load(source)
+    data: dict[str, Any] = json.loads((report.RESULTS / CHART_SOURCES[source]).read_text(encoding="utf-8"))
+    return data
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-o", "--out", type=Path, default=OUT, help="folder for the PNGs (default docs/img)")
+    parser.add_argument("--only", default=None, help=f"charts to draw, comma-separated (default all: {', '.join(CHARTS)})")
     args = parser.parse_args(argv)
+    wanted = [n.strip() for n in args.only.split(",")] if args.only else list(CHARTS)
+    if set(wanted) - set(CHARTS):
+        parser.error(f"--only: expected some of {', '.join(CHARTS)}, got {args.only!r}")
     args.out.mkdir(parents=True, exist_ok=True)
-    for name, (source, draw) in CHARTS.items():
-        draw(report.load(source), args.out / name)
-        print(f"wrote {args.out / name} from bench/results/{report.SOURCES[source]}")
+    for name, (source, draw) in ((n, CHARTS[n]) for n in wanted):
+        draw(load(source), args.out / name)
+        print(f"wrote {args.out / name} from bench/results/{report.SOURCES.get(source) or CHART_SOURCES[source]}")
     return 0
 
 

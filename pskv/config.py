@@ -16,6 +16,7 @@ import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
+from functools import cached_property
 from typing import Any, TypeVar
 
 from pskv.errors import InvalidArgumentError
@@ -69,11 +70,11 @@ CLUSTER_ENV_VARS: dict[str, tuple[str, str]] = {
     "PS_VERBOSE": ("verbose", "1 logs connections, 2 logs every message (default 0)"),
     "PS_HEARTBEAT_INTERVAL": ("heartbeat_interval", "seconds between heartbeats; 0 disables (default 1)"),
     "PS_HEARTBEAT_TIMEOUT": ("heartbeat_timeout", "seconds without a heartbeat before a node counts as dead (default 10)"),
-    "MXNET_KVSTORE_BIGARRAY_BOUND": ("bigarray_bound", "arrays with at least this many elements are split over all servers (default 1000000)"),
+    "MXNET_KVSTORE_BIGARRAY_BOUND": ("bigarray_bound", "MXNet's placement: arrays with at least this many elements are split over all servers, smaller ones go whole to one; the same in every process of a job (default 0: pskv's even placement, every value cut into equal slices of at least 16 KiB over up to all servers; docs/distributed.md)"),
     "PSKV_KEEP_FREED_BYTES": ("keep_freed_bytes", "bytes of freed memory a server or worker process keeps for its next messages instead of handing it back to the kernel (glibc malloc settings; default 1073741824; 0: malloc's defaults)"),
     "PSKV_IO_THREADS": ("io_threads", "ZeroMQ I/O threads of a server or worker process (default 0: pskv's choice, 2)"),
-    "PSKV_DATA_CHANNEL": ("data_channel", "how workers send arrays to servers on other hosts: tcp (plain TCP connections, pskv.transport.stream) or zmq (ZeroMQ); a job with PSKV_CURVE_KEY_FILE always uses zmq (default tcp)"),
-    "PSKV_PART_BYTES": ("part_bytes", "bytes of one part of a value on a server and of one socket message's values: longer slices are cut, so big values travel as a pipeline of pieces; the same in every worker of a job (default 4194304; 0: no cut)"),
+    "PSKV_DATA_CHANNEL": ("data_channel", "how workers send arrays to servers on other hosts: tcp (TCP connections, pskv.transport.stream; sealed with AES-GCM in a job with PSKV_CURVE_KEY_FILE, pskv.transport.sealed) or zmq (ZeroMQ, CURVE in a keyed job) (default tcp)"),
+    "PSKV_PART_BYTES": ("part_bytes", "bytes of one part of a value on a server and of one socket message's values: longer slices are cut, so big values travel as a pipeline of pieces; the same in every worker of a job (default: 1048576 between hosts, 4194304 when every node is on one host; chosen from the link and the model, docs/distributed.md; 0: no cut)"),
     "PSKV_MAX_TABLE_BYTES": ("max_table_bytes", "bytes of row-sparse keys (their ranges of rows) one server holds at most: an init that would pass it is refused (default 17179869184)"),
     "PSKV_STARTUP_TIMEOUT": ("startup_timeout", "seconds to wait for every node to register (default 60)"),
     "PSKV_REQUEST_TIMEOUT": ("request_timeout", "seconds a request waits for its reply before TimeoutError (default 300)"),
@@ -191,7 +192,9 @@ class ClusterConfig:
         verbose: 0 quiet, 1 connections, 2 every message.
         heartbeat_interval: seconds between heartbeats (0 disables liveness checks).
         heartbeat_timeout: seconds of silence after which a node counts as dead.
-        bigarray_bound: element count from which arrays are split over all servers.
+        bigarray_bound: 0: the even placement of values' partitions over the servers
+            (:mod:`pskv.partition`); > 0: MXNet's rule, arrays of at least this many
+            elements split over all servers, smaller ones whole on one.
         keep_freed_bytes: freed memory a server's or worker's process keeps for reuse
             (:func:`pskv.transport.memory.keep_freed_memory`); 0: malloc's defaults.
         io_threads: ZeroMQ I/O threads of a server's or worker's context; 0: pskv's
@@ -199,10 +202,11 @@ class ClusterConfig:
         part_bytes: most bytes of one part on a server (longer slices are cut into
             pieces, :func:`pskv.partition.split`) and of the values of one socket
             message; big values travel as a pipeline of pieces. 0: no cut. Every worker
-            of a job must use the same value.
-        data_channel: ``"tcp"``: workers send to servers on other hosts over plain TCP
-            connections (:mod:`pskv.transport.stream`); ``"zmq"``: over ZeroMQ. A job
-            with ``curve_key_file`` uses ZeroMQ either way.
+            of a job must use the same value. -1 (the default): chosen from the link and
+            the model, :attr:`part_size`.
+        data_channel: ``"tcp"``: workers send to servers on other hosts over TCP
+            connections (:mod:`pskv.transport.stream`; in a job with ``curve_key_file``
+            sealed with keys agreed from it, :mod:`pskv.transport.sealed`); ``"zmq"``: over ZeroMQ.
         max_table_bytes: bytes of row-sparse keys (their ranges of rows) one server holds at
             most (:mod:`pskv.server.rows`); an init that would pass it is refused.
         startup_timeout: seconds to wait for every node to register.
@@ -215,7 +219,7 @@ class ClusterConfig:
             row-sparse keys on one host (0: rows through sockets only).
         job_id: an id of the job; names the servers' shared-memory directories.
         curve_key_file: a CURVE cluster key file; every socket then authenticates and
-            encrypts with it (docs/security.md). Empty: plain TCP.
+            encrypts with it, the data connections too (docs/security.md). Empty: plain TCP.
         checkpoint_dir: where ``kv.save_checkpoint()`` without a path writes ``ckpt-<n>``.
         state_dir: servers write the checkpoints a request names only inside this
             directory or ``checkpoint_dir`` (:mod:`pskv.server.paths`). Empty: the server's
@@ -253,8 +257,8 @@ class ClusterConfig:
     verbose: int = 0
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 10.0
-    bigarray_bound: int = 1_000_000
-    part_bytes: int = 4 << 20
+    bigarray_bound: int = 0
+    part_bytes: int = -1
     max_table_bytes: int = 16 << 30
     data_channel: str = "tcp"
     io_threads: int = 0
@@ -289,8 +293,8 @@ class ClusterConfig:
                 raise InvalidArgumentError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.local_rank < -1:
             raise InvalidArgumentError(f"local_rank must be >= 0 (or -1: not set), got {self.local_rank}")
-        if self.bigarray_bound < 1:
-            raise InvalidArgumentError(f"bigarray_bound must be >= 1, got {self.bigarray_bound}")
+        if self.bigarray_bound < 0:
+            raise InvalidArgumentError(f"bigarray_bound must be >= 0 (0: even placement), got {self.bigarray_bound}")
         if self.keep_freed_bytes < 0:
             raise InvalidArgumentError(f"keep_freed_bytes must be >= 0 (0: malloc's defaults), got {self.keep_freed_bytes}")
         if not 0 <= self.io_threads <= 64:
@@ -299,7 +303,7 @@ class ClusterConfig:
             raise InvalidArgumentError(f"data_channel (PSKV_DATA_CHANNEL) must be tcp or zmq, got {self.data_channel!r}")
         if self.shm_rows_bytes < 0:
             raise InvalidArgumentError(f"shm_rows_bytes must be >= 0 (0: rows through sockets), got {self.shm_rows_bytes}")
-        if self.part_bytes < 0:
+        if self.part_bytes < -1:
             raise InvalidArgumentError(f"part_bytes must be >= 0 (0: no cut), got {self.part_bytes}")
         for name in ("max_message_bytes", "max_frames", "send_queue_bytes", "max_table_bytes"):
             if getattr(self, name) < 1:
@@ -356,6 +360,15 @@ class ClusterConfig:
         Off with ``server_recovery``: a replacement server's pushes are replayed over sockets.
         """
         return bool(self.shm) and not self.server_recovery
+
+    @cached_property  # read on every call's message cut: computed once
+    def part_size(self) -> int:
+        """Bytes of one partition and of one socket message's values: ``part_bytes`` if set, else
+        4 MiB when every node is on this host (memory is the link: fewer, bigger messages cost
+        less CPU) and 1 MiB between hosts (:mod:`pskv.partition` says why)."""
+        if self.part_bytes >= 0:
+            return self.part_bytes
+        return 4 << 20 if self.local_job else 1 << 20
 
     @property
     def local_job(self) -> bool:

@@ -1,29 +1,65 @@
-"""Where keys live on the servers: key numbering and splitting of big arrays. Pure functions.
+"""Where keys live on the servers: key numbering and the placement of values' partitions. Pure functions.
 
 * A store key becomes a *server key*, a signed 64-bit int: int keys are used as they
   are; str keys are hashed (BLAKE2b, 63 bits) — the same on every worker whatever order
   they were initialised in (MXNet numbered str keys by init order, so workers with
   different orders silently swapped values).
-* Arrays with at least ``bigarray_bound`` elements are split into one contiguous slice
-  per server; smaller ones go whole to one server chosen by a stable hash of the key.
-* Every slice longer than ``max_part`` elements is cut again into near-equal pieces of at
-  most that many: each piece is a part of its own on the server, with its own round, so
-  a big value travels as a pipeline of pieces (the server sums piece ``i`` while ``i + 1``
-  arrives and answers each as soon as its round completes).
+* **Even placement** (the default, ``bigarray_bound`` 0): a value of ``B`` bytes is cut into
+  ``k = min(S, B // MIN_SLICE_BYTES)`` (at least 1) near-equal contiguous slices, one per
+  server: slice ``j`` on server ``j`` when ``k = S``, else on ``(home + j) % S`` from the
+  key's hashed home server. So every server holds the same share (to one element) of
+  every value of at least ``S * MIN_SLICE_BYTES``, and only smaller values are placed by
+  hash; their bytes are too few to unbalance a real model (ResNet-50, a BERT-like and an
+  MLP list: every server within 1 % of the mean bytes per step for S = 2..8, where whole
+  values below a bound gave 13-31 %; tests/unit/test_placement.py). A slice is cut again
+  into near-equal *partitions* of at most ``part_bytes``: each is a part of its own on its
+  server, with its own round, so a value travels as a pipeline (the server sums
+  partition ``i`` while ``i + 1`` arrives and answers each as soon as its round completes).
+  The placement is a pure function of (server key, size, item size, S, the two settings):
+  the same on every worker whatever order keys are initialised in, the same for a
+  replacement server (it takes over its rank's partitions) and recorded in checkpoints
+  (:func:`placement_name`). It is BytePS's partitioning with its hash of each partition
+  replaced by an equal deal, which needs no table and cannot be uneven.
+* **MXNet's rule** (``bigarray_bound`` > 0, ``MXNET_KVSTORE_BIGARRAY_BOUND``): values of at
+  least that many elements get one slice per server, smaller ones go whole to their home
+  server; slices are cut into partitions as above.
+
+The partition size (``PSKV_PART_BYTES``, by default
+:attr:`pskv.config.ClusterConfig.part_size`) is also the most value bytes of one socket
+message. It is chosen from the link and the model:
+
+* on one host the link is memory: 4 MiB (BytePS's default), as few messages and parts
+  as the servers' pipeline needs, since each costs CPU time (1 MiB partitions cost
+  ResNet-50 ~50 % more CPU per step than 4 MiB ones there);
+* between hosts 1 MiB. A message costs a fixed ~0.1-0.2 ms of Python at both ends, so
+  it should take at least ~3 ms on the wire for that cost to stay under 5 % (112 KB at
+  300 Mbit/s, 375 KB at 1 Gbit/s, 1.1 MB at 3 Gbit/s); and a step's pipeline fills and
+  drains in about two partitions' time, under 5 % of the step when the step moves at
+  least ~40 partitions (2.5 MB ones for ResNet-50's 102 MB, 350 KB for a 14 MB
+  MobileNet). 1 MiB meets both for links up to ~3 Gbit/s and models from ~40 MB; links
+  of 10 Gbit/s and more want 4 MiB, small models on slow links 256 KiB.
+
+:data:`MIN_SLICE_BYTES` (16 KiB) is the smallest slice worth a message of its own:
+smaller ones would make a single-key call of a small value wait on several servers.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterable
 
 from pskv.errors import KeyTypeError
 
-__all__ = ["Key", "server_key", "home_server", "split", "row_ranges"]
+__all__ = ["Key", "MIN_SLICE_BYTES", "bytes_per_server", "home_server", "placement_name",
+           "row_ranges", "server_key", "split"]
 
 Key = int | str  # a store key (one store uses one kind); pskv's one definition, below every user of it
 
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 _MASK64 = (1 << 64) - 1
+
+#: the smallest slice of a value the even placement gives a server of its own
+MIN_SLICE_BYTES = 16 << 10
 
 
 def server_key(key: int | str) -> int:
@@ -53,26 +89,53 @@ def home_server(skey: int, num_servers: int) -> int:
     return _mix(skey & _MASK64) % num_servers
 
 
-def split(skey: int, size: int, num_servers: int, bound: int, max_part: int = 0) -> list[tuple[int, int, int]]:
-    """``(server rank, element offset, element count)`` for each part of a key's value.
+def split(skey: int, size: int, num_servers: int, bound: int, max_part: int = 0,
+          itemsize: int = 4) -> list[tuple[int, int, int]]:
+    """``(server rank, element offset, element count)`` of each partition of a key's value, in order.
 
-    Big values (``size >= bound``) get one contiguous slice per server (boundaries
-    ``size * i // S``); smaller ones one part on :func:`home_server`. With ``max_part``
-    > 0, a slice of more elements is cut into ``ceil(n / max_part)`` near-equal pieces,
-    in order, on the same server. Every worker must use the same arguments.
+    ``bound`` 0: the even placement (``size * itemsize`` bytes over up to ``num_servers``
+    slices of at least :data:`MIN_SLICE_BYTES`); ``bound`` > 0: MXNet's rule (``size >=
+    bound``: one slice per server, else one on :func:`home_server`). Slice boundaries are
+    ``size * j // k``. With ``max_part`` > 0, a slice of more elements is cut into
+    ``ceil(n / max_part)`` near-equal partitions, in order, on the same server. Every
+    worker must use the same arguments.
     """
-    if size >= bound and num_servers > 1:
-        cuts = [size * i // num_servers for i in range(num_servers + 1)]
-        slices = [(s, cuts[s], cuts[s + 1] - cuts[s]) for s in range(num_servers)]
+    if bound > 0:
+        k = num_servers if size >= bound else 1
     else:
-        slices = [(home_server(skey, num_servers), 0, size)]
+        k = min(num_servers, max(1, size * itemsize // MIN_SLICE_BYTES))
+    home = 0 if k == num_servers else home_server(skey, num_servers)
+    cuts = [size * j // k for j in range(k + 1)]
+    slices = [((home + j) % num_servers, cuts[j], cuts[j + 1] - cuts[j]) for j in range(k)]
     if max_part <= 0 or all(n <= max_part for _, _, n in slices):
         return slices
     parts: list[tuple[int, int, int]] = []
     for server, offset, n in slices:
-        k = -(-n // max_part)
-        parts.extend((server, offset + n * j // k, n * (j + 1) // k - n * j // k) for j in range(k))
+        pieces = -(-n // max_part)
+        parts.extend((server, offset + n * j // pieces, n * (j + 1) // pieces - n * j // pieces)
+                     for j in range(pieces))
     return parts
+
+
+def bytes_per_server(values: Iterable[tuple[int, int, int]], num_servers: int, bound: int,
+                     part_bytes: int) -> list[int]:
+    """Bytes each server holds (and sends each worker per step) of ``values``: ``(server key, size, itemsize)``.
+
+    The placement of :func:`split` with the settings a worker uses (``part_bytes`` as
+    ``PSKV_PART_BYTES``); for checks and benchmarks.
+    """
+    held = [0] * num_servers
+    for skey, size, itemsize in values:
+        max_part = max(part_bytes // itemsize, 1) if part_bytes > 0 else 0
+        for server, _, n in split(skey, size, num_servers, bound, max_part, itemsize):
+            held[server] += n * itemsize
+    return held
+
+
+def placement_name(bound: int, part_bytes: int) -> str:
+    """The placement of a job's settings, as its checkpoints record it: equal names, equal placements."""
+    rule = "" if bound > 0 else f" (even placement, slices of >= {MIN_SLICE_BYTES} bytes)"
+    return f"MXNET_KVSTORE_BIGARRAY_BOUND={bound} PSKV_PART_BYTES={part_bytes}{rule}"
 
 
 def row_ranges(num_rows: int, num_servers: int) -> list[tuple[int, int, int]]:

@@ -4,7 +4,10 @@ Three moments:
 
 * :meth:`ShardCheckpoints.restore`, before serving (``resume_from``): the shard's
   values, rounds and optimizer come from the checkpoint; its parts stay ``restored``
-  so the workers' INIT keeps the loaded values;
+  so the workers' INIT keeps the loaded values. A checkpoint written with another
+  placement (:func:`pskv.partition.placement_name`) is refused: its partitions would not
+  meet the workers' (some values silently re-initialised), and moving them between
+  servers is not done;
 * :meth:`ShardCheckpoints.apply_saved_counts`, only for a replacement server in a
   running job: the workers go on numbering their pushes, so each part's push counts
   are those saved (a whole-job restart, whose workers start again, does not get them);
@@ -27,6 +30,7 @@ from pskv.config import ClusterConfig
 from pskv.errors import CheckpointError
 from pskv.optimizer import Updater
 from pskv.optimizer.updater import updater_from_states
+from pskv.partition import placement_name
 from pskv.server.shard import PushLog, ServerShard
 from pskv.server.snapshot import PartState, ReplyState, ShardState, read_manifest, read_shard, write_shard
 from pskv.server.squeeze import ReplyCompression, Squeezed
@@ -78,6 +82,7 @@ class ShardCheckpoints:
             raise CheckpointError(f"{directory} was written by {manifest.get('num_servers')} servers; this job has "
                                   f"{self._cluster.num_servers}")
         state = read_shard(directory, rank)
+        self._check_placement(directory, state.placement)
         self._shard.sync = state.sync
         for p in state.parts:
             self._shard.restore(p.key, p.offset, p.dtype, p.value, p.round, p.summed, p.row_width, p.present)
@@ -91,6 +96,22 @@ class ShardCheckpoints:
         log.info("server %d: restored %d part(s)%s%s from %s", rank, len(state.parts),
                  " and the optimizer state" if state.optimizer is not None else "",
                  f", {len(state.replies)} reply residual(s)" if state.replies else "", directory)
+
+    def _check_placement(self, directory: str, written: str | None) -> None:
+        """Refuse a checkpoint whose values were cut otherwise than this job cuts them.
+
+        Raises:
+            CheckpointError: the placements differ, naming the settings to resume with.
+        """
+        ours = placement_name(self._cluster.bigarray_bound, self._cluster.part_size)
+        if written is None and self._cluster.bigarray_bound > 0:
+            return  # written before placements were recorded, read with MXNet's rule: parts are checked at init
+        if written is None:
+            written = "a placement it did not record (pskv's old defaults: MXNET_KVSTORE_BIGARRAY_BOUND=1000000 " \
+                      "PSKV_PART_BYTES=4194304)"
+        if written != ours:
+            raise CheckpointError(f"{directory} was written with {written}; this job places values with {ours}: "
+                                  "resume it with the settings it was written with")
 
     def apply_saved_counts(self) -> None:
         """Reactor thread: the push counts of the checkpoint this replacement server loaded.
@@ -128,6 +149,6 @@ class ShardCheckpoints:
                            tuple(PartState(p.key, p.offset, p.dtype, value, p.round, p.summed,
                                            {w: log_.count for w, log_ in p.pushes.items()}, p.row_width,
                                            None if p.present is None else p.present.copy()) for p, value in saved),
-                           optimizer, replies)
+                           optimizer, replies, placement_name(self._cluster.bigarray_bound, self._cluster.part_size))
         path = write_shard(directory, state)
         return Saved(str(path), path.stat().st_size, open_rounds)

@@ -11,7 +11,9 @@ A checkpoint is a directory written by ``kv.save_checkpoint`` (collective):
   ``row_width`` and its present rows, local ids, as tensor ``i<i>``); and the reply compression
   (``both_ways``, :mod:`pskv.server.squeeze`) of each part that has one: its residual as
   tensor ``r<j>``, its latest round's payload as ``q<j>``, and in the JSON that round and
-  the compression's parameters (a file without the ``replies`` entry predates them);
+  the compression's parameters (a file without the ``replies`` entry predates them); and
+  the placement rule the job cut its values by (:func:`pskv.partition.placement_name`; a
+  file without it predates the even placement);
 * ``manifest.json`` — written by worker 0 after every server has written its file: the
   commit point. A directory without it (a crash during the save) is not a checkpoint.
 
@@ -94,6 +96,7 @@ class ShardState:
     parts: tuple[PartState, ...]
     optimizer: bytes | None  # an optimizer-state file (pskv.optimizer.states), or None
     replies: tuple[ReplyState, ...] | None = None  # None: read from a file that predates them
+    placement: str | None = None  # pskv.partition.placement_name; None: a file that predates it
 
 
 def write_shard(directory: str | os.PathLike[str], state: ShardState) -> Path:
@@ -120,6 +123,8 @@ def write_shard(directory: str | os.PathLike[str], state: ShardState) -> Path:
         replies.append({"key": r.key, "offset": r.offset, "round": r.round, "compression": dict(r.compression)})
     doc = {"rank": state.rank, "num_servers": state.num_servers, "num_workers": state.num_workers, "sync": state.sync,
            "parts": parts, "optimizer": state.optimizer is not None, "replies": replies}
+    if state.placement is not None:
+        doc["placement"] = state.placement
     path = shard_file(directory, state.rank)
     write_document(path, FORMAT, VERSION, doc, tensors, writer=f"server {state.rank}")
     return path
@@ -143,7 +148,7 @@ def read_shard(directory: str | os.PathLike[str], rank: int) -> ShardState:
                       for i, p in enumerate(doc["parts"]))
         optimizer = tensors["optimizer"].tobytes() if doc.get("optimizer") else None
         state = ShardState(int(doc["rank"]), int(doc["num_servers"]), int(doc["num_workers"]), bool(doc["sync"]),
-                           parts, optimizer)
+                           parts, optimizer, placement=None if doc.get("placement") is None else str(doc["placement"]))
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"{path} is damaged: {exc!r}") from exc
     if "replies" not in doc:

@@ -165,8 +165,8 @@ class KVWorker:
             return KeyLayout(key, skey, meta, [(s, first * width, count * width) for s, first, count in ranges],
                              [0] * len(ranges), nbytes=meta.size * size, itemsize=size, row_width=width)
         # async servers apply each push of a part through the updater alone: no pieces there
-        max_part = max(self._cluster.part_bytes // size, 1) if self._cluster.part_bytes and self._sync else 0
-        parts = split(skey, meta.size, self._num_servers, self._cluster.bigarray_bound, max_part)
+        max_part = max(self._cluster.part_size // size, 1) if self._cluster.part_size and self._sync else 0
+        parts = split(skey, meta.size, self._num_servers, self._cluster.bigarray_bound, max_part, size)
         return KeyLayout(key, skey, meta, parts, [0] * len(parts), nbytes=meta.size * size, itemsize=size)
 
     def adopt(self, layouts: Sequence[KeyLayout], summed: bool) -> None:
@@ -243,7 +243,7 @@ class KVWorker:
             else [(layouts, False)]
         for group, compressed in groups:
             # both ways, every worker must decode the same values: no shared-memory shortcut for them
-            for server, shared, items in by_server(group, not compressed, self._cluster.part_bytes):
+            for server, shared, items in by_server(group, not compressed, self._cluster.part_size):
                 # each part named with the number of this worker's last push of it (round = n)
                 specs = tuple(ArraySpec(rec.skey, rec.meta.dtype, (rec.parts[i][2],), rec.parts[i][1], rec.pushes[i])
                               for rec, i in items)
@@ -289,7 +289,7 @@ class KVWorker:
         limit = self._limit(timeout)
         # a compressed pushpull both ways is answered with payloads: through a socket, also on this host
         squeezed_reply = compression is not None and compression.both_ways and command is Command.PUSHPULL
-        messages = by_server(layouts, pushes and not squeezed_reply, self._cluster.part_bytes)
+        messages = by_server(layouts, pushes and not squeezed_reply, self._cluster.part_size)
         # compressed: every message's payloads are made ahead on the compressing threads, while the first go out
         ahead = [compression.payloads(items) if compression is not None else None for _, _, items in messages]
         sent_flags = flags | (Flag.COMPRESSED | (Flag.COMPRESS_REPLY if squeezed_reply else 0) if compression else 0)

@@ -46,7 +46,7 @@ def test_big_arrays_are_split_over_servers_and_reassembled():
         kv.push(0, np.arange(n, dtype=np.float32))
         return kv.pull(0), sorted(server for server, _, _ in kv._keys[0].parts)
 
-    for value, servers in run(3, 2, fn, bigarray_bound=1_000_000):
+    for value, servers in run(3, 2, fn, bigarray_bound=1_000_000, part_bytes=4 << 20):  # 4 MB slices, uncut
         assert servers == [0, 1, 2]  # one slice on every server
         np.testing.assert_array_equal(value, 2 * np.arange(n, dtype=np.float32))
 
@@ -358,7 +358,7 @@ def test_socket_and_shared_memory_paths_give_the_same_results(shm):
         after = kv.pull(0)
         return used, big[[0, -1]], small[0, 0], out[0, 0], after[[0, -1]]
 
-    for used, big, small, pp, after in run(2, 2, fn, shm=shm):
+    for used, big, small, pp, after in run(2, 2, fn, shm=shm, part_bytes=4 << 20):  # one 3 MB slice per server
         assert used == [bool(shm)] * 2
         assert big.tolist() == [4.0, 4.0] and small == 1.0 and pp == 2.0
         assert after.tolist() == [4.0 - 0.5 * 2, 4.0 - 0.5 * 2]
@@ -672,7 +672,7 @@ def test_a_pull_behind_a_big_non_blocking_push_overtakes_it_on_the_reply_connect
             small.wait(DEADLINE)
         return seen, len(overtaking) + sum(c in lanes for c in lane_sends[start:])
 
-    for seen, overtaken in run(2, 2, fn, shm=0, data_channel=channel):
+    for seen, overtaken in run(2, 2, fn, shm=0, data_channel=channel, part_bytes=4 << 20):  # 4 MB slices, uncut
         assert seen == [(2.0 * s, 2.0 * s, 2.0 * s) for s in range(1, 4)]
         assert overtaken == 3 * 2  # every big pull, to both servers; no small one
 
