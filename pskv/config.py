@@ -371,6 +371,13 @@ class ClusterConfig:
         return 4 << 20 if self.local_job else 1 << 20
 
     @property
+    def part_pieces(self) -> int:
+        """The fewest partitions a slice of a value is cut into (each of at least
+        :data:`pskv.partition.MIN_PIECE_BYTES`): 8 between hosts, so one value's exchange is a
+        pipeline that keeps both directions of a link busy; 1 on one host."""
+        return 1 if self.local_job else 8
+
+    @property
     def local_job(self) -> bool:
         """True if the scheduler is on loopback (``DMLC_PS_ROOT_URI`` ``127.x.y.z``, ``::1`` or
         ``localhost``): every node of the job runs on this host."""

@@ -39,6 +39,16 @@ message. It is chosen from the link and the model:
   MobileNet). 1 MiB meets both for links up to ~3 Gbit/s and models from ~40 MB; links
   of 10 Gbit/s and more want 4 MiB, small models on slow links 256 KiB.
 
+Between hosts a slice is also cut into at least 8 partitions (``pieces``,
+:attr:`pskv.config.ClusterConfig.part_pieces`) of at least :data:`MIN_PIECE_BYTES`: a call of one
+value (a gradient bucket) is a pipeline only if each server has several of its partitions.
+Every worker sends a call's messages to the servers in turn, starting at its own rank's server
+(:func:`pskv.worker.layout.by_server`), so the servers receive from the workers in parallel
+instead of all from server 0 first; partition ``j`` of every server then completes after
+about ``j + 1`` turns and its reply comes down the worker's link while partitions ``j + 1 ..``
+still go up (full duplex for all but the last of 8 turns). On one host (memory, where each
+partition costs CPU and the pipeline is not the link's) slices are not cut further.
+
 :data:`MIN_SLICE_BYTES` (16 KiB) is the smallest slice worth a message of its own:
 smaller ones would make a single-key call of a small value wait on several servers.
 """
@@ -50,7 +60,7 @@ from collections.abc import Iterable
 
 from pskv.errors import KeyTypeError
 
-__all__ = ["Key", "MIN_SLICE_BYTES", "bytes_per_server", "home_server", "placement_name",
+__all__ = ["Key", "MIN_PIECE_BYTES", "MIN_SLICE_BYTES", "bytes_per_server", "home_server", "placement_name",
            "row_ranges", "server_key", "split"]
 
 Key = int | str  # a store key (one store uses one kind); pskv's one definition, below every user of it
@@ -60,6 +70,8 @@ _MASK64 = (1 << 64) - 1
 
 #: the smallest slice of a value the even placement gives a server of its own
 MIN_SLICE_BYTES = 16 << 10
+#: the smallest partition a slice is cut into to make a pipeline of it (``pieces``), at least ~3 ms at 300 Mbit/s
+MIN_PIECE_BYTES = 128 << 10
 
 
 def server_key(key: int | str) -> int:
@@ -90,15 +102,16 @@ def home_server(skey: int, num_servers: int) -> int:
 
 
 def split(skey: int, size: int, num_servers: int, bound: int, max_part: int = 0,
-          itemsize: int = 4) -> list[tuple[int, int, int]]:
+          itemsize: int = 4, pieces: int = 1) -> list[tuple[int, int, int]]:
     """``(server rank, element offset, element count)`` of each partition of a key's value, in order.
 
     ``bound`` 0: the even placement (``size * itemsize`` bytes over up to ``num_servers``
     slices of at least :data:`MIN_SLICE_BYTES`); ``bound`` > 0: MXNet's rule (``size >=
     bound``: one slice per server, else one on :func:`home_server`). Slice boundaries are
     ``size * j // k``. With ``max_part`` > 0, a slice of more elements is cut into
-    ``ceil(n / max_part)`` near-equal partitions, in order, on the same server. Every
-    worker must use the same arguments.
+    ``ceil(n / max_part)`` near-equal partitions, in order, on the same server; with
+    ``pieces`` > 1 into at least that many, each of at least :data:`MIN_PIECE_BYTES` (the
+    pipeline of one value: see the module docstring). Every worker must use the same arguments.
     """
     if bound > 0:
         k = num_servers if size >= bound else 1
@@ -107,18 +120,19 @@ def split(skey: int, size: int, num_servers: int, bound: int, max_part: int = 0,
     home = 0 if k == num_servers else home_server(skey, num_servers)
     cuts = [size * j // k for j in range(k + 1)]
     slices = [((home + j) % num_servers, cuts[j], cuts[j + 1] - cuts[j]) for j in range(k)]
-    if max_part <= 0 or all(n <= max_part for _, _, n in slices):
+    if max_part <= 0:
         return slices
+    floor = max(MIN_PIECE_BYTES // itemsize, 1)
     parts: list[tuple[int, int, int]] = []
     for server, offset, n in slices:
-        pieces = -(-n // max_part)
-        parts.extend((server, offset + n * j // pieces, n * (j + 1) // pieces - n * j // pieces)
-                     for j in range(pieces))
+        longest = min(max_part, max(-(-n // pieces), floor)) if pieces > 1 else max_part
+        cut = max(-(-n // longest), 1)
+        parts.extend((server, offset + n * j // cut, n * (j + 1) // cut - n * j // cut) for j in range(cut))
     return parts
 
 
 def bytes_per_server(values: Iterable[tuple[int, int, int]], num_servers: int, bound: int,
-                     part_bytes: int) -> list[int]:
+                     part_bytes: int, pieces: int = 1) -> list[int]:
     """Bytes each server holds (and sends each worker per step) of ``values``: ``(server key, size, itemsize)``.
 
     The placement of :func:`split` with the settings a worker uses (``part_bytes`` as
@@ -127,15 +141,16 @@ def bytes_per_server(values: Iterable[tuple[int, int, int]], num_servers: int, b
     held = [0] * num_servers
     for skey, size, itemsize in values:
         max_part = max(part_bytes // itemsize, 1) if part_bytes > 0 else 0
-        for server, _, n in split(skey, size, num_servers, bound, max_part, itemsize):
+        for server, _, n in split(skey, size, num_servers, bound, max_part, itemsize, pieces):
             held[server] += n * itemsize
     return held
 
 
-def placement_name(bound: int, part_bytes: int) -> str:
+def placement_name(bound: int, part_bytes: int, pieces: int = 1) -> str:
     """The placement of a job's settings, as its checkpoints record it: equal names, equal placements."""
     rule = "" if bound > 0 else f" (even placement, slices of >= {MIN_SLICE_BYTES} bytes)"
-    return f"MXNET_KVSTORE_BIGARRAY_BOUND={bound} PSKV_PART_BYTES={part_bytes}{rule}"
+    cut = f" (slices cut into >= {pieces} partitions of >= {MIN_PIECE_BYTES} bytes)" if pieces > 1 else ""
+    return f"MXNET_KVSTORE_BIGARRAY_BOUND={bound} PSKV_PART_BYTES={part_bytes}{rule}{cut}"
 
 
 def row_ranges(num_rows: int, num_servers: int) -> list[tuple[int, int, int]]:

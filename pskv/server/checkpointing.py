@@ -103,7 +103,7 @@ class ShardCheckpoints:
         Raises:
             CheckpointError: the placements differ, naming the settings to resume with.
         """
-        ours = placement_name(self._cluster.bigarray_bound, self._cluster.part_size)
+        ours = placement_name(self._cluster.bigarray_bound, self._cluster.part_size, self._cluster.part_pieces)
         if written is None and self._cluster.bigarray_bound > 0:
             return  # written before placements were recorded, read with MXNet's rule: parts are checked at init
         if written is None:
@@ -149,6 +149,6 @@ class ShardCheckpoints:
                            tuple(PartState(p.key, p.offset, p.dtype, value, p.round, p.summed,
                                            {w: log_.count for w, log_ in p.pushes.items()}, p.row_width,
                                            None if p.present is None else p.present.copy()) for p, value in saved),
-                           optimizer, replies, placement_name(self._cluster.bigarray_bound, self._cluster.part_size))
+                           optimizer, replies, placement_name(self._cluster.bigarray_bound, self._cluster.part_size, self._cluster.part_pieces))
         path = write_shard(directory, state)
         return Saved(str(path), path.stat().st_size, open_rounds)

@@ -38,14 +38,13 @@ from pskv.arrays import ArrayMeta, empty, from_wire, itemsize
 from pskv.cluster import NodeInfo
 from pskv.config import ClusterConfig
 from pskv.errors import KVStoreError, ProtocolError
-from pskv.partition import row_ranges, server_key, split
 from pskv.protocol import ArraySpec, Command, Flag, frame_array, node_name
 from pskv.protocol.bodies import InitBody
 from pskv.timeline import open_timeline
 from pskv.worker.client import WorkerClient, WorkerRequest
 from pskv.worker.compressing import NoCompression, PushCompression, Settings
 from pskv.worker.control import WorkerControl
-from pskv.worker.layout import KeyLayout, Part, by_server, part_spec, part_view
+from pskv.worker.layout import KeyLayout, Part, by_server, new_layout, part_spec, part_view
 from pskv.worker.observe import CallObserver, observer
 from pskv.worker.replay import ReplayLog
 from pskv.worker.rows import RowPiece, RowRequests
@@ -155,19 +154,8 @@ class KVWorker:
 
     # -- layouts ------------------------------------------------------------------------
     def layout(self, key: int | str, meta: ArrayMeta, sparse: bool = False) -> KeyLayout:
-        """The layout of a new key whose values are described by ``meta``; ``sparse``: a row-sparse key
-        (its rows split by server ranges, :func:`pskv.partition.row_ranges`)."""
-        skey = server_key(key)
-        size = itemsize(meta.dtype)
-        if sparse:
-            width = meta.size // meta.shape[0] if meta.shape[0] else 0
-            ranges = row_ranges(meta.shape[0], self._num_servers)
-            return KeyLayout(key, skey, meta, [(s, first * width, count * width) for s, first, count in ranges],
-                             [0] * len(ranges), nbytes=meta.size * size, itemsize=size, row_width=width)
-        # async servers apply each push of a part through the updater alone: no pieces there
-        max_part = max(self._cluster.part_size // size, 1) if self._cluster.part_size and self._sync else 0
-        parts = split(skey, meta.size, self._num_servers, self._cluster.bigarray_bound, max_part, size)
-        return KeyLayout(key, skey, meta, parts, [0] * len(parts), nbytes=meta.size * size, itemsize=size)
+        """The layout of a new key whose values are described by ``meta`` (:func:`pskv.worker.layout.new_layout`)."""
+        return new_layout(key, meta, self._num_servers, self._cluster, self._sync, sparse)
 
     def adopt(self, layouts: Sequence[KeyLayout], summed: bool) -> None:
         """New keys of this worker (every worker's, whoever sends the init): ``summed`` ones store
@@ -243,7 +231,7 @@ class KVWorker:
             else [(layouts, False)]
         for group, compressed in groups:
             # both ways, every worker must decode the same values: no shared-memory shortcut for them
-            for server, shared, items in by_server(group, not compressed, self._cluster.part_size):
+            for server, shared, items in by_server(group, not compressed, self._cluster.part_size, self._rank):
                 # each part named with the number of this worker's last push of it (round = n)
                 specs = tuple(ArraySpec(rec.skey, rec.meta.dtype, (rec.parts[i][2],), rec.parts[i][1], rec.pushes[i])
                               for rec, i in items)
@@ -289,7 +277,7 @@ class KVWorker:
         limit = self._limit(timeout)
         # a compressed pushpull both ways is answered with payloads: through a socket, also on this host
         squeezed_reply = compression is not None and compression.both_ways and command is Command.PUSHPULL
-        messages = by_server(layouts, pushes and not squeezed_reply, self._cluster.part_size)
+        messages = by_server(layouts, pushes and not squeezed_reply, self._cluster.part_size, self._rank)
         # compressed: every message's payloads are made ahead on the compressing threads, while the first go out
         ahead = [compression.payloads(items) if compression is not None else None for _, _, items in messages]
         sent_flags = flags | (Flag.COMPRESSED | (Flag.COMPRESS_REPLY if squeezed_reply else 0) if compression else 0)

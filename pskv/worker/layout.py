@@ -31,13 +31,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pskv.arrays import ArrayMeta, wire_view
+from pskv.arrays import ArrayMeta, itemsize, wire_view
+from pskv.config import ClusterConfig
+from pskv.partition import row_ranges, server_key, split
 from pskv.protocol import ArraySpec
 
 if TYPE_CHECKING:
     from pskv.worker.shared import SharedPart
 
-__all__ = ["KeyLayout", "Message", "Part", "by_server", "part_spec", "part_view"]
+__all__ = ["KeyLayout", "Message", "Part", "by_server", "new_layout", "part_spec", "part_view"]
 
 Part = tuple["KeyLayout", int]  # a key's layout and the index of one of its parts
 Message = tuple[int, bool, list[Part]]  # (server, through shared memory?, the parts it carries)
@@ -57,7 +59,7 @@ class KeyLayout:
     send: Any = None  # CPU buffer of the meta's kind: the locally reduced value
     outgoing: Any = None  # what the current operation sends: the caller's value or `send`
     recv: Any = None  # CPU buffer assembling a split value
-    groups: dict[tuple[bool, int], list[Message]] = field(default_factory=dict)  # by_server of this key alone
+    groups: dict[tuple[bool, int, int], list[Message]] = field(default_factory=dict)  # by_server of this key alone
     nbytes: int = 0  # of one value; set with the layout
     itemsize: int = 0  # bytes of one element on the wire; set with the layout
     summed: bool = False  # init(summed=True): rounds store the plain sum (never compressed)
@@ -75,31 +77,53 @@ class KeyLayout:
         return any(p is not None for p in self.shm)
 
 
-def by_server(layouts: Sequence[KeyLayout], shared_ok: bool, max_bytes: int = 0) -> list[Message]:
+def by_server(layouts: Sequence[KeyLayout], shared_ok: bool, max_bytes: int = 0, first: int = 0) -> list[Message]:
     """The messages of a call: its parts grouped by (server, through shared memory?) (do not modify).
 
     ``shared_ok`` False sends every part over the socket (pulls may use shared memory,
     pushes too; ``INIT`` never does). A socket group whose values exceed ``max_bytes``
     (> 0) is cut into messages of at most that many bytes (a bigger part alone); the
     messages of several servers alternate, so every server gets its first piece early.
+    The servers are taken in turn from server ``first`` on (a worker's rank): the workers
+    of a job send to different servers at once, not all to server 0 first.
     """
     if len(layouts) == 1:  # a key's own grouping never changes: computed once
-        cached = layouts[0].groups.get((shared_ok, max_bytes))
+        cached = layouts[0].groups.get((shared_ok, max_bytes, first))
         if cached is None:
-            cached = layouts[0].groups[(shared_ok, max_bytes)] = _group(layouts, shared_ok, max_bytes)
+            cached = layouts[0].groups[(shared_ok, max_bytes, first)] = _group(layouts, shared_ok, max_bytes, first)
         return cached
-    return _group(layouts, shared_ok, max_bytes)
+    return _group(layouts, shared_ok, max_bytes, first)
 
 
-def _group(layouts: Sequence[KeyLayout], shared_ok: bool, max_bytes: int) -> list[Message]:
+def _group(layouts: Sequence[KeyLayout], shared_ok: bool, max_bytes: int, first: int) -> list[Message]:
     groups: dict[tuple[int, bool], list[Part]] = defaultdict(list)
     for rec in layouts:
         for i, (server, _, _) in enumerate(rec.parts):
             shared = shared_ok and bool(rec.shm) and rec.shm[i] is not None
             groups[(server, shared)].append((rec, i))
-    queues = [[(server, shared, chunk) for chunk in ([items] if shared else _cut(items, max_bytes))]
-              for (server, shared), items in groups.items()]
+    order = sorted(groups)
+    turn = next((n for n, (server, _) in enumerate(order) if server >= first), 0)
+    queues = [[(server, shared, chunk) for chunk in ([groups[server, shared]] if shared
+                                                     else _cut(groups[server, shared], max_bytes))]
+              for server, shared in order[turn:] + order[:turn]]
     return [m for turn in zip_longest(*queues) for m in turn if m is not None]
+
+
+def new_layout(key: int | str, meta: ArrayMeta, num_servers: int, cluster: ClusterConfig, sync: bool,
+               sparse: bool = False) -> KeyLayout:
+    """The layout of a new key whose values are described by ``meta`` (:func:`pskv.partition.split`);
+    ``sparse``: a row-sparse key (its rows split by server ranges, :func:`pskv.partition.row_ranges`)."""
+    skey = server_key(key)
+    size = itemsize(meta.dtype)
+    if sparse:
+        width = meta.size // meta.shape[0] if meta.shape[0] else 0
+        ranges = row_ranges(meta.shape[0], num_servers)
+        return KeyLayout(key, skey, meta, [(s, first * width, count * width) for s, first, count in ranges],
+                         [0] * len(ranges), nbytes=meta.size * size, itemsize=size, row_width=width)
+    # async servers apply each push of a part through the updater alone: no pieces there
+    max_part = max(cluster.part_size // size, 1) if cluster.part_size and sync else 0
+    parts = split(skey, meta.size, num_servers, cluster.bigarray_bound, max_part, size, cluster.part_pieces)
+    return KeyLayout(key, skey, meta, parts, [0] * len(parts), nbytes=meta.size * size, itemsize=size)
 
 
 def _cut(items: list[Part], max_bytes: int) -> list[list[Part]]:

@@ -178,12 +178,15 @@ def _restore(directory: str, **settings) -> ServerShard:
 
 
 def test_a_checkpoint_loads_with_its_placement_and_is_refused_with_another_naming_the_settings(tmp_path):
-    mxnet = placement_name(1000, 65536)
-    assert mxnet == "MXNET_KVSTORE_BIGARRAY_BOUND=1000 PSKV_PART_BYTES=65536"
+    assert placement_name(1000, 65536) == "MXNET_KVSTORE_BIGARRAY_BOUND=1000 PSKV_PART_BYTES=65536"
+    mxnet = placement_name(1000, 65536, 8)  # between hosts: slices cut into 8 partitions at least
+    assert mxnet == ("MXNET_KVSTORE_BIGARRAY_BOUND=1000 PSKV_PART_BYTES=65536 (slices cut into >= 8 partitions "
+                     "of >= 131072 bytes)")
     directory = _shard_file(tmp_path, mxnet)
     assert (3, 0) in _restore(directory, bigarray_bound=1000, part_bytes=65536).parts
     with pytest.raises(CheckpointError, match=r"was written with MXNET_KVSTORE_BIGARRAY_BOUND=1000 PSKV_PART_BYTES="
-                                              r"65536; this job places values with MXNET_KVSTORE_BIGARRAY_BOUND=0 "
+                                              r"65536 \(slices cut .*\); this job places values with "
+                                              r"MXNET_KVSTORE_BIGARRAY_BOUND=0 "
                                               r"PSKV_PART_BYTES=1048576 \(even placement.*resume it with the settings"):
         _restore(directory)
 
