@@ -595,17 +595,20 @@ def test_big_values_are_cut_into_pieces_sent_as_separate_messages(shm):
         stepped = [stepped, kv.pull(0)]
         kv.broadcast(0, np.full(n, 9.0, np.float32), out=np.zeros(n, np.float32))
         used = [shared is not None for shared in kv._keys[0].shm]  # the pieces' values in the key's shared buffers
-        return parts, pulled, out, pushpulls, stepped, kv.pull(0), used
+        return parts, pulled, out, (kv.rank, pushpulls), stepped, kv.pull(0), used
 
-    for parts, pulled, out, pushpulls, stepped, broadcast, used in run(2, 2, fn, shm=shm, bigarray_bound=50_000,
-                                                                       part_bytes=4 * piece):
+    for parts, pulled, out, (rank, pushpulls), stepped, broadcast, used in run(2, 2, fn, shm=shm,
+                                                                               bigarray_bound=50_000,
+                                                                               part_bytes=4 * piece):
         assert used == [bool(shm)] * 10
         assert len(parts) == 10 and all(length <= piece for _, _, length in parts)
         assert sorted({server for server, _, _ in parts}) == [0, 1]
         np.testing.assert_array_equal(pulled, 3 * np.arange(n, dtype=np.float32))
         assert (out == 2).all()
-        # through sockets one message per piece, the servers in turn; shared memory: one per server
-        assert pushpulls == ([0, 1] * 5 if not shm else [0, 1])
+        # through sockets one message per piece, the servers in turn from the worker's rank's; shared memory: one
+        # per server
+        turn = [rank, 1 - rank]
+        assert pushpulls == (turn * 5 if not shm else turn)
         assert (stepped[0] == 2 - 0.5 * 2).all() and (stepped[1] == 1 - 0.5 * 2).all()
         assert (broadcast == 9).all()
 
