@@ -378,6 +378,14 @@ class ClusterConfig:
         return 1 if self.local_job else 8
 
     @property
+    def message_bytes(self) -> int:
+        """The most value bytes one socket message of a call carries (a bigger partition alone):
+        :attr:`part_size` on one host; between hosts one partition's share, ``part_size //
+        part_pieces``, so each piece of a slice is a message of its own and is answered as
+        soon as its round completes, while small values still share messages."""
+        return self.part_size // self.part_pieces
+
+    @property
     def local_job(self) -> bool:
         """True if the scheduler is on loopback (``DMLC_PS_ROOT_URI`` ``127.x.y.z``, ``::1`` or
         ``localhost``): every node of the job runs on this host."""

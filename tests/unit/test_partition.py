@@ -67,12 +67,12 @@ def test_each_worker_sends_a_calls_messages_from_its_own_ranks_server_on():
     from pskv.worker.layout import by_server, new_layout
 
     cluster = ClusterConfig.from_env({"DMLC_PS_ROOT_URI": "10.0.0.1", "DMLC_NUM_SERVER": "4"})
-    assert cluster.part_size == 1 << 20 and cluster.part_pieces == 8
+    assert (cluster.part_size, cluster.part_pieces, cluster.message_bytes) == (1 << 20, 8, 128 << 10)
     rec = new_layout("bucket", describe(np.zeros(1 << 20, np.float32)), 4, cluster, True)  # 4 MiB: 1 MiB slices
     assert len(rec.parts) == 32  # each slice: 8 partitions of 128 KiB
     for rank in range(4):
-        messages = by_server([rec], False, cluster.part_size, rank)
+        messages = by_server([rec], False, cluster.message_bytes, rank)  # a message per piece
         assert [server for server, _, _ in messages[:4]] == [(rank + i) % 4 for i in range(4)]
         for server in range(4):
             mine = [i for s, _, items in messages if s == server for _, i in items]
-            assert mine == sorted(mine) and len(mine) == 8
+            assert mine == sorted(mine) and len(mine) == 8 and len(messages) == 32
