@@ -370,14 +370,14 @@ class ClusterConfig:
             return self.part_bytes
         return 4 << 20 if self.local_job else 1 << 20
 
-    @property
+    @cached_property
     def part_pieces(self) -> int:
         """The fewest partitions a slice of a value is cut into (each of at least
         :data:`pskv.partition.MIN_PIECE_BYTES`): 8 between hosts, so one value's exchange is a
         pipeline that keeps both directions of a link busy; 1 on one host."""
         return 1 if self.local_job else 8
 
-    @property
+    @cached_property  # read on every call's message cut: computed once
     def message_bytes(self) -> int:
         """The most value bytes one socket message of a call carries (a bigger partition alone):
         :attr:`part_size` on one host; between hosts one partition's share, ``part_size //
