@@ -477,6 +477,9 @@ RANK_ENV_VARS: dict[str, tuple[str, str]] = {
     "SLURM_JOB_NODELIST": ("slurm", "SLURM: the allocation's hosts, compressed ('node[01-03,07],gpu5'); the first is the master host"),
     "SLURM_NODELIST": ("slurm", "SLURM: the older name of SLURM_JOB_NODELIST"),
     "SLURM_JOB_ID": ("slurm", "SLURM: the job's id; without MASTER_PORT the master port is 15000 + its last 4 digits (as PyTorch Lightning)"),
+    "SLURM_STEP_ID": ("slurm", "SLURM (srun): the step's id; the master port moves by 7919 per step (modulo 10000), so concurrent steps meet apart"),
+    "SLURM_STEP_NODELIST": ("slurm", "SLURM (srun): the step's hosts, compressed; the first is the master host (before SLURM_JOB_NODELIST's)"),
+    "SLURM_STEP_TASKS_PER_NODE": ("slurm", "SLURM (srun): the step's tasks of each node; this node's entry (at SLURM_NODEID) wins over an inherited SLURM_NTASKS_PER_NODE"),
 }
 
 # variables the launcher itself looks at (pskv launch); docs/env.md mirrors this table.

@@ -38,8 +38,8 @@ class RankEnv:
         local_rank: this process's index on its host, ``< local_world_size``.
         local_world_size: processes on this host.
         master_addr: the host processes meet at (``MASTER_ADDR``; SLURM: the first host of
-            the node list), or None when the source names none.
-        master_port: the port there (``MASTER_PORT``; SLURM: derived from the job id), or None.
+            the step's node list, else the allocation's), or None when the source names none.
+        master_port: the port there (``MASTER_PORT``; SLURM: derived from the job and step ids), or None.
     """
 
     source: str
@@ -104,11 +104,12 @@ def rank_of(env: Mapping[str, str]) -> RankEnv | None:
         rank, size = _pair(env, "SLURM_PROCID", "SLURM_NTASKS")
         local, local_size = _slurm_local(env, size)
         if addr is None:
-            nodelist = "SLURM_JOB_NODELIST" if given(env, "SLURM_JOB_NODELIST") else "SLURM_NODELIST"
+            nodelist = next((v for v in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST") if given(env, v)),
+                            "SLURM_NODELIST")
             if given(env, nodelist):
                 addr = expand_hostlist(env[nodelist], nodelist)[0]
         if port is None and given(env, "SLURM_JOB_ID"):
-            port = 15000 + env_int(env, "SLURM_JOB_ID") % 10000
+            port = _slurm_port(env)
         return RankEnv("slurm", rank, size, local, local_size, addr, port)
     return None
 
@@ -188,17 +189,28 @@ def _checked_local(env: Mapping[str, str], rank_var: str, local: int, size_var: 
     return local, local_size
 
 
+def _slurm_port(env: Mapping[str, str]) -> int:
+    """15000 + the job id's last 4 digits, moved by 7919 per step (``SLURM_STEP_ID``): two steps of one
+    allocation, each a job of its own, meet at ports of their own."""
+    step = env.get("SLURM_STEP_ID", "").strip()
+    offset = 7919 * int(step) if step.isdigit() else 0  # a batch or interactive step has no number
+    return 15000 + (env_int(env, "SLURM_JOB_ID") + offset) % 10000
+
+
 def _slurm_local(env: Mapping[str, str], size: int) -> tuple[int, int]:
-    """SLURM_LOCALID and this node's task count (SLURM_NTASKS_PER_NODE, else SLURM_TASKS_PER_NODE[SLURM_NODEID])."""
-    if given(env, "SLURM_NTASKS_PER_NODE"):
+    """SLURM_LOCALID and this node's task count: the step's (SLURM_STEP_TASKS_PER_NODE[SLURM_NODEID]), else
+    SLURM_NTASKS_PER_NODE, else SLURM_TASKS_PER_NODE[SLURM_NODEID]. The step's comes first: a step inherits
+    SLURM_NTASKS_PER_NODE from its allocation even when it runs fewer tasks per node."""
+    tasks_var = "SLURM_STEP_TASKS_PER_NODE" if given(env, "SLURM_STEP_TASKS_PER_NODE") else "SLURM_TASKS_PER_NODE"
+    if given(env, "SLURM_NTASKS_PER_NODE") and tasks_var != "SLURM_STEP_TASKS_PER_NODE":
         size_var, local_size = "SLURM_NTASKS_PER_NODE", env_int(env, "SLURM_NTASKS_PER_NODE", low=1)
-    elif given(env, "SLURM_TASKS_PER_NODE"):
-        size_var = "SLURM_TASKS_PER_NODE"
-        counts = expand_tasks_per_node(env[size_var])
+    elif given(env, tasks_var):
+        size_var = tasks_var
+        counts = expand_tasks_per_node(env[size_var], size_var)
         node = env_int(env, "SLURM_NODEID") if given(env, "SLURM_NODEID") else 0
         if node >= len(counts):
             raise InvalidArgumentError(f"environment variable SLURM_NODEID={env['SLURM_NODEID']!r} has no entry "
-                                       f"in SLURM_TASKS_PER_NODE={env[size_var]!r}")
+                                       f"in {size_var}={env[size_var]!r}")
         local_size = counts[node]
     else:
         size_var, local_size = "", 1
@@ -305,21 +317,20 @@ def _expand_ranges(ranges: str, bad: Any) -> list[str]:
 _TASKS = re.compile(r"\s*(\d+)(?:\(x(\d+)\))?\s*\Z")
 
 
-def expand_tasks_per_node(text: str) -> list[int]:
-    """SLURM_TASKS_PER_NODE as one count per node: ``'2(x3),1'`` -> ``[2, 2, 2, 1]``.
+def expand_tasks_per_node(text: str, var: str = "SLURM_TASKS_PER_NODE") -> list[int]:
+    """SLURM_TASKS_PER_NODE (or ``var``, e.g. SLURM_STEP_TASKS_PER_NODE) as one count per node:
+    ``'2(x3),1'`` -> ``[2, 2, 2, 1]``.
 
     Raises:
-        InvalidArgumentError: a malformed entry or more than :data:`MAX_HOSTLIST` nodes.
+        InvalidArgumentError: a malformed entry or more than :data:`MAX_HOSTLIST` nodes (naming ``var``).
     """
     counts: list[int] = []
     for item in text.split(","):
         m = _TASKS.match(item)
         if m is None or int(m.group(1)) < 1 or (m.group(2) is not None and int(m.group(2)) < 1):
-            raise InvalidArgumentError(f"environment variable SLURM_TASKS_PER_NODE={text!r}: {item!r} is not "
-                                       "'N' or 'N(xM)'")
+            raise InvalidArgumentError(f"environment variable {var}={text!r}: {item!r} is not 'N' or 'N(xM)'")
         times = int(m.group(2) or 1)
         if len(counts) + times > MAX_HOSTLIST:
-            raise InvalidArgumentError(f"environment variable SLURM_TASKS_PER_NODE={text!r}: more than "
-                                       f"{MAX_HOSTLIST} nodes")
+            raise InvalidArgumentError(f"environment variable {var}={text!r}: more than {MAX_HOSTLIST} nodes")
         counts.extend([int(m.group(1))] * times)
     return counts

@@ -106,6 +106,7 @@ MULTIPROCESS_MODULES = frozenset({
     "tests/integration/test_security.py",
     "tests/integration/test_mxnet_dist_compression.py",
     "tests/integration/test_mxnet_dist_sparse.py",
+    "tests/integration/test_real_slurm.py",  # a real slurmctld/slurmd (fixed ports: its tests run one by one)
     "tests/integration/test_timeline.py",
     "tests/integration/test_top.py",
     "tests/unit/test_doc_blocks.py",  # runs every code block of the docs (pskv launch jobs among them)

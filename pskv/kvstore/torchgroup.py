@@ -21,6 +21,12 @@ fails (a peer closed its connection, or nothing came within the timeout) is foll
 roll call on the rendezvous store: the ranks that do not answer within
 :data:`ROLL_CALL_SECONDS` (a quarter of the timeout at most) are named in :class:`~pskv.errors.NodeFailedError` (``node``:
 ``'rank 1'``). After a failure the group is unusable; every later call raises the same error.
+A rank whose own peers are alive (rank 3 of 4 when rank 1 died: its ring neighbours are 0
+and 2) would wait in the collective past the roll call and be named with the dead: so a
+rank that fails calls the roll by a key of the store, and a rank waiting longer than
+:data:`ALARM_SLICE` looks for that key between slices of its wait and comes too. Rank 0,
+which holds the store, stays at the roll call until every rank that answered has read it,
+so none of them finds the store gone and blames rank 0.
 """
 
 from __future__ import annotations
@@ -34,11 +40,14 @@ from typing import Any
 
 from pskv.errors import CollectiveMismatchError, NodeFailedError, NotSupportedError, OperationTimeoutError
 
-__all__ = ["GroupSpec", "TorchGroup", "ROLL_CALL_SECONDS", "load_torch"]
+__all__ = ["ALARM_SLICE", "GroupSpec", "TorchGroup", "ROLL_CALL_SECONDS", "load_torch"]
 
 #: Seconds the survivors of a failed collective wait for each other at the roll call (at most a quarter
 #: of the timeout): a dead rank never answers, so a failure report takes this long.
 ROLL_CALL_SECONDS = 5.0
+#: Seconds a collective waits before it first looks (and then between looks) whether another rank called the roll
+#: for it: a collective that ends sooner costs no look at the store.
+ALARM_SLICE = 0.5
 _DESCRIPTION_BYTES = 512  # a call's description in a mismatch report (longer ones are cut)
 _GROUPS_MADE: dict[str, int] = {}  # per rendezvous address: groups this process made (the store prefix)
 # per rendezvous address: the TCPStore rank 0 opened there, kept for the process's life. A store closed
@@ -214,10 +223,30 @@ class TorchGroup:
                 work.wait(datetime.timedelta(seconds=limit))
                 self._torch.cuda.current_stream().synchronize()
             else:
-                work.wait(datetime.timedelta(seconds=limit))
+                self._wait(work, name, began + limit)
         except RuntimeError as exc:
             self._failure = self._diagnose(name, exc, time.monotonic() - began)
             raise self._failure from None
+
+    def _wait(self, work: Any, name: str, end: float) -> None:
+        """Wait for a Gloo collective until ``end``, in slices: between them, whether another rank called the roll.
+
+        Raises:
+            RuntimeError: it failed, timed out, or a peer that saw it fail called the roll.
+        """
+        while True:
+            try:
+                work.wait(datetime.timedelta(seconds=max(0.001, min(ALARM_SLICE, end - time.monotonic()))))
+                return
+            except RuntimeError as exc:
+                if time.monotonic() >= end or "timed out" not in str(exc).lower() or work.is_completed():
+                    raise
+            try:
+                called = self._calls.check([f"{name}/alarm"])
+            except RuntimeError as exc:
+                raise RuntimeError(f"the rendezvous store is unreachable: {_first_line(exc)}") from None
+            if called:
+                raise RuntimeError("another rank saw this collective fail and called the roll")
 
     def _diagnose(self, name: str, exc: BaseException, waited: float) -> BaseException:
         """Who failed: the ranks missing at this collective's roll call."""
@@ -239,16 +268,26 @@ class TorchGroup:
         """Ranks that did not come to this collective's roll call; None if the store is unreachable."""
         spec = self.spec
         try:
+            self._calls.set(f"{name}/alarm", b"1")  # the ranks still waiting in the collective come too
             self._calls.set(f"{name}/{spec.rank}", b"1")
             keys = {r: f"{name}/{r}" for r in range(spec.world_size) if r != spec.rank}
             deadline = time.monotonic() + min(ROLL_CALL_SECONDS, spec.timeout / 4)
-            while keys and time.monotonic() < deadline:
-                keys = {r: k for r, k in keys.items() if not self._calls.check([k])}
-                if keys:
-                    time.sleep(0.05)  # polled until the deadline: the peers' answers are store keys
+            keys = self._absent(keys, deadline)
+            self._calls.set(f"{name}/read/{spec.rank}", b"1")
+            if spec.rank == 0:  # the store's holder: the others' last reads must find it
+                answered = {r: f"{name}/read/{r}" for r in range(1, spec.world_size) if r not in keys}
+                self._absent(answered, time.monotonic() + min(ROLL_CALL_SECONDS, spec.timeout / 4))
             return sorted(keys)
         except RuntimeError:
             return None
+
+    def _absent(self, keys: dict[int, str], deadline: float) -> dict[int, str]:
+        """The ranks of ``keys`` whose key is still not in the store at ``deadline`` (or sooner, once all are)."""
+        while keys and time.monotonic() < deadline:
+            keys = {r: k for r, k in keys.items() if not self._calls.check([k])}
+            if keys:
+                time.sleep(0.05)  # polled until the deadline: the peers' answers are store keys
+        return keys
 
     def close(self) -> None:
         """Release the group (its connections); idempotent."""

@@ -8,7 +8,7 @@
 (:func:`pskv.launch.ssh.place`): the scheduler on the first host, on ``--port`` (9091);
 servers one per host in turn; workers round-robin by slots. Each process is one step::
 
-    srun --nodes=1 --ntasks=1 --nodelist=HOST --overlap --kill-on-bad-exit=1 --quiet env ... COMMAND
+    srun --nodes=1 --ntasks=1 --nodelist=HOST --overlap --kill-on-bad-exit=1 --quiet --job-name=pskv-JOB-worker-1 env ... COMMAND
 
 ``--launcher-command`` replaces ``srun`` (and may add options: ``"srun --cpus-per-task=8"``);
 ``--overlap`` lets the steps share the allocation's CPUs (Slurm 20.11 or later). The same
@@ -16,12 +16,24 @@ supervision as locally: each ``srun`` runs here under :mod:`pskv.launch.guard`, 
 lifeline ends it (and srun its step) when the launcher is gone; ``srun`` exits as its
 task did, so the first step to fail is named as the root cause with its code.
 
+Two things real ``srun`` does differently from a local process, and how the job copes:
+
+* SIGTERM to ``srun`` is not passed on: srun "forces job termination" and SIGKILLs its
+  step. A job being stopped asks each step instead with ``scancel --signal=TERM JOB.STEP``
+  (the step found by its name, ``pskv-JOB-ROLE-RANK``, in ``squeue --steps``), so a worker's
+  SIGTERM handler runs; SIGTERM to ``srun`` is the hard stop after ``--stop-grace``.
+* Other signals are: the guard's SIGUSR1 ("no worker will come") reaches the scheduler and
+  servers through srun (or mpirun), possibly before they are ready for it. Their command
+  starts with SIGUSR1 ignored (``sh -c "trap '' USR1; exec ..."``), as a local role's does:
+  a signal before the role is ready is lost, not fatal (the guard repeats it).
+
 :func:`run_steps` is the runner of every launcher whose processes start through a
 per-host command (``srun``, ``mpirun``: :mod:`pskv.launch.mpi`).
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Callable, Sequence
 
@@ -34,15 +46,42 @@ from pskv.launch.on_host import publish_address
 from pskv.launch.ssh import Host, place, read_hostfile
 from pskv.launch.supervisor import Supervisor
 
-__all__ = ["Wrap", "allocation_hosts", "run_slurm", "run_steps", "srun_argv", "step_specs"]
+__all__ = ["Stop", "Wrap", "allocation_hosts", "run_slurm", "run_steps", "scancel_argv", "srun_argv", "step_name",
+           "step_specs"]
 
 Wrap = Callable[[Host, Sequence[str]], list[str]]  # (host, the process's env argv) -> the command run here
+Stop = Callable[[ProcessSpec], Sequence[str]]  # a process -> the command that asks it to stop ('': SIGTERM)
+
+# a role's command under srun / mpirun: SIGUSR1 ignored until the role handles it (see the module doc)
+_USR1_IGNORED = ("sh", "-c", "trap '' USR1; exec \"$@\"", "sh")
+# the step named $1 of this allocation (any, with -H outside one) gets SIGTERM, as a local process would
+_SCANCEL_TERM = ('squeue -h -s ${SLURM_JOB_ID:+-j "$SLURM_JOB_ID"} -o "%i %j" | while read -r id name; do '
+                 '[ "$name" = "$1" ] && exec scancel --signal=TERM "$id"; done')
+_PAIR = re.compile(r"(DMLC_ROLE|DMLC_WORKER_ID|PSKV_SERVER_RANK|PSKV_JOB_ID)=(.*)")
+
+
+def step_name(argv: Sequence[str]) -> str:
+    """The step's name, from its contract variables in ``argv``: ``pskv-JOB-worker-1``, ``pskv-JOB-scheduler``."""
+    found = {}
+    for arg in argv:
+        m = _PAIR.fullmatch(arg)
+        if m is not None and m.group(1) not in found:
+            found[m.group(1)] = m.group(2)
+    rank = found.get("DMLC_WORKER_ID", found.get("PSKV_SERVER_RANK"))
+    return "-".join(["pskv", found.get("PSKV_JOB_ID", "job"), found.get("DMLC_ROLE", "process"),
+                     *([rank] if rank is not None else [])])
 
 
 def srun_argv(host: Host, argv: Sequence[str], srun_command: str = "") -> list[str]:
-    """``srun ... --nodelist=HOST ... ARGV``: one task on ``host``, sharing the allocation's CPUs."""
+    """``srun ... --nodelist=HOST ... --job-name=NAME ARGV``: one task on ``host``, sharing the allocation's
+    CPUs, named by :func:`step_name` (the stop command finds it by that name)."""
     return [*shlex.split(srun_command or "srun"), "--nodes=1", "--ntasks=1", f"--nodelist={host.name}",
-            "--overlap", "--kill-on-bad-exit=1", "--quiet", *argv]
+            "--overlap", "--kill-on-bad-exit=1", "--quiet", f"--job-name={step_name(argv)}", *argv]
+
+
+def scancel_argv(spec: ProcessSpec) -> list[str]:
+    """The command that sends SIGTERM to ``spec``'s step (``scancel --signal=TERM JOB.STEP``, found by its name)."""
+    return ["sh", "-c", _SCANCEL_TERM, "sh", step_name(spec.argv)]
 
 
 def allocation_hosts(config: LaunchConfig) -> list[Host]:
@@ -70,7 +109,9 @@ def step_specs(config: LaunchConfig, hosts: Sequence[Host], server_hosts: Sequen
                           port_beside(port))
 
     def spec(role: str, rank: int | None, host: Host, env: dict[str, str], command: Sequence[str]) -> ProcessSpec:
-        return ProcessSpec(role, rank, host.address, tuple(wrap(host, env_argv(env, config.env, command))))
+        argv = env_argv(env, config.env, command)
+        return ProcessSpec(role, rank, host.address, tuple(wrap(host, argv if role == "worker"
+                                                               else [*_USR1_IGNORED, *argv])))
 
     specs = []
     if config.num_servers:
@@ -86,8 +127,12 @@ def step_specs(config: LaunchConfig, hosts: Sequence[Host], server_hosts: Sequen
     return specs
 
 
-def run_steps(config: LaunchConfig, console: Console, hosts: Sequence[Host], wrap: Wrap, launcher: str) -> int:
+def run_steps(config: LaunchConfig, console: Console, hosts: Sequence[Host], wrap: Wrap, launcher: str,
+              stop: Stop | None = None) -> int:
     """Run the job's processes, each through ``wrap`` (``srun``, ``mpirun``), supervised here; the exit code.
+
+    ``stop``: the command that asks a process to stop, in place of SIGTERM to its ``srun``
+    (see :meth:`pskv.launch.supervisor.Supervisor.start`).
 
     Raises:
         InvalidArgumentError: the server hostfile is unreadable or malformed (nothing started).
@@ -106,7 +151,7 @@ def run_steps(config: LaunchConfig, console: Console, hosts: Sequence[Host], wra
             if note:
                 console.note(note)
             for spec in specs:
-                supervisor.start(spec)
+                supervisor.start(spec, stop(spec) if stop is not None else ())
         except LaunchError as exc:
             supervisor.abort(str(exc))
         return supervisor.run()
@@ -119,4 +164,4 @@ def run_slurm(config: LaunchConfig, console: Console) -> int:
         InvalidArgumentError: no allocation and no ``-H``, or malformed hosts (nothing started).
     """
     return run_steps(config, console, allocation_hosts(config),
-                     lambda host, argv: srun_argv(host, argv, config.launcher_command), "slurm")
+                     lambda host, argv: srun_argv(host, argv, config.launcher_command), "slurm", scancel_argv)

@@ -8,8 +8,10 @@ one waits for its exit and posts it, time-stamped, to the queue the main thread 
 the same queue, so all decisions are taken on the main thread, in time order:
 
 * the first child to exit non-zero or by a signal is the root cause: one line names
-  it, every other child is stopped (SIGTERM, then SIGKILL after ``stop_grace``), and
-  the launcher exits with that child's code (128+N for signal N);
+  it, every other child is stopped (SIGTERM, then SIGKILL after ``stop_grace``; a child
+  started with a stop command — an ``srun`` step — is asked by that command instead, and
+  SIGTERM to its group is its hard stop), and the launcher exits with that child's code
+  (128+N for signal N);
 * children that fail afterwards are reported as consequences, not causes;
 * SIGINT / SIGTERM to the launcher stop the job (exit 130 / 143), a second one kills
   at once; the ``timeout`` stops it with exit 124;
@@ -37,6 +39,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import FrameType, TracebackType
 from typing import IO, Any
@@ -133,6 +136,7 @@ class _Child:
     blamed: str | None = None  # the node its last NodeFailedError named (a peer it saw die or hang)
     blamed_left: bool = False  # ... and that node had left the job (closed its store), not failed
     ahead: str | None = None  # the worker its mismatched-step-counts error said is ahead (the root cause)
+    stop_argv: tuple[str, ...] = ()  # asks it to stop in place of SIGTERM to its group (see Supervisor.start)
 
     @property
     def running(self) -> bool:
@@ -244,8 +248,15 @@ class Supervisor:
         self._events.put(_Event(time.monotonic(), "signal", code=signum))
 
     # -- starting -----------------------------------------------------------------------
-    def start(self, spec: ProcessSpec) -> None:
+    def start(self, spec: ProcessSpec, stop_argv: Sequence[str] = ()) -> None:
         """Start one process; its output streams to the console from now on.
+
+        ``stop_argv``: a command run here to ask the process to stop, in place of SIGTERM to its
+        group, for a process whose starter does not pass SIGTERM on (``srun`` kills its step
+        outright: ``scancel --signal=TERM`` of the step asks it instead) or whose group holds
+        an ``srun`` of its own (``mpirun`` in an allocation: ``pkill -TERM -P {pid}`` signals
+        ``mpirun`` alone); ``{pid}`` in it is the guard's pid. SIGTERM to the group is then
+        the hard stop, after ``stop_grace``, and SIGKILL only after that.
 
         Raises:
             LaunchError: the process could not be started.
@@ -261,7 +272,7 @@ class Supervisor:
             output.close()
             raise LaunchError(f"could not start {spec.name} on {spec.host} ({spec.argv[0]}): {exc}") from exc
         assert proc.stdout is not None
-        child = _Child(spec, proc, threading.Thread(), output)
+        child = _Child(spec, proc, threading.Thread(), output, stop_argv=tuple(stop_argv))
         reader = threading.Thread(target=self._stream, args=(proc.stdout, child), daemon=True,
                                   name=f"pskv-launch-output-{spec.name}")
         child.reader = reader
@@ -377,7 +388,7 @@ class Supervisor:
                                f"({self._workers_restarted} of at most {self._worker_restarts} worker restarts)")
             child.replaced = True
             try:
-                self.start(child.spec)
+                self.start(child.spec, child.stop_argv)
             except LaunchError as exc:
                 self._decide(EXIT_FAILURE, f"{exc}; stopping the job", "the launcher's error")
             return
@@ -417,7 +428,7 @@ class Supervisor:
                            f"({self._servers_restarted} of at most {self._server_restarts} server restarts)")
         child.replaced = True
         try:
-            self.start(dataclasses.replace(child.spec, argv=tuple(argv)))
+            self.start(dataclasses.replace(child.spec, argv=tuple(argv)), child.stop_argv)
         except LaunchError as exc:
             self._decide(EXIT_FAILURE, f"{exc}; stopping the job", "the launcher's error")
         return True
@@ -444,19 +455,34 @@ class Supervisor:
                              f"{self._exit_grace:g} s after the last worker; stopping them", "the launcher stopping them")
             return
         if self._kill_at is not None and now >= self._kill_at and self._abandon_at is None:
-            late = [c for c in self._children if c.running]
-            if late:
-                self._console.note(f"{', '.join(c.where for c in late)} did not stop within "
-                                   f"{self._stop_grace:g} s; killing (SIGKILL)")
-            for child in late:
-                child.stop_signal = signal.SIGKILL
-                _signal_group(child, signal.SIGKILL)
-            self._abandon_at = now + _KILL_WAIT
+            self._kill_late(now)
         elif self._abandon_at is not None and now >= self._abandon_at:
-            for child in self._children:
-                if child.running:
-                    self._console.note(f"{child.where} (pid {child.proc.pid}) survived SIGKILL; giving up on it")
-                    child.abandoned = True
+            self._abandon_survivors(now)
+
+    def _kill_late(self, now: float) -> None:
+        """``stop_grace`` is over: SIGKILL to the children still there (SIGTERM to those with a stop command)."""
+        late = [c for c in self._children if c.running]
+        if late:
+            self._console.note(f"{', '.join(c.where for c in late)} did not stop within "
+                               f"{self._stop_grace:g} s; killing (SIGKILL)")
+        for child in late:  # a process asked by its stop command: SIGTERM to srun is its hard stop
+            child.stop_signal = signal.SIGTERM if child.stop_argv else signal.SIGKILL
+            _signal_group(child, child.stop_signal)
+        self._abandon_at = now + _KILL_WAIT
+
+    def _abandon_survivors(self, now: float) -> None:
+        """SIGKILL to those that outlived their hard stop's SIGTERM; give up on those that outlived SIGKILL."""
+        hard = [c for c in self._children if c.running and c.stop_signal == signal.SIGTERM]
+        for child in hard:
+            child.stop_signal = signal.SIGKILL
+            _signal_group(child, signal.SIGKILL)
+        if hard:
+            self._abandon_at = now + _KILL_WAIT
+            return
+        for child in self._children:
+            if child.running:
+                self._console.note(f"{child.where} (pid {child.proc.pid}) survived SIGKILL; giving up on it")
+                child.abandoned = True
 
     def _decide(self, exit_code: int, message: str, cause: str) -> None:
         """Fix the job's outcome, say why, and stop every running child (SIGTERM)."""
@@ -466,7 +492,10 @@ class Supervisor:
         for child in self._children:
             if child.running:
                 child.stop_signal = signal.SIGTERM
-                _signal_group(child, signal.SIGTERM)
+                if child.stop_argv:
+                    _ask_to_stop(child)
+                else:
+                    _signal_group(child, signal.SIGTERM)
         self._kill_at = time.monotonic() + self._stop_grace
 
 
@@ -499,6 +528,17 @@ def _signal_group(child: _Child, signum: int) -> None:
         os.killpg(child.proc.pid, signum)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _ask_to_stop(child: _Child) -> None:
+    """Run the child's stop command (reaped by a thread: the main thread never waits for it)."""
+    try:
+        proc = subprocess.Popen([a.replace("{pid}", str(child.proc.pid)) for a in child.stop_argv], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+    except OSError:
+        _signal_group(child, signal.SIGTERM)
+        return
+    threading.Thread(target=proc.wait, daemon=True, name="pskv-launch-stop").start()
 
 
 def _read_port(path: str) -> int | None:
