@@ -31,6 +31,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
+from pskv.testing.jobs import child_env
+
 __all__ = ["CTLD_PORT", "NODES", "PROGRAMS", "VirtualSlurm", "unavailable_reason"]
 
 NODES = ("pskvn1", "pskvn2")  # the virtual nodes' names (aliases of 127.0.0.1)
@@ -103,7 +105,7 @@ class VirtualSlurm:
         self.nodes = tuple(nodes)
         self.cpus = cpus
         self.conf = self.workdir / "slurm.conf"
-        self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
+        self.env = child_env({"SLURM_CONF": str(self.conf)})  # this process's environment (and pskv on PYTHONPATH)
         self._started_munged = False
 
     def __enter__(self) -> VirtualSlurm:
