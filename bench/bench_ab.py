@@ -2,16 +2,23 @@
 
 Usage::
 
-    python bench/bench_ab.py [--a 835c445] [--b HEAD] [--pairs 7] [--iters 3000] [--json PATH]
+    python bench/bench_ab.py [--a 835c445] [--b HEAD] [--store local|loopback] [--pairs 7] [--iters 3000]
+                             [--json PATH]
 
 ``git archive`` puts ``pskv/`` of each commit into a temporary directory (``--b WORKTREE`` measures this
 checkout's ``pskv/``, uncommitted edits included). Each *pair* then runs one child process per commit, in
 alternating order (A B, B A, ...), so a drift of the shared machine hits both sides alike. A child imports
-only its commit's pskv and times, on a ``local`` store with one 4 KB float32 key and 4 values per push
-(the values of 4 devices, summed by the store):
+only its commit's pskv and times, with one 4 KB float32 key and 4 values per push (the values of 4
+devices, summed by the store), on ``--store``:
 
-* ``push_pull``: ``kv.push(0, values)`` then ``kv.pull(0, out=out)``, ms per iteration;
-* ``pushpull``: ``kv.pushpull(0, values, out=out)``, ms per iteration.
+* ``local`` (default): a ``local`` store; ``push_pull`` is ``kv.push(0, values)`` then ``kv.pull(0, out=out)``;
+* ``loopback``: a ``dist_sync`` store of one worker whose server lives in the same process
+  (:mod:`pskv.testing.loopback`: the real worker and server code, every message encoded and decoded, no
+  socket, no thread): the Python work of a distributed call on both sides, without the transport.
+  ``push_pull`` is ``kv.push(0, values, block=False)`` then ``kv.pull(0, out=out)``, as in
+  ``bench_dist.py`` (issue 23's small-message profile, docs/benchmarks.md);
+
+and ``pushpull`` is ``kv.pushpull(0, values, out=out)``; times in ms per iteration.
 
 Every child checks the pulled sum once, and counts per call the bytecodes run, the Python calls and the C
 calls (``sys.settrace`` / ``sys.setprofile`` over 50 calls after the timing): a deterministic measure of
@@ -47,14 +54,19 @@ import json, sys, time
 import numpy as np
 import pskv
 
-iters = int(sys.argv[1])
-kv = pskv.create("local")
+iters, store = int(sys.argv[1]), sys.argv[2]
+if store == "loopback":
+    from pskv.testing.loopback import loopback_store
+    kv = loopback_store("dist_sync")
+else:
+    kv = pskv.create("local")
 kv.init(0, np.zeros(1024, np.float32))
 values = [np.full(1024, i + 1, np.float32) for i in range(4)]
 out = np.zeros(1024, np.float32)
+quiet = store == "loopback"  # bench_dist's push_pull: a non-blocking push, then the pull
 
 def push_pull():
-    kv.push(0, values)
+    kv.push(0, values, block=not quiet)
     kv.pull(0, out=out)
 
 def pushpull():
@@ -110,7 +122,10 @@ print(json.dumps(result))
 
 
 def export(rev: str, dest: Path) -> tuple[Path, str]:
-    """``pskv/`` of ``rev`` under ``dest`` (``WORKTREE``: this checkout's directory); returns (path, commit)."""
+    """``pskv/`` of ``rev`` under ``dest`` (``WORKTREE``: this checkout's directory; a directory holding a
+    ``pskv/``: that one, e.g. a copy with some edits undone); returns (path, commit)."""
+    if Path(rev).is_dir() and (Path(rev) / "pskv").is_dir():
+        return Path(rev).resolve(), f"directory {Path(rev).resolve()}"
     if rev == "WORKTREE":
         head = subprocess.run(["git", "-C", str(REPO_DIR), "rev-parse", "HEAD"], capture_output=True, text=True,
                               check=True, timeout=30).stdout.strip()
@@ -118,9 +133,9 @@ def export(rev: str, dest: Path) -> tuple[Path, str]:
     return export_pskv(rev, dest)
 
 
-def child(src: Path, iters: int) -> dict[str, float]:
+def child(src: Path, iters: int, store: str) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=str(src), OMP_NUM_THREADS="1")
-    done = subprocess.run([sys.executable, "-c", CHILD, str(iters)], cwd=str(src), env=env, capture_output=True,
+    done = subprocess.run([sys.executable, "-c", CHILD, str(iters), store], cwd=str(src), env=env, capture_output=True,
                           text=True, timeout=600, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"child for {src} failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -138,11 +153,17 @@ def summary(samples: list[float]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--a", default="835c445", help="commit A (default 835c445)")
-    p.add_argument("--b", default="HEAD", help="commit B (default HEAD; WORKTREE: this checkout's pskv/)")
+    p.add_argument("--b", default="HEAD",
+                   help="commit B (default HEAD; WORKTREE: this checkout's pskv/; or a directory holding a pskv/)")
     p.add_argument("--pairs", type=int, default=7, help="A/B pairs, alternating order (default 7)")
     p.add_argument("--iters", type=int, default=3000, help="calls per timed sample (default 3000)")
-    p.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    p.add_argument("--store", choices=("local", "loopback"), default="local",
+                   help="local store, or dist_sync with an in-process server (default local)")
+    p.add_argument("--json", type=Path, default=None,
+                   help="result file (default bench/results/ab_local.json, with --store loopback ab_loopback.json)")
     args = p.parse_args(argv)
+    if args.json is None:
+        args.json = DEFAULT_JSON if args.store == "local" else DEFAULT_JSON.with_name("ab_loopback.json")
     with tempfile.TemporaryDirectory(prefix="pskv-ab-") as tmp:
         src_a, commit_a = export(args.a, Path(tmp) / "a")
         src_b, commit_b = export(args.b, Path(tmp) / "b")
@@ -151,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         for i in range(args.pairs):
             order = (("a", src_a), ("b", src_b)) if i % 2 == 0 else (("b", src_b), ("a", src_a))
             for side, src in order:
-                result = child(src, args.iters)
+                result = child(src, args.iters, args.store)
                 counts[side] = result["counts"]  # the same in every run of a commit
                 for call in CALLS:
                     raw[side][call].append(float(result[call]))
@@ -167,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         print("           per call, A -> B: " + ", ".join(
             f"{k} {counts['a'][call][k]:g} -> {counts['b'][call][k]:g}" for k in counts["a"][call]))
     doc = {"a": {"rev": args.a, "commit": commit_a}, "b": {"rev": args.b, "commit": commit_b},
-           "pairs": args.pairs, "iters": args.iters, "store": "local", "key_bytes": 4096, "values": 4,
+           "pairs": args.pairs, "iters": args.iters, "store": args.store, "key_bytes": 4096, "values": 4,
            "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
            "results": table, "raw": raw}
     args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -14,6 +14,10 @@ Every cluster is a set of real processes on 127.0.0.1, started by this program:
 * **pskv, sockets only**: the same with ``PSKV_SHM=0`` — array data through ZeroMQ/TCP
   as between hosts, which is what MXNet and Gloo do here too (push+pull only; skip with
   ``--no-sockets-variant``);
+* **pskv, sockets only, keyed** (``--secure``): the same with a CURVE cluster key
+  (``PSKV_CURVE_KEY_FILE``, a fresh key per run): the data connections sealed
+  (:mod:`pskv.transport.sealed`); the report gives its time over the plain sockets-only
+  time per workload (the issue's bar: <= 1.3x);
 * **MXNet 1.9.1** (its venv): scheduler, ``S`` servers and 2 workers, all
   ``_dist_worker_mxnet.py`` with ``DMLC_ROLE`` set (``import mxnet`` runs the
   scheduler / server role);
@@ -97,6 +101,7 @@ from bench_local import (  # noqa: E402
 from pskv.testing.jobs import JobError as ProcError  # noqa: E402
 from pskv.testing.jobs import ProcessGroup as ProcGroup  # noqa: E402
 from pskv.testing.jobs import free_port  # noqa: E402
+from pskv.transport.security import generate_keys, write_key_file  # noqa: E402
 
 DEFAULT_JSON = BENCH_DIR / "results" / "dist.json"
 WORKERS = 2
@@ -104,10 +109,12 @@ DTYPE = np.float32
 SGD = {"learning_rate": 0.1, "momentum": 0.9}
 ITERATION_DEFINITION = ("one iteration = every worker pushes its value(s) and pulls the sum over workers into "
                         "out(s), complete (MXNet: after mx.nd.waitall())")
-SYSTEMS = ("pskv", "pskv_tcp", "mxnet", "gloo")
+SYSTEMS = ("pskv", "pskv_tcp", "pskv_secure", "mxnet", "gloo")
+SECURE_BAR = 1.3  # the keyed sockets-only time over the plain one, at most (issue 23)
 CALL_LABEL = {("pskv", "push_pull"): "push(block=False)+pull", ("pskv", "push_pull_blocking"): "push+pull, blocking push",
               ("pskv", "pushpull"): "pushpull",
-              ("pskv_tcp", "push_pull"): "push(block=False)+pull, sockets only (PSKV_SHM=0)"}
+              ("pskv_tcp", "push_pull"): "push(block=False)+pull, sockets only (PSKV_SHM=0)",
+              ("pskv_secure", "push_pull"): "push(block=False)+pull, sockets only, CURVE key (--secure)"}
 
 Shape = tuple[int, ...]
 
@@ -271,6 +278,12 @@ class Launcher:
 
     def _start_pskv_tcp(self, group: ProcGroup, servers: int, spec: Path, label: str) -> list[Any]:
         return self._start_pskv(group, servers, spec, label, {"PSKV_SHM": "0"})
+
+    def _start_pskv_secure(self, group: ProcGroup, servers: int, spec: Path, label: str) -> list[Any]:
+        key = self.tmp / "cluster.key"
+        if not key.exists():
+            write_key_file(key, generate_keys())
+        return self._start_pskv(group, servers, spec, label, {"PSKV_SHM": "0", "PSKV_CURVE_KEY_FILE": str(key)})
 
     def _start_pskv(self, group: ProcGroup, servers: int, spec: Path, label: str,
                     extra_env: dict[str, str] | None = None) -> list[Any]:
@@ -506,10 +519,11 @@ def summary_rows(results: Results, workloads: Sequence[DistWorkload], servers: S
         for s in servers:
             m_col = column("mxnet", s)
             mxnet_t = results.median(m_col, work.id, "push_pull")
-            for system, mode in [("pskv", m) for m in work.pskv_modes] + [("pskv_tcp", "push_pull")]:
+            for system, mode in ([("pskv", m) for m in work.pskv_modes]
+                                 + [("pskv_tcp", "push_pull"), ("pskv_secure", "push_pull")]):
                 p_col = column(system, s)
                 pskv_t = results.median(p_col, work.id, mode)
-                if system == "pskv_tcp" and pskv_t is None:
+                if system != "pskv" and pskv_t is None:
                     continue  # not run
                 rows.append({
                     "workload": work.id, "name": work.name, "unit": work.unit, "servers": s,
@@ -565,6 +579,21 @@ def evaluate_targets(rows: Sequence[dict[str, Any]], servers: Sequence[int]) -> 
     return verdicts
 
 
+def secure_costs(results: Results, workloads: Sequence[DistWorkload], servers: Sequence[int]) -> list[dict[str, Any]]:
+    """Per workload and server count: the keyed sockets-only time over the plain one (``--secure``), and by round."""
+    out = []
+    for work in workloads:
+        for s in servers:
+            plain, keyed = column("pskv_tcp", s), column("pskv_secure", s)
+            ratio = _ratio(results.median(keyed, work.id, "push_pull"), results.median(plain, work.id, "push_pull"))
+            if ratio is None:
+                continue
+            out.append({"workload": work.id, "name": work.name, "servers": s, "secure_over_plain": ratio,
+                        "by_round": _by_round(results, keyed, plain, work.id, "push_pull", "push_pull"),
+                        "status": "PASS" if ratio <= SECURE_BAR else "MISS"})
+    return out
+
+
 # -- reporting ------------------------------------------------------------------------------
 def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
     """The result table as markdown."""
@@ -603,6 +632,9 @@ def print_report(payload: dict[str, Any], json_path: Path) -> None:
           f"{settings['repeats_per_round']} samples; ratios = other's time / pskv's time (> 1: pskv faster).\n")
     print(markdown_table(payload["summary"]))
     print("\nTargets (push+pull rows):\n" + target_lines(payload["targets"]))
+    for c in payload.get("secure", []):
+        print(f"  [{c['status']:>4}] S={c['servers']} {c['name']}, sockets only: time with a CURVE key / without "
+              f"<= {SECURE_BAR}x: {c['secure_over_plain']:.2f}x (by round {_spread(c['by_round'])})")
     if payload.get("thread_cpu_table"):
         print("\nCPU per iteration by thread (ms; timed windows only; 2 cores give 2 x wall of capacity):\n")
         print(payload["thread_cpu_table"])
@@ -622,6 +654,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--no-gloo", action="store_true", help="skip the Gloo reference")
     p.add_argument("--no-sockets-variant", action="store_true",
                    help="skip the extra pskv clusters with PSKV_SHM=0 (array data through sockets, as between hosts)")
+    p.add_argument("--secure", action="store_true",
+                   help="also run the sockets-only clusters with a CURVE cluster key (sealed data connections) and "
+                        "report their time over the plain ones'")
     p.add_argument("--rounds", type=int, default=None, help="rounds; each starts every cluster once (default 2, quick 1)")
     p.add_argument("--repeats", type=int, default=None, help="timed samples per workload and mode per round (default 3, quick 2)")
     p.add_argument("--servers", default="1,2", help="server counts to run, comma-separated (default 1,2)")
@@ -702,12 +737,16 @@ def measured_source(args: argparse.Namespace, env: dict[str, Any], tmp: Path,
 def systems_to_run(args: argparse.Namespace, launcher: Launcher,
                    log: Callable[[str], None]) -> tuple[list[str], dict[str, str]]:
     """The systems measured, and every system's status for the report ("run" or why not)."""
-    status = {"pskv": "run", "pskv_tcp": "run", "mxnet": "run", "gloo": "run"}
+    status = {"pskv": "run", "pskv_tcp": "run", "pskv_secure": "run", "mxnet": "run", "gloo": "run"}
     systems = ["pskv"]
     if args.no_sockets_variant:
         status["pskv_tcp"] = "not run: --no-sockets-variant"
     else:
         systems.append("pskv_tcp")
+    if not args.secure or args.no_sockets_variant:
+        status["pskv_secure"] = "not run: without --secure (or with --no-sockets-variant)"
+    else:
+        systems.append("pskv_secure")
     if args.no_mxnet:
         status["mxnet"] = "not run: --no-mxnet"
     elif launcher.mxnet_python is None:
@@ -804,6 +843,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "results": results.json(),
         "summary": rows,
         "targets": evaluate_targets(rows, args.server_counts),
+        "secure": secure_costs(results, workloads, args.server_counts),
     }
     if args.thread_cpu:
         cpu = thread_cpu_summary(results)

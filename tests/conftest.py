@@ -141,6 +141,7 @@ SLOW_TESTS = {
     "tests/integration/test_compression_dist.py": {"test_a_launched_job_compresses_between_hosts",
                                                    "test_the_digits_example_trains_with_2bit_compression_to_its_accuracy_bar"},
     "tests/integration/test_data_channel.py": {"test_a_launched_job_without_shared_memory_uses_data_connections"},
+    "tests/integration/test_sealed_channel.py": {"test_a_launched_secure_job_without_shared_memory_seals_data_connections"},
     "tests/integration/test_dist_inprocess.py": {"test_a_stalled_round_is_reported_with_the_missing_workers",
                                                  "test_big_arrays_are_split_over_servers_and_reassembled"},
     "tests/integration/test_sparse_dist.py": {"test_a_big_table_is_drawn_while_the_server_keeps_sending_heartbeats"},

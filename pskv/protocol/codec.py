@@ -27,6 +27,8 @@ from pskv.protocol.messages import KNOWN_FLAGS, PROTOCOL_VERSION, ArraySpec, Com
 __all__ = ["encode", "decode", "decode_head", "decode_arrays", "frame_array", "rows_frame", "split_rows", "Limits", "DEFAULT_LIMITS"]
 
 _DTYPE_CODE = {name: i for i, name in enumerate(SUPPORTED_DTYPES)}
+_NUM_DTYPES = len(SUPPORTED_DTYPES)
+_ITEMSIZES = tuple(itemsize(name) for name in SUPPORTED_DTYPES)  # by dtype code
 _COMMANDS = {int(c): c for c in Command}
 _INT64 = (-(2**63), 2**63 - 1)
 _DATA_COMMANDS = frozenset({Command.PUSH, Command.PULL, Command.PUSHPULL})  # INIT may name its str keys
@@ -272,6 +274,10 @@ def _spec(i: int, s: Any, buf: memoryview | None, limits: Limits, compressed: bo
     A ``compressed`` frame may be shorter than its elements (never longer); the receiver
     checks its exact length against the compression (:meth:`Compressor.decompress`).
     """
+    usual = _usual_spec(s, buf, limits, compressed)
+    if usual is not None:
+        return usual
+    # else the checks below name what is wrong
     if type(s) is not list or not 5 <= len(s) <= 6:
         raise ProtocolError(f"array {i}: spec is not a 5- or 6-field list")
     key, code, shape, offset, rnd = s[:5]
@@ -302,6 +308,24 @@ def _spec(i: int, s: Any, buf: memoryview | None, limits: Limits, compressed: bo
             f"array {i} (key {key}): shape {tuple(shape)} {dtype} needs {expected} bytes, frame has {len(buf)}"
         )
     return _new(ArraySpec, (key, dtype, tuple(shape), offset, rnd, buffer))
+
+
+def _usual_spec(s: Any, buf: memoryview | None, limits: Limits, compressed: bool) -> ArraySpec | None:
+    """:func:`_spec` of the usual spec — five fields, one dimension (a part) — if it is valid, checked in one
+    expression (every message of the data path has some); None for any other spec, valid or not."""
+    if type(s) is not list or len(s) != 5:
+        return None
+    key, code, shape, offset, rnd = s
+    if not (type(shape) is list and len(shape) == 1 <= limits.max_dims and type(key) is int and type(code) is int
+            and type(offset) is int and type(rnd) is int and type(shape[0]) is int
+            and _INT64[0] <= key <= _INT64[1] and 0 <= code < _NUM_DTYPES and 0 <= offset <= _INT64[1]
+            and 0 <= rnd <= _INT64[1] and shape[0] >= 0):
+        return None
+    expected = shape[0] * _ITEMSIZES[code]
+    if expected > limits.max_frame_bytes or (
+            buf is not None and (len(buf) > expected if compressed else len(buf) != expected)):
+        return None
+    return _new(ArraySpec, (key, SUPPORTED_DTYPES[code], (shape[0],), offset, rnd, -1))
 
 
 def _shm_rows_spec(i: int, s: Any, limits: Limits) -> ArraySpec:

@@ -72,9 +72,9 @@ class ServerNode:
                 self._reactor.bind_local(self._sid, local_path(self._shm_dir.path))
             except TransportError as exc:
                 log.info("no local socket, workers on this host use TCP: %s", exc)
-        if cluster.data_channel == "tcp" and not cluster.curve_key_file:
+        if cluster.data_channel == "tcp":
             try:  # workers on other hosts send their requests here (see pskv/worker/lanes.py, Lanes.open_data)
-                # a stranger's connection is trusted once bound to a worker
+                # a stranger's connection is trusted once bound to a worker; sealed in a keyed job
                 self._core.data.stream_port = self._reactor.bind_stream(self._sid, bind_host(cluster),
                                                                         self._core.senders.bound)
             except TransportError as exc:

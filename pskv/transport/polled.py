@@ -43,6 +43,7 @@ import zmq
 
 from pskv.errors import ProtocolError, TransportError
 from pskv.transport.bounds import Bounds
+from pskv.transport.sealed import NO_KEYS, Keys
 from pskv.transport.security import RefusalLog
 from pskv.transport.stream import StreamConnection, listen_tcp
 from pskv.transport.unix import LocalConnection, listen
@@ -131,19 +132,23 @@ class PolledConnections:
         ids: the reactor's counter of ids; accepted local connections take theirs from it.
         call_soon: the reactor's thread-safe ``call_soon`` (raises ``TransportError`` once
             stopped): a waiting thread hands a failed connection to the reactor with it.
+        keys: how data connections are sealed (:mod:`pskv.transport.sealed`): the cluster
+            key's, or none.
 
     :attr:`peers`, :attr:`writable` and :attr:`clients` stay the same objects (the
     reactor's loop checks them each turn); they are only cleared, by :meth:`close`.
     """
 
     def __init__(self, poller: zmq.Poller, fd_handlers: dict[int, Callable[[], None]], name: str,
-                 bounds: Bounds, ids: Iterator[int], call_soon: Callable[[Callable[[], None]], None]) -> None:
+                 bounds: Bounds, ids: Iterator[int], call_soon: Callable[[Callable[[], None]], None],
+                 keys: Keys = NO_KEYS) -> None:
         self._poller = poller
         self._fd_handlers = fd_handlers
         self._name = name
         self._bounds = bounds
         self._ids = ids
         self._call_soon = call_soon
+        self.keys = keys
         self.writable: dict[int, PolledConnection] = {}  # service connections with queued replies, by descriptor
         self._listeners: list[socket.socket] = []
         self.connections: dict[int, tuple[PolledConnection, bytes | None]] = {}  # by descriptor
@@ -240,8 +245,9 @@ class PolledConnections:
             self._refused.error("full", f"{self._name}: closed {oldest.name}: {MAX_STRANGERS} connections "
                                         "not trusted yet (the most), it is the oldest")
             self.drop(oldest)
-        conn = StreamConnection(sock, f"{self._name} data connection from {where}", self._bounds,
-                                queue_limit=self._bounds.send_queue_bytes, accepted=True, stranger=True)
+        name = f"{self._name} data connection from {where}"
+        conn = StreamConnection(sock, name, self._bounds, queue_limit=self._bounds.send_queue_bytes, accepted=True,
+                                stranger=True, seal=self.keys.channel(name))
         self._opening[conn.fd] = conn
         identity = b""
 

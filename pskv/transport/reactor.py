@@ -2,7 +2,7 @@
 
 ZeroMQ sockets must not be shared between threads, so every socket of a node lives on
 its reactor thread. Other threads hand work to it with :meth:`Reactor.call_soon`
-(thread-safe; wakes the reactor through an inproc socket). Handlers and timers run on
+(thread-safe; wakes the reactor through a pipe). Handlers and timers run on
 the reactor thread and must not block.
 
 Socket patterns (as in ps-lite's ZMQ van):
@@ -53,9 +53,11 @@ from pskv.transport.frames import (
     send_frames,
 )
 from pskv.transport.polled import LOCAL_PREFIX, PolledConnection, PolledConnections
+from pskv.transport.sealed import NO_KEYS, Keys
 from pskv.transport.security import CurveSecurity, RefusalLog
 from pskv.transport.stream import OPENING_TIMEOUT, StreamConnection
 from pskv.transport.unix import LocalConnection
+from pskv.transport.waits import Poller, Timers, WakePipe
 
 __all__ = ["IO_THREADS", "Reactor", "RouterHandler", "DealerHandler"]
 
@@ -105,7 +107,8 @@ class Reactor:
         self._on_failure = on_failure
         self._name = name
         self._identity = identity
-        self._poller = zmq.Poller()
+        self._poller = Poller()  # quick turns while every ZeroMQ socket is settled (pskv.transport.waits)
+        self._settled = False  # every ZeroMQ socket drained, none used since: a quick turn may wait
         self._handlers: dict[zmq.Socket[Any], Callable[[list[zmq.Frame]], None]] = {}
         self._readers: dict[zmq.Socket[Any], Callable[[zmq.Socket[Any], Bounds, bool], list[zmq.Frame]]] = {}
         self._routers: dict[int, zmq.Socket[Any]] = {}
@@ -114,21 +117,17 @@ class Reactor:
         self._router_handlers: dict[int, RouterHandler] = {}
         self._fd_handlers: dict[int, Callable[[], None]] = {}  # raw descriptors polled with the sockets
         self._ids = itertools.count(1)
-        self._polled = PolledConnections(self._poller, self._fd_handlers, name, bounds, self._ids, self.call_soon)
+        self._polled = PolledConnections(self._poller, self._fd_handlers, name, bounds, self._ids, self.call_soon,
+                                         security.data_keys if security is not None else NO_KEYS)
         # Its tables, the same objects: the loop checks them each turn, send_router looks peers up (tests read them).
         self._local_peers = self._polled.peers
         self._writable = self._polled.writable
         self._client_locals = self._polled.clients
         self._locals = self._polled.connections
         self._calls: collections.deque[Callable[[], None]] = collections.deque()
-        self._timers: list[tuple[float, float, Callable[[], None]]] = []
-        self._wake_addr = f"inproc://pskv-wake-{id(self)}"
-        self._wake_recv = context.socket(zmq.PULL)
-        self._wake_recv.bind(self._wake_addr)
-        self._wake_send = context.socket(zmq.PUSH)
-        self._wake_send.connect(self._wake_addr)
-        self._wake_lock = threading.Lock()
-        self._poller.register(self._wake_recv, zmq.POLLIN)
+        self._timers = Timers()
+        self._waker = WakePipe()
+        self._poller.register(self._waker.fd, zmq.POLLIN)
         self._stopping = False
         self._monitors: dict[int, zmq.Socket[Any]] = {}  # socket-event monitors (watch_connection)
         self._thread: threading.Thread | None = None
@@ -324,7 +323,7 @@ class Reactor:
 
     def add_timer(self, interval: float, callback: Callable[[], None]) -> None:
         """Run ``callback`` on the reactor thread every ``interval`` seconds."""
-        self._timers.append((time.monotonic() + interval, interval, callback))
+        self._timers.add(interval, callback)
 
     # -- sending (reactor thread only) --------------------------------------------------
     def send_router(self, sid: int, identity: bytes, frames: list[Any]) -> bool:
@@ -360,6 +359,7 @@ class Reactor:
         self._send_zmq(sid, self._dealers[sid], None, frames)
 
     def _send_zmq(self, sid: int, sock: zmq.Socket[Any], identity: bytes | None, frames: list[Any]) -> bool:
+        self._settled = False  # a send may take the socket's mailbox news: the next turn asks every socket
         key = (sid, b"" if identity is None else identity)
         backlog = self._backlogs.get(key)
         if backlog is None:
@@ -392,6 +392,8 @@ class Reactor:
         """Send what slow peers take now; drop those that took nothing for too long (reactor thread)."""
         now = time.monotonic()
         timeout = self._bounds.slow_peer_timeout
+        if self._backlogs:
+            self._settled = False  # sends, as _send_zmq
         for key, backlog in list(self._backlogs.items()):
             try:
                 backlog.flush(now)
@@ -414,26 +416,21 @@ class Reactor:
         if self._stopping:
             raise TransportError(f"{self._name} is stopped")
         self._calls.append(fn)
-        self._wake()
+        self._waker.wake()
 
     def wake(self) -> None:
         """Make the reactor take a turn (thread-safe; e.g. to poll a connection a waiting thread let go)."""
-        self._wake()
-
-    def _wake(self) -> None:
-        """Interrupt the reactor's poll. Never blocks: a PUSH socket whose peer is gone (the
-        reactor closed it) or full (wake-ups already pending) would block a plain send —
-        which once deadlocked stop() against the closing reactor thread."""
-        with self._wake_lock:
-            try:
-                self._wake_send.send(b"", zmq.NOBLOCK, copy=True)
-            except zmq.ZMQError:
-                pass  # Again: a wake-up is already pending, or the reactor is closing
+        self._waker.wake()
 
     @property
     def bounds(self) -> Bounds:
         """What one peer may cost this node."""
         return self._bounds
+
+    @property
+    def data_keys(self) -> Keys:
+        """How this node's data connections are sealed (:mod:`pskv.transport.sealed`)."""
+        return self._polled.keys
 
     @property
     def stopped(self) -> bool:
@@ -461,7 +458,7 @@ class Reactor:
             return
         if not self._stopping:
             self._stopping = True
-            self._wake()
+            self._waker.wake()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout)
             if self._thread.is_alive():
@@ -489,16 +486,16 @@ class Reactor:
         """Turn until stopped: timers, one poll, the calls handed over, every ready socket and descriptor.
         The hot loop of every node: rare branches are methods, the per-turn work stays inline."""
         while not self._stopping:
-            timeout_ms = self._run_timers()
+            timeout_ms = self._timers.run_due()
             if self._backlogs:  # ROUTER peers have no writability to poll: retry soon
                 timeout_ms = min(timeout_ms, _BACKLOG_RETRY_MS)
             if self._discarding:
                 timeout_ms = self._discard_some(timeout_ms)
             if self._client_locals:
                 self._polled.poll_clients()
-            events = dict(self._poller.poll(timeout_ms))
-            if self._wake_recv in events:
-                self._woken()
+            events = self._wait(timeout_ms)
+            if self._waker.fd in events:
+                self._waker.drain()
             while self._calls:
                 self._calls.popleft()()
             for sock, handler in list(self._handlers.items()):
@@ -516,13 +513,22 @@ class Reactor:
             if self._backlogs or self._writable:
                 self._flush_backlogs()
 
-    def _woken(self) -> None:
-        """Take every pending wake-up off the wake socket (one turn answers them all)."""
-        try:
-            while True:
-                self._wake_recv.recv(zmq.NOBLOCK)
-        except zmq.Again:
-            return
+    def _wait(self, timeout_ms: int) -> dict[Any, int]:
+        """The turn's wait: every ready socket and descriptor with its events.
+
+        A quick wait — one ``poll`` of the plain descriptors and of the ZeroMQ sockets' mailbox
+        descriptors — while every ZeroMQ socket is settled (its input drained, nothing done with
+        it since: :attr:`_settled`); else, and when a mailbox has news, ``zmq_poll`` of everything.
+        """
+        poller = self._poller
+        if self._settled and not poller.changed and not self._backlogs and not self._discarding:
+            events = poller.quick_wait(timeout_ms)
+            if events is not None:
+                return events
+            timeout_ms = 0  # a ZeroMQ socket has news: ask them all, now
+        poller.changed = False
+        self._settled = True  # zmq_poll asks every ZeroMQ socket; the turn unsettles one it leaves undrained or uses
+        return dict(poller.poll(timeout_ms))
 
     def _drain(self, sock: zmq.Socket[Any], handler: Callable[[list[zmq.Frame]], None]) -> None:
         """Handle the messages waiting on ``sock`` (the poll said at least one is)."""
@@ -543,28 +549,17 @@ class Reactor:
                 log.warning("%s: %s", self._name, over)
                 continue
             handler(frames)
+        self._settled = False  # more may wait: the next turn asks every socket
 
     def _discard_some(self, timeout_ms: int) -> int:
         """Drop the next frames of oversized messages being discarded; log each one that ended. Returns the
         poll's timeout: ``timeout_ms``, or 0 while some are still being discarded."""
+        self._settled = False  # read from a ZeroMQ socket after the poll
         for sock, over in list(self._discarding.items()):
             if over.step(sock, _DISCARD_STEP):
                 del self._discarding[sock]
                 log.warning("%s: %s", self._name, over)
         return 0 if self._discarding else timeout_ms
-
-    def _run_timers(self) -> int:
-        if not self._timers:
-            return 100
-        now = time.monotonic()
-        nearest = now + 0.1
-        for i, (due, interval, callback) in enumerate(self._timers):
-            if due <= now:
-                callback()
-                due = now + interval
-                self._timers[i] = (due, interval, callback)
-            nearest = min(nearest, due)
-        return max(0, int((nearest - time.monotonic()) * 1000))
 
     def _close_sockets(self) -> None:
         for sender in self._senders:
@@ -573,11 +568,10 @@ class Reactor:
         self._backlogs.clear()
         self._discarding.clear()
         self._fd_handlers.clear()
-        for sock in [*self._monitors.values(), *self._routers.values(), *self._dealers.values(), self._wake_recv]:
+        for sock in [*self._monitors.values(), *self._routers.values(), *self._dealers.values()]:
             sock.close(0)
         self._monitors.clear()
-        with self._wake_lock:
-            self._wake_send.close(0)
+        self._waker.close()
         self._routers.clear()
         self._dealers.clear()
         self._handlers.clear()

@@ -7,7 +7,9 @@ with that secret key; every connecting socket is a CURVE client that presents th
 key pair and expects the same server key. A ZAP handler on each binding node admits a
 client only if its public key is the cluster key's, so only a holder of the secret key
 can talk to the job; all traffic is encrypted (Curve25519, XSalsa20-Poly1305). A refused
-peer is logged with its address and the public key it presented. See
+peer is logged with its address and the public key it presented. The TCP data
+connections between hosts, outside ZeroMQ, are sealed with keys agreed from the same
+cluster key (:attr:`CurveSecurity.data_keys`, :mod:`pskv.transport.sealed`). See
 ``docs/security.md`` for the threat model.
 """
 
@@ -23,8 +25,10 @@ from pathlib import Path
 from typing import Any
 
 import zmq
+from zmq.utils import z85
 
 from pskv.errors import InvalidArgumentError, TransportError
+from pskv.transport.sealed import ClusterKeys
 
 __all__ = ["CurveKeys", "CurveSecurity", "RefusalLog", "generate_keys", "write_key_file", "read_key_file"]
 
@@ -128,6 +132,7 @@ class CurveSecurity:
         self.keys = keys
         self.node = node
         self._context: zmq.Context[Any] | None = None
+        self.data_keys = ClusterKeys(z85.decode(keys.secret))  # sealing the data connections
         self.refused = 0  # peers refused so far (for tests and diagnostics)
         self.failed_handshakes = 0  # connections whose CURVE handshake failed (no key, another key)
         self._refusals = RefusalLog(log)

@@ -7,7 +7,9 @@ the other side. On the CPU-bound paths of a parameter server that doubles the co
 a 4 KB round trip 2-2.7x faster than ZeroMQ on the same loopback). So a server also
 listens on a plain TCP port and workers on other hosts send their requests there and
 get their replies on the same connection; ZeroMQ stays for everything else (the
-scheduler, the connection's opening, CURVE-secured jobs, which never use this path).
+scheduler, the connection's opening). In a job with a CURVE cluster key every connection
+is sealed (:mod:`pskv.transport.sealed`: a key exchange after the preamble, then each
+message's table and body as AES-GCM records); without one its sealing does nothing.
 
 The wire format, per connection:
 
@@ -15,9 +17,11 @@ The wire format, per connection:
   characters (the worker's 16-hex-digit session name and a lane digit). The tag names
   the connection: a worker that reconnects after a reset presents the same tag, so the
   server's record of its requests (repeats are answered, not applied twice) carries
-  over, as ZeroMQ's fixed routing identities do;
+  over, as ZeroMQ's fixed routing identities do (sealed: another magic, and the tag is
+  followed by the worker's X25519 public key, which the server answers with its own);
 * then messages, each a table — the frame count (u32) and every frame's length (u64),
-  little-endian — followed by the frames.
+  little-endian — followed by the frames (sealed: the lengths and the frames are two
+  records, each followed by its 16-byte tag).
 
 Every length is checked against the node's bounds before anything is allocated for it
 (:class:`~pskv.transport.bounds.Bounds`); until its first message arrived (a *stranger*:
@@ -53,10 +57,11 @@ import numpy as np
 from pskv.errors import ProtocolError
 from pskv.transport.bounds import DEFAULT_BOUNDS, Bounds, check_size
 from pskv.transport.frames import SOCKET_BUFFER_BYTES
+from pskv.transport.sealed import NO_KEYS, PLAIN, PLAIN_MAGIC, Channel, Keys
 
 __all__ = ["GROWTH", "MAGIC", "OPENING_BYTES", "OPENING_TIMEOUT", "StreamConnection", "listen_tcp", "tag_of"]
 
-MAGIC = b"pskv-stream-1:"
+MAGIC = PLAIN_MAGIC
 _TAG = re.compile(rb"[0-9a-f]{16}[0-9]")
 TAG_BYTES = 17
 # The first message on an accepted connection (a HELLO), and every one before its owner
@@ -134,16 +139,19 @@ class StreamConnection:
             queue stops being empty: someone must flush it when the socket is writable.
         stranger: (``accepted`` only) every message, not only the first, is bounded by
             :data:`OPENING_BYTES` and its body grows as it arrives, until :meth:`trust`.
+        seal: the connection's sealing (:mod:`pskv.transport.sealed`; an accepted one agrees
+            its keys when the preamble comes): :data:`~pskv.transport.sealed.PLAIN` without a key.
     """
 
     __slots__ = ("_sock", "_lock", "name", "fd", "_bounds", "_queue_limit", "_queue", "_queue_bytes", "_progress",
                  "_on_pending", "reading", "claimed", "polled", "_read_timeout", "_stage", "_want", "_target",
                  "_lengths", "tag", "opened", "_first", "_broken", "_stranger", "_grown", "_size",
-                 "__weakref__")
+                 "_seal", "_count", "__weakref__")
 
     def __init__(self, sock: socket.socket, name: str, bounds: Bounds = DEFAULT_BOUNDS,
                  queue_limit: int | None = None, accepted: bool = False,
-                 on_pending: Callable[[], None] | None = None, stranger: bool = False) -> None:
+                 on_pending: Callable[[], None] | None = None, stranger: bool = False,
+                 seal: Channel = PLAIN) -> None:
         # Blocking at the OS level (a thread waiting for its reply blocks in recv, bounded
         # by SO_RCVTIMEO); every other call passes MSG_DONTWAIT.
         sock.setblocking(True)
@@ -166,7 +174,10 @@ class StreamConnection:
         self.tag: bytes | None = None if accepted else b""
         self.opened = time.monotonic()
         self._first = accepted  # the first message is not in yet (bounded by OPENING_BYTES)
-        self._target: Any = bytearray(len(MAGIC) + TAG_BYTES) if accepted else bytearray(_COUNT.size)
+        self._seal = seal
+        self._count = 0  # frames of the message being read
+        self._target: Any = (bytearray(len(seal.magic) + TAG_BYTES + seal.hello_bytes) if accepted
+                             else bytearray(_COUNT.size))
         self._stage = _PREAMBLE if accepted else _COUNTING
         self._want = memoryview(self._target)
         self._lengths: tuple[int, ...] = ()
@@ -176,19 +187,30 @@ class StreamConnection:
 
     @classmethod
     def connect(cls, host: str, port: int, tag: bytes, name: str, timeout: float, bounds: Bounds = DEFAULT_BOUNDS,
-                on_pending: Callable[[], None] | None = None) -> StreamConnection:
-        """Connect to a server's data port (waiting at most ``timeout`` s) and send the preamble.
+                on_pending: Callable[[], None] | None = None, keys: Keys = NO_KEYS) -> StreamConnection:
+        """Connect to a server's data port (waiting at most ``timeout`` s), send the preamble and,
+        with a cluster key, agree the connection's keys (:mod:`pskv.transport.sealed`).
 
         Raises:
-            OSError: the connection failed (refused, unreachable, timed out).
+            OSError: the connection failed (refused, unreachable, timed out, closed by the server).
+            ProtocolError: the server's key exchange is invalid.
         """
         sock = socket.create_connection((host, port), timeout=timeout)
+        seal = keys.channel(name)
         try:
-            sock.sendall(MAGIC + tag)
-        except OSError:
+            sock.sendall(seal.magic + tag + seal.hello())
+            answer = bytearray(seal.answer_bytes)
+            view = memoryview(answer)
+            while view.nbytes:  # bounded by the connection's timeout
+                n = sock.recv_into(view)
+                if not n:
+                    raise ConnectionError(f"{name}: the server closed the connection during its opening")
+                view = view[n:]
+            seal.finish(tag, bytes(answer))
+        except (OSError, ProtocolError):
             sock.close()
             raise
-        return cls(sock, name, bounds, None, False, on_pending)
+        return cls(sock, name, bounds, None, False, on_pending, seal=seal)
 
     # -- sending ---------------------------------------------------------------------------
     def send(self, frames: Sequence[Any]) -> None:
@@ -209,6 +231,7 @@ class StreamConnection:
             sock = self._sock
             if sock is None or self._broken:
                 raise ConnectionError(f"{self.name} is closed")
+            views = self._seal.seal(views)  # in the order the messages go out: the records' nonces count up
             was_empty = not self._queue
             if was_empty:
                 views = self._write(sock, views)
@@ -343,21 +366,18 @@ class StreamConnection:
             return None
         stage = self._stage
         if stage == _PREAMBLE:
-            data = bytes(self._target)
-            if not data.startswith(MAGIC) or not _TAG.fullmatch(data[len(MAGIC):]):
-                raise ProtocolError(f"{self.name}: not a pskv data connection (it opened with {data[:40]!r})")
-            self.tag = data[len(MAGIC):]
-            self._expect(_COUNTING, bytearray(_COUNT.size))
+            self._opened(bytes(self._target))
             return None
         if stage == _COUNTING:
             (count,) = _COUNT.unpack(self._target)
             if not 0 < count <= self._bounds.max_frames:
                 raise ProtocolError(f"{self.name}: a message of {count} frames (PSKV_MAX_FRAMES="
                                     f"{self._bounds.max_frames})")
-            self._expect_growing(_TABLE, 8 * count)
+            self._count = count
+            self._expect_growing(_TABLE, 8 * count + self._seal.overhead)
             return None
         if stage == _TABLE:
-            lengths = struct.unpack(f"<{len(self._target) // 8}Q", self._target)
+            lengths = struct.unpack(f"<{self._count}Q", self._seal.open_table(self._target, self._count))
             total = sum(lengths)
             limit, setting = ((OPENING_BYTES, f"{OPENING_BYTES} bytes for a connection's first message "
                                               "(or any before it is trusted)")
@@ -366,13 +386,14 @@ class StreamConnection:
             if total > limit:
                 raise ProtocolError(f"{self.name}: a message of {total} bytes in {len(lengths)} frames, over {setting}")
             self._lengths = lengths
+            size = total + self._seal.overhead
             if self._stranger:
-                self._expect_growing(_BODY, total)
+                self._expect_growing(_BODY, size)
             else:
-                self._expect(_BODY, bytearray(total) if total <= _SMALL else np.empty(total, np.uint8))
-            if total:
+                self._expect(_BODY, bytearray(size) if size <= _SMALL else np.empty(size, np.uint8))
+            if size:
                 return None
-        view = memoryview(self._target).cast("B")
+        view = self._seal.open_body(memoryview(self._target).cast("B"))
         frames, offset = [], 0
         for n in self._lengths:
             frames.append(view[offset: offset + n])
@@ -380,6 +401,29 @@ class StreamConnection:
         self._first = False
         self._expect(_COUNTING, bytearray(_COUNT.size))
         return frames
+
+    def _opened(self, data: bytes) -> None:
+        """The preamble is in: check it, take the tag, answer the key exchange if sealed.
+
+        Raises:
+            ProtocolError: not a pskv data connection (or not sealed as this end is), or an invalid key exchange.
+        """
+        seal = self._seal
+        at = len(seal.magic)
+        tag = data[at:at + TAG_BYTES]
+        if not data.startswith(seal.magic) or not _TAG.fullmatch(tag):
+            raise ProtocolError(f"{self.name}: {seal.refusal(data)}")
+        answer = seal.accept(tag, data[at + TAG_BYTES:])
+        if answer:  # the first bytes this end sends: a fresh socket's buffer takes them
+            assert self._sock is not None
+            try:
+                sent = self._sock.send(answer, _SEND_FLAGS)
+            except OSError as exc:
+                raise ConnectionError(f"{self.name}: {exc}") from None
+            if sent != len(answer):
+                raise ConnectionError(f"{self.name}: the key exchange's answer did not fit the socket")
+        self.tag = tag
+        self._expect(_COUNTING, bytearray(_COUNT.size))
 
     def _expect(self, stage: int, target: Any) -> None:
         self._stage, self._target = stage, target

@@ -42,6 +42,9 @@ PACKET_BYTES = 1 << 20
 _BUFFER_BYTES = 2 * PACKET_BYTES
 _MORE, _LAST = b"\x01", b"\x00"
 _COUNT = struct.Struct("<I")
+# The frame table of a message of n frames, for the usual few (n < 8): one pack or unpack, not a format per call.
+_TABLES = tuple(struct.Struct(f"<I{n}Q") for n in range(8))
+_LENGTHS = tuple(struct.Struct(f"<{n}Q") for n in range(8))
 _MAX_BUFFERS = 256  # frames gathered by one sendmsg (the kernel takes at most IOV_MAX = 1024)
 
 
@@ -160,11 +163,13 @@ class LocalConnection:
             InvalidArgumentError: the message is bigger than the peer takes
                 (``PSKV_MAX_MESSAGE_BYTES``; a client's connection only).
         """
-        if not self._queued:
-            check_size(frames, self._bounds.max_message_bytes, self.name)
         lengths = [memoryview(f).nbytes for f in frames]
-        table = _COUNT.pack(len(lengths)) + struct.pack(f"<{len(lengths)}Q", *lengths)
-        total = len(table) + sum(lengths)
+        size = sum(lengths)
+        if not self._queued and size > self._bounds.max_message_bytes:
+            check_size(frames, self._bounds.max_message_bytes, self.name)  # raises, naming the setting
+        n = len(lengths)
+        table = _TABLES[n].pack(n, *lengths) if n < 8 else _COUNT.pack(n) + struct.pack(f"<{n}Q", *lengths)
+        total = len(table) + size
         if len(frames) > _MAX_BUFFERS:  # more than one system call may gather: one buffer (a copy)
             frames = [b"".join(frames)]
         with self._lock:
@@ -345,7 +350,8 @@ def _frames(payload: bytearray, bounds: Bounds, name: str) -> list[memoryview]:
     if count > bounds.max_frames or offset > size:
         raise ProtocolError(f"{name}: malformed message: {count} frames in {size} bytes "
                             f"(PSKV_MAX_FRAMES={bounds.max_frames})")
-    lengths = struct.unpack_from(f"<{count}Q", payload, _COUNT.size)
+    lengths = (_LENGTHS[count].unpack_from(payload, _COUNT.size) if count < 8
+               else struct.unpack_from(f"<{count}Q", payload, _COUNT.size))
     if sum(lengths) != size - offset:
         raise ProtocolError(f"{name}: malformed message: frames of {sum(lengths)} bytes in {size - offset}")
     if size - offset > bounds.max_message_bytes:

@@ -89,6 +89,7 @@ class KVWorker:
     def __init__(self, cluster: ClusterConfig, context: Any = None, *, sync: bool = True,
                  client: WorkerClient | None = None) -> None:
         self._cluster = cluster
+        self._message_bytes = cluster.message_bytes  # read once: a property that parses the scheduler's address
         self._sync = sync
         self._rank = -1
         self._num_servers = 0
@@ -231,7 +232,7 @@ class KVWorker:
             else [(layouts, False)]
         for group, compressed in groups:
             # both ways, every worker must decode the same values: no shared-memory shortcut for them
-            for server, shared, items in by_server(group, not compressed, self._cluster.message_bytes, self._rank):
+            for server, shared, items in by_server(group, not compressed, self._message_bytes, self._rank):
                 # each part named with the number of this worker's last push of it (round = n)
                 specs = tuple(ArraySpec(rec.skey, rec.meta.dtype, (rec.parts[i][2],), rec.parts[i][1], rec.pushes[i])
                               for rec, i in items)
@@ -277,7 +278,7 @@ class KVWorker:
         limit = self._limit(timeout)
         # a compressed pushpull both ways is answered with payloads: through a socket, also on this host
         squeezed_reply = compression is not None and compression.both_ways and command is Command.PUSHPULL
-        messages = by_server(layouts, pushes and not squeezed_reply, self._cluster.message_bytes, self._rank)
+        messages = by_server(layouts, pushes and not squeezed_reply, self._message_bytes, self._rank)
         # compressed: every message's payloads are made ahead on the compressing threads, while the first go out
         ahead = [compression.payloads(items) if compression is not None else None for _, _, items in messages]
         sent_flags = flags | (Flag.COMPRESSED | (Flag.COMPRESS_REPLY if squeezed_reply else 0) if compression else 0)

@@ -9,9 +9,9 @@ Per server (:meth:`Lanes.open`, on connecting):
 * otherwise ZeroMQ opens the session (:meth:`Lanes.zmq_pair`): requests leave on a
   send-only socket (a :class:`~pskv.transport.frames.Sender`) and replies arrive on a
   DEALER the reactor polls; the server learns that pairing from the ``HELLO`` sent when
-  connecting. If its answer offers a data port (``PSKV_DATA_CHANNEL=tcp``, no CURVE),
-  two plain TCP data connections (:mod:`pskv.transport.stream`), each opened with its
-  own ``HELLO``, take over: lane 0 carries the requests and their replies, as a local
+  connecting. If its answer offers a data port (``PSKV_DATA_CHANNEL=tcp``), two TCP data
+  connections (:mod:`pskv.transport.stream`; sealed with the cluster key's in a keyed
+  job, :mod:`pskv.transport.sealed`), each opened with its own ``HELLO``, take over: lane 0 carries the requests and their replies, as a local
   connection does; lane 1 the pulls that overtake the pushes lane 0 still carries
   (:meth:`WorkerClient.request`, ``overtake``; :attr:`Lanes.overtaking`). A data port
   that cannot be reached leaves the ZeroMQ session in use (logged).
@@ -251,7 +251,8 @@ class Lanes:
         host = address.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
         conn = StreamConnection.connect(host, port, tag_of(client._tx, lane),
                                         f"worker data connection to server {server} (lane {lane})",
-                                        min(timeout, 10.0), reactor.bounds, on_pending=reactor.wake)
+                                        min(timeout, 10.0), reactor.bounds, on_pending=reactor.wake,
+                                        keys=reactor.data_keys)
         adopted = threading.Event()
 
         def adopt() -> None:

@@ -1,8 +1,8 @@
 """Workers reach servers on other hosts through plain TCP data connections (``PSKV_DATA_CHANNEL``).
 
 ``PSKV_SHM=0`` makes every server "remote" to every worker: requests then travel on a
-data connection (:mod:`pskv.transport.stream`) unless the job says ``zmq`` or runs with
-CURVE. A data connection that fails is opened again and the unanswered requests sent
+data connection (:mod:`pskv.transport.stream`; sealed in a job with a CURVE key) unless
+the job says ``zmq``. A data connection that fails is opened again and the unanswered requests sent
 again: the server answers a repeat without applying it twice.
 """
 
@@ -62,10 +62,10 @@ def test_a_worker_on_the_servers_host_keeps_its_local_connection():
 
 
 @pytest.mark.skipif(not zmq.has("curve"), reason="libzmq without CURVE")
-def test_a_job_with_curve_never_opens_a_data_connection(tmp_path):
+def test_a_job_with_curve_uses_sealed_data_connections(tmp_path):
+    # sealed with keys agreed from the cluster key (pskv.transport.sealed; tests/integration/test_sealed_channel.py)
     key = write_key_file(tmp_path / "k", generate_keys())
-    results = run(exchange, curve_key_file=str(key), **PIECES)
-    assert [r[0] for r in results] == [["zmq", "zmq"]] * 2
+    assert run(exchange, curve_key_file=str(key), **PIECES) == [(["tcp", "tcp"], [5.0] * 10, -3.0, -3.0)] * 2
 
 
 def test_a_data_connection_that_breaks_is_opened_again_and_no_push_is_applied_twice():
