@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -161,6 +162,13 @@ SLOW_TESTS = {
     "tests/unit/test_timeline.py": {"test_a_process_killed_while_writing_leaves_a_valid_file",
                                     "test_a_forked_child_writes_nothing_into_its_parents_file"},
 }
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """``-n auto``: one worker more than the cores (at most 4, ``--maxprocesses``). The suite's
+    multi-process tests spend much of their time waiting on their children (launches,
+    rendezvous, failure detection), so a core per worker leaves the machine half idle."""
+    return (os.cpu_count() or 1) + 1
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

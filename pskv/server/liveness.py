@@ -63,8 +63,11 @@ class DeadWorkers:
         return bool(self.dead)
 
     def names(self) -> str:
-        """The dead workers' and those that left, comma-separated (the node a failed pull names)."""
-        return ", ".join(node_name(n) for n in sorted(self.dead | self.left))
+        """The dead workers, comma-separated (the node a failed pull names); without any, those that left.
+
+        Not both: workers that end after a death (their own calls failed) leave the job, and a pull
+        failed by the death after that still names the dead worker alone, as its reason does."""
+        return ", ".join(node_name(n) for n in sorted(self.dead or self.left))
 
     def reason(self) -> str:
         """Why a pull that waits for a round the dead workers block fails."""

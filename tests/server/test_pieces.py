@@ -97,6 +97,15 @@ def test_a_dead_worker_fails_the_waiting_pulls_at_once_without_recovery():
     assert not dead
 
 
+def test_after_a_death_the_workers_that_end_are_not_named_with_it():
+    """The others end after a death (their calls failed): a pull failed later names the dead worker, as its reason."""
+    dead = DeadWorkers(shard(), 0.0, lambda: "server 0")
+    dead.on_node_left(W0)
+    assert dead.names() == "worker 0"
+    dead.on_node_dead(W1)
+    assert dead.names() == "worker 1" and dead.reason().startswith("worker 1 died")
+
+
 def test_with_recovery_a_dead_worker_is_waited_for_then_given_up_on(monkeypatch):
     now = [100.0]
     monkeypatch.setattr("pskv.server.liveness.time", SimpleNamespace(monotonic=lambda: now[0]))
