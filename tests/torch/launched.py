@@ -9,8 +9,7 @@ the directory it is given as its one argument.
 after another in each rank's process): once per test session, whichever xdist worker asks
 first (the others wait on a file lock and read what it wrote). Each job costs seconds of CPU
 to start (its processes, importing torch), so one per store kind instead of one per script and
-kind keeps the suite fast. :func:`run_jobs` runs one script alone; :func:`assert_case` checks
-one case on both ranks.
+kind keeps the suite fast. :func:`assert_case` checks one case on both ranks.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ import json
 import os
 import sys
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,28 +36,6 @@ SCRIPTS: dict[str, tuple[int, tuple[str, ...]]] = {
     "allreduce": (0, ("ddp", "optimizer", "sparse", "byteps", "api")),
 }
 SHARED_DEADLINE = 300.0  # seconds for both shared jobs (about 40 s on an idle 2-core machine)
-
-
-def run_jobs(where: Path, script: str, stores: Mapping[str, int], deadline: float) -> dict[str, Outcomes]:
-    """``script`` under ``pskv launch -n 2 -s S`` for every ``kind: S`` of ``stores``, all at once.
-
-    Raises:
-        AssertionError: a job did not end with status 0 within ``deadline`` seconds (its output's end).
-    """
-    with ProcessGroup(f"jobs in {where.name}") as group:
-        launched = {}
-        for kind, servers in stores.items():
-            (where / kind).mkdir()
-            (where / kind / "job.py").write_text(script)
-            args = ["-n", "2", "-s", str(servers), "--stop-grace", "2", "--",
-                    sys.executable, str(where / kind / "job.py"), str(where / kind)]
-            launched[kind] = start_launch(group, args, where / kind, child_env({"PSKV_DEFAULT_TIMEOUT": "60"}),
-                                          name=f"launch {kind}")
-        end = time.monotonic() + deadline
-        for kind, proc in launched.items():
-            code = proc.wait(max(0.0, end - time.monotonic()))
-            assert code == 0, f"{kind} (exit status {code}):\n" + proc.output()[-5000:]
-    return {kind: {r: json.loads((where / kind / f"rank-{r}.json").read_text()) for r in range(2)} for kind in stores}
 
 
 def assert_case(job: Outcomes, name: str) -> None:
