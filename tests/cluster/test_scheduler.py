@@ -36,7 +36,9 @@ class Node:
 def ctx():
     context = zmq.Context()
     yield context
-    context.term()
+    # not term(): it waits, without a timeout, for every socket of the context to be closed, so one
+    # left open by a test (or by a node still closing its own) hung a whole xdist worker in CI
+    context.destroy(linger=0)
 
 
 def start_cluster(ctx, servers: int, workers: int, **settings):

@@ -27,7 +27,9 @@ WAIT_MS = 5000
 def ctx():
     context = zmq.Context()
     yield context
-    context.term()
+    # not term(): it waits, without a timeout, for every socket of the context to be closed, so one
+    # left open by a test (or by a node still closing its own) hung a whole xdist worker in CI
+    context.destroy(linger=0)
 
 
 @pytest.fixture
