@@ -7,7 +7,11 @@ workers) a :class:`~pskv.cluster.requests.RequestTracker` of requests awaiting r
 This class builds them and stops them once, in the one safe order: fail what still
 waits (nobody waits forever on a stopped node), stop the reactor, then terminate an
 owned context — also when ``stop`` is reached twice (a node's ``run`` ends while
-another thread stops it).
+another thread stops it). ZeroMQ's ``term`` waits, without a timeout, until every socket
+of the context is closed, so it runs on a helper thread that the node waits for only
+:data:`TERM_TIMEOUT` seconds: a socket left open (a bug) costs a warning naming the node,
+never a node that cannot exit. Called from the reactor thread itself (a handler stopping
+its node), the same helper first waits for that thread to end.
 
 With a CURVE cluster key (``ClusterConfig.curve_key_file``, ``PSKV_CURVE_KEY_FILE``) the
 key file is read first — a missing, malformed or group/world-readable file raises before
@@ -18,6 +22,7 @@ its ZAP handler stops with the runtime.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -32,7 +37,12 @@ from pskv.transport.bounds import DEFAULT_BOUNDS, Bounds
 from pskv.transport.memory import keep_freed_memory
 from pskv.transport.security import CurveSecurity
 
-__all__ = ["NodeRuntime"]
+__all__ = ["NodeRuntime", "TERM_TIMEOUT"]
+
+log = logging.getLogger(__name__)
+
+TERM_TIMEOUT = 5.0
+"""Seconds a stopping node waits for its context to end (all its sockets closed)."""
 
 
 class NodeRuntime:
@@ -86,4 +96,23 @@ class NodeRuntime:
         with self._stop_lock:  # a node's run() and an outside stop() may both get here
             if self._own_context:
                 self._own_context = False
-                self.context.term()
+                self._end_context()
+
+    def _end_context(self) -> None:
+        """``term`` the owned context on a daemon thread, waited for :data:`TERM_TIMEOUT` s at most."""
+        on_reactor = self.reactor.on_reactor_thread()
+        reactor_thread = threading.current_thread() if on_reactor else None
+
+        def end() -> None:
+            if reactor_thread is not None:  # its sockets close as its loop ends
+                reactor_thread.join(TERM_TIMEOUT)
+            self.context.term()
+
+        ender = threading.Thread(target=end, name=f"{self._describe()}-term", daemon=True)
+        ender.start()
+        if on_reactor:
+            return  # waiting here would wait for ourselves
+        ender.join(TERM_TIMEOUT)
+        if ender.is_alive():
+            log.warning("%s: a socket of its ZeroMQ context was still open %.0f s after it stopped; "
+                        "the context is left to the process's exit", self._describe(), TERM_TIMEOUT)

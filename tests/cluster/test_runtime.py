@@ -27,6 +27,38 @@ def test_stop_fails_what_waits_and_is_idempotent_from_two_threads():
     assert runtime.context.closed
 
 
+def test_a_socket_left_open_costs_a_warning_not_a_node_that_cannot_exit(monkeypatch, caplog):
+    """ZeroMQ's term() waits without a timeout for every socket: stop() waits for it a bounded time."""
+    import time
+
+    from pskv.cluster import runtime as runtime_module
+
+    monkeypatch.setattr(runtime_module, "TERM_TIMEOUT", 0.3)
+    runtime = NodeRuntime("pskv-test", describe=lambda: "server 2")
+    runtime.reactor.start()
+    leaked = runtime.context.socket(zmq.DEALER)  # a bug's socket, never closed by its owner
+    started = time.monotonic()
+    with caplog.at_level("WARNING", logger="pskv.cluster.runtime"):
+        runtime.stop()
+    assert time.monotonic() - started < 5
+    assert "server 2: a socket of its ZeroMQ context was still open" in caplog.text
+    leaked.close(linger=0)  # lets the pending term() end
+
+
+def test_stop_from_the_reactor_thread_returns_and_ends_the_context():
+    runtime = NodeRuntime("pskv-test")
+    runtime.reactor.start()
+    stopped = threading.Event()
+    runtime.reactor.call_soon(lambda: (runtime.stop(), stopped.set()))
+    assert stopped.wait(10)
+    deadline = threading.Event()
+    for _ in range(100):
+        if runtime.context.closed:
+            break
+        deadline.wait(0.05)
+    assert runtime.context.closed
+
+
 def test_a_borrowed_context_is_left_open():
     ctx = zmq.Context()
     try:
