@@ -94,7 +94,7 @@ def test_barrier_waits_for_every_worker(ctx):
 
 
 def test_a_silent_node_is_declared_dead_and_a_barrier_fails_naming_it(ctx):
-    scheduler, nodes, infos = start_cluster(ctx, 1, 2, heartbeat_interval=0.05, heartbeat_timeout=0.5)
+    scheduler, nodes, infos = start_cluster(ctx, 1, 2, heartbeat_interval=0.05, heartbeat_timeout=1.0)
     try:
         victim = nodes[2]
         victim_name = f"worker {infos[2].rank}"
@@ -116,7 +116,7 @@ def test_a_silent_node_is_declared_dead_and_a_barrier_fails_naming_it(ctx):
 
 
 def test_scheduler_death_is_noticed(ctx):
-    scheduler, nodes, _ = start_cluster(ctx, 1, 1, heartbeat_interval=0.05, heartbeat_timeout=0.4)
+    scheduler, nodes, _ = start_cluster(ctx, 1, 1, heartbeat_interval=0.05, heartbeat_timeout=1.0)
     try:
         scheduler.stop()
         with pytest.raises(pskv.NodeFailedError, match="scheduler failed"):
