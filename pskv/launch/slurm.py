@@ -25,7 +25,12 @@ Two things real ``srun`` does differently from a local process, and how the job 
 * Other signals are: the guard's SIGUSR1 ("no worker will come") reaches the scheduler and
   servers through srun (or mpirun), possibly before they are ready for it. Their command
   starts with SIGUSR1 ignored (``sh -c "trap '' USR1; exec ..."``), as a local role's does:
-  a signal before the role is ready is lost, not fatal (the guard repeats it).
+  a signal before the role is ready is lost, not fatal (the guard repeats it). One that
+  reaches the ``sh`` before its ``trap`` (under load) kills the role; the supervisor takes
+  that for the end it asked for, since it only comes once every worker has exited 0.
+* ``scancel`` of the whole job: SLURM sends SIGTERM to every step; the first to end is
+  named with slurmstepd's "CANCELLED AT" line (the supervisor reads it from the step's
+  output). In an ``sbatch`` script the launcher gets SIGTERM too.
 
 :func:`run_steps` is the runner of every launcher whose processes start through a
 per-host command (``srun``, ``mpirun``: :mod:`pskv.launch.mpi`).

@@ -16,7 +16,10 @@ the same queue, so all decisions are taken on the main thread, in time order:
 * SIGINT / SIGTERM to the launcher stop the job (exit 130 / 143), a second one kills
   at once; the ``timeout`` stops it with exit 124;
 * when every worker has exited 0, servers and scheduler get ``exit_grace`` seconds
-  to exit by themselves (exit 0), else they are stopped (exit 1).
+  to exit by themselves (exit 0), else they are stopped (exit 1); one killed then by the
+  SIGUSR1 that asks it to end (it came before the role could take it) ended as asked;
+* what a failed child's output says of its cause is named with it: the peer its
+  NodeFailedError blamed, the worker ahead, SLURM's cancelling of its step.
 
 No orphans: every child's stdin is a lifeline, a pipe from the launcher that nobody
 writes to, watched by :mod:`pskv.launch.guard` (around each local child; at the far end
@@ -63,6 +66,9 @@ _AHEAD = re.compile(rb"mismatched step counts: (worker \d+) is ahead")
 _UNEVEN = "with uneven data see kv.join() or fit(uneven=True)"
 # the scheduler's INFO line once every node registered (pskv.cluster.scheduler)
 _REGISTERED = re.compile(rb"scheduler: all (\d+) nodes registered")
+# slurmstepd's line when SLURM cancels a step (scancel of the step or the job, a time limit): "*** STEP 7.2 ON
+# node1 CANCELLED AT 2026-11-29T00:44:46 ***", "... CANCELLED AT ... DUE TO TIME LIMIT ***"
+_CANCELLED = re.compile(rb"slurmstepd\S*: error: \*\*\* ((?:STEP|JOB) .+ CANCELLED AT .+?) \*\*\*")
 
 
 def guard_argv(python: str, role: str, stop_grace: float, exit_grace: float, inline: bool = False) -> list[str]:
@@ -136,6 +142,7 @@ class _Child:
     blamed: str | None = None  # the node its last NodeFailedError named (a peer it saw die or hang)
     blamed_left: bool = False  # ... and that node had left the job (closed its store), not failed
     ahead: str | None = None  # the worker its mismatched-step-counts error said is ahead (the root cause)
+    cancelled: str | None = None  # slurmstepd's "STEP 7.2 ON node1 CANCELLED AT ...": SLURM ended it
     stop_argv: tuple[str, ...] = ()  # asks it to stop in place of SIGTERM to its group (see Supervisor.start)
 
     @property
@@ -300,6 +307,10 @@ class Supervisor:
                         m = _AHEAD.search(line)
                         if m is not None:
                             child.ahead = m.group(1).decode(errors="replace")
+                    elif b"CANCELLED AT" in line:  # SLURM cancelled its step: said with the root cause
+                        m = _CANCELLED.search(line)
+                        if m is not None:
+                            child.cancelled = m.group(1).decode(errors="replace")
                     elif child.spec.role == "scheduler" and b"nodes registered" in line:
                         m = _REGISTERED.search(line)
                         if m is not None:
@@ -377,6 +388,10 @@ class Supervisor:
         return [t for t in times if t is not None]
 
     def _on_exit(self, child: _Child, returncode: int) -> None:
+        if self._outcome is None and self._grace_at is not None and _ended_as_asked(child, returncode):
+            self._console.note(f"{child.where} ended by the launcher's word that no worker will come, before it "
+                               "was ready for it (every worker had exited 0)")
+            returncode = 0
         child.returncode = returncode
         if self._outcome is None and returncode != 0 and child.spec.role == "server" \
                 and self._servers_restarted < self._server_restarts and self._restart_server(child, returncode):
@@ -500,7 +515,9 @@ class Supervisor:
 
 
 def _hint(child: _Child) -> str:
-    """What a failed child's output said about its cause: the worker ahead, a peer that left or failed."""
+    """What a failed child's output said about its cause: the worker ahead, a peer that left or failed, SLURM."""
+    if child.cancelled:  # scancel of its step or of the whole job, or a time limit: nothing of pskv's failed
+        return f" after SLURM cancelled it ({child.cancelled}: scancel, or a time limit)"
     if child.ahead == child.spec.name:
         return f" after its error said it is ahead (mismatched step counts: {_UNEVEN})"
     if child.ahead:
@@ -511,6 +528,12 @@ def _hint(child: _Child) -> str:
     if child.blamed and child.blamed != child.spec.name:  # e.g. a peer that hung, not died
         return f" after its NodeFailedError named {child.blamed} (look there first)"
     return ""
+
+
+def _ended_as_asked(child: _Child, returncode: int) -> bool:
+    """A scheduler or server killed by the roles' SIGUSR1 ("no worker will come") before it could take it: under
+    ``srun`` / ``mpirun`` the signal may reach the role's ``sh`` before its ``trap`` (:mod:`pskv.launch.slurm`)."""
+    return not child.spec.is_worker and returncode in (-signal.SIGUSR1, 128 + signal.SIGUSR1)
 
 
 def _deaths_by(signum: int) -> set[int]:

@@ -75,3 +75,17 @@ def test_a_stop_command_replaces_sigterm_and_sigterm_then_sigkill_are_the_hard_s
     assert asked.read_text().strip().isdigit()  # the stop command ran, with the guard's pid
     assert time.monotonic() - began < 20
     assert err.getvalue().splitlines()[-1] == "pskv launch: stopped worker 0", err.getvalue()
+
+
+@pytest.mark.timeout(30)
+def test_a_role_killed_by_the_no_worker_signal_after_every_worker_exited_0_ended_as_asked():
+    # under srun the roles' SIGUSR1 may reach a role's sh before its trap: the role dies of it, as asked to end
+    dies_of_usr1 = "import signal, time\nsignal.signal(signal.SIGUSR1, signal.SIG_DFL)\ntime.sleep(20)"
+    out, err = io.BytesIO(), io.StringIO()
+    with Supervisor(Console(out, err), stop_grace=0.5) as supervisor:
+        supervisor.start(ProcessSpec("scheduler", None, "n1", (sys.executable, "-c", dies_of_usr1)))
+        supervisor.start(ProcessSpec("worker", 0, "n1", (sys.executable, "-c", "import time; time.sleep(0.5)")))
+        code = supervisor.run()
+    assert code == 0, err.getvalue()
+    assert "pskv launch: scheduler on n1 ended by the launcher's word that no worker will come" in err.getvalue()
+    assert "stopping" not in err.getvalue()

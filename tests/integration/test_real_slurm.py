@@ -55,14 +55,16 @@ if sys.argv[1:] == ["wait"]:
 kv.close()
 """
 
-# in salloc: the job in the background until its 4 workers have pulled, then $1 (a command); waits for the job
+# in salloc: the job (2 workers) in the background until its workers have pulled, then {act}; waits for the job
 UNTIL_PULLED = """
 {launch} > job.out 2>&1 &
 job=$!
-for _ in $(seq 600); do [ "$(grep -c ': sum 10' job.out)" = 4 ] && break; sleep 0.1; done
+for _ in $(seq 600); do [ "$(grep -c ': sum 3' job.out)" = 2 ] && break; sleep 0.1; done
+began=$(date +%s%N)
 {act}
 wait $job
-echo "launcher exit $?" >> job.out
+code=$?
+echo "launcher exit $code after $((($(date +%s%N) - began) / 1000000)) ms" >> job.out
 cat job.out
 """
 
@@ -148,25 +150,44 @@ def test_the_slurm_launcher_in_salloc_names_the_failed_rank_and_stops_the_others
     assert not any("did not stop within" in line for line in notes(out)), out
 
 
+SMALL_JOB = launch("--launcher", "slurm", "-n", "2", "-s", "1", "--timeout", "150", "--", sys.executable, "worker.py",
+                   "wait")  # worker 0 on pskvn1, worker 1 on pskvn2
+
+
 def test_a_cancelled_step_is_named_and_the_job_stopped(slurm, tag, tmp_path):
     (tmp_path / "worker.py").write_text(WORKER)
-    job = launch("--launcher", "slurm", "-n", "4", "-s", "2", "--timeout", "150", "--", sys.executable, "worker.py",
-                 "wait")
-    cancel = ("scancel $(squeue -h -s -j $SLURM_JOB_ID -o '%i %j' | awk '$2 ~ /-worker-2$/ {print $1}')")
-    code, out = run(slurm, salloc(UNTIL_PULLED.format(launch=job, act=cancel)), tag, tmp_path)
+    cancel = ("scancel $(squeue -h -s -j $SLURM_JOB_ID -o '%i %j' | awk '$2 ~ /-worker-1$/ {print $1}')")
+    code, out = run(slurm, salloc(UNTIL_PULLED.format(launch=SMALL_JOB, act=cancel), per_node=1), tag, tmp_path)
     assert code == 0, out  # salloc's: the script's last command
     causes = [line for line in notes(out) if line.endswith("; stopping the job")]
-    assert len(causes) == 1 and causes[0].startswith("pskv launch: worker 2 on pskvn1 exited with code "), out
+    assert len(causes) == 1 and causes[0].startswith("pskv launch: worker 1 on pskvn2 exited with code "), out
+    assert " after SLURM cancelled it (STEP " in causes[0], out
     assert "launcher exit 0" not in out, out
-    for rank in (0, 1, 3):
+    assert "[worker 0] rank 0 got SIGTERM" in out, out
+
+
+@pytest.mark.parametrize(("act", "code", "cause"), [
+    ("kill -INT $job", 130, "received SIGINT; stopping the job"),  # as Ctrl-C at the terminal of an salloc shell
+    ("scancel $SLURM_JOB_ID", 143, "after SLURM cancelled it (STEP "),  # every step gets SIGTERM from SLURM
+], ids=["sigint-to-the-launcher", "scancel-of-the-job"])
+def test_an_interrupted_launcher_or_a_cancelled_job_stops_every_process_gracefully(slurm, tag, tmp_path, act, code,
+                                                                                      cause):
+    (tmp_path / "worker.py").write_text(WORKER)
+    salloc_code, out = run(slurm, salloc(UNTIL_PULLED.format(launch=SMALL_JOB, act=act), per_node=1), tag, tmp_path)
+    assert salloc_code == 0 and f"launcher exit {code}" in out, out
+    causes = [line for line in notes(out) if line.endswith("; stopping the job")]
+    assert len(causes) == 1 and cause in causes[0], out
+    for rank in (0, 1):
         assert f"[worker {rank}] rank {rank} got SIGTERM" in out, out
+    assert not any("did not stop within" in line for line in notes(out)), out
+    stopped = re.search(r"launcher exit \d+ after (\d+) ms", out)
+    assert stopped is not None and int(stopped.group(1)) < 10_000, out  # promptly; run() checked nothing is left
 
 
 def test_a_killed_launcher_leaves_no_step_or_process(slurm, tag, tmp_path):
     (tmp_path / "worker.py").write_text(WORKER)
-    job = launch("--launcher", "slurm", "-n", "4", "-s", "2", "--timeout", "150", "--", sys.executable, "worker.py",
-                 "wait")
-    code, out = run(slurm, salloc(UNTIL_PULLED.format(launch=job, act="kill -KILL $job")), tag, tmp_path)
+    code, out = run(slurm, salloc(UNTIL_PULLED.format(launch=SMALL_JOB, act="kill -KILL $job"), per_node=1), tag,
+                    tmp_path)
     assert code == 0, out  # salloc exits 0 whatever happened: what pskv printed tells
     assert "launcher exit 137" in out, out
     assert not any("stopping the job" in line for line in notes(out)), out
@@ -174,13 +195,15 @@ def test_a_killed_launcher_leaves_no_step_or_process(slurm, tag, tmp_path):
 
 
 def test_workers_that_end_before_the_roles_are_ready_end_the_job_with_0(slurm, tag, tmp_path):
-    # defect 2: the guard's SIGUSR1 ("no worker will come") crosses srun; the roles ignore it until ready
+    # defect 2: the guard's SIGUSR1 ("no worker will come") crosses srun; the roles ignore it until ready. A role
+    # whose sh it reaches before the trap (a window of the sh's start, seen once under load) dies of it: ended
+    # as asked, not a failure (tests/cluster/test_slurm_steps.py makes that case happen)
     code, out = run(slurm, salloc(launch("--launcher", "slurm", "-n", "2", "-s", "2", "--timeout", "150", "--",
                                          sys.executable, "-c", "print('done early')")), tag, tmp_path)
     assert code == 0, out
-    assert "SIGUSR1" not in out and "User defined signal" not in out, out
+    assert not any("SIGUSR1" in line or "exited with" in line or "stopping" in line for line in notes(out)), out
     assert out.count("done early") == 2, out
-    assert not any("stopping" in line for line in notes(out)), out
+    assert "the launcher reports that no worker will come or stay" in out, out  # a role took it (none did before)
 
 
 def test_the_shipped_sbatch_recipe_runs_its_job(slurm, tag, tmp_path):
@@ -196,13 +219,20 @@ def test_the_shipped_sbatch_recipe_runs_its_job(slurm, tag, tmp_path):
         assert f"worker {rank} of 4 (local rank {rank // 2}): sum 10" in workers, log + workers
 
 
+def doc_recipe(marked: str) -> str:
+    """The bash block of docs/clusters.md whose skip marker names this file and ends with ``marked``."""
+    text = (REPO / "docs" / "clusters.md").read_text()
+    recipe = re.search(r"<!-- doc-block: skip [^\n]*test_real_slurm.py[^\n]*" + re.escape(marked) +
+                       r" -->\n```bash\n(.*?)```", text, re.S)
+    assert recipe is not None, f"docs/clusters.md has no recipe block marked for this test ({marked!r})"
+    return recipe.group(1)
+
+
 def test_the_documented_recipe_without_pskv_launch_runs_as_written(slurm, tag, tmp_path):
     # defect 3: the scheduler and server steps take the number of workers from DMLC_NUM_WORKER
-    text = (REPO / "docs" / "clusters.md").read_text()
-    recipe = re.search(r"<!-- doc-block: skip [^\n]*test_real_slurm.py[^\n]*-->\n```bash\n(.*?)```", text, re.S)
-    assert recipe is not None, "docs/clusters.md has no recipe block marked for this test"
+    recipe = doc_recipe("--ntasks-per-node=2 on a real SLURM")
     shutil.copytree(REPO / "examples" / "cluster", tmp_path / "examples" / "cluster")
-    code, out = run(slurm, salloc(recipe.group(1) + "\necho recipe exit $?"), tag, tmp_path)
+    code, out = run(slurm, salloc(recipe + "\necho recipe exit $?"), tag, tmp_path)
     assert code == 0 and "recipe exit 0" in out, out
     for rank in range(4):
         assert f"worker {rank} of 4 (local rank {rank % 2}): sum 10" in out, out
@@ -256,14 +286,38 @@ def test_the_mpi_launcher_inside_an_allocation_does_not_hang_and_stops_gracefull
     assert not any("did not stop within" in line for line in notes(out)), out
 
 
+def test_the_documented_torchrun_per_node_recipe_runs_as_written(slurm, tag, tmp_path):
+    # one agent per virtual node; both are "the host" of pskvn1 (127.0.0.1): torchrun lets the second join as client
+    (tmp_path / "train_hvd.py").write_text(HOROVOD)
+    code, out = run(slurm, salloc(doc_recipe("salloc -N2 on a real SLURM") + "\necho recipe exit $?"), tag, tmp_path,
+                    PSKV_DEFAULT_TIMEOUT="60")
+    assert code == 0 and "recipe exit 0" in out, out
+    for rank in range(2):
+        assert re.search(rf"hvd rank {rank} of 2 local 0/1 at \S+:\d+: sum 3", out), out
+
+
+def test_the_horovod_store_under_open_mpi_names_a_killed_rank_on_the_other(slurm, tag, tmp_path):
+    # Open MPI ends the job at a rank's death itself (naming it); --enable-recovery lets the other rank name it
+    if shutil.which("mpirun.openmpi") is None:
+        pytest.skip("Open MPI is not installed (.ci/cluster-setup installs openmpi-bin)")
+    (tmp_path / "hvd.py").write_text(HOROVOD)
+    code, out = run(slurm, ["mpirun.openmpi", "--oversubscribe", "--enable-recovery", "-np", "2", "-x",
+                            "MASTER_ADDR=127.0.0.1", "-x", "MASTER_PORT=29518", sys.executable, "hvd.py", "kill1"],
+                    tag, tmp_path, PSKV_DEFAULT_TIMEOUT="60")
+    for rank in range(2):
+        assert f"hvd rank {rank} of 2 local {rank}/2 at 127.0.0.1:29518: sum 3" in out, out
+    assert "hvd rank 0 blames 'rank 1'" in out, out
+
+
 def test_the_horovod_store_under_mpirun(slurm, tag, tmp_path):
     if shutil.which("mpirun.mpich") is None:
         pytest.skip("MPICH is not installed (.ci/cluster-setup installs mpich)")
     (tmp_path / "hvd.py").write_text(HOROVOD)
     # MPICH's hydra on this host: localhost, not the nodes' aliases (it would reach them through ssh)
-    code, out = run(slurm, ["mpirun.mpich", "-launcher", "fork", "-np", "4", "-host", "localhost",
+    # 2 ranks: MPICH's PMI variables are what this shows (4 ranks and their blame: the srun test)
+    code, out = run(slurm, ["mpirun.mpich", "-launcher", "fork", "-np", "2", "-host", "localhost",
                             "-genv", "MASTER_ADDR", "127.0.0.1", "-genv", "MASTER_PORT", "29517",
                             sys.executable, "hvd.py"], tag, tmp_path, PSKV_DEFAULT_TIMEOUT="60")
     assert code == 0, out
-    for rank in range(4):
-        assert f"hvd rank {rank} of 4 local {rank}/4 at 127.0.0.1:29517: sum 10" in out, out
+    for rank in range(2):
+        assert f"hvd rank {rank} of 2 local {rank}/2 at 127.0.0.1:29517: sum 3" in out, out

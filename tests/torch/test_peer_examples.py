@@ -23,7 +23,10 @@ store, printed losses and final parameters. The bars:
   so with dropout the runs differ by design. The printed losses have 6 decimals.
 
 All jobs start together at the first test, a few at a time, so the module's wall time is
-about that of its slowest few jobs (each takes a few seconds of CPU). The last tests check, in
+about that of its slowest few jobs (each takes a few seconds of CPU); the two one-process
+references run one after the other in one process (one interpreter start, one torch import).
+docs/from-horovod.md's "Run one" block is this module's ``pskv launch`` run of
+``pytorch_synthetic_benchmark.py`` (tests/unit/test_doc_blocks.py skips it; a test here checks it is). The last tests check, in
 this process, that what docs/from-horovod.md lists as not offered raises ``NotSupportedError``
 naming the call.
 """
@@ -32,9 +35,11 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import sys
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +72,15 @@ LAUNCHERS = {  # name -> the command before the driver's file (torchrun takes a 
     "pskv launch": [sys.executable, "-m", "pskv", "launch", "-n", "2", "-s", "2", "--stop-grace", "2",
                     "--timeout", str(int(DEADLINE)), "--", sys.executable],
     "torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"],
-    "one process": [sys.executable],  # no launcher: pskv.torch.init() opens a job of one process
 }
+REFERENCE = [*MNIST, "--batch-size", str(2 * BATCH), "--lr", str(2 * LR)]  # one process on the combined batch
+# the driver for each job given (its arguments joined by \x1f), one after the other in this one process; no
+# launcher: pskv.torch.init() opens a job of one process (idempotent: the second program reuses it)
+IN_TURN = ("import runpy, sys\n"
+           "driver, *jobs = sys.argv[1:]\n"
+           "for job in jobs:\n"
+           "    sys.argv = [driver, *job.split('\\x1f')]\n"
+           "    runpy.run_path(driver, run_name='__main__')\n")
 
 
 def environment(home: Path) -> dict[str, str]:
@@ -80,33 +92,63 @@ def environment(home: Path) -> dict[str, str]:
     return env
 
 
-def run_job(where: Path, launcher: str, example: str, args: list[str], no_dropout: bool) -> dict[str, Any]:
-    """One job: ``example`` under ``launcher`` through the driver; its exit code, output and ranks' reports."""
-    where.mkdir(parents=True)
-    driver = [str(DRIVER), str(where / "out"), *(["--no-dropout"] if no_dropout else []), "--"]
-    with ProcessGroup(f"{example} under {launcher}") as group:
-        proc = group.start(launcher, [*LAUNCHERS[launcher], *driver, str(EXAMPLES / example), *args],
-                           environment(where), cwd=where)
+def run_command(where: Path, name: str, argv: list[str]) -> tuple[int | None, str]:
+    """``argv`` in ``where``; its exit code (None: past the deadline, killed) and output."""
+    with ProcessGroup(name) as group:
+        proc = group.start(name, argv, environment(where), cwd=where)
         code = proc.wait(DEADLINE)
         if code is None:
             proc.kill_tree()
             proc.wait(10)
-        out = proc.output()
+        return code, proc.output()
+
+
+def reports_in(out: Path) -> dict[int, dict[str, Any]]:
+    """The driver's report of each rank, by rank, with its parameters (``values``)."""
     reports = {}
-    for path in sorted((where / "out").glob("rank-*.json")):
+    for path in sorted(out.glob("rank-*.json")):
         report = json.loads(path.read_text())
         report["values"] = np.load(path.with_suffix(".npy"))
         reports[report["rank"]] = report
-    return {"code": code, "output": out, "ranks": reports}
+    return reports
+
+
+def run_job(where: Path, launcher: str, example: str, args: list[str], no_dropout: bool) -> dict[str, Any]:
+    """One job: ``example`` under ``launcher`` through the driver; its exit code, output and ranks' reports."""
+    where.mkdir(parents=True)
+    driver = [str(DRIVER), str(where / "out"), *(["--no-dropout"] if no_dropout else []), "--"]
+    code, out = run_command(where, f"{example} under {launcher}",
+                            [*LAUNCHERS[launcher], *driver, str(EXAMPLES / example), *args])
+    return {"code": code, "output": out, "ranks": reports_in(where / "out")}
+
+
+def run_references(where: Path) -> dict[str, dict[str, Any]]:
+    """Each MNIST trainer in one process on the combined batch, one after the other in one process: by example,
+    what :func:`run_job` says of a job (the exit code and output are the shared process's)."""
+    where.mkdir(parents=True)
+    jobs = ["\x1f".join([str(where / f"out-{i}"), "--no-dropout", "--", str(EXAMPLES / example), *REFERENCE])
+            for i, example in enumerate(TRAINERS)]
+    code, out = run_command(where, "the one-process references", [sys.executable, "-c", IN_TURN, str(DRIVER), *jobs])
+    return {example: {"code": code, "output": out, "ranks": reports_in(where / f"out-{i}")}
+            for i, example in enumerate(TRAINERS)}
 
 
 def jobs_to_run() -> Iterator[tuple[str, str, list[str], bool]]:
-    """(launcher, example, arguments, dropout off): the 2-worker runs, then the one-process references (test order)."""
+    """(launcher, example, arguments, dropout off): the 2-worker runs (test order)."""
     for launcher in ("pskv launch", "torchrun"):
         for example, args in PROGRAMS.items():
             yield launcher, example, args, example in TRAINERS
-    for example in TRAINERS:
-        yield "one process", example, [*MNIST, "--batch-size", str(2 * BATCH), "--lr", str(2 * LR)], True
+
+
+def pass_on(source: Future[dict[str, dict[str, Any]]], *, example: str, target: Future[dict[str, Any]]) -> None:
+    """``target`` gets ``source``'s outcome for ``example`` (or its exception)."""
+    if target.done():  # cancelled at the module's end
+        return
+    error = source.exception()
+    if error is not None:
+        target.set_exception(error)
+    else:
+        target.set_result(source.result()[example])
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +159,12 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[tuple[str, s
         futures = {(launcher, example): pool.submit(run_job, where / f"{i}-{Path(example).stem}", launcher,
                                                     example, args, no_dropout)
                    for i, (launcher, example, args, no_dropout) in enumerate(jobs_to_run())}
+        references = pool.submit(run_references, where / "references")
+        for example in TRAINERS:
+            futures["one process", example] = Future()
+            references.add_done_callback(partial(pass_on, example=example, target=futures["one process", example]))
         yield futures
+        references.cancel()
         for future in futures.values():
             future.cancel()
 
@@ -167,6 +214,15 @@ def test_mnist_losses_equal_one_process_on_the_combined_batch(jobs: Any, example
     worst = max(abs(a - b) for a, b in zip(mean, one["losses"], strict=True))
     assert worst <= 1e-5, f"{example} under {launcher}: 2 workers' mean losses {mean} vs one process {one['losses']}"
     assert np.abs(two["ranks"][0]["values"] - one["values"]).max() <= 1e-5
+
+
+def test_the_doc_block_it_stands_for_is_the_command_it_runs() -> None:
+    text = (ROOT / "docs" / "from-horovod.md").read_text(encoding="utf-8")
+    block = re.search(r"<!-- doc-block: skip tests/torch/test_peer_examples.py [^\n]*-->\n```bash\n(.*?)```", text, re.S)
+    assert block is not None, "docs/from-horovod.md's block run by this module is not marked for it"
+    assert shlex.split(block.group(1)) == ["pskv", "launch", "-n", "2", "-s", "2", "--", "python",
+                                           "examples/torch/pytorch_synthetic_benchmark.py", *BENCH]
+    assert LAUNCHERS["pskv launch"][3:8] == ["launch", "-n", "2", "-s", "2"]
 
 
 HEADER_LINE = re.compile(r"^#   line (\d+): `(.+)` -> `(.+)`$")
