@@ -15,7 +15,7 @@ from __future__ import annotations
 import ipaddress
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 from typing import Any, TypeVar
 
@@ -86,6 +86,10 @@ CLUSTER_ENV_VARS: dict[str, tuple[str, str]] = {
     "PSKV_RESUME_FROM": ("resume_from", "a checkpoint directory: servers load their shards from it at start, workers' init keeps the saved values (set by pskv launch on a restart)"),
     "PSKV_RESTART_COUNT": ("restart_count", "how many times pskv launch has restarted this job (0: first run)"),
     "PSKV_RECOVERY_TIMEOUT": ("recovery_timeout", "seconds a dead worker's rank stays open for a replacement process (pskv launch --restart-workers); 0: a dead worker fails the job (default 0)"),
+    "PSKV_MIN_WORKERS": ("min_workers", "an elastic job's (pskv launch -n MIN:MAX) fewest workers; below it for PSKV_ELASTIC_TIMEOUT the job fails"),
+    "PSKV_MAX_WORKERS": ("max_workers", "an elastic job's most workers (a worker's DMLC_WORKER_ID is then its slot); 0: not elastic (default 0)"),
+    "PSKV_ELASTIC_TIMEOUT": ("elastic_timeout", "seconds an elastic job may stay below PSKV_MIN_WORKERS before it fails (default 600)"),
+    "PSKV_LAUNCH_TOKEN": ("launch_token", "the scheduler's: the token (64 hex digits) the launcher's ROSTER reports of exits and drains must carry"),
     "PSKV_SERVER_RECOVERY": ("server_recovery", "1: a dead server may be replaced by a new process that loads the newest checkpoint; workers keep every push since it to send again (pskv launch --restart-servers; default 0)"),
     "PSKV_SHM": ("shm", "1: workers on a server's host exchange arrays through shared memory; 0: sockets only (default 1)"),
     "PSKV_SHM_ROWS_BYTES": ("shm_rows_bytes", "bytes of the shared-memory buffer each worker has with each server on its host for the rows of row-sparse keys (pushes and row pulls; made when a job creates its first row-sparse key); a message whose rows do not fit goes through the socket; 0: rows through sockets only (default 16777216)"),
@@ -234,6 +238,10 @@ class ClusterConfig:
         recovery_timeout: seconds a dead worker's rank stays open for a replacement
             (``is_recovery``): meanwhile servers keep its sync rounds waiting and
             barriers wait. 0: a dead worker fails the waits that need it at once.
+        min_workers, max_workers: an elastic job's bounds (``pskv launch -n MIN:MAX``;
+            :mod:`pskv.cluster.elastic`); ``max_workers`` 0: not elastic.
+        elastic_timeout: seconds an elastic job may stay below ``min_workers`` before it fails.
+        launch_token: the scheduler's: what the launcher's ROSTER reports must carry (hex).
         max_message_bytes: bytes of one received message (:mod:`pskv.transport.bounds`).
         max_frames: frames of one received message.
         send_queue_bytes: bytes of replies queued for one peer that reads none of them.
@@ -277,6 +285,10 @@ class ClusterConfig:
     restart_count: int = 0
     recovery_timeout: float = 0.0
     server_recovery: int = 0
+    min_workers: int = 0
+    max_workers: int = 0
+    elastic_timeout: float = 600.0
+    launch_token: str = field(default="", repr=False)  # a secret: kept out of logs
     max_message_bytes: int = 2 << 30
     max_frames: int = 200_002
     send_queue_bytes: int = 256 << 20
@@ -288,9 +300,10 @@ class ClusterConfig:
         if self.role not in ROLES:
             raise InvalidArgumentError(f"DMLC_ROLE must be one of {', '.join(ROLES)}, got {self.role!r}")
         for name in ("heartbeat_interval", "heartbeat_timeout", "startup_timeout", "request_timeout",
-                     "recovery_timeout"):
+                     "recovery_timeout", "elastic_timeout"):
             if getattr(self, name) < 0:
                 raise InvalidArgumentError(f"{name} must be >= 0, got {getattr(self, name)}")
+        _check_elastic(self.min_workers, self.max_workers)
         if self.local_rank < -1:
             raise InvalidArgumentError(f"local_rank must be >= 0 (or -1: not set), got {self.local_rank}")
         if self.bigarray_bound < 0:
@@ -354,6 +367,11 @@ class ClusterConfig:
             )
 
     @property
+    def elastic(self) -> bool:
+        """True in an elastic job (``-n MIN:MAX``): workers join and leave at commits."""
+        return self.max_workers > 0
+
+    @property
     def uses_shm(self) -> bool:
         """True if co-located workers and servers exchange arrays through shared memory.
 
@@ -408,6 +426,13 @@ class ClusterConfig:
     def scheduler_address(self) -> str:
         """The scheduler's ZeroMQ endpoint."""
         return f"tcp://{self.root_uri}:{self.root_port}"
+
+
+def _check_elastic(min_workers: int, max_workers: int) -> None:
+    """An elastic job's bounds: ``1 <= MIN <= MAX``, or both 0 (not elastic)."""
+    if (min_workers, max_workers) != (0, 0) and not 1 <= min_workers <= max_workers:
+        raise InvalidArgumentError(f"min_workers and max_workers must be 1 <= MIN <= MAX (or both 0: not elastic), "
+                                   f"got {min_workers}:{max_workers}")
 
 
 def log_level_from_env(environ: Mapping[str, str] | None = None) -> str:

@@ -28,6 +28,7 @@ class                          builtin             meaning
 ``CollectiveMismatchError``    ``RuntimeError``    workers called different collectives (or in another order)
 ``CollectiveFailedError``      ``RuntimeError``    a collective failed on another worker (a ``RemoteError``)
 ``InitMismatchError``          ``ValueError``      workers ``init`` a key with different shapes or dtypes
+``MembershipChangedError``     ``ConnectionError`` an elastic job's workers changed under a call: restore, redo
 =============================  ==================  ==========================================
 """
 
@@ -58,6 +59,7 @@ __all__ = [
     "CollectiveMismatchError",
     "CollectiveFailedError",
     "InitMismatchError",
+    "MembershipChangedError",
 ]
 
 
@@ -201,3 +203,21 @@ class CollectiveFailedError(RemoteError):
 class InitMismatchError(KVStoreError, ValueError):
     """Workers ``init`` a key with different shapes or dtypes; the message names the key, the
     workers and what each of them gave (raised on every worker, at ``init``)."""
+
+
+class MembershipChangedError(KVStoreError, ConnectionError):
+    """The workers of an elastic job changed under a call (a member departed, or the call belonged to an
+    older view): the work since the last commit was voided on every server; restore to it and redo.
+
+    ``epoch`` names the view the change made (0: not known where it is raised), ``slot`` the worker
+    slot whose departure or arrival caused it (-1: none named). Raised on every member alike.
+    A ``detail`` that already is such a message (a peer's, relayed) is kept as it is.
+    """
+
+    PREFIX = "the workers changed under this call"
+
+    def __init__(self, detail: str, epoch: int = 0, slot: int = -1) -> None:
+        super().__init__(detail if detail.startswith(self.PREFIX) else
+                         f"{self.PREFIX}: {detail}; the work since the last commit was voided: restore and redo")
+        self.epoch = epoch
+        self.slot = slot

@@ -27,6 +27,11 @@ that a worker at the meeting never pushed (mismatched step counts: :meth:`Meetin
 connection) gets the same answer. :class:`Meetings` holds this state and does no I/O:
 the scheduler (:mod:`pskv.cluster.scheduler`) hands it requests, node facts and a
 ``send`` callable, and calls :meth:`Meetings.settle` when a node dies or leaves.
+
+In an elastic job (:mod:`pskv.cluster.elastic`) the members are the view's, rank 0 is the view's,
+and meetings are counted per view: a worker's meeting of another view than the job's, and every
+meeting open when the view changes, fails with MembershipChangedError naming the new view; a
+commit's release carries the next view (:attr:`Met.view`); below MIN meetings are held.
 """
 
 from __future__ import annotations
@@ -37,7 +42,9 @@ from collections.abc import Callable, Set
 from dataclasses import dataclass
 from typing import Any
 
-from pskv.protocol import SCHEDULER_ID, Header, Role, node_id, node_name
+from pskv.cluster.elastic import FIXED, FixedViews
+from pskv.errors import MembershipChangedError
+from pskv.protocol import SCHEDULER_ID, Header, Role, node_name
 from pskv.protocol.bodies import Barrier, Failure, Met
 from pskv.protocol.replies import error_frames, reply_frames
 
@@ -67,11 +74,14 @@ class Meetings:
         members: the registered nodes of a group (a mask of role bits).
         lost: True for a node that is dead and will not be replaced (no recovery, or its window closed).
         left: the workers that left the job (``SHUTDOWN``).
+        views: an elastic job's views (:class:`~pskv.cluster.elastic.ElasticViews`); the default, none.
     """
 
     def __init__(self, send: Send, role: Callable[[int], Role], rank: Callable[[int], int],
                  members: Callable[[int], set[int]], lost: Callable[[int], bool],
-                 left: Callable[[], Set[int]]) -> None:
+                 left: Callable[[], Set[int]], views: FixedViews = FIXED) -> None:
+        self._views = views
+        self._epoch = views.epoch()  # the view the meetings under way belong to
         self._send = send
         self._role = role
         self._rank = rank
@@ -87,7 +97,9 @@ class Meetings:
         self._mismatched: dict[int, str] = {}  # meeting count -> why it cannot complete (a server's report)
 
     def settle(self) -> None:
-        """A node died, was given up on, or left: the meetings and reads that need it fail now."""
+        """A node died, was given up on, or left (or the view changed): the meetings and reads that need it
+        fail now."""
+        self._follow_view()
         for group in list(self._barriers):
             self._settle_barrier(group)
 
@@ -134,6 +146,11 @@ class Meetings:
                                               f"{node_name(nid)} is not in barrier group {group}"))
             return
         arrival = _Arrival(identity, header, meeting, time.monotonic() + meeting.timeout if meeting.timeout else math.inf)
+        self._follow_view()
+        if self._role(nid) is Role.WORKER and (meeting.epoch != self._epoch or (  # a call of another view
+                self._views.elastic and nid not in self._meeting_members(group))):  # or of a slot it removed
+            self._changed(nid, arrival)
+            return
         if meeting.mode:
             self._post_or_read(nid, arrival)
             return
@@ -150,7 +167,7 @@ class Meetings:
         arrived = self._barriers.setdefault(group, {})
         arrived[nid] = arrival
         problem = self._mismatch(group, arrived)
-        if problem is None and nid == _WORKER0 and self._readers:  # rank 0 meets: it skipped a call others made
+        if problem is None and nid == self._views.rank0() and self._readers:  # rank 0 meets: it skipped a call others made
             readers, self._readers = self._readers, {}
             problem = self._mismatch_text(group, {**arrived, **readers})
             for waiting in readers.values():
@@ -199,7 +216,7 @@ class Meetings:
                                                     f"{_call(a.meeting)} cannot complete: {names} left the job "
                                                     "(closed its store or ended its process)", node=names))
             self._barriers[group] = {}
-        elif arrived and members <= set(arrived):
+        elif arrived and members <= set(arrived) and not self._views.hold():
             self._barriers[group] = {}
             self._release(arrived)
 
@@ -209,19 +226,21 @@ class Meetings:
         failed = tuple((self._rank(n), a.meeting.failure) for n, a in ranked if a.meeting.failure is not None)
         problem = None if failed else _disagreement([(self._rank(n), a.meeting) for n, a in ranked])
         result = next((a.meeting.result for n, a in ranked if self._rank(n) == 0), "")
+        view = self._views.at_release(ranked[0][1].meeting) if problem is None and not failed else None
         for nid, a in arrived.items():
             if problem is not None:
                 frames = error_frames(a.header, SCHEDULER_ID, "InitMismatchError", problem)
             else:
-                frames = reply_frames(a.header, SCHEDULER_ID, Met(result, failed).encode())
+                frames = reply_frames(a.header, SCHEDULER_ID, Met(result, failed, view).encode())
             self._released[nid] = (a.header.request, frames)
             self._send(a.identity, frames)
 
     def _post_or_read(self, nid: int, arrival: _Arrival) -> None:
         """Rank 0 posts the outcome of its ``seq``-th call of a name; another worker reads it (waiting for it)."""
         meeting = arrival.meeting
+        worker0 = self._views.rank0()
         if meeting.mode == "post":
-            if nid != _WORKER0:
+            if nid != worker0:
                 self._send(arrival.identity, error_frames(arrival.header, SCHEDULER_ID, "InvalidArgumentError",
                                                           "only worker 0 posts the outcome of a call"))
                 return
@@ -235,19 +254,20 @@ class Meetings:
             return
         arrival.posts_seen = self._posted.get(meeting.name, (0, 0, 0, None))[2]
         self._readers[nid] = arrival
-        zero = self._barriers.get(meeting.group, {}).get(_WORKER0)
+        zero = self._barriers.get(meeting.group, {}).get(worker0)
         if zero is not None and (meeting.name, meeting.seq, meeting.nth) not in self._posts:  # rank 0 went on
             del self._readers[nid]
-            problem = self._mismatch_text(meeting.group, {_WORKER0: zero, nid: arrival})
+            problem = self._mismatch_text(meeting.group, {worker0: zero, nid: arrival})
             for a in (zero, arrival):
                 self._send(a.identity, error_frames(a.header, SCHEDULER_ID, "CollectiveMismatchError", problem))
-            self._barriers[meeting.group].pop(_WORKER0, None)
+            self._barriers[meeting.group].pop(worker0, None)
             return
         self._settle_readers()
 
     def _settle_readers(self) -> None:
         """Answer the reads whose outcome rank 0 posted; fail them if rank 0 is dead or gone."""
-        gone = self._lost(_WORKER0) or _WORKER0 in self._left()
+        worker0 = self._views.rank0()
+        gone = self._lost(worker0) or worker0 in self._left()
         for nid, a in list(self._readers.items()):
             key = (a.meeting.name, a.meeting.seq, a.meeting.nth)
             last = self._posted.get(a.meeting.name)
@@ -268,6 +288,46 @@ class Meetings:
             del self._readers[nid]
             self._released[nid] = (a.header.request, frames)
             self._send(a.identity, frames)
+
+    def fail_all(self, kind: str, text: str, node: str = "") -> None:
+        """Every member waiting at a meeting or for rank 0's outcome gets error ``kind`` with ``text`` (naming
+        ``node``) now: the job ends (an elastic job below MIN for too long)."""
+        waiting = [(n, a) for arrived in self._barriers.values() for n, a in arrived.items()]
+        waiting += list(self._readers.items())
+        self._barriers, self._readers = {}, {}
+        for nid, a in waiting:
+            frames = error_frames(a.header, SCHEDULER_ID, kind, text, node)
+            self._released[nid] = (a.header.request, frames)
+            self._send(a.identity, frames)
+
+    def _follow_view(self) -> None:
+        """An elastic job's view changed: meetings are counted anew, and every worker waiting in one of the old
+        view (at a meeting or for rank 0's outcome) gets MembershipChangedError."""
+        epoch = self._views.epoch()
+        if epoch == self._epoch:
+            return
+        self._epoch = epoch
+        self._broken.clear()
+        self._posts.clear()
+        self._posted.clear()
+        self._mismatched.clear()
+        stale = [(n, a) for arrived in self._barriers.values() for n, a in list(arrived.items())
+                 if a.meeting.epoch != epoch and self._role(n) is Role.WORKER]
+        stale += [(n, a) for n, a in self._readers.items() if a.meeting.epoch != epoch]
+        for nid, a in stale:
+            self._barriers.get(a.meeting.group, {}).pop(nid, None)
+            self._readers.pop(nid, None)
+            self._changed(nid, a)
+
+    def _changed(self, nid: int, a: _Arrival) -> None:
+        """Fail ``nid``'s call of another view than the job's with MembershipChangedError naming the job's."""
+        change = self._views.change() or f"view {self._epoch}"
+        text = str(MembershipChangedError(
+            f"{_call(a.meeting)} is of view {a.meeting.epoch}, and the job is in {change}" if a.meeting.epoch !=
+            self._epoch else f"{node_name(nid)} is not a member of {change}", self._epoch))
+        frames = error_frames(a.header, SCHEDULER_ID, "MembershipChangedError", text)
+        self._released[nid] = (a.header.request, frames)
+        self._send(a.identity, frames)
 
     def expire(self) -> None:
         """Timer: a member whose wait ends gets an error naming who did not arrive (before its own timeout)."""
@@ -292,7 +352,6 @@ class Meetings:
                     f"#{a.meeting.seq}) within {a.meeting.timeout:g} s. {_ADVICE}")))
 
 
-_WORKER0 = node_id(Role.WORKER, 0)
 _KEPT_POSTS = 64  # rank 0's posted outcomes kept for readers
 _ADVICE = ("Every worker must call the same collectives (barrier, init, broadcast, set_optimizer, "
            "load_optimizer_states, save_checkpoint, join) in the same order; of the state operations rank 0 may "

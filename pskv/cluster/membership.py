@@ -5,6 +5,11 @@ node's reactor thread; every reply tells which nodes the scheduler considers dea
 how long ago each node was last heard from. Deaths are reported to the owner through
 ``on_dead`` (so it can fail requests waiting on that node), and a scheduler that stops
 answering for longer than the heartbeat timeout is itself reported dead.
+
+In an elastic job (:mod:`pskv.cluster.elastic`) a node also learns the membership views: the one
+it was admitted in (:attr:`NodeInfo.view`), newer ones from heartbeat replies (``on_view``) and a
+commit's release (:attr:`Met.view`). It stamps the epoch of the view it adopted (:meth:`Membership.adopt`)
+on every request to the scheduler, so the scheduler stops sending it that view, and in its meetings.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from pskv.config import ClusterConfig
 from pskv.errors import (
     CollectiveMismatchError,
     InitMismatchError,
+    MembershipChangedError,
     OperationTimeoutError,
     ProtocolError,
     RemoteError,
@@ -45,6 +51,7 @@ from pskv.protocol.bodies import (
     Register,
     ShmInfo,
     Shutdown,
+    View,
 )
 from pskv.protocol.replies import request_frames
 from pskv.transport import Reactor
@@ -69,6 +76,7 @@ class NodeInfo:
     recovery: bool = False  # this process replaces a dead worker of a running job (is_recovery)
     secret: str = field(default="", repr=False)  # a server's: the job's secret (hex), to check workers' tokens
     token: str = field(default="", repr=False)  # a worker's: its proof of identity, opening each server connection
+    view: View | None = None  # an elastic job's view the node was admitted in (its rank: view.rank_of(slot))
 
 
 class Membership:
@@ -95,6 +103,9 @@ class Membership:
         mismatch: a server's: called on the reactor thread before each heartbeat for a
             workers' meeting that cannot complete and why (:mod:`pskv.server.steps`), sent
             with the heartbeats until one is answered (the scheduler fails the meeting).
+        on_view: an elastic job's: called on the reactor thread with each view newer than any this
+            node knew, from a heartbeat reply (a commit's view may come here too, before or after the
+            release that carries it); the node adopts it with :meth:`adopt` when it is ready.
     """
 
     def __init__(self, cluster: ClusterConfig, reactor: Reactor, tracker: RequestTracker, role: Role,
@@ -103,8 +114,12 @@ class Membership:
                  on_servers: Callable[[list[int]], None] | None = None,
                  on_left: Callable[[int], None] | None = None,
                  metrics: Callable[[], Counters] | None = None,
-                 mismatch: Callable[[], tuple[int, str] | None] | None = None) -> None:
+                 mismatch: Callable[[], tuple[int, str] | None] | None = None,
+                 on_view: Callable[[View], None] | None = None) -> None:
         self._cluster = cluster
+        self._on_view = on_view
+        self.view: View | None = None  # the newest view this node knows (elastic jobs)
+        self._epoch = 0  # the epoch of the view it adopted: on its requests and in its meetings
         self._metrics = metrics
         self._mismatch = mismatch
         self._unsent: tuple[int, str] | None = None  # a mismatch report not yet answered
@@ -155,7 +170,7 @@ class Membership:
     def _request(self, command: Command, body: str, what: str,
                  callback: Callable[[Pending], None] | None = None, timeout: float | None = None) -> Pending:
         pending = self._tracker.new(SCHEDULER_ID, what, callback, timeout=timeout)
-        frames = request_frames(command, pending.request, self.node_id, body)
+        frames = request_frames(command, pending.request, self.node_id, body, self._epoch)
         pending.frames = frames  # sent again if the connection is reset before the answer
         if self._reactor.on_reactor_thread():
             self._reactor.send_dealer(self._sid, frames)
@@ -199,6 +214,9 @@ class Membership:
                 f"{self._cluster.num_servers + self._cluster.num_workers} nodes registered"
             ) from None
         self.info = _node_info(NodeTable.parse(reply))
+        if self.info.view is not None:  # an elastic job's: admitted in it
+            self.view = self.info.view
+            self._epoch = self.info.view.epoch
         self._last_reply = time.monotonic()
         if self._cluster.heartbeat_interval > 0:
             interval = self._cluster.heartbeat_interval
@@ -223,6 +241,44 @@ class Membership:
             self._request(Command.REGISTER, body, "startup failure report").wait(timeout)
         except Exception as err:  # noqa: BLE001 - the scheduler is gone or refused: nothing more to do
             log.info("%s: could not tell the scheduler why it did not start: %s", role, err)
+
+    # -- views (elastic jobs) ------------------------------------------------------------
+    def adopt(self, view: View) -> None:
+        """This node now works in ``view`` (any thread): its epoch goes on its requests and meetings, and
+        meetings are counted anew (they are per view)."""
+        self._take_view(view, notify=False)
+        self._epoch = view.epoch
+        self._meetings = 0
+        self._calls.clear()
+
+    def ask_view(self) -> None:
+        """Ask the scheduler for the current view now (any thread): a node that met a newer epoch than its
+        view (a worker that heard of it first). A heartbeat goes at once; a newer view in its reply is
+        delivered to ``on_view``, on the reactor thread."""
+        if not self._reactor.on_reactor_thread():
+            self._reactor.call_soon(self.ask_view)
+            return
+        if SCHEDULER_ID in self._dead:
+            return
+        try:
+            self._request(Command.HEARTBEAT, "", "heartbeat", self._on_view_reply,
+                          timeout=max(2 * self._cluster.heartbeat_interval, 0.5))
+        except Exception:  # noqa: BLE001 - tracker closed: the node is shutting down
+            pass
+
+    def _on_view_reply(self, pending: Pending) -> None:
+        if pending.error is None and pending.header is not None:
+            try:
+                self._take_view(Liveness.parse(pending.header).view, notify=True)
+            except ProtocolError as exc:
+                log.error("%s: malformed heartbeat reply from the scheduler: %s", self._role.name.lower(), exc)
+
+    def _take_view(self, view: View | None, notify: bool) -> None:
+        if view is None or (self.view is not None and view.epoch <= self.view.epoch):
+            return
+        self.view = view
+        if notify and self._on_view is not None:
+            self._on_view(view)
 
     # -- heartbeats ---------------------------------------------------------------------
     def _beat(self) -> None:
@@ -296,6 +352,7 @@ class Membership:
             return
         self._ages = dict(body.ages)
         self._ages_at = time.monotonic()
+        self._take_view(body.view, notify=True)
         version = body.servers_version
         if version > self._servers_version and self.info is not None:
             self._servers_version = version
@@ -393,7 +450,7 @@ class Membership:
                 before(seq)
         digest = hashlib.sha256(json.dumps(list(agree)).encode()).hexdigest() if agree else ""
         items = tuple((k[:MAX_ITEM], v[:MAX_ITEM]) for k, v in agree[:MAX_AGREE])
-        body = Barrier(group, name, seq, float(timeout), failure, result, items, digest, mode, nth)
+        body = Barrier(group, name, seq, float(timeout), failure, result, items, digest, mode, nth, self._epoch)
         pending = self._request(Command.BARRIER, body.encode(), f"{name or 'barrier'} (group {group})")
         try:
             header = pending.wait(timeout + min(5.0, max(1.0, timeout / 20)))  # the scheduler's answer comes first
@@ -402,7 +459,9 @@ class Membership:
             if kind is None or pending.header is None:
                 raise
             raise kind(ErrorReply.parse(pending.header).message) from None
-        return Met.parse(header)
+        met = Met.parse(header)
+        self._take_view(met.view, notify=False)  # a commit's release: the caller adopts it
+        return met
 
     def shutdown(self, wait: bool, timeout: float | None) -> None:
         """Tell the scheduler this node is done; with ``wait``, block until the job ends."""
@@ -412,6 +471,7 @@ class Membership:
 _MEETING_ERRORS: dict[str, type[Exception]] = {
     "CollectiveMismatchError": CollectiveMismatchError,
     "InitMismatchError": InitMismatchError,
+    "MembershipChangedError": MembershipChangedError,
     "OperationTimeoutError": OperationTimeoutError,
 }
 
@@ -419,7 +479,7 @@ _MEETING_ERRORS: dict[str, type[Exception]] = {
 def _node_info(table: NodeTable) -> NodeInfo:
     """What a registration reply tells a node."""
     return NodeInfo(table.node_id, table.rank, table.servers, table.num_servers, table.num_workers,
-                    _shm_dicts(table.server_shm), table.recovery, table.secret, table.token)
+                    _shm_dicts(table.server_shm), table.recovery, table.secret, table.token, table.view)
 
 
 def _shm_dicts(shm: tuple[ShmInfo | None, ...]) -> tuple[dict[str, str] | None, ...]:

@@ -16,6 +16,10 @@ A heartbeat may carry the node's metrics (:mod:`pskv.metrics`), kept by
 :class:`~pskv.cluster.rates.MetricsWindow`; anyone who can connect (``pskv top``; under
 CURVE, a holder of the job's key) may send ``METRICS`` without registering and gets every
 node's state, totals and rates.
+
+In an elastic job (``-n MIN:MAX``) the workers are the current view's (:mod:`pskv.cluster.elastic`):
+the scheduler's views object is told of every registration, death, departure and commit, and the
+launcher's ``ROSTER`` reports (its token, no registration) of exits and drains.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any
 import zmq
 
 from pskv.cluster.attention import Attention
+from pskv.cluster.elastic import views_for
 from pskv.cluster.meetings import Meetings
 from pskv.cluster.rates import MetricsWindow
 from pskv.cluster.runtime import NodeRuntime
@@ -101,9 +106,14 @@ class Scheduler:
         self._finished = threading.Event()
         self._servers_version = 0  # counts server replacements (heartbeat replies carry the table)
         self._rates = MetricsWindow(cluster.num_workers, cluster.num_servers)  # nodes' reported metrics (pskv top)
-        self._meetings = Meetings(self._send, lambda nid: self._nodes[nid].role, lambda nid: self._nodes[nid].rank,
-                                  self._members, self._lost, lambda: self._done_workers)
+        self._views = views_for(cluster, self._send, self._admit)  # an elastic job's views; else no-ops
+        self._meetings = Meetings(self._send, lambda nid: self._nodes[nid].role,
+                                  lambda nid: self._views.rank(nid, self._nodes[nid].rank),
+                                  lambda group: self._views.members(self._members(group)), self._lost,
+                                  lambda: self._done_workers, self._views)
         self._reactor.add_timer(0.25, self._meetings.expire)
+        if cluster.elastic:
+            self._reactor.add_timer(0.25, self._check_views)
         self._reactor.add_timer(min(1.0, max(0.05, cluster.startup_timeout / 4)), self._check_startup)
         if cluster.heartbeat_interval > 0:
             period = max(0.05, cluster.heartbeat_interval / 2)
@@ -169,6 +179,9 @@ class Scheduler:
                 return
             self._register(identity, header, body)
             return
+        if header.command is Command.ROSTER:  # the launcher's (its token, no registration)
+            self._roster(identity, header)
+            return
         if nid is None:
             self._send(identity, error_frames(header, SCHEDULER_ID, "ProtocolError", "register first"))
             return
@@ -178,7 +191,7 @@ class Scheduler:
         self._nodes[nid].last_seen = time.monotonic()
         if header.command is Command.HEARTBEAT:
             self._take_metrics(identity, header, nid)
-            self._send(identity, reply_frames(header, SCHEDULER_ID, self._liveness(nid).encode()))
+            self._send(identity, reply_frames(header, SCHEDULER_ID, self._liveness(nid, header.epoch).encode()))
         elif header.command is Command.BARRIER:
             self._meetings.arrive(identity, header, nid, Barrier.parse(header))
         elif header.command is Command.SHUTDOWN:
@@ -220,15 +233,17 @@ class Scheduler:
                       round(now - node.last_seen, 3)) for nid, node in self._nodes.items()}
 
     # -- registration -------------------------------------------------------------------
-    def _liveness(self, nid: int) -> Liveness:
-        """The heartbeat reply: who is dead, how long since each node was heard, where servers are."""
+    def _liveness(self, nid: int, epoch: int) -> Liveness:
+        """The heartbeat reply: who is dead, how long since each node was heard, where servers are; in an
+        elastic job the view, to a node whose heartbeat carries an older epoch."""
         now = time.monotonic()
         ages = {n: round(now - node.last_seen, 3) for n, node in self._nodes.items()}
         left = tuple(sorted(self._done_workers))
         if not self._servers_version:
-            return Liveness(tuple(self._dead_ids()), ages, left=left)
+            return Liveness(tuple(self._dead_ids()), ages, left=left, view=self._views.view_for(epoch))
         table = self._table(nid)  # a server was replaced: where the servers are now
-        return Liveness(tuple(self._dead_ids()), ages, self._servers_version, table.servers, table.server_shm, left)
+        return Liveness(tuple(self._dead_ids()), ages, self._servers_version, table.servers, table.server_shm, left,
+                        self._views.view_for(epoch))
 
     def _register(self, identity: bytes, header: Header, body: Register) -> None:
         """A registration before the cluster is complete waits in ``_pending``, bounded: one
@@ -238,6 +253,9 @@ class Scheduler:
         role = Role.SERVER if body.role == "server" else Role.WORKER
         if body.failed is not None or (self._not_started is not None and not self._nodes):
             self._fail_startup(identity, header, body)
+            return
+        if self._views.join(identity, header, body, bool(self._nodes)):  # elastic: admitted at a commit
+            self._meetings.settle()  # (or at once below MIN: the held meetings of the old view fail)
             return
         expected = self._cluster.num_servers + self._cluster.num_workers
         if self._nodes and self._cluster.recovery_timeout > 0 and (
@@ -263,12 +281,13 @@ class Scheduler:
         if len(self._pending) == expected:
             self._assign()
 
-    def _assign(self) -> None:
+    def _assign(self, workers: int = 0) -> None:
+        """The cluster assembled (an elastic job's with ``workers``, at least MIN, at the startup timeout)."""
         now = time.monotonic()
         by_role: dict[Role, list[tuple[bytes, Header, Register]]] = {Role.SERVER: [], Role.WORKER: []}
         for item in self._pending:
             by_role[Role.SERVER if item[2].role == "server" else Role.WORKER].append(item)
-        wanted = {Role.SERVER: self._cluster.num_servers, Role.WORKER: self._cluster.num_workers}
+        wanted = {Role.SERVER: self._cluster.num_servers, Role.WORKER: workers or self._cluster.num_workers}
         for role, items in by_role.items():
             if len(items) != wanted[role]:
                 for identity, header, _ in self._pending:
@@ -276,11 +295,12 @@ class Scheduler:
                                                       f"expected {wanted[role]} {role.name.lower()}s, got {len(items)}"))
                 self._pending = []
                 return
-            ranks = _ranks([body.rank for _, _, body in items])
+            ranks = _ranks([body.rank for _, _, body in items], slots=self._views.elastic and role is Role.WORKER)
             for (identity, _, body), rank in zip(items, ranks):
                 nid = node_id(role, rank)
                 self._nodes[nid] = _Node(identity, role, rank, body.address, now, shm=body.shm)
                 self._by_identity[identity] = nid
+        self._views.start(n.rank for n in self._nodes.values() if n.role is Role.WORKER)
         # servers first: each learns the job's secret before a worker's HELLO can reach it
         for identity, header, _ in sorted(self._pending, key=lambda item: item[2].role != "server"):
             self._send(identity, reply_frames(header, SCHEDULER_ID, self._table(self._by_identity[identity]).encode()))
@@ -320,9 +340,17 @@ class Scheduler:
         job's secret, a worker's its token (the same for a replacement of its rank)."""
         servers = [self._nodes[node_id(Role.SERVER, r)] for r in range(self._cluster.num_servers)]
         server = self._nodes[nid].role is Role.SERVER
+        view = self._views.current()  # an elastic job's: W is its members'
         return NodeTable(nid, self._nodes[nid].rank, tuple(s.address for s in servers), tuple(s.shm for s in servers),
-                         self._cluster.num_servers, self._cluster.num_workers, recovery,
-                         self._secret if server else "", "" if server else node_token(self._secret, nid))
+                         self._cluster.num_servers, len(view.members) if view else self._cluster.num_workers, recovery,
+                         self._secret if server else "", "" if server else node_token(self._secret, nid), view)
+
+    def _admit(self, identity: bytes, header: Header, slot: int) -> None:
+        """An elastic job's view admits worker ``slot`` (waiting in its REGISTER): it is registered and answered."""
+        nid = node_id(Role.WORKER, slot)
+        self._nodes[nid] = _Node(identity, Role.WORKER, slot, "", time.monotonic())
+        self._by_identity[identity] = nid
+        self._send(identity, reply_frames(header, SCHEDULER_ID, self._table(nid).encode()))
 
     def _rejoin(self, identity: bytes, header: Header, body: Register, role: Role) -> None:
         """A replacement process takes over a worker's or server's rank (``PSKV_RECOVERY_TIMEOUT`` > 0).
@@ -398,6 +426,7 @@ class Scheduler:
             self._nodes[nid].dead_since = now
             log.error("scheduler: %s missed heartbeats for %.1f s: marked dead", node_name(nid),
                       self._cluster.heartbeat_timeout)
+            self._views.depart(nid, f"missed heartbeats for {self._cluster.heartbeat_timeout:g} s")
         # workers whose recovery window just closed: the barriers waiting for them fail now
         expired = [nid for nid, n in self._nodes.items() if n.dead and self._cluster.recovery_timeout > 0
                    and (n.role is Role.WORKER or self._cluster.server_recovery)
@@ -419,6 +448,7 @@ class Scheduler:
         if self._nodes[nid].role is Role.WORKER:
             if nid not in self._done_workers:
                 self._done_workers.add(nid)
+                self._views.depart(nid, "left the job")  # elastic: a member that was not drained departs
                 if self._cluster.verbose:
                     log.info("scheduler: %s left the job", node_name(nid))
                 self._meetings.settle()  # meetings that need it cannot complete any more
@@ -442,6 +472,26 @@ class Scheduler:
         if servers <= self._told | {s for s in servers if self._nodes[s].dead}:
             self._finished.set()
 
+    # -- an elastic job's launcher reports and bounds ------------------------------------------
+    def _roster(self, identity: bytes, header: Header) -> None:
+        """The launcher reports a worker's exit (a departure now, not after the heartbeat timeout) or a drain."""
+        gone = self._views.report(identity, header)
+        node = self._nodes.get(gone) if gone is not None else None
+        if node is not None and not node.dead:
+            node.dead, node.dead_since = True, time.monotonic()
+        self._meetings.settle()
+        self._settle_shutdown()
+
+    def _check_views(self) -> None:
+        """Timer (elastic jobs): below MIN for longer than ``PSKV_ELASTIC_TIMEOUT`` fails the meetings and the job."""
+        text = self._views.overdue()
+        if text is None or self._finished.is_set():
+            return
+        log.error("scheduler: %s", text)
+        self._meetings.fail_all("NodeFailedError", text, "the elastic job")
+        self._failure = NodeFailedError("the elastic job", text)
+        self._finished.set()
+
     # -- startup and the launcher's end ---------------------------------------------------
     def _check_startup(self) -> None:
         """Timer: a cluster that did not assemble within ``startup_timeout`` ends the scheduler."""
@@ -451,6 +501,12 @@ class Scheduler:
             self._finished.set()
             return
         roles = [body.role for _, _, body in self._pending]
+        if self._views.elastic and roles.count("server") == self._cluster.num_servers \
+                and roles.count("worker") >= self._cluster.min_workers:  # the late workers join at commits
+            log.warning("scheduler: %d of %d workers registered within PSKV_STARTUP_TIMEOUT: the job starts with "
+                        "them", roles.count("worker"), self._cluster.num_workers)
+            self._assign(roles.count("worker"))
+            return
         text = (f"the cluster did not assemble within PSKV_STARTUP_TIMEOUT={self._cluster.startup_timeout:g} s: "
                 f"{roles.count('server')} of {self._cluster.num_servers} server(s) and {roles.count('worker')} of "
                 f"{self._cluster.num_workers} worker(s) registered (a worker registers when it creates its dist store)")
@@ -472,9 +528,10 @@ class Scheduler:
             log.info("scheduler: %s; ending", reason)
             self._finished.set()
 
-def _ranks(requested: list[int]) -> list[int]:
-    """Ranks for nodes in arrival order: requested ranks if they form 0..n-1, else arrival order."""
+def _ranks(requested: list[int], slots: bool = False) -> list[int]:
+    """Ranks for nodes in arrival order: requested ranks if they form 0..n-1 (``slots``, an elastic job's
+    workers: if they are distinct and given), else arrival order."""
     n = len(requested)
-    if sorted(requested) == list(range(n)):
+    if sorted(requested) == list(range(n)) or (slots and min(requested) >= 0 and len(set(requested)) == n):
         return requested
     return list(range(n))

@@ -2,6 +2,8 @@
 
 from pskv.protocol.codec import DEFAULT_LIMITS, Limits, decode, encode, frame_array, rows_frame, split_rows
 from pskv.protocol.messages import (
+    MAX_EPOCH,
+    MAX_SLOTS,
     PROTOCOL_VERSION,
     SCHEDULER_ID,
     TX_PREFIX,
@@ -22,6 +24,8 @@ __all__ = [
     "Flag",
     "Header",
     "Limits",
+    "MAX_EPOCH",
+    "MAX_SLOTS",
     "PROTOCOL_VERSION",
     "Role",
     "SCHEDULER_ID",

@@ -22,7 +22,7 @@ import numpy as np
 
 from pskv.arrays.dtypes import SUPPORTED_DTYPES, itemsize
 from pskv.errors import ProtocolError
-from pskv.protocol.messages import KNOWN_FLAGS, PROTOCOL_VERSION, ArraySpec, Command, Flag, Header
+from pskv.protocol.messages import KNOWN_FLAGS, MAX_EPOCH, PROTOCOL_VERSION, ArraySpec, Command, Flag, Header
 
 __all__ = ["encode", "decode", "decode_head", "decode_arrays", "frame_array", "rows_frame", "split_rows", "Limits", "DEFAULT_LIMITS"]
 
@@ -84,11 +84,11 @@ def encode(header: Header, arrays: Sequence[Any] = ()) -> list[Any]:
     """
     specs = [[a.key, _DTYPE_CODE[a.dtype], list(a.shape), a.offset, a.round] if a.buffer < 0 else
              [a.key, _DTYPE_CODE[a.dtype], list(a.shape), a.offset, a.round, a.buffer] for a in header.arrays]
-    packed = msgpack.packb(
-        [PROTOCOL_VERSION, int(header.command), header.request, header.sender, header.priority, header.body, specs,
-         header.flags],
-        use_bin_type=True,
-    )
+    fields = [PROTOCOL_VERSION, int(header.command), header.request, header.sender, header.priority, header.body,
+              specs, header.flags]
+    if header.epoch:  # an elastic job's view; every other job's header stays eight fields
+        fields.append(header.epoch)
+    packed = msgpack.packb(fields, use_bin_type=True)
     return [packed, *(_buffer(a) for a in arrays)]
 
 
@@ -114,11 +114,11 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> tuple[Head
     Raises:
         ProtocolError: the message is malformed or breaks a limit; the message says how.
     """
-    _, cmd, request, sender, priority, body, specs, flags = _fixed_fields(frames, limits)
+    _, cmd, request, sender, priority, body, specs, flags, epoch = _fixed_fields(frames, limits)
     if not specs:
-        return _new(Header, (cmd, request, sender, (), priority, body, flags)), []
+        return _new(Header, (cmd, request, sender, (), priority, body, flags, epoch)), []
     parsed, buffers = _arrays(cmd, flags, specs, frames, limits)
-    return _new(Header, (cmd, request, sender, parsed, priority, body, flags)), buffers
+    return _new(Header, (cmd, request, sender, parsed, priority, body, flags, epoch)), buffers
 
 
 def decode_head(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> tuple[Header, list[Any]]:
@@ -136,8 +136,8 @@ def decode_head(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> tuple
     Raises:
         ProtocolError: as :func:`decode`.
     """
-    _, cmd, request, sender, priority, body, specs, flags = _fixed_fields(frames, limits, PEEK_BYTES)
-    return _new(Header, (cmd, request, sender, (), priority, body, flags)), specs
+    _, cmd, request, sender, priority, body, specs, flags, epoch = _fixed_fields(frames, limits, PEEK_BYTES)
+    return _new(Header, (cmd, request, sender, (), priority, body, flags, epoch)), specs
 
 
 def decode_arrays(header: Header, specs: list[Any], frames: Sequence[Any],
@@ -149,17 +149,18 @@ def decode_arrays(header: Header, specs: list[Any], frames: Sequence[Any],
     """
     if not specs:
         return (header, []) if specs is not None else decode(frames, limits)  # None: a long header, read now
-    cmd, request, sender, _, priority, body, flags = header
+    cmd, request, sender, _, priority, body, flags, epoch = header
     parsed, buffers = _arrays(cmd, flags, specs, frames, limits)
-    return _new(Header, (cmd, request, sender, parsed, priority, body, flags)), buffers
+    return _new(Header, (cmd, request, sender, parsed, priority, body, flags, epoch)), buffers
 
 
 def _fixed_fields(frames: Sequence[Any], limits: Limits, peek_above: int = 1 << 62) -> list[Any]:
-    """The header frame's eight fields, unpacked within the limits; all but the specs checked (the command
-    is a :class:`Command` in place of its number), and the number of data frames against the specs.
+    """The header frame's eight fields and its epoch (0 when absent), unpacked within the limits; all but the
+    specs checked (the command is a :class:`Command` in place of its number), and the number of data frames
+    against the specs.
 
     A header longer than ``peek_above`` bytes: only the six fields before its specs are read and
-    checked (specs ``None``, flags 0).
+    checked (specs ``None``, flags 0, epoch 0).
     """
     if not frames:
         raise ProtocolError("empty message")
@@ -176,8 +177,10 @@ def _fixed_fields(frames: Sequence[Any], limits: Limits, peek_above: int = 1 << 
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise ProtocolError(f"undecodable header: {type(exc).__name__}: {exc}") from None
     if not isinstance(fields, list) or len(fields) != 8:
-        raise ProtocolError("header is not an 8-field list")
-    version, command, request, sender, priority, body, specs, flags = fields
+        _check_epoch(fields)  # a ninth field, an elastic job's view epoch; any other shape is refused
+    else:
+        fields.append(0)
+    version, command, request, sender, priority, body, specs, flags, _ = fields
     if version != PROTOCOL_VERSION:
         raise ProtocolError(f"protocol version {version!r} not supported (this node speaks {PROTOCOL_VERSION})")
     cmd = fields[1] = _COMMANDS.get(command) if type(command) is int else None
@@ -206,14 +209,27 @@ def _fixed_fields(frames: Sequence[Any], limits: Limits, peek_above: int = 1 << 
 
 
 def _peek(head: memoryview, limits: Limits) -> list[Any]:
-    """The six fields before the specs of the header ``head``, then ``None`` and 0 for its specs and flags."""
+    """The six fields before the specs of the header ``head`` (eight fields, or nine with an epoch), then ``None``
+    and 0 for its specs and flags."""
     unpacker = msgpack.Unpacker(raw=False, strict_map_key=True, max_bin_len=0, max_ext_len=0, max_map_len=0,
                                 max_array_len=max(limits.max_dims, 8), max_str_len=limits.max_body_chars,
                                 max_buffer_size=len(head))
     unpacker.feed(head)
-    if unpacker.read_array_header() != 8:
-        raise ProtocolError("header is not an 8-field list")
-    return [*(unpacker.unpack() for _ in range(6)), None, 0]
+    if unpacker.read_array_header() not in (8, 9):
+        raise ProtocolError(_NOT_A_HEADER)
+    return [*(unpacker.unpack() for _ in range(6)), None, 0]  # the epoch (0 till read) is appended
+
+
+_NOT_A_HEADER = "header is not an 8-field list (9 with a view epoch)"
+
+
+def _check_epoch(fields: Any) -> None:
+    """Check a header that is not an 8-field list: it must be 9 fields, the last a view epoch (1 and up)."""
+    if not isinstance(fields, list) or len(fields) != 9:
+        raise ProtocolError(_NOT_A_HEADER)
+    epoch = fields[8]
+    if type(epoch) is not int or not 0 < epoch <= MAX_EPOCH:
+        raise ProtocolError(f"field epoch must be a view epoch (an int in 1..{MAX_EPOCH}; absent: 0), got {epoch!r}")
 
 
 def _arrays(cmd: Command, flags: int, specs: list[Any], frames: Sequence[Any],

@@ -13,7 +13,9 @@ wants; a shared-memory push's data is in the sender's slot; a shared-memory repl
 values are in the part's shared buffers, :attr:`ArraySpec.buffer`).
 
 Node ids follow ps-lite: the scheduler is 1, server rank ``r`` is ``8 + 2r`` and worker
-rank ``r`` is ``9 + 2r``; node groups are bit masks (1 scheduler, 2 servers, 4 workers).
+rank ``r`` is ``9 + 2r``; node groups are bit masks (1 scheduler, 2 servers, 4 workers). In an
+elastic job a worker's ``r`` is its *slot* (never reused, below :data:`MAX_SLOTS`), and every
+message carries the sender's view epoch, a ninth header field (absent: 0, every other job).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ __all__ = [
     "Header",
     "Role",
     "Flag",
+    "MAX_EPOCH",
+    "MAX_SLOTS",
     "PROTOCOL_VERSION",
     "SCHEDULER_ID",
     "TX_PREFIX",
@@ -42,6 +46,9 @@ PROTOCOL_VERSION = 2
 SCHEDULER_ID = 1
 # Routing identities of workers' send-only sockets: this prefix and 16 hex digits (see HELLO).
 TX_PREFIX = b"pskv-tx-"
+# An elastic job's worker slots (never reused) stay below this; a peer naming a higher one is refused.
+MAX_SLOTS = 65536
+MAX_EPOCH = 2**63 - 1  # a view epoch (Header.epoch, View.epoch): 1 and up; 0 is "no view"
 
 
 class Role(enum.IntEnum):
@@ -100,6 +107,15 @@ class Command(enum.IntEnum):
     # server restarts its push numbering and stops waiting for the old process. Like HELLO,
     # it may open a connection.
     REJOIN = 30
+    # Elastic jobs (pskv.cluster.elastic). Worker rank 0 -> server: take a snapshot of the shard
+    # at commit n of view e (every member settled; an open round or a parked pull refuses it).
+    COMMIT = 31
+    # A joining worker -> server: every part the server holds (key, offset, dtype, size, row width,
+    # name), so the joiner registers the keys it inits without a meeting; paged from a start.
+    KEYS = 32
+    # The launcher -> scheduler (PSKV_LAUNCH_TOKEN, no registration): a worker slot exited
+    # (gone: a departure) or is to be drained (removed at the next commit).
+    ROSTER = 33
     # replies
     REPLY = 40
     ERROR = 41  # a request failed
@@ -185,6 +201,8 @@ class Header(NamedTuple):
         priority: higher is sent / served first.
         body: command-specific text (:mod:`pskv.protocol.bodies`).
         flags: :class:`Flag` bits.
+        epoch: the sender's membership view (an elastic job's, :mod:`pskv.cluster.elastic`; 1 and up);
+            0 in every other job, and then not sent (the header stays its eight fields).
     """
 
     command: Command
@@ -194,6 +212,7 @@ class Header(NamedTuple):
     priority: int = 0
     body: str = ""
     flags: int = 0
+    epoch: int = 0
 
     @property
     def named_parts(self) -> bool:

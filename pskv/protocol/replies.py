@@ -18,9 +18,10 @@ from pskv.protocol.messages import ArraySpec, Command, Header
 __all__ = ["error_frames", "reply_frames", "request_frames"]
 
 
-def request_frames(command: Command, request: int, sender: int, body: str = "") -> list[Any]:
-    """Frames of a control request (``body``: an encoded :mod:`~pskv.protocol.bodies` value, or none)."""
-    return encode(Header(command, request, sender, body=body))
+def request_frames(command: Command, request: int, sender: int, body: str = "", epoch: int = 0) -> list[Any]:
+    """Frames of a control request (``body``: an encoded :mod:`~pskv.protocol.bodies` value, or none; ``epoch``:
+    the sender's view in an elastic job, else 0)."""
+    return encode(Header(command, request, sender, body=body, epoch=epoch))
 
 
 def reply_frames(request: Header, sender: int, body: str = "", arrays: tuple[ArraySpec, ...] = (),

@@ -29,6 +29,7 @@ __all__ = [
     "BODIES",
     "FUZZ_COMMANDS",
     "UNIX_JUNK",
+    "EPOCHS",
     "HEADER_FIELDS",
     "HOSTILE_KINDS",
     "SENDERS",
@@ -53,8 +54,10 @@ __all__ = [
     "valid_request",
 ]
 
-# the header is a msgpack list of these fields, in this order (pskv.protocol.codec.encode)
+# the header is a msgpack list of these fields, in this order (pskv.protocol.codec.encode), then in an
+# elastic job a ninth, the sender's view epoch (absent: 0)
 HEADER_FIELDS = ("version", "command", "request", "sender", "priority", "body", "arrays", "flags")
+EPOCHS = (0, 0, 0, 1, 7, 2**40)  # the epochs valid messages carry (0: none, as in every job that is not elastic)
 # bodies a data command might carry, well-formed or not (JSON of the wrong shape, not JSON, deep nesting)
 BODIES = ("", "{}", '{"overwrite": true}', '{"parts": [[1, 0, 0]]}', '{"parts": "x"}', '{"shm": [[1, 0]]}',
           "not json", '{"rounds": [1e308]}', "[" * 1000)
@@ -88,19 +91,22 @@ def raw_array(key: Any, code: Any, shape: Any, offset: Any = 0, rnd: Any = 0) ->
 
 
 def header_fields(command: Any, request: Any = 1, sender: Any = 9, priority: Any = 0, body: Any = "",
-                  arrays: Sequence[Any] = (), version: Any = PROTOCOL_VERSION, flags: Any = 0) -> list[Any]:
+                  arrays: Sequence[Any] = (), version: Any = PROTOCOL_VERSION, flags: Any = 0,
+                  epoch: Any = None) -> list[Any]:
     """The header's fields in wire order (see :data:`HEADER_FIELDS`), values unchecked.
 
-    ``command`` may be a :class:`Command` or any value; ``arrays`` are :func:`raw_array` lists.
+    ``command`` may be a :class:`Command` or any value; ``arrays`` are :func:`raw_array` lists;
+    ``epoch`` (any value but None) is appended as the ninth field.
     """
     cmd = int(command) if isinstance(command, Command) else command
-    return [version, cmd, request, sender, priority, body, list(arrays), flags]
+    return [version, cmd, request, sender, priority, body, list(arrays), flags, *(() if epoch is None else (epoch,))]
 
 
 def raw_header(command: Any, request: Any = 1, sender: Any = 9, priority: Any = 0, body: Any = "",
-               arrays: Sequence[Any] = (), version: Any = PROTOCOL_VERSION, flags: Any = 0) -> bytes:
+               arrays: Sequence[Any] = (), version: Any = PROTOCOL_VERSION, flags: Any = 0,
+               epoch: Any = None) -> bytes:
     """A header frame with exactly these field values, valid or not (arguments as :func:`header_fields`)."""
-    return pack(header_fields(command, request, sender, priority, body, arrays, version, flags))
+    return pack(header_fields(command, request, sender, priority, body, arrays, version, flags, epoch))
 
 
 def reply_request(head: bytes) -> int | None:
@@ -122,7 +128,7 @@ def valid_request(rng: random.Random, command: Any, key: int, count: int, sender
 
 def valid_message(rng: random.Random) -> list[bytes]:
     """A well-formed message of a command in :data:`FUZZ_COMMANDS`: 0-3 arrays of any dtype, keys 0-40,
-    a sender from :data:`SENDERS`, a body from :data:`BODIES`."""
+    a sender from :data:`SENDERS`, a body from :data:`BODIES`, an epoch from :data:`EPOCHS`."""
     arrays, data = [], []
     for _ in range(rng.randint(0, 3)):
         dtype = rng.choice(SUPPORTED_DTYPES)
@@ -131,7 +137,7 @@ def valid_message(rng: random.Random) -> list[bytes]:
         arrays.append(ArraySpec(rng.randint(0, 40), dtype, (size,), rng.randint(0, 4), rng.randint(0, 3)))
         data.append(np.zeros(size, dtype=np_dtype))
     header = Header(rng.choice(FUZZ_COMMANDS), rng.randint(0, 2**31), rng.choice(SENDERS),
-                    tuple(arrays), rng.randint(-5, 5), rng.choice(BODIES))
+                    tuple(arrays), rng.randint(-5, 5), rng.choice(BODIES), epoch=rng.choice(EPOCHS))
     return [bytes(f) for f in encode(header, data)]
 
 
@@ -216,9 +222,9 @@ def _huge_declared_size(rng: random.Random) -> list[bytes]:
 
 
 def _bad_fields(rng: random.Random) -> list[bytes]:
-    fields = header_fields(Command.PUSH)
-    j = rng.randrange(len(HEADER_FIELDS))
-    fields[j] = rng.choice([None, "x", -1, 2**63, 1.5, [], [1, 2], PROTOCOL_VERSION + 1, 999])
+    fields = header_fields(Command.PUSH, epoch=1)  # the epoch field is the last one (the header's ninth)
+    j = rng.randrange(len(fields))
+    fields[j] = rng.choice([None, "x", -1, 0, 2**63, 1.5, [], [1, 2], PROTOCOL_VERSION + 1, 999])
     return [pack(fields if rng.random() < 0.9 else fields[:5])]
 
 

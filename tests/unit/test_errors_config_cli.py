@@ -33,6 +33,7 @@ BUILTIN_OF = {
     errors.CollectiveMismatchError: RuntimeError,
     errors.CollectiveFailedError: RuntimeError,
     errors.InitMismatchError: ValueError,
+    errors.MembershipChangedError: ConnectionError,
 }
 
 

@@ -41,8 +41,14 @@ SAVE_CHECKPOINT   :class:`CheckpointRequest`  :class:`CheckpointSaved`
 SYNC              (none), or :class:`Meeting`  (none)
 JOIN              (none)                 (none)
 REJOIN            :class:`Rejoin`        :class:`Rejoined`
+COMMIT            :class:`Commit`        (none)
+KEYS              :class:`KeysRequest`   :class:`KeyTable`
+ROSTER            :class:`Roster`        (none)
 ERROR (reply)     —                      :class:`ErrorReply`
 ================  =====================  ================================================
+
+An elastic job's :class:`View` travels inside :class:`NodeTable`, :class:`Liveness` and :class:`Met`;
+its epoch in :class:`Barrier` and in every message's header (:attr:`Header.epoch`).
 """
 
 from __future__ import annotations
@@ -69,6 +75,9 @@ from pskv.protocol.bodies.scheduler import (
     MAX_ITEM,
     MAX_RESULT,
     MAX_TEXT,
+    ROSTER_OPS,
+    VIEW_CAUSES,
+    VOIDING_CAUSES,
     Barrier,
     Failure,
     Liveness,
@@ -76,24 +85,31 @@ from pskv.protocol.bodies.scheduler import (
     Met,
     NodeTable,
     Register,
+    Roster,
     ShmInfo,
     Shutdown,
+    View,
     node_token,
 )
 from pskv.protocol.bodies.server import (
     MAX_COMPRESSION_FIELDS,
     MAX_KEY_NAME,
+    MAX_KEY_PARTS,
     MAX_NAMES_CHARS,
     MAX_STATE_NAMES,
     MAX_TABLE_ROWS,
     CheckpointRequest,
     CheckpointSaved,
+    Commit,
     CompressionParams,
     ControllerAnswer,
     ControllerCall,
     Hello,
     HelloReply,
     InitBody,
+    KeyPart,
+    KeysRequest,
+    KeyTable,
     OptimizerConfig,
     OptimizerStates,
     Rejoin,
@@ -103,11 +119,13 @@ from pskv.protocol.bodies.server import (
 )
 
 __all__ = [
-    "DIGEST_CHARS", "MAX_AGREE", "MAX_COMPRESSION_FIELDS", "MAX_COUNT", "MAX_ITEM", "MAX_KEY_NAME", "MAX_NAME",
+    "DIGEST_CHARS", "MAX_AGREE", "MAX_COMPRESSION_FIELDS", "MAX_COUNT", "MAX_ITEM", "MAX_KEY_NAME", "MAX_KEY_PARTS",
+    "MAX_NAME",
     "MAX_NAMES_CHARS", "MAX_NODES", "MAX_RATE", "MAX_RESULT", "MAX_SECONDS", "MAX_STATE_NAMES", "MAX_TABLE_ROWS",
     "MAX_TEXT",
     "NODE_STATES", "Barrier", "CheckpointRequest", "CheckpointSaved", "CompressionParams", "ControllerAnswer",
     "ControllerCall", "Counters", "ErrorReply", "Failure", "Heartbeat", "Hello", "HelloReply", "InitBody",
     "JobReport", "json_object", "Liveness", "Meeting", "Met", "node_token", "NodeReport", "NodeTable", "OptimizerConfig",
     "OptimizerStates", "Register", "Rejoin", "Rejoined", "SetMode", "ShmInfo", "Shutdown", "StatesRequest",
+    "Commit", "KeyPart", "KeysRequest", "KeyTable", "ROSTER_OPS", "Roster", "VIEW_CAUSES", "VOIDING_CAUSES", "View",
 ]

@@ -4,6 +4,10 @@ A node registers (:class:`Register`, answered with its :class:`NodeTable` and pr
 :func:`node_token`), hears who is dead or left (:class:`Liveness`, the HEARTBEAT reply; the
 heartbeat's own body is in :mod:`pskv.protocol.bodies.metrics`), meets the others in collectives
 (:class:`Barrier`, answered with :class:`Met`) and says it is done (:class:`Shutdown`).
+
+In an elastic job the scheduler also hands out membership views (:class:`View`, in the
+registration reply, heartbeat replies and a commit's release), and the launcher reports exits and
+drains (:class:`Roster`).
 """
 
 from __future__ import annotations
@@ -14,10 +18,67 @@ from typing import Any, NamedTuple
 
 from pskv.errors import ProtocolError
 from pskv.protocol.bodies.fields import MAX_NAME, bounded, dump, field, hex_digest, json_object, string_list
-from pskv.protocol.messages import Header
+from pskv.protocol.messages import MAX_EPOCH, MAX_SLOTS, Header
 
-__all__ = ["MAX_AGREE", "MAX_ITEM", "MAX_RESULT", "MAX_TEXT", "Barrier", "Failure", "Liveness", "Meeting", "Met", "NodeTable",
-           "Register", "ShmInfo", "Shutdown", "node_token"]
+__all__ = ["MAX_AGREE", "MAX_ITEM", "MAX_RESULT", "MAX_TEXT", "ROSTER_OPS", "VIEW_CAUSES", "VOIDING_CAUSES", "Barrier",
+           "Failure", "Liveness", "Meeting", "Met", "NodeTable", "Register", "Roster", "ShmInfo", "Shutdown", "View",
+           "node_token"]
+
+#: Why a view was made: ``start`` (the first), ``failure`` (a member departed: died, exited, or left undrained),
+#: ``refill`` (joiners admitted at once while below the minimum), or at a commit's release ``grow`` (joiners),
+#: ``drain`` (removals) or ``mixed`` (both).
+VIEW_CAUSES = ("start", "failure", "refill", "grow", "drain", "mixed")
+#: Views made outside a commit's release: everything every node did since the view's commit is void.
+VOIDING_CAUSES = frozenset({"failure", "refill"})
+
+
+class View(NamedTuple):
+    """An elastic job's membership view: ``{epoch: int >= 1, members: [slot, ...], commit: int >= 0, cause: str}``.
+
+    ``members``: the worker slots (a slot is a worker's node id's rank, never reused), distinct, each
+    below :data:`~pskv.protocol.messages.MAX_SLOTS`, in rank order: a slot's rank is its index, so ranks
+    are dense, and rank 0 is the oldest member (members keep their order; joiners follow, by slot).
+    ``commit``: the last commit every member passed (0: the store's creation), the cut a
+    :attr:`voids` view rolls back to. ``cause``: one of :data:`VIEW_CAUSES`.
+    """
+
+    epoch: int
+    members: tuple[int, ...]
+    commit: int = 0
+    cause: str = "start"
+
+    @property
+    def voids(self) -> bool:
+        """True for a view made outside a commit's release: the work since :attr:`commit` is void."""
+        return self.cause in VOIDING_CAUSES
+
+    def rank_of(self, slot: int) -> int:
+        """``slot``'s rank in this view; -1 if it is not a member."""
+        return self.members.index(slot) if slot in self.members else -1
+
+    def to_json(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "members": list(self.members), "commit": self.commit, "cause": self.cause}
+
+    @classmethod
+    def parse_value(cls, header: Header, value: Any) -> View | None:
+        """From a JSON value (None stays None); every field checked, the member list bounded first."""
+        if value is None:
+            return None
+        ok = isinstance(value, dict) and type(value.get("epoch")) is int and type(value.get("commit")) is int
+        members = value.get("members") if ok else None
+        if not ok or not 0 < value["epoch"] <= MAX_EPOCH or not 0 <= value["commit"] <= MAX_EPOCH \
+                or value.get("cause") not in VIEW_CAUSES or type(members) is not list or len(members) > MAX_SLOTS \
+                or any(type(m) is not int or not 0 <= m < MAX_SLOTS for m in members) \
+                or len(set(members)) != len(members):
+            raise ProtocolError(f"{header.command.name}: a view must be {{epoch: 1..{MAX_EPOCH}, members: distinct "
+                                f"slots in 0..{MAX_SLOTS - 1}, commit: int >= 0, cause: one of "
+                                f"{', '.join(VIEW_CAUSES)}}}")
+        return cls(value["epoch"], tuple(members), value["commit"], value["cause"])
+
+
+def _view_json(body: dict[str, Any], view: View | None) -> None:
+    if view is not None:
+        body["view"] = view.to_json()
 
 
 class ShmInfo(NamedTuple):
@@ -86,12 +147,14 @@ class NodeTable(NamedTuple):
     recovery: bool = False
     secret: str = ""  # a server's: the job's secret, hex
     token: str = ""  # a worker's: node_token(secret, node_id)
+    view: View | None = None  # an elastic job's view (a worker: the one it is admitted in)
 
     def encode(self) -> str:
         body = {"node_id": self.node_id, "rank": self.rank, "servers": list(self.servers),
                 "server_shm": [None if s is None else s._asdict() for s in self.server_shm],
                 "num_servers": self.num_servers, "num_workers": self.num_workers, "recovery": self.recovery}
         body.update((k, v) for k, v in (("secret", self.secret), ("token", self.token)) if v)
+        _view_json(body, self.view)
         return dump(body)
 
     @classmethod
@@ -104,7 +167,8 @@ class NodeTable(NamedTuple):
         return cls(field(header, body, "node_id", int), field(header, body, "rank", int), servers,
                    tuple(ShmInfo.parse_value(header, s) for s in shm), field(header, body, "num_servers", int),
                    field(header, body, "num_workers", int), field(header, body, "recovery", bool, False),
-                   hex_digest(header, body, "secret"), hex_digest(header, body, "token"))
+                   hex_digest(header, body, "secret"), hex_digest(header, body, "token"),
+                   View.parse_value(header, body.get("view")))
 
 
 def node_token(secret: str, node: int) -> str:
@@ -117,7 +181,8 @@ def node_token(secret: str, node: int) -> str:
 class Liveness(NamedTuple):
     """HEARTBEAT reply (and a waiting SHUTDOWN's): dead node ids, seconds since each node was
     heard (by id), after a server was replaced (``servers_version`` > 0) where the servers are
-    now, and ``left``: the workers that left the job (sent SHUTDOWN; not dead)."""
+    now, and ``left``: the workers that left the job (sent SHUTDOWN; not dead); in an elastic job
+    ``view``: the current view, sent until the node's heartbeats carry its epoch."""
 
     dead: tuple[int, ...]
     ages: dict[int, float]
@@ -125,11 +190,13 @@ class Liveness(NamedTuple):
     servers: tuple[str, ...] = ()
     server_shm: tuple[ShmInfo | None, ...] = ()
     left: tuple[int, ...] = ()
+    view: View | None = None
 
     def encode(self) -> str:
         body: dict[str, Any] = {"dead": list(self.dead), "ages": {str(n): a for n, a in self.ages.items()}}
         if self.left:
             body["left"] = list(self.left)
+        _view_json(body, self.view)
         if self.servers_version:
             body.update(servers_version=self.servers_version, servers=list(self.servers),
                         server_shm=[None if s is None else s._asdict() for s in self.server_shm])
@@ -148,7 +215,8 @@ class Liveness(NamedTuple):
         servers = string_list(header, body, "servers") if version else ()
         shm = tuple(ShmInfo.parse_value(header, s) for s in field(header, body, "server_shm", list, [])) \
             if version else ()
-        return cls(tuple(dead), {int(k): float(v) for k, v in ages.items()}, version, servers, shm, tuple(left))
+        return cls(tuple(dead), {int(k): float(v) for k, v in ages.items()}, version, servers, shm, tuple(left),
+                   View.parse_value(header, body.get("view")))
 
 
 # -- collectives (BARRIER) -----------------------------------------------------------------
@@ -195,7 +263,8 @@ class Barrier(NamedTuple):
     ``mode`` ``"post"``: no meeting — rank 0 records the outcome of its ``nth`` call of
     ``name`` since its meeting ``seq`` (answered at once); ``"read"``: answered with that
     outcome once rank 0 posted it (a call rank 0 may make alone, which the others may
-    make too). Old nodes send only ``group``.
+    make too). Old nodes send only ``group``. ``epoch``: in an elastic job, the view the member
+    is in (a meeting of an older view fails with MembershipChangedError); 0 elsewhere, not sent.
     """
 
     group: int
@@ -208,9 +277,12 @@ class Barrier(NamedTuple):
     digest: str = ""
     mode: str = ""
     nth: int = 0
+    epoch: int = 0
 
     def encode(self) -> str:
         body: dict[str, Any] = {"group": self.group}
+        if self.epoch:
+            body["epoch"] = self.epoch
         if self.name:
             body.update(name=self.name, seq=self.seq)
         if self.timeout:
@@ -251,15 +323,21 @@ class Barrier(NamedTuple):
             raise ProtocolError(f"BARRIER: agree must be at most {MAX_AGREE} [str, str] pairs "
                                 f"of at most {MAX_ITEM} characters")
         digest = bounded(header, "digest", field(header, body, "digest", str, ""), 64)
-        return cls(group, name, seq, float(timeout), failure, result, tuple((a[0], a[1]) for a in agree), digest, mode, nth)
+        epoch = field(header, body, "epoch", int, 0)
+        if not 0 <= epoch <= MAX_EPOCH:
+            raise ProtocolError(f"BARRIER: epoch {epoch} is not a view epoch (0..{MAX_EPOCH})")
+        return cls(group, name, seq, float(timeout), failure, result, tuple((a[0], a[1]) for a in agree), digest, mode,
+                   nth, epoch)
 
 
 class Met(NamedTuple):
-    """BARRIER reply: ``{result?: str, failed?: [{rank: int, type: str, message: str}]}``: rank 0's
-    result, and the members that reported a failure (every member then raises)."""
+    """BARRIER reply: ``{result?: str, failed?: [{rank: int, type: str, message: str}], view?: View}``: rank 0's
+    result, the members that reported a failure (every member then raises), and in an elastic job the
+    next view a commit's release hands every member (joins and drains)."""
 
     result: str = ""
     failed: tuple[tuple[int, Failure], ...] = ()
+    view: View | None = None
 
     def encode(self) -> str:
         body: dict[str, Any] = {}
@@ -267,6 +345,7 @@ class Met(NamedTuple):
             body["result"] = self.result
         if self.failed:
             body["failed"] = [{"rank": r, **f._asdict()} for r, f in self.failed]
+        _view_json(body, self.view)
         return dump(body)
 
     @classmethod
@@ -278,7 +357,7 @@ class Met(NamedTuple):
             if not isinstance(item, dict) or type(item.get("rank")) is not int:
                 raise ProtocolError("BARRIER reply: failed must be [{rank: int, type: str, message: str}]")
             failed.append((item["rank"], Failure.parse_value(header, item)))
-        return cls(result, tuple(failed))
+        return cls(result, tuple(failed), View.parse_value(header, body.get("view")))
 
 
 class Meeting(NamedTuple):
@@ -304,6 +383,34 @@ class Meeting(NamedTuple):
             raise ProtocolError(f"SYNC: meeting {seq} is not a meeting count (>= 1)")
         return cls(seq, field(header, body, "settled", bool, True),
                    bounded(header, "name", field(header, body, "name", str, ""), MAX_NAME))
+
+
+ROSTER_OPS = ("gone", "drain")
+
+
+class Roster(NamedTuple):
+    """ROSTER (the launcher's, unregistered): ``{op: "gone"|"drain", slot: int, token: str}``.
+
+    ``gone``: worker ``slot`` exited (a departure: the scheduler makes a failure view now, not
+    after the heartbeat timeout); ``drain``: remove ``slot`` at the next commit. ``token``: the
+    job's launch token (``PSKV_LAUNCH_TOKEN``, 64 lowercase hex digits), without which the
+    scheduler refuses it."""
+
+    op: str
+    slot: int
+    token: str = ""
+
+    def encode(self) -> str:
+        return dump({"op": self.op, "slot": self.slot, "token": self.token})
+
+    @classmethod
+    def parse(cls, header: Header) -> Roster:
+        body = json_object(header)
+        op = field(header, body, "op", str)
+        slot = field(header, body, "slot", int)
+        if op not in ROSTER_OPS or not 0 <= slot < MAX_SLOTS:
+            raise ProtocolError(f"ROSTER: op must be gone or drain and slot in 0..{MAX_SLOTS - 1}")
+        return cls(op, slot, hex_digest(header, body, "token"))
 
 
 class Shutdown(NamedTuple):

@@ -1,6 +1,6 @@
 """The bodies a worker and a server exchange: connections (HELLO, REJOIN), INIT's key names and tables,
-and the control commands (mode, optimizer, controllers, states, checkpoints). The data path's
-messages carry no body, except a compressed push's :class:`CompressionParams`.
+the control commands (mode, optimizer, controllers, states, checkpoints) and an elastic job's (COMMIT,
+KEYS). The data path's messages carry no body, except a compressed push's :class:`CompressionParams`.
 """
 
 from __future__ import annotations
@@ -8,17 +8,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from pskv.arrays.dtypes import FLOAT_DTYPES
+from pskv.arrays.dtypes import FLOAT_DTYPES, SUPPORTED_DTYPES
 from pskv.arrays.tables import check_init
 from pskv.errors import InvalidArgumentError, ProtocolError
 from pskv.partition import server_key
 from pskv.protocol.bodies.fields import MAX_NAME, dump, field, hex_digest, json_object, nonempty
-from pskv.protocol.messages import Flag, Header
+from pskv.protocol.messages import MAX_EPOCH, Flag, Header
 
-__all__ = ["MAX_COMPRESSION_FIELDS", "MAX_KEY_NAME", "MAX_NAMES_CHARS", "MAX_STATE_NAMES", "MAX_TABLE_ROWS",
-           "CheckpointRequest", "CheckpointSaved", "CompressionParams", "ControllerAnswer", "ControllerCall", "Hello",
-           "HelloReply", "InitBody", "OptimizerConfig", "OptimizerStates", "Rejoin", "Rejoined", "SetMode",
-           "StatesRequest"]
+__all__ = ["MAX_COMPRESSION_FIELDS", "MAX_KEY_NAME", "MAX_KEY_PARTS", "MAX_NAMES_CHARS", "MAX_STATE_NAMES",
+           "MAX_TABLE_ROWS", "CheckpointRequest", "CheckpointSaved", "Commit", "CompressionParams", "ControllerAnswer",
+           "ControllerCall", "Hello", "HelloReply", "InitBody", "KeyPart", "KeyTable", "KeysRequest", "OptimizerConfig",
+           "OptimizerStates", "Rejoin", "Rejoined", "SetMode", "StatesRequest"]
 
 
 class Hello(NamedTuple):
@@ -368,3 +368,88 @@ class CheckpointSaved(NamedTuple):
         body = json_object(header)
         return cls(field(header, body, "file", str), field(header, body, "bytes", int),
                    field(header, body, "open_rounds", int))
+
+
+# -- elastic jobs (pskv.cluster.elastic) ------------------------------------------------------
+class Commit(NamedTuple):
+    """COMMIT (worker rank 0 -> every server): ``{epoch: int >= 1, n: int >= 1}``: snapshot the shard as
+    commit ``n`` of view ``epoch``. Answered with an empty reply, or an ERROR (CollectiveMismatchError)
+    when the shard holds an open round, a queued push or a parked pull."""
+
+    epoch: int
+    n: int
+
+    def encode(self) -> str:
+        return dump({"epoch": self.epoch, "n": self.n})
+
+    @classmethod
+    def parse(cls, header: Header) -> Commit:
+        body = json_object(header)
+        epoch, n = field(header, body, "epoch", int), field(header, body, "n", int)
+        if not (0 < epoch <= MAX_EPOCH and 0 < n <= _INT64_MAX):
+            raise ProtocolError(f"COMMIT: epoch and n must be ints in 1..{MAX_EPOCH}")
+        return cls(epoch, n)
+
+
+MAX_KEY_PARTS = 65536  # parts one KEYS reply lists (a longer table comes in pages: KeysRequest.start)
+
+
+class KeysRequest(NamedTuple):
+    """KEYS (a joining worker -> server): ``{start: int >= 0}``: the server's parts from the
+    ``start``-th on (in the server's order), answered with a :class:`KeyTable`."""
+
+    start: int = 0
+
+    def encode(self) -> str:
+        return dump({"start": self.start}) if self.start else ""
+
+    @classmethod
+    def parse(cls, header: Header) -> KeysRequest:
+        start = field(header, json_object(header), "start", int, 0)
+        if not 0 <= start <= _INT64_MAX:
+            raise ProtocolError(f"KEYS: start {start} is not a part index")
+        return cls(start)
+
+
+class KeyPart(NamedTuple):
+    """One part a server holds: its key, element offset in the whole value, dtype, elements (rows of a
+    row-sparse part), row width (0: a dense part) and the key's name (``""``: an int key, or none sent)."""
+
+    key: int
+    offset: int
+    dtype: str
+    size: int
+    row_width: int = 0
+    name: str = ""
+
+
+class KeyTable(NamedTuple):
+    """KEYS reply: ``{parts: [[key, offset, dtype, size, row_width, name], ...], next: int}``: at most
+    :data:`MAX_KEY_PARTS` parts, and ``next``: the start of the next page (0: this was the last)."""
+
+    parts: tuple[KeyPart, ...]
+    next: int = 0
+
+    def encode(self) -> str:
+        return dump({"parts": [list(p) for p in self.parts], "next": self.next})
+
+    @classmethod
+    def parse(cls, header: Header) -> KeyTable:
+        body = json_object(header)
+        parts = field(header, body, "parts", list)
+        follow = field(header, body, "next", int, 0)
+        if len(parts) > MAX_KEY_PARTS or not 0 <= follow <= _INT64_MAX:
+            raise ProtocolError(f"KEYS reply: at most {MAX_KEY_PARTS} parts a page, and next a part index")
+        return cls(tuple(_key_part(header, i, p) for i, p in enumerate(parts)), follow)
+
+
+def _key_part(header: Header, i: int, entry: Any) -> KeyPart:
+    """Entry ``i`` of a :class:`KeyTable`, checked: ints in range, an allowed dtype, a bounded name."""
+    ok = type(entry) is list and len(entry) == 6 and all(type(x) is int for x in entry[:2] + entry[3:5]) \
+        and entry[2] in SUPPORTED_DTYPES and type(entry[5]) is str
+    if not ok or not (-_INT64_MAX - 1 <= entry[0] <= _INT64_MAX and 0 <= entry[1] <= _INT64_MAX
+                      and 0 <= entry[3] <= _INT64_MAX and 0 <= entry[4] <= _INT64_MAX
+                      and len(entry[5]) <= MAX_KEY_NAME):
+        raise ProtocolError(f"KEYS reply: part {i} must be [key, offset >= 0, dtype, size >= 0, row width >= 0, "
+                            f"name (at most {MAX_KEY_NAME} characters)], got {str(entry)[:200]}")
+    return KeyPart(entry[0], entry[1], entry[2], entry[3], entry[4], entry[5])
