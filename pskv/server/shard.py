@@ -46,7 +46,9 @@ Replies are sent without copying, so a value array that may be in flight is neve
 written again: without an updater a completed round *replaces* the value by the merge
 buffer (and the next round gets a fresh one); with an updater, which changes the value
 in place, :meth:`Part.wire_value` hands out a snapshot — one per round, shared by every
-pull of that round.
+pull of that round. Every in-place write of a value goes through ``observer.applied``, where an
+elastic job's commit snapshots copy the key before its first write after a commit
+(:mod:`pskv.server.commits`); :meth:`ServerShard.overwrite`'s caller asks them first itself.
 """
 
 from __future__ import annotations
@@ -59,10 +61,11 @@ from typing import Any, NamedTuple, TypeVar
 import numpy as np
 
 from pskv.arrays.dtypes import bf16_bits_to_f32, f32_to_bf16_bits
-from pskv.errors import DTypeMismatchError, DuplicateKeyError, InvalidArgumentError, ShapeMismatchError, UnknownKeyError
+from pskv.errors import InvalidArgumentError
 from pskv.optimizer.base import UpdateFn
 from pskv.server import rows as sparse_rows
 from pskv.server.part import MAX_PUSHES_AHEAD, Allocator, KeySlice, Part, PartId, PushLog, storage_dtype, to_storage
+from pskv.server.part_init import PartInit
 from pskv.server.rows import RowBatch
 from pskv.server.void import VoidRounds, hold
 
@@ -100,8 +103,8 @@ class OpenRound(NamedTuple):
     age: float  # seconds since its first push
 
 
-class ServerShard:
-    """All parts of one server.
+class ServerShard(PartInit):
+    """All parts of one server (made and found by :class:`~pskv.server.part_init.PartInit`).
 
     Args:
         num_workers: workers whose pushes make up one sync round.
@@ -112,17 +115,13 @@ class ServerShard:
 
     def __init__(self, num_workers: int, sync: bool = True, allocate: Allocator | None = None,
                  workers: tuple[int, ...] = (), observer: ShardObserver | None = None) -> None:
+        super().__init__(sync, allocate, workers)
         self.num_workers = num_workers
-        self.sync = sync
-        self._allocate = allocate
-        self._workers = workers
-        self.parts: dict[PartId, Part] = {}
         self.updater: UpdateFn | None = None
         # Workers that joined (ran out of data, see :meth:`join`): sync rounds complete
         # without them until every worker has joined.
         self.joined: set[int] = set()
         self.void = VoidRounds()  # rounds a refused push holds a place in (void_push)
-        self._pieces: dict[int, KeySlice] = {}  # key -> its parts here, by offset (one slice, maybe cut)
         self.observer = observer or ShardObserver()
 
     def _full(self, part: Part) -> bool:
@@ -153,72 +152,7 @@ class ServerShard:
                     completed.append(part)
         return completed
 
-    # -- init -------------------------------------------------------------------------
-    def init(self, key: int, offset: int, dtype: str, frame: np.ndarray[Any, Any], summed: bool = False) -> None:
-        """Create a part from rank 0's value (``summed``: rounds bypass the updater).
-
-        Raises:
-            DuplicateKeyError: the part exists.
-        """
-        pid = (key, offset)
-        if pid in self.parts:
-            raise DuplicateKeyError(key)
-        self._create(key, offset, dtype, to_storage(dtype, frame).reshape(-1), summed)
-
-    def init_rows(self, key: int, offset: int, dtype: str, count: int, width: int, batch: RowBatch | None,
-                  drawn: np.ndarray[Any, Any] | None = None, summed: bool = False) -> None:
-        """Create a row-sparse part of ``count`` rows of ``width`` elements (global rows from
-        ``offset // width``): zeros, or ``drawn`` (every row present), then ``batch``'s rows.
-
-        Raises:
-            DuplicateKeyError: the part exists.
-        """
-        if (key, offset) in self.parts:
-            raise DuplicateKeyError(key)
-        value = np.zeros(count * width, storage_dtype(dtype)) if drawn is None else drawn.reshape(-1)
-        part = self._create(key, offset, dtype, value, summed, row_width=width, own=True)
-        table = part.table()
-        present = sparse_rows.all_rows(count) if drawn is not None else np.zeros(0, np.int64)
-        if batch is not None and batch.ids.size:
-            table[batch.ids] = batch.rows
-            present = sparse_rows.joined(present, batch.ids, count)
-        part.present = present
-
-    def restore(self, key: int, offset: int, dtype: str, stored: np.ndarray[Any, Any], rounds: int,
-                summed: bool = False, row_width: int = 0, present: np.ndarray[Any, Any] | None = None) -> None:
-        """Create a part from a checkpoint: ``stored`` is the value as stored (storage dtype);
-        ``row_width`` > 0: a row-sparse part whose present rows are ``present`` (local ids).
-
-        The workers' first ``init`` of it is accepted and ignored (:meth:`accept_init`).
-        """
-        if stored.dtype != storage_dtype(dtype):
-            raise InvalidArgumentError(f"key {key}: a {dtype} part stored as {stored.dtype}")
-        if row_width and stored.size % row_width:
-            raise InvalidArgumentError(f"key {key}: a row-sparse part of {stored.size} elements is not made of "
-                                       f"rows of {row_width}")
-        part = self._create(key, offset, dtype, stored.reshape(-1), summed, row_width=row_width)
-        if row_width:
-            part.present = np.zeros(0, np.int64) if present is None else present
-        part.round = rounds
-        part.restored = True
-
-    def accept_init(self, key: int, offset: int, dtype: str, size: int, width: int = 0) -> bool:
-        """True if an init of ``(key, offset)`` meets a part restored from a checkpoint (then a no-op).
-
-        Raises:
-            DTypeMismatchError, ShapeMismatchError: the init does not fit the restored part.
-        """
-        part = self.parts.get((key, offset))
-        if part is None or not part.restored:
-            return False
-        if width != part.row_width:
-            kinds = [f"row-sparse (rows of {w})" if w else "dense" for w in (part.row_width, width)]
-            raise InvalidArgumentError(f"init of key {key}: the checkpoint holds it {kinds[0]}, the init makes "
-                                       f"it {kinds[1]}")
-        self.check(key, offset, dtype, size, "init (of a key restored from a checkpoint)")
-        part.restored = False
-        return True
-
+    # -- whole values (making and finding parts: PartInit) ---------------------------------
     @staticmethod
     def overwrite(part: Part, data: np.ndarray[Any, Any]) -> None:
         """Replace ``part``'s value in place (a broadcast; every reader finished at the barrier before)."""
@@ -228,53 +162,6 @@ class ServerShard:
     def snapshot(self) -> list[tuple[Part, np.ndarray[Any, Any]]]:
         """Every part with a copy of its value (as stored), for a checkpoint."""
         return [(p, p.value.copy()) for p in self.parts.values()]
-
-    def _create(self, key: int, offset: int, dtype: str, data: np.ndarray[Any, Any], summed: bool,
-                row_width: int = 0, own: bool = False) -> Part:
-        pieces = self._pieces.setdefault(key, KeySlice(key))
-        other = pieces.overlapping(offset, data.size)
-        if other is not None:
-            raise InvalidArgumentError(
-                f"key {key}: a part of elements [{offset}, {offset + data.size}) overlaps the part "
-                f"[{other.offset}, {other.offset + other.value.size}) this server holds (a checkpoint made "
-                "with another PSKV_PART_BYTES, MXNET_KVSTORE_BIGARRAY_BOUND or number of servers?)"
-            )
-        if self._allocate is not None and self.sync and dtype != "bfloat16" and not row_width:
-            # shared buffers: co-located workers push into their slot and read the value in place
-            part = pieces.shared_part(self._allocate, offset, dtype, data)
-            part.slots = {w: self._allocate(key, offset, f"w{w}", part.value.dtype, data.size) for w in self._workers}
-            part.summed = summed
-        else:  # ``own``: ``data`` is this server's (made for this part): kept, not copied (a drawn table's range)
-            value = np.asarray(data, storage_dtype(dtype)) if own else np.array(data, storage_dtype(dtype), copy=True)
-            part = Part(key, offset, dtype, value, summed=summed, row_width=row_width,
-                        first_row=offset // row_width if row_width else 0)
-            pieces.add(part)
-        self.parts[(key, offset)] = part
-        return part
-
-    def part(self, key: int, offset: int, op: str) -> Part:
-        """The part ``(key, offset)``.
-
-        Raises:
-            UnknownKeyError: it was never initialised.
-        """
-        p = self.parts.get((key, offset))
-        if p is None:
-            raise UnknownKeyError(key, op)
-        return p
-
-    def check(self, key: int, offset: int, dtype: str, size: int, op: str) -> Part:
-        """The part, after checking that an incoming frame fits it.
-
-        Raises:
-            UnknownKeyError, DTypeMismatchError, ShapeMismatchError.
-        """
-        p = self.part(key, offset, op)
-        if dtype != p.dtype:
-            raise DTypeMismatchError(key, op, p.dtype, dtype)
-        if size != p.value.size:
-            raise ShapeMismatchError(key, op, (p.value.size,), (size,))
-        return p
 
     # -- push -------------------------------------------------------------------------
     def landed(self, part: Part, worker: int, number: int) -> bool:
@@ -425,8 +312,8 @@ class ServerShard:
                 )
             if part.row_width:
                 part.present = self._apply_rows(part, data)
-            elif part.summed:
-                np.add(part.value, data, out=part.value)
+            elif part.summed:  # in place: told to the observer as any update is (an elastic job's copy-on-write)
+                self.observer.applied(part, np.add, part.value, data, part.value)
             else:
                 self._update(part, data)
             part.round += 1
