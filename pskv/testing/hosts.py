@@ -22,6 +22,11 @@ network namespace with its own UTS namespace and host name ``NAME``. So pskv's
 :func:`~pskv.transport.shm.host_id` differs per host, and the shared-memory path is
 taken exactly between processes of one host, as on real machines.
 
+TCP inside the hosts uses the machine's default congestion control
+(``net.ipv4.tcp_congestion_control``; ``bench/bench_hosts.py`` records it): with BBR, the
+flows of a parameter server share the shaped links unevenly, which pskv's data connections
+avoid by leaving BBR (:mod:`pskv.transport.stream`).
+
 Needs root (or CAP_SYS_ADMIN + CAP_NET_ADMIN), ``ip`` and ``unshare``; where any of it
 is missing or not permitted, :class:`SimulatedHosts` raises :class:`Unavailable` (tests
 skip).

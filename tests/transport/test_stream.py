@@ -11,7 +11,16 @@ import pytest
 
 from pskv.errors import InvalidArgumentError, ProtocolError
 from pskv.transport.bounds import Bounds
-from pskv.transport.stream import MAGIC, OPENING_BYTES, StreamConnection, listen_tcp, tag_of
+from pskv.transport.stream import (
+    AVOIDED,
+    INSTEAD,
+    MAGIC,
+    OPENING_BYTES,
+    StreamConnection,
+    choose_congestion,
+    listen_tcp,
+    tag_of,
+)
 
 BOUNDS = Bounds(max_message_bytes=1 << 20, max_frames=8, send_queue_bytes=4 << 20, slow_peer_timeout=5.0)
 TAG = tag_of("0123456789abcdef", 0)
@@ -164,3 +173,20 @@ def test_tags_are_a_session_and_a_lane():
     for session, lane in (("0123", 0), ("0123456789abcdeg", 0), ("0123456789abcdef", 10)):
         with pytest.raises(ValueError):
             tag_of(session, lane)
+
+
+def _congestion(sock: socket.socket) -> bytes:
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0")
+
+
+def test_data_connections_leave_bbr_for_a_loss_based_congestion_control_and_keep_any_other(listener):
+    with socket.socket() as probe, socket.socket() as other:
+        try:
+            probe.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, b"bbr")
+            other.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, b"reno")
+        except (AttributeError, OSError):
+            pytest.skip("no TCP_CONGESTION, or no bbr in this kernel")
+        assert choose_congestion(probe) in INSTEAD and _congestion(probe) in INSTEAD
+        assert choose_congestion(other) == b"reno"  # the system's other choices are kept
+    client, server = pair(listener)  # both ends choose (on a machine whose default is bbr, this is the fix)
+    assert _congestion(client._sock) not in AVOIDED and _congestion(server._sock) not in AVOIDED
