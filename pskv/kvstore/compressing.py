@@ -7,20 +7,26 @@ later — pskv refuses with a clear error), compression applies to float32 value
 value a push carries — one per device — is compressed with its own residual (per key
 and device, as MXNet's ``device`` store does), and the store sums what the receiver
 decodes. Beyond MXNet: the ``local`` store and ``pushpull`` compress too.
+
+Beyond MXNet too: a key of a distributed store may be initialised with a compression of its
+own (``init(keys, values, compression=)``, :func:`key_compressions`), whenever the store's is
+set or not and even if the key is ``summed`` (the servers sum what they decode): what
+``pskv.torch``'s ``Compression.twobit()`` and the like ask for, since a Horovod script
+broadcasts its parameters (an ``init``) before anything could set the store's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
 from pskv.arrays import ArrayMeta, clone, describe, from_wire, to_numpy
 from pskv.compression import Compressor, Residuals, create, ontorch
-from pskv.errors import InvalidArgumentError
+from pskv.errors import InvalidArgumentError, NotSupportedError
 
-__all__ = ["GradientCompression"]
+__all__ = ["GradientCompression", "agreed", "key_compressions"]
 
 
 class GradientCompression:
@@ -129,3 +135,51 @@ class GradientCompression:
         if saved is not None and saved.size == flat.numel():
             return flat.new_tensor(saved)
         return flat.new_zeros(flat.numel())
+
+
+class _NewKey(Protocol):
+    """What :func:`key_compressions` reads and sets of a new key's layout (:class:`pskv.worker.layout.KeyLayout`)."""
+
+    meta: ArrayMeta
+    own: Compressor | None
+
+    @property
+    def sparse(self) -> bool: ...
+
+
+def key_compressions(compression: Any, keys: Sequence[Any], layouts: Sequence[_NewKey]) -> None:
+    """Give each new key's layout the compression an ``init(keys, ..., compression=)`` names for it (``own``).
+
+    ``compression``: None (no key's own), one dict of parameters for every key
+    (``{'type': '2bit', 'threshold': 0.5}``: :func:`pskv.compression.create`), or a list of
+    them (or None), one per key. ``layouts``: the keys', in ``keys``' order. Every worker must
+    give a key the same (:func:`agreed`: the init's meeting compares it).
+
+    Raises:
+        InvalidArgumentError, InvalidTypeError: a list of another length, an unknown type or a bad
+            parameter (``both_ways`` and ``min_size`` are the store's, not a key's), a key that is
+            not float32 (compression takes float32 values only).
+        NotSupportedError: a row-sparse key (its pushes are rows).
+    """
+    if compression is None:
+        return
+    listed = list(compression) if isinstance(compression, (list, tuple)) else [compression] * len(keys)
+    if len(listed) != len(keys):
+        raise InvalidArgumentError(f"init: {len(listed)} compressions for {len(keys)} keys; give one per key, or "
+                                   "one dict for all")
+    for key, params, rec in zip(keys, listed, layouts):
+        if params is None:
+            continue
+        compressor = create(params)
+        if rec.sparse:
+            raise NotSupportedError(f"init of key {key!r}: compression {compressor.type!r} does not take row-sparse "
+                                    "keys (their pushes are rows)")
+        if rec.meta.dtype != "float32":
+            raise InvalidArgumentError(f"init of key {key!r}: compression {compressor.type!r} takes float32 values "
+                                       f"only; the key holds {rec.meta.dtype}")
+        rec.own = compressor  # equal ones (same parameters) share one KeyCompression on the worker
+
+
+def agreed(own: Compressor | None) -> str:
+    """What a key's own compression adds to the description of the key every worker's ``init`` must agree on."""
+    return "" if own is None else f" compressed {own.params}"

@@ -41,7 +41,7 @@ from pskv.config import ClusterConfig, Config
 from pskv.errors import InvalidArgumentError, NodeFailedError, NotSupportedError
 from pskv.kvstore import dist_rows
 from pskv.kvstore.collectives import ServerCollectives
-from pskv.kvstore.compressing import GradientCompression
+from pskv.kvstore.compressing import GradientCompression, agreed, key_compressions
 from pskv.kvstore.dist_job import SETTLE_BEFORE_BARRIER, DistJob
 from pskv.kvstore.dist_rows import DistRows, RowInit
 from pskv.kvstore.engine import Deferred
@@ -94,10 +94,8 @@ class DistStore(DistJob):
             self._num_workers = info.num_workers
             self._num_servers = info.num_servers
             self._servers = ServerCollectives(self._worker, cluster, self._rank, self._engine)
-            self._pushes = PushNumbers(self._worker, self._recovery, self)  # a replacement: its guard too
-            if self._recovery:  # the job runs already: nobody else is at a creation barrier
-                log.warning("worker %d: a replacement process joins the running job (is_recovery)", self._rank)
-            else:  # rank 0 sets the servers' mode; every worker learns whether it could
+            self._pushes = PushNumbers(self._worker, self._recovery, self, self._rank)  # a replacement: its guard too
+            if not self._recovery:  # rank 0 sets the servers' mode; every worker learns whether it could
                 self._servers.run("create", lambda: self._worker.control.set_mode(self._store_type.sync),
                                   settle=lambda: None, before=False)
         except BaseException:
@@ -124,12 +122,13 @@ class DistStore(DistJob):
             self._worker.compression.restore(self._cluster.resume_from, read_manifest(self._cluster.resume_from),
                                              self._num_workers)
 
-    def init(self, key: Any, value: Any, *, summed: bool = False) -> None:
+    def init(self, key: Any, value: Any, *, summed: bool = False, compression: Any = None) -> None:
         """Initialise keys on every worker; rank 0's values are used.
 
         Every worker must call ``init`` for the same keys; it returns when the keys are initialised for
         everyone. ``summed=True`` makes keys whose sync rounds always store the plain sum of the pushes,
         even when an optimizer runs on the servers (counters and flags next to model weights; async: added).
+        ``compression``: the keys' own gradient compression (:func:`~pskv.kvstore.compressing.key_compressions`).
 
         Raises:
             DuplicateKeyError, KeyTypeError, UnsupportedValueError: as the local store.
@@ -145,6 +144,7 @@ class DistStore(DistJob):
         try:
             keys, staged = self._new_values(key, value, "init")
             pairs = [(k, self._layout(k, v, summed), [v]) for k, v in staged]
+            key_compressions(compression, keys, [rec for _, rec, _ in pairs])  # each layout's own
             self._key_kind.check(keys, fix=True)
             sparse = DistRows.staged(pairs, tables, summed)
         except Exception as exc:
@@ -168,7 +168,7 @@ class DistStore(DistJob):
             # every worker's keys, shapes and dtypes must agree (InitMismatchError on every worker
             # if not); once the call returns, rank 0's init (and the servers' shared buffers) exist
             agree = [(repr(rec.key), f"shape {tuple(rec.meta.shape)} dtype {rec.meta.dtype}"
-                      + (" row-sparse" if rec.sparse else "")) for rec in recs]
+                      + (" row-sparse" if rec.sparse else "") + agreed(rec.own)) for rec in recs]
             self._servers.run("init", send, settle=settle, agree=agree)
         else:  # number the pushes on from those of this rank that reached the servers (push_count)
             self._pushes.resume(recs)

@@ -3,7 +3,7 @@
 Every push (and pushpull) a worker rank makes of a key is numbered, per part of the key
 (:attr:`~pskv.worker.KeyLayout.pushes`); a server applies a push number once. A process
 that replaces a dead worker of a running job (``is_recovery``) learns at its REJOIN how
-many pushes of its rank reached each server (:meth:`~pskv.worker.KVWorker.resume`) and
+many pushes of its rank reached each server (:class:`~pskv.worker.replacement.WorkerRejoin`) and
 numbers on from there, so re-pushing a step that had landed changes nothing.
 
 ``resume_step`` is the step a training loop that pushes each key once per step goes on
@@ -19,6 +19,7 @@ replacement whose rank never pushed the key goes on from step 0 either way.
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
@@ -28,6 +29,8 @@ from pskv.kvstore.keys import Key
 from pskv.worker import KeyLayout, KVWorker
 
 __all__ = ["PushNumbers", "ResumeGuard"]
+
+log = logging.getLogger("pskv.dist")
 
 GUARDED = ("push", "pushpull")  # the store's calls that number a push
 
@@ -87,23 +90,26 @@ class PushNumbers:
 
     Args:
         worker: the store's worker layer (it learnt at REJOIN which pushes arrived).
-        recovery: whether this process replaced a dead worker of a running job.
+        recovery: whether this process replaced a dead worker of a running job (the log says so).
         store: the dist store, whose pushes a replacement's :class:`ResumeGuard` holds back.
+        rank: this worker's rank, for the log.
     """
 
-    def __init__(self, worker: KVWorker, recovery: bool, store: Any) -> None:
+    def __init__(self, worker: KVWorker, recovery: bool, store: Any, rank: int) -> None:
         self._worker = worker
         self._recovery = recovery
+        if recovery:  # the job runs already: nobody else is at a creation barrier
+            log.warning("worker %d: a replacement process joins the running job (is_recovery)", rank)
         self._resumed: dict[Key, int] = {}  # a replacement: per key, pushes of this rank that had arrived
         self._guard = ResumeGuard(store)
 
     def resume(self, recs: Sequence[KeyLayout]) -> None:
         """A replacement's keys: number their pushes on from those of this rank that reached the servers."""
-        self._worker.resume(recs)
+        rejoin = self._worker.client.rejoin
+        rejoin.resume(recs)
         self._resumed.update((rec.key, rec.pushes[0]) for rec in recs)
-        landed = self._worker.client.landed  # any part's count: a key whose parts differ was pushed too
-        self._guard.arm({rec.key: most for rec in recs
-                         if (most := max((landed.get((rec.skey, offset), 0) for _, offset, _ in rec.parts), default=0))})
+        # any part's count (a key whose parts differ was pushed too) arms the guard
+        self._guard.arm({rec.key: most for rec in recs if (most := rejoin.most(rec))})
 
     @staticmethod
     def count(rec: KeyLayout) -> int:

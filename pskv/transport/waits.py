@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import select
 import threading
@@ -154,4 +155,4 @@ class Timers:
                 due = now + interval
                 self._timers[i] = (due, interval, callback)
             nearest = min(nearest, due)
-        return max(0, int((nearest - time.monotonic()) * 1000))
+        return max(0, math.ceil((nearest - time.monotonic()) * 1000))  # rounded down, the last ms polls in a spin

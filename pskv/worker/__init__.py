@@ -14,8 +14,10 @@ Layers, each importing only the ones below it:
   log replayed to a replacement server.
 * :mod:`~pskv.worker.client` — :class:`WorkerClient`: the connection and the priority
   send queue; :mod:`~pskv.worker.quiet` — confirmation of quiet pushes;
+  :mod:`~pskv.worker.fold` — a small quiet push held for the pull behind it (one ``PUSHPULL``);
   :mod:`~pskv.worker.lanes` — the connections to each server, opened and opened again;
-  :mod:`~pskv.worker.replacement` — a reset connection, a replaced server.
+  :mod:`~pskv.worker.replacement` — a reset connection, a replaced server, this process replacing a
+  dead worker (REJOIN).
 """
 
 from pskv.worker.client import WorkerClient

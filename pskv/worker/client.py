@@ -54,14 +54,15 @@ from pskv.protocol import (
     node_name,
     node_role_rank,
 )
-from pskv.protocol.bodies import Counters, Rejoin, Rejoined
+from pskv.protocol.bodies import Counters
 from pskv.transport import IO_THREADS
 from pskv.transport.polled import PolledConnection
 from pskv.transport.stream import StreamConnection
 from pskv.transport.unix import LocalConnection
+from pskv.worker.fold import HeldPushes
 from pskv.worker.lanes import Lanes
 from pskv.worker.quiet import QuietPushes
-from pskv.worker.replacement import ServerReplacement
+from pskv.worker.replacement import ServerReplacement, WorkerRejoin
 
 __all__ = ["WorkerClient", "WorkerRequest"]
 
@@ -150,10 +151,11 @@ class WorkerClient:
         # servers being replaced or reconnected: their requests wait in the queue (_hold, _release)
         self._paused: collections.Counter[int] = collections.Counter()
         self.quiet = QuietPushes(self.tracker, self._sync)  # quiet requests sent, not yet confirmed
+        self.held = HeldPushes(self)  # quiet pushes held for the pull behind them (KVWorker's)
         self._seq = itertools.count()
         self._tx = os.urandom(8).hex()  # names this worker's send-only sockets (HELLO) and data connections
         self.info: NodeInfo | None = None
-        self.landed: dict[tuple[int, int], int] = {}  # rejoin: per (server key, offset), this rank's pushes in
+        self.rejoin = WorkerRejoin(self)  # a replacement of a dead worker: its rank's pushes that arrived (REJOIN)
         self._reactor.add_timer(EXPIRY_INTERVAL, self._expire)
 
     # -- life cycle ---------------------------------------------------------------------
@@ -173,20 +175,6 @@ class WorkerClient:
         if info.recovery:  # a replacement of a dead worker: each server says which pushes of this rank arrived
             self.rejoin(len(info.servers), self._cluster.startup_timeout)
         return info
-
-    def rejoin(self, num_servers: int, timeout: float) -> None:
-        """A replacement process: ``REJOIN`` every server; :attr:`landed` gets their counts of this rank's pushes.
-
-        Raises:
-            OperationTimeoutError, RemoteError, NodeFailedError: a server did not answer.
-            ProtocolError: an answer is malformed.
-        """
-        body = Rejoin(self.info.token if self.info is not None else "").encode()
-        pendings = [self.request(s, Command.REJOIN, what="rejoin", timeout=timeout, body=body)
-                    for s in range(num_servers)]
-        for pending in pendings:
-            for key, offset, count in Rejoined.parse(pending.wait(timeout)).counts:
-                self.landed[(key, offset)] = count
 
     def connect_in_process(self, info: NodeInfo, channels: Sequence[Channel], membership: Any) -> None:
         """Talk to servers of this process through ``channels`` (one per server rank), without sockets.
@@ -333,6 +321,13 @@ class WorkerClient:
         return True
 
     def _queue_and_send(self, key: float, server: int, frames: list[Any], pending: WorkerRequest) -> None:
+        if self.held.held:  # a push held for a pull leaves before anything else to its server (pskv.worker.fold)
+            self.held.release(server)
+        self.enqueue(key, server, frames, pending)
+
+    def enqueue(self, key: float, server: int, frames: list[Any], pending: WorkerRequest) -> None:
+        """Send ``pending`` now or queue it (order ``key``); a held push (:class:`HeldPushes`, which sends them here)
+        is left where it is."""
         if not self._queue and self._send_lock.acquire(blocking=False):
             try:  # nothing queued and nobody sending: no order to keep, straight out
                 direct = not self._queue and server not in self._paused  # paused before a swap of its sender

@@ -21,6 +21,16 @@ covers; :class:`PushCompression` applies it to this worker's messages:
 
 :class:`NoCompression` is every worker's until then: nothing compressed, and a
 compressed reply is a protocol error.
+
+**A key's own compression** (``init(..., compression=)``, :func:`pskv.kvstore.compressing.key_compressions`;
+what ``pskv.torch``'s ``Compression.twobit()`` and the like use) is held by either owner: such a key's
+pushes are compressed by its compression, whatever the store's — ``summed`` keys too, since the
+servers sum what they decode — with residuals of its own. Each compression is a
+:class:`KeyCompression` (its residuals per part, its two threads; the store's is one too), and
+a message carries the parts of one compression (:meth:`NoCompression.push_groups`), so the servers
+decode each message by the compression its body names: nothing about it is sent at init. Its
+replies travel uncompressed, and its residuals are not in server checkpoints (a resumed job's
+start at zero).
 """
 
 from __future__ import annotations
@@ -42,7 +52,7 @@ from pskv.worker.layout import KeyLayout, Part, part_view
 from pskv.worker.observe import CallObserver
 from pskv.worker.residuals import RestoredResiduals
 
-__all__ = ["NoCompression", "PushCompression", "Settings"]
+__all__ = ["KeyCompression", "NoCompression", "PushCompression", "Settings"]
 
 
 class Settings(Protocol):
@@ -58,22 +68,101 @@ class Settings(Protocol):
     def applies(self, meta: ArrayMeta, summed: bool = False) -> bool: ...
 
 
+class KeyCompression:
+    """One compression of pushes: its compressor, the residual of each part it compressed, two threads.
+
+    Args:
+        compressor: what the parts' payloads are made with.
+        observe: the worker's observer (the ``compress`` spans).
+        both_ways: the replies of its keys come compressed too (the store's ``both_ways``).
+    """
+
+    def __init__(self, compressor: Compressor, observe: CallObserver, both_ways: bool = False) -> None:
+        self.compressor = compressor
+        self.both_ways = both_ways
+        self.body = CompressionParams(compressor.params).encode()  # every message it compresses names it
+        self._observe = observe
+        self.residuals = Residuals()  # per (server key, offset): what compression left out
+        self._pool: ThreadPoolExecutor | None = None  # made at the first compressed push
+
+    def payloads(self, items: Sequence[Part]) -> Future[list[np.ndarray[Any, Any]]]:
+        """The payloads of a message's parts ``items``, being made on a compressing thread."""
+        if self._pool is None:  # NumPy's and Numba's loops let go of the GIL: two threads compress
+            self._pool = ThreadPoolExecutor(2, thread_name_prefix="pskv-compress")
+        return self._pool.submit(self._compress, items)
+
+    def _compress(self, items: Sequence[Part]) -> list[np.ndarray[Any, Any]]:
+        """Each part's payload, compressed with this worker's residual of the part (which it updates)."""
+        start = self._observe.now()
+        payloads = [self.compressor.compress(part_view(rec, rec.outgoing, i),
+                                             self.residuals.get((rec.skey, rec.parts[i][1]), 0, rec.parts[i][2]))
+                    for rec, i in items]
+        self._observe.compressed(start, items)
+        return payloads
+
+    def write_slots(self, items: Sequence[Part], payloads: Future[list[np.ndarray[Any, Any]]]) -> None:
+        """Write into each part's shared-memory slot what its payload decodes to (what the server would
+        decode: no network to save on)."""
+        for (rec, i), payload in zip(items, payloads.result()):
+            np.copyto(rec.shm[i].slot, self.compressor.decompress(payload, rec.parts[i][2]))  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        """Stop the compressing threads (idempotent)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+Groups = list[tuple["KeyCompression | None", list[KeyLayout]]]
+
+
 class NoCompression:
-    """A worker that does not compress: no key's pushes are, and no reply may be."""
+    """A worker without the store's compression: only keys initialised with their own are compressed,
+    and no reply may be."""
 
     on = False
     both_ways = False  # replies of compressed keys' sums come compressed too
     body = ""  # the compression, as every compressed message names it in its body
+
+    def __init__(self) -> None:
+        self._own: dict[int, KeyCompression] = {}  # server key -> the compression it was initialised with
+        self._by: dict[Compressor, KeyCompression] = {}  # one per distinct compression (its messages, its threads)
 
     @property
     def params(self) -> dict[str, Any]:
         """The compression as ``set_gradient_compression`` got it (complete), or ``{}``."""
         return {}
 
-    def adopt(self, layouts: Sequence[KeyLayout], summed: bool) -> None:
-        """Mark which of the new keys ``layouts`` have their pushes compressed: none."""
+    def adopt(self, layouts: Sequence[KeyLayout], summed: bool, observe: CallObserver | None = None) -> None:
+        """Mark which of the new keys ``layouts`` have their pushes compressed: those with a compression of
+        their own (``rec.own``: its :class:`KeyCompression` observed by ``observe``) and those the store's rule covers."""
         for rec in layouts:
-            rec.compress = False
+            rec.compress = rec.own is not None or self._covers(rec, summed)
+            if rec.own is not None:
+                sender = self._by.get(rec.own)
+                if sender is None:
+                    assert observe is not None, "a key's own compression needs the worker's observer"
+                    sender = self._by[rec.own] = KeyCompression(rec.own, observe)
+                self._own[rec.skey] = sender
+
+    def _covers(self, rec: KeyLayout, summed: bool) -> bool:
+        """Whether the store's compression covers a new key (no: there is none)."""
+        return False
+
+    def _sender(self, rec: KeyLayout) -> KeyCompression | None:
+        """The compression of a key whose pushes are compressed."""
+        return self._own.get(rec.skey)
+
+    def push_groups(self, layouts: Sequence[KeyLayout]) -> Groups:
+        """``layouts`` by the compression of their pushes: each compression's keys, then the plain ones (None)."""
+        groups: dict[int, tuple[KeyCompression | None, list[KeyLayout]]] = {}
+        for rec in layouts:
+            sender = self._sender(rec) if rec.compress else None
+            groups.setdefault(id(sender), (sender, []))[1].append(rec)
+        return sorted(groups.values(), key=lambda g: g[0] is None)
+
+    def pull_groups(self, layouts: Sequence[KeyLayout]) -> list[tuple[Sequence[KeyLayout], bool]]:
+        """``layouts`` as ``(keys, whether their replies come compressed)``: none here."""
+        return [(layouts, False)]
 
     def decoder(self, header: Header, node: int) -> Compressor | None:
         """The compressor a reply's values are decoded with (None: not compressed).
@@ -95,6 +184,8 @@ class NoCompression:
 
     def close(self) -> None:
         """Stop the compressing threads (idempotent)."""
+        for sender in self._by.values():
+            sender.close()
 
 
 class PushCompression(NoCompression):
@@ -109,50 +200,48 @@ class PushCompression(NoCompression):
     on = True
 
     def __init__(self, settings: Settings, rank: int, num_servers: int, observe: CallObserver) -> None:
+        super().__init__()
         self._settings = settings
+        self._store = KeyCompression(settings.compressor, observe, settings.both_ways)
         self.compressor = settings.compressor
         self.both_ways = settings.both_ways
-        self.body = CompressionParams(self.compressor.params).encode()
+        self.body = self._store.body
         self._rank = rank
         self._num_servers = num_servers
-        self._observe = observe
-        self._residuals = Residuals()  # per (server key, offset): what compression left out
         self._restored = RestoredResiduals(rank)
-        self._pool: ThreadPoolExecutor | None = None  # made at the first compressed push
 
     @property
     def params(self) -> dict[str, Any]:
         return self._settings.params
 
-    def adopt(self, layouts: Sequence[KeyLayout], summed: bool) -> None:
-        """Mark which of the new keys ``layouts`` have their pushes compressed (float32 keys the store's
-        rule covers), and give them the residuals restored for them."""
-        for rec in layouts:
-            rec.compress = rec.meta.dtype == "float32" and self._settings.applies(rec.meta, summed)
+    def adopt(self, layouts: Sequence[KeyLayout], summed: bool, observe: CallObserver | None = None) -> None:
+        """Mark which of the new keys ``layouts`` have their pushes compressed (their own compression, or
+        float32 keys the store's rule covers), and give the latter the residuals restored for them."""
+        super().adopt(layouts, summed, observe)
         if self._restored:
-            self._restored.take(layouts, self._residuals)
+            self._restored.take([rec for rec in layouts if rec.skey not in self._own], self._store.residuals)
+
+    def _covers(self, rec: KeyLayout, summed: bool) -> bool:
+        return rec.meta.dtype == "float32" and self._settings.applies(rec.meta, summed)
+
+    def _sender(self, rec: KeyLayout) -> KeyCompression | None:
+        return self._own.get(rec.skey, self._store)
+
+    def pull_groups(self, layouts: Sequence[KeyLayout]) -> list[tuple[Sequence[KeyLayout], bool]]:
+        """``both_ways``: the store's compressed keys (their replies come compressed), then the others."""
+        squeezed = [rec for rec in layouts if rec.compress and rec.skey not in self._own] if self.both_ways else []
+        if not squeezed:
+            return [(layouts, False)]
+        return [(squeezed, True), ([rec for rec in layouts if not rec.compress or rec.skey in self._own], False)]
 
     # -- pushes ----------------------------------------------------------------------------
     def payloads(self, items: Sequence[Part]) -> Future[list[np.ndarray[Any, Any]]]:
-        """The payloads of a message's parts ``items``, being made on a compressing thread."""
-        if self._pool is None:  # NumPy's and Numba's loops let go of the GIL: two threads compress
-            self._pool = ThreadPoolExecutor(2, thread_name_prefix="pskv-compress")
-        return self._pool.submit(self._compress, items)
-
-    def _compress(self, items: Sequence[Part]) -> list[np.ndarray[Any, Any]]:
-        """Each part's payload, compressed with this worker's residual of the part (which it updates)."""
-        start = self._observe.now()
-        payloads = [self.compressor.compress(part_view(rec, rec.outgoing, i),
-                                             self._residuals.get((rec.skey, rec.parts[i][1]), 0, rec.parts[i][2]))
-                    for rec, i in items]
-        self._observe.compressed(start, items)
-        return payloads
+        """The payloads of a message's parts ``items`` under the store's compression (:meth:`KeyCompression.payloads`)."""
+        return self._store.payloads(items)
 
     def write_slots(self, items: Sequence[Part], payloads: Future[list[np.ndarray[Any, Any]]]) -> None:
-        """Write into each part's shared-memory slot what its payload decodes to (what the server would
-        decode: no network to save on)."""
-        for (rec, i), payload in zip(items, payloads.result()):
-            np.copyto(rec.shm[i].slot, self.compressor.decompress(payload, rec.parts[i][2]))  # type: ignore[union-attr]
+        """:meth:`KeyCompression.write_slots` of the store's compression."""
+        self._store.write_slots(items, payloads)
 
     def decoder(self, header: Header, node: int) -> Compressor | None:
         if header.flags & Flag.COMPRESSED and header.body == self.body:
@@ -168,7 +257,7 @@ class PushCompression(NoCompression):
         Raises:
             CheckpointError: the file could not be written.
         """
-        parts = {where: residual.copy() for (where, _), residual in self._residuals.items()}
+        parts = {where: residual.copy() for (where, _), residual in self._store.residuals.items()}
         saved = SavedResiduals(self._rank, num_workers, self._num_servers, self.params, parts)
         return write_worker_file(directory, saved).name
 
@@ -182,5 +271,5 @@ class PushCompression(NoCompression):
         self._restored.read(directory, manifest, num_workers, self.params)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+        super().close()
+        self._store.close()

@@ -42,8 +42,9 @@ from pskv.protocol import ArraySpec, Command, Flag, frame_array, node_name
 from pskv.protocol.bodies import InitBody
 from pskv.timeline import open_timeline
 from pskv.worker.client import WorkerClient, WorkerRequest
-from pskv.worker.compressing import NoCompression, PushCompression, Settings
+from pskv.worker.compressing import KeyCompression, NoCompression, PushCompression, Settings
 from pskv.worker.control import WorkerControl
+from pskv.worker.fold import FOLD_BYTES
 from pskv.worker.layout import KeyLayout, Part, by_server, new_layout, part_spec, part_view
 from pskv.worker.observe import CallObserver, observer
 from pskv.worker.replay import ReplayLog
@@ -105,6 +106,9 @@ class KVWorker:
                 method(server)
         self.client = client if client is not None else WorkerClient(
             cluster, context, on_server_replaced=on_server_replaced if cluster.server_recovery else None)
+        # quiet pushes up to this size are held for the pull behind them (pskv.worker.fold; -1: none, as in process)
+        self._fold_bytes = FOLD_BYTES if sync and client is None else -1
+        self.client.held.replay = self._replay
         self.rows = RowRequests(self.client, cluster, self._replay, Exchange, BIG_CALL_BYTES)  # row-sparse keys
         self.control = WorkerControl(self.client, cluster.request_timeout)  # commands to every server, membership
         self.compression: NoCompression = NoCompression()  # set_compression
@@ -160,26 +164,15 @@ class KVWorker:
 
     def adopt(self, layouts: Sequence[KeyLayout], summed: bool) -> None:
         """New keys of this worker (every worker's, whoever sends the init): ``summed`` ones store
-        plain sums; the others' float32 pushes are compressed if compression is set."""
+        plain sums; the others' float32 pushes are compressed if compression is set, and any key's
+        whose layout has its own compression (``rec.own``, ``init(compression=)``)."""
         for rec in layouts:
             rec.summed = summed
-        self.compression.adopt(layouts, summed)
+        self.compression.adopt(layouts, summed, self.observe)
 
     def attach(self, layouts: Sequence[KeyLayout]) -> None:
         """Map the shared-memory parts of ``layouts`` (once the servers created them: after init)."""
         self._shared.attach(layouts, self.client.node_id, self._rank)
-
-    def resume(self, layouts: Sequence[KeyLayout]) -> None:
-        """A replacement process (REJOIN): number each key's pushes on from those of this rank that arrived.
-
-        A key whose parts got different numbers of pushes (the old process died between
-        the messages of one push) starts at the fewest: pushing that step again is applied
-        only where it had not arrived (the servers ignore a push number they have).
-        """
-        landed = self.client.landed
-        for rec in layouts:
-            count = min(landed.get((rec.skey, offset), 0) for _, offset, _ in rec.parts)
-            rec.pushes = [count] * len(rec.parts)
 
     # -- key-value requests -------------------------------------------------------------
     def init(self, layouts: Sequence[KeyLayout], *, summed: bool = False, overwrite: bool = False,
@@ -205,7 +198,8 @@ class KVWorker:
         """
         nbytes = sum(rec.nbytes for rec in layouts)
         start = self.observe.calling(nbytes, 0, push=True)
-        sent = self._sends(Command.PUSH, layouts, priority, timeout=timeout, quiet=quiet and nbytes < BIG_CALL_BYTES)
+        sent = self._sends(Command.PUSH, layouts, priority, timeout=timeout, quiet=quiet and nbytes < BIG_CALL_BYTES,
+                           hold=quiet and nbytes <= self._fold_bytes)
         for rec in layouts:
             rec.acks = sent.replies
         self.observe.sent("push", start, sent.messages)
@@ -226,21 +220,20 @@ class KVWorker:
         nbytes = sum(rec.nbytes for rec in layouts)
         big = nbytes >= BIG_CALL_BYTES
         start = self.observe.calling(0, nbytes, push=False)
-        body = self.compression.body
-        squeezed = [rec for rec in layouts if rec.compress] if self.compression.both_ways else []
-        groups = [(squeezed, True), ([rec for rec in layouts if not rec.compress], False)] if squeezed \
-            else [(layouts, False)]
-        for group, compressed in groups:
+        body, held = self.compression.body, self.client.held
+        for group, compressed in self.compression.pull_groups(layouts):
             # both ways, every worker must decode the same values: no shared-memory shortcut for them
             for server, shared, items in by_server(group, not compressed, self._message_bytes, self._rank):
                 # each part named with the number of this worker's last push of it (round = n)
                 specs = tuple(ArraySpec(rec.skey, rec.meta.dtype, (rec.parts[i][2],), rec.parts[i][1], rec.pushes[i])
                               for rec, i in items)
                 squeeze = compressed and not shared
-                pending = self.client.request(server, Command.PULL, specs, body=body if squeeze else "",
-                                              priority=priority, timeout=limit,
-                                              flags=Flag.SHM if shared else Flag.COMPRESS_REPLY if squeeze else 0,
-                                              overtake=big and not shared)
+                # behind a held push of these parts: one PUSHPULL carries both (pskv.worker.fold)
+                pending = held.fold(server, items, priority, limit) if held.held else None
+                if pending is None:
+                    pending = self.client.request(server, Command.PULL, specs, body=body if squeeze else "",
+                                                  priority=priority, timeout=limit, overtake=big and not shared,
+                                                  flags=Flag.SHM if shared else Flag.COMPRESS_REPLY if squeeze else 0)
                 if squeeze and self._replay is not None:  # a replacement server compresses the same rounds
                     self._replay.record(server, Command.PULL, pending, specs, [], Flag.COMPRESS_REPLY, body)
                 sent.messages.append((items, pending))
@@ -249,31 +242,32 @@ class KVWorker:
         return sent
 
     def _sends(self, command: Command, layouts: Sequence[KeyLayout], priority: int, timeout: float | None = None,
-               quiet: bool = False) -> Exchange:
-        """:meth:`_send` of the compressed keys' parts, then of the others (a message is one or the other)."""
-        squeezed = [rec for rec in layouts if rec.compress]
-        if not squeezed:
-            return self._send(command, layouts, priority, timeout=timeout, quiet=quiet)
-        plain = [rec for rec in layouts if not rec.compress]
-        assert isinstance(self.compression, PushCompression)  # what marks keys compressed (adopt)
-        sent = self._send(command, squeezed, priority, timeout=timeout, quiet=quiet, compression=self.compression)
-        if plain:
-            rest = self._send(command, plain, priority, timeout=timeout, quiet=quiet)
-            sent.messages += rest.messages
-            sent.replies += rest.replies
+               quiet: bool = False, hold: bool = False) -> Exchange:
+        """:meth:`_send` of the compressed keys' parts (by compression), then of the others (a message is of one).
+
+        ``hold``: quiet pushes of no compressed key are held for a pull (:mod:`pskv.worker.fold`)."""
+        if not any(rec.compress for rec in layouts):
+            return self._send(command, layouts, priority, timeout=timeout, quiet=quiet, hold=hold)
+        sent = Exchange()
+        for compression, group in self.compression.push_groups(layouts):
+            part = self._send(command, group, priority, timeout=timeout, quiet=quiet, compression=compression)
+            sent.messages += part.messages
+            sent.replies += part.replies
         return sent
 
     def _send(self, command: Command, layouts: Sequence[KeyLayout], priority: int, flags: int = 0,
               timeout: float | None = None, quiet: bool = False,
-              compression: PushCompression | None = None) -> Exchange:
+              compression: KeyCompression | None = None, hold: bool = False) -> Exchange:
         """One ``command`` message per server with every part of ``layouts`` (from their outgoing buffers).
 
         Parts a co-located server holds in shared memory (pushes only) are copied into
         this worker's slot; the message then only names them. Pushes and pushpulls are
         counted per part as they are queued (pulls name them by number). With ``compression``, the
-        parts' payloads travel instead (:mod:`pskv.worker.compressing`).
+        parts' payloads travel instead (:mod:`pskv.worker.compressing`). With ``hold`` (quiet
+        pushes), each message is held for the pull behind it instead (:mod:`pskv.worker.fold`).
         """
         sent = Exchange()
+        held = self.client.held
         pushes = command in (Command.PUSH, Command.PUSHPULL)
         limit = self._limit(timeout)
         # a compressed pushpull both ways is answered with payloads: through a socket, also on this host
@@ -290,16 +284,20 @@ class KVWorker:
                     compression.write_slots(items, payloads)
                 else:
                     write_slots(items)
-                pending = self.client.request(server, command, specs, priority=priority, timeout=limit,
-                                              quiet=quiet, flags=flags | Flag.SHM)
+                pending = held.hold(server, specs, [], flags | Flag.SHM, priority, items) if hold else \
+                    self.client.request(server, command, specs, priority=priority, timeout=limit, quiet=quiet,
+                                        flags=flags | Flag.SHM)
             else:
                 data = payloads.result() if payloads is not None else [part_view(rec, rec.outgoing, i)
                                                                         for rec, i in items]
                 body = _key_names(items) if command is Command.INIT else compression.body if compression else ""
-                pending = self.client.request(server, command, specs, data, body, priority=priority, timeout=limit,
-                                              quiet=quiet, flags=sent_flags)
-                if pushes and self._replay is not None:  # kept until the next checkpoint
-                    self._replay.record(server, command, pending, specs, data, sent_flags, body)
+                if hold:  # recorded for a replacement server as it leaves
+                    pending = held.hold(server, specs, data, sent_flags, priority, items)
+                else:
+                    pending = self.client.request(server, command, specs, data, body, priority=priority,
+                                                  timeout=limit, quiet=quiet, flags=sent_flags)
+                    if pushes and self._replay is not None:  # kept until the next checkpoint
+                        self._replay.record(server, command, pending, specs, data, sent_flags, body)
             if pushes:
                 for rec, i in items:
                     rec.pushes[i] += 1

@@ -37,6 +37,7 @@ from pskv.partition import row_ranges, server_key, split
 from pskv.protocol import ArraySpec
 
 if TYPE_CHECKING:
+    from pskv.compression import Compressor
     from pskv.worker.shared import SharedPart
 
 __all__ = ["KeyLayout", "Message", "Part", "by_server", "new_layout", "part_spec", "part_view"]
@@ -64,6 +65,7 @@ class KeyLayout:
     itemsize: int = 0  # bytes of one element on the wire; set with the layout
     summed: bool = False  # init(summed=True): rounds store the plain sum (never compressed)
     compress: bool = False  # pushes of it are compressed (KVWorker.set_compression before init, float32)
+    own: Compressor | None = None  # init(compression=): its own compression (pskv.worker.compressing)
     row_width: int = 0  # > 0: a row-sparse key, split by row ranges (partition.row_ranges); elements of a row
 
     @property

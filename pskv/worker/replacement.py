@@ -1,4 +1,5 @@
-"""A worker's connection to a server that starts over: a reset ZeroMQ connection, or a replaced server process.
+"""Processes that start over, seen from a worker: a server's connection (reset, or to a replaced server), and
+this worker's own process replacing a dead one (REJOIN).
 
 * A reset connection (:meth:`ServerReplacement.watch`): ZeroMQ reconnects a reset TCP
   connection by itself (same routing identities, so the server's routes stay valid),
@@ -13,6 +14,11 @@
   gives (:meth:`~pskv.worker.replay.ReplayLog.recover`).
 
 Meanwhile the client's requests to that server wait in its queue.
+
+* A replaced worker (``is_recovery``, ``--restart-workers``): the new process takes the dead one's rank and
+  asks every server, by ``REJOIN``, how many pushes of that rank reached each part
+  (:class:`WorkerRejoin`); its keys number their pushes on from there (:meth:`WorkerRejoin.resume`), so a
+  push the old process made is not applied twice. When it may push again is :mod:`pskv.kvstore.resume`'s.
 """
 
 from __future__ import annotations
@@ -20,20 +26,22 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from pskv.errors import OperationTimeoutError
-from pskv.protocol import Role, node_id
+from pskv.protocol import Command, Role, node_id
+from pskv.protocol.bodies import Rejoin, Rejoined
 from pskv.transport.frames import Sender
 from pskv.transport.stream import StreamConnection
 from pskv.transport.unix import LocalConnection
 
 if TYPE_CHECKING:
     from pskv.worker.client import WorkerClient, WorkerRequest
+    from pskv.worker.layout import KeyLayout
 
-__all__ = ["Replay", "ServerReplacement"]
+__all__ = ["Replay", "ServerReplacement", "WorkerRejoin"]
 
 log = logging.getLogger("pskv.worker")
 
@@ -164,3 +172,47 @@ class ServerReplacement:
             old_sender.close()
         self.watch(server, sid, sender)
         swapped.set()
+
+
+class WorkerRejoin:
+    """A process that replaced a dead worker: which pushes of its rank reached the servers (``client.rejoin``).
+
+    Args:
+        client: the client whose requests carry the REJOINs.
+    """
+
+    __slots__ = ("_client", "landed")
+
+    def __init__(self, client: WorkerClient) -> None:
+        self._client = client
+        self.landed: dict[tuple[int, int], int] = {}  # per (server key, offset): this rank's pushes that arrived
+
+    def __call__(self, num_servers: int, timeout: float) -> None:
+        """``REJOIN`` every server; :attr:`landed` gets their counts of this rank's pushes.
+
+        Raises:
+            OperationTimeoutError, RemoteError, NodeFailedError: a server did not answer.
+            ProtocolError: an answer is malformed.
+        """
+        client = self._client
+        body = Rejoin(client.info.token if client.info is not None else "").encode()
+        pendings = [client.request(s, Command.REJOIN, what="rejoin", timeout=timeout, body=body)
+                    for s in range(num_servers)]
+        for pending in pendings:
+            for key, offset, count in Rejoined.parse(pending.wait(timeout)).counts:
+                self.landed[(key, offset)] = count
+
+    def resume(self, layouts: Sequence[KeyLayout]) -> None:
+        """Number each key's pushes on from those of this rank that arrived.
+
+        A key whose parts got different numbers of pushes (the old process died between
+        the messages of one push) starts at the fewest: pushing that step again is applied
+        only where it had not arrived (the servers ignore a push number they have).
+        """
+        for rec in layouts:
+            count = min(self.landed.get((rec.skey, offset), 0) for _, offset, _ in rec.parts)
+            rec.pushes = [count] * len(rec.parts)
+
+    def most(self, rec: KeyLayout) -> int:
+        """The most pushes of this rank that arrived at any part of ``rec``'s key (0: it never pushed it)."""
+        return max((self.landed.get((rec.skey, offset), 0) for _, offset, _ in rec.parts), default=0)

@@ -26,8 +26,9 @@ kv.save_checkpoint(meta={"step": -1})
 for step in range(steps):
     grads = [np.cos(np.arange(1_200_000, dtype=np.float32) * 1e-3 * (step + 1) + kv.rank), np.full(7, step + 1.0)]
     if step % 2:
-        kv.push(["w", "b"], grads)  # blocking push then pull
-        w, b = kv.pull("w"), kv.pull("b")
+        kv.push("w", grads[0])  # blocking push then pull
+        kv.push("b", grads[1], block=False)  # held, and sent with the pull behind it as one PUSHPULL (replayed so)
+        b, w = kv.pull("b"), kv.pull("w")
     else:
         w, b = np.empty(1_200_000, np.float32), np.empty(7)
         kv.pushpull(["w", "b"], grads, out=[w, b])
