@@ -14,7 +14,7 @@ Implementation modules (re-exported here):
 * :mod:`~pskv.torch.gather` — ``allgather`` (and the bytes under the object helpers);
 * :mod:`~pskv.torch.functions` — ``broadcast_parameters``, ``broadcast_optimizer_state``,
   ``broadcast_object``, ``allgather_object``;
-* :mod:`~pskv.torch.compression` — ``Compression.none`` / ``fp16``;
+* :mod:`~pskv.torch.compression` — ``Compression.none`` / ``fp16``, and pskv's own (``Compression.twobit()``, ...);
 * :mod:`~pskv.torch.byteps` — BytePS's names: ``push_pull``, ``push_pull_async``,
   ``push_pull_inplace``, ``push_pull_async_inplace`` (alias ``byteps_push_pull``), ``declare``.
 * :mod:`~pskv.torch.server_update` — ``DistributedOptimizer(..., update_on_kvstore=True)``: the servers run it;

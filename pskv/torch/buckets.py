@@ -21,10 +21,13 @@ it); :meth:`~GradientBuckets.wait` waits for every bucket and writes the results
 the gradients.
 
 Sparse gradients (``nn.Embedding(sparse=True)``) in a bucket travel dense (Horovod's
-``sparse_as_dense``) and come back sparse with the same sparse dimensions: DDP's, and a
-``DistributedOptimizer``'s first step; from the second on the optimizer sends them as
-rows (:mod:`pskv.torch.sparse`). A compression (``Compression.fp16``) compresses what travels
-(the gradient, or the flat buffer) and decompresses the result into the gradients.
+``sparse_as_dense``) and come back sparse with the same sparse dimensions (with
+``sparse_as_dense=True``, or a sparse gradient nobody foresaw at the first step); otherwise
+``DistributedOptimizer`` and ``DistributedDataParallel`` send them as rows
+(:mod:`pskv.torch.sparse`). A compression (``Compression.fp16``) compresses what travels
+(the gradient, or the flat buffer) and decompresses the result into the gradients; pskv's own
+(``Compression.twobit()``, ...) is the bucket keys' on the store, declared with them (each worker
+compresses its pushes with residuals, the servers sum the decoded pushes).
 """
 
 from __future__ import annotations
@@ -125,7 +128,8 @@ class GradientBuckets:
         while the buckets before it are still on their way, which a store with servers may see
         arrive after the meeting (a worker "ahead" of the other)."""
         compress = self._reduction.compression.compress
-        ops.declare_groups([(b.name, [compress(t)[0] for t in b.like()]) for b in self._buckets] + list(extra))
+        how = self._reduction.compression
+        ops.declare_groups([(b.name, [compress(t)[0] for t in b.like()], how) for b in self._buckets] + list(extra))
 
     def ready(self, param: torch.Tensor) -> None:
         """``param``'s gradient is final for this step; send every complete bucket that is next in order."""
@@ -188,7 +192,8 @@ class GradientBuckets:
         red = self._reduction
         bucket.handle = ops.grouped_allreduce_async_(wires, name=bucket.name, op=red.op,
                                                      prescale_factor=red.prescale_factor,
-                                                     postscale_factor=red.postscale_factor)
+                                                     postscale_factor=red.postscale_factor,
+                                                     compression=red.compression)
 
 
 def _dense(param: torch.Tensor, name: str) -> torch.Tensor:

@@ -11,7 +11,9 @@ Swap ``torch.nn.parallel.DistributedDataParallel(model, ...)`` for
 * during backward each parameter's gradient joins its bucket (:mod:`pskv.torch.buckets`,
   ``bucket_cap_mb`` as torch's) and complete buckets are averaged over the ranks while
   backward goes on; a callback queued on autograd's engine sends what is left and waits,
-  so when ``loss.backward()`` returns every ``.grad`` holds the average;
+  so when ``loss.backward()`` returns every ``.grad`` holds the average; the sparse gradients
+  of ``nn.Embedding`` / ``nn.EmbeddingBag`` with ``sparse=True`` travel as rows from the first
+  step (:mod:`pskv.torch.sparse`; torch's DDP reduces them sparse too);
 * ``no_sync()``: gradients accumulate locally; the first backward outside it averages the sum;
 * a parameter that got no gradient in a backward is reduced as zeros, so every rank makes
   the same collectives. With ``find_unused_parameters=True`` one more small all-reduce
@@ -34,8 +36,8 @@ from typing import Any
 import torch
 
 from pskv.errors import InvalidArgumentError, NotSupportedError
-from pskv.torch import ops, runtime
-from pskv.torch.buckets import DEFAULT_BUCKET_BYTES, GradientBuckets, Reduction
+from pskv.torch import ops, runtime, sparse
+from pskv.torch.buckets import DEFAULT_BUCKET_BYTES, Reduction
 from pskv.torch.compression import Compression
 
 __all__ = ["DistributedDataParallel"]
@@ -53,7 +55,8 @@ class DistributedDataParallel(torch.nn.Module):
         process_group: None (the job's ranks).
         bucket_cap_mb: the buckets' size in MiB (default 25).
         find_unused_parameters: leave ``.grad`` None for a parameter no rank used.
-        compression: ``Compression.none`` or ``fp16`` (what gradients travel as; BytePS's argument).
+        compression: ``Compression.none``, ``fp16`` (what gradients travel as; BytePS's argument) or one of
+            pskv's own (``Compression.twobit()``, ...: :mod:`pskv.torch.compression`).
 
     Attributes:
         module: the wrapped module.
@@ -87,8 +90,8 @@ class DistributedDataParallel(torch.nn.Module):
         self._prefix = f"DistributedDataParallel.{next(_instances)}"
         self._params = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
         cap = DEFAULT_BUCKET_BYTES if bucket_cap_mb is None else int(bucket_cap_mb * 1024 * 1024)
-        self._buckets = GradientBuckets(self._params[::-1], self._prefix, Reduction(ops.Average, compression),
-                                        cap_bytes=cap)
+        self._buckets = sparse.gradient_buckets(self._params[::-1], self._prefix, Reduction(ops.Average, compression),
+                                                False, sparse.sparse_parameters(module), cap_bytes=cap)  # rows: sparse.py
         self._callback_queued = False
         self._distributed = runtime.size() > 1
         self._hooks = []

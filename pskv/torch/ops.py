@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from pskv.errors import DTypeMismatchError, InvalidArgumentError, NotSupportedError, ShapeMismatchError
-from pskv.torch.compression import NoneCompressor
+from pskv.torch.compression import NoneCompressor, on_store
 from pskv.torch.runtime import Runtime, current
 
 __all__ = ["ReduceOp", "Average", "Sum", "Adasum", "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
@@ -152,21 +152,22 @@ def _check_tensor(tensor: Any, function: str) -> torch.Tensor:
     return tensor
 
 
-def _fit(job: Runtime, keys: list[str], sends: list[torch.Tensor], outs: list[torch.Tensor], op: str
-         ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def _fit(job: Runtime, keys: list[str], sends: list[torch.Tensor], outs: list[torch.Tensor], op: str,
+         squeeze: dict[str, Any] | None = None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """On a store with servers: declare new keys, view reused ones in the shape they were declared with,
     and refuse a dtype or size other than the key's on every rank (the servers fail the round).
 
     A ``byteps`` store declares its keys by their first use (and refuses misfits on every
     rank itself). A broadcast's new keys are declared here too, so that the store's broadcast
     always meets to agree on ``root_rank`` (it skips that meeting for new keys from rank 0).
+    ``squeeze``: the compression of keys (:func:`~pskv.torch.compression.on_store`) they are declared with.
     """
     if not job.servers:
         return sends, outs
     known = _names(job).keys
     fresh = {k: t for k, t in zip(keys, sends) if k not in known}
     if fresh and not job.kind.summation_only:
-        _declare(job, fresh)
+        _declare(job, fresh, squeeze or {})
     for k, t in fresh.items():
         known[k] = (t.dtype, tuple(t.shape))
     for i, (k, t) in enumerate(zip(keys, sends)):
@@ -178,7 +179,7 @@ def _fit(job: Runtime, keys: list[str], sends: list[torch.Tensor], outs: list[to
     return sends, outs
 
 
-def _declare(job: Runtime, fresh: dict[str, torch.Tensor]) -> None:
+def _declare(job: Runtime, fresh: dict[str, torch.Tensor], squeeze: dict[str, Any]) -> None:
     """Create ``fresh`` keys on the servers (an ``init`` of every rank: their shapes and dtypes must agree),
     then check that every rank named the same keys (the ``init`` compares only keys that every rank names).
 
@@ -190,7 +191,8 @@ def _declare(job: Runtime, fresh: dict[str, torch.Tensor]) -> None:
     check = job.key(_NAMES_KEY)
     if check not in declared:
         values[check] = torch.zeros(2, dtype=torch.int64)
-    job.store.init(list(values), list(values.values()), summed=True)  # sums even when the servers run an optimizer
+    own = {"compression": [squeeze.get(k) for k in values]} if squeeze else {}  # the keys' compression (only dist_*)
+    job.store.init(list(values), list(values.values()), summed=True, **own)  # sums even when the servers run an optimizer
     declared[check] = (torch.int64, (2,))
     c = (zlib.crc32("\n".join(fresh).encode()) & 0xFFFFF) + 1
     probe = torch.tensor([c, c * c], dtype=torch.int64)
@@ -228,22 +230,24 @@ def _submit(job: Runtime, run: Callable[[], Any], finish: Callable[[], Any]) -> 
 
 
 def _grouped_start(tensors: Sequence[torch.Tensor], outputs: list[torch.Tensor], name: str | None, op: ReduceOp,
-                   prescale_factor: float, postscale_factor: float, function: str, priority: int = 0) -> int:
+                   prescale_factor: float, postscale_factor: float, function: str, priority: int = 0,
+                   compression: Any = NoneCompressor) -> int:
     """Sum ``tensors`` into ``outputs`` (the same list when in place) under one store call; a handle.
 
     ``priority``: the store's (a higher one is sent first where the store can reorder, as BytePS's).
+    ``compression``: pskv's own compresses the keys on the store (:func:`~pskv.torch.compression.on_store`).
     """
     job = current()
     tensors = [_check_tensor(t, function) for t in tensors]
     if not tensors:
         raise InvalidArgumentError(f"{function}: no tensors")
-    keys = _group_keys(job, name, len(tensors))
+    keys, squeeze = on_store(compression, job, _group_keys(job, name, len(tensors)), function)
     sends: list[torch.Tensor] = []
     for t, out in zip(tensors, outputs):  # the sum is made in the output (the all-reduce store sums in place)
         if out is not t:
             out.copy_(t)
         sends.append(scale_(out, prescale_factor))
-    sends, _ = _fit(job, keys, sends, list(sends), "allreduce")
+    sends, _ = _fit(job, keys, sends, list(sends), "allreduce", squeeze)
     factor = postscale_factor / job.store.num_workers if op == ReduceOp.Average else postscale_factor
 
     def run() -> Any:
@@ -303,12 +307,13 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | Non
 
 def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
                              op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0, *,
-                             priority: int = 0) -> int:
+                             priority: int = 0, compression: Any = NoneCompressor) -> int:
     """Start summing (averaging) each tensor of ``tensors`` in place, in one store call; a handle
-    (:func:`synchronize` returns the list). ``priority`` as :func:`allreduce_async_`'s."""
+    (:func:`synchronize` returns the list). ``priority`` as :func:`allreduce_async_`'s; ``compression``
+    (pskv's, keyword only): one of pskv's own (:class:`~pskv.torch.compression.StoreCompressor`) the store applies."""
     chosen = reduce_op(op, average, "grouped_allreduce_async_")
     return _grouped_start(tensors, list(tensors), name, chosen, prescale_factor, postscale_factor,
-                          "grouped_allreduce_async_", priority)
+                          "grouped_allreduce_async_", priority, compression)
 
 
 def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,
@@ -434,16 +439,20 @@ def declare(name: str | Sequence[str], tensors: torch.Tensor | Sequence[torch.Te
     declare_groups([(n, [t]) for n, t in zip(names, values)])
 
 
-def declare_groups(groups: Sequence[tuple[str, Sequence[torch.Tensor]]]) -> None:
+def declare_groups(groups: Sequence[tuple[Any, ...]]) -> None:
     """Declare the keys of several ``grouped_allreduce*(tensors, name=name)`` calls in one meeting
-    (a store with servers; nothing on the all-reduce store). A collective: every rank, the same groups."""
+    (a store with servers; nothing on the all-reduce store). A collective: every rank, the same groups.
+    A group is ``(name, tensors)``, or ``(name, tensors, compression)`` for calls made with one of pskv's own."""
     job = current()
     keys: list[str] = []
     values: list[torch.Tensor] = []
-    for name, tensors in groups:
-        keys += _group_keys(job, name, len(tensors))
+    squeeze: dict[str, Any] = {}
+    for name, tensors, *how in groups:
+        group, own = on_store(how[0] if how else NoneCompressor, job, _group_keys(job, name, len(tensors)), "declare")
+        keys += group
+        squeeze.update(own)
         values += [_check_tensor(t, "declare") for t in tensors]
-    _fit(job, keys, values, list(values), "allreduce")
+    _fit(job, keys, values, list(values), "allreduce", squeeze)
 
 
 # -- the blocking, differentiable forms (Horovod's autograd functions) ------------------------
@@ -457,33 +466,35 @@ class _Allreduce(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, op: ReduceOp, name: str | None, prescale: float,
-                postscale: float) -> torch.Tensor:
+                postscale: float, compression: Any = NoneCompressor) -> torch.Tensor:
         ctx.reduction = (op, prescale, postscale, _grad_name(name))
-        handle = _one(_grouped_start([tensor], [torch.empty_like(tensor)], name, op, prescale, postscale, "allreduce"))
+        handle = _one(_grouped_start([tensor], [torch.empty_like(tensor)], name, op, prescale, postscale, "allreduce",
+                                     compression=compression))
         result: torch.Tensor = synchronize(handle)
         return result
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
         op, prescale, postscale, name = ctx.reduction
-        return (_Allreduce.apply(grads[0].contiguous(), op, name, prescale, postscale), None, None, None, None)
+        return (_Allreduce.apply(grads[0].contiguous(), op, name, prescale, postscale), None, None, None, None, None)
 
 
 class _GroupedAllreduce(torch.autograd.Function):
     """:class:`_Allreduce` of a list of tensors in one store call."""
 
     @staticmethod
-    def forward(ctx: Any, op: ReduceOp, name: str | None, prescale: float, postscale: float,
+    def forward(ctx: Any, op: ReduceOp, name: str | None, prescale: float, postscale: float, compression: Any,
                 *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.reduction = (op, prescale, postscale, _grad_name(name))
         outs = [torch.empty_like(t) for t in tensors]
-        return tuple(synchronize(_grouped_start(tensors, outs, name, op, prescale, postscale, "grouped_allreduce")))
+        return tuple(synchronize(_grouped_start(tensors, outs, name, op, prescale, postscale, "grouped_allreduce",
+                                                compression=compression)))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
         op, prescale, postscale, name = ctx.reduction
-        reduced = _GroupedAllreduce.apply(op, name, prescale, postscale, *[g.contiguous() for g in grads])
-        return (None, None, None, None, *reduced)
+        reduced = _GroupedAllreduce.apply(op, name, prescale, postscale, NoneCompressor, *[g.contiguous() for g in grads])
+        return (None, None, None, None, None, *reduced)
 
 
 class _Broadcast(torch.autograd.Function):
@@ -509,7 +520,8 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
               postscale_factor: float = 1.0) -> torch.Tensor:
     """The sum (average: the default ``op``) of ``tensor`` over the ranks, a new tensor; ``tensor`` is not changed.
 
-    ``compression`` (:class:`~pskv.torch.compression.Compression`) is what travels. Differentiable.
+    ``compression`` (:class:`~pskv.torch.compression.Compression`) is what travels (pskv's own: the
+    store compresses the key, :mod:`pskv.torch.compression`). Differentiable; the gradient travels plain.
 
     Raises:
         NotSupportedError: ``op`` Adasum, Min, Max or Product.
@@ -518,7 +530,8 @@ def allreduce(tensor: torch.Tensor, average: bool | None = None, name: str | Non
     """
     chosen = reduce_op(op, average, "allreduce")
     sent, ctx = compression.compress(tensor)
-    summed = _Allreduce.apply(_check_tensor(sent, "allreduce"), chosen, name, prescale_factor, postscale_factor)
+    summed = _Allreduce.apply(_check_tensor(sent, "allreduce"), chosen, name, prescale_factor, postscale_factor,
+                              compression)
     result: torch.Tensor = compression.decompress(summed, ctx)
     return result
 
@@ -529,7 +542,8 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], average: bool | None = No
     """:func:`allreduce` of each tensor, in one store call; new tensors. Differentiable."""
     chosen = reduce_op(op, average, "grouped_allreduce")
     pairs = [compression.compress(t) for t in tensors]
-    summed = _GroupedAllreduce.apply(chosen, name, prescale_factor, postscale_factor, *[s for s, _ in pairs])
+    summed = _GroupedAllreduce.apply(chosen, name, prescale_factor, postscale_factor, compression,
+                                     *[s for s, _ in pairs])
     return [compression.decompress(s, ctx) for s, (_, ctx) in zip(summed, pairs)]
 
 

@@ -21,7 +21,7 @@ multiplies after it (``op=Average`` only). On a job of one process no hook is se
 
 Deliberate differences from Horovod: gradients are fused into buckets sent in a fixed
 order (``groups`` / ``num_groups`` are accepted and ignored: the buckets take their
-place); sparse gradients travel as rows from the second step on (:mod:`pskv.torch.sparse`;
+place); sparse gradients travel as rows from the first step on (:mod:`pskv.torch.sparse`;
 dense with ``sparse_as_dense=True``); ``op=Adasum`` and process sets are not offered
 (:class:`~pskv.errors.NotSupportedError`). A parameter that required a gradient when the
 optimizer was wrapped and got none in a step is reduced as zeros, as in Horovod (so it
@@ -167,7 +167,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Ite
         named_parameters: ``(name, parameter)`` pairs covering every parameter of the
             optimizer (usually ``model.named_parameters()``; extra ones are ignored). None:
             ``allreduce.noname.<group>.<index>``.
-        compression: ``Compression.none`` or ``Compression.fp16`` (what gradients travel as).
+        compression: ``Compression.none``, ``Compression.fp16`` (what gradients travel as) or one of pskv's
+            own (``Compression.twobit()``, ...: the buckets' keys compressed by the store, :mod:`pskv.torch.compression`).
         backward_passes_per_step: backward passes accumulated locally per step.
         op: ``Average`` or ``Sum``.
         gradient_predivide_factor: with ``Average``, gradients are divided by it before the

@@ -33,7 +33,10 @@ Differences from the local wrapper: the gradients never come back (``.grad`` kee
 rank's own), so norm clipping and ``GradScaler.unscale_`` cannot act on what the
 servers apply; the weights change as their bucket's update lands (during backward, as
 the pskv ``Trainer`` with ``update_on_kvstore``), not at ``step()``; sparse gradients
-travel dense; ``compression`` other than ``Compression.none`` is refused. Once the
+travel dense; ``compression`` is ``Compression.none`` or one of pskv's own (``Compression.twobit()``,
+...: the keys are made with it, each worker pushes compressed with its residuals, the servers
+decode, sum and apply the optimizer, as MXNet's ``update_on_kvstore`` with compression);
+``Compression.fp16`` is refused. Once the
 servers hold an optimizer, every key that is not ``summed`` goes through it: the
 all-reduce keys of :mod:`pskv.torch.ops` are declared ``summed``, so they keep summing.
 """
@@ -53,7 +56,7 @@ from pskv.errors import InvalidArgumentError, NotSupportedError
 from pskv.optimizer import Optimizer as PskvOptimizer
 from pskv.optimizer import create as create_optimizer
 from pskv.torch import ops, runtime
-from pskv.torch.compression import Compression
+from pskv.torch.compression import Compression, StoreCompressor
 from pskv.torch.optimizer import _check_passes, _parameter_names
 
 __all__ = ["ServerUpdates", "ServerSideOptimizer", "server_side_optimizer", "pskv_optimizer_for", "BUCKET_BYTES"]
@@ -162,6 +165,7 @@ class ServerUpdates:
         self.superseded = False
         self.round_open = False
         self.waited_in_forward = 0  # waits that found an update still on the way (cross-barrier's evidence)
+        self.compression: dict[str, Any] | None = None  # pskv's own, the keys' (init(compression=))
         self.buckets = _buckets(wanted, self.keys, bucket_bytes)
         self._bucket_of = {p: b for b in self.buckets for p in b.params}
         self._left = {p: passes for p in wanted}
@@ -271,9 +275,13 @@ class ServerUpdates:
         """Install the optimizer, then create every key from rank 0's parameters (into every rank's). Collective."""
         self._send_optimizer()
         params = list(self.keys)
+        keys, values = [self.keys[p] for p in params], [p.data for p in params]
         with torch.no_grad():
-            runtime.store().broadcast([self.keys[p] for p in params], [p.data for p in params],
-                                      out=[p.data for p in params])
+            if self.compression is None:
+                runtime.store().broadcast(keys, values, out=values)
+            else:  # keys made with their compression (rank 0's values), then every rank takes them
+                runtime.store().init(keys, values, compression=self.compression)  # type: ignore[call-arg]
+                runtime.store().pull(keys, out=values)
         self.started = True
 
     def close(self) -> None:
@@ -394,21 +402,22 @@ def server_side_optimizer(optimizer: torch.optim.Optimizer | PskvOptimizer,
             ``named_parameters`` is required; the result is a ``torch.optim.Optimizer``
             over them whose ``lr`` is forwarded to it).
         named_parameters, backward_passes_per_step, op: as ``DistributedOptimizer``'s.
-        compression: only ``Compression.none``.
+        compression: ``Compression.none`` or one of pskv's own (:class:`~pskv.torch.compression.StoreCompressor`).
         bucket_bytes: about how many bytes of gradients one ``pushpull`` carries.
 
     Raises:
         InvalidArgumentError: a store without servers, a torch optimizer pskv cannot run
             (naming it), a pskv optimizer without ``named_parameters``, or bad names.
-        NotSupportedError: a compression, or ``op`` other than Average and Sum.
+        NotSupportedError: ``Compression.fp16``, or ``op`` other than Average and Sum.
     """
     job = runtime.current()
     if not (job.servers and job.kind.servers_optimize):
         raise InvalidArgumentError(f"update_on_kvstore=True needs servers that run optimizers (dist_sync: pskv "
                                    f"launch -s N with N > 0); the {job.kind.name!r} store only sums: pass "
                                    "update_on_kvstore=False")
-    if compression is not Compression.none:
-        raise NotSupportedError("update_on_kvstore=True sends gradients as they are: use Compression.none")
+    if compression is not Compression.none and not isinstance(compression, StoreCompressor):
+        raise NotSupportedError("update_on_kvstore=True sends gradients as they are or compressed by pskv's own "
+                                "compression: use Compression.none or e.g. Compression.twobit()")
     chosen = ops.reduce_op(op, None, "DistributedOptimizer")
     passes = _check_passes(backward_passes_per_step)
     given: PskvOptimizer | None = None
@@ -428,4 +437,5 @@ def server_side_optimizer(optimizer: torch.optim.Optimizer | PskvOptimizer,
     wrapped._steps = 0
     scale = 1.0 / job.store.num_workers if chosen == ops.Average else 1.0
     wrapped._updates = ServerUpdates(wrapped, names, given, scale, passes, bucket_bytes)
+    wrapped._updates.compression = getattr(compression, "params", None)
     return wrapped

@@ -21,23 +21,35 @@ rows any rank touched** (a row whose sum is zero included), so ``torch.optim.SGD
   rank alike. The buffers' length is rounded up to a power of two (few keys per name
   where keys are kept).
 
-Which parameters have sparse gradients is learnt from the **first step**: it runs as
-before (every gradient in its bucket, sparse ones dense), then one small sum tells every
-rank which parameters had a sparse gradient on any rank. From the second step on those
-travel as rows (sent at ``synchronize()``, in a fixed order, after the buckets: an
-embedding's gradient is the last one backward makes anyway) and the other parameters
-are cut into new buckets without them. A gradient missing on a rank is no rows there
-(Horovod's rule: another rank may have made it); a dense one for such a parameter is sent
-as its non-zero rows. ``Compression`` does not apply to rows (nor in Horovod). Ranks
-agree on failure: a gradient whose row ids are out of range is refused on its rank and
-fails the exchange of every other rank (``CollectiveFailedError``) for that step; the
-next step works as before. bfloat16 parameters keep travelling dense on a store with
-servers (its row-sparse keys do not hold bfloat16).
+Which parameters have sparse gradients is decided **before anything of the first step
+travels**, so the first step's rows travel as rows too (a big table's dense gradient
+would be a huge message): where the module is known (``DistributedDataParallel``), by
+torch DDP's rule — the weights of ``nn.Embedding`` / ``nn.EmbeddingBag`` with
+``sparse=True`` (:func:`sparse_parameters`), the same on every rank, no collective; for an
+optimizer, which sees only parameters, at the first step's first gradient hook (or its
+``synchronize()`` on a rank without any): one small sum tells every rank which parameters
+have a sparse gradient on any rank — already there, or of such a module whose forward
+ran since the wrapper was made (global forward hooks note them, removed once a forward that
+used the parameters ends, or the sum is made). Those travel as rows (sent at ``synchronize()``, in a fixed order, after the
+buckets: an embedding's gradient is the last one backward makes anyway) and the other
+parameters are cut into buckets without them, before any is sent (through the servers'
+row-sparse keys the buckets' keys are declared then, not when the optimizer is wrapped: a
+table whose rows travel gets no dense key on the servers). A
+sparse gradient no rank foresaw (``F.embedding(..., sparse=True)`` without a module)
+travels dense in the first step; one more sum after it moves it to rows from the second
+step on. A gradient missing on a rank is no rows there (Horovod's rule: another rank may
+have made it); a dense one for such a parameter is sent as its non-zero rows.
+``Compression`` does not apply to rows (nor in Horovod). Ranks agree on failure: a
+gradient whose row ids are out of range is refused on its rank and fails the exchange of
+every other rank (``CollectiveFailedError``) for that step; the next step works as
+before. bfloat16 parameters keep travelling dense on a store with servers (its row-sparse
+keys do not hold bfloat16).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import weakref
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import torch
@@ -47,40 +59,104 @@ from pskv.errors import CollectiveFailedError, InvalidArgumentError, RemoteError
 from pskv.torch import ops, runtime
 from pskv.torch.buckets import GradientBuckets, Reduction
 
-__all__ = ["SparseGradients", "gradient_buckets"]
+__all__ = ["SparseGradients", "gradient_buckets", "sparse_parameters"]
 
 Named = Sequence[tuple[str, torch.Tensor]]
 
 
-def gradient_buckets(named: Named, prefix: str, reduction: Reduction,
-                     sparse_as_dense: bool) -> GradientBuckets | SparseGradients:
-    """The optimizer's buckets: plain ones (every gradient dense) with ``sparse_as_dense``, on a job of one
-    process, or without parameters; else :class:`SparseGradients` over them."""
-    if sparse_as_dense or not named or runtime.size() == 1:
-        return GradientBuckets(named, prefix, reduction)
-    return SparseGradients(named, prefix, reduction)
+def gradient_buckets(named: Named, prefix: str, reduction: Reduction, sparse_as_dense: bool,
+                     sparse: set[torch.Tensor] | None = None, **cut: Any) -> GradientBuckets | SparseGradients:
+    """The buckets of ``named``: plain ones (every gradient dense) with ``sparse_as_dense``, on a job of one
+    process, without parameters, or none of them in ``sparse``; else :class:`SparseGradients` over them
+    (``sparse``: the parameters known to have sparse gradients, e.g. :func:`sparse_parameters`; None:
+    decided at the first step). ``cut``: ``GradientBuckets``' bucket sizes."""
+    known_dense = sparse is not None and not any(p in sparse for _, p in named)
+    if sparse_as_dense or not named or runtime.size() == 1 or known_dense:
+        return GradientBuckets(named, prefix, reduction, **cut)
+    return SparseGradients(named, prefix, reduction, sparse, **cut)
+
+
+def sparse_parameters(module: torch.nn.Module) -> set[torch.Tensor]:
+    """The parameters of ``module`` whose gradients are sparse: the weights of its ``nn.Embedding`` and
+    ``nn.EmbeddingBag`` with ``sparse=True`` (torch DDP's rule, ``expect_sparse_gradient``)."""
+    return {w for w in map(_sparse_weight, module.modules()) if w is not None}
+
+
+def _sparse_weight(module: torch.nn.Module) -> torch.Tensor | None:
+    """The weight of an ``nn.Embedding`` / ``nn.EmbeddingBag`` with ``sparse=True``; else None."""
+    if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and module.sparse:
+        return module.weight
+    return None
+
+
+def _has_rows(grad: torch.Tensor | None) -> bool:
+    return grad is not None and grad.is_sparse and grad.sparse_dim() == 1
+
+
+class _SparseForwards:
+    """The parameters of ``params`` that a forward of a module making sparse gradients used, until the first
+    outermost forward that used any of ``params`` ends, or :meth:`close` (global forward hooks, removed then:
+    later forwards of any module pay nothing, even when the first step never comes, e.g. a wrapper that
+    ``CrossBarrier`` took the optimizer from)."""
+
+    def __init__(self, params: Collection[torch.Tensor]) -> None:
+        self._params = set(params)
+        self.found: set[torch.Tensor] = set()
+        self._depth = 0  # module forwards under way (nested)
+        self._used = False  # a module with one of params ran forward
+        self._hooks = [torch.nn.modules.module.register_module_forward_pre_hook(self._enter),
+                       torch.nn.modules.module.register_module_forward_hook(self._leave)]
+
+    def _enter(self, module: torch.nn.Module, args: Any) -> None:
+        self._depth += 1
+        weight = _sparse_weight(module)
+        if weight is not None and weight in self._params:
+            self.found.add(weight)
+        self._used = self._used or any(p in self._params for p in module.parameters(recurse=False))
+
+    def _leave(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        self._depth -= 1
+        if self._depth <= 0 and self._used:
+            self.close()
+
+    def close(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
 
 
 class SparseGradients:
     """:class:`~pskv.torch.buckets.GradientBuckets` of the dense gradients, and the rows of the sparse ones.
 
-    The same calls as ``GradientBuckets`` (the optimizer does not tell them apart): ``ready``
+    The same calls as ``GradientBuckets`` (the optimizer and DDP do not tell them apart): ``ready``
     marks a parameter, ``launch_all`` sends the buckets left, ``wait`` waits for them and
-    exchanges the rows; the first ``wait`` also learns which parameters are sparse.
+    exchanges the rows. Without ``sparse`` the first ``ready`` (or ``launch_all``) agrees on which
+    parameters travel as rows, and the first ``wait`` learns of any sparse gradient no rank foresaw.
     """
 
-    def __init__(self, named: Named, prefix: str, reduction: Reduction) -> None:
+    def __init__(self, named: Named, prefix: str, reduction: Reduction,
+                 sparse: set[torch.Tensor] | None = None, **cut: Any) -> None:
         self._named = list(named)
         self._prefix = prefix
         self._reduction = reduction
-        self.dense = GradientBuckets(self._named, prefix, reduction)
-        self.rows: dict[torch.Tensor, str] = {}  # parameter -> name, of those whose rows travel (from step 2)
+        self._cut = cut
+        self.rows: dict[torch.Tensor, str] = {}  # parameter -> name, of those whose rows travel
         self._marked: set[torch.Tensor] = set()
         self._seen: list[int] | None = None  # this rank's sparse gradients at the first step (1 each)
-        self._learnt = False
         job = runtime.current()
         self._exchange = ServerRows(job, prefix) if job.servers and not job.kind.summation_only \
             else GatheredRows(prefix)
+        self._forwards: _SparseForwards | None = None
+        self._defer = sparse is None and isinstance(self._exchange, ServerRows)  # declare() waits for _agree()
+        if sparse is None:  # decided at the first step (_agree), learnt again after it (_learn)
+            self._learnt = False
+            self._forwards = _SparseForwards([p for _, p in self._named])
+            weakref.finalize(self, self._forwards.close)  # a wrapper dropped before its first step leaves no hook
+            self.dense = GradientBuckets(self._named, prefix, reduction, **cut)
+        else:  # known (the module's): rows from the first step, the same on every rank
+            self._learnt = True
+            self.rows = {p: name for name, p in self._named if p in sparse and self._exchange.takes(p)}
+            self.dense = GradientBuckets([(n, p) for n, p in self._named if p not in self.rows], prefix, reduction,
+                                         **cut)
 
     def __contains__(self, param: torch.Tensor) -> bool:
         return param in self.dense or param in self.rows
@@ -104,23 +180,36 @@ class SparseGradients:
         return f"{self._prefix}:sparse-layout"
 
     def declare(self, extra: Sequence[tuple[str, Sequence[torch.Tensor]]] = ()) -> None:
-        """Declare the buckets' keys and the first step's layout sum, in one meeting (a collective)."""
-        self.dense.declare([*extra, (self._layout_name(), [torch.zeros(len(self._named), dtype=torch.int64)])])
+        """Declare the buckets' and the rows' keys, in one meeting each (collectives). Before the first step's
+        layout is agreed, where rows go to the servers, only ``extra``'s: the others once it is (:meth:`_agree`),
+        so that a table whose rows travel gets no dense key (rank 0's zeros sent whole) there. (Elsewhere
+        declaring costs no meeting, and checks the compression when the wrapper is made.)"""
+        if self._defer and self._forwards is not None:
+            if extra:
+                ops.declare_groups(list(extra))
+            return
+        self.dense.declare(extra)
+        if self.rows:
+            self._exchange.declare([(name, p) for p, name in self.rows.items()])
 
     def ready(self, param: torch.Tensor) -> None:
         """``param``'s gradient is final for this step: its bucket may go (its rows go at :meth:`wait`)."""
+        if self._forwards is not None:
+            self._agree()
         if param in self.rows:
             self._marked.add(param)
         else:
             self.dense.ready(param)
 
     def launch_all(self) -> list[torch.Tensor]:
-        """Send every bucket not sent yet (see ``GradientBuckets.launch_all``); at the first step, note first
-        which gradients are sparse."""
+        """Send every bucket not sent yet (see ``GradientBuckets.launch_all``); the parameters whose missing
+        gradient became zeros, and those of the rows without a gradient. At the first step, note first which
+        gradients are sparse."""
+        if self._forwards is not None:
+            self._agree()
         if not self._learnt:
-            self._seen = [int(p.grad is not None and p.grad.is_sparse and p.grad.sparse_dim() == 1)
-                          for _, p in self._named]
-        return self.dense.launch_all()
+            self._seen = [int(_has_rows(p.grad)) for _, p in self._named]
+        return [*self.dense.launch_all(), *(p for p in self.rows if p.grad is None)]
 
     def wait(self) -> None:
         """Wait for the buckets, exchange the rows, write the results into the gradients; the first error
@@ -140,7 +229,8 @@ class SparseGradients:
         if error is not None:
             raise error
         if not self._learnt and self._seen is not None:
-            self._learn(self._seen)
+            self._learnt = True
+            self._learn(self._seen, f"{self._prefix}:dense")
 
     def reset(self) -> None:
         """Forget this step's marks (after :meth:`wait`, or a state reload)."""
@@ -148,20 +238,32 @@ class SparseGradients:
         self._marked.clear()
         self._seen = None
 
-    def _learn(self, seen: list[int]) -> None:
-        """After the first step: the parameters whose gradient was sparse on some rank travel as rows from now
-        on; the others get new buckets. Collectives: a sum, then (if any is sparse) declaring the new keys."""
+    def _agree(self) -> None:
+        """Before anything of the first step is sent: the parameters with a sparse gradient on some rank, or of
+        a module making them whose forward ran, travel as rows from now on (a sum, then declaring keys)."""
+        assert self._forwards is not None
+        self._forwards.close()
+        found, self._forwards = self._forwards.found, None
+        seen = [int(p in found or _has_rows(p.grad)) for _, p in self._named]
+        if not self._learn(seen, self._prefix if self._defer else f"{self._prefix}:rows") and self._defer:
+            self.dense.declare()  # the buckets cut when the wrapper was made
+
+    def _learn(self, seen: list[int], prefix: str) -> bool:
+        """Every rank's ``seen`` summed: the parameters sparse on some rank and not rows yet travel as rows from
+        now on, and the others get new buckets named ``prefix...``; whether there were such. Collectives: a
+        sum, then (if any is new) declaring the new keys."""
         counts = torch.tensor(seen, dtype=torch.int64)
         ops.allreduce_(counts, name=self._layout_name(), op=ops.Sum)
-        self._learnt = True
-        rows = [(name, p) for (name, p), n in zip(self._named, counts.tolist()) if n and self._exchange.takes(p)]
-        if not rows:
-            return
-        self.rows = {p: name for name, p in rows}
-        self.dense = GradientBuckets([(n, p) for n, p in self._named if p not in self.rows],
-                                     f"{self._prefix}:dense", self._reduction)
+        new = [(name, p) for (name, p), n in zip(self._named, counts.tolist())
+               if n and p not in self.rows and self._exchange.takes(p)]
+        if not new:
+            return False
+        self.rows.update({p: name for name, p in new})
+        self.dense = GradientBuckets([(n, p) for n, p in self._named if p not in self.rows], prefix,
+                                     self._reduction, **self._cut)
         self.dense.declare()
-        self._exchange.declare(rows)
+        self._exchange.declare(new)
+        return True
 
 
 def _scales(reduction: Reduction) -> tuple[float, float]:

@@ -8,8 +8,6 @@ the case names keep Horovod's test names.
 from __future__ import annotations
 
 import itertools
-import json
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,16 +16,12 @@ import torch
 
 import pskv
 import pskv.torch as hvd
+from tests.torch.cases import Cases
 
-results: dict[str, Any] = {}
-CASES: list[Callable[[], None]] = []
+cases = Cases()
+case, results = cases.later, cases.results  # run after hvd.init(), at the end
 FLOATS = [torch.float32, torch.float64]
 NUMBERS = [torch.int32, torch.int64, torch.float16, torch.float32, torch.float64]
-
-
-def case(fn: Callable[[], None]) -> Callable[[], None]:
-    CASES.append(fn)
-    return fn
 
 
 def grid(dtypes: list[torch.dtype], dims: tuple[int, ...] = (1, 3)) -> Any:
@@ -357,17 +351,6 @@ def test_horovod_join_allreduce() -> None:
 
 
 hvd.init()
-seconds = {}
-for fn in CASES:
-    began = time.monotonic()
-    try:
-        fn()
-        results[fn.__name__] = "ok"
-    except BaseException as exc:  # noqa: BLE001 - recorded, the next case runs
-        results[fn.__name__] = f"{type(exc).__name__}: {exc}"
-    seconds[fn.__name__] = round(time.monotonic() - began, 2)
-results["seconds"] = seconds
-results.update(rank=hvd.rank(), store=hvd.store().type)
-with open(f"{sys.argv[1]}/rank-{hvd.rank()}.json", "w") as f:
-    json.dump(results, f)
+cases.run_later()
+cases.write(hvd.rank(), seconds=cases.seconds, store=hvd.store().type)
 hvd.shutdown()

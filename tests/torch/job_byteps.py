@@ -14,9 +14,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-import json
-import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,14 +25,10 @@ import pskv
 import pskv.torch as bps
 import pskv.torch.cross_barrier as bps_cross_barrier
 from pskv.torch.parallel import DistributedDataParallel
+from tests.torch.cases import Cases
 
-results: dict[str, Any] = {}
-CASES: list[Callable[[], None]] = []
-
-
-def case(fn: Callable[[], None]) -> Callable[[], None]:
-    CASES.append(fn)
-    return fn
+cases = Cases()
+case, results = cases.later, cases.results  # run by main(), after bps.init()
 
 
 def seeded(seed: int, shape: list[int], dtype: torch.dtype, requires_grad: bool = False) -> torch.Tensor:
@@ -319,18 +312,8 @@ def test_send_recv() -> None:
 
 def main() -> None:
     bps.init(lazy=False)  # BytePS's tests' call
-    seconds = {}
-    for fn in CASES:
-        began = time.monotonic()
-        try:
-            fn()
-            results[fn.__name__] = "ok"
-        except BaseException as exc:  # noqa: BLE001 - recorded, the next case runs
-            results[fn.__name__] = f"{type(exc).__name__}: {exc}"
-        seconds[fn.__name__] = round(time.monotonic() - began, 2)
-    results.update(rank=bps.rank(), store=bps.store().type, seconds=seconds)
-    with open(f"{sys.argv[1]}/rank-{bps.rank()}.json", "w") as f:
-        json.dump(results, f)
+    cases.run_later()
+    cases.write(bps.rank(), store=bps.store().type, seconds=cases.seconds)
     bps.shutdown()
 
 

@@ -1,26 +1,17 @@
 """The launched 2-rank job of tests/torch/test_cross_barrier.py: run by tests/torch/launched.py, one JSON per rank."""
 
-import json
-import sys
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import pskv
 import pskv.torch as hvd
+from tests.torch.cases import Cases
 
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
-results, params = {}, {}
-
-def case(fn):
-    try:
-        fn()
-        results[fn.__name__] = "ok"
-    except BaseException as exc:  # recorded; the next case runs
-        results[fn.__name__] = f"{type(exc).__name__}: {exc}"
-    return fn
+cases = Cases()
+case, results, params = cases.case, cases.results, cases.params
 
 def net():
     torch.manual_seed(0)
@@ -109,7 +100,49 @@ def arguments_are_checked():
         except pskv.InvalidArgumentError as exc:
             assert message in str(exc), exc
 
-results["params"] = params
-with open(f"{sys.argv[1]}/rank-{rank}.json", "w") as f:
-    json.dump(results, f)
+@case
+def pskv_compression_matches_its_reference():
+    """compression=Compression.twobit: each rank pushes its gradients 2-bit with its own residuals, the servers
+    decode, sum and run SGD; bit for bit the same with and without the overlap, and pskv.compression's values
+    (the reference: SGD on the average of each rank's decoded push)."""
+    from pskv.compression import create, kernels
+    kernels.ENABLED = False  # NumPy's loops, the same values: no Numba to import and compile in the job
+    twobit = hvd.Compression.twobit(threshold=0.01)
+
+    def plain_sgd(ps):
+        return torch.optim.SGD(ps, lr=0.05)
+
+    def train(overlap):
+        model = net()
+        opt = (hvd.CrossBarrier(model, plain_sgd(model.parameters()), compression=twobit, bucket_bytes=1) if overlap
+               else hvd.DistributedOptimizer(plain_sgd(model.parameters()), named_parameters=model.named_parameters(),
+                                             update_on_kvstore=True, compression=twobit))
+        for x, y in batches(3):
+            opt.zero_grad()
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+        opt.synchronize()
+        return [p.detach().clone() for p in model.parameters()]
+    crossed, plain = train(True), train(False)
+    assert all(torch.equal(a, b) for a, b in zip(crossed, plain))
+    ref, comp = net(), create(twobit.params)
+    residuals = {(r, i): torch.zeros(p.numel()).numpy() for r in range(size) for i, p in enumerate(ref.parameters())}
+    gen = torch.Generator().manual_seed(1)  # batches(): each rank's inputs are these + its rank
+    for x, y in [(torch.randn(8, 16, generator=gen), torch.randn(8, 4, generator=gen)) for _ in range(3)]:
+        sums = [torch.zeros_like(p) for p in ref.parameters()]
+        for r in range(size):
+            ref.zero_grad()
+            F.mse_loss(ref(x + r), y).backward()
+            for i, p in enumerate(ref.parameters()):
+                flat = p.grad.reshape(-1).numpy().copy()
+                sums[i] += torch.from_numpy(comp.decompress(comp.compress(flat, residuals[(r, i)]), flat.size)
+                                            ).reshape(p.shape)
+        with torch.no_grad():
+            for p, total in zip(ref.parameters(), sums):
+                p -= 0.05 * (total / size)
+    gap = max((a - b).abs().max().item() for a, b in zip(crossed, ref.parameters()))
+    assert gap < 1e-6, gap
+    params["twobit"] = [v for p in crossed for v in p.reshape(-1).tolist()]
+
+cases.write(rank, params=params)
 hvd.shutdown()

@@ -1,8 +1,5 @@
 """The launched 2-rank job of tests/torch/test_ddp.py: run by tests/torch/launched.py, one JSON per rank."""
 
-import json
-import sys
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -10,20 +7,14 @@ from torch import nn
 
 import pskv
 import pskv.torch as hvd
+from tests.torch.cases import Cases
 
 # a torch DDP script's start, as it is: its Gloo group (the launcher's MASTER_ADDR / MASTER_PORT);
 # no hvd.init(): pskv's DDP starts pskv.torch itself (the swap is one line)
 dist.init_process_group("gloo")
 rank, size = dist.get_rank(), dist.get_world_size()
-results = {}
-
-def case(fn):
-    try:
-        fn()
-        results[fn.__name__] = "ok"
-    except BaseException as exc:  # recorded; the next case runs
-        results[fn.__name__] = f"{type(exc).__name__}: {exc}"
-    return fn
+cases = Cases()
+case, results = cases.case, cases.results
 
 class Net(nn.Module):
     """Registered fc2 first, run fc1 first: gradients arrive in another order than the buckets'."""
@@ -166,6 +157,8 @@ class Lookup(nn.Module):
 
 def sparse(wrap):
     model = wrap(fresh(Lookup))
+    if isinstance(model, hvd.DistributedDataParallel):  # the table's rows travel, from the first step
+        assert model.module.table.weight in model._buckets.rows, model._buckets
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     gen = torch.Generator().manual_seed(2)
     for _ in range(3):
@@ -206,8 +199,43 @@ def the_torch_surface():
     except pskv.NotSupportedError as exc:
         assert "process_group" in str(exc)
 
-results["rank"] = rank
-with open(f"{sys.argv[1]}/rank-{rank}.json", "w") as f:
-    json.dump(results, f)
+@case
+def pskv_compression_matches_its_reference():
+    """compression=Compression.twobit with servers: each rank's gradients pushed 2-bit with its own residual
+    (pskv.compression's values, the reference); the all-reduce store refuses it."""
+    from pskv.compression import create, kernels
+    kernels.ENABLED = False  # NumPy's loops, the same values: no Numba to import and compile in the job
+    twobit = hvd.Compression.twobit(threshold=0.05)
+    if hvd.store().store_type.name != "dist_sync":
+        try:
+            hvd.DistributedDataParallel(Net(), compression=twobit)
+            raise RuntimeError("the all-reduce store took pskv's compression")
+        except pskv.NotSupportedError as exc:
+            assert "Compression.named('2bit', threshold=0.05)" in str(exc), exc
+        return
+    model = hvd.DistributedDataParallel(fresh(Net), compression=twobit)
+    torch.manual_seed(0)
+    ref, comp = Net(), create(twobit.params)  # rank 0's start
+    opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, ref))
+    residuals = {(r, i): torch.zeros(p.numel()).numpy() for r in range(size) for i, p in enumerate(ref.parameters())}
+    for x, y in batches(3):
+        opt.zero_grad()
+        F.mse_loss(model(mine(x)), mine(y)).backward()
+        opt.step()
+        sums = [torch.zeros_like(p) for p in ref.parameters()]
+        for r in range(size):
+            ref.zero_grad()
+            F.mse_loss(ref(x[r * 4:(r + 1) * 4]), y[r * 4:(r + 1) * 4]).backward()
+            for i, p in enumerate(ref.parameters()):
+                flat = p.grad.reshape(-1).numpy().copy()
+                sums[i] += torch.from_numpy(comp.decompress(comp.compress(flat, residuals[(r, i)]), flat.size)
+                                            ).reshape(p.shape)
+        for p, total in zip(ref.parameters(), sums):
+            p.grad = total / size
+        ref_opt.step()
+    agree(state(model.module), state(ref), "twobit")
+    results["twobit"] = [v for p in model.module.parameters() for v in p.detach().reshape(-1).tolist()]
+
+cases.write(rank)
 dist.destroy_process_group()
 hvd.shutdown()

@@ -2,8 +2,6 @@
 
 import inspect
 import itertools
-import json
-import sys
 import warnings
 
 import torch
@@ -12,18 +10,12 @@ from torch import nn
 
 import pskv
 import pskv.torch as hvd
+from tests.torch.cases import Cases
 
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
-results, params = {}, {}
-
-def case(fn):
-    try:
-        fn()
-        results[fn.__name__] = "ok"
-    except BaseException as exc:  # recorded; the next case runs
-        results[fn.__name__] = f"{type(exc).__name__}: {exc}"
-    return fn
+cases = Cases()
+case, record, results, params = cases.case, cases.record, cases.results, cases.params
 
 def mlp():
     torch.manual_seed(0)  # the same start on every rank and in the reference
@@ -40,9 +32,6 @@ def mine(t):  # this rank's share of a combined batch
 
 def gap(a, b):
     return max((x - y).abs().max().item() for x, y in zip(a.parameters(), b.parameters()))
-
-def record(name, model):
-    params[name] = [v for p in model.parameters() for v in p.detach().reshape(-1).tolist()]
 
 def train(name, make, steps=4, passes=1, tolerance=1e-5, **options):
     """Distributed on this rank's share vs one process on the combined batch: the same parameters."""
@@ -108,10 +97,12 @@ def gradients_leave_during_backward():
     model = mlp()
     opt = hvd.DistributedOptimizer(sgd(model.parameters()), named_parameters=model.named_parameters())
     from pskv.torch import ops, runtime
-    job = runtime.current()  # with servers, every bucket's key exists before the first step: one flat key here
-    assert not job.servers or job.key(f"allreduce.{opt._buckets.names[0]}") in ops._names(job).keys, ops._names(job).keys
+    job = runtime.current()
     (x, y), = batches(1)
     F.mse_loss(model(mine(x)), mine(y)).backward()
+    # with servers, every bucket's key exists once the first gradient hook ran (declared there, before any
+    # bucket was sent; not when wrapped: pskv.torch.sparse): one flat key here
+    assert not job.servers or job.key(f"allreduce.{opt._buckets.names[0]}") in ops._names(job).keys, ops._names(job).keys
     assert opt._buckets.sent == len(opt._buckets.names) == 1, (opt._buckets.sent, opt._buckets.names)
     opt.step()
     assert opt._buckets.sent == 0
@@ -396,7 +387,56 @@ def adasum_is_refused():
     except pskv.NotSupportedError as exc:
         assert "DistributedOptimizer(op=Adasum)" in str(exc), exc
 
-results["rank"], results["size"], results["params"] = rank, size, params
-with open(f"{sys.argv[1]}/rank-{rank}.json", "w") as f:
-    json.dump(results, f)
+@case
+def pskv_compression_matches_its_reference():
+    """Compression.twobit on a store with servers: every rank's gradients pushed 2-bit with its own residual,
+    the servers' sum of the decoded pushes averaged; the reference runs pskv.compression on each rank's share.
+    The all-reduce store (-s 0) refuses it, naming it and the store."""
+    from pskv.compression import create, kernels
+    kernels.ENABLED = False  # NumPy's loops, the same values: no Numba to import and compile in the job
+    from pskv.torch import runtime
+    twobit = hvd.Compression.twobit(threshold=0.05)
+    try:
+        hvd.allreduce(torch.ones(3, dtype=torch.float64), name="twobit.f64", compression=twobit)
+        raise RuntimeError("a float64 tensor was compressed")
+    except pskv.InvalidArgumentError as exc:
+        assert "takes float32 tensors only" in str(exc), exc
+    if not runtime.current().servers:
+        for attempt in (lambda: hvd.allreduce(torch.ones(3), name="twobit", compression=twobit),
+                        lambda: hvd.DistributedOptimizer(sgd(mlp().parameters()), compression=twobit)):
+            try:
+                attempt()
+                raise RuntimeError("the all-reduce store took pskv's compression")
+            except pskv.NotSupportedError as exc:
+                assert "Compression.named('2bit', threshold=0.05)" in str(exc) and "horovod store" in str(exc), exc
+        return
+    half = hvd.Compression.twobit(threshold=0.5)  # 0.3 a call: 0 (0.3 kept), then 0.5 on each rank
+    got = [hvd.allreduce(torch.full((3,), 0.3), name="twobit", compression=half)[0].item() for _ in range(2)]
+    plain = hvd.allreduce(torch.full((3,), 0.3), name="twobit")  # the name without it: another key, plain
+    assert got == [0.0, 0.5] and torch.equal(plain, torch.full((3,), 0.3)), (got, plain)
+    model, ref = mlp(), mlp()
+    opt = hvd.DistributedOptimizer(sgd(model.parameters()), named_parameters=model.named_parameters(),
+                                   compression=twobit)
+    ref_opt, comp = sgd(ref.parameters()), create(twobit.params)
+    residuals = {(r, i): torch.zeros(p.numel()).numpy() for r in range(size) for i, p in enumerate(ref.parameters())}
+    for x, y in batches(4):
+        opt.zero_grad()
+        F.mse_loss(model(mine(x)), mine(y)).backward()
+        opt.step()
+        sums = [torch.zeros_like(p) for p in ref.parameters()]
+        for r in range(size):  # each rank's gradient, compressed with that rank's residual, decoded
+            ref.zero_grad()
+            F.mse_loss(ref(x[r * 3:(r + 1) * 3]), y[r * 3:(r + 1) * 3]).backward()
+            for i, p in enumerate(ref.parameters()):
+                flat = p.grad.detach().reshape(-1).numpy().copy()
+                sums[i] += torch.from_numpy(comp.decompress(comp.compress(flat, residuals[(r, i)]), flat.size)
+                                            ).reshape(p.shape)
+        for p, total in zip(ref.parameters(), sums):
+            p.grad = total / size
+        ref_opt.step()
+    assert gap(model, ref) < 1e-6, gap(model, ref)
+    assert gap(model, mlp()) > 1e-3, "nothing trained"
+    record("twobit", model)
+
+cases.write(rank, size=size, params=params)
 hvd.shutdown()

@@ -1,26 +1,17 @@
 """The launched 2-rank job of tests/torch/test_server_update.py: run by tests/torch/launched.py, one JSON per rank."""
 
-import json
-import sys
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import pskv
 import pskv.torch as hvd
+from tests.torch.cases import Cases
 
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
-results, params = {}, {}
-
-def case(fn):
-    try:
-        fn()
-        results[fn.__name__] = "ok"
-    except BaseException as exc:  # recorded; the next case runs
-        results[fn.__name__] = f"{type(exc).__name__}: {exc}"
-    return fn
+cases = Cases()
+case = cases.case
 
 def mlp(seed=0):
     torch.manual_seed(seed)
@@ -61,7 +52,7 @@ def train(name, make, make_ref=None, steps=4, passes=1, schedule=False, seed=0, 
     assert gap(model, ref) < 1e-5, (name, gap(model, ref))
     assert gap(model, mlp(0)) > 1e-3, "nothing trained"
     assert not opt.state, "a local optimizer state: the step ran here"
-    params[name] = [v for p in model.parameters() for v in p.detach().reshape(-1).tolist()]
+    cases.record(name, model)
 
 def sgd(ps):
     return torch.optim.SGD(ps, lr=0.1, momentum=0.9, weight_decay=0.01)
@@ -175,7 +166,5 @@ def allreduce_names_new_and_old_still_sum_while_the_servers_run_an_optimizer():
     again = hvd.allreduce(torch.full((3,), float(rank + 1)), name="metric.after_the_optimizer")
     assert again.tolist() == [1.5] * 3, again
 
-results["params"] = params
-with open(f"{sys.argv[1]}/rank-{rank}.json", "w") as f:
-    json.dump(results, f)
+cases.write(rank, params=cases.params)
 hvd.shutdown()

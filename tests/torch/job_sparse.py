@@ -2,13 +2,13 @@
 
 Run on every rank as ``python job_sparse.py OUTDIR`` under ``pskv launch -n 2 -s S`` (``-s 1``: the rows
 go through the servers' row-sparse keys; ``-s 0``: they are gathered on the all-reduce store); each
-case records "ok" or its error in ``OUTDIR/rank-R.json``, with the parameters it trained. It may run
+case records "ok" or its error in ``OUTDIR/rank-R.json``, with the parameters it trained (through
+tests/torch/cases.py). It may run
 after other job scripts in the same process (tests/torch/run_scripts.py): it sets its own seeds and
 names its parameters ``sparse.*``.
 """
 
-import json
-import sys
+import math
 import time
 
 import torch
@@ -17,26 +17,19 @@ from torch import nn
 
 import pskv
 import pskv.torch as hvd
-from pskv.torch import runtime
+from pskv.torch import ops, runtime
 from pskv.torch.buckets import GradientBuckets
 from pskv.torch.sparse import SparseGradients
+from tests.torch.cases import Cases
 
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
 rng = torch.get_rng_state()  # given back at the end: the next script of the process draws as if alone
-results, params = {}, {}
+cases = Cases()
+case, record = cases.case, cases.record
 ROWS, DIM = 12, 3
 TOUCHED = {0: [[1, 3], [5]], 1: [[3, 7], [9, 9]]}  # each rank's rows in two backward passes: row 3 by both
 SIGN = {0: 1.0, 1: -1.0}  # so row 3's sum is zero: still one of the rows that come back
-
-
-def case(fn):
-    try:
-        fn()
-        results[fn.__name__] = "ok"
-    except BaseException as exc:  # recorded; the next case runs
-        results[fn.__name__] = f"{type(exc).__name__}: {exc}"
-    return fn
 
 
 def table(rows=ROWS, dim=DIM):
@@ -46,10 +39,6 @@ def table(rows=ROWS, dim=DIM):
 
 def named(model):
     return [(f"sparse.{n}", p) for n, p in model.named_parameters()]
-
-
-def record(name, model):
-    params[name] = [v for p in model.parameters() for v in p.detach().reshape(-1).tolist()]
 
 
 def backward_touched(model, r, passes=(0, 1)):
@@ -66,7 +55,7 @@ def reference_grad():
 
 
 def learn_step(opt, model):
-    """The first step: every gradient travels in its bucket while the optimizer learns which are sparse."""
+    """The first step: the ranks agree at the first gradient hook which gradients travel as rows."""
     opt.zero_grad()
     backward_touched(model, rank)
     opt.step()
@@ -121,6 +110,50 @@ def train(name, head, make, steps=5, batch=6, tolerance=1e-5):
     assert (model.weight - table(20, 4).weight).abs().max().item() > 1e-3, "nothing trained"
     assert model.weight in opt._buckets.rows, "not sent as rows"
     record(name, model)
+
+
+class Lookup(nn.Module):
+    def __init__(self, rows):
+        super().__init__()
+        torch.manual_seed(5)
+        self.table, self.head = nn.Embedding(rows, 8, sparse=True), nn.Linear(8, 1)
+
+    def forward(self, ids):
+        return self.head(self.table(ids)).sum()
+
+
+@case
+def the_first_step_sends_rows_not_the_table():
+    """No bucket of the first step carries the table (it used to travel dense, whole), the head's leaves during
+    backward, and the step equals a dense all-reduce; through the servers, far fewer bytes than the table's."""
+    model, ref = Lookup(4096), Lookup(4096)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=named(model))
+    job, sent = runtime.current(), []
+    counters = job.store._worker.client.counters if job.servers else None
+    real = ops.grouped_allreduce_async_
+    ops.grouped_allreduce_async_ = lambda tensors, *a, **kw: sent.append(sum(t.numel() for t in tensors)) or \
+        real(tensors, *a, **kw)
+    try:
+        out_before = counters.bytes_out if counters else 0
+        model(torch.tensor(TOUCHED[rank][0])).backward()
+        left_in_backward = opt._buckets.sent
+        opt.synchronize()
+        out = counters.bytes_out - out_before if counters else 0
+    finally:
+        ops.grouped_allreduce_async_ = real
+    table_numel = model.table.weight.numel()
+    assert sent and max(sent) < table_numel, sent  # the head's bucket only
+    assert left_in_backward == 1 and model.table.weight in opt._buckets.rows, (left_in_backward, opt._buckets.rows)
+    assert out < table_numel, (out, table_numel * 4)  # bytes: under a quarter of the float32 table's
+    declared = [shape for _, shape in ops._names(job).keys.values()] if job.servers else []
+    assert all(math.prod(shape) < table_numel for shape in declared), declared  # no dense copy on the servers
+    for r in range(size):
+        ref(torch.tensor(TOUCHED[r][0])).backward()
+    assert model.table.weight.grad.is_sparse, model.table.weight.grad
+    assert torch.allclose(model.table.weight.grad.to_dense(), ref.table.weight.grad.to_dense() / size, atol=1e-6)
+    assert torch.allclose(model.head.weight.grad, ref.head.weight.grad / size, atol=1e-6)
+    with opt.skip_synchronize():
+        opt.step()
 
 
 @case
@@ -200,7 +233,5 @@ def row_id_out_of_range_fails_on_both_ranks():
 
 
 torch.set_rng_state(rng)
-results["rank"], results["params"] = rank, params
-with open(f"{sys.argv[1]}/rank-{rank}.json", "w") as f:
-    json.dump(results, f)
+cases.write(rank, params=cases.params, seconds=cases.seconds)
 hvd.shutdown()

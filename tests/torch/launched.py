@@ -2,7 +2,7 @@
 
 A job script (``tests/torch/job_<name>.py``) runs its cases (each recorded as ``"ok"`` or the
 exception's text, so one failing case does not hide the next) and writes ``rank-R.json`` into
-the directory it is given as its one argument.
+the directory it is given as its one argument, both through its ``Cases`` (tests/torch/cases.py).
 
 :func:`shared_jobs` runs every script of :data:`SCRIPTS` in one launched job per store kind
 (``pskv launch -n 2 -s S``, both kinds at once; tests/torch/run_scripts.py runs the scripts one

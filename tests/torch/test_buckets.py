@@ -27,7 +27,7 @@ class RecordingOps:
         self.sent: list[tuple[str, list[Any]]] = []
 
     def grouped_allreduce_async_(self, tensors: list[Any], name: str, op: Any, prescale_factor: float,
-                                 postscale_factor: float) -> int:
+                                 postscale_factor: float, compression: Any = None) -> int:
         self.sent.append((name, list(tensors)))
         return len(self.sent) - 1
 

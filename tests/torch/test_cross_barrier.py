@@ -38,3 +38,10 @@ def test_both_ranks_end_with_the_same_parameters(job: Outcomes) -> None:
     first, second = job[0]["params"], job[1]["params"]
     assert {"sgd", "byteps", "adam"} <= set(first)
     assert first == second
+
+
+def test_pskvs_own_compression_trains_like_its_reference(job: Outcomes) -> None:
+    """``CrossBarrier(..., compression=Compression.twobit(...))`` and ``update_on_kvstore=True`` with it: the
+    same parameters, pskv.compression's values, on both ranks."""
+    assert_case(job, "pskv_compression_matches_its_reference")
+    assert job[0]["params"]["twobit"] == job[1]["params"]["twobit"]

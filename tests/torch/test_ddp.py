@@ -59,3 +59,11 @@ def test_both_ranks_end_alike(job: dict[int, dict[str, Any]]) -> None:
 
 def test_each_job_ran_on_its_store(jobs: dict[str, dict[int, dict[str, Any]]]) -> None:
     assert [jobs[kind][r]["store"] for kind in STORES for r in range(2)] == ["dist_sync"] * 2 + ["horovod"] * 2
+
+
+def test_pskvs_own_compression_trains_like_its_reference(jobs: dict[str, dict[int, dict[str, Any]]]) -> None:
+    """``DistributedDataParallel(compression=Compression.twobit(...))``: with servers, pskv.compression's values
+    and the same parameters on both ranks; the all-reduce store refuses it by name."""
+    for kind in STORES:
+        assert_case(jobs[kind], "pskv_compression_matches_its_reference")
+    assert jobs["dist_sync"][0]["twobit"] == jobs["dist_sync"][1]["twobit"]

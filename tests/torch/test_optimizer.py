@@ -73,3 +73,14 @@ def test_both_ranks_name_the_parameters_alike(job: dict[int, dict[str, Any]]) ->
     assert job[0]["noname_names"] == job[1]["noname_names"] == [f"allreduce.noname.{i}.{j}" for i in (0, 1)
                                                                   for j in (0, 1)]
     assert [(r["rank"], r["size"]) for r in job.values()] == [(0, 2), (1, 2)]
+
+
+def test_pskvs_own_compression_trains_like_its_reference_with_servers_and_is_refused_without(
+        jobs: dict[str, Outcomes]) -> None:
+    """``compression=Compression.twobit(...)``: the bucket keys travel 2-bit with residuals (pskv.compression's
+    own values, identical parameters on both ranks); the all-reduce store refuses it by name."""
+    for kind in STORES:
+        assert_case(jobs[kind], "pskv_compression_matches_its_reference")
+    dist = jobs["dist_sync"]
+    assert dist[0]["params"]["twobit"] == dist[1]["params"]["twobit"]
+    assert "twobit" not in jobs["allreduce"][0]["params"]
