@@ -19,7 +19,13 @@ import time
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar, overload
 
-from pskv.errors import CollectiveMismatchError, NodeFailedError, OperationTimeoutError, RemoteError
+from pskv.errors import (
+    CollectiveMismatchError,
+    MembershipChangedError,
+    NodeFailedError,
+    OperationTimeoutError,
+    RemoteError,
+)
 from pskv.protocol import Command, Header, node_name
 from pskv.protocol.bodies import ErrorReply
 
@@ -202,6 +208,8 @@ class RequestTracker(Generic[P]):
             kind, message, node = ErrorReply.parse(header)
             if kind == "NodeFailedError":
                 p.error = NodeFailedError(node or node_name(p.node), message)
+            elif kind == "MembershipChangedError":  # an elastic job's voided work (server.commits, server.members)
+                p.error = MembershipChangedError(message)
             elif kind == "CollectiveMismatchError":  # a sync round failed on mismatched step counts (server.steps)
                 p.error = CollectiveMismatchError(message)
             else:

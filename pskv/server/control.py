@@ -1,7 +1,7 @@
 """The server's control commands: aggregation mode, optimizer, user controllers, optimizer states, checkpoints.
 
-``SET_MODE``, ``SET_OPTIMIZER``, ``CONTROLLER``, ``SAVE_STATES``, ``LOAD_STATES`` and
-``SAVE_CHECKPOINT``: requests that configure the shard or save / load what it holds,
+``SET_MODE``, ``SET_OPTIMIZER``, ``CONTROLLER``, ``SAVE_STATES``, ``LOAD_STATES``,
+``SAVE_CHECKPOINT``, and an elastic job's ``COMMIT`` and ``KEYS``: requests that configure the shard or save / load what it holds,
 rather than move values. Each is answered at once. Optimizers arrive as JSON configs, never
 as code; controllers are functions the server registered itself (:mod:`pskv.server.controllers`).
 
@@ -12,12 +12,16 @@ user said. A loaded state is checked against the shard before it replaces anythi
 held here, every array the shape of its key's slice. The one file a request names is
 SAVE_CHECKPOINT's directory, which must lie in the directories fixed at start
 (:mod:`pskv.server.paths`): a server never writes or reads a path a peer chose elsewhere.
+
+``COMMIT`` snapshots the shard (:mod:`pskv.server.commits`; refused in a job that is not elastic);
+``KEYS`` answers a joining worker with the parts this server holds, in pages of
+:data:`~pskv.protocol.bodies.MAX_KEY_PARTS` (:class:`~pskv.protocol.bodies.KeyTable`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from pskv.errors import InvalidArgumentError, OptimizerStateError
 from pskv.optimizer import Optimizer, Updater, transfer
@@ -25,16 +29,22 @@ from pskv.optimizer.states import StatesDocument
 from pskv.optimizer.updater import install_optimizer, updater_from_states
 from pskv.protocol import Command, Header
 from pskv.protocol.bodies import (
+    MAX_KEY_PARTS,
     CheckpointRequest,
     CheckpointSaved,
+    Commit,
     ControllerAnswer,
     ControllerCall,
+    KeyPart,
+    KeysRequest,
+    KeyTable,
     OptimizerConfig,
     SetMode,
     StatesRequest,
 )
 from pskv.protocol.replies import reply_frames
 from pskv.server.checkpointing import ShardCheckpoints
+from pskv.server.commits import CommitSnapshots, NoCommits
 from pskv.server.controllers import find_controller
 from pskv.server.handlers import Handler, Reply
 from pskv.server.paths import AllowedPaths
@@ -58,11 +68,16 @@ class ControlHandlers:
         paths: the directories its checkpoints may be in.
         max_message_bytes: the biggest message a worker takes (``PSKV_MAX_MESSAGE_BYTES``): a state
             reply past it is refused here, naming the setting, not discarded by the worker.
+        commits: the shard's commit snapshots (COMMIT); :class:`NoCommits` in a job that is not elastic.
+        key_names: str keys' names by server key (KEYS sends them).
     """
 
     def __init__(self, shard: ServerShard, checkpoints: ShardCheckpoints, reply: Reply, node_id: Callable[[], int],
                  rank: Callable[[], int], paths: AllowedPaths,
-                 max_message_bytes: int = DEFAULT_BOUNDS.max_message_bytes) -> None:
+                 max_message_bytes: int = DEFAULT_BOUNDS.max_message_bytes,
+                 commits: CommitSnapshots | NoCommits | None = None, key_names: Mapping[int, str] | None = None) -> None:
+        self._commits = NoCommits() if commits is None else commits
+        self._key_names: Mapping[int, str] = {} if key_names is None else key_names
         self._shard = shard
         self._paths = paths
         self._max_bytes = max_message_bytes
@@ -80,6 +95,8 @@ class ControlHandlers:
             Command.SAVE_STATES: self.save_states,
             Command.LOAD_STATES: self.load_states,
             Command.SAVE_CHECKPOINT: self.save_checkpoint,
+            Command.COMMIT: self.commit,
+            Command.KEYS: self.keys,
         }
 
     @property
@@ -177,3 +194,18 @@ class ControlHandlers:
         directory = self._allowed(CheckpointRequest.parse(header).dir, "save_checkpoint")
         saved = self._checkpoints.save(directory, self._rank())
         self._ack(identity, header, CheckpointSaved(str(saved.file), saved.bytes, saved.open_rounds).encode())
+
+    def commit(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
+        """:class:`Commit`: snapshot the shard as commit ``n`` (pending until a view names it)."""
+        self._commits.take(Commit.parse(header).n)
+        self._ack(identity, header)
+
+    def keys(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
+        """:class:`KeysRequest`: a page of the parts held here, in the order they were made (:class:`KeyTable`)."""
+        start = KeysRequest.parse(header).start
+        parts = list(self._shard.parts.values())
+        page = parts[start:start + MAX_KEY_PARTS]
+        follow = start + len(page) if start + len(page) < len(parts) else 0
+        table = KeyTable(tuple(KeyPart(p.key, p.offset, p.dtype, p.num_rows if p.row_width else p.value.size,
+                                       p.row_width, self._key_names.get(p.key, "")) for p in page), follow)
+        self._ack(identity, header, table.encode())

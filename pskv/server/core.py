@@ -21,6 +21,12 @@ A worker's ``HELLO`` (or ``REJOIN``) may arrive before this server has taken in 
 registration reply, which brings the job's secret that checks the worker's token
 (:mod:`pskv.server.senders`): such opening messages are held (bounded, without array
 frames) and handled in order once :meth:`ServerCore.registered` is called.
+
+In an elastic job (``ClusterConfig.elastic``) the core also holds the shard's commit snapshots
+(:mod:`pskv.server.commits`) and the view it serves (:mod:`pskv.server.members`): a message whose
+epoch is not the view's is refused or held there, and a new view (:meth:`ServerCore.adopt`) rolls
+back or promotes a commit. In every other job both are no-ops and cost nothing per message (its
+messages and its view both have epoch 0, so the check is one comparison).
 """
 
 from __future__ import annotations
@@ -36,14 +42,16 @@ from pskv.errors import KVStoreError, ProtocolError
 from pskv.metrics import STALL_AFTER
 from pskv.partition import server_key
 from pskv.protocol import Command, Header, Role, node_id, node_name, node_role_rank
-from pskv.protocol.bodies import Counters, InitBody
+from pskv.protocol.bodies import Counters, InitBody, View
 from pskv.protocol.codec import decode_arrays, decode_head
 from pskv.protocol.replies import error_frames
 from pskv.server.checkpointing import ShardCheckpoints
+from pskv.server.commits import CommitSnapshots, NoCommits
 from pskv.server.control import ControlHandlers
 from pskv.server.dedup import Dropped, Regather, Repeat, ReplyCache
 from pskv.server.handlers import DataHandlers, Handler
 from pskv.server.liveness import DeadWorkers
+from pskv.server.members import ViewMembers
 from pskv.server.observe import ServerObserver, observer
 from pskv.server.paths import AllowedPaths
 from pskv.server.routes import Routes
@@ -74,11 +82,13 @@ class ServerCore:
         defer: runs a call on this server's handling thread later (the reactor's
             ``call_soon``); with it, big tables are drawn on a thread of their own
             (:class:`~pskv.server.row_init.RowInit`). None: everything inline.
+        ask_view: asks the scheduler for the current view now (an elastic job's; unused in others).
     """
 
     def __init__(self, cluster: ClusterConfig, send: Send, node_id: Callable[[], int], name: Callable[[], str],
                  rank: Callable[[], int], secret: Callable[[], str], allocate: Allocator | None = None,
-                 defer: Callable[[Callable[[], None]], None] | None = None) -> None:
+                 defer: Callable[[Callable[[], None]], None] | None = None,
+                 ask_view: Callable[[], None] | None = None) -> None:
         self._cluster = cluster
         self._send = send
         self._node_id = node_id
@@ -88,27 +98,29 @@ class ServerCore:
         self.shard = ServerShard(cluster.num_workers, sync=True, allocate=allocate, workers=workers,
                                  observer=self.observer)
         self.dead = DeadWorkers(self.shard, cluster.recovery_timeout, name)
-        self.replies = ReplyCache(CONNECTIONS_PER_WORKER * max(1, cluster.num_workers))
+        most = max(1, cluster.num_workers, cluster.max_workers)  # workers at once (an elastic job's MAX)
+        self.replies = ReplyCache(CONNECTIONS_PER_WORKER * most)
         self.senders = SenderBindings(name, secret)  # which worker each connection speaks for (by its token)
         self.checkpoints = ShardCheckpoints(self.shard, cluster, name)
+        self._early_limit = 2 * most + 16  # a worker's connections open one at a time per server
+        self.commits = CommitSnapshots(self.shard, self.checkpoints.squeezed) if cluster.elastic else NoCommits()
+        self.view = ViewMembers(self.shard, self.commits, workers, ask_view if cluster.elastic else None,
+                                self._early_limit)  # whom it serves and waits for; stale epochs
         self.routes = Routes()  # a worker's send-only socket -> where its replies go (HELLO); bounded
         self.data = DataHandlers(self.shard, self._reply, self._answer, node_id, self.replies, self.dead,
                                  self.routes, name, cluster.max_table_bytes, defer, fail=self.fail)
         self.data.squeezed = self.checkpoints.squeezed  # both_ways residuals: saved and restored with the shard
         if allocate is not None and cluster.shm_rows_bytes:  # rows of row-sparse keys in shared memory (workers here)
             self.data.shared_rows = SharedRows(allocate, workers, cluster.shm_rows_bytes)
+        self.key_names: dict[int, str] = {}  # str keys' names by server key, from INIT (for the stall report)
         control = ControlHandlers(self.shard, self.checkpoints, self._reply, node_id, rank, AllowedPaths.of(cluster),
-                                  cluster.max_message_bytes)
+                                  cluster.max_message_bytes, self.commits, self.key_names)
         self._handlers: dict[Command, Handler] = {**self.data.handlers(), **control.handlers()}
         self._handlers[Command.INIT] = self._init
-        self.key_names: dict[int, str] = {}  # str keys' names by server key, from INIT (for the stall report)
         self.data.steps.key_names = self.dead.key_names = self.key_names  # and for mismatched step counts' errors
         self._held: list[tuple[bytes, list[Any]]] | None = None  # value replies held while a message is handled
         self._secret = secret
         self._early: list[tuple[bytes, list[bytes]]] | None = []  # HELLO/REJOIN that came before the secret
-        self._early_limit = 2 * cluster.num_workers + 16  # a worker's connections open one at a time per server
-        self._workers = workers  # node ids: a stalled round waits for those that did not push
-        self._members = frozenset(workers)  # the senders a server answers
         self._scanned = (0, 0, 0)  # queue, stalls, whom they wait for: the last pass over the parts (metrics())
         self._next_scan = 0.0  # monotonic time metrics() may pass over the parts again
 
@@ -125,7 +137,9 @@ class ServerCore:
         identity = self.routes.get(identity)  # from a send-only socket: answer where its HELLO came from
         self._held = []
         try:
-            handler = self._handlers.get(header.command) if header.sender in self._members else None
+            if header.epoch != self.view.epoch and self._other_view(origin, header, frames):
+                return  # of a view this server does not have yet: handled again when it comes (adopt)
+            handler = self._handlers.get(header.command) if header.sender in self.view.members else None
             if handler is None:
                 self._refuse(header)
             self.senders.check(origin, header)  # a connection speaks for one worker only
@@ -158,7 +172,8 @@ class ServerCore:
 
     def trace(self, timeline: Timeline | None) -> None:
         """Record the shard's rounds on ``timeline`` too (``PSKV_TIMELINE``; None: off), str keys by name."""
-        self.observer = self.shard.observer = observer(self.observer.counters, timeline, self.key_names)
+        self.observer = observer(self.observer.counters, timeline, self.key_names)
+        self.shard.observer = self.commits.wrap(self.observer)  # an elastic job's copy on write first
 
     def metrics(self) -> Counters:
         """This server's metrics now (the membership sends them with a heartbeat; reactor thread).
@@ -177,10 +192,33 @@ class ServerCore:
             missing: collections.Counter[int] = collections.Counter()  # worker -> stalled rounds without its push
             for stall in self.shard.open_rounds(STALL_AFTER):
                 stalls += 1
-                missing.update(w for w in self._workers if w not in stall.pushed and w not in joined)
+                missing.update(w for w in self.view.workers if w not in stall.pushed and w not in joined)
             self._scanned = (self.shard.parked(), stalls, missing.most_common(1)[0][0] if missing else 0)
             self._next_scan = start + 50 * (time.monotonic() - start)
         return self.observer.counters.report(*self._scanned)
+
+    def adopt(self, view: View) -> None:
+        """An elastic job's new view (an older one is ignored): the shard rolled back or its commit promoted
+        (:meth:`ViewMembers.adopt`), then what lies outside the shard reset, and the messages held for it handled.
+
+        Every slot's step marks are forgotten (meetings are counted per view), departed workers are no
+        longer dead or left (they are no members), and a voiding view drops the refused rounds (their
+        round numbers went back). The ReplyCache needs no reset: a repeat of a voided request carries
+        its old epoch and is refused before the cache is asked.
+        """
+        before = self.view.workers
+        held = self.view.adopt(view)
+        if self.view.view is not view:
+            return
+        for worker in {*before, *self.view.workers}:
+            self.data.steps.forget(worker)
+        departed = set(before) - self.view.members
+        self.dead.dead -= departed
+        self.dead.left -= departed
+        if view.voids:
+            self.data._refused.clear()  # the refused rounds' numbers went back with the shard
+        for identity, frames in held:
+            self.handle(identity, frames)
 
     def registered(self) -> None:
         """The job's secret is known now: handle the opening messages held until now, in order."""
@@ -209,13 +247,22 @@ class ServerCore:
         self.data.init(identity, header, buffers)
         self.key_names.update((server_key(n), n) for n in names)
 
+    def _other_view(self, origin: bytes, header: Header, frames: list[Any]) -> bool:
+        """A message of another view than this server's: refused, or held until that view comes (True).
+
+        Its connection is checked first (a joiner's HELLO proves its slot with its token), so only a
+        proven worker's messages are ever held (:meth:`ViewMembers.stale`).
+        """
+        self.senders.check(origin, header)
+        return self.view.stale(origin, header, frames)
+
     def _refuse(self, header: Header) -> NoReturn:
         """Refuse a request this server does not handle.
 
         Raises:
             ProtocolError: the sender is no worker of this job, or the command no server command.
         """
-        if header.sender not in self._members:
+        if header.sender not in self.view.members:
             try:
                 node_role_rank(header.sender)
             except ValueError:

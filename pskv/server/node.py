@@ -21,6 +21,7 @@ small class with its own state that receives what it needs (the shard, a way to 
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -31,6 +32,7 @@ from pskv.cluster.runtime import NodeRuntime
 from pskv.config import ClusterConfig
 from pskv.errors import TransportError
 from pskv.protocol import Role
+from pskv.protocol.bodies import View
 from pskv.server.controllers import import_modules
 from pskv.server.core import ServerCore
 from pskv.server.liveness import StallReport
@@ -63,7 +65,7 @@ class ServerNode:
         shm_info = {"dir": self._shm_dir.path, "host": host_id()} if self._shm_dir else None
         self._core = ServerCore(cluster, self._send, self._node_id, self._get_name, self._get_rank, self._secret,
                                 self._shm_dir.create if self._shm_dir is not None else None,
-                                self._reactor.call_soon)
+                                self._reactor.call_soon, self._ask_view)
         # a connection not bound to a worker yet may send a HELLO or REJOIN: bigger messages are dropped
         self._sid, self.address = self._reactor.bind_router(f"tcp://{bind_host(cluster)}:0", self._on_message,
                                                             self._core.senders.bound)
@@ -84,7 +86,8 @@ class ServerNode:
         self._membership = Membership(cluster, self._reactor, self._tracker, Role.SERVER, self.address,
                                       on_dead=dead.on_node_dead, shm=shm_info, on_alive=dead.on_node_alive,
                                       on_left=dead.on_node_left, metrics=self._core.metrics,
-                                      mismatch=self._core.data.steps.take_report)
+                                      mismatch=self._core.data.steps.take_report,
+                                      on_view=self._on_view if cluster.elastic else None)
         self._core.data.steps.on_report = self._membership.report_now
         if cluster.recovery_timeout > 0:
             self._reactor.add_timer(max(0.05, min(1.0, cluster.recovery_timeout / 4)), dead.check_recovery)
@@ -121,6 +124,8 @@ class ServerNode:
             self._rank = info.rank
             self._core.trace(open_timeline(self._cluster.timeline, "server", self._rank, self._cluster.restart_count,
                                            info.recovery))
+            if info.view is not None:  # an elastic job's: the view it was admitted in, before any worker's message
+                self._reactor.call_soon(functools.partial(self._core.adopt, info.view))
             self._reactor.call_soon(self._core.registered)  # workers' HELLOs that came first: checked now
             if info.recovery:  # a replacement in a running job: the workers go on numbering their pushes
                 self._reactor.call_soon(self._core.checkpoints.apply_saved_counts)
@@ -157,6 +162,14 @@ class ServerNode:
     # -- wiring -------------------------------------------------------------------------
     def _on_message(self, identity: bytes, frames: list[zmq.Frame]) -> None:
         self._core.handle(identity, frames)
+
+    def _on_view(self, view: View) -> None:
+        """An elastic job's newer view (reactor thread): the shard adopts it, then the node's requests carry it."""
+        self._core.adopt(view)
+        self._membership.adopt(view)
+
+    def _ask_view(self) -> None:
+        self._membership.ask_view()
 
     def _send(self, identity: bytes, frames: list[Any]) -> None:
         self._reactor.send_router(self._sid, identity, frames)
