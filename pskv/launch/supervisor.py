@@ -12,6 +12,10 @@ the same queue, so all decisions are taken on the main thread, in time order:
   started with a stop command — an ``srun`` step — is asked by that command instead, and
   SIGTERM to its group is its hard stop), and the launcher exits with that child's code
   (128+N for signal N);
+* a failed server's job is stopped only once the workers still running had up to
+  ``_TELL_WORKERS`` seconds to end by themselves: the scheduler tells each worker why the
+  server failed (``pskv.create`` or the call waiting raises, naming it), so every worker's
+  own output says why, also when it started later than the server failed;
 * children that fail afterwards are reported as consequences, not causes;
 * SIGINT / SIGTERM to the launcher stop the job (exit 130 / 143), a second one kills
   at once; the ``timeout`` stops it with exit 124;
@@ -57,6 +61,7 @@ __all__ = ["Console", "Supervisor", "describe_exit", "guard_argv", "signal_name"
 
 _READER_JOIN = 2.0  # seconds an exit notice waits for the child's last output lines
 _KILL_WAIT = 5.0  # seconds to wait for SIGKILLed children before giving up on them
+_TELL_WORKERS = 5.0  # seconds running workers get to end by themselves after a server failed (then SIGTERM)
 EXIT_TIMEOUT = 124  # as timeout(1)
 EXIT_FAILURE = 1  # lingering servers or scheduler, or the launcher's own error
 # "NodeFailedError: worker 1 failed: ..." in a child's output: the peer it saw fail
@@ -199,6 +204,7 @@ class Supervisor:
         self._cause = ""  # what ended the job, for consequence messages
         self._grace_at: float | None = None
         self._kill_at: float | None = None
+        self._stop_at: float | None = None  # a server failed: the stop waits until then for the workers
         self._abandon_at: float | None = None
         self._stopped: list[str] = []
         self._worker_restarts = worker_restarts
@@ -383,8 +389,9 @@ class Supervisor:
     def _deadlines(self) -> list[float]:
         if self._outcome is None:
             times = [self._deadline, self._grace_at]
-        else:  # stopping: first the SIGKILL, then giving up on survivors
-            times = [self._kill_at if self._abandon_at is None else self._abandon_at]
+        else:  # stopping: the workers told why, then the SIGKILL, then giving up on survivors
+            times = [self._stop_at if self._stop_at is not None else
+                     self._kill_at if self._abandon_at is None else self._abandon_at]
         return [t for t in times if t is not None]
 
     def _on_exit(self, child: _Child, returncode: int) -> None:
@@ -414,7 +421,8 @@ class Supervisor:
                 if ahead:  # the worker with the extra step is the cause, whoever raised first
                     what = f"{ahead} is ahead (mismatched step counts: {_UNEVEN}): {what}"
                 self._decide(_exit_status(returncode), f"{what}; stopping the job",
-                             f"{ahead}'s extra step" if ahead else f"{child.spec.name}'s failure")
+                             f"{ahead}'s extra step" if ahead else f"{child.spec.name}'s failure",
+                             tell_workers=child.spec.role == "server")
                 cause = next((c for c in self._children if c.spec.name == ahead), child)
                 self._console.report_log(cause.spec.name, cause.output)
             elif self._grace_at is None and all(c.returncode == 0 for c in self._children
@@ -453,6 +461,8 @@ class Supervisor:
         self._console.stop_requested = True
         if self._outcome is None:
             self._decide(128 + signum, f"received {name}; stopping the job", f"{name} to the launcher")
+        elif self._stop_at is not None:
+            self._stop_children()
         elif self._kill_at is not None and self._abandon_at is None:
             self._console.note(f"received {name} again; killing every process now")
             self._kill_at = time.monotonic()
@@ -469,7 +479,10 @@ class Supervisor:
                 self._decide(EXIT_FAILURE, f"every worker exited 0, but {names} did not exit within "
                              f"{self._exit_grace:g} s after the last worker; stopping them", "the launcher stopping them")
             return
-        if self._kill_at is not None and now >= self._kill_at and self._abandon_at is None:
+        if self._stop_at is not None and (now >= self._stop_at or not any(
+                c.running for c in self._children if c.spec.is_worker)):
+            self._stop_children()
+        elif self._kill_at is not None and now >= self._kill_at and self._abandon_at is None:
             self._kill_late(now)
         elif self._abandon_at is not None and now >= self._abandon_at:
             self._abandon_survivors(now)
@@ -499,11 +512,20 @@ class Supervisor:
                 self._console.note(f"{child.where} (pid {child.proc.pid}) survived SIGKILL; giving up on it")
                 child.abandoned = True
 
-    def _decide(self, exit_code: int, message: str, cause: str) -> None:
-        """Fix the job's outcome, say why, and stop every running child (SIGTERM)."""
+    def _decide(self, exit_code: int, message: str, cause: str, tell_workers: bool = False) -> None:
+        """Fix the job's outcome, say why, and stop every running child (SIGTERM): with ``tell_workers``, once
+        the workers still running had ``_TELL_WORKERS`` seconds to end by themselves."""
         self._outcome = exit_code
         self._cause = cause
         self._console.note(message)
+        if tell_workers and any(c.running for c in self._children if c.spec.is_worker):
+            self._stop_at = time.monotonic() + min(_TELL_WORKERS, self._stop_grace)
+            return
+        self._stop_children()
+
+    def _stop_children(self) -> None:
+        """SIGTERM (or the stop command) to every running child; SIGKILL after ``stop_grace``."""
+        self._stop_at = None
         for child in self._children:
             if child.running:
                 child.stop_signal = signal.SIGTERM

@@ -67,7 +67,8 @@ def test_under_pskv_launch_the_workers_say_why_before_the_job_stops(tmp_path: Pa
     ckpt = tmp_path / "ckpt-3"
     ckpt.mkdir()
     (ckpt / "manifest.json").write_text("not json at all")
-    (tmp_path / "worker.py").write_text(WORKER)
+    # the workers come late (as under load): the server has failed before they register
+    (tmp_path / "worker.py").write_text("import time; time.sleep(2)\n" + WORKER)
     # a resumed job whose checkpoint the launcher's scan let through (PSKV_RESUME_FROM reaches the server)
     env = child_env({"PSKV_RESUME_FROM": str(ckpt)})
     code, out = run_launch(["-n", "2", "-s", "1", "--startup-timeout", "60", "--", sys.executable, "worker.py"],

@@ -314,10 +314,9 @@ def test_the_horovod_store_under_mpirun(slurm, tag, tmp_path):
         pytest.skip("MPICH is not installed (.ci/cluster-setup installs mpich)")
     (tmp_path / "hvd.py").write_text(HOROVOD)
     # MPICH's hydra on this host: localhost, not the nodes' aliases (it would reach them through ssh)
-    # 2 ranks: MPICH's PMI variables are what this shows (4 ranks and their blame: the srun test)
-    code, out = run(slurm, ["mpirun.mpich", "-launcher", "fork", "-np", "2", "-host", "localhost",
+    code, out = run(slurm, ["mpirun.mpich", "-launcher", "fork", "-np", "4", "-host", "localhost",
                             "-genv", "MASTER_ADDR", "127.0.0.1", "-genv", "MASTER_PORT", "29517",
                             sys.executable, "hvd.py"], tag, tmp_path, PSKV_DEFAULT_TIMEOUT="60")
     assert code == 0, out
-    for rank in range(2):
-        assert f"hvd rank {rank} of 2 local {rank}/2 at 127.0.0.1:29517: sum 3" in out, out
+    for rank in range(4):
+        assert f"hvd rank {rank} of 4 local {rank}/4 at 127.0.0.1:29517: sum 10" in out, out
