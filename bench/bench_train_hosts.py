@@ -13,7 +13,9 @@ launchers, one after the other:
 
 * **trainer** — pskv's ``Trainer``: ``pskv launch -n 4 -s 4 --launcher ssh -H <hosts 0-3>
   --server-hostfile <hosts 4-7> -- python bench/_train_worker_pskv.py SPEC`` (gradients
-  pushed in buckets during backward, SGD on the servers);
+  pushed in buckets during backward, SGD on the servers; each bucket as chunk keys of one
+  piece per server, so each chunk's new weights come back while the next are pushed:
+  :mod:`pskv.parallel.chunks`);
 * **optimizer** — ``pskv.torch.DistributedOptimizer`` (Horovod's loop, SGD on the workers),
   the same launch with ``bench/_train_worker_pskv_torch.py`` and ``PSKV_BENCH_API=optimizer``;
   ``cross_barrier`` (BytePS's, SGD on the servers) can be added with ``--systems``;

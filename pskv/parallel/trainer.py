@@ -15,8 +15,10 @@ optimizer runs only here, on every worker (:mod:`pskv.parallel.torch_optim`).
 
 Communication overlaps the backward pass: gradients are grouped into buckets in reverse
 parameter order (roughly the order autograd produces them) and a bucket is sent — one
-non-blocking list ``pushpull``, one message per server — as soon as every device has
-produced all its gradients. :meth:`Trainer.step` sends what is left, waits, and (without
+non-blocking ``pushpull`` — as soon as every device has produced all its gradients. When
+the servers run the optimizer of a synchronous ``dist`` store, a bucket travels as chunk
+keys of one piece per server, each updated and answered while the next are still pushed
+(:mod:`pskv.parallel.chunks`). :meth:`Trainer.step` sends what is left, waits, and (without
 ``update_on_kvstore``) runs the optimizer. ``rescale_grad`` is 1 / global batch size:
 the per-worker batch times the number of workers for the synchronous stores of several
 processes (``dist_sync*``, ``byteps``, ``horovod``, ``nccl``).
@@ -34,6 +36,7 @@ from pskv.errors import InvalidArgumentError, InvalidTypeError
 from pskv.kvstore import KVStoreBase, StoreType, create
 from pskv.kvstore.types import BUILTIN_TYPES
 from pskv.optimizer import Optimizer
+from pskv.parallel.chunks import StoreKeys, chunk_bytes
 from pskv.parallel.embedding import StoreTable, wait_handles
 from pskv.parallel.executor_group import DataParallelExecutorGroup
 from pskv.parallel.fit import fit
@@ -148,6 +151,9 @@ class Trainer:
         self.keys = [self._prefix + self.names[m[0]] if len(m) == 1 else f"{self._prefix}bucket{b}"
                      for b, m in enumerate(self._buckets)]
         self._flatten()
+        # what travels: the buckets' keys, or their chunks when the servers run the optimizer (parallel/chunks.py)
+        self._store_keys = StoreKeys(self.keys, [w[0] for w in self._weights],
+                                     0 if per_param else chunk_bytes(self._kv, self.update_on_kvstore))
 
     def _resolve_overlap(self, requested: bool) -> bool:
         """Whether gradients are sent during backward (see the ``overlap`` argument)."""
@@ -321,7 +327,7 @@ class Trainer:
     @property
     def key_sizes(self) -> dict[str, tuple[int, int]]:
         """Each store key of the parameters: (elements, devices) of its flat buffer."""
-        return {key: (int(w[0].numel()), len(w)) for key, w in zip(self.keys, self._weights)}
+        return self._store_keys.sizes(self._num_devices)
 
     @property
     def kvstore(self) -> KVStoreBase | None:
@@ -381,7 +387,9 @@ class Trainer:
             if self.update_on_kvstore and self._optimizer_batch is None and self._group is not None:
                 self._ensure_optimizer(self._group.batch_size or 1)
             if self.keys:
-                self._kv.broadcast(self.keys, [w[0] for w in self._weights], out=[list(w) for w in self._weights])
+                keys = self._store_keys
+                self._kv.broadcast(keys.keys, [v[0] for b, w in enumerate(self._weights) for v in keys.views(b, w)],
+                                   out=[v for b, w in enumerate(self._weights) for v in keys.views(b, w)])
 
     def _ensure_optimizer(self, batch_size: int) -> None:
         """Install the optimizer in the store with ``rescale_grad`` for ``batch_size`` (once)."""
@@ -402,13 +410,15 @@ class Trainer:
                 factor = self._optimizer_batch / current  # the store's rescale_grad is for _optimizer_batch
                 for g in grads:
                     g.mul_(factor)
-            out: Any = list(self._weights[b])
+            weights: list[torch.Tensor] | None = self._weights[b]
         else:
-            out = None
-        handle = self._kv.pushpull(self.keys[b], list(grads), out=out,  # type: ignore[call-arg]
-                                   priority=-min(self._buckets[b]), block=False)
-        with self._lock:
-            self._handles.append(handle)
+            weights = None
+        priority = self._store_keys.priority(-min(self._buckets[b]))
+        for key, value, out in self._store_keys.calls(b, grads, weights):
+            handle = self._kv.pushpull(key, value, out=out, priority=priority,  # type: ignore[call-arg]
+                                       block=False)
+            with self._lock:
+                self._handles.append(handle)
 
     def _finish_sends(self) -> None:
         with self._lock:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -96,6 +98,41 @@ def test_dist_sync_two_workers_match_one_process_with_the_double_batch(opt, para
         results = cluster.run_workers(worker)
     for got in results:
         assert_same(got, ref)
+
+
+@pytest.mark.parametrize(("opt", "params"), OPTIMIZERS)
+def test_buckets_cut_into_chunk_keys_train_as_whole_ones(opt, params):
+    """With the optimizer on the servers, a bucket bigger than one piece per server travels as chunk keys
+    (pskv/parallel/chunks.py: each chunk is updated and answered as its pushes complete): same result."""
+    x, y = dataset()
+    batches = [(x[i:i + 2 * B], y[i:i + 2 * B]) for i in range(0, len(x), 2 * B)]
+    ref = reference(opt, params, batches)
+
+    def worker(cfg):
+        kv = pskv.create("dist_sync", cluster=dataclasses.replace(cfg, part_bytes=128))  # chunks of 2 x 128 bytes
+        try:
+            g = make_group(["cpu"], B, model=make_model(seed=kv.rank))
+            t = Trainer(g, opt, params, kvstore=kv, update_on_kvstore=True)
+            for bx, by in batches:
+                g.forward((bx[kv.rank::2], by[kv.rank::2]))
+                g.backward()
+                t.step()
+            sizes = t.key_sizes
+            t.close()
+            return g.get_params()[0], sizes
+        finally:
+            kv.close()
+
+    with InProcessCluster(2, 2, deadline=30) as cluster:
+        results = cluster.run_workers(worker)
+    for got, sizes in results:
+        assert _seven_chunks(sizes), sizes
+        assert_same(got, ref)
+
+
+def _seven_chunks(sizes: dict[str, tuple[int, int]]) -> bool:
+    """The one bucket of the model (195 float64) went as 7 chunks of at most 32 elements."""
+    return sorted(sizes) == [f"bucket0#{c}" for c in range(7)] and sum(n for n, _ in sizes.values()) == 195
 
 
 def test_plain_module_trainer_with_step_batch_size():
