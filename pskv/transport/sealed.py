@@ -29,14 +29,6 @@ opens the body in place; a record that fails (modified, replayed, reordered, cut
 sealed with another key) raises :class:`~pskv.errors.ProtocolError`: the connection is
 dropped, logged by its owner with the peer's name, and nothing of it is handed on.
 
-**Pipelined**: a body over :data:`_GATHER` bytes is sealed in pieces of :data:`_PIECE`
-(GCM's incremental interface, one record still), each written as soon as it is sealed, so
-the peer reads and opens it while the next is sealed; the receiver opens a body as its
-bytes arrive (:meth:`SealedChannel.open_some`) and checks the tag
-when the last is in: nothing is handed on before. Sealing a 64 MiB body whole before
-sending it, and opening it only once all of it was in, put both ends' AES-GCM on the
-message's path one after the other.
-
 Without a key every connection gets :data:`PLAIN`, whose methods hand their input back:
 a plain connection pays a few no-op calls per message.
 """
@@ -44,7 +36,7 @@ a plain connection pays a few no-op calls per message.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -57,7 +49,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from pskv.errors import ProtocolError
 
-__all__ = ["NO_KEYS", "PLAIN", "PLAIN_MAGIC", "SEALED_MAGIC", "Channel", "ClusterKeys", "Keys", "Put", "SealedChannel"]
+__all__ = ["NO_KEYS", "PLAIN", "PLAIN_MAGIC", "SEALED_MAGIC", "Channel", "ClusterKeys", "Keys", "SealedChannel"]
 
 PLAIN_MAGIC = b"pskv-stream-1:"
 SEALED_MAGIC = b"pskv-sealed-1:"
@@ -67,13 +59,8 @@ _PSK_INFO = b"pskv data channel: pre-shared key from the cluster key"
 _KEYS_INFO = b"pskv data channel v1: worker->server, server->worker keys; opening "
 _COUNT = struct.Struct("<I")
 _GATHER = 64 << 10  # bodies up to this size are copied into one buffer and sealed in one call
-_PIECE = 1 << 20  # a bigger body is sealed into buffers of this size (the last: and the tag), each written once sealed
-_OPEN_STEP = 256 << 10  # a body being read is opened once this many more bytes of it are in
+_PIECE = 4 << 20  # a bigger body is sealed into buffers of this size (reused heap memory, no fresh maps)
 _OPEN_AT_ONCE = 1 << 30  # AESGCM takes less than 2 GiB a call: bigger records are opened in pieces
-
-#: What a channel hands the pieces of a big sealed body to (the stream's writer; its lock held): True once
-#: the socket took them whole (the buffers are free again), False while some wait in the queue
-Put = Callable[[list[memoryview]], bool]
 
 
 class Channel:
@@ -105,20 +92,13 @@ class Channel:
             return "a sealed data connection (the peer has a cluster key) to a node without one: refused"
         return f"not a pskv data connection (it opened with {opening[:40]!r})"
 
-    def seal(self, views: list[memoryview], put: Put) -> list[memoryview]:
-        """A message's buffers as they go on the wire: ``views[0]`` its table (count and lengths), then its frames.
-
-        A big sealed body hands the table and its pieces to ``put`` as they are sealed (each written at
-        once, the tag with the last) and returns nothing more.
-        """
+    def seal(self, views: list[memoryview]) -> list[memoryview]:
+        """A message's buffers as they go on the wire: ``views[0]`` its table (count and lengths), then its frames."""
         return views
 
     def open_table(self, record: Any, count: int) -> Any:
         """The lengths of a message of ``count`` frames, from their ``record`` (the bytes after the count)."""
         return record
-
-    def open_some(self, record: Any, arrived: int) -> None:
-        """The first ``arrived`` bytes of a body ``record`` are in (the rest is on its way): open what is there."""
 
     def open_body(self, record: memoryview) -> memoryview:
         """A message's frames' bytes, from their ``record`` (opened in place)."""
@@ -166,8 +146,7 @@ class SealedChannel(Channel):
         name: the connection's name, for error messages.
     """
 
-    __slots__ = ("_psk", "_name", "_private", "_out", "_in", "_out_key", "_in_key", "_sent", "_received",
-                 "_opening", "_opened", "_spare")
+    __slots__ = ("_psk", "_name", "_private", "_out", "_in", "_out_key", "_in_key", "_sent", "_received")
     magic = SEALED_MAGIC
     hello_bytes = PUBLIC_BYTES
     answer_bytes = PUBLIC_BYTES
@@ -181,9 +160,6 @@ class SealedChannel(Channel):
         self._in: AESGCM | None = None
         self._out_key = self._in_key = b""
         self._sent = self._received = 0  # records sealed and opened: the next nonce of each direction
-        self._opening: Any = None  # the body record being opened as it arrives (a GCM decryptor) ...
-        self._opened = 0  # ... and its bytes opened so far
-        self._spare: memoryview | None = None  # a sealing buffer the socket has taken whole (free to reuse)
 
     def hello(self) -> bytes:
         assert self._private is not None
@@ -225,7 +201,7 @@ class SealedChannel(Channel):
         self._sent += 1
         return nonce
 
-    def seal(self, views: list[memoryview], put: Put) -> list[memoryview]:
+    def seal(self, views: list[memoryview]) -> list[memoryview]:
         out = self._out
         assert out is not None, "sealing before the key exchange"
         table = views[0]
@@ -233,52 +209,41 @@ class SealedChannel(Channel):
         sealed[:_COUNT.size] = table[:_COUNT.size]
         out.encrypt_into(self._nonce_out(), table[_COUNT.size:], table[:_COUNT.size],
                          memoryview(sealed)[_COUNT.size:])
-        frames = views[1:]
-        total = sum(f.nbytes for f in frames)
-        if total > _GATHER:
-            return self._seal_pieces(memoryview(sealed), frames, total, put)
-        body = bytearray(total + TAG_BYTES)  # the body record: one copy, one call
-        at = 0
-        for frame in frames:
-            body[at:at + frame.nbytes] = frame
-            at += frame.nbytes
-        view = memoryview(body)
-        out.encrypt_into(self._nonce_out(), view[:total], None, view)
-        return [memoryview(sealed), view]
+        return [memoryview(sealed), *self._seal_body(views[1:])]
 
-    def _seal_pieces(self, table: memoryview, frames: Sequence[memoryview], total: int, put: Put) -> list[memoryview]:
-        """A big body record, sealed into pieces of at most :data:`_PIECE` bytes, each handed to ``put`` (with
-        the ``table`` before the first) as soon as it is sealed: the peer reads and opens it while the next is
-        sealed; the last carries the tag. A piece the socket took whole is sealed over again (one warm buffer,
-        no fresh pages); one left queued stays as it is. Returns nothing more to send."""
-        encryptor = Cipher(algorithms.AES(self._out_key), modes.GCM(self._nonce_out())).encryptor()
-        ready, spare = [table], self._spare
-        buffer = piece = memoryview(b"")
-        room = 0
+    def _seal_body(self, frames: Sequence[memoryview]) -> list[memoryview]:
+        """The body record: every frame's bytes sealed together, then the tag."""
+        total = sum(f.nbytes for f in frames)
+        nonce = self._nonce_out()
+        if total <= _GATHER:  # one copy, one call
+            body = bytearray(total + TAG_BYTES)
+            at = 0
+            for frame in frames:
+                body[at:at + frame.nbytes] = frame
+                at += frame.nbytes
+            view = memoryview(body)
+            assert self._out is not None
+            self._out.encrypt_into(nonce, view[:total], None, view)
+            return [view]
+        encryptor = Cipher(algorithms.AES(self._out_key), modes.GCM(nonce)).encryptor()
+        pieces: list[memoryview] = []
+        piece, room = memoryview(b""), 0
         for frame in frames:
             at = 0
             while at < frame.nbytes:
                 if not room:
-                    room = min(_PIECE, total)
-                    total -= room
-                    size = room if total else room + TAG_BYTES  # the last piece, and the tag after it
-                    buffer = spare if spare is not None and spare.nbytes >= size else np.empty(size, np.uint8).data
-                    piece, spare = buffer[:size], None
+                    piece = np.empty(min(_PIECE, total), np.uint8).data
+                    pieces.append(piece)
+                    total -= piece.nbytes
+                    room = piece.nbytes
                 n = min(room, frame.nbytes - at)
-                start = piece.nbytes - room - (0 if total else TAG_BYTES)
+                start = piece.nbytes - room
                 encryptor.update_into(frame[at:at + n], piece[start:start + n])
                 at += n
                 room -= n
-                if not room:
-                    if not total:
-                        encryptor.finalize()
-                        piece[-TAG_BYTES:] = encryptor.tag
-                    ready.append(piece)
-                    if put(ready):  # written: nothing refers to the buffer any more
-                        spare = buffer
-                    ready = []
-        self._spare = spare
-        return []
+        encryptor.finalize()
+        pieces.append(memoryview(encryptor.tag))
+        return pieces
 
     # -- opening (the one reading thread) ---------------------------------------------------------
     def _failed(self) -> ProtocolError:
@@ -297,36 +262,21 @@ class SealedChannel(Channel):
             raise self._failed() from None
         return view[:-TAG_BYTES]
 
-    def open_some(self, record: Any, arrived: int) -> None:
-        size = len(record) - TAG_BYTES
-        arrived = min(arrived, size)
-        if arrived - self._opened < _OPEN_STEP:
-            return
-        if self._opening is None:  # the body's nonce: its record is opened (and counted) in open_body
-            self._opening = Cipher(algorithms.AES(self._in_key), modes.GCM(self._received.to_bytes(12, "little"))
-                                   ).decryptor()
-        part = memoryview(record).cast("B")[self._opened:arrived]
-        self._opening.update_into(part, part)  # in place; nothing of it is used before the tag is checked
-        self._opened = arrived
-
     def open_body(self, record: memoryview) -> memoryview:
         nonce = self._received.to_bytes(12, "little")
         self._received += 1
         size = record.nbytes - TAG_BYTES
         plain = record[:size]
-        decryptor, start = self._opening, self._opened
-        self._opening, self._opened = None, 0
         try:
-            if decryptor is None:
-                if size <= _OPEN_AT_ONCE:
-                    assert self._in is not None
-                    self._in.decrypt_into(nonce, record, None, plain)
-                    return plain
-                decryptor = Cipher(algorithms.AES(self._in_key), modes.GCM(nonce)).decryptor()
-            for at in range(start, size, _OPEN_AT_ONCE):
-                part = plain[at:min(at + _OPEN_AT_ONCE, size)]
+            if size <= _OPEN_AT_ONCE:
+                assert self._in is not None
+                self._in.decrypt_into(nonce, record, None, plain)
+                return plain
+            decryptor = Cipher(algorithms.AES(self._in_key), modes.GCM(nonce, bytes(record[size:]))).decryptor()
+            for at in range(0, size, _OPEN_AT_ONCE):
+                part = plain[at:at + _OPEN_AT_ONCE]
                 decryptor.update_into(part, part)
-            decryptor.finalize_with_tag(bytes(record[size:]))
+            decryptor.finalize()
         except InvalidTag:
             raise self._failed() from None
         return plain

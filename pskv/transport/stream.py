@@ -273,11 +273,9 @@ class StreamConnection:
             sock = self._sock
             if sock is None or self._broken:
                 raise ConnectionError(f"{self.name} is closed")
+            views = self._seal.seal(views)  # in the order the messages go out: the records' nonces count up
             was_empty = not self._queue
-            # in the order the messages go out (the records' nonces count up); a big sealed body's pieces
-            # leave through _put_piece as they are sealed
-            views = self._seal.seal(views, self._put_piece)
-            if not self._queue:
+            if was_empty:
                 views = self._write(sock, views)
                 if not views:
                     return
@@ -285,38 +283,13 @@ class StreamConnection:
             for view in views:
                 self._queue.append(view)
                 self._queue_bytes += view.nbytes
-            self._check_queue()
+            if self._queue_limit is not None and self._queue_bytes > self._queue_limit:
+                queued = self._queue_bytes
+                self._break_locked()
+                raise ConnectionError(f"{self.name}: the peer left {queued} bytes unread, more than "
+                                      f"PSKV_SEND_QUEUE_BYTES={self._queue_limit}: dropped")
         if was_empty and self._on_pending is not None:
             self._on_pending()
-
-    def _check_queue(self) -> None:
-        """Lock held: drop the connection if its queue passed ``queue_limit``.
-
-        Raises:
-            ConnectionError: it did (the connection is closed).
-        """
-        if self._queue_limit is not None and self._queue_bytes > self._queue_limit:
-            queued = self._queue_bytes
-            self._break_locked()
-            raise ConnectionError(f"{self.name}: the peer left {queued} bytes unread, more than "
-                                  f"PSKV_SEND_QUEUE_BYTES={self._queue_limit}: dropped")
-
-    def _put_piece(self, views: list[memoryview]) -> bool:
-        """Lock held: a sealed body's piece goes behind what waits, then out as far as the socket takes it
-        now (the peer reads and opens it while the next piece is sealed); True once all is written.
-
-        Raises:
-            ConnectionError: the connection failed, or its queue passed ``queue_limit``.
-        """
-        if not self._queue:
-            self._progress = time.monotonic()
-        for view in views:
-            self._queue.append(view)
-            self._queue_bytes += view.nbytes
-        assert self._sock is not None
-        written = self._drain(self._sock)
-        self._check_queue()
-        return written
 
     def _write(self, sock: socket.socket, views: list[memoryview]) -> list[memoryview]:
         """Write what the socket takes now (lock held); the views not (wholly) written.
@@ -360,24 +333,20 @@ class StreamConnection:
                 return True
             if self._broken:
                 raise ConnectionError(f"{self.name} failed")
-            return self._drain(sock)
-
-    def _drain(self, sock: socket.socket) -> bool:
-        """Lock held: write the queue while the socket takes it; True once it is empty."""
-        while self._queue:
-            batch = list(itertools.islice(self._queue, _MAX_BUFFERS))
-            left = self._write(sock, batch)
-            done = len(batch) - len(left)
-            for _ in range(done):
-                self._queue_bytes -= self._queue.popleft().nbytes
-            if left:
-                if left[0].nbytes != self._queue[0].nbytes:  # a view written in part
-                    self._queue_bytes -= self._queue[0].nbytes - left[0].nbytes
-                    self._queue[0] = left[0]
-                    self._progress = time.monotonic()
-                return False
-            self._progress = time.monotonic()
-        return True
+            while self._queue:
+                batch = list(itertools.islice(self._queue, _MAX_BUFFERS))
+                left = self._write(sock, batch)
+                done = len(batch) - len(left)
+                for _ in range(done):
+                    self._queue_bytes -= self._queue.popleft().nbytes
+                if left:
+                    if left[0].nbytes != self._queue[0].nbytes:  # a view written in part
+                        self._queue_bytes -= self._queue[0].nbytes - left[0].nbytes
+                        self._queue[0] = left[0]
+                        self._progress = time.monotonic()
+                    return False
+                self._progress = time.monotonic()
+            return True
 
     def overdue(self, now: float) -> bool:
         """True if queued bytes have waited, untouched by the peer, longer than the slow-peer timeout."""
@@ -428,8 +397,6 @@ class StreamConnection:
                 self._want = want[n:]
                 if n < want.nbytes:
                     flags = _DONTWAIT  # take what else has come, then report progress
-                    if self._stage == _BODY and self._grown is None:  # sealed: open it as it comes
-                        self._seal.open_some(self._target, len(self._target) - self._want.nbytes)
                     continue
             frames = self._advance()
             if frames is not None:
