@@ -1,4 +1,8 @@
-"""Message <-> frames: a msgpack header frame plus one raw frame per array.
+"""Message <-> frames: a header frame plus one raw frame per array.
+
+The header is msgpack, except the data path's usual message (no body, one-dimensional specs), whose
+header is the fixed-width compact form of :mod:`pskv.protocol.compact` (its first byte, ``0xC1``,
+starts no msgpack value): both are read here, each validated as strictly.
 
 Encoding never copies array data: the data frames are the arrays' own buffers (send
 them with ``copy=False``). Decoding validates everything before anything else looks at
@@ -22,6 +26,7 @@ import numpy as np
 
 from pskv.arrays.dtypes import SUPPORTED_DTYPES, itemsize
 from pskv.errors import ProtocolError
+from pskv.protocol import compact
 from pskv.protocol.messages import KNOWN_FLAGS, MAX_EPOCH, PROTOCOL_VERSION, ArraySpec, Command, Flag, Header
 
 __all__ = ["encode", "decode", "decode_head", "decode_arrays", "frame_array", "rows_frame", "split_rows", "Limits", "DEFAULT_LIMITS"]
@@ -80,8 +85,12 @@ def encode(header: Header, arrays: Sequence[Any] = ()) -> list[Any]:
     """Frames for ``header`` and its arrays: ``[header_bytes, *array_buffers]``.
 
     ``arrays`` are C-contiguous NumPy arrays matching ``header.arrays`` one to one; they
-    are referenced, not copied. The caller must keep them unchanged until sent.
+    are referenced, not copied. The caller must keep them unchanged until sent. The data path's usual
+    header travels in the compact form (:mod:`pskv.protocol.compact`), every other as msgpack.
     """
+    packed = compact.pack(header)
+    if packed is not None:
+        return [packed, *map(_buffer, arrays)] if arrays else [packed]
     specs = [[a.key, _DTYPE_CODE[a.dtype], list(a.shape), a.offset, a.round] if a.buffer < 0 else
              [a.key, _DTYPE_CODE[a.dtype], list(a.shape), a.offset, a.round, a.buffer] for a in header.arrays]
     fields = [PROTOCOL_VERSION, int(header.command), header.request, header.sender, header.priority, header.body,
@@ -94,6 +103,10 @@ def encode(header: Header, arrays: Sequence[Any] = ()) -> list[Any]:
 
 def _buffer(a: Any) -> Any:
     if isinstance(a, np.ndarray):
+        try:  # a C-contiguous array's bytes, without a reshaped view of it
+            return a.data.cast("B")
+        except (TypeError, ValueError):  # not C-contiguous, or an empty multi-dimensional array
+            pass
         if not a.flags.c_contiguous:
             a = np.ascontiguousarray(a)
         return memoryview(a.reshape(-1).view(np.uint8))
@@ -114,7 +127,10 @@ def decode(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> tuple[Head
     Raises:
         ProtocolError: the message is malformed or breaks a limit; the message says how.
     """
-    _, cmd, request, sender, priority, body, specs, flags, epoch = _fixed_fields(frames, limits)
+    head = _head(frames, limits)
+    if head[0] == compact.MARK:  # the data path's usual message: fixed-width fields
+        return compact.decode(head, frames, limits)
+    _, cmd, request, sender, priority, body, specs, flags, epoch = _fixed_fields(head, frames, limits)
     if not specs:
         return _new(Header, (cmd, request, sender, (), priority, body, flags, epoch)), []
     parsed, buffers = _arrays(cmd, flags, specs, frames, limits)
@@ -136,7 +152,10 @@ def decode_head(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> tuple
     Raises:
         ProtocolError: as :func:`decode`.
     """
-    _, cmd, request, sender, priority, body, specs, flags, epoch = _fixed_fields(frames, limits, PEEK_BYTES)
+    head = _head(frames, limits)
+    if head[0] == compact.MARK:
+        return compact.decode_head(head, frames, limits.max_arrays)
+    _, cmd, request, sender, priority, body, specs, flags, epoch = _fixed_fields(head, frames, limits, PEEK_BYTES)
     return _new(Header, (cmd, request, sender, (), priority, body, flags, epoch)), specs
 
 
@@ -147,6 +166,8 @@ def decode_arrays(header: Header, specs: list[Any], frames: Sequence[Any],
     Raises:
         ProtocolError: as :func:`decode`.
     """
+    if type(specs) is not list and specs is not None:  # a compact header's
+        return compact.decode_arrays(header, specs, frames, limits.max_frame_bytes) if specs else (header, [])
     if not specs:
         return (header, []) if specs is not None else decode(frames, limits)  # None: a long header, read now
     cmd, request, sender, _, priority, body, flags, epoch = header
@@ -154,20 +175,27 @@ def decode_arrays(header: Header, specs: list[Any], frames: Sequence[Any],
     return _new(Header, (cmd, request, sender, parsed, priority, body, flags, epoch)), buffers
 
 
-def _fixed_fields(frames: Sequence[Any], limits: Limits, peek_above: int = 1 << 62) -> list[Any]:
-    """The header frame's eight fields and its epoch (0 when absent), unpacked within the limits; all but the
-    specs checked (the command is a :class:`Command` in place of its number), and the number of data frames
-    against the specs.
-
-    A header longer than ``peek_above`` bytes: only the six fields before its specs are read and
-    checked (specs ``None``, flags 0, epoch 0).
-    """
+def _head(frames: Sequence[Any], limits: Limits) -> memoryview:
+    """The header frame's bytes (not empty, within the limit)."""
     if not frames:
         raise ProtocolError("empty message")
     head = memoryview(getattr(frames[0], "buffer", frames[0])).cast("B")  # _bytes_of, inline: every message
     size = len(head)
-    if size > limits.max_header_bytes:
-        raise ProtocolError(f"header of {size} bytes exceeds the limit of {limits.max_header_bytes}")
+    if size > limits.max_header_bytes or not size:
+        raise ProtocolError(f"header of {size} bytes exceeds the limit of {limits.max_header_bytes}" if size else
+                            "undecodable header: an empty frame")
+    return head
+
+
+def _fixed_fields(head: memoryview, frames: Sequence[Any], limits: Limits, peek_above: int = 1 << 62) -> list[Any]:
+    """The msgpack header ``head``'s eight fields and its epoch (0 when absent), unpacked within the limits; all
+    but the specs checked (the command is a :class:`Command` in place of its number), and the number of data
+    frames against the specs.
+
+    A header longer than ``peek_above`` bytes: only the six fields before its specs are read and
+    checked (specs ``None``, flags 0, epoch 0).
+    """
+    size = len(head)
     try:
         # the length limits stop a hostile header before it is built (a 14 MB header
         # declaring millions of arrays would otherwise hold the decoding thread for seconds)
@@ -406,4 +434,5 @@ def split_rows(spec: ArraySpec, buf: memoryview, ids_only: bool = False
 
 def frame_array(spec: ArraySpec, buf: memoryview) -> np.ndarray[Any, Any]:
     """A read-only NumPy view of a decoded data frame (bfloat16 as raw uint16 bits)."""
-    return np.frombuffer(buf, dtype=_NUMPY_FRAME_DTYPE[spec.dtype]).reshape(spec.shape)
+    flat = np.frombuffer(buf, dtype=_NUMPY_FRAME_DTYPE[spec.dtype])
+    return flat if len(spec.shape) == 1 else flat.reshape(spec.shape)  # a part's frame is 1-D already

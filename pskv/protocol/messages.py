@@ -41,8 +41,8 @@ __all__ = [
 
 # 2: flags in the header (quiet, shared memory, init options), pulls name parts in their
 # specs (round = push number), shared-memory replies name buffers in their specs; no JSON
-# on the data path.
-PROTOCOL_VERSION = 2
+# on the data path. 3: the data path's usual header in the compact form (pskv.protocol.compact).
+PROTOCOL_VERSION = 3
 SCHEDULER_ID = 1
 # Routing identities of workers' send-only sockets: this prefix and 16 hex digits (see HELLO).
 TX_PREFIX = b"pskv-tx-"
@@ -184,8 +184,11 @@ class ArraySpec(NamedTuple):
     @property
     def size(self) -> int:
         """Number of elements."""
+        shape = self.shape
+        if len(shape) == 1:  # a part: every spec of the data path
+            return shape[0]
         n = 1
-        for d in self.shape:
+        for d in shape:
             n *= d
         return n
 

@@ -17,6 +17,8 @@ from pskv.protocol.messages import ArraySpec, Command, Header
 
 __all__ = ["error_frames", "reply_frames", "request_frames"]
 
+_new = tuple.__new__
+
 
 def request_frames(command: Command, request: int, sender: int, body: str = "", epoch: int = 0) -> list[Any]:
     """Frames of a control request (``body``: an encoded :mod:`~pskv.protocol.bodies` value, or none; ``epoch``:
@@ -27,7 +29,8 @@ def request_frames(command: Command, request: int, sender: int, body: str = "", 
 def reply_frames(request: Header, sender: int, body: str = "", arrays: tuple[ArraySpec, ...] = (),
                  data: Sequence[Any] = (), flags: int = 0) -> list[Any]:
     """Frames of a successful reply to ``request`` (with a body, or arrays and their data)."""
-    return encode(Header(Command.REPLY, request.request, sender, arrays, 0, body, flags), data)
+    # every value reply comes here: its header built as a plain tuple (all fields given), not by a Python call
+    return encode(_new(Header, (Command.REPLY, request.request, sender, arrays, 0, body, flags, 0)), data)
 
 
 def error_frames(request: Header, sender: int, error_type: str, message: str, node: str = "") -> list[Any]:

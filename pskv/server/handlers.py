@@ -276,14 +276,33 @@ class DataHandlers:
         (:meth:`_refuse_pushes`): the worker counted it when sending, and its pulls
         name pushes by number.
         """
-        sender = header.sender
-        numbers = [a.round for a in header.arrays]
+        sender, arrays = header.sender, header.arrays
         try:
             checked = self._pushed(header, buffers, op)
-            repeats = [self._shard.landed(part, sender, number) for (part, _), number in zip(checked, numbers)]
+            if len(checked) == 1:  # the usual message: one push (no lists of one)
+                number = arrays[0].round
+                repeated = self._shard.landed(checked[0][0], sender, number)
+            else:
+                numbers = [a.round for a in arrays]
+                repeats = [self._shard.landed(part, sender, n) for (part, _), n in zip(checked, numbers)]
         except Exception as exc:
             self._refuse_pushes(header, exc)
             raise
+        if len(checked) != 1:
+            joined = self._push_each(header, checked, numbers, repeats)
+        elif not repeated:
+            part, data = checked[0]
+            joined = [(part, self._shard.push(part, sender, data, number))]
+        else:
+            joined = self._push_each(header, checked, [number], [True])
+        if self.steps.watch:  # a worker is at a meeting that another's pushes may come from before: checked
+            self.steps.pushed([part for part, _ in joined], sender)
+        return joined
+
+    def _push_each(self, header: Header, checked: Frames, numbers: list[int],
+                   repeats: list[bool]) -> list[tuple[Part, int]]:
+        """:meth:`_apply_pushes` of several parts, or of repeated pushes (not applied again, logged)."""
+        sender = header.sender
         joined = []
         for n, ((part, data), number) in enumerate(zip(checked, numbers)):
             if repeats[n]:
@@ -295,8 +314,6 @@ class DataHandlers:
                 for (later, _), m in zip(checked[n + 1:], numbers[n + 1:]):
                     self._shard.skip_push(later, sender, m)
                 raise
-        if self.steps.watch:  # a worker is at a meeting that another's pushes may come from before: checked
-            self.steps.pushed([part for part, _ in joined], sender)
         if any(repeats):
             first = repeats.index(True)
             log.warning("%s: %s: %d push(es) of %s had arrived already (key %d push %d, ...): not applied again",
@@ -430,8 +447,10 @@ class DataHandlers:
         if not parts:
             self._ack(identity, header)
             return
-        if shared and any(part.buffers is None for part, _ in parts):
-            raise InvalidArgumentError("a shared-memory pull names a part that is not in shared memory")
+        if shared:
+            for part, _ in parts:
+                if part.buffers is None:
+                    raise InvalidArgumentError("a shared-memory pull names a part that is not in shared memory")
         on_answered = self._replies.later(parts if header.command is Command.PUSHPULL else None, shared)
         on_answered = self.parking.park(header.sender, identity, len(parts), on_answered)
         squeeze = None
@@ -446,7 +465,7 @@ class DataHandlers:
         if refused is not None:
             gather.fail(refused)
             return
-        if self._dead and self._shard.sync and any(
+        if self._dead.dead and self._shard.sync and any(
             _must_wait(part, self._shard.round_of_push(part, sender, r) if by_push else r) for part, r in parts
         ):
             gather.fail(self._dead.reason())

@@ -23,7 +23,7 @@ import msgpack
 import numpy as np
 
 from pskv.arrays.dtypes import SUPPORTED_DTYPES
-from pskv.protocol import PROTOCOL_VERSION, ArraySpec, Command, Flag, Header, encode
+from pskv.protocol import PROTOCOL_VERSION, ArraySpec, Command, Flag, Header, compact, encode
 
 __all__ = [
     "BODIES",
@@ -111,6 +111,8 @@ def raw_header(command: Any, request: Any = 1, sender: Any = 9, priority: Any = 
 
 def reply_request(head: bytes) -> int | None:
     """The request id in a received header frame, or None if it is not a readable header."""
+    if head[:1] == bytes((compact.MARK,)):  # the data path's compact form (a reply without a body)
+        return compact.request_of(head)
     try:
         fields = msgpack.unpackb(head, raw=False)
         return fields[HEADER_FIELDS.index("request")]  # type: ignore[no-any-return]

@@ -498,18 +498,21 @@ class Reactor:
                 self._waker.drain()
             while self._calls:
                 self._calls.popleft()()
-            for sock, handler in list(self._handlers.items()):
-                if sock in events and sock not in self._discarding:
-                    self._drain(sock, handler)
-            if self._fd_handlers:
-                for fd, on_ready in list(self._fd_handlers.items()):
-                    flags = events.get(fd)
-                    if flags is None:
-                        continue
-                    if flags & _POLLOUT:
-                        self._polled.flush(fd)
-                    if flags & ~_POLLOUT and fd in self._fd_handlers:
-                        on_ready()
+            # what is ready, not every socket (usually one): a handler closed meanwhile is skipped
+            handlers, fd_handlers = self._handlers, self._fd_handlers
+            for key, flags in events.items():
+                handler = handlers.get(key)
+                if handler is not None:
+                    if key not in self._discarding:
+                        self._drain(key, handler)
+                    continue
+                on_ready = fd_handlers.get(key)
+                if on_ready is None:
+                    continue
+                if flags & _POLLOUT:
+                    self._polled.flush(key)
+                if flags & ~_POLLOUT and key in fd_handlers:
+                    on_ready()
             if self._backlogs or self._writable:
                 self._flush_backlogs()
 

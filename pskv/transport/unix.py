@@ -45,6 +45,7 @@ _COUNT = struct.Struct("<I")
 # The frame table of a message of n frames, for the usual few (n < 8): one pack or unpack, not a format per call.
 _TABLES = tuple(struct.Struct(f"<I{n}Q") for n in range(8))
 _LENGTHS = tuple(struct.Struct(f"<{n}Q") for n in range(8))
+_ONE_FRAME = _TABLES[1]  # the table of a message of one frame
 _MAX_BUFFERS = 256  # frames gathered by one sendmsg (the kernel takes at most IOV_MAX = 1024)
 
 
@@ -163,15 +164,19 @@ class LocalConnection:
             InvalidArgumentError: the message is bigger than the peer takes
                 (``PSKV_MAX_MESSAGE_BYTES``; a client's connection only).
         """
-        lengths = [memoryview(f).nbytes for f in frames]
-        size = sum(lengths)
+        if len(frames) == 1:  # a header alone, the usual message (parts in shared memory)
+            size = memoryview(frames[0]).nbytes
+            table = _ONE_FRAME.pack(1, size)
+        else:
+            lengths = [memoryview(f).nbytes for f in frames]
+            size = sum(lengths)
+            n = len(lengths)
+            table = _TABLES[n].pack(n, *lengths) if n < 8 else _COUNT.pack(n) + struct.pack(f"<{n}Q", *lengths)
         if not self._queued and size > self._bounds.max_message_bytes:
             check_size(frames, self._bounds.max_message_bytes, self.name)  # raises, naming the setting
-        n = len(lengths)
-        table = _TABLES[n].pack(n, *lengths) if n < 8 else _COUNT.pack(n) + struct.pack(f"<{n}Q", *lengths)
-        total = len(table) + size
         if len(frames) > _MAX_BUFFERS:  # more than one system call may gather: one buffer (a copy)
             frames = [b"".join(frames)]
+        total = len(table) + size
         with self._lock:
             sock = self._sock
             if sock is None or self._broken:
@@ -343,7 +348,11 @@ def _frames(payload: bytearray, bounds: Bounds, name: str) -> list[memoryview]:
             lengths do not add up to the bytes that came.
     """
     size = len(payload)
-    if size < _COUNT.size:
+    if size >= _ONE_FRAME.size:  # a header alone, the usual message (parts in shared memory): one check
+        count, length = _ONE_FRAME.unpack_from(payload, 0)
+        if count == 1 <= bounds.max_frames and length == size - _ONE_FRAME.size and length <= bounds.max_message_bytes:
+            return [memoryview(payload)[_ONE_FRAME.size:]]
+    elif size < _COUNT.size:
         raise ProtocolError(f"{name}: malformed message of {size} bytes (no frame table)")
     (count,) = _COUNT.unpack_from(payload, 0)
     offset = _COUNT.size + 8 * count

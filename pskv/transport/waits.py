@@ -138,13 +138,19 @@ class Timers:
 
     def __init__(self) -> None:
         self._timers: list[tuple[float, float, Callable[[], None]]] = []
+        self._next = math.inf  # when the first timer is due: a turn before it only computes the wait
 
     def add(self, interval: float, callback: Callable[[], None]) -> None:
         """Run ``callback`` every ``interval`` seconds, first ``interval`` seconds from now."""
-        self._timers.append((time.monotonic() + interval, interval, callback))
+        due = time.monotonic() + interval
+        self._timers.append((due, interval, callback))
+        self._next = min(self._next, due)
 
     def run_due(self) -> int:
         """Run the callbacks that are due; the milliseconds until the next one (at most 100)."""
+        wait = self._next - time.monotonic()
+        if wait > 0:  # nothing due (every turn but a few): no pass over the timers
+            return 100 if wait >= 0.1 else math.ceil(wait * 1000)
         if not self._timers:
             return 100
         now = time.monotonic()
@@ -155,4 +161,5 @@ class Timers:
                 due = now + interval
                 self._timers[i] = (due, interval, callback)
             nearest = min(nearest, due)
+        self._next = min(due for due, _, _ in self._timers)
         return max(0, math.ceil((nearest - time.monotonic()) * 1000))  # rounded down, the last ms polls in a spin

@@ -42,7 +42,7 @@ def with_body(command: Command, body: str) -> Header:
 
 # -- the header's epoch ------------------------------------------------------------------------
 def test_epoch_0_is_not_on_the_wire_and_a_view_epoch_is_the_ninth_field():
-    plain = Header(Command.PUSH, 3, 9, (ArraySpec(5, "float32", (2,)),))
+    plain = Header(Command.PUSH, 3, 9, (ArraySpec(5, "float32", (2, 1)),))  # 2-D: a msgpack header
     frames = encode(plain, [np.zeros(2, np.float32)])
     assert len(fields_of(frames)) == 8 and decode(frames)[0].epoch == 0
     stamped = plain._replace(epoch=7)
@@ -51,10 +51,13 @@ def test_epoch_0_is_not_on_the_wire_and_a_view_epoch_is_the_ninth_field():
     assert decode(frames)[0] == stamped
     head, specs = decode_head(frames)
     assert head.epoch == 7 and decode_arrays(head, specs, frames)[0] == stamped
+    compact = Header(Command.PUSH, 3, 9, (ArraySpec(5, "float32", (2,)),), epoch=7)  # the compact form's field
+    frames = encode(compact, [np.zeros(2, np.float32)])
+    assert bytes(frames[0][:1]) == b"\xc1" and decode(frames)[0] == compact
 
 
 def test_a_long_header_read_in_two_halves_keeps_its_epoch():
-    arrays = tuple(ArraySpec(k, "float32", (1,)) for k in range(PEEK_BYTES // 8))
+    arrays = tuple(ArraySpec(k, "float32", (1, 1)) for k in range(PEEK_BYTES // 8))  # 2-D: msgpack
     header = Header(Command.PULL, 3, 9, arrays, epoch=2**40)  # a pull names its parts: no data frames
     frames = encode(header)
     head, specs = decode_head(frames)

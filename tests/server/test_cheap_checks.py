@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import pskv.protocol.codec as codec
+import pskv.protocol.compact as compact
 from pskv.config import ClusterConfig
 from pskv.errors import ProtocolError
 from pskv.protocol import PROTOCOL_VERSION, ArraySpec, Command, Header, decode, encode
@@ -26,15 +27,17 @@ MANY = 200_000  # arrays a hostile header names (the default limit)
 
 @pytest.fixture
 def spec_checks(monkeypatch):
-    """Counts the specs the codec checks one by one."""
+    """Counts the specs the codec checks one by one (of msgpack and of compact headers)."""
     calls = [0]
-    check = codec._spec
 
-    def counted(*args, **kwargs):
-        calls[0] += 1
-        return check(*args, **kwargs)
+    def counting(check):
+        def counted(*args, **kwargs):
+            calls[0] += 1
+            return check(*args, **kwargs)
+        return counted
 
-    monkeypatch.setattr(codec, "_spec", counted)
+    monkeypatch.setattr(codec, "_spec", counting(codec._spec))
+    monkeypatch.setattr(compact, "_spec", counting(compact._spec))
     return calls
 
 

@@ -147,3 +147,24 @@ def test_the_wake_pipe_wakes_a_quick_wait_and_is_closed_with_the_reactor(context
     assert counting.quick > 0
     r.stop()
     r.wake()  # after the close: nothing happens, nothing raises
+
+
+def test_timers_are_passed_over_only_when_one_is_due(monkeypatch):
+    """A turn before the first timer is due only computes the wait (issue 23: no pass over the timers every
+    turn); a timer added later, due sooner, shortens it; a due one runs and the wait is never 0 before it."""
+    from pskv.transport import waits
+
+    now = [128.0]  # times in binary fractions: exact
+    monkeypatch.setattr(waits.time, "monotonic", lambda: now[0])
+    timers, ran = waits.Timers(), []
+    assert timers.run_due() == 100  # none: the longest wait
+    timers.add(0.5, lambda: ran.append("slow"))
+    assert timers.run_due() == 100 and ran == []
+    now[0] += 0.4375
+    assert timers.run_due() == 63  # 62.5 ms rounded up: never a zero-timeout poll before it is due
+    timers.add(0.015625, lambda: ran.append("fast"))
+    assert timers.run_due() == 16 and ran == []
+    now[0] += 0.015625
+    assert timers.run_due() == 16 and ran == ["fast"]  # ran; due again in 15.625 ms, before the slow one
+    now[0] += 0.046875
+    assert timers.run_due() == 16 and ran == ["fast", "slow", "fast"]  # both due: each ran once

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from pskv.errors import ProtocolError
 from pskv.protocol import (
+    PROTOCOL_VERSION,
     ArraySpec,
     Command,
     Flag,
@@ -81,15 +82,15 @@ def packed(fields):
     return [fuzz.pack(fields)]
 
 
-GOOD = [2, int(Command.PUSH), 1, 9, 0, "", [[3, 2, [2], 0, 0]], 0]
+GOOD = [PROTOCOL_VERSION, int(Command.PUSH), 1, 9, 0, "", [[3, 2, [2], 0, 0]], 0]
 GOOD_FRAME = np.zeros(2, np.float32).tobytes()
 
 
 @pytest.mark.parametrize("fields,match", [
     ([1, *GOOD[1:]], "protocol version 1 not supported"),
-    ([2, 99, *GOOD[2:]], "unknown command 99"),
-    ([2, int(Command.PUSH), "1", *GOOD[3:]], "request must be a 64-bit int"),
-    ([2, int(Command.PUSH), 2**63, *GOOD[3:]], "request must be a 64-bit int"),
+    ([PROTOCOL_VERSION, 99, *GOOD[2:]], "unknown command 99"),
+    ([PROTOCOL_VERSION, int(Command.PUSH), "1", *GOOD[3:]], "request must be a 64-bit int"),
+    ([PROTOCOL_VERSION, int(Command.PUSH), 2**63, *GOOD[3:]], "request must be a 64-bit int"),
     ([*GOOD[:5], 5, *GOOD[6:]], "body must be a string"),
     ([*GOOD[:6], [[3, 99, [2], 0, 0]], 0], "dtype code 99 not in the allow-list"),
     ([*GOOD[:6], [[3, 2, [-2], 0, 0]], 0], "bad shape"),
@@ -120,6 +121,8 @@ def test_frame_count_and_limits():
     with pytest.raises(ProtocolError, match="exceeds the frame limit"):
         decode(packed(GOOD) + [GOOD_FRAME], Limits(max_frame_bytes=4))
     with pytest.raises(ProtocolError, match="undecodable header"):
+        decode([b"\xc0garbage"])
+    with pytest.raises(ProtocolError, match="not a head and whole specs"):  # 0xC1: the compact form's mark
         decode([b"\xc1garbage"])
 
 
