@@ -146,6 +146,11 @@ class KeySlice:
         self._views: list[tuple[Array, Array]] = []  # per piece: its places in the two buffers
         self._whole: tuple[Array, Array] | None = None  # the two buffers over a cut slice without gaps
 
+    @property
+    def shared(self) -> bool:
+        """The key's pieces live in shared buffers."""
+        return self._shared is not None
+
     def overlapping(self, offset: int, size: int) -> Part | None:
         """A part here that shares an element with ``[offset, offset + size)``, if any."""
         return next((p for p in self.pieces if offset < p.offset + p.value.size and p.offset < offset + size), None)

@@ -5,7 +5,9 @@ parts (``parts``, and each key's :class:`~pskv.server.part.KeySlice`) and adds t
 rules are the shard's own (:mod:`pskv.server.shard`). A part is made
 
 * from rank 0's value (:meth:`PartInit.init`), in shared memory when the server has an allocator,
-  the job is sync and the part dense and not bfloat16 (co-located workers push into their slot);
+  the job is sync and the part dense and not bfloat16 (co-located workers push into their slot),
+  and the process has maps left for a new key (:func:`~pskv.transport.shm.maps_left`; a key is
+  shared or not as its first part was);
 * as a range of rows of a row-sparse key (:meth:`PartInit.init_rows`): zeros or drawn rows, then the
   rows the INIT carries; never shared;
 * from a checkpoint (:meth:`PartInit.restore`): the value as stored and its round; the workers' first
@@ -24,6 +26,7 @@ from pskv.errors import DTypeMismatchError, DuplicateKeyError, InvalidArgumentEr
 from pskv.server import rows as sparse_rows
 from pskv.server.part import Allocator, KeySlice, Part, PartId, storage_dtype, to_storage
 from pskv.server.rows import RowBatch
+from pskv.transport.shm import maps_left
 
 __all__ = ["PartInit"]
 
@@ -119,7 +122,8 @@ class PartInit:
                 f"[{other.offset}, {other.offset + other.value.size}) this server holds (a checkpoint made "
                 "with another PSKV_PART_BYTES, MXNET_KVSTORE_BIGARRAY_BOUND or number of servers?)"
             )
-        if self._allocate is not None and self.sync and dtype != "bfloat16" and not row_width:
+        if self._allocate is not None and self.sync and dtype != "bfloat16" and not row_width and (
+                pieces.shared or (not pieces.pieces and maps_left() >= 2 + len(self._workers))):
             # shared buffers: co-located workers push into their slot and read the value in place
             part = pieces.shared_part(self._allocate, offset, dtype, data)
             part.slots = {w: self._allocate(key, offset, f"w{w}", part.value.dtype, data.size) for w in self._workers}

@@ -21,12 +21,14 @@ import os
 import shutil
 import socket
 import tempfile
+import threading
 import weakref
 from typing import Any
 
 import numpy as np
 
-__all__ = ["host_id", "ShmDirectory", "map_array", "part_file", "remove_job_files", "rows_buffer", "SHM_ROOT"]
+__all__ = ["host_id", "ShmDirectory", "map_array", "maps_left", "part_file", "remove_job_files", "rows_buffer",
+           "SHM_ROOT"]
 
 SHM_ROOT = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
 
@@ -50,6 +52,35 @@ _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
+def _kernel_map_limit() -> int:
+    """The kernel's limit of memory maps per process (``vm.max_map_count``)."""
+    try:
+        with open("/proc/sys/vm/max_map_count", encoding="ascii") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 65530  # Linux's default
+
+
+# Shared maps one process makes at most before its keys take the socket path. Every part costs
+# maps (a server: two values and a slot per worker; a worker: the values and its slot), and at
+# the kernel's limit every mmap of the process fails: Python's own allocations, a new thread's
+# stack, the heap. Half the limit leaves the rest to them.
+MAP_BUDGET = _kernel_map_limit() // 2
+_maps = [0]  # shared maps of this process now
+_maps_lock = threading.Lock()
+
+
+def maps_left() -> int:
+    """How many more shared maps this process may make (:data:`MAP_BUDGET` less those alive)."""
+    return MAP_BUDGET - _maps[0]
+
+
+def _unmap(address: int, nbytes: int) -> None:
+    _libc.munmap(address, nbytes)
+    with _maps_lock:
+        _maps[0] -= 1
+
+
 class _Mapping:
     """One shared mapping, unmapped when the last array using it is gone.
 
@@ -65,13 +96,15 @@ class _Mapping:
         if address is None or address == _MAP_FAILED:
             err = ctypes.get_errno()
             raise OSError(err, f"mmap of {nbytes} bytes failed: {os.strerror(err)}")
+        with _maps_lock:
+            _maps[0] += 1
         self.address = address
         self.nbytes = nbytes
 
     def array(self, dtype: np.dtype[Any], size: int) -> np.ndarray[Any, Any]:
         raw = (ctypes.c_char * self.nbytes).from_address(self.address)
         arr = np.frombuffer(raw, dtype=dtype, count=size)  # type: ignore[call-overload]
-        weakref.finalize(raw, _libc.munmap, self.address, self.nbytes)  # when the buffer is gone
+        weakref.finalize(raw, _unmap, self.address, self.nbytes)  # when the buffer is gone
         return arr
 
 

@@ -33,7 +33,7 @@ from pskv.arrays import numpy_dtype
 from pskv.cluster.requests import Pending
 from pskv.errors import OperationTimeoutError, ProtocolError
 from pskv.protocol import ArraySpec, Header, node_name
-from pskv.transport.shm import host_id, map_array, part_file, rows_buffer
+from pskv.transport.shm import host_id, map_array, maps_left, part_file, rows_buffer
 from pskv.worker.layout import KeyLayout, Part, part_view
 
 __all__ = ["RowsBuffer", "SharedPart", "SharedParts", "read_rows", "write_slots", "write_rows"]
@@ -64,6 +64,7 @@ class SharedParts:
         here = host_id()
         self._dirs: dict[int, str] = {}
         self._rows_bytes = rows_bytes
+        self._over_budget = False  # said that the process's shared maps ran out
         self.rows: dict[int, RowsBuffer | None] = {}  # server rank -> this worker's rows buffer there (None: sockets)
         if enabled:
             self._dirs = {s: shm["dir"] for s, shm in enumerate(server_shm)
@@ -86,6 +87,8 @@ class SharedParts:
             ends: dict[int, int] = {}  # server -> the end of the key's last part there: its value buffers' size
             for server, offset, length in rec.parts:
                 ends[server] = max(ends.get(server, 0), offset + length)
+            if not self._affordable(rec, ends, rank):
+                continue
             for i, (server, offset, length) in enumerate(rec.parts):
                 directory = self._dirs.get(server)
                 if directory is None:
@@ -101,6 +104,18 @@ class SharedParts:
                     )
                 except OSError as exc:  # e.g. another mount namespace: use the socket path
                     log.info("worker %d: key %r uses sockets, not shared memory: %s", rank, rec.key, exc)
+
+    def _affordable(self, rec: KeyLayout, ends: dict[int, int], rank: int) -> bool:
+        """Whether the process has maps left for ``rec``'s buffers here (two values per server, a slot per part);
+        once it has not, the key and those after it use sockets (said once)."""
+        needed = sum(2 + sum(1 for s, _, _ in rec.parts if s == server) for server in ends if server in self._dirs)
+        if needed <= maps_left():
+            return True
+        if not self._over_budget:
+            self._over_budget = True
+            log.warning("worker %d: no shared-memory maps left in this process (pskv keeps to half the kernel's "
+                        "vm.max_map_count); key %r and keys after it use sockets", rank, rec.key)
+        return False
 
     def _attach_rows(self, rec: KeyLayout, node_id: int, rank: int) -> None:
         """Map this worker's rows buffer with each server on this host holding a part of ``rec`` (once each)."""

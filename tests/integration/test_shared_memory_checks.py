@@ -8,6 +8,9 @@ typed error on either path instead of raw bytes mixed into the sum.
 
 from __future__ import annotations
 
+import gc
+import os
+
 import numpy as np
 import pytest
 
@@ -62,3 +65,43 @@ def test_closing_a_store_unmaps_its_shared_memory_even_while_the_store_object_li
     stores, before = zip(*results)
     assert all(rec.shm == [] for kv in stores for rec in kv._keys.values())
     assert after <= before[0] - 2 * 20 * 3, (before, after)  # each worker's slot and two value maps per key
+
+
+
+@pytest.mark.parametrize("left, server_keys, worker_keys", [(4 * 10, 10, 0), (4 * 30 + 3 * 5, 30, 5)],
+                         ids=["server-runs-out", "workers-run-out"])
+def test_keys_past_the_processes_map_budget_use_sockets_with_the_same_values(left, server_keys, worker_keys,
+                                                                              monkeypatch):
+    # every shared map counts against the kernel's per-process limit (vm.max_map_count); at it,
+    # every mmap of the process fails (a new thread's start too): keys past pskv's budget use sockets.
+    # A server's key costs 4 maps here (two values, two slots), a worker's 3 (two values, its slot)
+    from pskv.transport import shm
+
+    gc.collect()  # earlier tests' maps unmapped
+    monkeypatch.setattr(shm, "MAP_BUDGET", shm.MAP_BUDGET - shm.maps_left() + left)
+    keys = list(range(30))
+    on_server: set[int] = set()
+
+    def worker(cfg):
+        kv = pskv.create("dist_sync", cluster=cfg)
+        try:
+            kv.init(keys, [np.full(4, float(k), np.float32) for k in keys])
+            shared = [k for k in keys if kv._keys[k].shared]
+            on_server.update(int(name.split("_")[0]) for name in os.listdir(directory) if name.endswith("_v0"))
+            kv.push(keys, [np.full(4, kv.rank + 1.0, np.float32)] * len(keys))
+            outs = [np.empty(4, np.float32) for _ in keys]
+            kv.pull(keys, out=outs)
+            assert all(np.all(o == 3.0) for o in outs)
+            return shared
+        finally:
+            kv.close()
+
+    with InProcessCluster(1, 2, deadline=30, shm=1) as cluster:
+        directory = cluster.servers[0]._shm_dir.path
+        shared = cluster.run_workers(worker)
+    assert on_server == set(range(server_keys))
+    assert sum(len(s) for s in shared) == worker_keys
+    assert all(k < server_keys for s in shared for k in s)  # a worker shares only keys the server shares
+    cluster.servers.clear()
+    gc.collect()
+    assert shm.maps_left() == left  # every map made was unmapped again
