@@ -8,8 +8,8 @@ message per server** holding every part of every key of the call and waits for t
 wait bounded by ``PSKV_REQUEST_TIMEOUT``; a dead server or scheduler raises
 :class:`~pskv.errors.NodeFailedError`). Layouts, messages, shared memory, quiet pushes and the
 replay to a replacement server belong to that layer; row-sparse keys to :mod:`~pskv.kvstore.dist_rows`;
-the job-level calls (replacement, the servers' state, the cluster) to the base class
-:class:`~pskv.kvstore.dist_job.DistJob`.
+the job-level calls (replacement, the servers' state, the cluster, an elastic job's commits:
+:mod:`~pskv.kvstore.elastic`) to the base class :class:`~pskv.kvstore.dist_job.DistJob`.
 
 Consistency (sync): a push returns once the servers have the data; a later pull waits for the
 round that push joined, so every worker sees the same values after the same pushes. Operations
@@ -38,14 +38,15 @@ from pskv.arrays import ArrayMeta, describe
 from pskv.arrays.rowsparse import is_row_sparse
 from pskv.checkpoints import read_manifest
 from pskv.config import ClusterConfig, Config
-from pskv.errors import InvalidArgumentError, NodeFailedError, NotSupportedError
+from pskv.errors import InvalidArgumentError, NotSupportedError
 from pskv.kvstore import dist_rows
 from pskv.kvstore.collectives import ServerCollectives
 from pskv.kvstore.compressing import GradientCompression, agreed, key_compressions
 from pskv.kvstore.dist_job import SETTLE_BEFORE_BARRIER, DistJob
 from pskv.kvstore.dist_rows import DistRows, RowInit
+from pskv.kvstore.elastic import elastic_job
 from pskv.kvstore.engine import Deferred
-from pskv.kvstore.exit import leave_at_exit, left
+from pskv.kvstore.exit import leave_at_exit
 from pskv.kvstore.keys import Key, merge_repeats
 from pskv.kvstore.resume import PushNumbers
 from pskv.kvstore.staging import deliver, fan_out_rest, is_quick, landing, reduce_outgoing, reuses_buffers
@@ -89,13 +90,14 @@ class DistStore(DistJob):
         self._rows = DistRows(self._worker, self._kernels)  # row-sparse keys (kvstore/dist_rows.py)
         try:
             info = self._worker.connect()
+            self._elastic = elastic_job(self._worker, cluster, self._engine)  # kv.commit/restore (kvstore/elastic.py)
             self._rank = info.rank
             self._recovery = info.recovery
             self._num_workers = info.num_workers
             self._num_servers = info.num_servers
             self._servers = ServerCollectives(self._worker, cluster, self._rank, self._engine)
             self._pushes = PushNumbers(self._worker, self._recovery, self, self._rank)  # a replacement: its guard too
-            if not self._recovery:  # rank 0 sets the servers' mode; every worker learns whether it could
+            if not (self._recovery or self._elastic.joining):  # rank 0 sets the servers' mode; all learn if it could
                 self._servers.run("create", lambda: self._worker.control.set_mode(self._store_type.sync),
                                   settle=lambda: None, before=False)
         except BaseException:
@@ -148,13 +150,14 @@ class DistStore(DistJob):
             self._key_kind.check(keys, fix=True)
             sparse = DistRows.staged(pairs, tables, summed)
         except Exception as exc:
-            if self._recovery:
+            if self._recovery or self._elastic.joining:
                 raise
             failure = exc  # the other workers must not wait for this one: told at the meeting
         recs = [rec for _, rec, _ in pairs]
         dense = [p for p in pairs if not p[1].sparse]
+        self._elastic.held(recs)  # a joiner's keys: the servers must hold them alike (kvstore/elastic.py)
         self._worker.adopt([rec for _, rec, _ in dense], summed)
-        if not self._recovery:  # else the keys exist on the servers (created by the job before this process)
+        if not (self._recovery or self._elastic.joining):  # else the keys exist on the servers (made before it)
             def settle() -> None:  # queued operations reach the servers first: no meeting finds this worker behind
                 self._engine.settle(min(SETTLE_BEFORE_BARRIER, self._cluster.request_timeout))
                 if failure is not None:
@@ -170,7 +173,7 @@ class DistStore(DistJob):
             agree = [(repr(rec.key), f"shape {tuple(rec.meta.shape)} dtype {rec.meta.dtype}"
                       + (" row-sparse" if rec.sparse else "") + agreed(rec.own)) for rec in recs]
             self._servers.run("init", send, settle=settle, agree=agree)
-        else:  # number the pushes on from those of this rank that reached the servers (push_count)
+        elif self._recovery:  # number the pushes on from those of this rank that reached the servers (push_count)
             self._pushes.resume(recs)
         self._worker.attach(recs)
         for rec in recs:
@@ -414,36 +417,6 @@ class DistStore(DistJob):
         self.wait([key])  # in this worker's order of operations on the key
         self._worker.refuse(rec, meta)
         return True
-
-    def close(self) -> None:
-        """Finish queued work and leave the job; then wait until every worker has left (unless disabled).
-
-        The scheduler learns of the departure at once: a meeting (``barrier``, a
-        collective) that needs this worker fails on the others, and so does a sync round
-        this worker never pushed (both naming it), instead of waiting for it. The wait
-        that follows is the exit barrier (``set_barrier_before_exit``): it ends when every
-        other worker has left too, or died. A process that exits without ``close()``
-        leaves the same way, without that wait.
-
-        Raises:
-            OperationTimeoutError: the others did not leave within ``PSKV_REQUEST_TIMEOUT``.
-        """
-        self._leave(self._barrier_before_exit, self._cluster.request_timeout)
-
-    def _leave(self, wait: bool, timeout: float) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        left(self)
-        try:
-            self._engine.close(timeout)
-            try:
-                self._worker.control.shutdown(timeout, wait=wait)
-            except NodeFailedError as exc:  # the job is failing anyway: still release everything
-                log.error("worker %d: could not report shutdown: %s", self._rank, exc)
-        finally:
-            self._kernels.close()
-            self._worker.close(self._keys.values())
 
     def __enter__(self) -> DistStore:
         return self

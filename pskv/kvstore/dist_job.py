@@ -11,18 +11,22 @@ class here, :class:`DistJob`:
 - the servers' state, as collectives (:mod:`~pskv.kvstore.collectives`): ``set_optimizer``,
   ``save_optimizer_states`` / ``load_optimizer_states`` (their files: :mod:`~pskv.kvstore.state_files`),
   ``save_checkpoint`` / ``resumed``, ``send_command_to_servers``;
-- the cluster: ``barrier``, ``join``, ``num_dead_node``, ``metrics``.
+- the cluster: ``barrier``, ``join``, ``num_dead_node``, ``metrics``, ``close``;
+- an elastic job's ``commit``, ``restore`` and ``view`` (:mod:`~pskv.kvstore.elastic`).
 
 Each is a line or two of wiring to the module that owns it; the docstrings are the API's.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from pskv.config import ClusterConfig
-from pskv.errors import InvalidArgumentError, InvalidTypeError, NotSupportedError
+from pskv.errors import InvalidArgumentError, InvalidTypeError, NodeFailedError, NotSupportedError
 from pskv.kvstore.collectives import ServerCollectives
+from pskv.kvstore.elastic import FixedJob, View
+from pskv.kvstore.exit import left
 from pskv.kvstore.frontend import StoreFrontEnd
 from pskv.kvstore.keys import Key
 from pskv.kvstore.resume import PushNumbers
@@ -32,6 +36,8 @@ from pskv.optimizer import Optimizer
 from pskv.worker import KeyLayout, KVWorker
 
 __all__ = ["DistJob"]
+
+log = logging.getLogger("pskv.dist")
 
 SETTLE_BEFORE_BARRIER = 10.0  # seconds barrier() waits for this worker's own operations (pskv.server.steps)
 
@@ -48,6 +54,7 @@ class DistJob(StoreFrontEnd[KeyLayout]):
     _num_servers: int
     _rank: int
     _num_workers: int
+    _elastic: FixedJob
 
     # -- the job ----------------------------------------------------------------------
     @property
@@ -129,7 +136,7 @@ class DistJob(StoreFrontEnd[KeyLayout]):
             CollectiveMismatchError: the workers are in different collectives.
         """
         self._check_open("set_optimizer")
-        self._servers.set_optimizer(optimizer, self._recovery)
+        self._servers.set_optimizer(optimizer, self._recovery or self._elastic.joining)  # a joiner keeps theirs too
 
     def set_updater(self, updater: Any) -> None:
         """Not available: code never travels to the servers. Use :meth:`set_optimizer`."""
@@ -283,3 +290,73 @@ class DistJob(StoreFrontEnd[KeyLayout]):
             OperationTimeoutError: the scheduler did not answer within ``timeout`` seconds.
         """
         return snapshot(self._cluster.scheduler_address, timeout, self._cluster.curve_key_file)
+
+    def close(self) -> None:
+        """Finish queued work and leave the job; then wait until every worker has left (unless disabled).
+
+        The scheduler learns of the departure at once: a meeting (``barrier``, a
+        collective) that needs this worker fails on the others, and so does a sync round
+        this worker never pushed (both naming it), instead of waiting for it. The wait
+        that follows is the exit barrier (``set_barrier_before_exit``): it ends when every
+        other worker has left too, or died. A process that exits without ``close()``
+        leaves the same way, without that wait.
+
+        Raises:
+            OperationTimeoutError: the others did not leave within ``PSKV_REQUEST_TIMEOUT``.
+        """
+        self._leave(self._barrier_before_exit, self._cluster.request_timeout)
+
+    def _leave(self, wait: bool, timeout: float) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        left(self)
+        try:
+            self._engine.close(timeout)
+            try:
+                self._worker.control.shutdown(timeout, wait=wait)
+            except NodeFailedError as exc:  # the job is failing anyway: still release everything
+                log.error("worker %d: could not report shutdown: %s", self._rank, exc)
+        finally:
+            self._kernels.close()
+            self._worker.close(self._keys.values())
+
+    # -- an elastic job (pskv.kvstore.elastic) --------------------------------------------
+    @property
+    def view(self) -> View | None:
+        """An elastic job's membership view this worker works in (``kv.rank`` is its rank in it); else None."""
+        return self._elastic.view
+
+    def commit(self) -> View | None:
+        """An elastic job's commit: every worker and server agrees on this cut (:mod:`~pskv.kvstore.elastic`).
+
+        Collective. Every operation of this worker finishes first. Returns the new view the commit made
+        (workers admitted or drained; ``kv.rank`` and ``kv.num_workers`` are its now), or None.
+
+        Raises:
+            MembershipChangedError: a worker departed: call :meth:`restore`, put the program's state back
+                to its last commit, and redo the steps since.
+            NotSupportedError: the job is not elastic (``pskv launch -n MIN:MAX``).
+            CollectiveFailedError, CollectiveMismatchError, NodeFailedError, OperationTimeoutError: as collectives.
+        """
+        self._check_open("commit")
+        return self._elastic.commit(self, self._keys.values())
+
+    def restore(self) -> View:
+        """After :class:`~pskv.errors.MembershipChangedError`: adopt the view the departure made (the servers
+        went back to the last commit, and so must the program's state); returns it.
+
+        Raises:
+            NotSupportedError: the job is not elastic.
+            OperationTimeoutError: no newer view, or this worker's operations did not end, within the request timeout.
+        """
+        self._check_open("restore")
+        return self._elastic.restore(self, self._keys.values())
+
+    def _placed(self, rank: int, num_workers: int) -> None:
+        """A view was adopted: this worker's rank and the workers' number in it (collectives use the rank)."""
+        self._rank, self._num_workers = rank, num_workers
+        self._servers = ServerCollectives(self._worker, self._cluster, rank, self._engine)
+
+    def _meet(self, name: str, failure: BaseException | None) -> None:
+        self._servers.meet(name, failure)

@@ -196,6 +196,10 @@ class CommitSnapshots:
                 workers did not all push the same steps before the commit (nothing is taken).
         """
         self._check_boundary(n)
+        if self._pending is not None and self._pending.n == n - 1:
+            # every worker passed commit n - 1's release before rank 0 could send COMMIT n: it holds, even
+            # where no view named it yet (a departure now rolls back to it, not to the one before)
+            self.promote(n - 1)
         self._pending = _Snapshot(n, self._shard, self._squeezed)
         self._live = [self._committed, self._pending]
 

@@ -132,8 +132,8 @@ class DataHandlers:
         if header.flags & Flag.OVERWRITE:  # broadcast to existing keys
             parts = [(self._dense(self._shard.check(spec.key, spec.offset, spec.dtype, data.size, "broadcast"),
                                   header, "broadcast"), data) for spec, data in items]
-            for part, data in parts:  # in place: everyone finished reading at the barrier before
-                self._shard.overwrite(part, data)
+            for part, data in parts:  # in place: everyone finished reading at the barrier before (through the
+                self._shard.observer.applied(part, self._shard.overwrite, part, data)  # observer: elastic copy first)
                 self.squeezed.forget(part)
             self._ack(identity, header)
             return

@@ -83,9 +83,11 @@ class ServerNode:
                 log.warning("no data port, workers on other hosts use ZeroMQ: %s", exc)
         self._shard = self._core.shard
         dead = self._core.dead
+        fixed = not cluster.elastic  # an elastic job's departures are views (ServerCore.adopt), never dead workers
         self._membership = Membership(cluster, self._reactor, self._tracker, Role.SERVER, self.address,
-                                      on_dead=dead.on_node_dead, shm=shm_info, on_alive=dead.on_node_alive,
-                                      on_left=dead.on_node_left, metrics=self._core.metrics,
+                                      on_dead=dead.on_node_dead if fixed else None, shm=shm_info,
+                                      on_alive=dead.on_node_alive, on_left=dead.on_node_left if fixed else None,
+                                      metrics=self._core.metrics,
                                       mismatch=self._core.data.steps.take_report,
                                       on_view=self._on_view if cluster.elastic else None)
         self._core.data.steps.on_report = self._membership.report_now

@@ -59,6 +59,7 @@ from pskv.transport import IO_THREADS
 from pskv.transport.polled import PolledConnection
 from pskv.transport.stream import StreamConnection
 from pskv.transport.unix import LocalConnection
+from pskv.worker.elastic import WorkerView
 from pskv.worker.fold import HeldPushes
 from pskv.worker.lanes import Lanes
 from pskv.worker.quiet import QuietPushes
@@ -138,8 +139,11 @@ class WorkerClient:
         self.counters = NodeCounters()  # what pskv top shows of this worker (KVWorker counts its calls)
         self.lanes = Lanes(self)  # chooses, opens and opens again the connections to each server
         self.replacement = ServerReplacement(self, on_server_replaced)  # a reset connection, a replaced server
+        self.view_epoch = 0  # an elastic job's adopted view, on every request's header (self.views; else 0: not sent)
+        self.views = WorkerView(self)  # an elastic job's view: epoch, rank, size (pskv.worker.elastic)
         self.membership = Membership(cluster, self._reactor, self.tracker, Role.WORKER, on_dead=self._on_node_dead,
-                                     on_servers=self.replacement.replaced, metrics=self._metrics)
+                                     on_servers=self.replacement.replaced, metrics=self._metrics,
+                                     on_view=self.views.arrived if cluster.elastic else None)
         # per server rank (set by self.lanes): its polled DEALER's id (ZeroMQ replies), where its requests leave
         self._servers: list[int | None] = []
         self._senders: list[Channel] = []
@@ -168,7 +172,7 @@ class WorkerClient:
         if self.info is not None:  # connected already (connect_in_process)
             return self.info
         self._reactor.start()
-        info = self.membership.register(self._cluster.rank)
+        info = self.views.admitted(self.membership.register(self._cluster.rank))  # elastic: the view's rank
         self._sent = [itertools.count(1) for _ in info.servers]
         self._epoch = [0] * len(info.servers)
         self.lanes.open(info, self._cluster.startup_timeout)
@@ -290,7 +294,8 @@ class WorkerClient:
         pending.local = self if self._local_conn(server) is not None else None
         if quiet:
             flags |= Flag.QUIET
-        frames = encode(Header(command, pending.request, self.node_id, arrays, priority, body, flags), data or [])
+        frames = encode(Header(command, pending.request, self.node_id, arrays, priority, body, flags, self.view_epoch),
+                        data or [])
         pending.frames = frames  # sent again after a reset connection, or to a replacement server
         if overtake and not quiet and self._overtake(server, frames, pending):
             return pending
@@ -350,7 +355,7 @@ class WorkerClient:
         sync = self.tracker.new(node, "sync", timeout=timeout)
         sync.local = self if self._local_conn(server) is not None else None
         sync.add_done_callback(on_done)
-        frames = encode(Header(Command.SYNC, sync.request, self.node_id, body=body))
+        frames = encode(Header(Command.SYNC, sync.request, self.node_id, body=body, epoch=self.view_epoch))
         self._queue_and_send(math.inf, server, frames, sync)  # after everything queued
         sync.background()  # completes callbacks: its reply must be read without a waiter
         return sync

@@ -106,8 +106,9 @@ class KVWorker:
                 method(server)
         self.client = client if client is not None else WorkerClient(
             cluster, context, on_server_replaced=on_server_replaced if cluster.server_recovery else None)
-        # quiet pushes up to this size are held for the pull behind them (pskv.worker.fold; -1: none, as in process)
-        self._fold_bytes = FOLD_BYTES if sync and client is None else -1
+        # quiet pushes up to this size are held for the pull behind them (pskv.worker.fold; -1: none, as in process
+        # and in an elastic job, whose held pushes would leave without the view's epoch)
+        self._fold_bytes = FOLD_BYTES if sync and client is None and not cluster.elastic else -1
         self.client.held.replay = self._replay
         self.rows = RowRequests(self.client, cluster, self._replay, Exchange, BIG_CALL_BYTES)  # row-sparse keys
         self.control = WorkerControl(self.client, cluster.request_timeout)  # commands to every server, membership
@@ -125,7 +126,8 @@ class KVWorker:
         info = self.client.connect()
         self._rank = info.rank
         self._num_servers = info.num_servers
-        self._shared = SharedParts(info.server_shm, self._cluster.uses_shm and self._sync, self._cluster.shm_rows_bytes)
+        shm = self._cluster.uses_shm and self._sync and not self._cluster.elastic  # elastic: joiners have no slots
+        self._shared = SharedParts(info.server_shm, shm, self._cluster.shm_rows_bytes)
         timeline = open_timeline(self._cluster.timeline, "worker", info.rank, self._cluster.restart_count, info.recovery)
         self.observe = observer(self.client.counters, timeline)
         self.rows.connected(self._shared, self.observe)

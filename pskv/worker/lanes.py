@@ -150,8 +150,8 @@ class Lanes:
         client = self._client
         assert client.info is not None
         pending = client.tracker.new(node_id(Role.SERVER, server), "hello", timeout=timeout)
-        return pending, encode(Header(Command.HELLO, pending.request, client.info.node_id,
-                                      body=Hello(tx, client.info.token).encode()))
+        return pending, encode(Header(Command.HELLO, pending.request, client.info.node_id,  # an elastic job's epoch
+                                      body=Hello(tx, client.info.token).encode(), epoch=client.view_epoch))
 
     def _local_path(self, server: int, info: NodeInfo) -> str | None:
         """The local socket of ``server`` if it runs on this host (and shared memory is on)."""

@@ -143,6 +143,22 @@ def test_before_the_second_meeting_a_rollback_goes_to_the_previous_commit():
         commits.promote(2)  # dropped with the rollback
 
 
+def test_commit_n_promotes_a_pending_n_minus_1_that_no_view_named():
+    """Rank 0 sends COMMIT n only after every worker passed commit n - 1's release: n - 1 holds."""
+    s = make(Updater(SGD(learning_rate=0.1, momentum=0.9)))
+    commits = CommitSnapshots(s)
+    rounds(s, range(2))
+    commits.take(1)  # its release carried no view: nothing promoted it
+    at_one = state(s)
+    rounds(s, range(2, 4))
+    commits.take(2)  # a departure now, between COMMIT 2 and its release ...
+    assert commits.commit == 1
+    rounds(s, range(4, 5))
+    commits.rollback("worker slot 2 departed")
+    assert same(state(s), at_one) and commits.commit == 1  # ... goes back to commit 1
+    commits.promote(1)  # the departure's view names commit 1: no error
+
+
 def test_a_second_rollback_to_the_same_commit_is_as_exact_as_the_first():
     s = make(Updater(SGD(learning_rate=0.1, momentum=0.9)))
     commits = CommitSnapshots(s)
