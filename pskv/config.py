@@ -344,7 +344,7 @@ class ClusterConfig:
                 cluster manager's variables are partial or contradict ``DMLC_NUM_WORKER``.
         """
         env = os.environ if environ is None else environ
-        return _parse(cls, CLUSTER_ENV_VARS, env, {**_from_manager(env, overrides), **overrides})
+        return _parse(cls, CLUSTER_ENV_VARS, env, {**_elastic_beats(env), **_from_manager(env, overrides), **overrides})
 
     def require_cluster(self) -> None:
         """Check that the variables a distributed store needs are set.
@@ -426,6 +426,15 @@ class ClusterConfig:
     def scheduler_address(self) -> str:
         """The scheduler's ZeroMQ endpoint."""
         return f"tcp://{self.root_uri}:{self.root_port}"
+
+
+def _elastic_beats(env: Mapping[str, str]) -> dict[str, float]:
+    """An elastic job's heartbeats where the environment sets none: every 0.5 s, dead after 3 s (a worker that
+    hangs stalls the others that long; one that exits is reported by the launcher at once)."""
+    if (env.get("PSKV_MAX_WORKERS") or "0").strip() in ("", "0"):
+        return {}
+    beats = {"heartbeat_interval": 0.5, "heartbeat_timeout": 3.0}
+    return {name: value for name, value in beats.items() if env.get(f"PS_{name.upper()}") is None}
 
 
 def _check_elastic(min_workers: int, max_workers: int) -> None:

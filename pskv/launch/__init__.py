@@ -87,12 +87,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_placement(parser)
     _add_timing(parser)
     _add_output_and_recovery(parser)
+    _add_elastic(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the worker command, after --")
 
 
 def _add_placement(parser: argparse.ArgumentParser) -> None:
     """The job's shape and where its processes run: -n, -s, --launcher, the hosts, --env."""
-    parser.add_argument("-n", "--num-workers", type=int, required=True, metavar="W", help="number of workers")
+    parser.add_argument("-n", "--num-workers", type=_workers, required=True, metavar="W|MIN:MAX",
+                        help="number of workers; MIN:MAX: an elastic job, workers join and leave while it runs "
+                             "(docs/elastic.md)")
     parser.add_argument("-s", "--num-servers", type=int, default=None, metavar="S",
                         help="number of servers (default: W, as MXNet's launcher); 0: workers only, no scheduler "
                              "(a job of all-reduce stores, e.g. horovod)")
@@ -115,6 +118,32 @@ def _add_placement(parser: argparse.ArgumentParser) -> None:
                              "default: srun / mpirun)")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="set a variable in every process (repeatable)")
+
+
+def _workers(text: str) -> tuple[int, int, int]:
+    """``-n W`` or ``-n MIN:MAX``: (workers to start, MIN, MAX); MIN and MAX 0 when not elastic."""
+    low, sep, high = text.partition(":")
+    try:
+        if not sep:
+            return int(text), 0, 0
+        return int(high), int(low), int(high)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected W or MIN:MAX (numbers), got {text!r}") from None
+
+
+def _add_elastic(parser: argparse.ArgumentParser) -> None:
+    """An elastic job's options (``-n MIN:MAX``)."""
+    parser.add_argument("--host-discovery-script", default=None, metavar="SCRIPT",
+                        help="elastic jobs: a command printing the hosts' 'HOST:SLOTS' lines, run every "
+                             "--discovery-interval seconds (horovodrun's); default: this machine with MAX slots")
+    parser.add_argument("--discovery-interval", type=float, default=1.0, metavar="SECONDS",
+                        help="elastic jobs: how often the discovery script runs (default 1)")
+    parser.add_argument("--elastic-timeout", type=float, default=600.0, metavar="SECONDS",
+                        help="elastic jobs: how long the job may have fewer than MIN workers before it fails "
+                             "(default 600)")
+    parser.add_argument("--respawn-cooldown", type=float, default=10.0, metavar="SECONDS",
+                        help="elastic jobs: how long a departed worker's slot stays unused before a new worker "
+                             "takes it (default 10)")
 
 
 def _add_timing(parser: argparse.ArgumentParser) -> None:
@@ -181,9 +210,10 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         command = command[1:]
     if args.timeline:  # an --env pair: it reaches the processes over ssh too
         args.env = [*args.env, f"PSKV_TIMELINE={os.path.abspath(args.timeline)}"]
+    workers, low, high = args.num_workers
     return LaunchConfig(
-        num_workers=args.num_workers,
-        num_servers=args.num_workers if args.num_servers is None else args.num_servers,
+        num_workers=workers,
+        num_servers=workers if args.num_servers is None else args.num_servers,
         command=tuple(command),
         launcher=args.launcher,
         hostfile=args.hostfile,
@@ -207,6 +237,9 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         server_restarts=args.restart_servers,
         recovery_timeout=args.recovery_timeout,
         address_file=os.path.abspath(args.address_file) if args.address_file else "",
+        min_workers=low, max_workers=high, host_discovery_script=args.host_discovery_script or "",
+        discovery_interval=args.discovery_interval, elastic_timeout=args.elastic_timeout,
+        respawn_cooldown=args.respawn_cooldown,
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shlex
 import sys
 import uuid
@@ -101,6 +102,14 @@ class LaunchConfig:
         address_file: ``--address-file``: where the launcher writes the scheduler's
             ``HOST:PORT`` (local: once it listens; ssh: at the start) for ``pskv top
             --port-file``; empty: nowhere.
+        min_workers, max_workers: an elastic job's bounds (``-n MIN:MAX``; :mod:`pskv.launch.elastic`):
+            workers join and leave at commits; ``max_workers`` 0: not elastic. ``num_workers`` is
+            then the number started first.
+        host_discovery_script: ``--host-discovery-script``: prints ``HOST:SLOTS`` lines, run every
+            ``discovery_interval`` seconds; empty: this machine with ``max_workers`` slots.
+        elastic_timeout: ``--elastic-timeout``: seconds an elastic job may stay below ``min_workers``.
+        respawn_cooldown: ``--respawn-cooldown``: seconds a departed worker's slot on its host stays
+            unused before a new worker may take it.
 
     Raises:
         InvalidArgumentError: any field is out of range or inconsistent with the others.
@@ -135,6 +144,18 @@ class LaunchConfig:
     resume_from: str = ""
     restart_count: int = 0
     address_file: str = ""
+    min_workers: int = 0
+    max_workers: int = 0
+    host_discovery_script: str = ""
+    discovery_interval: float = 1.0
+    elastic_timeout: float = 600.0
+    respawn_cooldown: float = 10.0
+    launch_token: str = field(default_factory=lambda: secrets.token_hex(32), repr=False)
+
+    @property
+    def elastic(self) -> bool:
+        """An elastic job (``-n MIN:MAX``)."""
+        return self.max_workers > 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "command", tuple(self.command))
@@ -148,7 +169,8 @@ class LaunchConfig:
         return JobLayout(root_uri, root_port, self.num_servers, self.num_workers, self.job_id, self.curve_key_file,
                          self.checkpoint_dir, self.resume_from, self.restart_count,
                          self.recovery_timeout if self.worker_restarts > 0 or self.server_restarts > 0 else 0.0,
-                         self.server_restarts > 0)
+                         self.server_restarts > 0, min_workers=self.min_workers, max_workers=self.max_workers,
+                         elastic_timeout=self.elastic_timeout, launch_token=self.launch_token if self.elastic else "")
 
     def _problems(self) -> Sequence[str]:
         """Every problem of this configuration, in the order of :data:`_CHECKS`."""
@@ -206,6 +228,28 @@ def _key_problems(config: LaunchConfig) -> Iterator[str]:
             yield f"--curve-key: {exc}"
 
 
+def _elastic_problems(config: LaunchConfig) -> Iterator[str]:
+    """``-n MIN:MAX``: 1 <= MIN <= W <= MAX, and none of what an elastic job cannot do."""
+    if not config.elastic:
+        if config.host_discovery_script:
+            yield "--host-discovery-script needs an elastic job (-n MIN:MAX)"
+        return
+    if not 1 <= config.min_workers <= config.num_workers <= config.max_workers:
+        yield (f"-n MIN:MAX needs 1 <= MIN <= MAX, and MIN to MAX workers to start; got MIN {config.min_workers}, "
+               f"MAX {config.max_workers}, {config.num_workers} to start")
+    for flag, used in (("--restart-workers", config.worker_restarts), ("--restart-servers", config.server_restarts),
+                       ("--max-restarts", config.max_restarts), ("-s 0", config.num_servers == 0)):
+        if used:
+            yield f"{flag} does not go with an elastic job (-n MIN:MAX): its servers keep the model as workers come and go"
+    if config.launcher != "local":
+        yield f"an elastic job (-n MIN:MAX) runs with the local launcher only so far, not --launcher {config.launcher}"
+    for flag, value in (("--discovery-interval", config.discovery_interval), ("--elastic-timeout", config.elastic_timeout)):
+        if not value > 0:
+            yield f"{flag} must be > 0 seconds, got {value:g}"
+    if config.respawn_cooldown < 0:
+        yield f"--respawn-cooldown must be >= 0 seconds, got {config.respawn_cooldown:g}"
+
+
 _CHECKS: tuple[_Check, ...] = (
     _rule(lambda c: c.num_workers < 1, lambda c: f"-n/--num-workers must be >= 1, got {c.num_workers}"),
     _rule(lambda c: c.num_servers < 0,
@@ -255,4 +299,5 @@ _CHECKS: tuple[_Check, ...] = (
     _rule(lambda c: c.max_restarts < 0, lambda c: f"--max-restarts must be >= 0, got {c.max_restarts}"),
     _rule(lambda c: c.secure and c.launcher != "local",
           lambda c: "--secure makes a key on this machine only; over ssh use --curve-key FILE (see docs/security.md)"),
+    _elastic_problems,
 )

@@ -38,6 +38,10 @@ CONTRACT: dict[str, tuple[str, str]] = {
     "PSKV_RESTART_COUNT": ("every process (ClusterConfig.restart_count)", "after a restart: how many times the job was restarted (1, 2, ...)"),
     "PSKV_RECOVERY_TIMEOUT": ("every process (ClusterConfig.recovery_timeout)", "with --restart-workers: seconds a dead worker's rank stays open for its replacement (--recovery-timeout)"),
     "PSKV_SERVER_RECOVERY": ("every process (ClusterConfig.server_recovery)", "with --restart-servers: 1 (a dead server may be replaced; workers keep their pushes since the newest checkpoint)"),
+    "PSKV_MIN_WORKERS": ("every process (ClusterConfig.min_workers)", "an elastic job's (-n MIN:MAX) MIN: below it for PSKV_ELASTIC_TIMEOUT the job fails"),
+    "PSKV_MAX_WORKERS": ("every process (ClusterConfig.max_workers)", "an elastic job's MAX; DMLC_WORKER_ID is then the worker's slot (never reused) and DMLC_NUM_WORKER the workers started first"),
+    "PSKV_ELASTIC_TIMEOUT": ("every process (ClusterConfig.elastic_timeout)", "an elastic job's seconds below MIN before it fails (--elastic-timeout)"),
+    "PSKV_LAUNCH_TOKEN": ("the scheduler (ClusterConfig.launch_token)", "an elastic job's token, which the launcher's reports of worker exits carry (ROSTER)"),
     "PSKV_JOB_ID": ("servers (ClusterConfig.job_id)", "a random id of this job: names its shared-memory files so the launcher can remove them"),
     "PYTHONUNBUFFERED": ("Python", "1, so output reaches the launcher line by line (an --env pair may override it)"),
     # torchrun's variables, so torch.distributed (and pskv.config.rank_env) work in a launched worker
@@ -51,7 +55,7 @@ CONTRACT: dict[str, tuple[str, str]] = {
 
 # Role-specific variables: unset (`env -u`) in the processes they do not belong to.
 _ROLE_ONLY = ("DMLC_WORKER_ID", "PSKV_LOCAL_RANK", "PSKV_SERVER_RANK", "RANK", "WORLD_SIZE", "LOCAL_RANK",
-              "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+              "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PSKV_LAUNCH_TOKEN")
 # Before a worker's command: OMP_NUM_THREADS = max(1, CPUs of its host // workers there) unless already set
 # (torchrun's rule), computed where the worker runs (nproc counts the CPUs it may use).
 _OMP_SHARE = ('[ -n "${OMP_NUM_THREADS-}" ] || { n=$(( $(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN) '
@@ -78,6 +82,10 @@ class JobLayout:
     master_addr: str = ""  # the workers' MASTER_ADDR (see with_workers); "": no torchrun variables
     master_port: int = 0
     workers_on: tuple[tuple[str, int], ...] = ()  # (host, workers there): the workers' LOCAL_WORLD_SIZE
+    min_workers: int = 0  # an elastic job's bounds (-n MIN:MAX); max_workers 0: not elastic
+    max_workers: int = 0
+    elastic_timeout: float = 600.0
+    launch_token: str = ""  # an elastic job's: the scheduler's alone
 
 
 def with_workers(layout: JobLayout, worker_hosts: Sequence[str], master_port: int) -> JobLayout:
@@ -182,6 +190,7 @@ def contract_env(layout: JobLayout, role: str, host: str, rank: int | None = Non
         env["PSKV_RECOVERY_TIMEOUT"] = f"{layout.recovery_timeout:g}"
     if layout.server_recovery:
         env["PSKV_SERVER_RECOVERY"] = "1"
+    env.update(_elastic_env(layout, role))
     if role == "server" and rank is not None:
         env["PSKV_SERVER_RANK"] = str(rank)
     if role == "worker":
@@ -193,6 +202,17 @@ def contract_env(layout: JobLayout, role: str, host: str, rank: int | None = Non
             env.update(RANK=str(rank), WORLD_SIZE=str(layout.num_workers), LOCAL_RANK=str(local_rank),
                        LOCAL_WORLD_SIZE=str(dict(layout.workers_on).get(host, 1)), MASTER_ADDR=layout.master_addr,
                        MASTER_PORT=str(layout.master_port))
+    return env
+
+
+def _elastic_env(layout: JobLayout, role: str) -> dict[str, str]:
+    """An elastic job's variables: the bounds for every process, the launch token for the scheduler."""
+    if not layout.max_workers:
+        return {}
+    env = {"PSKV_MIN_WORKERS": str(layout.min_workers), "PSKV_MAX_WORKERS": str(layout.max_workers),
+           "PSKV_ELASTIC_TIMEOUT": f"{layout.elastic_timeout:g}"}
+    if role == "scheduler":
+        env["PSKV_LAUNCH_TOKEN"] = layout.launch_token
     return env
 
 

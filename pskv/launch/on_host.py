@@ -7,6 +7,7 @@ handshake, never a sleep), the servers and then the workers start with it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import socket
@@ -17,11 +18,12 @@ from pskv.config import omp_num_threads_set
 from pskv.errors import LaunchError
 from pskv.launch.config import LaunchConfig
 from pskv.launch.console import Console
-from pskv.launch.contract import ProcessSpec, contract_env, env_argv, omp_note, role_argv, with_workers
+from pskv.launch.contract import JobLayout, ProcessSpec, contract_env, env_argv, omp_note, role_argv, with_workers
+from pskv.launch.elastic import workers_of
 from pskv.launch.supervisor import Supervisor
 from pskv.transport.security import generate_keys, write_key_file
 
-__all__ = ["LOOPBACK", "free_port", "publish_address", "run_local", "local_specs", "scheduler_spec"]
+__all__ = ["LOOPBACK", "free_port", "publish_address", "run_local", "local_specs", "scheduler_spec", "worker_spec"]
 
 LOOPBACK = "127.0.0.1"
 
@@ -45,10 +47,15 @@ def local_specs(config: LaunchConfig, port: int) -> list[ProcessSpec]:
         env = contract_env(layout, "server", LOOPBACK, rank=rank)
         specs.append(ProcessSpec("server", rank, LOOPBACK, tuple(env_argv(env, config.env,
                                                                            role_argv(config.python, "server")))))
-    for rank in range(config.num_workers):
-        env = contract_env(layout, "worker", LOOPBACK, rank=rank, local_rank=rank)
-        specs.append(ProcessSpec("worker", rank, LOOPBACK, tuple(env_argv(env, config.env, config.command))))
+    for rank in range(0 if config.elastic else config.num_workers):  # an elastic job's start one by one
+        specs.append(worker_spec(config, layout, rank))
     return specs
+
+
+def worker_spec(config: LaunchConfig, layout: JobLayout, rank: int) -> ProcessSpec:
+    """Worker ``rank`` (an elastic job's: its slot) on this machine; its local rank is its rank."""
+    env = contract_env(layout, "worker", LOOPBACK, rank=rank, local_rank=rank)
+    return ProcessSpec("worker", rank, LOOPBACK, tuple(env_argv(env, config.env, config.command)))
 
 
 def free_port(avoid: int = 0) -> int:
@@ -85,10 +92,12 @@ def publish_address(config: LaunchConfig, console: Console, address: str) -> Non
 
 def run_local(config: LaunchConfig, console: Console) -> int:
     """Run the job on this machine; returns the launcher's exit code (see :mod:`pskv.launch.supervisor`)."""
-    with tempfile.TemporaryDirectory(prefix="pskv-launch-") as tmp, \
+    config, workers = workers_of(config, console.note)
+    with tempfile.TemporaryDirectory(prefix="pskv-launch-") as tmp, contextlib.closing(workers), \
             Supervisor(console, stop_grace=config.stop_grace, exit_grace=config.exit_grace,
                        timeout=config.timeout, worker_restarts=config.worker_restarts,
-                       server_restarts=config.server_restarts, checkpoint_dir=config.checkpoint_dir) as supervisor:
+                       server_restarts=config.server_restarts, checkpoint_dir=config.checkpoint_dir,
+                       workers=workers) as supervisor:
         if config.secure:  # a fresh cluster key, private to this job (the directory is mode 0700)
             key_file = write_key_file(os.path.join(tmp, "cluster.key"), generate_keys())
             config = dataclasses.replace(config, curve_key_file=str(key_file), secure=False)
@@ -108,6 +117,8 @@ def run_local(config: LaunchConfig, console: Console) -> int:
                     console.note(note)
                 for spec in local_specs(config, port):
                     supervisor.start(spec)
+                workers.begin(lambda slot: supervisor.start(worker_spec(config, config.layout(LOOPBACK, port), slot)),
+                              f"tcp://{LOOPBACK}:{port}", config.launch_token, config.curve_key_file)
         except LaunchError as exc:
             supervisor.abort(str(exc))
         return supervisor.run()

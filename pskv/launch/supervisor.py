@@ -39,7 +39,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import queue
-import re
 import select
 import signal
 import subprocess
@@ -54,8 +53,10 @@ from typing import IO, Any
 from pskv.checkpoints import latest_server_checkpoint
 from pskv.errors import LaunchError
 from pskv.launch import guard
+from pskv.launch.clues import UNEVEN, Clues
 from pskv.launch.console import CHUNK, HOLD_SECONDS, Console, Output
 from pskv.launch.contract import ProcessSpec
+from pskv.launch.elastic import FIXED, Workers
 
 __all__ = ["Console", "Supervisor", "describe_exit", "guard_argv", "signal_name"]
 
@@ -64,16 +65,6 @@ _KILL_WAIT = 5.0  # seconds to wait for SIGKILLed children before giving up on t
 _TELL_WORKERS = 5.0  # seconds running workers get to end by themselves after a server failed (then SIGTERM)
 EXIT_TIMEOUT = 124  # as timeout(1)
 EXIT_FAILURE = 1  # lingering servers or scheduler, or the launcher's own error
-# "NodeFailedError: worker 1 failed: ..." in a child's output: the peer it saw fail
-_BLAMED = re.compile(rb"NodeFailedError: ((?:worker|server) \d+|scheduler) failed")
-# "mismatched step counts: worker 1 is ahead" in a child's output (pskv.server.steps): the root cause
-_AHEAD = re.compile(rb"mismatched step counts: (worker \d+) is ahead")
-_UNEVEN = "with uneven data see kv.join() or fit(uneven=True)"
-# the scheduler's INFO line once every node registered (pskv.cluster.scheduler)
-_REGISTERED = re.compile(rb"scheduler: all (\d+) nodes registered")
-# slurmstepd's line when SLURM cancels a step (scancel of the step or the job, a time limit): "*** STEP 7.2 ON
-# node1 CANCELLED AT 2026-11-29T00:44:46 ***", "... CANCELLED AT ... DUE TO TIME LIMIT ***"
-_CANCELLED = re.compile(rb"slurmstepd\S*: error: \*\*\* ((?:STEP|JOB) .+ CANCELLED AT .+?) \*\*\*")
 
 
 def guard_argv(python: str, role: str, stop_grace: float, exit_grace: float, inline: bool = False) -> list[str]:
@@ -144,10 +135,7 @@ class _Child:
     stop_signal: int | None = None
     abandoned: bool = False
     replaced: bool = False  # a failed worker that was started again (--restart-workers)
-    blamed: str | None = None  # the node its last NodeFailedError named (a peer it saw die or hang)
-    blamed_left: bool = False  # ... and that node had left the job (closed its store), not failed
-    ahead: str | None = None  # the worker its mismatched-step-counts error said is ahead (the root cause)
-    cancelled: str | None = None  # slurmstepd's "STEP 7.2 ON node1 CANCELLED AT ...": SLURM ended it
+    clues: Clues = field(default_factory=Clues)  # what its output said of a failure's cause
     stop_argv: tuple[str, ...] = ()  # asks it to stop in place of SIGTERM to its group (see Supervisor.start)
 
     @property
@@ -186,11 +174,13 @@ class Supervisor:
             newest checkpoint in ``checkpoint_dir``); the job must run with
             ``PSKV_SERVER_RECOVERY``. Local processes only (``env`` argv).
         checkpoint_dir: where the checkpoints for ``server_restarts`` are.
+        workers: an elastic job's workers (:mod:`pskv.launch.elastic`): departures and new workers.
     """
 
     def __init__(self, console: Console, *, stop_grace: float = 5.0, exit_grace: float = 30.0,
                  timeout: float | None = None, via_ssh: bool = False, worker_restarts: int = 0,
-                 server_restarts: int = 0, checkpoint_dir: str = "") -> None:
+                 server_restarts: int = 0, checkpoint_dir: str = "", workers: Workers = FIXED) -> None:
+        self.workers = workers
         self._console = console
         self._stop_grace = stop_grace
         self._exit_grace = exit_grace
@@ -304,23 +294,9 @@ class Supervisor:
                 if not data:
                     break
                 for line in child.output.write(data):
-                    if b"NodeFailedError" in line:  # which peer it saw fail (or leave): named with the root cause
-                        m = _BLAMED.search(line)
-                        if m is not None:
-                            child.blamed = m.group(1).decode(errors="replace")
-                            child.blamed_left = b"left the job" in line
-                    elif b"mismatched step counts: " in line:  # the worker that ran a sync step the others did not
-                        m = _AHEAD.search(line)
-                        if m is not None:
-                            child.ahead = m.group(1).decode(errors="replace")
-                    elif b"CANCELLED AT" in line:  # SLURM cancelled its step: said with the root cause
-                        m = _CANCELLED.search(line)
-                        if m is not None:
-                            child.cancelled = m.group(1).decode(errors="replace")
-                    elif child.spec.role == "scheduler" and b"nodes registered" in line:
-                        m = _REGISTERED.search(line)
-                        if m is not None:
-                            self._console.registered(int(m.group(1)))
+                    registered = child.clues.read(line, child.spec.role == "scheduler")
+                    if registered is not None:
+                        self._console.registered(registered)
         finally:
             stream.close()
             child.output.close()
@@ -400,6 +376,9 @@ class Supervisor:
                                "was ready for it (every worker had exited 0)")
             returncode = 0
         child.returncode = returncode
+        if self._outcome is None and child.spec.is_worker and self.workers.departed(
+                child.spec, returncode, describe_exit(returncode, self._via_ssh)):
+            child.replaced, returncode = True, 0  # an elastic job goes on without it
         if self._outcome is None and returncode != 0 and child.spec.role == "server" \
                 and self._servers_restarted < self._server_restarts and self._restart_server(child, returncode):
             return
@@ -416,10 +395,10 @@ class Supervisor:
             return
         if self._outcome is None:
             if returncode != 0:
-                what = f"{child.where} {describe_exit(returncode, self._via_ssh)}{_hint(child)}"
-                ahead = child.ahead if child.ahead != child.spec.name else None
+                what = f"{child.where} {describe_exit(returncode, self._via_ssh)}{child.clues.hint(child.spec.name)}"
+                ahead = child.clues.ahead if child.clues.ahead != child.spec.name else None
                 if ahead:  # the worker with the extra step is the cause, whoever raised first
-                    what = f"{ahead} is ahead (mismatched step counts: {_UNEVEN}): {what}"
+                    what = f"{ahead} is ahead (mismatched step counts: {UNEVEN}): {what}"
                 self._decide(_exit_status(returncode), f"{what}; stopping the job",
                              f"{ahead}'s extra step" if ahead else f"{child.spec.name}'s failure",
                              tell_workers=child.spec.role == "server")
@@ -470,6 +449,8 @@ class Supervisor:
     def _check_deadlines(self) -> None:
         now = time.monotonic()
         if self._outcome is None:
+            if self._grace_at is None:
+                self.workers.tick()  # an elastic job's new workers
             if self._deadline is not None and now >= self._deadline:
                 self._console.stop_requested = True
                 self._decide(EXIT_TIMEOUT, f"the job did not finish within --timeout {self._timeout:g} s; "
@@ -534,22 +515,6 @@ class Supervisor:
                 else:
                     _signal_group(child, signal.SIGTERM)
         self._kill_at = time.monotonic() + self._stop_grace
-
-
-def _hint(child: _Child) -> str:
-    """What a failed child's output said about its cause: the worker ahead, a peer that left or failed, SLURM."""
-    if child.cancelled:  # scancel of its step or of the whole job, or a time limit: nothing of pskv's failed
-        return f" after SLURM cancelled it ({child.cancelled}: scancel, or a time limit)"
-    if child.ahead == child.spec.name:
-        return f" after its error said it is ahead (mismatched step counts: {_UNEVEN})"
-    if child.ahead:
-        return " after its error said so"
-    if child.blamed and child.blamed != child.spec.name and child.blamed_left:
-        return (f" after its NodeFailedError said {child.blamed} left the job early (it closed its "
-                f"store or ended before this worker was done: {_UNEVEN})")
-    if child.blamed and child.blamed != child.spec.name:  # e.g. a peer that hung, not died
-        return f" after its NodeFailedError named {child.blamed} (look there first)"
-    return ""
 
 
 def _ended_as_asked(child: _Child, returncode: int) -> bool:

@@ -171,6 +171,8 @@ def test_env_contract_reaches_every_worker(tag, tmp_path, worker_script):
             "PSKV_CURVE_KEY_FILE": None,  # only with --curve-key / --secure
             "PSKV_CHECKPOINT_DIR": None, "PSKV_RESUME_FROM": None, "PSKV_RESTART_COUNT": None,  # restarts only
             "PSKV_RECOVERY_TIMEOUT": None, "PSKV_SERVER_RECOVERY": None,  # only with --restart-workers/-servers
+            "PSKV_MIN_WORKERS": None, "PSKV_MAX_WORKERS": None, "PSKV_ELASTIC_TIMEOUT": None,  # elastic jobs only
+            "PSKV_LAUNCH_TOKEN": None,  # an elastic job's scheduler's only
             "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": "2",  # torchrun's
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": master_port, "OMP_NUM_THREADS": omp,
         }

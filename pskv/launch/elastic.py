@@ -1,0 +1,158 @@
+"""An elastic job's workers under ``pskv launch -n MIN:MAX``: departures reported, new workers started.
+
+The launcher owns hosts, the scheduler owns views (:mod:`pskv.cluster.elastic`). This module is the
+launcher's half, one object the :class:`~pskv.launch.supervisor.Supervisor` calls at two points:
+
+* a worker exits (:meth:`ElasticWorkers.departed`): exiting non-zero or killed, it is a *departure*,
+  not the job's root cause. The launcher tells the scheduler at once (``ROSTER gone``: the survivors
+  stall for milliseconds, not for the heartbeat timeout), says so in one line, and keeps the slot's
+  host place unused for ``--respawn-cooldown`` seconds. A worker's exit 0 means the job is ending:
+  no worker is started after it. The last worker's failure is the job's (nobody is left to go on);
+* every pass of the supervisor's loop (:meth:`ElasticWorkers.tick`): when the discovered slots
+  (``--host-discovery-script``, :mod:`pskv.launch.discovery`; without one: this machine, MAX slots)
+  allow more workers than run, up to MAX, a new worker starts with a fresh slot number (slots are
+  never reused: a slot is a worker's identity at every server). The scheduler holds its
+  registration until the next commit, where it joins.
+
+Below MIN the scheduler holds the job's meetings and, after ``--elastic-timeout``, fails the job
+(its exit is then the launcher's root cause, with its message).
+
+Every other job has :class:`FixedWorkers`: no departures, nothing started.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+from pskv.errors import LaunchError
+from pskv.launch.config import LaunchConfig
+from pskv.launch.contract import ProcessSpec
+from pskv.launch.discovery import HostDiscovery
+from pskv.launch.roster import RosterClient
+
+__all__ = ["FIXED", "ElasticWorkers", "FixedWorkers", "Workers", "workers_of"]
+
+
+class FixedWorkers:
+    """A job of a fixed number of workers: a worker's failure is the job's."""
+
+    def begin(self, start: Callable[[int], None], address: str, token: str, curve_key_file: str) -> None:
+        pass
+
+    def departed(self, spec: ProcessSpec, returncode: int, what: str) -> bool:
+        return False
+
+    def tick(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class ElasticWorkers:
+    """The workers of an elastic job (see the module docstring).
+
+    Args:
+        min_workers, max_workers: the job's bounds.
+        discovery: where workers may run (started; :meth:`close` stops it).
+        cooldown: seconds a departed worker's host place stays unused.
+        note: prints a launcher note.
+        clock: the time (tests).
+    """
+
+    def __init__(self, min_workers: int, max_workers: int, discovery: HostDiscovery, hosts: dict[str, int],
+                 cooldown: float, note: Callable[[str], None], clock: Callable[[], float] = time.monotonic) -> None:
+        self.min_workers = min_workers
+        self.max_workers = max_workers
+        self._discovery = discovery
+        self._first = _places(hosts, max_workers)  # where the first workers run
+        self._cooldown = cooldown
+        self._note = note
+        self._clock = clock
+        self.live: dict[int, str] = {}  # slot -> the host (discovered name) it runs on
+        self._cooling: list[tuple[float, str]] = []  # (until, host): a departed worker's place
+        self._next_slot = 0
+        self._ending = False  # a worker exited 0: the job is ending, nothing more starts
+        self._start: Callable[[int], None] | None = None
+        self._roster: RosterClient | None = None
+
+    def begin(self, start: Callable[[int], None], address: str, token: str, curve_key_file: str) -> None:
+        """Start the first workers (``start(slot)``) once the scheduler listens at ``address``; its launch
+        ``token`` goes with every report of an exit."""
+        self._start, self._roster = start, RosterClient(address, token, curve_key_file)
+        for host in self._first:
+            self._launch(host)
+
+    def departed(self, spec: ProcessSpec, returncode: int, what: str) -> bool:
+        """Worker ``spec`` exited: True if it is a departure the job goes on without (see the module)."""
+        slot = spec.rank if spec.rank is not None else -1
+        host = self.live.pop(slot, None)
+        if returncode == 0:
+            self._ending = True
+            return False
+        if host is None or not self.live:  # not one of ours, or the last one: the job's failure
+            return False
+        self._cooling.append((self._clock() + self._cooldown, host))
+        if self._roster is not None:
+            self._roster.report("gone", slot)
+        self._note(f"worker slot {slot} on {spec.host} {what}: it left the job; {len(self.live)} workers go on "
+                   f"(MIN {self.min_workers}, MAX {self.max_workers})")
+        return True
+
+    def tick(self) -> None:
+        """Start workers where the discovered slots allow more than run (up to MAX)."""
+        if self._ending or self._start is None:
+            return
+        now = self._clock()
+        self._cooling = [(until, host) for until, host in self._cooling if until > now]
+        free = self._discovery.slots()
+        for host in list(self.live.values()) + [host for _, host in self._cooling]:
+            free[host] = free.get(host, 0) - 1
+        for host in _places({h: n for h, n in free.items() if n > 0}, self.max_workers - len(self.live)):
+            self._launch(host)
+            self._note(f"started worker slot {self._next_slot - 1} on {host}: it joins at the next commit "
+                       f"({len(self.live)} workers)")
+
+    def _launch(self, host: str) -> None:
+        assert self._start is not None
+        slot = self._next_slot
+        self._next_slot += 1
+        self.live[slot] = host
+        self._start(slot)
+
+    def close(self) -> None:
+        self._discovery.stop()
+        if self._roster is not None:
+            self._roster.close()
+
+
+Workers = FixedWorkers | ElasticWorkers
+FIXED = FixedWorkers()  # every job's but an elastic one's (it keeps no state)
+
+
+def workers_of(config: LaunchConfig, note: Callable[[str], None]) -> tuple[LaunchConfig, Workers]:
+    """``config`` with the number of workers to start first, and its workers: :data:`FIXED` unless elastic.
+
+    Raises:
+        LaunchError: the discovery script failed, or named fewer than MIN slots.
+    """
+    if not config.elastic:
+        return config, FIXED
+    discovery = HostDiscovery(config.host_discovery_script, config.discovery_interval,
+                              {"127.0.0.1": config.max_workers}, note)
+    hosts = discovery.start()
+    first = min(config.max_workers, sum(max(0, n) for n in hosts.values()))
+    if first < config.min_workers:
+        discovery.stop()
+        raise LaunchError(f"--host-discovery-script named {first} worker slots; an elastic job needs MIN "
+                          f"{config.min_workers} to start")
+    workers = ElasticWorkers(config.min_workers, config.max_workers, discovery, hosts, config.respawn_cooldown, note)
+    return dataclasses.replace(config, num_workers=first), workers
+
+
+def _places(hosts: dict[str, int], count: int) -> list[str]:
+    """Up to ``count`` places on ``hosts`` ({host: free slots}), filling each host in turn."""
+    places = [host for host, slots in hosts.items() for _ in range(max(0, slots))]
+    return places[:max(0, count)]

@@ -1,0 +1,157 @@
+"""Elastic jobs through ``pskv launch -n MIN:MAX`` (issue 24): a worker killed mid-job, a worker added.
+
+Three workers train one key split over two servers (SGD on the servers, a commit after every step).
+Slot 1 SIGKILLs itself at a given step, before or after its push: the launcher reports its exit to the
+scheduler, the others restore to the last commit, go on with two workers, and nothing is restarted
+(``--respawn-cooldown`` keeps its place unused). Later the discovery script names a fourth slot: one
+new worker starts, is admitted at the next commit and takes part from the step after. The final values
+must equal a replay of the record the workers printed (the members of every committed step) bit for
+bit: the gradients are small integers and the learning rate a power of two, so a push counted twice,
+lost or counted half would move some element by a multiple of the learning rate.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pskv.testing.jobs import ProcessGroup, child_env, start_launch
+
+pytestmark = pytest.mark.multiprocess
+
+LR = 2.0 ** -6
+N = 8
+DEADLINE = 90.0
+
+TRAIN = '''
+import os, signal, sys, time
+import numpy as np
+import pskv
+from pskv.errors import MembershipChangedError
+from pskv.optimizer import SGD
+
+LR, N = 2.0 ** -6, 8
+STEPS = int(os.environ["ELASTIC_STEPS"])
+KILL_SLOT, KILL_STEP, WHEN = os.environ["ELASTIC_KILL"].split(":")
+GROW_STEP, GO = int(os.environ["ELASTIC_GROW_STEP"]), os.environ["ELASTIC_GO"]
+
+
+def gradient(slot, step):
+    return np.array([((slot * 7 + step + i) % 13) - 6 for i in range(N)], np.float32)
+
+
+kv = pskv.create("dist_sync")
+slot = kv.view.members[kv.rank]
+kv.init("w", np.zeros(N, np.float32))
+kv.init("step", np.zeros(1, np.float32))
+kv.set_optimizer(SGD(learning_rate=LR))  # a joiner keeps the servers' (and their state)
+out, at = np.zeros(N, np.float32), np.zeros(1, np.float32)
+if kv.view.cause == "start":
+    kv.commit()  # the optimizer is part of the state a departure rolls back to
+    done = 0
+else:  # joined a running job: rank 0 says which step it is
+    kv.broadcast("step", at, out=at)
+    done = int(at[0])
+print(f"slot {slot} pid {os.getpid()} starts at step {done} as rank {kv.rank} of {kv.num_workers}", flush=True)
+while done < STEPS:
+    try:
+        if (slot, done) == (int(KILL_SLOT), int(KILL_STEP)) and WHEN == "before":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if done == GROW_STEP and kv.rank == 0:  # the test lets a new worker register first
+            print(f"waiting at step {done}", flush=True)
+            deadline = time.monotonic() + 60
+            while not os.path.exists(GO) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        members = kv.view.members
+        kv.push("w", gradient(slot, done))
+        if (slot, done) == (int(KILL_SLOT), int(KILL_STEP)) and WHEN == "after":
+            kv.pull("w", out=out)  # the push is in (its round may not be complete yet)
+            os.kill(os.getpid(), signal.SIGKILL)
+        kv.pull("w", out=out)
+        view = kv.commit()
+        done += 1
+        print(f"committed step {done} members {','.join(map(str, members))}", flush=True)
+        if view is not None:  # workers admitted: they learn the step from rank 0
+            kv.broadcast("step", np.full(1, done, np.float32), out=at)
+    except MembershipChangedError as exc:
+        print(f"restore at step {done}: {exc}", flush=True)
+        kv.restore()
+kv.pull("w", out=out)
+kv.barrier()  # everyone read the final value before anyone leaves
+print("final", slot, kv.rank, kv.num_workers, ",".join(repr(float(x)) for x in out), flush=True)
+kv.close()
+'''
+
+
+def gradient(slot: int, step: int) -> np.ndarray:
+    return np.array([((slot * 7 + step + i) % 13) - 6 for i in range(N)], np.float32)
+
+
+def replay(record: dict[int, tuple[int, ...]]) -> np.ndarray:
+    """The value after the committed steps: each step's gradients summed over the members it ran with."""
+    w = np.zeros(N, np.float32)
+    for step in sorted(record):
+        w -= np.float32(LR) * sum((gradient(s, step - 1) for s in record[step]), np.zeros(N, np.float32))
+    return w
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_killed_worker_leaves_the_job_and_an_added_one_joins_with_every_gradient_counted_once(tmp_path: Path, when):
+    script, hosts, go = tmp_path / "train.py", tmp_path / "hosts", tmp_path / "go"
+    script.write_text(TRAIN)
+    hosts.write_text("127.0.0.1:3\n")
+    steps, kill, grow = 10, 3, 6
+    env = child_env({"ELASTIC_STEPS": str(steps), "ELASTIC_KILL": f"1:{kill}:{when}", "ELASTIC_GROW_STEP": str(grow),
+                     "ELASTIC_GO": str(go), "MXNET_KVSTORE_BIGARRAY_BOUND": "4", "PSKV_LOG_LEVEL": "INFO"})
+    with ProcessGroup("elastic") as group:
+        launcher = start_launch(group, ["-n", "2:4", "-s", "2", "--host-discovery-script", f"cat {hosts}",
+                                        "--discovery-interval", "0.1", "--respawn-cooldown", "3600", "--timeout", "80",
+                                        "--", sys.executable, str(script)], tmp_path, env)
+        launcher.expect("waiting at step 6", DEADLINE)
+        hosts.write_text("127.0.0.1:4\n")  # room for one more worker: slot 3 (slot 1's place still cools)
+        launcher.expect("worker slot 3 waits to join at the next commit", DEADLINE)
+        go.write_text("")
+        code = launcher.wait(DEADLINE)
+        text = launcher.output()
+    assert code == 0, text
+    assert "worker slot 1 on 127.0.0.1 was killed by SIGKILL: it left the job; 2 workers go on" in text, text
+    assert "started worker slot 3 on 127.0.0.1" in text and "started worker slot 4" not in text, text
+    record: dict[int, tuple[int, ...]] = {}
+    for line in text.splitlines():
+        if "committed step " in line:
+            step, members = line.split("committed step ", 1)[1].split(" members ")
+            seen = tuple(int(s) for s in members.split(","))
+            assert record.setdefault(int(step), seen) == seen, line  # every worker saw the same members
+    # slot 3 registered while rank 0 waited before step grow + 1: admitted at that step's commit
+    assert [record[s] for s in sorted(record)] == (
+        [(0, 1, 2)] * kill + [(0, 2)] * (grow + 1 - kill) + [(0, 2, 3)] * (steps - grow - 1)), record
+    finals = [line.split("final ", 1)[1].split() for line in text.splitlines() if "] final " in line]
+    assert sorted((int(slot), int(rank), int(size)) for slot, rank, size, _ in finals) == [(0, 0, 3), (2, 1, 3), (3, 2, 3)]
+    want = replay(record)
+    for *_, values in finals:
+        np.testing.assert_array_equal(np.array([float(v) for v in values.split(",")], np.float32), want)
+
+
+def test_below_min_workers_for_the_elastic_timeout_the_job_fails_with_the_reason(tmp_path: Path):
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    env = child_env({"ELASTIC_STEPS": "1000", "ELASTIC_KILL": "1:2:before", "ELASTIC_GROW_STEP": "-1",
+                     "ELASTIC_GO": str(tmp_path / "go")})
+    with ProcessGroup("elastic") as group:
+        launcher = start_launch(group, ["-n", "2:3", "-s", "1", "--host-discovery-script", "echo 127.0.0.1:2",
+                                        "--respawn-cooldown", "3600", "--elastic-timeout", "1", "--timeout", "60",
+                                        "--", sys.executable, str(script)], tmp_path, env)
+        code = launcher.wait(DEADLINE)
+        text = launcher.output()
+    assert code == 1, text
+    assert "worker slot 1 on 127.0.0.1 was killed by SIGKILL: it left the job; 1 workers go on (MIN 2, MAX 3)" in text
+    reason = "the elastic job failed: only 1 of at least 2 workers for 1 s (PSKV_ELASTIC_TIMEOUT)"
+    assert f"[worker 0] pskv.errors.NodeFailedError: {reason}" in text, text  # the worker's own error says why
+    assert f"[scheduler] pskv.errors.NodeFailedError: {reason}" in text, text  # and the scheduler's
+    # the launcher's line names the first to exit (the scheduler or worker 0) and the reason
+    assert re.search(rf"pskv launch: (worker 0|scheduler) on 127\.0\.0\.1 exited with code 1: {re.escape(reason)}; "
+                     "stopping the job", text), text
