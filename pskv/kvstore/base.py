@@ -243,6 +243,31 @@ class KVStoreBase(abc.ABC):
         """
         raise self._unsupported("restore_rows")
 
+    # -- an elastic job's calls (pskv launch -n MIN:MAX; the distributed stores') ---------
+    @property
+    def view(self) -> Any:
+        """An elastic job's membership view (:class:`~pskv.protocol.bodies.View`); None in every other job."""
+        return None
+
+    def commit(self) -> Any:
+        """An elastic job's commit (see :meth:`pskv.kvstore.dist_job.DistJob.commit`).
+
+        Raises:
+            NotSupportedError: the job is not elastic (the default).
+        """
+        raise NotSupportedError(f"commit() is for an elastic job (pskv launch -n MIN:MAX); this {self.type} "
+                                "store's job is not elastic")
+
+    def restore(self) -> Any:
+        """After :class:`~pskv.errors.MembershipChangedError`, an elastic job's restore (see
+        :meth:`pskv.kvstore.dist_job.DistJob.restore`).
+
+        Raises:
+            NotSupportedError: the job is not elastic (the default).
+        """
+        raise NotSupportedError(f"restore() is for an elastic job (pskv launch -n MIN:MAX); this {self.type} "
+                                "store's job is not elastic")
+
     def set_updater(self, updater: Callable[[Any, Any, Any], None]) -> None:
         """Install ``updater(key, merged, stored)`` (see the concrete store)."""
         raise self._unsupported("set_updater")

@@ -21,6 +21,7 @@ from pskv.config import ClusterConfig, Config
 from pskv.errors import NotSupportedError
 from pskv.kvstore.base import KVStoreBase
 from pskv.kvstore.dist import DistStore
+from pskv.kvstore.elastic import View
 from pskv.kvstore.engine import OpHandle
 from pskv.kvstore.keys import Key, as_key_list, pair_up
 from pskv.kvstore.types import StoreType
@@ -202,6 +203,19 @@ class BytePSStore(KVStoreBase):
     def set_barrier_before_exit(self, barrier_before_exit: bool = True) -> None:
         """Whether closing the store first waits at a barrier of all workers."""
         self._dist.set_barrier_before_exit(barrier_before_exit)
+
+    @property
+    def view(self) -> View | None:
+        """An elastic job's view (see :attr:`DistStore.view`)."""
+        return self._dist.view
+
+    def commit(self) -> View | None:
+        """An elastic job's commit (collective; see :meth:`DistStore.commit`)."""
+        return self._dist.commit()
+
+    def restore(self) -> View:
+        """An elastic job's restore after a departure (see :meth:`DistStore.restore`)."""
+        return self._dist.restore()
 
     def close(self) -> None:
         """Finish queued work, meet the other workers (unless disabled), leave the job."""

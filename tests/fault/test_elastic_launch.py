@@ -44,7 +44,7 @@ def gradient(slot, step):
     return np.array([((slot * 7 + step + i) % 13) - 6 for i in range(N)], np.float32)
 
 
-kv = pskv.create("dist_sync")
+kv = pskv.create(os.environ["ELASTIC_STORE"])
 slot = kv.view.members[kv.rank]
 kv.init("w", np.zeros(N, np.float32))
 kv.init("step", np.zeros(1, np.float32))
@@ -99,13 +99,14 @@ def replay(record: dict[int, tuple[int, ...]]) -> np.ndarray:
     return w
 
 
-@pytest.mark.parametrize("when", ["before", "after"])
-def test_a_killed_worker_leaves_the_job_and_an_added_one_joins_with_every_gradient_counted_once(tmp_path: Path, when):
+@pytest.mark.parametrize("store,when", [("dist_sync", "before"), ("dist_sync", "after"), ("dist_async", "after")])
+def test_a_killed_worker_leaves_the_job_and_an_added_one_joins_with_every_gradient_counted_once(tmp_path: Path, store,
+                                                                                               when):
     script, hosts, go = tmp_path / "train.py", tmp_path / "hosts", tmp_path / "go"
     script.write_text(TRAIN)
     hosts.write_text("127.0.0.1:3\n")
     steps, kill, grow = 10, 3, 6
-    env = child_env({"ELASTIC_STEPS": str(steps), "ELASTIC_KILL": f"1:{kill}:{when}", "ELASTIC_GROW_STEP": str(grow),
+    env = child_env({"ELASTIC_STORE": store, "ELASTIC_STEPS": str(steps), "ELASTIC_KILL": f"1:{kill}:{when}", "ELASTIC_GROW_STEP": str(grow),
                      "ELASTIC_GO": str(go), "MXNET_KVSTORE_BIGARRAY_BOUND": "4", "PSKV_LOG_LEVEL": "INFO"})
     with ProcessGroup("elastic") as group:
         launcher = start_launch(group, ["-n", "2:4", "-s", "2", "--host-discovery-script", f"cat {hosts}",
@@ -139,7 +140,7 @@ def test_a_killed_worker_leaves_the_job_and_an_added_one_joins_with_every_gradie
 def test_below_min_workers_for_the_elastic_timeout_the_job_fails_with_the_reason(tmp_path: Path):
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
-    env = child_env({"ELASTIC_STEPS": "1000", "ELASTIC_KILL": "1:2:before", "ELASTIC_GROW_STEP": "-1",
+    env = child_env({"ELASTIC_STORE": "dist_sync", "ELASTIC_STEPS": "1000", "ELASTIC_KILL": "1:2:before", "ELASTIC_GROW_STEP": "-1",
                      "ELASTIC_GO": str(tmp_path / "go")})
     with ProcessGroup("elastic") as group:
         launcher = start_launch(group, ["-n", "2:3", "-s", "1", "--host-discovery-script", "echo 127.0.0.1:2",
@@ -155,3 +156,59 @@ def test_below_min_workers_for_the_elastic_timeout_the_job_fails_with_the_reason
     # the launcher's line names the first to exit (the scheduler or worker 0) and the reason
     assert re.search(rf"pskv launch: (worker 0|scheduler) on 127\.0\.0\.1 exited with code 1: {re.escape(reason)}; "
                      "stopping the job", text), text
+
+
+BYTEPS = '''
+import os, signal
+import numpy as np
+import pskv
+from pskv.errors import MembershipChangedError
+
+LR, N, STEPS = 2.0 ** -6, 8, 6
+
+
+def gradient(slot, step):
+    return np.array([((slot * 7 + step + i) % 13) - 6 for i in range(N)], np.float32)
+
+
+kv = pskv.create("byteps")  # the servers sum; the program keeps the weights and commits them with the job
+slot = kv.view.members[kv.rank]
+w = np.zeros(N, np.float32)
+kv.commit()
+saved, done = w.copy(), 0
+while done < STEPS:
+    try:
+        if (slot, done) == (1, 3):
+            os.kill(os.getpid(), signal.SIGKILL)
+        members = kv.view.members
+        g = gradient(slot, done)
+        kv.pushpull("g", g, out=g)
+        w -= np.float32(LR) * g
+        kv.commit()
+        done, saved = done + 1, w.copy()
+        print(f"committed step {done} members {','.join(map(str, members))}", flush=True)
+    except MembershipChangedError:
+        kv.restore()
+        w = saved.copy()
+kv.barrier()
+print("final", slot, kv.rank, kv.num_workers, ",".join(repr(float(x)) for x in w), flush=True)
+kv.close()
+'''
+
+
+def test_a_byteps_jobs_workers_keep_their_weights_through_a_departure(tmp_path: Path):
+    script = tmp_path / "train.py"
+    script.write_text(BYTEPS)
+    with ProcessGroup("elastic") as group:
+        launcher = start_launch(group, ["-n", "2:3", "-s", "2", "--respawn-cooldown", "3600", "--timeout", "60",
+                                        "--", sys.executable, str(script)], tmp_path, child_env())
+        code = launcher.wait(DEADLINE)
+        text = launcher.output()
+    assert code == 0, text
+    record = {int(step): tuple(int(s) for s in members.split(",")) for step, members in
+              re.findall(r"committed step (\d+) members ([\d,]+)", text)}
+    assert [record[s] for s in sorted(record)] == [(0, 1, 2)] * 3 + [(0, 2)] * 3, record
+    finals = re.findall(r"\] final (\d+) (\d+) (\d+) (\S+)", text)
+    assert sorted((int(a), int(b), int(c)) for a, b, c, _ in finals) == [(0, 0, 2), (2, 1, 2)], text
+    for *_, values in finals:
+        np.testing.assert_array_equal(np.array([float(v) for v in values.split(",")], np.float32), replay(record))
