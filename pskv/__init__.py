@@ -84,6 +84,7 @@ from pskv.kvstore import (
     create,
     known_types,
 )
+from pskv.kvstore.elastic import WorkerDrained
 
 __version__ = "0.1.0"
 
@@ -122,6 +123,7 @@ __all__ = [
     "TransportError",
     "UnknownKeyError",
     "UnsupportedValueError",
+    "WorkerDrained",
     "__version__",
     "create",
     "known_types",

@@ -30,6 +30,7 @@ is None, and nothing of this runs on any other call.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
@@ -39,7 +40,23 @@ from pskv.kvstore.engine import Engine
 from pskv.worker import KeyLayout, KVWorker
 from pskv.worker.elastic import COMMIT_MEETING, COMMITTED_MEETING, View
 
-__all__ = ["ElasticJob", "FixedJob", "Placed", "View", "elastic_job"]
+log = logging.getLogger("pskv.worker")
+
+__all__ = ["ElasticJob", "FixedJob", "Placed", "View", "WorkerDrained", "elastic_job"]
+
+
+class WorkerDrained(SystemExit):
+    """Raised by ``kv.commit()`` on a worker the launcher drained (its host left the job's hosts): the
+    commit is done, the store has left the job, and the process ends with exit code 0 unless the
+    program catches it (a drained worker is not a failure; the others go on without it)."""
+
+    def __init__(self, slot: int, commit: int) -> None:
+        super().__init__(0)
+        self.slot = slot
+        self.commit = commit
+
+    def __str__(self) -> str:
+        return f"worker slot {self.slot} was drained at commit {self.commit}"
 
 
 class Placed(Protocol):
@@ -51,6 +68,8 @@ class Placed(Protocol):
     def _placed(self, rank: int, num_workers: int) -> None: ...
 
     def _meet(self, name: str, failure: BaseException | None) -> None: ...
+
+    def _leave(self, wait: bool, timeout: float) -> None: ...
 
 
 class FixedJob:
@@ -131,6 +150,10 @@ class ElasticJob(FixedJob):
         store._meet(COMMITTED_MEETING, failure)
         self.joining = False
         view = self._views.committed(n)
+        if view is not None and self._views.slot not in view.members:  # drained: this worker's part is done
+            log.info("worker slot %d: drained at commit %d (%s); leaving the job", self._views.slot, n, view.cause)
+            store._leave(False, self._timeout)
+            raise WorkerDrained(self._views.slot, n)
         if view is not None:
             self._adopt(store, view, layouts)
         return view

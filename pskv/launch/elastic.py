@@ -75,6 +75,7 @@ class ElasticWorkers:
         self._cooling: list[tuple[float, str]] = []  # (until, host): a departed worker's place
         self._next_slot = 0
         self._ending = False  # a worker exited 0: the job is ending, nothing more starts
+        self._draining: set[int] = set()  # slots asked to leave at the next commit
         self._start: Callable[[int], None] | None = None
         self._roster: RosterClient | None = None
 
@@ -89,6 +90,12 @@ class ElasticWorkers:
         """Worker ``spec`` exited: True if it is a departure the job goes on without (see the module)."""
         slot = spec.rank if spec.rank is not None else -1
         host = self.live.pop(slot, None)
+        if slot in self._draining:
+            self._draining.discard(slot)
+            if returncode == 0:  # it left at a commit, as asked
+                self._note(f"worker slot {slot} on {spec.host} was drained: it left the job at a commit; "
+                           f"{len(self.live)} workers go on")
+                return True
         if returncode == 0:
             self._ending = True
             return False
@@ -110,10 +117,24 @@ class ElasticWorkers:
         free = self._discovery.slots()
         for host in list(self.live.values()) + [host for _, host in self._cooling]:
             free[host] = free.get(host, 0) - 1
+        self._drain(free)
         for host in _places({h: n for h, n in free.items() if n > 0}, self.max_workers - len(self.live)):
             self._launch(host)
             self._note(f"started worker slot {self._next_slot - 1} on {host}: it joins at the next commit "
                        f"({len(self.live)} workers)")
+
+    def _drain(self, free: dict[str, int]) -> None:
+        """Ask the scheduler to remove the newest workers of hosts that have fewer slots than workers now."""
+        for slot in self._draining:  # asked before: their places count as free already
+            free[self.live[slot]] += 1
+        for slot in sorted(self.live, reverse=True):
+            host = self.live[slot]
+            if free.get(host, 0) < 0 and slot not in self._draining:
+                free[host] += 1
+                self._draining.add(slot)
+                if self._roster is not None:
+                    self._roster.report("drain", slot)
+                self._note(f"{host} has fewer slots now: worker slot {slot} is drained at the next commit")
 
     def _launch(self, host: str) -> None:
         assert self._start is not None

@@ -137,6 +137,34 @@ def test_a_killed_worker_leaves_the_job_and_an_added_one_joins_with_every_gradie
         np.testing.assert_array_equal(np.array([float(v) for v in values.split(",")], np.float32), want)
 
 
+def test_a_host_that_shrinks_has_a_worker_drained_at_a_commit_without_voiding_any_work(tmp_path: Path):
+    script, hosts, go = tmp_path / "train.py", tmp_path / "hosts", tmp_path / "go"
+    script.write_text(TRAIN)
+    hosts.write_text("127.0.0.1:3\n")
+    steps, shrink = 8, 4
+    env = child_env({"ELASTIC_STORE": "dist_sync", "ELASTIC_STEPS": str(steps), "ELASTIC_KILL": "9:0:before",
+                     "ELASTIC_GROW_STEP": str(shrink), "ELASTIC_GO": str(go), "MXNET_KVSTORE_BIGARRAY_BOUND": "4"})
+    with ProcessGroup("elastic") as group:
+        launcher = start_launch(group, ["-n", "2:3", "-s", "2", "--host-discovery-script", f"cat {hosts}",
+                                        "--discovery-interval", "0.1", "--timeout", "60",
+                                        "--", sys.executable, str(script)], tmp_path, env)
+        launcher.expect(f"waiting at step {shrink}", DEADLINE)
+        hosts.write_text("127.0.0.1:2\n")
+        launcher.expect("127.0.0.1 has fewer slots now: worker slot 2 is drained at the next commit", DEADLINE)
+        go.write_text("")
+        code = launcher.wait(DEADLINE)
+        text = launcher.output()
+    assert code == 0, text
+    assert "worker slot 2 on 127.0.0.1 was drained: it left the job at a commit; 2 workers go on" in text, text
+    assert "restore at step" not in text, text  # a drain voids nothing
+    record = {int(step): tuple(int(s) for s in members.split(",")) for step, members in
+              re.findall(r"committed step (\d+) members ([\d,]+)", text)}
+    assert [record[s] for s in sorted(record)] == [(0, 1, 2)] * (shrink + 1) + [(0, 1)] * (steps - shrink - 1), record
+    finals = re.findall(r"\] final (\d+) (\d+) (\d+) (\S+)", text)
+    assert sorted((int(a), int(b), int(c)) for a, b, c, _ in finals) == [(0, 0, 2), (1, 1, 2)], text
+    for *_, values in finals:
+        np.testing.assert_array_equal(np.array([float(v) for v in values.split(",")], np.float32), replay(record))
+
 def test_below_min_workers_for_the_elastic_timeout_the_job_fails_with_the_reason(tmp_path: Path):
     script = tmp_path / "train.py"
     script.write_text(TRAIN)

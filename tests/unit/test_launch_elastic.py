@@ -160,3 +160,21 @@ def test_fewer_discovered_slots_than_min_is_a_launch_error():
         assert config.num_workers == 4 and isinstance(workers, ElasticWorkers)
     finally:
         workers.close()
+
+
+def test_a_host_with_fewer_slots_has_its_newest_workers_drained_once_and_their_exit_0_is_no_end():
+    found, notes = Found({"a": 3}), []
+    workers = ElasticWorkers(1, 4, found, found.slots(), 0.0, notes.append)  # type: ignore[arg-type]
+    workers._start = lambda slot: None
+    for host in workers._first:
+        workers._launch(host)
+    found.hosts = {"a": 1}
+    workers.tick()
+    workers.tick()  # asked once only
+    assert workers._draining == {1, 2} and [n for n in notes if "drained at the next commit" in n] == [
+        "a has fewer slots now: worker slot 2 is drained at the next commit",
+        "a has fewer slots now: worker slot 1 is drained at the next commit"]
+    assert workers.departed(spec(2), 0, "exited 0")  # drained: not the job's end
+    assert "worker slot 2 on 127.0.0.1 was drained: it left the job at a commit; 2 workers go on" in notes[-1]
+    workers.tick()
+    assert workers._draining == {1} and len(workers.live) == 2
