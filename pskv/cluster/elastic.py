@@ -368,8 +368,10 @@ class ElasticViews(FixedViews):
                 self._admit(waiting[0], waiting[1], slot)
 
     def _log(self, view: View) -> None:
-        self._change = describe(view, self.roster.history[-1][1])
-        log.log(logging.WARNING if view.voids else logging.INFO, "scheduler: %s", self._change)
+        detail = self.roster.history[-1][1]
+        self._change = describe(view, detail)
+        quiet = not view.voids or detail.endswith(" left the job")  # a member that closed its store: the job's end
+        log.log(logging.INFO if quiet else logging.WARNING, "scheduler: %s", self._change)
 
 
 def views_for(cluster: ClusterConfig, send: Send, admit: Callable[[bytes, Header, int], None]) -> FixedViews:

@@ -65,6 +65,14 @@ class Residuals:
     def clear(self) -> None:
         self._of.clear()
 
+    def copy(self) -> dict[tuple[Any, int], np.ndarray[Any, Any]]:
+        """A copy of every residual (an elastic job's commit keeps one)."""
+        return {where: res.copy() for where, res in self._of.items()}
+
+    def reset(self, kept: dict[tuple[Any, int], np.ndarray[Any, Any]]) -> None:
+        """Every residual back to ``kept`` (a :meth:`copy`; one made since is zero again)."""
+        self._of = {where: res.copy() for where, res in kept.items()}
+
     def __len__(self) -> int:
         return len(self._of)
 

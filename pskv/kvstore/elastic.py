@@ -154,6 +154,7 @@ class ElasticJob(FixedJob):
             log.info("worker slot %d: drained at commit %d (%s); leaving the job", self._views.slot, n, view.cause)
             store._leave(False, self._timeout)
             raise WorkerDrained(self._views.slot, n)
+        self._worker.compression.committed()
         if view is not None:
             self._adopt(store, view, layouts)
         return view
@@ -167,6 +168,7 @@ class ElasticJob(FixedJob):
             self._engine.wait_all(None, 0)  # their errors were the change's: not reported again by a later call
         except Exception:  # noqa: BLE001 - MembershipChangedError, or what a rolled-back server answered
             pass
+        self._worker.compression.restored()
         self._adopt(store, view, layouts)
         return view
 

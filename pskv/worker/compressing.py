@@ -126,6 +126,7 @@ class NoCompression:
     def __init__(self) -> None:
         self._own: dict[int, KeyCompression] = {}  # server key -> the compression it was initialised with
         self._by: dict[Compressor, KeyCompression] = {}  # one per distinct compression (its messages, its threads)
+        self._kept: list[tuple[KeyCompression, dict[Any, np.ndarray[Any, Any]]]] = []  # the residuals at the last commit
 
     @property
     def params(self) -> dict[str, Any]:
@@ -147,6 +148,20 @@ class NoCompression:
     def _covers(self, rec: KeyLayout, summed: bool) -> bool:
         """Whether the store's compression covers a new key (no: there is none)."""
         return False
+
+    def _compressions(self) -> list[KeyCompression]:
+        return list(self._by.values())
+
+    def committed(self) -> None:
+        """An elastic job's commit: keep a copy of every residual, which :meth:`restored` puts back (call it
+        between operations: compressing pushes change them)."""
+        self._kept = [(c, c.residuals.copy()) for c in self._compressions()]
+
+    def restored(self) -> None:
+        """An elastic job's restore: every residual as at the last commit (the voided steps' never happened)."""
+        kept = {id(c): res for c, res in self._kept}
+        for compression in self._compressions():
+            compression.residuals.reset(kept.get(id(compression), {}))
 
     def _sender(self, rec: KeyLayout) -> KeyCompression | None:
         """The compression of a key whose pushes are compressed."""
@@ -226,6 +241,9 @@ class PushCompression(NoCompression):
 
     def _sender(self, rec: KeyLayout) -> KeyCompression | None:
         return self._own.get(rec.skey, self._store)
+
+    def _compressions(self) -> list[KeyCompression]:
+        return [self._store, *self._by.values()]
 
     def pull_groups(self, layouts: Sequence[KeyLayout]) -> list[tuple[Sequence[KeyLayout], bool]]:
         """``both_ways``: the store's compressed keys (their replies come compressed), then the others."""

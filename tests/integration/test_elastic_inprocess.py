@@ -156,3 +156,28 @@ def test_a_job_that_is_not_elastic_refuses_commit_and_restore_and_has_no_view():
             kv.restore()
     finally:
         kv.close()
+
+
+def test_a_departure_puts_the_workers_compression_residuals_back_to_the_last_commit():
+    # 2-bit compression keeps what each push left out (its residual) and sends it with the next one: a
+    # voided step's push must leave no trace there either, or the redone step would send it twice
+    from pskv.compression import create as compressor
+
+    twobit = {"type": "2bit", "threshold": 2.0}
+
+    def fn(kv):
+        kv.set_gradient_compression(twobit)
+        return train(kv, STEPS, leave=(2, 3, "after"))
+
+    results = run(3, fn)
+    (w0, record, *_), (w1, *_) = results[:2]
+    assert [members for _, members in record] == [(0, 1, 2)] * 3 + [(0, 1)] * (STEPS - 3)
+    quantize, residuals = compressor(twobit), {s: np.zeros(N, np.float32) for s in (0, 1, 2)}
+    w = np.zeros(N, np.float32)
+    for step, members in record:  # what each member's compressed push of the step decodes to, summed
+        total = np.zeros(N, np.float32)
+        for s in members:
+            total += quantize.decompress(quantize.compress(gradient(s, step - 1), residuals[s]), N)
+        w -= np.float32(LR) * total
+    np.testing.assert_array_equal(w0, w1)
+    np.testing.assert_array_equal(w0, w)
