@@ -38,7 +38,7 @@ __all__ = ["FIXED", "ElasticWorkers", "FixedWorkers", "Workers", "workers_of"]
 class FixedWorkers:
     """A job of a fixed number of workers: a worker's failure is the job's."""
 
-    def begin(self, start: Callable[[int], None], address: str, token: str, curve_key_file: str) -> None:
+    def begin(self, start: Start, address: str, token: str, curve_key_file: str) -> None:
         pass
 
     def departed(self, spec: ProcessSpec, returncode: int, what: str) -> bool:
@@ -72,15 +72,16 @@ class ElasticWorkers:
         self._note = note
         self._clock = clock
         self.live: dict[int, str] = {}  # slot -> the host (discovered name) it runs on
+        self._local: dict[int, int] = {}  # slot -> its local rank on its host (PSKV_LOCAL_RANK)
         self._cooling: list[tuple[float, str]] = []  # (until, host): a departed worker's place
         self._next_slot = 0
         self._ending = False  # a worker exited 0: the job is ending, nothing more starts
         self._draining: set[int] = set()  # slots asked to leave at the next commit
-        self._start: Callable[[int], None] | None = None
+        self._start: Start | None = None
         self._roster: RosterClient | None = None
 
-    def begin(self, start: Callable[[int], None], address: str, token: str, curve_key_file: str) -> None:
-        """Start the first workers (``start(slot)``) once the scheduler listens at ``address``; its launch
+    def begin(self, start: Start, address: str, token: str, curve_key_file: str) -> None:
+        """Start the first workers (``start(slot, host, local rank)``) once the scheduler listens at ``address``; its launch
         ``token`` goes with every report of an exit."""
         self._start, self._roster = start, RosterClient(address, token, curve_key_file)
         for host in self._first:
@@ -140,8 +141,10 @@ class ElasticWorkers:
         assert self._start is not None
         slot = self._next_slot
         self._next_slot += 1
+        taken = {self._local[s] for s, h in self.live.items() if h == host}
+        self._local[slot] = next(i for i in range(len(taken) + 1) if i not in taken)  # the lowest free one
         self.live[slot] = host
-        self._start(slot)
+        self._start(slot, host, self._local[slot])
 
     def close(self) -> None:
         self._discovery.stop()
@@ -150,11 +153,14 @@ class ElasticWorkers:
 
 
 Workers = FixedWorkers | ElasticWorkers
+Start = Callable[[int, str, int], None]  # starts worker (slot, host, local rank)
 FIXED = FixedWorkers()  # every job's but an elastic one's (it keeps no state)
 
 
-def workers_of(config: LaunchConfig, note: Callable[[str], None]) -> tuple[LaunchConfig, Workers]:
+def workers_of(config: LaunchConfig, note: Callable[[str], None],
+               hosts: dict[str, int] | None = None) -> tuple[LaunchConfig, Workers]:
     """``config`` with the number of workers to start first, and its workers: :data:`FIXED` unless elastic.
+    Without a discovery script the workers' hosts are ``hosts`` ({name: slots}; default this machine, MAX slots).
 
     Raises:
         LaunchError: the discovery script failed, or named fewer than MIN slots.
@@ -162,7 +168,7 @@ def workers_of(config: LaunchConfig, note: Callable[[str], None]) -> tuple[Launc
     if not config.elastic:
         return config, FIXED
     discovery = HostDiscovery(config.host_discovery_script, config.discovery_interval,
-                              {"127.0.0.1": config.max_workers}, note)
+                              hosts or {"127.0.0.1": config.max_workers}, note)
     hosts = discovery.start()
     first = min(config.max_workers, sum(max(0, n) for n in hosts.values()))
     if first < config.min_workers:
@@ -174,6 +180,7 @@ def workers_of(config: LaunchConfig, note: Callable[[str], None]) -> tuple[Launc
 
 
 def _places(hosts: dict[str, int], count: int) -> list[str]:
-    """Up to ``count`` places on ``hosts`` ({host: free slots}), filling each host in turn."""
-    places = [host for host, slots in hosts.items() for _ in range(max(0, slots))]
-    return places[:max(0, count)]
+    """Up to ``count`` places on ``hosts`` ({host: free slots}), round-robin over the hosts (as the fixed
+    placement: :func:`pskv.launch.ssh.place`)."""
+    order = [host for r in range(max(hosts.values(), default=0)) for host, slots in hosts.items() if slots > r]
+    return order[:max(0, count)]

@@ -117,7 +117,7 @@ def run_local(config: LaunchConfig, console: Console) -> int:
                     console.note(note)
                 for spec in local_specs(config, port):
                     supervisor.start(spec)
-                workers.begin(lambda slot: supervisor.start(worker_spec(config, config.layout(LOOPBACK, port), slot)),
+                workers.begin(lambda slot, _, __: supervisor.start(worker_spec(config, config.layout(LOOPBACK, port), slot)),
                               f"tcp://{LOOPBACK}:{port}", config.launch_token, config.curve_key_file)
         except LaunchError as exc:
             supervisor.abort(str(exc))

@@ -38,6 +38,7 @@ per-host command (``srun``, ``mpirun``: :mod:`pskv.launch.mpi`).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shlex
 from collections.abc import Callable, Sequence
@@ -46,13 +47,23 @@ from pskv.config import omp_num_threads_set, slurm_allocation
 from pskv.errors import InvalidArgumentError, LaunchError
 from pskv.launch.config import DEFAULT_SSH_PORT, LaunchConfig
 from pskv.launch.console import Console
-from pskv.launch.contract import ProcessSpec, contract_env, env_argv, omp_note, port_beside, role_argv, with_workers
+from pskv.launch.contract import (
+    JobLayout,
+    ProcessSpec,
+    contract_env,
+    env_argv,
+    omp_note,
+    port_beside,
+    role_argv,
+    with_workers,
+)
+from pskv.launch.elastic import workers_of
 from pskv.launch.on_host import publish_address
 from pskv.launch.ssh import Host, place, read_hostfile
 from pskv.launch.supervisor import Supervisor
 
 __all__ = ["Stop", "Wrap", "allocation_hosts", "run_slurm", "run_steps", "scancel_argv", "srun_argv", "step_name",
-           "step_specs"]
+           "step_specs", "worker_step"]
 
 Wrap = Callable[[Host, Sequence[str]], list[str]]  # (host, the process's env argv) -> the command run here
 Stop = Callable[[ProcessSpec], Sequence[str]]  # a process -> the command that asks it to stop ('': SIGTERM)
@@ -107,16 +118,14 @@ def allocation_hosts(config: LaunchConfig) -> list[Host]:
 
 def step_specs(config: LaunchConfig, hosts: Sequence[Host], server_hosts: Sequence[Host] | None,
                wrap: Wrap) -> list[ProcessSpec]:
-    """The scheduler (unless ``-s 0``), servers and workers placed on ``hosts``, each run as ``wrap(host, argv)``."""
+    """The scheduler (unless ``-s 0``), servers and workers placed on ``hosts``, each run as ``wrap(host, argv)``
+    (an elastic job's workers: none, :class:`~pskv.launch.elastic.ElasticWorkers` starts them)."""
     where = place(hosts, config.num_servers, config.num_workers, server_hosts)
-    port = DEFAULT_SSH_PORT if config.port is None else config.port
-    layout = with_workers(config.layout(where.scheduler.address, port), [h.address for h, _ in where.workers],
-                          port_beside(port))
+    layout = _layout(config, where.scheduler, [h.address for h, _ in where.workers])
 
     def spec(role: str, rank: int | None, host: Host, env: dict[str, str], command: Sequence[str]) -> ProcessSpec:
         argv = env_argv(env, config.env, command)
-        return ProcessSpec(role, rank, host.address, tuple(wrap(host, argv if role == "worker"
-                                                               else [*_USR1_IGNORED, *argv])))
+        return ProcessSpec(role, rank, host.address, tuple(wrap(host, [*_USR1_IGNORED, *argv])))
 
     specs = []
     if config.num_servers:
@@ -126,10 +135,23 @@ def step_specs(config: LaunchConfig, hosts: Sequence[Host], server_hosts: Sequen
     for rank, host in enumerate(where.servers):
         specs.append(spec("server", rank, host, contract_env(layout, "server", host.address, rank),
                           role_argv(config.python, "server")))
-    for rank, (host, local_rank) in enumerate(where.workers):
-        specs.append(spec("worker", rank, host, contract_env(layout, "worker", host.address, rank, local_rank),
-                          config.command))
+    for rank, (host, local_rank) in enumerate(() if config.elastic else where.workers):
+        specs.append(worker_step(config, layout, wrap, rank, host, local_rank))
     return specs
+
+
+def _layout(config: LaunchConfig, scheduler: Host, worker_hosts: Sequence[str]) -> JobLayout:
+    """The job's layout for a scheduler on ``scheduler``; the torchrun variables unless elastic (no fixed ranks)."""
+    port = DEFAULT_SSH_PORT if config.port is None else config.port
+    layout = config.layout(scheduler.address, port)
+    return layout if config.elastic else with_workers(layout, worker_hosts, port_beside(port))
+
+
+def worker_step(config: LaunchConfig, layout: JobLayout, wrap: Wrap, rank: int, host: Host,
+                local_rank: int) -> ProcessSpec:
+    """Worker ``rank`` (an elastic job's: its slot) on ``host``, run as ``wrap(host, argv)``."""
+    env = contract_env(layout, "worker", host.address, rank, local_rank)
+    return ProcessSpec("worker", rank, host.address, tuple(wrap(host, env_argv(env, config.env, config.command))))
 
 
 def run_steps(config: LaunchConfig, console: Console, hosts: Sequence[Host], wrap: Wrap, launcher: str,
@@ -143,12 +165,17 @@ def run_steps(config: LaunchConfig, console: Console, hosts: Sequence[Host], wra
         InvalidArgumentError: the server hostfile is unreadable or malformed (nothing started).
     """
     server_hosts = read_hostfile(config.server_hostfile, "server hostfile") if config.server_hostfile else None
+    config, workers = workers_of(config, console.note, {h.name: h.slots for h in hosts})
     specs = step_specs(config, hosts, server_hosts, wrap)
     port = DEFAULT_SSH_PORT if config.port is None else config.port
     console.started(config.num_workers, config.num_servers,
                     f"{specs[0].host}:{port}" if config.num_servers else "no host (-s 0: workers only)", launcher)
-    with Supervisor(console, stop_grace=config.stop_grace, exit_grace=config.exit_grace, timeout=config.timeout,
-                    worker_restarts=config.worker_restarts) as supervisor:
+    with contextlib.closing(workers), Supervisor(console, stop_grace=config.stop_grace, exit_grace=config.exit_grace,
+                                                 timeout=config.timeout, worker_restarts=config.worker_restarts,
+                                                 workers=workers) as supervisor:
+        def start(spec: ProcessSpec) -> None:
+            supervisor.start(spec, stop(spec) if stop is not None else ())
+
         try:
             if config.num_servers:
                 publish_address(config, console, f"{specs[0].host}:{port}")
@@ -156,7 +183,10 @@ def run_steps(config: LaunchConfig, console: Console, hosts: Sequence[Host], wra
             if note:
                 console.note(note)
             for spec in specs:
-                supervisor.start(spec, stop(spec) if stop is not None else ())
+                start(spec)
+            layout = _layout(config, hosts[0], ())
+            workers.begin(lambda slot, host, local: start(worker_step(config, layout, wrap, slot, Host(host), local)),
+                          f"tcp://{specs[0].host}:{port}", config.launch_token, config.curve_key_file)
         except LaunchError as exc:
             supervisor.abort(str(exc))
         return supervisor.run()

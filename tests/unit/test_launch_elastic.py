@@ -39,7 +39,7 @@ def test_n_min_max_makes_an_elastic_job_starting_max_workers():
     ({"worker_restarts": 1}, "--restart-workers does not go with an elastic job"),
     ({"num_servers": 0}, "-s 0 does not go with an elastic job"),
     ({"max_restarts": 2}, "--max-restarts does not go with an elastic job"),
-    ({"launcher": "ssh", "hostfile": "h"}, "runs with the local launcher only so far, not --launcher ssh"),
+    ({"launcher": "ssh", "hostfile": "h"}, "runs with --launcher local or slurm so far, not --launcher ssh"),
     ({"elastic_timeout": 0}, "--elastic-timeout must be > 0 seconds"),
     ({"respawn_cooldown": -1}, "--respawn-cooldown must be >= 0 seconds"),
     ({"max_workers": 0, "min_workers": 0, "host_discovery_script": "x"}, "--host-discovery-script needs an elastic job"),
@@ -122,17 +122,17 @@ def test_the_plan_starts_fresh_slots_up_to_max_and_keeps_a_departed_place_cool()
     found = Found({"a": 2, "b": 1})
     workers = ElasticWorkers(1, 4, found, found.slots(), 10.0, notes.append, clock=lambda: now[0])  # type: ignore[arg-type]
     workers._roster = None  # no scheduler here: reports are not sent
-    workers._start = started.append
+    workers._start = lambda slot, host, local: started.append(slot)
     for host in workers._first:
         workers._launch(host)
-    assert started == [0, 1, 2] and workers.live == {0: "a", 1: "a", 2: "b"}
-    assert workers.departed(spec(1), -9, "was killed by SIGKILL")  # a departure: the job goes on
-    assert "worker slot 1 on 127.0.0.1 was killed by SIGKILL: it left the job; 2 workers go on" in notes[-1]
+    assert started == [0, 1, 2] and workers.live == {0: "a", 1: "b", 2: "a"}  # round-robin over the hosts
+    assert workers.departed(spec(2), -9, "was killed by SIGKILL")  # a departure: the job goes on
+    assert "worker slot 2 on 127.0.0.1 was killed by SIGKILL: it left the job; 2 workers go on" in notes[-1]
     workers.tick()
-    assert started == [0, 1, 2]  # slot 1's place on a cools
+    assert started == [0, 1, 2]  # slot 2's place on a cools
     now[0] = 11.0
     workers.tick()
-    assert started == [0, 1, 2, 3] and workers.live[3] == "a"  # a fresh slot, never 1 again
+    assert started == [0, 1, 2, 3] and workers.live[3] == "a"  # a fresh slot, never 2 again
     found.hosts = {"a": 2, "b": 1, "c": 5}
     workers.tick()
     assert started == [0, 1, 2, 3, 4] and len(workers.live) == 4  # MAX
@@ -145,7 +145,7 @@ def test_the_plan_starts_fresh_slots_up_to_max_and_keeps_a_departed_place_cool()
 def test_the_last_workers_failure_is_the_jobs_and_a_fixed_job_has_no_departures():
     found = Found({"a": 1})
     workers = ElasticWorkers(1, 2, found, found.slots(), 0.0, print)  # type: ignore[arg-type]
-    workers._start = lambda slot: None
+    workers._start = lambda *started: None
     workers._launch("a")
     assert not workers.departed(spec(0), 1, "exited with code 1")  # nobody left to go on
     assert not FIXED.departed(spec(0), 1, "exited with code 1")
@@ -165,7 +165,7 @@ def test_fewer_discovered_slots_than_min_is_a_launch_error():
 def test_a_host_with_fewer_slots_has_its_newest_workers_drained_once_and_their_exit_0_is_no_end():
     found, notes = Found({"a": 3}), []
     workers = ElasticWorkers(1, 4, found, found.slots(), 0.0, notes.append)  # type: ignore[arg-type]
-    workers._start = lambda slot: None
+    workers._start = lambda *started: None
     for host in workers._first:
         workers._launch(host)
     found.hosts = {"a": 1}
