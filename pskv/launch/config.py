@@ -241,9 +241,8 @@ def _elastic_problems(config: LaunchConfig) -> Iterator[str]:
                        ("--max-restarts", config.max_restarts), ("-s 0", config.num_servers == 0)):
         if used:
             yield f"{flag} does not go with an elastic job (-n MIN:MAX): its servers keep the model as workers come and go"
-    if config.launcher not in ("local", "slurm"):
-        yield (f"an elastic job (-n MIN:MAX) runs with --launcher local or slurm so far, not --launcher "
-               f"{config.launcher}")
+    if config.launcher == "mpi":
+        yield "an elastic job (-n MIN:MAX) runs with --launcher local, ssh or slurm, not mpi (mpirun's ranks are fixed)"
     for flag, value in (("--discovery-interval", config.discovery_interval), ("--elastic-timeout", config.elastic_timeout)):
         if not value > 0:
             yield f"{flag} must be > 0 seconds, got {value:g}"

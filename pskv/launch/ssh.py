@@ -25,6 +25,7 @@ process group ends too, instead of running on until its next write fails.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -39,12 +40,22 @@ from pskv.config import omp_num_threads_set
 from pskv.errors import InvalidArgumentError, LaunchError
 from pskv.launch.config import DEFAULT_SSH_PORT, LaunchConfig
 from pskv.launch.console import Console
-from pskv.launch.contract import ProcessSpec, contract_env, env_argv, omp_note, port_beside, role_argv, with_workers
+from pskv.launch.contract import (
+    JobLayout,
+    ProcessSpec,
+    contract_env,
+    env_argv,
+    omp_note,
+    port_beside,
+    role_argv,
+    with_workers,
+)
+from pskv.launch.elastic import workers_of
 from pskv.launch.on_host import publish_address
 from pskv.launch.supervisor import Supervisor, describe_exit, guard_argv
 
 __all__ = ["Host", "HostCheck", "Placement", "check_hosts", "parse_host_list", "parse_hostfile", "read_hostfile", "place", "ssh_argv",
-           "ssh_specs", "run_ssh"]
+           "ssh_layout", "ssh_specs", "ssh_worker", "run_ssh"]
 
 _CHECK_MARK = "pskv-check:"  # starts the preflight's own lines (a login banner may come before them)
 _CHECK_OUTPUT = 16384  # bytes of a host's preflight output kept (the last ones)
@@ -183,37 +194,51 @@ def ssh_argv(host: Host, cwd: str, argv: Sequence[str], ssh_command: str = "ssh"
 
 def ssh_specs(config: LaunchConfig, hosts: Sequence[Host], server_hosts: Sequence[Host] | None = None,
               pythons: Mapping[str, str] | None = None) -> list[ProcessSpec]:
-    """The scheduler, servers and workers of a job on ``hosts`` (servers on ``server_hosts`` if given), in start order.
+    """The scheduler, servers and workers of a job on ``hosts`` (servers on ``server_hosts`` if given), in start order
+    (an elastic job's workers: none, :class:`~pskv.launch.elastic.ElasticWorkers` starts them: :func:`ssh_worker`).
 
     ``pythons``: host name -> the interpreter to use there (:func:`check_hosts`' choice) for the
     guard, the roles and a worker command whose program is a bare ``python`` / ``python3``;
     a host not in it uses ``config.python`` (and the worker command runs as given).
     """
     where = place(hosts, config.num_servers, config.num_workers, server_hosts)
-    port = DEFAULT_SSH_PORT if config.port is None else config.port
-    layout = with_workers(config.layout(where.scheduler.address, port), [h.address for h, _ in where.workers],
-                          port_beside(port))
+    layout = ssh_layout(config, where.scheduler, [h.address for h, _ in where.workers])
     chosen = pythons or {}
-
-    def spec(role: str, rank: int | None, host: Host, env: dict[str, str], command: Sequence[str] | None) -> ProcessSpec:
-        python = chosen.get(host.name, config.python)
-        if command is None:  # a pskv role
-            command = role_argv(python, role)
-        elif host.name in chosen and command[0] in ("python", "python3"):  # the login shell's may lack pskv
-            command = [python, *command[1:]]
-        guarded = guard_argv(python, role, config.stop_grace, config.exit_grace, inline=True)
-        return ProcessSpec(role, rank, host.address, tuple(ssh_argv(host, config.cwd,
-                                                                   guarded + env_argv(env, config.env, command),
-                                                                   config.ssh_command)))
-
-    specs = [spec("scheduler", None, where.scheduler, contract_env(layout, "scheduler", where.scheduler.address),
-                  None)] if config.num_servers else []  # -s 0: workers only
+    specs = [_spec(config, chosen, "scheduler", None, where.scheduler,
+                   contract_env(layout, "scheduler", where.scheduler.address), None)] if config.num_servers else []
     for rank, host in enumerate(where.servers):
-        specs.append(spec("server", rank, host, contract_env(layout, "server", host.address, rank), None))
-    for rank, (host, local_rank) in enumerate(where.workers):
-        specs.append(spec("worker", rank, host, contract_env(layout, "worker", host.address, rank, local_rank),
-                          config.command))
+        specs.append(_spec(config, chosen, "server", rank, host, contract_env(layout, "server", host.address, rank),
+                           None))
+    for rank, (host, local_rank) in enumerate(() if config.elastic else where.workers):
+        specs.append(ssh_worker(config, layout, chosen, rank, host, local_rank))
     return specs
+
+
+def ssh_layout(config: LaunchConfig, scheduler: Host, worker_hosts: Sequence[str]) -> JobLayout:
+    """The job's layout for a scheduler on ``scheduler``; the torchrun variables unless elastic (no fixed ranks)."""
+    port = DEFAULT_SSH_PORT if config.port is None else config.port
+    layout = config.layout(scheduler.address, port)
+    return layout if config.elastic else with_workers(layout, worker_hosts, port_beside(port))
+
+
+def ssh_worker(config: LaunchConfig, layout: JobLayout, pythons: Mapping[str, str], rank: int, host: Host,
+               local_rank: int) -> ProcessSpec:
+    """Worker ``rank`` (an elastic job's: its slot) on ``host`` through ssh."""
+    env = contract_env(layout, "worker", host.address, rank, local_rank)
+    return _spec(config, pythons, "worker", rank, host, env, config.command)
+
+
+def _spec(config: LaunchConfig, pythons: Mapping[str, str], role: str, rank: int | None, host: Host,
+          env: dict[str, str], command: Sequence[str] | None) -> ProcessSpec:
+    """One process on ``host`` through ssh, under the guard (``command`` None: a pskv role)."""
+    python = pythons.get(host.name, config.python)
+    if command is None:  # a pskv role
+        command = role_argv(python, role)
+    elif host.name in pythons and command[0] in ("python", "python3"):  # the login shell's may lack pskv
+        command = [python, *command[1:]]
+    guarded = guard_argv(python, role, config.stop_grace, config.exit_grace, inline=True)
+    return ProcessSpec(role, rank, host.address, tuple(ssh_argv(host, config.cwd, guarded + env_argv(env, config.env, command),
+                                                               config.ssh_command)))
 
 
 @dataclass(frozen=True)
@@ -357,6 +382,7 @@ def run_ssh(config: LaunchConfig, console: Console) -> int:
         if c.version != __version__:
             console.note(f"host {c.host.name}: {c.python} has pskv {c.version}, this launcher {__version__}")
     pythons = {c.host.name: c.python for c in checks}
+    config, workers = workers_of(config, console.note, {h.name: h.slots for h in hosts})
     specs = ssh_specs(config, hosts, server_hosts, pythons)
     publish_address(config, console, f"{hosts[0].address}:{DEFAULT_SSH_PORT if config.port is None else config.port}")
     note = omp_note(config.env, omp_num_threads_set())
@@ -365,11 +391,16 @@ def run_ssh(config: LaunchConfig, console: Console) -> int:
     if config.command[0] in ("python", "python3") and {pythons[h.name] for h in hosts} != {config.command[0]}:
         console.note(f"the worker command's {config.command[0]} runs as "
                      f"{', '.join(sorted({pythons[h.name] for h in hosts}))} on the hosts (it imports pskv there)")
-    with Supervisor(console, stop_grace=config.stop_grace, exit_grace=config.exit_grace,
-                    timeout=config.timeout, via_ssh=True, worker_restarts=config.worker_restarts) as supervisor:
+    layout = ssh_layout(config, hosts[0], ())
+    with contextlib.closing(workers), Supervisor(console, stop_grace=config.stop_grace, exit_grace=config.exit_grace,
+                                                 timeout=config.timeout, via_ssh=True,
+                                                 worker_restarts=config.worker_restarts, workers=workers) as supervisor:
         try:
             for spec in specs:
                 supervisor.start(spec)
+            workers.begin(lambda slot, host, local: supervisor.start(ssh_worker(config, layout, pythons, slot,
+                                                                                Host(host), local)),
+                          f"tcp://{hosts[0].address}:{layout.root_port}", config.launch_token, config.curve_key_file)
         except LaunchError as exc:
             supervisor.abort(str(exc))
         return supervisor.run()

@@ -240,3 +240,36 @@ def test_a_byteps_jobs_workers_keep_their_weights_through_a_departure(tmp_path: 
     assert sorted((int(a), int(b), int(c)) for a, b, c, _ in finals) == [(0, 0, 2), (2, 1, 2)], text
     for *_, values in finals:
         np.testing.assert_array_equal(np.array([float(v) for v in values.split(",")], np.float32), replay(record))
+
+
+def test_an_elastic_job_over_ssh_goes_on_without_a_killed_worker(tmp_path: Path):
+    # the ssh launcher's processes through a stand-in ssh that runs the remote command here (a real sshd
+    # is not on these machines): each worker one ssh session, a departure reported as locally
+    from pskv.testing.jobs import free_port
+    from tests.integration.test_launcher import FAKE_SSH
+
+    script, bindir = tmp_path / "train.py", tmp_path / "bin"
+    script.write_text(TRAIN)
+    bindir.mkdir()
+    (bindir / "ssh").write_text(FAKE_SSH)
+    (bindir / "ssh").chmod(0o755)
+    (tmp_path / "hosts").write_text("127.0.0.1 3\n")
+    env = child_env({"ELASTIC_STORE": "dist_sync", "ELASTIC_STEPS": "6", "ELASTIC_KILL": "1:3:after",
+                     "ELASTIC_GROW_STEP": "-1", "ELASTIC_GO": str(tmp_path / "go"), "MXNET_KVSTORE_BIGARRAY_BOUND": "4",
+                     "PATH": f"{bindir}:{child_env()['PATH']}", "FAKE_SSH_LOG": str(tmp_path / "ssh.log")})
+    with ProcessGroup("elastic") as group:
+        launcher = start_launch(group, ["--launcher", "ssh", "-H", str(tmp_path / "hosts"), "--port", str(free_port()),
+                                        "-n", "2:3", "-s", "1", "--respawn-cooldown", "3600", "--timeout", "60",
+                                        "--", sys.executable, str(script)], tmp_path, env)
+        code = launcher.wait(DEADLINE)
+        text = launcher.output()
+    assert code == 0, text
+    assert "worker slot 1 on 127.0.0.1 was killed by SIGKILL: it left the job; 2 workers go on (MIN 2, MAX 3)" in text
+    assert len((tmp_path / "ssh.log").read_text().splitlines()) == 1 + 2 + 3  # the preflight, the roles, the workers
+    record = {int(step): tuple(int(s) for s in members.split(",")) for step, members in
+              re.findall(r"committed step (\d+) members ([\d,]+)", text)}
+    assert [record[s] for s in sorted(record)] == [(0, 1, 2)] * 3 + [(0, 2)] * 3, record
+    finals = re.findall(r"\] final (\d+) (\d+) (\d+) (\S+)", text)
+    assert sorted((int(a), int(b), int(c)) for a, b, c, _ in finals) == [(0, 0, 2), (2, 1, 2)], text
+    for *_, values in finals:
+        np.testing.assert_array_equal(np.array([float(v) for v in values.split(",")], np.float32), replay(record))

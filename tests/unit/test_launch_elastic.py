@@ -39,7 +39,7 @@ def test_n_min_max_makes_an_elastic_job_starting_max_workers():
     ({"worker_restarts": 1}, "--restart-workers does not go with an elastic job"),
     ({"num_servers": 0}, "-s 0 does not go with an elastic job"),
     ({"max_restarts": 2}, "--max-restarts does not go with an elastic job"),
-    ({"launcher": "ssh", "hostfile": "h"}, "runs with --launcher local or slurm so far, not --launcher ssh"),
+    ({"launcher": "mpi", "hostfile": "h"}, "runs with --launcher local, ssh or slurm, not mpi"),
     ({"elastic_timeout": 0}, "--elastic-timeout must be > 0 seconds"),
     ({"respawn_cooldown": -1}, "--respawn-cooldown must be >= 0 seconds"),
     ({"max_workers": 0, "min_workers": 0, "host_discovery_script": "x"}, "--host-discovery-script needs an elastic job"),
