@@ -320,6 +320,13 @@ class NDArrayIter:
         self._order = self._shard()
         self._cursor = 0
 
+    def repartition(self, order: Any) -> None:
+        """Iterate over the sample positions ``order``, from the first: an elastic job's share of what is left
+        of the epoch (:func:`pskv.parallel.elastic_data.partition`). :meth:`reset` and :meth:`set_epoch` go
+        back to the parts' rules."""
+        self._order = np.asarray(order, dtype=np.int64)
+        self._cursor = 0
+
     def __iter__(self) -> NDArrayIter:
         return self
 

@@ -89,7 +89,8 @@ def fit(trainer: Trainer, train_data: Iterable[Any], eval_data: Iterable[Any] | 
         checkpoint_period: int = 1, resume: bool = False, progress: bool | str = "auto",
         log_all_ranks: bool = False, uneven: bool = False, server_checkpoint_steps: int = 0,
         batch_end_callback: Callable[[dict[str, Any]], None] | None = None,
-        epoch_end_callback: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+        epoch_end_callback: Callable[[dict[str, Any]], None] | None = None, elastic: bool = False,
+        commit_steps: int = 10, elastic_lr: str = "fixed") -> list[dict[str, Any]]:
     """Train ``trainer``'s group for epochs ``begin_epoch .. num_epoch - 1``.
 
     Args:
@@ -123,6 +124,8 @@ def fit(trainer: Trainer, train_data: Iterable[Any], eval_data: Iterable[Any] | 
             (``pskv launch --restart-servers``); 0: never.
         batch_end_callback: called with a dict of statistics after each batch.
         epoch_end_callback: called with a dict of statistics after each epoch.
+        elastic: train while workers join and leave (``pskv launch -n MIN:MAX``), committing every
+            ``commit_steps`` steps; ``elastic_lr``: ``'fixed'``/``'linear'`` (:mod:`pskv.parallel.elastic_fit`).
 
     Returns:
         One dict per epoch trained: ``epoch``, ``loss``, ``train`` and ``eval`` metrics,
@@ -136,14 +139,11 @@ def fit(trainer: Trainer, train_data: Iterable[Any], eval_data: Iterable[Any] | 
         begin_epoch = _resume(trainer, group, train_data, checkpoint_dir, begin_epoch, show)
     run = _Run(trainer, group, kv, workers, show, _snapshot_steps(kv, server_checkpoint_steps, uneven),
                _uneven_shadow(trainer, kv, workers, uneven), num_epoch, begin_epoch, progress, eval_data,
-               eval_metric, checkpoint_dir, checkpoint_period, batch_end_callback)
-    history = []
-    for epoch in range(begin_epoch, num_epoch):
-        record = _epoch(run, train_data, epoch)
-        history.append(record)
-        if epoch_end_callback is not None:
-            epoch_end_callback(record)
-    return history
+               eval_metric, checkpoint_dir, checkpoint_period, batch_end_callback, epoch_end_callback)
+    if elastic:
+        from pskv.parallel.elastic_fit import ElasticRun  # it builds on this module's pieces
+        return ElasticRun(run, uneven, commit_steps, elastic_lr).train(train_data)
+    return [_epoch(run, train_data, epoch) for epoch in range(begin_epoch, num_epoch)]
 
 
 # ---------------------------------------------------------------------------- fit()'s pieces
@@ -168,6 +168,7 @@ class _Run:
     checkpoint_dir: str | Path | None
     checkpoint_period: int
     batch_end_callback: Callable[[dict[str, Any]], None] | None
+    epoch_end_callback: Callable[[dict[str, Any]], None] | None
     total_steps: int = 0  # over the whole run (server_checkpoint_steps counts these)
 
 
@@ -239,7 +240,10 @@ def _epoch(run: _Run, train_data: Iterable[Any], epoch: int) -> dict[str, Any]:
     start_epoch(train_data, epoch)
     metric = _metric(run.eval_metric)
     totals, seconds = _train_epoch(run, train_data, epoch, metric)
-    return _epoch_record(run, epoch, totals, seconds, metric)
+    record = _epoch_record(run, epoch, totals, seconds, metric)
+    if run.epoch_end_callback is not None:
+        run.epoch_end_callback(record)
+    return record
 
 
 def _train_epoch(run: _Run, train_data: Iterable[Any], epoch: int, metric: Any) -> tuple[_EpochTotals, float]:
