@@ -38,6 +38,7 @@ LR, N = 2.0 ** -6, 8
 STEPS = int(os.environ["ELASTIC_STEPS"])
 KILL_SLOT, KILL_STEP, WHEN = os.environ["ELASTIC_KILL"].split(":")
 GROW_STEP, GO = int(os.environ["ELASTIC_GROW_STEP"]), os.environ["ELASTIC_GO"]
+EVERY = int(os.environ.get("ELASTIC_COMMIT_EVERY", "1"))  # steps between commits
 
 
 def gradient(slot, step):
@@ -57,6 +58,7 @@ else:  # joined a running job: rank 0 says which step it is
     kv.broadcast("step", at, out=at)
     done = int(at[0])
 print(f"slot {slot} pid {os.getpid()} starts at step {done} as rank {kv.rank} of {kv.num_workers}", flush=True)
+committed, since = done, []  # the last commit's step; the steps since, with their members
 while done < STEPS:
     try:
         if (slot, done) == (int(KILL_SLOT), int(KILL_STEP)) and WHEN == "before":
@@ -72,14 +74,20 @@ while done < STEPS:
             kv.pull("w", out=out)  # the push is in (its round may not be complete yet)
             os.kill(os.getpid(), signal.SIGKILL)
         kv.pull("w", out=out)
-        view = kv.commit()
         done += 1
-        print(f"committed step {done} members {','.join(map(str, members))}", flush=True)
+        since.append((done, members))
+        if done % EVERY and done < STEPS:
+            continue
+        view = kv.commit()
+        for step, members in since:
+            print(f"committed step {step} members {','.join(map(str, members))}", flush=True)
+        committed, since = done, []
         if view is not None:  # workers admitted: they learn the step from rank 0
             kv.broadcast("step", np.full(1, done, np.float32), out=at)
     except MembershipChangedError as exc:
         print(f"restore at step {done}: {exc}", flush=True)
         kv.restore()
+        done, since = committed, []  # the program's state back to its last commit: redo from there
 kv.pull("w", out=out)
 kv.barrier()  # everyone read the final value before anyone leaves
 print("final", slot, kv.rank, kv.num_workers, ",".join(repr(float(x)) for x in out), flush=True)
@@ -99,27 +107,32 @@ def replay(record: dict[int, tuple[int, ...]]) -> np.ndarray:
     return w
 
 
-@pytest.mark.parametrize("store,when", [("dist_sync", "before"), ("dist_sync", "after"), ("dist_async", "after")])
-def test_a_killed_worker_leaves_the_job_and_an_added_one_joins_with_every_gradient_counted_once(tmp_path: Path, store,
-                                                                                               when):
+@pytest.mark.parametrize("store,when,every,killed,kill,grow,steps", [
+    ("dist_sync", "before", 1, 1, 3, 6, 10),
+    ("dist_sync", "after", 1, 1, 3, 6, 10),
+    ("dist_async", "after", 1, 1, 3, 6, 10),
+    ("dist_sync_device", "before", 3, 0, 4, 7, 11),  # rank 0 killed inside a commit window of 3 steps
+])
+def test_a_killed_worker_leaves_the_job_and_an_added_one_joins_with_every_gradient_counted_once(
+        tmp_path: Path, store, when, every, killed, kill, grow, steps):
     script, hosts, go = tmp_path / "train.py", tmp_path / "hosts", tmp_path / "go"
     script.write_text(TRAIN)
     hosts.write_text("127.0.0.1:3\n")
-    steps, kill, grow = 10, 3, 6
-    env = child_env({"ELASTIC_STORE": store, "ELASTIC_STEPS": str(steps), "ELASTIC_KILL": f"1:{kill}:{when}", "ELASTIC_GROW_STEP": str(grow),
-                     "ELASTIC_GO": str(go), "MXNET_KVSTORE_BIGARRAY_BOUND": "4", "PSKV_LOG_LEVEL": "INFO"})
+    env = child_env({"ELASTIC_STORE": store, "ELASTIC_STEPS": str(steps), "ELASTIC_KILL": f"{killed}:{kill}:{when}",
+                     "ELASTIC_COMMIT_EVERY": str(every), "ELASTIC_GROW_STEP": str(grow), "ELASTIC_GO": str(go),
+                     "MXNET_KVSTORE_BIGARRAY_BOUND": "4", "PSKV_LOG_LEVEL": "INFO"})
     with ProcessGroup("elastic") as group:
         launcher = start_launch(group, ["-n", "2:4", "-s", "2", "--host-discovery-script", f"cat {hosts}",
                                         "--discovery-interval", "0.1", "--respawn-cooldown", "3600", "--timeout", "80",
                                         "--", sys.executable, str(script)], tmp_path, env)
-        launcher.expect("waiting at step 6", DEADLINE)
-        hosts.write_text("127.0.0.1:4\n")  # room for one more worker: slot 3 (slot 1's place still cools)
+        launcher.expect(f"waiting at step {grow}", DEADLINE)
+        hosts.write_text("127.0.0.1:4\n")  # room for one more worker: slot 3 (the killed one's place still cools)
         launcher.expect("worker slot 3 waits to join at the next commit", DEADLINE)
         go.write_text("")
         code = launcher.wait(DEADLINE)
         text = launcher.output()
     assert code == 0, text
-    assert "worker slot 1 on 127.0.0.1 was killed by SIGKILL: it left the job; 2 workers go on" in text, text
+    assert f"worker slot {killed} on 127.0.0.1 was killed by SIGKILL: it left the job; 2 workers go on" in text, text
     assert "started worker slot 3 on 127.0.0.1" in text and "started worker slot 4" not in text, text
     record: dict[int, tuple[int, ...]] = {}
     for line in text.splitlines():
@@ -127,11 +140,15 @@ def test_a_killed_worker_leaves_the_job_and_an_added_one_joins_with_every_gradie
             step, members = line.split("committed step ", 1)[1].split(" members ")
             seen = tuple(int(s) for s in members.split(","))
             assert record.setdefault(int(step), seen) == seen, line  # every worker saw the same members
-    # slot 3 registered while rank 0 waited before step grow + 1: admitted at that step's commit
-    assert [record[s] for s in sorted(record)] == (
-        [(0, 1, 2)] * kill + [(0, 2)] * (grow + 1 - kill) + [(0, 2, 3)] * (steps - grow - 1)), record
+    # the steps since the last commit before the kill were voided and redone without it; slot 3 registered while
+    # rank 0 waited before step grow + 1: admitted at the first commit after that step
+    voided_from, admitted = kill // every * every, -(-(grow + 1) // every) * every
+    survivors = tuple(s for s in (0, 1, 2) if s != killed)
+    assert [record[s] for s in sorted(record)] == ([(0, 1, 2)] * voided_from + [survivors] * (admitted - voided_from)
+                                                  + [(*survivors, 3)] * (steps - admitted)), record
     finals = [line.split("final ", 1)[1].split() for line in text.splitlines() if "] final " in line]
-    assert sorted((int(slot), int(rank), int(size)) for slot, rank, size, _ in finals) == [(0, 0, 3), (2, 1, 3), (3, 2, 3)]
+    assert sorted((int(slot), int(rank), int(size)) for slot, rank, size, _ in finals) == [
+        (slot, rank, 3) for rank, slot in enumerate((*survivors, 3))]
     want = replay(record)
     for *_, values in finals:
         np.testing.assert_array_equal(np.array([float(v) for v in values.split(",")], np.float32), want)
