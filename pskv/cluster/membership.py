@@ -370,7 +370,9 @@ class Membership:
                 self._on_left(nid)
         dead = set(body.dead)
         for nid in dead - self._dead:
-            self._mark_dead(nid, "the scheduler lost its heartbeats")
+            self._mark_dead(nid, "it exited or missed heartbeats: a departure from the elastic job"
+                            if self._cluster.elastic and node_role_rank(nid)[0] is Role.WORKER
+                            else "the scheduler lost its heartbeats")
         for nid in self._dead - dead - {SCHEDULER_ID}:  # replaced (a recovered worker)
             self._revive(nid)
 
@@ -392,7 +394,9 @@ class Membership:
 
     def _mark_dead(self, nid: int, detail: str) -> None:
         self._dead.add(nid)
-        log.error("%s: %s is dead (%s)", self._role.name.lower(), node_name(nid), detail)
+        departure = self._cluster.elastic and node_role_rank(nid)[0] is Role.WORKER  # the job goes on without it
+        log.log(logging.WARNING if departure else logging.ERROR, "%s: %s is dead (%s)", self._role.name.lower(),
+                node_name(nid), detail)
         if self._replaceable(nid):  # its requests wait for a replacement (or the recovery timeout)
             self._dead_since[nid] = time.monotonic()
         else:
