@@ -144,6 +144,9 @@ def _add_elastic(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--respawn-cooldown", type=float, default=10.0, metavar="SECONDS",
                         help="elastic jobs: how long a departed worker's slot stays unused before a new worker "
                              "takes it (default 10)")
+    parser.add_argument("--drain-timeout", type=float, default=60.0, metavar="SECONDS",
+                        help="elastic jobs: how long a drained worker may take to leave (at its next commit) before "
+                             "it is stopped (default 60)")
 
 
 def _add_timing(parser: argparse.ArgumentParser) -> None:
@@ -239,7 +242,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         address_file=os.path.abspath(args.address_file) if args.address_file else "",
         min_workers=low, max_workers=high, host_discovery_script=args.host_discovery_script or "",
         discovery_interval=args.discovery_interval, elastic_timeout=args.elastic_timeout,
-        respawn_cooldown=args.respawn_cooldown,
+        respawn_cooldown=args.respawn_cooldown, drain_timeout=args.drain_timeout,
     )
 
 

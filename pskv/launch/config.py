@@ -110,6 +110,8 @@ class LaunchConfig:
         elastic_timeout: ``--elastic-timeout``: seconds an elastic job may stay below ``min_workers``.
         respawn_cooldown: ``--respawn-cooldown``: seconds a departed worker's slot on its host stays
             unused before a new worker may take it.
+        drain_timeout: ``--drain-timeout``: seconds a drained worker may take to leave (its next commit) before
+            it is stopped (a departure).
 
     Raises:
         InvalidArgumentError: any field is out of range or inconsistent with the others.
@@ -150,6 +152,7 @@ class LaunchConfig:
     discovery_interval: float = 1.0
     elastic_timeout: float = 600.0
     respawn_cooldown: float = 10.0
+    drain_timeout: float = 60.0
     launch_token: str = field(default_factory=lambda: secrets.token_hex(32), repr=False)
 
     @property
@@ -243,7 +246,8 @@ def _elastic_problems(config: LaunchConfig) -> Iterator[str]:
             yield f"{flag} does not go with an elastic job (-n MIN:MAX): its servers keep the model as workers come and go"
     if config.launcher == "mpi":
         yield "an elastic job (-n MIN:MAX) runs with --launcher local, ssh or slurm, not mpi (mpirun's ranks are fixed)"
-    for flag, value in (("--discovery-interval", config.discovery_interval), ("--elastic-timeout", config.elastic_timeout)):
+    for flag, value in (("--discovery-interval", config.discovery_interval), ("--elastic-timeout", config.elastic_timeout),
+                        ("--drain-timeout", config.drain_timeout)):
         if not value > 0:
             yield f"{flag} must be > 0 seconds, got {value:g}"
     if config.respawn_cooldown < 0:

@@ -38,7 +38,7 @@ __all__ = ["FIXED", "ElasticWorkers", "FixedWorkers", "Workers", "workers_of"]
 class FixedWorkers:
     """A job of a fixed number of workers: a worker's failure is the job's."""
 
-    def begin(self, start: Start, address: str, token: str, curve_key_file: str) -> None:
+    def begin(self, start: Start, stop: Callable[[int], None], address: str, token: str, curve_key_file: str) -> None:
         pass
 
     def departed(self, spec: ProcessSpec, returncode: int, what: str) -> bool:
@@ -63,12 +63,14 @@ class ElasticWorkers:
     """
 
     def __init__(self, min_workers: int, max_workers: int, discovery: HostDiscovery, hosts: dict[str, int],
-                 cooldown: float, note: Callable[[str], None], clock: Callable[[], float] = time.monotonic) -> None:
+                 cooldown: float, note: Callable[[str], None], clock: Callable[[], float] = time.monotonic,
+                 drain_timeout: float = 60.0) -> None:
         self.min_workers = min_workers
         self.max_workers = max_workers
         self._discovery = discovery
         self._first = _places(hosts, max_workers)  # where the first workers run
         self._cooldown = cooldown
+        self._drain_timeout = drain_timeout
         self._note = note
         self._clock = clock
         self.live: dict[int, str] = {}  # slot -> the host (discovered name) it runs on
@@ -76,14 +78,15 @@ class ElasticWorkers:
         self._cooling: list[tuple[float, str]] = []  # (until, host): a departed worker's place
         self._next_slot = 0
         self._ending = False  # a worker exited 0: the job is ending, nothing more starts
-        self._draining: set[int] = set()  # slots asked to leave at the next commit
+        self._draining: dict[int, float] = {}  # slot -> when it was asked to leave at the next commit
         self._start: Start | None = None
+        self._stop: Callable[[int], None] = lambda slot: None
         self._roster: RosterClient | None = None
 
-    def begin(self, start: Start, address: str, token: str, curve_key_file: str) -> None:
-        """Start the first workers (``start(slot, host, local rank)``) once the scheduler listens at ``address``; its launch
-        ``token`` goes with every report of an exit."""
-        self._start, self._roster = start, RosterClient(address, token, curve_key_file)
+    def begin(self, start: Start, stop: Callable[[int], None], address: str, token: str, curve_key_file: str) -> None:
+        """Start the first workers (``start(slot, host, local rank)``) once the scheduler listens at ``address``; its
+        launch ``token`` goes with every report of an exit. ``stop(slot)`` ends a drained worker that stays too long."""
+        self._start, self._stop, self._roster = start, stop, RosterClient(address, token, curve_key_file)
         for host in self._first:
             self._launch(host)
 
@@ -92,7 +95,7 @@ class ElasticWorkers:
         slot = spec.rank if spec.rank is not None else -1
         host = self.live.pop(slot, None)
         if slot in self._draining:
-            self._draining.discard(slot)
+            del self._draining[slot]
             if returncode == 0:  # it left at a commit, as asked
                 self._note(f"worker slot {slot} on {spec.host} was drained: it left the job at a commit; "
                            f"{len(self.live)} workers go on")
@@ -126,13 +129,19 @@ class ElasticWorkers:
 
     def _drain(self, free: dict[str, int]) -> None:
         """Ask the scheduler to remove the newest workers of hosts that have fewer slots than workers now."""
-        for slot in self._draining:  # asked before: their places count as free already
+        now = self._clock()
+        for slot, since in self._draining.items():  # asked before: their places count as free already
             free[self.live[slot]] += 1
+            if now - since > self._drain_timeout and since >= 0:
+                self._note(f"worker slot {slot} did not leave within --drain-timeout {self._drain_timeout:g} s of its "
+                           "drain (it made no commit); stopping it: a departure")
+                self._draining[slot] = -1.0  # stopped once
+                self._stop(slot)
         for slot in sorted(self.live, reverse=True):
             host = self.live[slot]
             if free.get(host, 0) < 0 and slot not in self._draining:
                 free[host] += 1
-                self._draining.add(slot)
+                self._draining[slot] = self._clock()
                 if self._roster is not None:
                     self._roster.report("drain", slot)
                 self._note(f"{host} has fewer slots now: worker slot {slot} is drained at the next commit")
@@ -175,7 +184,8 @@ def workers_of(config: LaunchConfig, note: Callable[[str], None],
         discovery.stop()
         raise LaunchError(f"--host-discovery-script named {first} worker slots; an elastic job needs MIN "
                           f"{config.min_workers} to start")
-    workers = ElasticWorkers(config.min_workers, config.max_workers, discovery, hosts, config.respawn_cooldown, note)
+    workers = ElasticWorkers(config.min_workers, config.max_workers, discovery, hosts, config.respawn_cooldown, note,
+                             drain_timeout=config.drain_timeout)
     return dataclasses.replace(config, num_workers=first), workers
 
 

@@ -118,6 +118,7 @@ def run_local(config: LaunchConfig, console: Console) -> int:
                 for spec in local_specs(config, port):
                     supervisor.start(spec)
                 workers.begin(lambda slot, _, __: supervisor.start(worker_spec(config, config.layout(LOOPBACK, port), slot)),
+                              supervisor.stop_worker,
                               f"tcp://{LOOPBACK}:{port}", config.launch_token, config.curve_key_file)
         except LaunchError as exc:
             supervisor.abort(str(exc))

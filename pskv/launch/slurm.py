@@ -186,6 +186,7 @@ def run_steps(config: LaunchConfig, console: Console, hosts: Sequence[Host], wra
                 start(spec)
             layout = _layout(config, hosts[0], ())
             workers.begin(lambda slot, host, local: start(worker_step(config, layout, wrap, slot, Host(host), local)),
+                          supervisor.stop_worker,
                           f"tcp://{specs[0].host}:{port}", config.launch_token, config.curve_key_file)
         except LaunchError as exc:
             supervisor.abort(str(exc))

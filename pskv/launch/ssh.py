@@ -400,6 +400,7 @@ def run_ssh(config: LaunchConfig, console: Console) -> int:
                 supervisor.start(spec)
             workers.begin(lambda slot, host, local: supervisor.start(ssh_worker(config, layout, pythons, slot,
                                                                                 Host(host), local)),
+                          supervisor.stop_worker,
                           f"tcp://{hosts[0].address}:{layout.root_port}", config.launch_token, config.curve_key_file)
         except LaunchError as exc:
             supervisor.abort(str(exc))

@@ -307,6 +307,17 @@ class Supervisor:
         child.reader.join(_READER_JOIN)  # its last lines come before the launcher's verdict
         self._events.put(_Event(when, "exit", child, returncode))
 
+    def stop_worker(self, rank: int) -> None:
+        """Ask the running worker ``rank`` to stop (SIGTERM, or its stop command): an elastic job's drain that did
+        not end in time. Its exit is then a departure."""
+        for child in self._children:
+            if child.running and child.spec.is_worker and child.spec.rank == rank:
+                child.stop_signal = signal.SIGTERM
+                if child.stop_argv:
+                    _ask_to_stop(child)
+                else:
+                    _signal_group(child, signal.SIGTERM)
+
     def wait_for_port(self, path: str, timeout: float) -> int | None:
         """Wait until the scheduler writes its port to ``path``, watching the job meanwhile.
 

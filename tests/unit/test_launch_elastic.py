@@ -171,10 +171,30 @@ def test_a_host_with_fewer_slots_has_its_newest_workers_drained_once_and_their_e
     found.hosts = {"a": 1}
     workers.tick()
     workers.tick()  # asked once only
-    assert workers._draining == {1, 2} and [n for n in notes if "drained at the next commit" in n] == [
+    assert set(workers._draining) == {1, 2} and [n for n in notes if "drained at the next commit" in n] == [
         "a has fewer slots now: worker slot 2 is drained at the next commit",
         "a has fewer slots now: worker slot 1 is drained at the next commit"]
     assert workers.departed(spec(2), 0, "exited 0")  # drained: not the job's end
     assert "worker slot 2 on 127.0.0.1 was drained: it left the job at a commit; 2 workers go on" in notes[-1]
     workers.tick()
-    assert workers._draining == {1} and len(workers.live) == 2
+    assert set(workers._draining) == {1} and len(workers.live) == 2
+
+
+def test_a_drained_worker_that_does_not_leave_in_time_is_stopped_once_and_its_exit_is_a_departure():
+    now, stopped, notes = [0.0], [], []
+    found = Found({"a": 2})
+    workers = ElasticWorkers(1, 4, found, found.slots(), 0.0, notes.append, clock=lambda: now[0],  # type: ignore[arg-type]
+                             drain_timeout=5.0)
+    workers._start, workers._stop = (lambda *started: None), stopped.append
+    for host in workers._first:
+        workers._launch(host)
+    found.hosts = {"a": 1}
+    workers.tick()
+    now[0] = 4.0
+    workers.tick()
+    assert stopped == []
+    now[0] = 6.0
+    workers.tick()
+    workers.tick()
+    assert stopped == [1] and "worker slot 1 did not leave within --drain-timeout 5 s of its drain" in notes[-1]
+    assert workers.departed(spec(1), -15, "was killed by SIGTERM")  # stopped: a departure, the job goes on
