@@ -90,6 +90,7 @@ def cuda_available() -> bool:
 # CI runs everything.
 MULTIPROCESS_MODULES = frozenset({
     "tests/fault/test_cluster_env.py",
+    "tests/fault/test_elastic_launch.py",
     "tests/fault/test_compression_restart.py",
     "tests/fault/test_network.py",
     "tests/fault/test_restart.py",
@@ -119,6 +120,8 @@ MULTIPROCESS_MODULES = frozenset({
     "tests/torch/test_byteps.py",
     "tests/torch/test_cross_barrier.py",
     "tests/torch/test_ddp.py",
+    "tests/torch/test_elastic_examples.py",
+    "tests/torch/test_elastic_torch.py",  # pskv launch -n 1:4: a worker killed, one joining
     "tests/torch/test_optimizer.py",
     "tests/torch/test_peer_examples.py",
     "tests/torch/test_server_update.py",
@@ -142,6 +145,8 @@ SLOW_TESTS = {
     "tests/integration/test_compression_dist.py": {"test_a_launched_job_compresses_between_hosts",
                                                    "test_the_digits_example_trains_with_2bit_compression_to_its_accuracy_bar"},
     "tests/integration/test_data_channel.py": {"test_a_launched_job_without_shared_memory_uses_data_connections"},
+    "tests/integration/test_elastic_fit.py": {
+        "test_through_pskv_launch_a_worker_killed_mid_fit_leaves_and_an_added_one_joins_with_the_replayed_weights"},
     "tests/integration/test_sealed_channel.py": {"test_a_launched_secure_job_without_shared_memory_seals_data_connections"},
     "tests/integration/test_dist_inprocess.py": {"test_a_stalled_round_is_reported_with_the_missing_workers",
                                                  "test_big_arrays_are_split_over_servers_and_reassembled"},

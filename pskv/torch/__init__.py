@@ -19,6 +19,7 @@ Implementation modules (re-exported here):
   ``push_pull_inplace``, ``push_pull_async_inplace`` (alias ``byteps_push_pull``), ``declare``.
 * :mod:`~pskv.torch.server_update` — ``DistributedOptimizer(..., update_on_kvstore=True)``: the servers run it;
 * :mod:`~pskv.torch.cross_barrier` — ``CrossBarrier(model, optimizer)``: ``step()`` overlaps the next forward.
+* :mod:`~pskv.torch.elastic` — ``hvd.elastic``: ``run``, ``TorchState``, ``ElasticSampler`` in an elastic job.
 
 Not offered (each raises :class:`~pskv.errors.NotSupportedError` naming itself):
 ``alltoall``, ``reducescatter``, ``grouped_reducescatter``, ``grouped_allgather``, process
@@ -31,6 +32,7 @@ from __future__ import annotations
 from typing import Any, NoReturn
 
 from pskv.errors import NotSupportedError
+from pskv.torch import elastic  # hvd.elastic: run, TorchState, ElasticSampler (issue 24)
 from pskv.torch.byteps import (
     byteps_push_pull,
     declare,
@@ -134,5 +136,5 @@ __all__ = [
     "add_process_set", "remove_process_set", "DistributedOptimizer", "DistributedDataParallel", "nccl_built",
     "cuda_built", "gloo_built", "gloo_enabled", "mpi_built", "mpi_enabled", "mpi_threads_supported", "rocm_built",
     "ddl_built", "ccl_built", "is_homogeneous", "CrossBarrier",
-    "byteps_push_pull", "send_async", "recv_async", "suspend", "resume",
+    "byteps_push_pull", "send_async", "recv_async", "suspend", "resume", "elastic",
 ]

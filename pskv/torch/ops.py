@@ -194,6 +194,8 @@ def _declare(job: Runtime, fresh: dict[str, torch.Tensor], squeeze: dict[str, An
     own = {"compression": [squeeze.get(k) for k in values]} if squeeze else {}  # the keys' compression (only dist_*)
     job.store.init(list(values), list(values.values()), summed=True, **own)  # sums even when the servers run an optimizer
     declared[check] = (torch.int64, (2,))
+    if job.joining:  # a worker that joined a running elastic job registers the members' keys (the servers check them)
+        return
     c = (zlib.crc32("\n".join(fresh).encode()) & 0xFFFFF) + 1
     probe = torch.tensor([c, c * c], dtype=torch.int64)
     job.store.pushpull(check, probe)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import itertools
 import warnings
+import weakref
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -47,10 +48,11 @@ from pskv.torch import ops, runtime, sparse
 from pskv.torch.buckets import GradientBuckets, Reduction
 from pskv.torch.compression import Compression
 
-__all__ = ["DistributedOptimizer"]
+__all__ = ["DistributedOptimizer", "reset_all"]
 
 _instances = itertools.count()  # one collective-name prefix per wrapper, the same on every rank
 _HOOK_ATTRIBUTE = "_pskv_distributed_optimizer_hook"  # on a parameter: the hook of the wrapper that has it
+_live: weakref.WeakSet[_DistributedOptimizer] = weakref.WeakSet()  # every wrapper, for reset_all()
 
 _ZERO_GRAD_PENDING = ("optimizer.zero_grad() was called after loss.backward() but before optimizer.step() or "
                       "optimizer.synchronize(). This is prohibited as it can cause a race condition.")
@@ -82,9 +84,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         wanted = [p for group in self.param_groups for p in group["params"] if p.requires_grad]
         self._delay = {p: backward_passes_per_step for p in wanted}
         prefix = f"DistributedOptimizer.{next(_instances)}"
+        elastic = runtime.current().elastic  # a joiner could not make the first step's layout sum: dense there
         self._buckets = sparse.gradient_buckets([(names[p], p) for p in reversed(wanted)], prefix, reduction,
-                                                sparse_as_dense)  # sparse gradients: as rows (pskv.torch.sparse)
-        if runtime.size() > 1:
+                                                sparse_as_dense or elastic)  # sparse gradients: as rows (sparse.py)
+        _live.add(self)
+        if runtime.size() > 1 or elastic:  # an elastic job may grow from one worker
             self._buckets.declare()
             for p in wanted:  # a parameter wrapped again (a new wrapper each epoch) leaves the old wrapper
                 old = getattr(p, _HOOK_ATTRIBUTE, None)
@@ -147,6 +151,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._pending():
             raise AssertionError(_ZERO_GRAD_PENDING)
         super().zero_grad(*args, **kwargs)
+
+    def reset(self) -> None:
+        """Forget this step: its handles, its backward-pass counts and a ``synchronize()`` not stepped yet
+        (an elastic job's membership changed: the step is redone, :mod:`pskv.torch.elastic`)."""
+        self._restart()
+        self._synchronized = False
+        self._should_synchronize = True
 
     def load_state_dict(self, *args: Any, **kwargs: Any) -> None:
         """The optimizer's ``load_state_dict``; forgets this step's pending reductions (Horovod does)."""
@@ -232,3 +243,9 @@ def _parameter_names(optimizer: torch.optim.Optimizer, named: Iterable[Any] | No
         raise InvalidArgumentError("named_parameters was specified, but one or more model parameters were not "
                                    "named: " + ", ".join(unnamed))
     return {p: names[p] for p in where}
+
+
+def reset_all() -> None:
+    """:meth:`reset` every DistributedOptimizer of this process (an elastic job's view change)."""
+    for wrapper in list(_live):
+        wrapper.reset()

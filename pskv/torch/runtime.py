@@ -29,7 +29,8 @@ from pskv.kvstore import KVStoreBase, StoreType, create
 
 __all__ = ["Runtime", "init", "shutdown", "is_initialized", "current", "size", "rank", "local_size", "local_rank",
            "cross_size", "cross_rank", "store", "STORE_ENV", "nccl_built", "cuda_built", "gloo_built", "gloo_enabled",
-           "mpi_built", "mpi_enabled", "mpi_threads_supported", "rocm_built", "ddl_built", "ccl_built", "is_homogeneous"]
+           "mpi_built", "mpi_enabled", "mpi_threads_supported", "rocm_built", "ddl_built", "ccl_built",
+           "is_homogeneous", "adopt_view"]
 
 #: The environment variable naming the store :func:`init` opens when given none.
 STORE_ENV = "PSKV_TORCH_STORE"
@@ -53,10 +54,16 @@ class Runtime:
     local_size: int = 1
     state: dict[str, Any] = field(default_factory=dict)
     generation: int = 0  # how many times init() took a kept store back: each time, every name is new
+    joining: bool = False  # admitted into a running elastic job, till its first commit: the members' keys exist
 
     def key(self, name: str) -> str:
         """The store key of ``name`` in this runtime: ``name`` itself, or ``name@G`` after the G-th re-init."""
         return name if self.generation == 0 else f"{name}@{self.generation}"
+
+    @property
+    def elastic(self) -> bool:
+        """The store is a worker's of an elastic job (``pskv launch -n MIN:MAX``): it has a membership view."""
+        return self.store.view is not None
 
     @property
     def servers(self) -> bool:
@@ -112,9 +119,26 @@ def init(store: str | KVStoreBase | None = None, *, lazy: bool = True) -> None:
         if owned:
             made.close()
         raise
+    joining = made.view is not None and made.view.cause != "start"  # admitted into a running elastic job
+    _runtime = Runtime(made, kind, owned, local_size=_local_size(made), joining=joining)
+
+
+def _local_size(store: KVStoreBase) -> int:
+    """The launcher's ``LOCAL_WORLD_SIZE`` when it describes this job; 1 in an elastic job (whose worker ids
+    are slots, not ranks, and whose ranks are not numbered host by host)."""
+    if store.view is not None:
+        return 1
     ranks = rank_env()
-    local = ranks.local_world_size if ranks is not None and ranks.world_size == made.num_workers else 1
-    _runtime = Runtime(made, kind, owned, local_size=max(1, local))
+    return max(1, ranks.local_world_size if ranks is not None and ranks.world_size == store.num_workers else 1)
+
+
+def adopt_view() -> None:
+    """After an elastic job's membership changed (``kv.commit()`` returned a view, or ``kv.restore()``):
+    :func:`size` and :func:`rank` already read the store's new view; ``local_size`` is worked out again.
+    Not ``shutdown(); init()`` (Horovod's reset): a re-init renames every key (``name@G``), and a worker
+    that joined would name them apart from the others (:mod:`pskv.torch.elastic`)."""
+    job = current()
+    job.local_size = _local_size(job.store)
 
 
 def _check_kind(kind: StoreType) -> None:

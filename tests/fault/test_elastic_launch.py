@@ -21,8 +21,6 @@ import pytest
 
 from pskv.testing.jobs import ProcessGroup, child_env, start_launch
 
-pytestmark = pytest.mark.multiprocess
-
 LR = 2.0 ** -6
 N = 8
 DEADLINE = 90.0
@@ -172,7 +170,7 @@ def test_a_host_that_shrinks_has_a_worker_drained_at_a_commit_without_voiding_an
         code = launcher.wait(DEADLINE)
         text = launcher.output()
     assert code == 0, text
-    assert "worker slot 2 on 127.0.0.1 was drained: it left the job at a commit; 2 workers go on" in text, text
+    assert "worker slot 2 on 127.0.0.1 was drained: it left the job at a commit;" in text, text  # the others may be done
     assert "restore at step" not in text, text  # a drain voids nothing
     record = {int(step): tuple(int(s) for s in members.split(",")) for step, members in
               re.findall(r"committed step (\d+) members ([\d,]+)", text)}

@@ -290,8 +290,7 @@ kv.close()
 '''
 
 
-@pytest.mark.multiprocess
-@pytest.mark.slow  # a launched job of three, then four workers importing torch: seconds
+@pytest.mark.multiprocess  # slow too (tests/conftest.py SLOW_TESTS)
 def test_through_pskv_launch_a_worker_killed_mid_fit_leaves_and_an_added_one_joins_with_the_replayed_weights(tmp_path):
     from pskv.testing.jobs import ProcessGroup, child_env, start_launch
 

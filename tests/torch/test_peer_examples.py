@@ -228,15 +228,20 @@ def test_the_doc_block_it_stands_for_is_the_command_it_runs() -> None:
 HEADER_LINE = re.compile(r"^#   line (\d+): `(.+)` -> `(.+)`$")
 
 
-@pytest.mark.parametrize("example", list(PROGRAMS))
-def test_each_example_lists_exactly_its_changed_lines(example: str) -> None:
-    """The header's list of changed lines names each line marked ``# pskv:`` with its text, and no other."""
-    lines = (EXAMPLES / example).read_text(encoding="utf-8").splitlines()
+def check_changed_lines(path: Path) -> None:
+    """The header's list of changed lines names each line marked ``# pskv:`` with its text, and no other; the
+    peer's import is among them and nowhere else."""
+    lines = path.read_text(encoding="utf-8").splitlines()
     listed = {int(m.group(1)): m.group(3) for m in map(HEADER_LINE.match, lines) if m}
     marked = {i + 1: line.split("  # pskv: ")[0] for i, line in enumerate(lines) if "  # pskv: " in line}
     assert listed == marked
     assert any(re.fullmatch(r"import pskv\.torch as (hvd|bps)", line) for line in marked.values())
     assert not [line for line in lines if re.search(r"\b(horovod|byteps)\.torch\b", line) and not line.startswith("#")]
+
+
+@pytest.mark.parametrize("example", list(PROGRAMS))
+def test_each_example_lists_exactly_its_changed_lines(example: str) -> None:
+    check_changed_lines(EXAMPLES / example)
 
 
 NOT_OFFERED = ["alltoall", "alltoall_async", "reducescatter", "reducescatter_async", "grouped_reducescatter",
