@@ -460,7 +460,10 @@ class Reactor:
             self._stopping = True
             self._waker.wake()
         if self._thread is not threading.current_thread():
-            self._thread.join(timeout)
+            try:
+                self._thread.join(timeout)
+            except RuntimeError:  # start() was cut short (a signal handler raised in it): no loop to wait for
+                return
             if self._thread.is_alive():
                 raise OperationTimeoutError(f"{self._name} did not stop within {timeout} s")
 

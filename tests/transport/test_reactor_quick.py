@@ -168,3 +168,20 @@ def test_timers_are_passed_over_only_when_one_is_due(monkeypatch):
     assert timers.run_due() == 16 and ran == ["fast"]  # ran; due again in 15.625 ms, before the slow one
     now[0] += 0.046875
     assert timers.run_due() == 16 and ran == ["fast", "slow", "fast"]  # both due: each ran once
+
+
+def test_stop_after_a_start_a_signal_handler_cut_short_does_not_raise(context, monkeypatch):
+    # a role's SIGUSR1 handler ("no worker will come") may raise SystemExit inside Thread.start(): the thread
+    # object exists but never started, and stop() must still end the role cleanly (exit code 0)
+    import threading
+
+    r = Reactor(context, "cut-short")
+
+    def interrupted(self):
+        raise SystemExit(0)
+
+    monkeypatch.setattr(threading.Thread, "start", interrupted)
+    with pytest.raises(SystemExit):
+        r.start()
+    monkeypatch.undo()
+    r.stop()  # before the fix: RuntimeError("cannot join thread before it is started")
