@@ -55,11 +55,12 @@ from typing import Any, TypeVar
 
 import torch
 
-from pskv.errors import MembershipChangedError, NotSupportedError
+from pskv.errors import InvalidArgumentError, MembershipChangedError, NotSupportedError
 from pskv.kvstore import KVStoreBase
 from pskv.torch import ops, optimizer, runtime
 from pskv.torch.elastic_sampler import ElasticSampler
 from pskv.torch.functions import broadcast_optimizer_state, broadcast_parameters
+from pskv.torch.gather import MAX_BYTES
 
 __all__ = ["ElasticSampler", "HorovodInternalError", "HostsUpdatedInterrupt", "ObjectState", "State", "TorchState",
            "WorkersAvailableException", "run"]
@@ -160,6 +161,9 @@ def broadcast_state_object(obj: Any, name: str) -> Any:
     length = torch.tensor([len(data)], dtype=torch.int64)
     ops.broadcast_(length, 0, name=f"elastic.{name}.length")
     n, piece = int(length[0]), _PIECE_WORDS * 4
+    if not 0 <= n <= MAX_BYTES:  # bounded before anything is received (every rank raises alike)
+        raise InvalidArgumentError(f"hvd.elastic state object {name!r}: rank 0's is {n} bytes pickled, over the "
+                                   f"{MAX_BYTES}-byte limit of an object sync")
     received = bytearray()
     words = torch.zeros(_PIECE_WORDS, dtype=torch.int32)
     for start in range(0, n, piece):

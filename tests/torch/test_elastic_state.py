@@ -190,3 +190,22 @@ def test_stores_that_cannot_be_elastic_are_refused_with_the_reason(store):
     runtime._runtime = runtime.Runtime(store, StoreType.parse("horovod"), owned=False)  # type: ignore[arg-type]
     with pytest.raises(NotSupportedError, match="'horovod' store: elastic training needs servers"):
         train(elastic.ObjectState())
+
+
+def test_an_object_sync_is_bounded_before_anything_is_received(store, monkeypatch):
+    # a non-root rank learns the pickled size first: past the limit it raises, receiving (and unpickling) nothing
+    from pskv.errors import InvalidArgumentError
+
+    store.rank = 1
+    monkeypatch.setattr(runtime, "rank", lambda: 1)
+    sent = []
+
+    def broadcast_(tensor, root, name):
+        sent.append(name)
+        if name.endswith(".length"):
+            tensor[0] = elastic.MAX_BYTES + 1  # what a hostile or broken rank 0 would say
+
+    monkeypatch.setattr(elastic.ops, "broadcast_", broadcast_)
+    with pytest.raises(InvalidArgumentError, match="over the 1073741824-byte limit"):
+        elastic.broadcast_state_object({"a": 1}, "objects")
+    assert sent == ["elastic.objects.length"]
