@@ -170,7 +170,8 @@ class Scheduler:
         """Handle one request (bodies parsed here: a malformed one raises ProtocolError)."""
         nid = self._by_identity.get(identity)
         if header.command is Command.METRICS:  # anyone who can connect (pskv top): no registration needed
-            self._send(identity, reply_frames(header, SCHEDULER_ID, self._rates.report(self._states(), len(self._nodes) or len(self._pending)).encode()))
+            report = self._rates.report(self._states(), len(self._nodes) or len(self._pending), self._num_workers())
+            self._send(identity, reply_frames(header, SCHEDULER_ID, report.encode()))
             return
         if header.command is Command.REGISTER:
             body = Register.parse(header)
@@ -340,10 +341,15 @@ class Scheduler:
         job's secret, a worker's its token (the same for a replacement of its rank)."""
         servers = [self._nodes[node_id(Role.SERVER, r)] for r in range(self._cluster.num_servers)]
         server = self._nodes[nid].role is Role.SERVER
-        view = self._views.current()  # an elastic job's: W is its members'
         return NodeTable(nid, self._nodes[nid].rank, tuple(s.address for s in servers), tuple(s.shm for s in servers),
-                         self._cluster.num_servers, len(view.members) if view else self._cluster.num_workers, recovery,
-                         self._secret if server else "", "" if server else node_token(self._secret, nid), view)
+                         self._cluster.num_servers, self._num_workers(), recovery,
+                         self._secret if server else "", "" if server else node_token(self._secret, nid),
+                         self._views.current())
+
+    def _num_workers(self) -> int:
+        """The job's workers now: an elastic job's view's members, else the fixed number."""
+        view = self._views.current()
+        return len(view.members) if view else self._cluster.num_workers
 
     def _admit(self, identity: bytes, header: Header, slot: int) -> None:
         """An elastic job's view admits worker ``slot`` (waiting in its REGISTER): it is registered and answered."""

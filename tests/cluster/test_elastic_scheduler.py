@@ -183,6 +183,13 @@ def test_a_node_that_asks_for_the_view_gets_it_at_once_through_on_view(ctx):
         server.member.ask_view()
         wait_for(lambda: heard, "the view, in the reply to the heartbeat ask_view sent")
         assert heard == [View(2, (0,), 0, "failure")] and server.member.view == heard[0]
+        from pskv.metrics import MetricsClient
+
+        client = MetricsClient(scheduler.address)
+        try:
+            assert client.query(WAIT).num_workers == 1  # pskv top: the view's workers, not the two it started with
+        finally:
+            client.close()
         server.member.adopt(heard[0])
         server.member.ask_view()  # the scheduler sends a view only to a node behind it
         time.sleep(0.3)
