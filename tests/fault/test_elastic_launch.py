@@ -107,7 +107,6 @@ def replay(record: dict[int, tuple[int, ...]]) -> np.ndarray:
 
 @pytest.mark.parametrize("store,when,every,killed,kill,grow,steps", [
     ("dist_sync", "before", 1, 1, 3, 6, 10),
-    ("dist_sync", "after", 1, 1, 3, 6, 10),
     ("dist_async", "after", 1, 1, 3, 6, 10),
     ("dist_sync_device", "before", 3, 0, 4, 7, 11),  # rank 0 killed inside a commit window of 3 steps
 ])

@@ -1,4 +1,6 @@
-"""Horovod's elastic API in a job of ``pskv launch -n MIN:MAX``: a worker SIGKILLed mid-run, and one that joins.
+"""Horovod's elastic API in a job of ``pskv launch -n MIN:MAX``: a worker SIGKILLed mid-run, and one that joins
+(one job: the kill in a backward pass, then the join; a kill between a step and its commit is the raw
+store's case in tests/fault/test_elastic_launch.py, "after").
 
 tests/torch/job_elastic.py (``import pskv.torch as hvd``, ``@hvd.elastic.run``, ``TorchState``,
 ``ElasticSampler``, ``DistributedOptimizer``, a commit after every step) runs under
@@ -82,14 +84,6 @@ def check_survivors(out: list[dict[str, Any]], sizes: list[int]) -> None:
         assert r["weight"] == out[0]["weight"]
     assert torch.equal(torch.tensor(out[0]["weight"]), replay(record))
     assert any(out[0]["weight"])
-
-
-def test_a_worker_killed_before_a_commit_voids_the_step_and_the_others_redo_it_and_finish(tmp_path: Path) -> None:
-    steps, kill_step = 14, 5  # slot 2 dies after its 5th step, before that step's commit: the others restore step 4
-    with ProcessGroup("elastic") as job:
-        out = finish(launch(job, tmp_path, steps, (2, kill_step, "commit")), tmp_path, [0, 1])
-    assert [(r["rank"], r["size"], r["resets"]) for r in out] == [(0, 2, [2]), (1, 2, [2])]
-    check_survivors(out, [3] * (kill_step - 1) + [2] * (steps - kill_step + 1))
 
 
 def test_a_worker_that_joins_mid_run_gets_rank_0s_state_and_trains_on(tmp_path: Path) -> None:
