@@ -430,8 +430,10 @@ class Scheduler:
         for nid in newly:
             self._nodes[nid].dead = True
             self._nodes[nid].dead_since = now
-            log.error("scheduler: %s missed heartbeats for %.1f s: marked dead", node_name(nid),
-                      self._cluster.heartbeat_timeout)
+            departure = self._views.elastic and self._nodes[nid].role is Role.WORKER  # the job goes on without it
+            log.log(logging.WARNING if departure else logging.ERROR, "scheduler: %s missed heartbeats for %.1f s: "
+                    "marked dead%s", node_name(nid), self._cluster.heartbeat_timeout,
+                    " (a departure from the elastic job)" if departure else "")
             self._views.depart(nid, f"missed heartbeats for {self._cluster.heartbeat_timeout:g} s")
         # workers whose recovery window just closed: the barriers waiting for them fail now
         expired = [nid for nid, n in self._nodes.items() if n.dead and self._cluster.recovery_timeout > 0
