@@ -20,6 +20,8 @@ asynchronous one (``dist_async``) is refused: an all-reduce needs sync rounds.
 
 from __future__ import annotations
 
+import atexit
+import logging
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -168,6 +170,22 @@ def shutdown() -> None:
         _parked = job
     else:
         job.store.close()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Interpreter exit: an all-reduce store :func:`init` opened is closed, its torch.distributed group shut down
+    while the interpreter still runs (Horovod shuts down at exit too): left to the interpreter's teardown, a
+    group's C++ threads may still be running when it is destroyed, which aborts the process ("terminate called
+    without an active exception") after the program ended well. A store with servers leaves its job at exit
+    by :mod:`pskv.kvstore.exit`."""
+    job = _runtime
+    if job is not None and job.owned and not job.servers:
+        try:
+            job.store.close()
+        except Exception as exc:  # noqa: BLE001 - exiting anyway: say why closing failed
+            logging.getLogger("pskv.torch").error("pskv.torch: could not close the %s store at exit: %s",
+                                                  job.kind.name, exc)
 
 
 def is_initialized() -> bool:
