@@ -217,8 +217,8 @@ def test_elastic_fit_is_refused_outside_an_elastic_job_and_with_uneven_or_unalig
 def classify(kv, leave: tuple[int, int, int] | None = None):
     """A small classifier's fit(elastic=True) (momentum on the servers); its last epoch's record."""
     rng = np.random.default_rng(0)
-    y = rng.integers(0, 3, 240)
-    x = rng.normal(size=(240, 5)) + np.eye(3, 5)[y] * 4.0
+    y = rng.integers(0, 3, 1392)  # 192 to train on, 1200 to evaluate: a point of accuracy is 12 samples
+    x = rng.normal(size=(1392, 5)) + np.eye(3, 5)[y] * 4.0
     torch.manual_seed(3)
     model = torch.nn.Sequential(torch.nn.Linear(5, 12), torch.nn.ReLU(), torch.nn.Linear(12, 3)).double()
     group = DataParallelExecutorGroup(model, ["cpu"], loss=torch.nn.CrossEntropyLoss())
@@ -232,7 +232,7 @@ def classify(kv, leave: tuple[int, int, int] | None = None):
 
     try:
         history = trainer.fit(NDArrayIter(x[:192], y[:192], batch_size=8, shuffle=True, seed=SEED),
-                              NDArrayIter(x[192:], y[192:], batch_size=48), num_epoch=4, elastic=True,
+                              NDArrayIter(x[192:], y[192:], batch_size=240), num_epoch=4, elastic=True,
                               commit_steps=COMMIT, progress=False, batch_end_callback=batch_end)
     except Left:
         return None
