@@ -53,13 +53,11 @@ from pskv.launch.contract import (
     contract_env,
     env_argv,
     omp_note,
-    port_beside,
     role_argv,
-    with_workers,
 )
 from pskv.launch.elastic import workers_of
 from pskv.launch.on_host import publish_address
-from pskv.launch.ssh import Host, place, read_hostfile
+from pskv.launch.ssh import Host, place, read_hostfile, ssh_layout
 from pskv.launch.supervisor import Supervisor
 
 __all__ = ["Stop", "Wrap", "allocation_hosts", "run_slurm", "run_steps", "scancel_argv", "srun_argv", "step_name",
@@ -121,7 +119,7 @@ def step_specs(config: LaunchConfig, hosts: Sequence[Host], server_hosts: Sequen
     """The scheduler (unless ``-s 0``), servers and workers placed on ``hosts``, each run as ``wrap(host, argv)``
     (an elastic job's workers: none, :class:`~pskv.launch.elastic.ElasticWorkers` starts them)."""
     where = place(hosts, config.num_servers, config.num_workers, server_hosts)
-    layout = _layout(config, where.scheduler, [h.address for h, _ in where.workers])
+    layout = ssh_layout(config, where.scheduler, [h.address for h, _ in where.workers])
 
     def spec(role: str, rank: int | None, host: Host, env: dict[str, str], command: Sequence[str]) -> ProcessSpec:
         argv = env_argv(env, config.env, command)
@@ -138,13 +136,6 @@ def step_specs(config: LaunchConfig, hosts: Sequence[Host], server_hosts: Sequen
     for rank, (host, local_rank) in enumerate(() if config.elastic else where.workers):
         specs.append(worker_step(config, layout, wrap, rank, host, local_rank))
     return specs
-
-
-def _layout(config: LaunchConfig, scheduler: Host, worker_hosts: Sequence[str]) -> JobLayout:
-    """The job's layout for a scheduler on ``scheduler``; the torchrun variables unless elastic (no fixed ranks)."""
-    port = DEFAULT_SSH_PORT if config.port is None else config.port
-    layout = config.layout(scheduler.address, port)
-    return layout if config.elastic else with_workers(layout, worker_hosts, port_beside(port))
 
 
 def worker_step(config: LaunchConfig, layout: JobLayout, wrap: Wrap, rank: int, host: Host,
@@ -184,7 +175,7 @@ def run_steps(config: LaunchConfig, console: Console, hosts: Sequence[Host], wra
                 console.note(note)
             for spec in specs:
                 start(spec)
-            layout = _layout(config, hosts[0], ())
+            layout = ssh_layout(config, hosts[0], ())
             workers.begin(lambda slot, host, local: start(worker_step(config, layout, wrap, slot, Host(host), local)),
                           supervisor.stop_worker,
                           f"tcp://{specs[0].host}:{port}", config.launch_token, config.curve_key_file)

@@ -292,7 +292,8 @@ class _Handler:
         self.value.load_state_dict(self.saved)
 
     def sync(self) -> None:
-        raise NotImplementedError
+        """Rank 0's object on every rank: each kind of handler below has its own broadcast."""
+        raise NotImplementedError  # every handler made by _handler is a subclass that defines it
 
     def reset(self) -> None:
         """After a membership change (a sampler shares its epoch out again)."""

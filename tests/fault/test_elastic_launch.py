@@ -105,6 +105,21 @@ def replay(record: dict[int, tuple[int, ...]]) -> np.ndarray:
     return w
 
 
+def check_job(text: str, members: list[tuple[int, ...]], finals: list[tuple[int, int, int]]) -> None:
+    """The job's output: every worker saw the same members at each committed step, which are ``members`` (step 1
+    on); the workers that finished are ``finals`` (slot, rank, size), each with the replay's values bit for bit."""
+    record: dict[int, tuple[int, ...]] = {}
+    for step, listed in re.findall(r"committed step (\d+) members ([\d,]+)", text):
+        seen = tuple(int(s) for s in listed.split(","))
+        assert record.setdefault(int(step), seen) == seen, (step, listed)  # every worker saw the same members
+    assert [record[s] for s in sorted(record)] == members, record
+    ended = re.findall(r"\] final (\d+) (\d+) (\d+) (\S+)", text)
+    assert sorted((int(slot), int(rank), int(size)) for slot, rank, size, _ in ended) == sorted(finals), text
+    want = replay(record)
+    for *_, values in ended:
+        np.testing.assert_array_equal(np.array([float(v) for v in values.split(",")], np.float32), want)
+
+
 @pytest.mark.parametrize("store,when,every,killed,kill,grow,steps", [
     ("dist_sync", "before", 1, 1, 3, 6, 10),
     ("dist_async", "after", 1, 1, 3, 6, 10),
@@ -131,24 +146,12 @@ def test_a_killed_worker_leaves_the_job_and_an_added_one_joins_with_every_gradie
     assert code == 0, text
     assert f"worker slot {killed} on 127.0.0.1 was killed by SIGKILL: it left the job; 2 workers go on" in text, text
     assert "started worker slot 3 on 127.0.0.1" in text and "started worker slot 4" not in text, text
-    record: dict[int, tuple[int, ...]] = {}
-    for line in text.splitlines():
-        if "committed step " in line:
-            step, members = line.split("committed step ", 1)[1].split(" members ")
-            seen = tuple(int(s) for s in members.split(","))
-            assert record.setdefault(int(step), seen) == seen, line  # every worker saw the same members
     # the steps since the last commit before the kill were voided and redone without it; slot 3 registered while
     # rank 0 waited before step grow + 1: admitted at the first commit after that step
     voided_from, admitted = kill // every * every, -(-(grow + 1) // every) * every
     survivors = tuple(s for s in (0, 1, 2) if s != killed)
-    assert [record[s] for s in sorted(record)] == ([(0, 1, 2)] * voided_from + [survivors] * (admitted - voided_from)
-                                                  + [(*survivors, 3)] * (steps - admitted)), record
-    finals = [line.split("final ", 1)[1].split() for line in text.splitlines() if "] final " in line]
-    assert sorted((int(slot), int(rank), int(size)) for slot, rank, size, _ in finals) == [
-        (slot, rank, 3) for rank, slot in enumerate((*survivors, 3))]
-    want = replay(record)
-    for *_, values in finals:
-        np.testing.assert_array_equal(np.array([float(v) for v in values.split(",")], np.float32), want)
+    check_job(text, [(0, 1, 2)] * voided_from + [survivors] * (admitted - voided_from)
+              + [(*survivors, 3)] * (steps - admitted), [(slot, rank, 3) for rank, slot in enumerate((*survivors, 3))])
 
 
 def test_a_host_that_shrinks_has_a_worker_drained_at_a_commit_without_voiding_any_work(tmp_path: Path):
@@ -171,13 +174,7 @@ def test_a_host_that_shrinks_has_a_worker_drained_at_a_commit_without_voiding_an
     assert code == 0, text
     assert "worker slot 2 on 127.0.0.1 was drained: it left the job at a commit;" in text, text  # the others may be done
     assert "restore at step" not in text, text  # a drain voids nothing
-    record = {int(step): tuple(int(s) for s in members.split(",")) for step, members in
-              re.findall(r"committed step (\d+) members ([\d,]+)", text)}
-    assert [record[s] for s in sorted(record)] == [(0, 1, 2)] * (shrink + 1) + [(0, 1)] * (steps - shrink - 1), record
-    finals = re.findall(r"\] final (\d+) (\d+) (\d+) (\S+)", text)
-    assert sorted((int(a), int(b), int(c)) for a, b, c, _ in finals) == [(0, 0, 2), (1, 1, 2)], text
-    for *_, values in finals:
-        np.testing.assert_array_equal(np.array([float(v) for v in values.split(",")], np.float32), replay(record))
+    check_job(text, [(0, 1, 2)] * (shrink + 1) + [(0, 1)] * (steps - shrink - 1), [(0, 0, 2), (1, 1, 2)])
 
 def test_below_min_workers_for_the_elastic_timeout_the_job_fails_with_the_reason(tmp_path: Path):
     script = tmp_path / "train.py"
@@ -247,13 +244,7 @@ def test_a_byteps_jobs_workers_keep_their_weights_through_a_departure(tmp_path: 
         code = launcher.wait(DEADLINE)
         text = launcher.output()
     assert code == 0, text
-    record = {int(step): tuple(int(s) for s in members.split(",")) for step, members in
-              re.findall(r"committed step (\d+) members ([\d,]+)", text)}
-    assert [record[s] for s in sorted(record)] == [(0, 1, 2)] * 3 + [(0, 2)] * 3, record
-    finals = re.findall(r"\] final (\d+) (\d+) (\d+) (\S+)", text)
-    assert sorted((int(a), int(b), int(c)) for a, b, c, _ in finals) == [(0, 0, 2), (2, 1, 2)], text
-    for *_, values in finals:
-        np.testing.assert_array_equal(np.array([float(v) for v in values.split(",")], np.float32), replay(record))
+    check_job(text, [(0, 1, 2)] * 3 + [(0, 2)] * 3, [(0, 0, 2), (2, 1, 2)])
 
 
 def test_an_elastic_job_over_ssh_goes_on_without_a_killed_worker(tmp_path: Path):
@@ -280,10 +271,4 @@ def test_an_elastic_job_over_ssh_goes_on_without_a_killed_worker(tmp_path: Path)
     assert code == 0, text
     assert "worker slot 1 on 127.0.0.1 was killed by SIGKILL: it left the job; 2 workers go on (MIN 2, MAX 3)" in text
     assert len((tmp_path / "ssh.log").read_text().splitlines()) == 1 + 2 + 3  # the preflight, the roles, the workers
-    record = {int(step): tuple(int(s) for s in members.split(",")) for step, members in
-              re.findall(r"committed step (\d+) members ([\d,]+)", text)}
-    assert [record[s] for s in sorted(record)] == [(0, 1, 2)] * 3 + [(0, 2)] * 3, record
-    finals = re.findall(r"\] final (\d+) (\d+) (\d+) (\S+)", text)
-    assert sorted((int(a), int(b), int(c)) for a, b, c, _ in finals) == [(0, 0, 2), (2, 1, 2)], text
-    for *_, values in finals:
-        np.testing.assert_array_equal(np.array([float(v) for v in values.split(",")], np.float32), replay(record))
+    check_job(text, [(0, 1, 2)] * 3 + [(0, 2)] * 3, [(0, 0, 2), (2, 1, 2)])
