@@ -26,7 +26,7 @@ from pskv.errors import DTypeMismatchError, DuplicateKeyError, InvalidArgumentEr
 from pskv.server import rows as sparse_rows
 from pskv.server.part import Allocator, KeySlice, Part, PartId, storage_dtype, to_storage
 from pskv.server.rows import RowBatch
-from pskv.transport.shm import maps_left
+from pskv.transport.shm import map_budget, maps_left
 
 __all__ = ["PartInit"]
 
@@ -122,17 +122,18 @@ class PartInit:
                 f"[{other.offset}, {other.offset + other.value.size}) this server holds (a checkpoint made "
                 "with another PSKV_PART_BYTES, MXNET_KVSTORE_BIGARRAY_BOUND or number of servers?)"
             )
-        if self._allocate is not None and self.sync and dtype != "bfloat16" and not row_width and (
-                pieces.shared or (not pieces.pieces and maps_left() >= 2 + len(self._workers))):
-            # shared buffers: co-located workers push into their slot and read the value in place
-            part = pieces.shared_part(self._allocate, offset, dtype, data)
-            part.slots = {w: self._allocate(key, offset, f"w{w}", part.value.dtype, data.size) for w in self._workers}
-            part.summed = summed
-        else:  # ``own``: ``data`` is this server's (made for this part): kept, not copied (a drawn table's range)
-            value = np.asarray(data, storage_dtype(dtype)) if own else np.array(data, storage_dtype(dtype), copy=True)
-            part = Part(key, offset, dtype, value, summed=summed, row_width=row_width,
-                        first_row=offset // row_width if row_width else 0)
-            pieces.add(part)
+        with map_budget:  # the check and the maps it allows, not split by another thread's
+            if self._allocate is not None and self.sync and dtype != "bfloat16" and not row_width and (
+                    pieces.shared or (not pieces.pieces and maps_left() >= 2 + len(self._workers))):
+                # shared buffers: co-located workers push into their slot and read the value in place
+                part = pieces.shared_part(self._allocate, offset, dtype, data)
+                part.slots = {w: self._allocate(key, offset, f"w{w}", part.value.dtype, data.size) for w in self._workers}
+                part.summed = summed
+            else:  # ``own``: ``data`` is this server's (made for this part): kept, not copied (a drawn table's range)
+                value = np.asarray(data, storage_dtype(dtype)) if own else np.array(data, storage_dtype(dtype), copy=True)
+                part = Part(key, offset, dtype, value, summed=summed, row_width=row_width,
+                            first_row=offset // row_width if row_width else 0)
+                pieces.add(part)
         self.parts[(key, offset)] = part
         return part
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["host_id", "ShmDirectory", "map_array", "maps_left", "part_file", "remove_job_files", "rows_buffer",
+__all__ = ["host_id", "ShmDirectory", "map_array", "maps_left", "map_budget", "part_file", "remove_job_files", "rows_buffer",
            "SHM_ROOT"]
 
 SHM_ROOT = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
@@ -68,10 +68,16 @@ def _kernel_map_limit() -> int:
 MAP_BUDGET = _kernel_map_limit() // 2
 _maps = [0]  # shared maps of this process now
 _maps_lock = threading.Lock()
+# Held from a budget check to the maps it allows (two threads of one process, e.g. an in-process
+# cluster's server and workers, must not both take the last maps); unmapping does not take it.
+map_budget = threading.RLock()
 
 
 def maps_left() -> int:
-    """How many more shared maps this process may make (:data:`MAP_BUDGET` less those alive)."""
+    """How many more shared maps this process may make (:data:`MAP_BUDGET` less those alive).
+
+    Check it and make the maps under :data:`map_budget`.
+    """
     return MAP_BUDGET - _maps[0]
 
 

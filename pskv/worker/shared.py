@@ -33,7 +33,7 @@ from pskv.arrays import numpy_dtype
 from pskv.cluster.requests import Pending
 from pskv.errors import OperationTimeoutError, ProtocolError
 from pskv.protocol import ArraySpec, Header, node_name
-from pskv.transport.shm import host_id, map_array, maps_left, part_file, rows_buffer
+from pskv.transport.shm import host_id, map_array, map_budget, maps_left, part_file, rows_buffer
 from pskv.worker.layout import KeyLayout, Part, part_view
 
 __all__ = ["RowsBuffer", "SharedPart", "SharedParts", "read_rows", "write_slots", "write_rows"]
@@ -87,23 +87,24 @@ class SharedParts:
             ends: dict[int, int] = {}  # server -> the end of the key's last part there: its value buffers' size
             for server, offset, length in rec.parts:
                 ends[server] = max(ends.get(server, 0), offset + length)
-            if not self._affordable(rec, ends, rank):
-                continue
-            for i, (server, offset, length) in enumerate(rec.parts):
-                directory = self._dirs.get(server)
-                if directory is None:
+            with map_budget:  # the check and the maps it allows, not split by another thread's
+                if not self._affordable(rec, ends, rank):
                     continue
-                try:
-                    if server not in values:  # one pair per key and server, every part at its offset in the key
-                        values[server] = tuple(map_array(part_file(directory, rec.skey, 0, name), dtype, ends[server])
-                                               for name in ("v0", "v1"))
-                    v0, v1 = values[server]
-                    rec.shm[i] = SharedPart(
-                        map_array(part_file(directory, rec.skey, offset, f"w{node_id}"), dtype, length),
-                        (v0[offset: offset + length], v1[offset: offset + length]),
-                    )
-                except OSError as exc:  # e.g. another mount namespace: use the socket path
-                    log.info("worker %d: key %r uses sockets, not shared memory: %s", rank, rec.key, exc)
+                for i, (server, offset, length) in enumerate(rec.parts):
+                    directory = self._dirs.get(server)
+                    if directory is None:
+                        continue
+                    try:
+                        if server not in values:  # one pair per key and server, every part at its offset in the key
+                            values[server] = tuple(map_array(part_file(directory, rec.skey, 0, name), dtype, ends[server])
+                                                   for name in ("v0", "v1"))
+                        v0, v1 = values[server]
+                        rec.shm[i] = SharedPart(
+                            map_array(part_file(directory, rec.skey, offset, f"w{node_id}"), dtype, length),
+                            (v0[offset: offset + length], v1[offset: offset + length]),
+                        )
+                    except OSError as exc:  # e.g. another mount namespace: use the socket path
+                        log.info("worker %d: key %r uses sockets, not shared memory: %s", rank, rec.key, exc)
 
     def _affordable(self, rec: KeyLayout, ends: dict[int, int], rank: int) -> bool:
         """Whether the process has maps left for ``rec``'s buffers here (two values per server, a slot per part);
