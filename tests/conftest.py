@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import compileall
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -17,6 +18,19 @@ except ImportError:  # pragma: no cover - torch is an optional extra
     torch = None
 
 BACKENDS = ["numpy", "torch"] if torch is not None else ["numpy"]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Compile pskv and the examples once, before the test workers start.
+
+    The launched tests start hundreds of Python processes that import pskv from this checkout. Where
+    ``PYTHONDONTWRITEBYTECODE`` is set (as on this project's machines) none of them writes what it compiled,
+    so each would compile pskv's ~140 modules again: 0.3 s of CPU per process, a tenth of the suite's CPU.
+    """
+    if not hasattr(config, "workerinput"):  # the controlling process, not an xdist worker
+        for folder in ("pskv", "examples"):
+            compileall.compile_dir(os.path.join(ROOT, folder), quiet=1)
 
 
 @pytest.fixture
