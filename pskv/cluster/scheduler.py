@@ -417,9 +417,9 @@ class Scheduler:
         return sorted(nid for nid, n in self._nodes.items() if n.dead)
 
     def _check_liveness(self) -> None:
+        held = self._attention.held_up()  # every check: the wait for the first node is no stall
         if not self._nodes:
             return
-        held = self._attention.held_up()
         if held:  # the nodes' heartbeats wait unread: judged at the next check, once they are read
             log.warning("scheduler: its loop was held up for %.1f s; liveness is judged at the next check", held)
             return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -237,4 +238,27 @@ def test_extra_and_repeated_registrations_do_not_spoil_the_real_ones(ctx):
             node.stop()
     finally:
         stranger.close(0)
+        scheduler.stop()
+
+
+def test_the_wait_for_the_first_node_is_not_taken_for_a_held_up_loop(ctx, caplog):
+    # the nodes of a launched job register a second or so after the scheduler starts (their interpreters
+    # import pskv); the scheduler's loop idled meanwhile and says nothing of being held up (it used to,
+    # on every `pskv launch`: its first liveness check measured the time since it was made)
+    cluster = ClusterConfig(num_servers=1, num_workers=1, heartbeat_interval=0.05, heartbeat_timeout=1.0)
+    scheduler = Scheduler(cluster, ctx, address="tcp://127.0.0.1:0")
+    scheduler.start()
+    nodes: list[Node] = []
+    try:
+        time.sleep(0.8)  # the late nodes are the case under test (more than the 0.5 s a check may be late)
+        port = int(scheduler.address.rsplit(":", 1)[1])
+        cfg = dataclasses.replace(cluster, root_uri="127.0.0.1", root_port=port)
+        nodes = [Node(ctx, cfg, Role.SERVER, "tcp://127.0.0.1:5100"), Node(ctx, cfg, Role.WORKER)]
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda n: n.member.register(), nodes))
+        time.sleep(0.3)  # several liveness checks (every 0.025 s) with the nodes known
+        assert "held up" not in caplog.text
+    finally:
+        for n in nodes:
+            n.stop()
         scheduler.stop()
