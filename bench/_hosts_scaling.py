@@ -167,19 +167,25 @@ def run_rounds(args: argparse.Namespace, hosts: SimulatedHosts, work: DistWorklo
                 rdir.mkdir()
                 spec = spec_file(rdir / "spec.json", [work], args.repeats, system == "pskv", workers)
                 before = counters(hosts)
+                lost_before = [hosts.tcp_losses(h.index) for h in (*on, *servers)]
                 t0 = time.perf_counter()
                 with LinkTrace(hosts) as trace:
                     runs[workers][system].append(jobs[system](spec, rdir, workers, on, servers))
                 wall = time.perf_counter() - t0
                 moved = [{k: a[k] - b[k] for k in ("tx", "rx")} for a, b in zip(counters(hosts), before)]
+                # TCP retransmissions and packets the links' queues dropped, worker hosts then server hosts
+                lost = [{k: hosts.tcp_losses(h.index)[k] - was[k] for k in ("retrans", "dropped")}
+                        for h, was in zip((*on, *servers), lost_before)]
                 window = runs[workers][system][-1][1]["results"][work.id].get("window_monotonic_s") or []
                 jobs_log[f"r{rnd}-w{workers}-{system}"] = {
-                    "wall_s": wall, "link_bytes": moved,
+                    "wall_s": wall, "link_bytes": moved, "tcp_losses": lost,
                     "host1_trace": trace.summary(1, window, bits / 8 if bits else None)}
                 median = statistics.median(runs[workers][system][-1][0]["results"][work.id]["samples_s"]
                                            ["push_pull" if system == "gloo" else C_MODE])
                 print(f"round {rnd} W={workers} {system}: {wall:.1f} s, rank 0 median {median:.3g} s/iteration, "
-                      f"{work.value_bytes / median / 1e6:.2f} MB/s per worker", flush=True)
+                      f"{work.value_bytes / median / 1e6:.2f} MB/s per worker, TCP segments retransmitted "
+                      f"{sum(x['retrans'] for x in lost)}, packets dropped by the links' queues "
+                      f"{sum(x['dropped'] for x in lost)}", flush=True)
     return runs, jobs_log
 
 

@@ -68,6 +68,7 @@ from pskv.partition import bytes_per_server  # noqa: E402
 from pskv.testing.hosts import HOST_DEV, SimHost, SimulatedHosts, Unavailable  # noqa: E402
 from pskv.testing.jobs import JobError as ProcError  # noqa: E402
 from pskv.testing.jobs import ProcessGroup as ProcGroup  # noqa: E402
+from pskv.transport.security import generate_keys, write_key_file  # noqa: E402
 
 GLOO_PORT = 29500  # a fresh namespace: nothing else listens there
 SCHEDULER_PORT = 9091
@@ -96,19 +97,21 @@ def write_hostfile(path: Path, hosts: Sequence[SimHost]) -> Path:
 
 def run_pskv(hosts: SimulatedHosts, spec: Path, tmp: Path, timeout: float, workers: int = WORKERS,
              worker_hosts: Sequence[SimHost] | None = None, server_hosts: Sequence[SimHost] = (),
-             env: Sequence[str] = (), script: Path = BENCH_DIR / "_dist_worker_pskv.py") -> list[dict[str, Any]]:
+             env: Sequence[str] = (), script: Path = BENCH_DIR / "_dist_worker_pskv.py",
+             launch_args: Sequence[str] = ()) -> list[dict[str, Any]]:
     """One pskv job through ``pskv launch --launcher ssh``; the workers' JSON, by rank.
 
     ``worker_hosts`` (default: all) form the hostfile, one worker slot each, and run one
     server each unless ``server_hosts`` are given (``--server-hostfile``, one server each).
-    ``script``: the worker program (default the distributed benchmark's; its only argument is ``spec``).
+    ``script``: the worker program (default the distributed benchmark's; its only argument is ``spec``);
+    ``launch_args``: more options of ``pskv launch`` (e.g. ``--curve-key FILE``).
     """
     on = list(worker_hosts or hosts.hosts)
     servers = len(server_hosts) if server_hosts else len(on)
     argv = [sys.executable, "-m", "pskv", "launch", "-n", str(workers), "-s", str(servers), "--launcher", "ssh",
             "-H", str(write_hostfile(tmp / "hostfile", on)), "--ssh-command", hosts.ssh_command(),
             "--port", str(SCHEDULER_PORT), "--timeout", str(timeout), "--exit-grace", "10", "--stop-grace", "2",
-            "--env", "PSKV_STARTUP_TIMEOUT=60", *(f"--env={pair}" for pair in env)]
+            "--env", "PSKV_STARTUP_TIMEOUT=60", *(f"--env={pair}" for pair in env), *launch_args]
     if server_hosts:
         argv += ["--server-hostfile", str(write_hostfile(tmp / "server-hostfile", server_hosts))]
     argv += ["--", sys.executable, str(script), str(spec)]
@@ -222,8 +225,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--workers", default=None,
                    help=f"c only: worker host counts, comma-separated (default {','.join(map(str, C_WORKERS))}; "
                         f"quick {','.join(map(str, C_QUICK_WORKERS))})")
-    p.add_argument("--systems", default=",".join(B_SYSTEMS),
-                   help=f"b only: which systems to run, comma-separated (default {','.join(B_SYSTEMS)})")
+    p.add_argument("--systems", default=",".join(B_DEFAULT_SYSTEMS),
+                   help=f"b only: which systems to run, comma-separated, of {','.join(B_SYSTEMS)} (default "
+                        f"{','.join(B_DEFAULT_SYSTEMS)}; secure: the dedicated placement with a cluster key, "
+                        "pskv launch --curve-key: CURVE and sealed data connections)")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="a setting for every pskv process (pskv launch --env; repeatable), "
                         "e.g. PSKV_PART_BYTES=262144")
@@ -342,7 +347,8 @@ B_WORKERS = 4
 B_RATE = "300mbit"
 B_ROUNDS = 2
 B_REPEATS = 3
-B_SYSTEMS = ("dedicated", "colocated", "gloo")
+B_SYSTEMS = ("dedicated", "colocated", "gloo", "secure")  # secure: dedicated, with --curve-key (sealed data)
+B_DEFAULT_SYSTEMS = ("dedicated", "colocated", "gloo")
 B_TARGET = 1.35  # issue 23's bar: dedicated servers, each pskv call, against Gloo's ring
 B_LABEL = {"dedicated": "pskv, 4 dedicated server hosts", "colocated": "pskv, servers co-located (1 per worker host)",
            "gloo": "Gloo all-reduce (ring)"}
@@ -366,7 +372,7 @@ def model_traffic(system: str, workers: int) -> float:
     co-located one per worker host: (n-1)/n of a push out plus (n-1)/n of the local
     server's replies to the others, the same 2(n-1)/n.
     """
-    return 1.0 if system == "dedicated" else 2 * (workers - 1) / workers
+    return 1.0 if system in ("dedicated", "secure") else 2 * (workers - 1) / workers
 
 
 def link_counters(hosts: SimulatedHosts) -> list[dict[str, int]]:
@@ -440,7 +446,7 @@ def summarize_b(runs: dict[str, list[list[dict[str, Any]]]], workloads: Sequence
                 repeats: int) -> list[dict[str, Any]]:
     """Rows per pskv placement and mode (as :func:`summarize`), with the fraction of the link rate and link bytes."""
     rows = []
-    for system in ("dedicated", "colocated"):
+    for system in (x for x in ("dedicated", "colocated", "secure") if runs.get(x)):
         for row in summarize(runs, workloads, system):
             work = next(w for w in workloads if w.id == row["workload"])
             row["placement"] = system
@@ -453,6 +459,10 @@ def summarize_b(runs: dict[str, list[list[dict[str, Any]]]], workloads: Sequence
                     row[key]["link_bound_s"] = ideal
                     row[key]["link_fraction"] = ideal / row[key]["median_s"]
             rows.append(row)
+    plain = {(r["workload"], r["mode"]): r["pskv"]["median_s"] for r in rows if r["placement"] == "dedicated" and "pskv" in r}
+    for row in rows:  # issue 23's --secure bar: the keyed job's time over the plain one's (<= 1.3x)
+        if row["placement"] == "secure" and "pskv" in row and (row["workload"], row["mode"]) in plain:
+            row["time_vs_plain"] = row["pskv"]["median_s"] / plain[(row["workload"], row["mode"])]
     for row in rows:  # measured link bytes per worker host and iteration, each way (whole jobs: incl. init, checks)
         for who, key in ((row["placement"], "pskv"), ("gloo", "gloo")):
             iters = iterations_per_job(workloads, repeats, who != "gloo")
@@ -537,11 +547,14 @@ def main_b(args: argparse.Namespace, workloads: Sequence[DistWorkload], argv: li
         tmp = Path(tmp_name)
         pskv_spec = spec_file(tmp / "pskv.json", workloads, args.repeats, True, B_WORKERS)
         gloo_spec = spec_file(tmp / "gloo.json", workloads, args.repeats, False, B_WORKERS)
+        key_file = write_key_file(tmp / "cluster.key", generate_keys())  # mode 600; one key for the secure runs
         jobs = {"dedicated": lambda d: run_pskv(hosts, pskv_spec, d, args.timeout, B_WORKERS, worker_hosts,
                                                 server_hosts, args.env),
                 "colocated": lambda d: run_pskv(hosts, pskv_spec, d, args.timeout, B_WORKERS, worker_hosts,
                                                 env=args.env),
-                "gloo": lambda d: run_gloo(hosts, gloo_spec, d, args.timeout, B_WORKERS, worker_hosts)}
+                "gloo": lambda d: run_gloo(hosts, gloo_spec, d, args.timeout, B_WORKERS, worker_hosts),
+                "secure": lambda d: run_pskv(hosts, pskv_spec, d, args.timeout, B_WORKERS, worker_hosts,
+                                             server_hosts, args.env, launch_args=["--curve-key", str(key_file)])}
         for rnd in range(args.rounds):
             chosen = [x for x in B_SYSTEMS if x in args.systems]
             for system in chosen if rnd % 2 == 0 else reversed(chosen):
@@ -574,6 +587,10 @@ def main_b(args: argparse.Namespace, workloads: Sequence[DistWorkload], argv: li
           f"link rate alone allows (dedicated {model_traffic('dedicated', B_WORKERS):g}x the model each way per "
           f"worker link, ring and co-located {model_traffic('gloo', B_WORKERS):g}x) / the median\n")
     print(table_b(rows))
+    secure = [r for r in rows if "time_vs_plain" in r]
+    if secure:
+        print("\nsecure (--curve-key) time / plain (dedicated) time, bar <= 1.3x: " + ", ".join(
+            f"{r['workload']} {r['mode']} {r['time_vs_plain']:.2f}x" for r in secure))
     for system in (x for x in B_SYSTEMS if moved[x]):
         iters = iterations_per_job(workloads, args.repeats, system != "gloo")
         per_host = [statistics.mean(job[i]["tx"] for job in moved[system]) / iters / 1e6 for i in range(len(hosts))]

@@ -230,6 +230,20 @@ class SimulatedHosts:
         stats = json.loads(out)[0]["stats64"]
         return {"tx": int(stats["tx"]["bytes"]), "rx": int(stats["rx"]["bytes"])}
 
+    def tcp_losses(self, index: int) -> dict[str, int]:
+        """Host ``index``'s TCP segments retransmitted so far (``retrans``, its namespace's ``/proc/net/snmp``)
+        and packets its link's shaping dropped (``dropped``: both ``tbf`` queues, out of and into the host):
+        the traces of a link's queue overflowing, e.g. many senders at once to one host (incast)."""
+        host = self.hosts[index]
+        snmp = _must(["ip", "netns", "exec", host.netns, "cat", "/proc/net/snmp"]).splitlines()
+        names, values = (line.split() for line in [x for x in snmp if x.startswith("Tcp:")][:2])
+        dropped = 0
+        for netns, dev in ((host.netns, HOST_DEV), (self.bridge_ns, host.link)):
+            for qdisc in json.loads(_must(["ip", "netns", "exec", netns, "tc", "-s", "-j", "qdisc", "show", "dev", dev])
+                                    or "[]"):
+                dropped += int(qdisc.get("drops", 0)) if qdisc.get("kind") in ("tbf", "netem") else 0
+        return {"retrans": int(dict(zip(names, values))["RetransSegs"]), "dropped": dropped}
+
     def all_of_this_process(self) -> list[str]:
         """Names of the namespaces of these hosts (made by this object) that still exist."""
         out = _must(["ip", "netns", "list"])
