@@ -38,8 +38,12 @@ __all__ = ["FIXED", "ElasticWorkers", "FixedWorkers", "Workers", "workers_of"]
 class FixedWorkers:
     """A job of a fixed number of workers: a worker's failure is the job's."""
 
-    def begin(self, start: Start, stop: Callable[[int], None], address: str, token: str, curve_key_file: str) -> None:
+    def begin(self, start: Start, stop: Callable[[int], None], address: str, token: str, curve_key_file: str,
+              ready: Callable[[str], bool] | None = None) -> None:
         pass
+
+    def hosts(self) -> list[str]:
+        return []
 
     def departed(self, spec: ProcessSpec, returncode: int, what: str) -> bool:
         return False
@@ -80,13 +84,18 @@ class ElasticWorkers:
         self._ending = False  # a worker exited 0: the job is ending, nothing more starts
         self._draining: dict[int, float] = {}  # slot -> when it was asked to leave at the next commit
         self._start: Start | None = None
+        self._ready: Callable[[str], bool] = lambda host: True
         self._stop: Callable[[int], None] = lambda slot: None
         self._roster: RosterClient | None = None
 
-    def begin(self, start: Start, stop: Callable[[int], None], address: str, token: str, curve_key_file: str) -> None:
+    def begin(self, start: Start, stop: Callable[[int], None], address: str, token: str, curve_key_file: str,
+              ready: Callable[[str], bool] | None = None) -> None:
         """Start the first workers (``start(slot, host, local rank)``) once the scheduler listens at ``address``; its
-        launch ``token`` goes with every report of an exit. ``stop(slot)`` ends a drained worker that stays too long."""
+        launch ``token`` goes with every report of an exit. ``stop(slot)`` ends a drained worker that stays too long.
+        ``ready(host)``: whether a host found later may take workers now (the ssh launcher's preflight of it)."""
         self._start, self._stop, self._roster = start, stop, RosterClient(address, token, curve_key_file)
+        if ready is not None:
+            self._ready = ready
         for host in self._first:
             self._launch(host)
 
@@ -122,7 +131,7 @@ class ElasticWorkers:
         for host in list(self.live.values()) + [host for _, host in self._cooling]:
             free[host] = free.get(host, 0) - 1
         self._drain(free)
-        for host in _places({h: n for h, n in free.items() if n > 0}, self.max_workers - len(self.live)):
+        for host in _places({h: n for h, n in free.items() if n > 0 and self._ready(h)}, self.max_workers - len(self.live)):
             self._launch(host)
             self._note(f"started worker slot {self._next_slot - 1} on {host}: it joins at the next commit "
                        f"({len(self.live)} workers)")
@@ -154,6 +163,10 @@ class ElasticWorkers:
         self._local[slot] = next(i for i in range(len(taken) + 1) if i not in taken)  # the lowest free one
         self.live[slot] = host
         self._start(slot, host, self._local[slot])
+
+    def hosts(self) -> list[str]:
+        """The hosts the first workers start on (the discovery's first answer), each once."""
+        return list(dict.fromkeys(self._first))
 
     def close(self) -> None:
         self._discovery.stop()

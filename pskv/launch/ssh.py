@@ -32,7 +32,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pskv import __version__
@@ -54,7 +54,7 @@ from pskv.launch.elastic import workers_of
 from pskv.launch.on_host import publish_address
 from pskv.launch.supervisor import Supervisor, describe_exit, guard_argv
 
-__all__ = ["Host", "HostCheck", "Placement", "check_hosts", "parse_host_list", "parse_hostfile", "read_hostfile", "place", "ssh_argv",
+__all__ = ["Host", "HostCheck", "LatePreflight", "Placement", "check_hosts", "parse_host_list", "parse_hostfile", "read_hostfile", "place", "ssh_argv",
            "ssh_layout", "ssh_specs", "ssh_worker", "run_ssh"]
 
 _CHECK_MARK = "pskv-check:"  # starts the preflight's own lines (a login banner may come before them)
@@ -354,6 +354,49 @@ def check_hosts(config: LaunchConfig, hosts: Sequence[Host], timeout: float) -> 
     return [results.get(h.name, HostCheck(h, reason=f"no answer within {timeout:g} s")) for h in unique]
 
 
+def _note_version(check: HostCheck, note: Callable[[str], None]) -> None:
+    if check.version != __version__:
+        note(f"host {check.host.name}: {check.python} has pskv {check.version}, this launcher {__version__}")
+
+
+class LatePreflight:
+    """The preflight of the hosts an elastic job's discovery script names after the start (ssh).
+
+    Each new host is checked once (:func:`check_hosts`, on a thread of its own, at most
+    ``startup_timeout`` seconds); until its check passes its slots take no worker, and a host
+    that fails is named once, with the reason, and never takes one (a worker started there
+    would fail at once, and again after every ``--respawn-cooldown``).
+
+    Args:
+        pythons: host name -> its interpreter (the hosts checked at the start); a passed host is added.
+        note: prints a launcher note.
+    """
+
+    def __init__(self, config: LaunchConfig, pythons: dict[str, str], note: Callable[[str], None]) -> None:
+        self._config, self._pythons, self._note = config, pythons, note
+        self._asked: set[str] = set()  # hosts whose check started (passed ones are in pythons)
+        self._lock = threading.Lock()
+
+    def ready(self, host: str) -> bool:
+        """Whether workers may start on ``host`` now (the first ask starts its check)."""
+        if host in self._pythons:
+            return True
+        with self._lock:
+            if host in self._asked:
+                return False
+            self._asked.add(host)
+        threading.Thread(target=self._check, args=(host,), daemon=True, name=f"pskv-launch-check-{host}").start()
+        return False
+
+    def _check(self, host: str) -> None:
+        (check,) = check_hosts(self._config, [Host(host)], self._config.startup_timeout)
+        if not check.python:
+            self._note(f"host {host}: cannot run pskv: {check.reason}; its slots take no worker")
+            return
+        _note_version(check, self._note)
+        self._pythons[host] = check.python  # one assignment: the supervisor's thread reads it
+
+
 def run_ssh(config: LaunchConfig, console: Console) -> int:
     """Run the job on the hostfile's hosts; returns the launcher's exit code.
 
@@ -371,18 +414,22 @@ def run_ssh(config: LaunchConfig, console: Console) -> int:
     console.started(config.num_workers, config.num_servers,
                     f"{hosts[0].address}:{DEFAULT_SSH_PORT if config.port is None else config.port}"
                     if config.num_servers else "no host (-s 0: workers only)", "ssh")
-    checks = check_hosts(config, [*hosts, *(server_hosts or [])], config.startup_timeout)
-    failed = [c for c in checks if not c.python]
-    for c in failed:
-        console.note(f"host {c.host.name}: cannot run pskv: {c.reason}")
-    if failed:
-        raise LaunchError(f"the preflight failed on {len(failed)} of {len(checks)} host(s) (pskv must import there "
-                          "with --python PATH or python3, in the same directory); nothing was started")
-    for c in checks:
-        if c.version != __version__:
-            console.note(f"host {c.host.name}: {c.python} has pskv {c.version}, this launcher {__version__}")
-    pythons = {c.host.name: c.python for c in checks}
     config, workers = workers_of(config, console.note, {h.name: h.slots for h in hosts})
+    with contextlib.ExitStack() as unless_started:
+        unless_started.callback(workers.close)
+        # an elastic job's first discovered hosts are checked with the others; hosts found later by LatePreflight
+        found = [Host(name) for name in workers.hosts() if name not in {h.name for h in hosts}]
+        checks = check_hosts(config, [*hosts, *(server_hosts or []), *found], config.startup_timeout)
+        failed = [c for c in checks if not c.python]
+        for c in failed:
+            console.note(f"host {c.host.name}: cannot run pskv: {c.reason}")
+        if failed:
+            raise LaunchError(f"the preflight failed on {len(failed)} of {len(checks)} host(s) (pskv must import "
+                              "there with --python PATH or python3, in the same directory); nothing was started")
+        unless_started.pop_all()
+    for c in checks:
+        _note_version(c, console.note)
+    pythons = {c.host.name: c.python for c in checks}
     specs = ssh_specs(config, hosts, server_hosts, pythons)
     publish_address(config, console, f"{hosts[0].address}:{DEFAULT_SSH_PORT if config.port is None else config.port}")
     note = omp_note(config.env, omp_num_threads_set())
@@ -401,7 +448,8 @@ def run_ssh(config: LaunchConfig, console: Console) -> int:
             workers.begin(lambda slot, host, local: supervisor.start(ssh_worker(config, layout, pythons, slot,
                                                                                 Host(host), local)),
                           supervisor.stop_worker,
-                          f"tcp://{hosts[0].address}:{layout.root_port}", config.launch_token, config.curve_key_file)
+                          f"tcp://{hosts[0].address}:{layout.root_port}", config.launch_token, config.curve_key_file,
+                          LatePreflight(config, pythons, console.note).ready)
         except LaunchError as exc:
             supervisor.abort(str(exc))
         return supervisor.run()

@@ -247,28 +247,64 @@ def test_a_byteps_jobs_workers_keep_their_weights_through_a_departure(tmp_path: 
     check_job(text, [(0, 1, 2)] * 3 + [(0, 2)] * 3, [(0, 0, 2), (2, 1, 2)])
 
 
-def test_an_elastic_job_over_ssh_goes_on_without_a_killed_worker(tmp_path: Path):
+def test_an_elastic_job_over_ssh_goes_on_without_a_killed_worker_and_never_starts_one_where_pskv_cannot_run(
+        tmp_path: Path):
     # the ssh launcher's processes through a stand-in ssh that runs the remote command here (a real sshd
-    # is not on these machines): each worker one ssh session, a departure reported as locally
+    # is not on these machines): each worker one ssh session, a departure reported as locally. Mid-job the
+    # discovery script names a host ssh cannot reach: its preflight fails, it is named once, no worker goes there
     from pskv.testing.jobs import free_port
     from tests.integration.test_launcher import FAKE_SSH
 
-    script, bindir = tmp_path / "train.py", tmp_path / "bin"
+    script, bindir, found, go = tmp_path / "train.py", tmp_path / "bin", tmp_path / "found", tmp_path / "go"
     script.write_text(TRAIN)
     bindir.mkdir()
-    (bindir / "ssh").write_text(FAKE_SSH)
+    unreachable = '[ "$host" = nopskv ] && { echo "ssh: Could not resolve hostname nopskv" >&2; exit 255; }\nexec '
+    (bindir / "ssh").write_text(FAKE_SSH.replace("exec ", unreachable))  # each call logged, then nopskv's fails
     (bindir / "ssh").chmod(0o755)
     (tmp_path / "hosts").write_text("127.0.0.1 3\n")
+    found.write_text("127.0.0.1:3\n")
     env = child_env({"ELASTIC_STORE": "dist_sync", "ELASTIC_STEPS": "6", "ELASTIC_KILL": "1:3:after",
-                     "ELASTIC_GROW_STEP": "-1", "ELASTIC_GO": str(tmp_path / "go"), "MXNET_KVSTORE_BIGARRAY_BOUND": "4",
+                     "ELASTIC_GROW_STEP": "4", "ELASTIC_GO": str(go), "MXNET_KVSTORE_BIGARRAY_BOUND": "4",
                      "PATH": f"{bindir}:{child_env()['PATH']}", "FAKE_SSH_LOG": str(tmp_path / "ssh.log")})
     with ProcessGroup("elastic") as group:
         launcher = start_launch(group, ["--launcher", "ssh", "-H", str(tmp_path / "hosts"), "--port", str(free_port()),
                                         "-n", "2:3", "-s", "1", "--respawn-cooldown", "3600", "--timeout", "60",
+                                        "--host-discovery-script", f"cat {found}", "--discovery-interval", "0.1",
                                         "--", sys.executable, str(script)], tmp_path, env)
+        launcher.expect("waiting at step 4", DEADLINE)  # after slot 1's departure at step 3
+        found.write_text("127.0.0.1:3\nnopskv:1\n")
+        launcher.expect("host nopskv: cannot run pskv: ssh exited with code 255", DEADLINE)
+        go.write_text("")
         code = launcher.wait(DEADLINE)
         text = launcher.output()
     assert code == 0, text
     assert "worker slot 1 on 127.0.0.1 was killed by SIGKILL: it left the job; 2 workers go on (MIN 2, MAX 3)" in text
-    assert len((tmp_path / "ssh.log").read_text().splitlines()) == 1 + 2 + 3  # the preflight, the roles, the workers
+    assert re.search(r"host nopskv: cannot run pskv: ssh exited with code 255 .*: ssh: Could not resolve hostname "
+                     r"nopskv; its slots take no worker\n", text), text
+    calls = (tmp_path / "ssh.log").read_text().splitlines()
+    assert len(calls) == 1 + 2 + 3 + 1, calls  # the preflight, the roles, the workers, nopskv's preflight
+    assert [c.split()[0] for c in calls].count("nopskv") == 1, calls  # no worker was started there
     check_job(text, [(0, 1, 2)] * 3 + [(0, 2)] * 3, [(0, 0, 2), (2, 1, 2)])
+
+
+def test_a_first_discovered_host_where_pskv_cannot_run_stops_the_launch_before_anything_starts(tmp_path: Path):
+    # the discovery script's first answer is checked with the hostfile's hosts, as a fixed job's hosts are
+    from tests.integration.test_launcher import FAKE_SSH
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    unreachable = '[ "$host" = nopskv ] && { echo "ssh: Could not resolve hostname nopskv" >&2; exit 255; }\nexec '
+    (bindir / "ssh").write_text(FAKE_SSH.replace("exec ", unreachable))
+    (bindir / "ssh").chmod(0o755)
+    (tmp_path / "hosts").write_text("127.0.0.1 2\n")
+    env = child_env({"PATH": f"{bindir}:{child_env()['PATH']}", "FAKE_SSH_LOG": str(tmp_path / "ssh.log")})
+    with ProcessGroup("elastic") as group:
+        launcher = start_launch(group, ["--launcher", "ssh", "-H", str(tmp_path / "hosts"), "-n", "2:3", "-s", "1",
+                                        "--host-discovery-script", "echo 127.0.0.1:2; echo nopskv:1", "--timeout", "60",
+                                        "--", sys.executable, "-c", "pass"], tmp_path, env)
+        code = launcher.wait(DEADLINE)
+        text = launcher.output()
+    assert code == 1, text
+    assert "host nopskv: cannot run pskv: ssh exited with code 255" in text, text
+    assert "the preflight failed on 1 of 2 host(s)" in text and "nothing was started" in text, text
+    assert len((tmp_path / "ssh.log").read_text().splitlines()) == 2  # the two preflights, nothing else
