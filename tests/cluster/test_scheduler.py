@@ -219,6 +219,10 @@ def test_extra_and_repeated_registrations_do_not_spoil_the_real_ones(ctx):
         for request in range(50):  # the same socket again and again: one pending entry
             stranger.send_multipart(encode(Header(Command.REGISTER, request, 0,
                                                   body=Register("worker", "tcp://127.0.0.1:1").encode())))
+        deadline = time.monotonic() + WAIT  # the stranger holds the one worker place before the extra asks
+        while not scheduler._pending:  # (two sockets' messages may otherwise be read in either order)
+            assert time.monotonic() < deadline, "the stranger's registration was not read"
+            time.sleep(0.01)
         extra = ctx.socket(zmq.DEALER)
         extra.linger = 0
         extra.connect(scheduler.address)
