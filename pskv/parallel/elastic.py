@@ -14,7 +14,7 @@ too, then redo the steps. :class:`ElasticTrainer` is that state for one :class:`
   pulls the servers' rolled-back weights instead.
 * :meth:`ElasticTrainer.share_states` gives every worker rank 0's local optimizer state after a join (a
   joiner has none; with ``update_on_kvstore`` the servers hold it): its bytes (the state file's) travel in a
-  key made for that view by rank 0's ``init``.
+  key of their length, which rank 0's broadcast makes or overwrites.
 * :meth:`ElasticTrainer.adopt` follows a new view, whether a commit's release or a restore brought it: the
   number of workers a step's gradient is averaged over becomes the view's W (``rescale_grad = 1 / (batch x
   W)``: a step's gradient is the mean over that step's samples of all its workers, the global batch is batch x
@@ -120,10 +120,12 @@ class ElasticTrainer:
         with torch.no_grad():
             self.kv.pull(keys.keys, out=[v for b, w in enumerate(t._weights) for v in keys.views(b, w)])
 
-    def share_states(self, key: str, size_key: str) -> None:
+    def share_states(self, prefix: str, size_key: str) -> None:
         """Rank 0's local optimizer state on every worker of the view (after a join). A collective: ``size_key``
-        (an int64 key every worker made) carries its length, a new ``key`` made by rank 0's ``init`` its bytes.
-        Nothing with ``update_on_kvstore`` or without a local optimizer."""
+        (an int64 key every worker made) carries its length, rank 0's broadcast of key ``prefix`` + its length in
+        words its bytes. The key is made by the first join of a length and overwritten by the next ones of that
+        length (a state's length stays the same once the optimizer has stepped), so joins do not pile keys up on
+        the servers. Nothing with ``update_on_kvstore`` or without a local optimizer."""
         t, kv = self.trainer, self.kv
         updater = t._updater
         if t.update_on_kvstore or updater is None:
@@ -135,12 +137,12 @@ class ElasticTrainer:
             size = np.array([len(mine)], np.int64)
             kv.broadcast(size_key, size, out=size)
             words = -(-int(size[0]) // 8)  # the bytes travel as int64 words (the stores' dtypes have no bytes)
-            ours = np.frombuffer(mine.ljust(words * 8, b"\0"), np.int64).copy() if kv.rank == 0 else None
-            kv.init(key, ours if ours is not None else np.zeros(words, np.int64))  # rank 0's value is the key's
+            ours = (np.frombuffer(mine.ljust(words * 8, b"\0"), np.int64).copy() if kv.rank == 0
+                    else np.zeros(words, np.int64))
+            theirs = np.empty(words, np.int64)
+            kv.broadcast(f"{prefix}{words}w", ours, out=theirs)  # rank 0's value, made or overwritten
             if kv.rank == 0:
                 return
-            theirs = np.empty(words, np.int64)
-            kv.pull(key, out=theirs)
             Path(path).write_bytes(theirs.tobytes()[:int(size[0])])
             updater.load_states(path)  # states and counts; the optimizer object stays the Trainer's
 

@@ -170,7 +170,7 @@ class ElasticRun:
             if following is not None:  # more workers came (or went) at that commit: once more, with them
                 view = following
                 continue
-            self.elastic.share_states(f"{self.key}states{view.epoch}", self.size_key)
+            self.elastic.share_states(f"{self.key}states-", self.size_key)
             self.synced = set(view.members)
         self.elastic.adopt()
 

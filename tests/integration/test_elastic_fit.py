@@ -323,3 +323,41 @@ def test_through_pskv_launch_a_worker_killed_mid_fit_leaves_and_an_added_one_joi
     for w in weights[1:]:
         np.testing.assert_array_equal(w, weights[0])
     np.testing.assert_allclose(weights[0], expected, rtol=0, atol=1e-9)
+
+
+def test_rank_0s_local_optimizer_state_reaches_every_worker_through_one_key_per_length():
+    # what a join of fit(elastic=True) runs (ElasticTrainer.share_states) three times, for states of 40, 40 and
+    # 12 bytes: every worker ends with rank 0's bytes each time, and the servers hold one key per length, not
+    # one per join (a long job's joins would pile up copies of the optimizer state)
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from pskv.parallel.elastic import ElasticTrainer
+
+    class StateFile:  # a local optimizer's save_states / load_states: its state as a file's bytes
+        data = b""
+
+        def save_states(self, path: str) -> None:
+            Path(path).write_bytes(self.data)
+
+        def load_states(self, path: str) -> None:
+            self.data = Path(path).read_bytes()
+
+    rounds = [b"momentum-of-rank-0:a" * 2, b"momentum-of-rank-0:b" * 2, b"short state!"]
+
+    def join_three_times(kv) -> list[bytes]:
+        updater = StateFile()
+        elastic = ElasticTrainer(SimpleNamespace(update_on_kvstore=False, _updater=updater, kvstore=kv,
+                                                 optimizer=None, learning_rate=LR))
+        kv.init("states", np.zeros(1, np.int64))
+        got = []
+        for mine in rounds:
+            updater.data = mine if kv.rank == 0 else b"nothing yet"
+            elastic.share_states("states-", "states")
+            got.append(updater.data)
+        return got
+
+    with InProcessCluster(1, 2, deadline=30.0, **SETTINGS) as cluster:
+        assert cluster.run_stores(join_three_times) == [rounds, rounds]
+        held = {key for key, _ in cluster.servers[0]._core.shard.parts}
+    assert len(held) == 1 + 2  # the length key, then one key for 40 bytes (5 words) and one for 12 (2 words)
