@@ -42,12 +42,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pskv.errors import InvalidArgumentError, MembershipChangedError, NotSupportedError
-from pskv.parallel.checkpoint import save_checkpoint
 from pskv.parallel.data import NDArrayIter, batch_arrays
 from pskv.parallel.data import begin_epoch as start_epoch
 from pskv.parallel.elastic import ElasticTrainer, TrainerSnapshot
 from pskv.parallel.elastic_data import advanced, partition
-from pskv.parallel.fit import _bind_from, _EpochTotals, _metric, _print_epoch, _Run, evaluate
+from pskv.parallel.fit import _bind_from, _epoch_record, _EpochTotals, _metric, _Run
 
 if TYPE_CHECKING:
     from pskv.kvstore.dist_job import DistJob
@@ -264,17 +263,5 @@ class ElasticRun:
 
     def _record(self, epoch: int, metric: Any, totals: _EpochTotals, seconds: float) -> dict[str, Any]:
         """The epoch's record (as fit's, plus ``workers``: W at its end); evaluation and checkpoint when due."""
-        run = self.run
-        record: dict[str, Any] = {"epoch": epoch, "loss": totals.loss_sum / max(totals.samples, 1),
-                                  "train": dict(metric.get_name_value()), "workers": self.kv.num_workers,
-                                  "samples_per_s": totals.samples * self.kv.num_workers / max(seconds, 1e-9),
-                                  "seconds": seconds}
-        if run.eval_data is not None:
-            start_epoch(run.eval_data, 0)
-            record["eval"] = evaluate(run.group, run.eval_data, run.eval_metric)
-        if run.checkpoint_dir is not None and ((epoch + 1 - run.begin_epoch) % run.checkpoint_period == 0
-                                               or epoch == run.num_epoch - 1):
-            record["checkpoint"] = str(save_checkpoint(run.trainer, run.checkpoint_dir, epoch))
-        if run.show or self.kv.rank == 0:  # rank 0 now: the oldest member
-            _print_epoch(record, run.num_epoch)
-        return record
+        return _epoch_record(self.run, epoch, totals, seconds, metric, elastic_workers=self.kv.num_workers,
+                             show=self.run.show or self.kv.rank == 0)  # rank 0 now: the oldest member

@@ -294,18 +294,23 @@ def _train_step(run: _Run, batch: Any, epoch: int, metric: Any, totals: _EpochTo
         run.kv.save_checkpoint(meta={"epoch": epoch, "step": totals.steps})  # collective: every worker steps alike
 
 
-def _epoch_record(run: _Run, epoch: int, totals: _EpochTotals, seconds: float, metric: Any) -> dict[str, Any]:
-    """The epoch's record: training figures, then evaluation and a checkpoint when due; printed on ``show``."""
-    record: dict[str, Any] = {"epoch": epoch, "loss": totals.loss_sum / totals.samples,
-                              "train": dict(metric.get_name_value()),
-                              "samples_per_s": totals.samples * run.workers / seconds, "seconds": seconds}
+def _epoch_record(run: _Run, epoch: int, totals: _EpochTotals, seconds: float, metric: Any,
+                  elastic_workers: int = 0, show: bool | None = None) -> dict[str, Any]:
+    """The epoch's record: training figures, then evaluation and a checkpoint when due; printed on ``show``
+    (default ``run.show``). ``elastic_workers``: W at the epoch's end in an elastic fit (recorded as ``workers``)."""
+    workers = elastic_workers or run.workers
+    record: dict[str, Any] = {"epoch": epoch, "loss": totals.loss_sum / max(totals.samples, 1),
+                              "train": dict(metric.get_name_value())}
+    if elastic_workers:
+        record["workers"] = elastic_workers
+    record.update(samples_per_s=totals.samples * workers / max(seconds, 1e-9), seconds=seconds)
     if run.eval_data is not None:
         start_epoch(run.eval_data, 0)
         record["eval"] = evaluate(run.group, run.eval_data, run.eval_metric)
     if run.checkpoint_dir is not None and ((epoch + 1 - run.begin_epoch) % run.checkpoint_period == 0
                                            or epoch == run.num_epoch - 1):
         record["checkpoint"] = str(save_checkpoint(run.trainer, run.checkpoint_dir, epoch))
-    if run.show:
+    if run.show if show is None else show:
         _print_epoch(record, run.num_epoch)
     return record
 
