@@ -75,6 +75,7 @@ CLUSTER_ENV_VARS: dict[str, tuple[str, str]] = {
     "PSKV_IO_THREADS": ("io_threads", "ZeroMQ I/O threads of a server or worker process (default 0: pskv's choice, 2)"),
     "PSKV_DATA_CHANNEL": ("data_channel", "how workers send arrays to servers on other hosts: tcp (TCP connections, pskv.transport.stream; sealed with AES-GCM in a job with PSKV_CURVE_KEY_FILE, pskv.transport.sealed) or zmq (ZeroMQ, CURVE in a keyed job) (default tcp)"),
     "PSKV_PART_BYTES": ("part_bytes", "bytes of one part of a value on a server and of one socket message's values: longer slices are cut, so big values travel as a pipeline of pieces; the same in every worker of a job (default: 1048576 between hosts, 4194304 when every node is on one host; chosen from the link and the model, docs/distributed.md; 0: no cut)"),
+    "PSKV_CALL_WINDOW": ("call_window", "messages of one call of one key a worker keeps unanswered per server between hosts: the next goes as a reply comes, so W workers' flows into a server stay even (default 4; 0: no limit; pskv.worker.pacing)"),
     "PSKV_MAX_TABLE_BYTES": ("max_table_bytes", "bytes of row-sparse keys (their ranges of rows) one server holds at most: an init that would pass it is refused (default 17179869184)"),
     "PSKV_STARTUP_TIMEOUT": ("startup_timeout", "seconds to wait for every node to register (default 60)"),
     "PSKV_REQUEST_TIMEOUT": ("request_timeout", "seconds a request waits for its reply before TimeoutError (default 300)"),
@@ -211,6 +212,9 @@ class ClusterConfig:
         data_channel: ``"tcp"``: workers send to servers on other hosts over TCP
             connections (:mod:`pskv.transport.stream`; in a job with ``curve_key_file``
             sealed with keys agreed from it, :mod:`pskv.transport.sealed`); ``"zmq"``: over ZeroMQ.
+        call_window: between hosts, the most messages of one call of one key a worker keeps
+            unanswered per server (:mod:`pskv.worker.pacing`); 0: no limit. -1 (the default):
+            4 between hosts, none on one host (:attr:`window`).
         max_table_bytes: bytes of row-sparse keys (their ranges of rows) one server holds at
             most (:mod:`pskv.server.rows`); an init that would pass it is refused.
         startup_timeout: seconds to wait for every node to register.
@@ -267,6 +271,7 @@ class ClusterConfig:
     heartbeat_timeout: float = 10.0
     bigarray_bound: int = 0
     part_bytes: int = -1
+    call_window: int = -1
     max_table_bytes: int = 16 << 30
     data_channel: str = "tcp"
     io_threads: int = 0
@@ -306,18 +311,15 @@ class ClusterConfig:
         _check_elastic(self.min_workers, self.max_workers)
         if self.local_rank < -1:
             raise InvalidArgumentError(f"local_rank must be >= 0 (or -1: not set), got {self.local_rank}")
-        if self.bigarray_bound < 0:
-            raise InvalidArgumentError(f"bigarray_bound must be >= 0 (0: even placement), got {self.bigarray_bound}")
-        if self.keep_freed_bytes < 0:
-            raise InvalidArgumentError(f"keep_freed_bytes must be >= 0 (0: malloc's defaults), got {self.keep_freed_bytes}")
         if not 0 <= self.io_threads <= 64:
             raise InvalidArgumentError(f"io_threads must be in 0..64 (0: pskv's choice), got {self.io_threads}")
         if self.data_channel not in ("tcp", "zmq"):
             raise InvalidArgumentError(f"data_channel (PSKV_DATA_CHANNEL) must be tcp or zmq, got {self.data_channel!r}")
-        if self.shm_rows_bytes < 0:
-            raise InvalidArgumentError(f"shm_rows_bytes must be >= 0 (0: rows through sockets), got {self.shm_rows_bytes}")
-        if self.part_bytes < -1:
-            raise InvalidArgumentError(f"part_bytes must be >= 0 (0: no cut), got {self.part_bytes}")
+        for name, least, zero in (("bigarray_bound", 0, "even placement"), ("keep_freed_bytes", 0, "malloc's defaults"),
+                                  ("shm_rows_bytes", 0, "rows through sockets"), ("call_window", -1, "no limit"),
+                                  ("part_bytes", -1, "no cut")):  # -1: chosen by pskv
+            if getattr(self, name) < least:
+                raise InvalidArgumentError(f"{name} must be >= 0 (0: {zero}), got {getattr(self, name)}")
         for name in ("max_message_bytes", "max_frames", "send_queue_bytes", "max_table_bytes"):
             if getattr(self, name) < 1:
                 raise InvalidArgumentError(f"{name} must be >= 1, got {getattr(self, name)}")
@@ -392,8 +394,21 @@ class ClusterConfig:
     def part_pieces(self) -> int:
         """The fewest partitions a slice of a value is cut into (each of at least
         :data:`pskv.partition.MIN_PIECE_BYTES`): 8 between hosts, so one value's exchange is a
-        pipeline that keeps both directions of a link busy; 1 on one host."""
-        return 1 if self.local_job else 8
+        pipeline that keeps both directions of a link busy, and at least 2 per server, so a
+        partition's round (a piece from every worker) stays small as the job grows; 1 on one host."""
+        return 1 if self.local_job else max(8, 2 * self.num_servers)
+
+    @cached_property
+    def window(self) -> int:
+        """The most messages of one call of one key a worker keeps unanswered per server
+        (:mod:`pskv.worker.pacing`): ``call_window`` if set, else 4 between hosts and 0 (no
+        limit) on one host, where the link is memory; 0 in a job resumed from a checkpoint,
+        whose servers may run an optimizer."""
+        if self.resume_from:
+            return 0
+        if self.call_window >= 0:
+            return self.call_window
+        return 0 if self.local_job else 4
 
     @cached_property  # read on every call's message cut: computed once
     def message_bytes(self) -> int:

@@ -39,9 +39,10 @@ message. It is chosen from the link and the model:
   MobileNet). 1 MiB meets both for links up to ~3 Gbit/s and models from ~40 MB; links
   of 10 Gbit/s and more want 4 MiB, small models on slow links 256 KiB.
 
-Between hosts a slice is also cut into at least 8 partitions (``pieces``,
-:attr:`pskv.config.ClusterConfig.part_pieces`) of at least :data:`MIN_PIECE_BYTES`: a call of one
-value (a gradient bucket) is a pipeline only if each server has several of its partitions.
+Between hosts a slice is also cut into at least 8 partitions, and at least 2 per server (``pieces``,
+:attr:`pskv.config.ClusterConfig.part_pieces`: 16 with 8 servers), of at least :data:`MIN_PIECE_BYTES`:
+a call of one value (a gradient bucket) is a pipeline only if each server has several of its
+partitions, and a partition's round (a piece from each of W workers) stays small as W grows.
 Every worker sends a call's messages to the servers in turn, starting at its own rank's server
 (:func:`pskv.worker.layout.by_server`), so the servers receive from the workers in parallel
 instead of all from server 0 first; partition ``j`` of every server then completes after

@@ -155,6 +155,7 @@ class ServerCollectives:
         """
         if not isinstance(optimizer, Optimizer):
             raise InvalidTypeError(f"set_optimizer needs a pskv.optimizer.Optimizer, got {type(optimizer).__qualname__}")
+        self._worker.client.pacing.off()  # the servers answer a key's pieces only once they have them all
         if recovery:  # the servers run the job's optimizer already (with its state)
             return
         self.run("set_optimizer", lambda: self._worker.control.set_optimizer(optimizer.to_config()))

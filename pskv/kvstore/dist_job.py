@@ -175,6 +175,7 @@ class DistJob(StoreFrontEnd[KeyLayout]):
             CollectiveMismatchError: the workers are in different collectives.
         """
         self._check_open("load_optimizer_states")
+        self._worker.client.pacing.off()  # the servers run an optimizer (pskv.worker.pacing)
         self._servers.run("load_optimizer_states", lambda: load_states(
             self._worker, fname, self._num_servers, self._cluster.max_message_bytes))
 

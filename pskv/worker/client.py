@@ -62,8 +62,10 @@ from pskv.transport.unix import LocalConnection
 from pskv.worker.elastic import WorkerView
 from pskv.worker.fold import HeldPushes
 from pskv.worker.lanes import Lanes
+from pskv.worker.pacing import Pacing
 from pskv.worker.quiet import QuietPushes
 from pskv.worker.replacement import ServerReplacement, WorkerRejoin
+from pskv.worker.requests import WorkerRequest
 
 __all__ = ["WorkerClient", "WorkerRequest"]
 
@@ -79,42 +81,6 @@ class Channel(Protocol):
     def send(self, frames: list[Any]) -> None: ...
 
     def close(self) -> None: ...
-
-
-class WorkerRequest(Pending):
-    """A request to a server, with what the worker's send queue records about it.
-
-    Sent on a local connection, its waiter reads the replies itself
-    (:meth:`WorkerClient._read_local`) instead of waiting for the reactor thread to.
-    """
-
-    __slots__ = ("quiet", "sent", "epoch", "local", "overtook", "reader")
-
-    def __init__(self, request: int, node: int, what: str,
-                 callback: Callable[[Pending], None] | None = None, timeout: float | None = None) -> None:
-        super().__init__(request, node, what, callback, timeout)
-        self.quiet = False  # answered only on failure: a later reply from the server confirms it
-        self.sent: int | None = None  # the per-server sequence number of the message, once sent
-        self.epoch: int | None = None  # which incarnation of the server it was sent to (None: not sent yet)
-        self.local: WorkerClient | None = None  # sent on a local connection of this client
-        self.overtook = False  # sent on the reply connection, ahead of the request connection's queue
-        self.reader: PolledConnection | None = None  # where its reply comes, if not the server's usual
-
-    def wait(self, timeout: float | None, stated: float | None = None) -> Header:
-        """Wait for the reply (see :meth:`Pending.wait`); on a local connection, read it in this thread."""
-        client = self.local
-        if client is None or self._done:
-            return super().wait(timeout, stated)
-        deadline = math.inf if timeout is None else time.monotonic() + timeout
-        client._read_local(self, deadline)  # the error names the timeout given, not what is left of it
-        return super().wait(None if timeout is None else max(0.0, deadline - time.monotonic()),
-                            timeout if stated is None else stated)
-
-    def background(self) -> None:
-        """Nobody in this thread waits for the reply now: make sure it is read (by the reactor)."""
-        client = self.local
-        if client is not None and not self.quiet and not self._done:
-            client._attend(self.node)
 
 
 def _answered(pending: WorkerRequest) -> bool:
@@ -156,6 +122,7 @@ class WorkerClient:
         self._paused: collections.Counter[int] = collections.Counter()
         self.quiet = QuietPushes(self.tracker, self._sync)  # quiet requests sent, not yet confirmed
         self.held = HeldPushes(self)  # quiet pushes held for the pull behind them (KVWorker's)
+        self.pacing = Pacing(self, cluster.window)  # a call's unanswered messages per server, between hosts
         self._seq = itertools.count()
         self._tx = os.urandom(8).hex()  # names this worker's send-only sockets (HELLO) and data connections
         self.info: NodeInfo | None = None
@@ -288,19 +255,32 @@ class WorkerClient:
         Raises:
             NodeFailedError: that server is already known dead.
         """
+        pending = self.prepare(server, command, arrays, data, body, priority, what, timeout, quiet, flags)
+        frames: list[Any] = pending.frames  # type: ignore[assignment]  # set by prepare
+        if overtake and not quiet and self._overtake(server, frames, pending):
+            return pending
+        self._queue_and_send(-priority, server, frames, pending)
+        return pending
+
+    def prepare(self, server: int, command: Command, arrays: tuple[ArraySpec, ...] = (),
+                data: list[Any] | None = None, body: str = "", priority: int = 0, what: str = "",
+                timeout: float | None = None, quiet: bool = False, flags: int = 0) -> WorkerRequest:
+        """The request :meth:`request` would send, encoded and awaited but not sent: :meth:`submit` sends it
+        (:mod:`pskv.worker.pacing` holds some a while)."""
         pending = self.tracker.new(node_id(Role.SERVER, server), what or command.name.lower(),
                                    timeout=None if quiet else timeout)
         pending.quiet = quiet
         pending.local = self if self._local_conn(server) is not None else None
         if quiet:
             flags |= Flag.QUIET
-        frames = encode(Header(command, pending.request, self.node_id, arrays, priority, body, flags, self.view_epoch),
-                        data or [])
-        pending.frames = frames  # sent again after a reset connection, or to a replacement server
-        if overtake and not quiet and self._overtake(server, frames, pending):
-            return pending
-        self._queue_and_send(-priority, server, frames, pending)
+        pending.frames = encode(Header(command, pending.request, self.node_id, arrays, priority, body, flags,
+                                       self.view_epoch), data or [])  # kept: sent again after a reset, or to a replacement
         return pending
+
+    def submit(self, server: int, priority: int, pending: WorkerRequest) -> None:
+        """Send (or queue) a request made with :meth:`prepare`."""
+        assert pending.frames is not None
+        self._queue_and_send(-priority, server, pending.frames, pending)
 
     def _overtake(self, server: int, frames: list[Any], pending: WorkerRequest) -> bool:
         """Send ``pending`` on ``server``'s reply connection (see :meth:`request`); False: not possible."""

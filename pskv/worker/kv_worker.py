@@ -278,6 +278,7 @@ class KVWorker:
         # compressed: every message's payloads are made ahead on the compressing threads, while the first go out
         ahead = [compression.payloads(items) if compression is not None else None for _, _, items in messages]
         sent_flags = flags | (Flag.COMPRESSED | (Flag.COMPRESS_REPLY if squeezed_reply else 0) if compression else 0)
+        request = self.client.pacing.requester(layouts, messages, quiet or hold)  # of the socket messages
         for (server, shared, items), payloads in zip(messages, ahead):
             # a push carries its number: the servers apply each (worker, part, number) at most once
             specs = tuple(part_spec(rec, i, rec.pushes[i] + 1 if pushes else 0) for rec, i in items)
@@ -296,8 +297,8 @@ class KVWorker:
                 if hold:  # recorded for a replacement server as it leaves
                     pending = held.hold(server, specs, data, sent_flags, priority, items)
                 else:
-                    pending = self.client.request(server, command, specs, data, body, priority=priority,
-                                                  timeout=limit, quiet=quiet, flags=sent_flags)
+                    pending = request(server, command, specs, data, body, priority=priority, timeout=limit,
+                                      quiet=quiet, flags=sent_flags)
                     if pushes and self._replay is not None:  # kept until the next checkpoint
                         self._replay.record(server, command, pending, specs, data, sent_flags, body)
             if pushes:

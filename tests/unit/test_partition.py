@@ -76,3 +76,19 @@ def test_each_worker_sends_a_calls_messages_from_its_own_ranks_server_on():
         for server in range(4):
             mine = [i for s, _, items in messages if s == server for _, i in items]
             assert mine == sorted(mine) and len(mine) == 8 and len(messages) == 32
+
+
+def test_between_hosts_each_server_gets_at_least_two_partitions_of_a_slice_and_calls_a_window():
+    """More servers, smaller rounds: a partition's round is a piece from every worker (pskv.worker.pacing's window too)."""
+    from pskv.config import ClusterConfig
+
+    def cluster(**env):
+        return ClusterConfig.from_env({"DMLC_PS_ROOT_URI": "10.0.0.1", **env})
+
+    eight = cluster(DMLC_NUM_SERVER="8")
+    assert (eight.part_pieces, eight.window) == (16, 4)
+    assert len(split(7, 16 << 20, 8, 0, eight.part_size, 4, pieces=eight.part_pieces)) == 128  # 128 KiB partitions
+    assert cluster(DMLC_NUM_SERVER="2").part_pieces == 8
+    assert cluster(DMLC_NUM_SERVER="8", PSKV_CALL_WINDOW="0").window == 0
+    assert cluster(DMLC_NUM_SERVER="8", PSKV_RESUME_FROM="/ckpt").window == 0  # its servers may run an optimizer
+    assert ClusterConfig.from_env({"DMLC_PS_ROOT_URI": "127.0.0.1", "DMLC_NUM_SERVER": "8"}).window == 0  # one host
