@@ -37,7 +37,7 @@ import report  # noqa: E402  (bench/report.py: the same result files)
 OUT = report.ROOT / "docs" / "img"
 #: Runs only charted (not quoted by report.py's texts): the current run of each.
 CHART_SOURCES = {
-    "hosts_scaling": "hosts_scaling_20261128_100mbit.json",  # bench_hosts.py --setup c: W = 2, 4, 8, 100 Mbit/s
+    "hosts_scaling": "hosts_scaling_20261129_paced.json",  # bench_hosts.py --setup c: W = 2, 4, 8, 100 Mbit/s
 }
 PSKV, OTHER, THIRD = "#08519c", "#bdbdbd", "#fd8d3c"
 
