@@ -38,12 +38,14 @@ SOURCES = {
     "local": "local.json",  # bench_local.py: the local store vs MXNet 1.9.1
     "dist": "dist.json",  # bench_dist.py: W=2 on loopback vs MXNet dist_sync and Gloo
     "train": "train.json",  # bench_train.py: W=2 training vs PyTorch DDP (Gloo)
-    "hosts2": "hosts2_20261124_1gbit_8fbf874.json",  # bench_hosts.py (a): 2 simulated hosts, 1 Gbit/s links
-    "hosts8": "hosts8b_20261124_300mbit.json",  # bench_hosts.py --setup b: 4 worker + 4 server hosts, 300 Mbit/s
+    "hosts2": "hosts_a_1gbit_20261129_paced.json",  # bench_hosts.py (a): 2 simulated hosts, 1 Gbit/s links
+    "hosts8": "hosts_b_20261129_paced.json",  # bench_hosts.py --setup b: 4 worker + 4 server hosts, 300 Mbit/s
+    "scaling": "hosts_scaling_20261129_paced.json",  # bench_hosts.py --setup c: W = 2, 4, 8 worker + server hosts, 100 Mbit/s
+    "train_hosts": "train_hosts_20261129_100mbit.json",  # bench_train_hosts.py: 4 worker + 4 server hosts vs DDP
     "sparse": "sparse_d694b02.json",  # bench_sparse.py: embedding tables, 100k-30M rows (charts only)
 }
 #: The results the two texts quote, in the order they are named.
-QUOTED = ("local", "dist", "hosts2", "hosts8", "train")
+QUOTED = ("local", "dist", "hosts2", "hosts8", "scaling", "train_hosts", "train")
 #: The code the results measure: a later commit changing it makes a result older than the code.
 MEASURED = "pskv"
 TARGETS = {"README.md": "performance", "docs/benchmarks.md": "summary"}
@@ -159,8 +161,28 @@ def between_hosts_text() -> str:
         f"{span(hosts_ratios(two, 'resnet50'))} Gloo, a 64 MB key at {span(hosts_ratios(two, '64mb'))}. Four "
         f"worker hosts at 300 Mbit/s ({source('hosts8')}), the ResNet-50 list: "
         f"{span(hosts_ratios(eight, 'resnet50', 'dedicated'))} Gloo with four dedicated server hosts, "
-        f"{span(hosts_ratios(eight, 'resnet50', 'colocated'))} with the servers on the worker hosts."
+        f"{span(hosts_ratios(eight, 'resnet50', 'colocated'))} with the servers on the worker hosts. "
+        f"{scaling_text()} {train_hosts_text()}"
     )
+
+
+def scaling_text() -> str:
+    """bench_hosts.py --setup c: how a worker's throughput holds as workers and servers are added."""
+    scaling = load("scaling")
+    rows = sorted(scaling["rows"], key=lambda r: r["workers"])
+    counts = ", ".join(str(r["workers"]) for r in rows)
+    return (f"{counts} worker hosts with as many server hosts at {scaling['rate'].replace('mbit', ' Mbit/s')} "
+            f"({source('scaling')}), one 16 MB key: pskv's throughput per worker at W = {rows[-1]['workers']} is "
+            f"{scaling['flatness']['pskv']:.2f} of W = {rows[0]['workers']}'s (Gloo's ring: "
+            f"{scaling['flatness']['gloo']:.2f}), {', '.join(x(r['ratio_vs_gloo']) for r in rows)} Gloo.")
+
+
+def train_hosts_text() -> str:
+    """bench_train_hosts.py: training steps/s between hosts against DDP."""
+    train = load("train_hosts")
+    trained = ", ".join(f"{r['label']} {x(r['ratio_vs_ddp'])}" for r in train["rows"] if r["system"] != "ddp")
+    return (f"Training between {train['workers']} worker and {train['servers']} server hosts at "
+            f"{train['rate'].replace('mbit', ' Mbit/s')} ({source('train_hosts')}; steps/s vs DDP): {trained}.")
 
 
 def render_performance() -> str:
@@ -222,6 +244,17 @@ def hosts_summary_rows() -> list[str]:
             if ratios:
                 rows.append(f"| {where} (push+pull / pushpull) | {names[workload]} | Gloo all-reduce | "
                             f"{' / '.join(x(v) for v in ratios)} | `{SOURCES[name]}` ({when(data)}) |")
+    scaling = load("scaling")
+    for r in sorted(scaling["rows"], key=lambda r: r["workers"]):
+        rows.append(f"| {r['workers']} worker hosts, {r['workers']} dedicated server hosts, {scaling['rate']} "
+                    f"(pushpull) | 16 MB key | Gloo all-reduce | {x(r['ratio_vs_gloo'])} | "
+                    f"`{SOURCES['scaling']}` ({when(scaling)}) |")
+    train = load("train_hosts")
+    for r in train["rows"]:
+        if r["system"] != "ddp":
+            rows.append(f"| training, {train['workers']} worker + {train['servers']} server hosts, {train['rate']} | "
+                        f"{r['model']}, {r['label']} | PyTorch DDP (Gloo), steps/s | {x(r['ratio_vs_ddp'])} | "
+                        f"`{SOURCES['train_hosts']}` ({when(train)}) |")
     return rows
 
 
