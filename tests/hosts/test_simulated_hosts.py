@@ -56,6 +56,16 @@ except (pskv.NodeFailedError, pskv.OperationTimeoutError) as exc:
 for k, o in zip(keys, out):
     print(f"value rank={rank} key={k} sha256={hashlib.sha256(np.ascontiguousarray(o).tobytes()).hexdigest()}",
           flush=True)
+# one 4 MiB key in one call (a gradient bucket): between hosts its messages to each server are paced
+# (pskv.worker.pacing); count the calls that held a message for an answer
+from pskv.worker import pacing
+holding, paced = pacing.Pacing._holding, []
+pacing.Pacing._holding = lambda self, pacer: (paced.append(pacer), holding(self, pacer))[1]
+kv.init("bucket", np.zeros(1 << 20, np.float32))
+bucket = np.zeros(1 << 20, np.float32)
+kv.pushpull("bucket", np.full(1 << 20, rank + 1.0, np.float32), out=bucket)
+print(f"bucket rank={rank} sum={bucket.min()},{bucket.max()} window={kv._worker.client.pacing.window} "
+      f"paced={len(paced)}", flush=True)
 maps = open("/proc/self/maps").read()
 dirs = sorted({line.split("/")[-2] for line in maps.splitlines() if "server-" in line and "/pskv-" in line})
 print(f"shm rank={rank} host={os.uname().nodename} dirs={len(dirs)}", flush=True)
@@ -155,6 +165,8 @@ def test_dedicated_server_hosts_give_the_one_host_values_and_every_worker_uses_s
     assert shm_dirs(out) == {r: 0 for r in range(WORKERS)}, out  # no server on a worker's host: no shared memory
     assert channels(out) == {r: ["tcp"] * SERVERS for r in range(WORKERS)}, out
     assert {m[1] for m in re.finditer(r"shm rank=\d+ host=(\S+)", out)} == {"simhost0", "simhost1"}, out
+    for rank in range(WORKERS):  # between hosts a bucket's messages wait for answers (4 per server at most)
+        assert re.search(rf"bucket rank={rank} sum=10.0,10.0 window=4 paced=[1-9]", out), out
     moved = [{k: hosts.link_bytes(i)[k] - before[i][k] for k in ("tx", "rx")} for i in range(4)]
     pushed = WORKERS * ITERS * BIG * 4 / SERVERS  # what each server receives of the big key alone
     for i in (2, 3):  # the server hosts receive every worker's pushes and send the pulls back
