@@ -110,8 +110,10 @@ class Pacing:
             waiting = list(self._waiting)
         before = time.monotonic() - ESCAPE
         for pacer in waiting:
-            if pacer.escape(before):
-                with self._lock:
+            pacer.escape(before)
+        with self._lock:  # a pacer that holds one again meanwhile is added again after it holds it
+            for pacer in waiting:
+                if not pacer.holds():
                     self._waiting.discard(pacer)
 
 
@@ -122,7 +124,7 @@ class CallPacer:
         client: the worker's client (:meth:`~pskv.worker.client.WorkerClient.prepare`,
             :meth:`~pskv.worker.client.WorkerClient.submit`).
         window: the most unanswered messages per server.
-        holding: told once, when the pacer first holds a message.
+        holding: told each time the pacer holds a message.
     """
 
     __slots__ = ("_client", "_window", "_holding", "_lock", "_flying", "_held", "_moved", "__weakref__")
@@ -130,7 +132,7 @@ class CallPacer:
     def __init__(self, client: WorkerClient, window: int, holding: Callable[[CallPacer], None]) -> None:
         self._client = client
         self._window = window
-        self._holding: Callable[[CallPacer], None] | None = holding
+        self._holding = holding
         self._lock = threading.Lock()
         self._flying: dict[int, int] = {}  # server rank -> messages sent and not answered
         self._held: dict[int, deque[tuple[int, WorkerRequest]]] = {}  # server rank -> (priority, request) in order
@@ -143,23 +145,27 @@ class CallPacer:
         waits here while ``window`` of the call's messages to ``server`` are unanswered."""
         pending = self._client.prepare(server, command, arrays, data, body, priority, timeout=timeout,
                                        quiet=quiet, flags=flags)
-        held, holding = False, None
         with self._lock:
             flying = self._flying.get(server, 0)
-            if flying >= self._window:
+            held = flying >= self._window
+            if held:
                 self._held.setdefault(server, deque()).append((priority, pending))
-                held, holding, self._holding = True, self._holding, None
             else:
                 self._flying[server] = flying + 1
                 self._moved[server] = time.monotonic()
-        if not held:
+        if held:
+            self._holding(self)  # watched while it holds any (again after a tick found none)
+        else:
             self._send(server, priority, pending)
-        elif holding is not None:
-            holding(self)
         return pending
 
-    def escape(self, before: float) -> bool:
-        """Send every held message to a server that answered nothing since ``before``; True once none is held."""
+    def holds(self) -> bool:
+        """True while some message waits here."""
+        with self._lock:
+            return any(self._held.values())
+
+    def escape(self, before: float) -> None:
+        """Send every held message to a server that answered nothing since ``before``."""
         for server in list(self._held):
             with self._lock:
                 held = self._held[server]
@@ -172,7 +178,6 @@ class CallPacer:
             for priority, pending in out:
                 if not pending.done():
                     self._send(server, priority, pending)
-        return not any(self._held.values())
 
     def _send(self, server: int, priority: int, pending: WorkerRequest) -> None:
         pending.add_done_callback(partial(self._answered, server))
