@@ -112,6 +112,7 @@ class JobMetrics:
     num_servers: int
     registered: int  # nodes registered so far (all of them once the job runs)
     nodes: tuple[NodeMetrics, ...]  # servers, then workers, by rank
+    view: int = 0  # an elastic job's view (its epoch); 0: a job of fixed size
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (``pskv top --json``)."""
@@ -229,7 +230,7 @@ class MetricsClient:
         report = JobReport.parse(header)
         nodes = sorted((_node(n.node, n.state, n.age, n.totals, n.rates) for n in report.nodes),
                        key=lambda n: (n.role != "server", n.rank))  # servers, then workers, by rank
-        return JobMetrics(self.address, report.workers, report.servers, report.registered, tuple(nodes))
+        return JobMetrics(self.address, report.workers, report.servers, report.registered, tuple(nodes), report.view)
 
     def close(self) -> None:
         """Close the connection (idempotent)."""

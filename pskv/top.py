@@ -150,7 +150,7 @@ def render(metrics: JobMetrics) -> Table:
     """The table of one snapshot."""
     expected = metrics.num_workers + metrics.num_servers
     title = (f"pskv job at {metrics.address.removeprefix('tcp://')}: {metrics.num_servers} server(s), "
-             f"{metrics.num_workers} worker(s)")
+             f"{metrics.num_workers} worker(s)" + (f" (elastic: view {metrics.view})" if metrics.view else ""))
     if metrics.registered < expected:
         title += f", {metrics.registered} of {expected} registered so far"
     # narrow enough for an 80-column terminal: no vertical rules, one space between columns

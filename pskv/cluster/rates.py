@@ -64,12 +64,13 @@ class MetricsWindow:
         r = [(b - a) / span for a, b in zip(first[:RATED], last[:RATED])]
         return (round(r[0], 3), round(r[1], 3), round(r[2], 1), round(r[3], 1), round(r[4], 4))
 
-    def report(self, states: dict[int, tuple[str, float]], registered: int, workers: int | None = None) -> JobReport:
+    def report(self, states: dict[int, tuple[str, float]], registered: int, workers: int | None = None,
+               view: int = 0) -> JobReport:
         """The reply to ``METRICS``: ``states`` maps each node id to (state, seconds since heard); ``workers``:
-        the job's workers now (an elastic job's view), else the number it was started with."""
+        the job's workers now (an elastic job's view, whose epoch is ``view``), else the number it was started with."""
         nodes = []
         for nid in sorted(states):
             state, age = states[nid]
             samples = self._samples.get(nid)
             nodes.append(NodeReport(nid, state, age, samples[-1][1] if samples else None, self.rates(nid)))
-        return JobReport(self._workers if workers is None else workers, self._servers, registered, tuple(nodes))
+        return JobReport(self._workers if workers is None else workers, self._servers, registered, tuple(nodes), view)

@@ -170,7 +170,9 @@ class Scheduler:
         """Handle one request (bodies parsed here: a malformed one raises ProtocolError)."""
         nid = self._by_identity.get(identity)
         if header.command is Command.METRICS:  # anyone who can connect (pskv top): no registration needed
-            report = self._rates.report(self._states(), len(self._nodes) or len(self._pending), self._num_workers())
+            view = self._views.current()
+            report = self._rates.report(self._states(), len(self._nodes) or len(self._pending), self._num_workers(),
+                                        view.epoch if view else 0)
             self._send(identity, reply_frames(header, SCHEDULER_ID, report.encode()))
             return
         if header.command is Command.REGISTER:

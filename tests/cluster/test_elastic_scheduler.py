@@ -14,6 +14,7 @@ import pskv
 from pskv.cluster import Scheduler
 from pskv.cluster.elastic import COMMIT_MEETING, COMMITTED_MEETING
 from pskv.config import ClusterConfig
+from pskv.metrics import snapshot
 from pskv.protocol import Command, Header, Role, decode, encode
 from pskv.protocol.bodies import Roster, View
 from tests.cluster.test_scheduler import WAIT, Node
@@ -90,6 +91,8 @@ def test_a_joiner_is_admitted_at_a_commit_and_departures_make_views_every_member
                 w.member.adopt(grown)
             meet_all(pool, [w0, w1, joiner], "barrier")  # view 2's first meeting: counted anew, all three
             wait_for(lambda: server.member.view == grown, "the server hears of view 2 from its heartbeats")
+            job = snapshot(scheduler.address, timeout=WAIT)  # pskv top's question
+            assert (job.view, job.num_workers) == (2, 3)
 
             # slot 1 dies while the others wait at a meeting: they fail together, in view 3
             waiting = [pool.submit(w.member.barrier, Role.WORKER, WAIT, "barrier") for w in (w0, joiner)]

@@ -3,6 +3,7 @@ rates them, a job's nodes are reported through the scheduler, and ``pskv top`` f
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import threading
@@ -38,6 +39,8 @@ def test_heartbeat_and_report_round_trip():
     report = b.JobReport(2, 1, 3, (b.NodeReport(8, "alive", 0.2, counters, (1.0, 2.0, 3.0, 4.0, 0.1)),
                                    b.NodeReport(9, "left", 4.0, None, None)))
     assert b.JobReport.parse(Header(Command.REPLY, 1, 1, body=report.encode())) == report
+    elastic = report._replace(view=7)  # an elastic job's view; an older scheduler's reply has none (0)
+    assert b.JobReport.parse(Header(Command.REPLY, 1, 1, body=elastic.encode())) == elastic
 
 
 @pytest.mark.parametrize("metrics", [
@@ -72,6 +75,8 @@ def test_hostile_metrics_are_refused(metrics):
     ({"workers": 1, "servers": 1, "registered": 2, "nodes": [[8, "alive", 0, [0], None]]}, "metrics"),
     ({"workers": -1, "servers": 1, "registered": 2, "nodes": []}, "workers"),
     ({"workers": 1, "servers": 1, "registered": 2, "nodes": [0] * (b.MAX_NODES + 1)}, "more than"),
+    ({"workers": 1, "servers": 1, "registered": 2, "nodes": [], "view": -1}, "view"),
+    ({"workers": 1, "servers": 1, "registered": 2, "nodes": [], "view": True}, "view"),
 ])
 def test_hostile_reports_are_refused(body, match):
     with pytest.raises(ProtocolError, match=match):
@@ -208,6 +213,10 @@ def test_render_names_every_node_and_its_state():
     text = console.export_text()
     assert "127.0.0.1:5" in text and "2.0KiB" in text and "25%" in text and "1 (worker 1)" in text
     assert [line.split()[:3] for line in text.splitlines() if line.startswith("worker 1")] == [["worker", "1", "dead"]]
+    assert "elastic" not in text
+    console = Console(width=120, record=True)
+    console.print(render(dataclasses.replace(job, view=3)))
+    assert "2 worker(s) (elastic: view 3)" in console.export_text()
 
 
 def test_under_curve_only_a_key_holder_gets_the_metrics(tmp_path):

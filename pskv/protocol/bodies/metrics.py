@@ -127,18 +127,21 @@ class NodeReport(NamedTuple):
 
 
 class JobReport(NamedTuple):
-    """METRICS reply: ``{workers, servers, registered, nodes: [NodeReport...]}``: the job's
-    sizes, how many nodes have registered so far, and every node once the job has assembled."""
+    """METRICS reply: ``{workers, servers, registered, nodes: [NodeReport...], view}``: the job's
+    sizes, how many nodes have registered so far, every node once the job has assembled, and an
+    elastic job's view (its epoch; 0 in a job of fixed size, or from a scheduler that sends none)."""
 
     workers: int
     servers: int
     registered: int
     nodes: tuple[NodeReport, ...]
+    view: int = 0
 
     def encode(self) -> str:
         return dump({"workers": self.workers, "servers": self.servers, "registered": self.registered,
                       "nodes": [[n.node, n.state, n.age, None if n.totals is None else list(n.totals),
-                                 None if n.rates is None else list(n.rates)] for n in self.nodes]})
+                                 None if n.rates is None else list(n.rates)] for n in self.nodes],
+                     "view": self.view})
 
     @classmethod
     def parse(cls, header: Header) -> JobReport:
@@ -149,4 +152,5 @@ class JobReport(NamedTuple):
         nodes = field(header, body, "nodes", list)
         if len(nodes) > MAX_NODES:
             raise ProtocolError(f"METRICS reply: more than {MAX_NODES} nodes")
-        return cls(sizes[0], sizes[1], sizes[2], tuple(NodeReport.parse_value(header, n) for n in nodes))
+        view = _count(header, "view", field(header, body, "view", int, 0))
+        return cls(sizes[0], sizes[1], sizes[2], tuple(NodeReport.parse_value(header, n) for n in nodes), view)
