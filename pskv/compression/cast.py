@@ -58,7 +58,7 @@ class _Cast(FeedbackCompressor):
         keeps the rounding error; else ``values`` is what to send, read only) — one compiled pass."""
 
     def compress(self, grad: np.ndarray[Any, Any], residual: np.ndarray[Any, Any] | None) -> np.ndarray[Any, Any]:
-        if kernels.AVAILABLE and kernels.ENABLED:
+        if kernels.usable():
             ef = self.ef and residual is not None
             return self._fused(residual if ef else np.asarray(grad, np.float32), grad, ef).view(np.uint8)  # type: ignore[arg-type]
         r = self._start(grad, residual)

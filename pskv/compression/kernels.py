@@ -14,8 +14,10 @@ docs/benchmarks.md.
 
 Numba is optional (``pip install 'pskv[fast]'``; the ``test`` extra installs it): without
 it :data:`AVAILABLE` is False and the NumPy path runs. Set :data:`ENABLED` to False to
-force the NumPy path. The first call in a process compiles (about half a second; cached
-on disk where the package directory is writable).
+force the NumPy path. The compressors ask :func:`usable` before each value: its first call
+starts compiling every loop on a thread of its own (about half a second, seconds on a loaded
+machine or a cold cache; cached on disk where the package directory is writable), and the
+NumPy path runs until they are ready.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["AVAILABLE", "ENABLED", "add_max_abs", "bf16_compress", "dither", "f16_compress", "magnitude_at_least",
-           "quantize_1bit", "quantize_2bit", "scaled_sign_compress", "undither"]
+           "quantize_1bit", "quantize_2bit", "scaled_sign_compress", "undither", "usable", "warm"]
 
 #: Numba is installed (it is imported, and the loops compiled, at the first compressed value of a process:
 #: importing it costs a third of a second, which a process that never compresses does not pay).
@@ -265,6 +267,47 @@ _LOOPS = (_quantize_2bit, _quantize_1bit, _add_abs_sum, _scaled_sign, _f16_compr
           _add_max_abs, _dither, _undither)
 _compiled: dict[str, Any] = {}
 _compiling = threading.Lock()
+_warm = threading.Event()  # every loop compiled for the types pskv calls it with
+_warming: list[threading.Thread] = []
+
+
+def usable() -> bool:
+    """Whether a value is compressed with the compiled loops now: Numba installed, :data:`ENABLED`, and
+    the loops compiled.
+
+    The first call starts importing Numba and compiling the loops on a thread of its own, and the
+    NumPy path runs until they are ready (the same values, bit for bit). Importing and compiling
+    take seconds on a loaded machine, on a cold cache; in a server that compresses its replies
+    that would have been its network thread, whose heartbeats would stop (a job's
+    ``PS_HEARTBEAT_TIMEOUT`` of 3 s was passed that way).
+    """
+    if not (AVAILABLE and ENABLED):
+        return False
+    if _warm.is_set():
+        return True
+    with _compiling:
+        if not _warming:
+            thread = threading.Thread(target=warm, name="pskv-compile", daemon=True)
+            _warming.append(thread)
+            thread.start()
+    return False
+
+
+def warm() -> None:
+    """Import Numba and compile every loop for the types pskv passes, in this thread (waits for them)."""
+    f32, grad, table = np.zeros(8, np.float32), np.ones(8, np.float32), np.zeros(1 << 16, np.float32)
+    t = np.float32(0.5)
+    quantize_2bit(f32.copy(), grad, t, np.zeros(2, np.uint8))
+    quantize_1bit(f32.copy(), grad, t, np.zeros(1, np.uint8))
+    for ef in (True, False):
+        scaled_sign_compress(f32.copy(), grad, ef)
+        f16_compress(f32.copy(), grad, ef, t, table)
+        bf16_compress(f32.copy(), grad, ef, t)
+        norm = add_max_abs(f32.copy(), grad, ef)
+        dither(f32.copy(), ef, norm, 1, 2, np.zeros(8, np.float32), np.zeros(2, np.uint8))
+    magnitude_at_least(grad, t, np.zeros(8, np.int64))
+    undither(np.zeros(2, np.uint8), 8, 1, 2, t)
+    _warm.set()
 
 
 def _loop(name: str) -> Any:

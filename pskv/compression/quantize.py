@@ -76,7 +76,7 @@ class TwoBit(Compressor):
     def compress(self, grad: np.ndarray[Any, Any], residual: np.ndarray[Any, Any] | None) -> np.ndarray[Any, Any]:
         if residual is None:
             return _blocked(self._quantize, np.array(grad, np.float32, copy=True), None, 4, self.payload_bytes(grad.size))
-        if kernels.AVAILABLE and kernels.ENABLED:  # one fused loop (Numba), the same values
+        if kernels.usable():  # one fused loop (Numba), the same values
             payload = np.empty(self.payload_bytes(grad.size), np.uint8)
             kernels.quantize_2bit(residual, grad, self.threshold, payload)
             return payload
@@ -117,7 +117,7 @@ class OneBit(Compressor):
     def compress(self, grad: np.ndarray[Any, Any], residual: np.ndarray[Any, Any] | None) -> np.ndarray[Any, Any]:
         if residual is None:
             return _blocked(self._quantize, np.array(grad, np.float32, copy=True), None, 8, self.payload_bytes(grad.size))
-        if kernels.AVAILABLE and kernels.ENABLED:  # one fused loop (Numba), the same values
+        if kernels.usable():  # one fused loop (Numba), the same values
             payload = np.empty(self.payload_bytes(grad.size), np.uint8)
             kernels.quantize_1bit(residual, grad, self.threshold, payload)
             return payload

@@ -99,7 +99,7 @@ class ScaledSign(FeedbackCompressor):
         return 4 + (n + 7) // 8
 
     def compress(self, grad: np.ndarray[Any, Any], residual: np.ndarray[Any, Any] | None) -> np.ndarray[Any, Any]:
-        if kernels.AVAILABLE and kernels.ENABLED:  # one fused pass for the scale, one for the signs (Numba)
+        if kernels.usable():  # one fused pass for the scale, one for the signs (Numba)
             ef = self.ef and residual is not None
             values = residual if ef else np.asarray(grad, np.float32)
             return kernels.scaled_sign_compress(values, grad, ef)  # type: ignore[arg-type]
@@ -189,7 +189,7 @@ class TopK(_Sparse):
         sample = np.abs(r[::n // _SAMPLE])
         floor = np.partition(sample, sample.size - 1 - (2 * k * sample.size) // n)[sample.size - 1 - (2 * k * sample.size) // n]
         cap = 8 * k
-        if kernels.AVAILABLE and kernels.ENABLED:
+        if kernels.usable():
             out = np.empty(cap, np.int64)
             count = kernels.magnitude_at_least(r, floor, out)
             candidates = out[:count]
@@ -240,7 +240,7 @@ class Dithering(FeedbackCompressor):
         return 4 + (n * self.bits + 7) // 8
 
     def compress(self, grad: np.ndarray[Any, Any], residual: np.ndarray[Any, Any] | None) -> np.ndarray[Any, Any]:
-        if kernels.AVAILABLE and kernels.ENABLED and self.norm == "max":  # two compiled passes, the same draws
+        if kernels.usable() and self.norm == "max":  # two compiled passes, the same draws
             ef = self.ef and residual is not None
             r = residual if ef and residual is not None else np.asarray(grad, np.float32)
             norm = kernels.add_max_abs(r, grad, ef) if r.size else np.float32(0)
@@ -278,7 +278,7 @@ class Dithering(FeedbackCompressor):
     def decompress(self, payload: Any, n: int) -> np.ndarray[Any, Any]:
         data = self._bytes(payload, n)
         norm = data[:4].view(_F32)[0]
-        if kernels.AVAILABLE and kernels.ENABLED:
+        if kernels.usable():
             values = kernels.undither(data[4:], n, self.s, self.bits, norm)
             if values is None:
                 raise InvalidArgumentError(f"gradient compression {self.type!r}: a payload of {n} elements with a "

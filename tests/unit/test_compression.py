@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +16,16 @@ from pskv.compression import COMPRESSORS, Residuals, create
 from pskv.errors import InvalidArgumentError, InvalidTypeError
 
 DATA = Path(__file__).resolve().parents[1] / "data"
+
+@pytest.fixture(autouse=True, scope="module")
+def compiled_loops():
+    """Numba's loops compiled before the tests that turn them on (else the NumPy path runs while they compile)."""
+    from pskv.compression import kernels
+    if kernels.AVAILABLE:
+        kernels.warm()
+
+ROOT = Path(__file__).resolve().parents[2]
+
 
 
 # -- the quantizers against scalar transcriptions of MXNet's kernels ------------------------------
@@ -345,3 +358,24 @@ def test_a_device_store_compresses_cuda_values_on_their_device():
     assert out.cpu().tolist() == [0.0, 1.0, -1.0, 1.0, 0.0]
     kv.pushpull("w", grads, out=out)
     assert out.cpu().tolist() == [1.0, 1.0, -1.0, 1.0, 0.0]  # 0.3 + 0.3 left over; 1.2: 0.7 left, + 1.2
+
+
+def test_a_process_compresses_with_numpy_while_the_loops_compile_on_a_thread_of_their_own():
+    """The first compressed value never waits for Numba (a server's network thread would stop its heartbeats):
+    here the compiling thread is held back until the value is done, and the loops are used once they are ready."""
+    from pskv.compression import kernels
+    if not kernels.AVAILABLE:
+        pytest.skip("numba is not installed (pip install 'pskv[fast]')")
+    code = ("import threading, numpy as np\n"
+            "from pskv.compression import create, kernels\n"
+            "gate, real = threading.Event(), kernels.warm\n"
+            "kernels.warm = lambda: (gate.wait(60), real())\n"
+            "comp = create({'type': '2bit', 'threshold': 0.5})\n"
+            "payload = comp.compress(np.ones(1000, np.float32), np.zeros(1000, np.float32))\n"
+            "print(payload.size, kernels.usable(), [t.name for t in kernels._warming])\n"
+            "gate.set()\n"
+            "kernels._warming[0].join(60)\n"
+            "print(kernels.usable())\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert res.stdout.split("\n")[:2] == ["250 False ['pskv-compile']", "True"], res.stdout + res.stderr

@@ -14,6 +14,14 @@ from pskv.errors import InvalidArgumentError
 KINDS = [{"type": "onebit"}, {"type": "topk", "k": 3}, {"type": "topk", "k": 0.3}, {"type": "randomk", "k": 0.5},
          {"type": "dithering"}, {"type": "dithering", "s": 5, "norm": "l2", "ef": False}, {"type": "fp16"}, {"type": "bf16"}]
 
+@pytest.fixture(autouse=True, scope="module")
+def compiled_loops():
+    """Numba's loops compiled before the tests that turn them on (else the NumPy path runs while they compile)."""
+    from pskv.compression import kernels
+    if kernels.AVAILABLE:
+        kernels.warm()
+
+
 
 def ident(params):
     return "-".join(str(v) for v in params.values())
