@@ -23,6 +23,7 @@ NumPy path runs until they are ready.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import threading
 from typing import Any
 
@@ -287,10 +288,20 @@ def usable() -> bool:
         return True
     with _compiling:
         if not _warming:
-            thread = threading.Thread(target=warm, name="pskv-compile", daemon=True)
+            # not a daemon: a process that ends meanwhile waits for it (as it waited for the compiling before),
+            # rather than leave a thread inside LLVM while the interpreter shuts down
+            thread = threading.Thread(target=_warm_or_log, name="pskv-compile", daemon=False)
             _warming.append(thread)
             thread.start()
     return False
+
+
+def _warm_or_log() -> None:
+    try:
+        warm()
+    except Exception as exc:  # noqa: BLE001 - the NumPy path stays (the same values), said once
+        logging.getLogger("pskv.compression").warning("Numba's loops did not compile (%s: %s); compressing "
+                                                      "with NumPy", type(exc).__name__, exc)
 
 
 def warm() -> None:
