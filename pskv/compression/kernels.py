@@ -317,7 +317,10 @@ def warm() -> None:
         norm = add_max_abs(f32.copy(), grad, ef)
         dither(f32.copy(), ef, norm, 1, 2, np.zeros(8, np.float32), np.zeros(2, np.uint8))
     magnitude_at_least(grad, t, np.zeros(8, np.int64))
-    undither(np.zeros(2, np.uint8), 8, 1, 2, t)
+    readonly = np.zeros(2, np.uint8)
+    readonly.flags.writeable = False  # a received payload (np.frombuffer of bytes): a type of its own to Numba
+    for data in (np.zeros(2, np.uint8), readonly):
+        undither(data, 8, 1, 2, t)
     _warm.set()
 
 

@@ -379,3 +379,17 @@ def test_a_process_compresses_with_numpy_while_the_loops_compile_on_a_thread_of_
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert res.stdout.split("\n")[:2] == ["250 False ['pskv-compile']", "True"], res.stdout + res.stderr
+
+
+def test_the_loops_are_compiled_ahead_for_the_types_pskv_calls_them_with():
+    """A received payload is read-only (another type to Numba): decoding one compiles nothing more."""
+    from pskv.compression import kernels
+    if not kernels.AVAILABLE:
+        pytest.skip("numba is not installed (pip install 'pskv[fast]')")
+    kernels.warm()
+    comp = create({"type": "dithering"})
+    payload = comp.compress(np.ones(64, np.float32), np.zeros(64, np.float32))
+    signatures = {name: len(loop.signatures) for name, loop in kernels._compiled.items()}
+    comp.decompress(np.frombuffer(bytes(payload), np.uint8), 64)
+    comp.compress(np.ones(64, np.float32), np.zeros(64, np.float32))
+    assert {name: len(loop.signatures) for name, loop in kernels._compiled.items()} == signatures
