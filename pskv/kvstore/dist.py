@@ -48,6 +48,7 @@ from pskv.kvstore.elastic import elastic_job
 from pskv.kvstore.engine import Deferred
 from pskv.kvstore.exit import leave_at_exit
 from pskv.kvstore.keys import Key, merge_repeats
+from pskv.kvstore.quick import QuickCalls
 from pskv.kvstore.resume import PushNumbers
 from pskv.kvstore.staging import deliver, fan_out_rest, is_quick, landing, reduce_outgoing, reuses_buffers
 from pskv.worker import KeyLayout, KVWorker
@@ -88,6 +89,8 @@ class DistStore(DistJob):
         self._keys: dict[Key, KeyLayout] = {}
         self._worker = worker if worker is not None else KVWorker(cluster, context, sync=self._store_type.sync)
         self._rows = DistRows(self._worker, self._kernels)  # row-sparse keys (kvstore/dist_rows.py)
+        self._quick = QuickCalls(self._keys, self._worker, self._engine, self._kernels,
+                                 lambda: self._compression is not None, self._timeout)  # kvstore/quick.py
         try:
             info = self._worker.connect()
             self._elastic = elastic_job(self._worker, cluster, self._engine)  # kv.commit/restore (kvstore/elastic.py)
@@ -205,6 +208,9 @@ class DistStore(DistJob):
             OperationTimeoutError: no reply within the request timeout.
         """
         self._check_open("push")
+        handle = None if block else self._quick.push(key, value, priority, timeout)  # the usual case, shorter
+        if handle is not None:
+            return handle
         every = self._push_pairs(key, value, "push")
         self._check_compressible(every, "push")
         # row-sparse keys push rows; row-sparse values of dense keys are summed as dense ones
@@ -248,6 +254,8 @@ class DistStore(DistJob):
                 :meth:`push`.
         """
         self._check_open("pull")
+        if block and out is not None and self._quick.pull(key, out, priority, timeout):  # the usual case, shorter
+            return None
         outs: list[list[Any]] | None = None
         sparse_outs: list[tuple[int, Any]] = []  # (index of the key, a row-sparse out)
         if out is None:
@@ -314,6 +322,8 @@ class DistStore(DistJob):
         ``out=None`` writes the result back into ``value``.
         """
         self._check_open("pushpull")
+        if block and self._quick.pushpull(key, value, out, priority, timeout):  # the usual case, shorter
+            return None
         pairs = self._push_pairs(key, value, "pushpull")
         out_targets = [] if out is None else self._out_targets(key, out, "pushpull")
         sparse = [k for k, rec, vals in pairs if rec.sparse or any(map(is_row_sparse, vals))]

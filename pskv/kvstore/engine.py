@@ -135,6 +135,12 @@ class OpHandle:
         """True once the operation finished (successfully or not)."""
         return self._done
 
+    def outcome(self) -> Any:
+        """The result of a finished operation; raises the error it ended with."""
+        if self._error is not None:
+            raise self._error
+        return self._result
+
     def exception(self) -> BaseException | None:
         """The error the operation ended with, or None (also None while pending)."""
         return self._error
@@ -264,6 +270,25 @@ class Engine:
             return op.wait(timeout)
         return op
 
+    def start_now(self, name: str, key: Hashable, priority: int, fn: Callable[[], Any],
+                  block: bool = False) -> OpHandle | None:
+        """``submit(name, [key], priority, fn, block, inline=True)`` in fewer steps, when no earlier
+        operation holds ``key``: ``fn`` starts in the caller's thread now (a training loop's small
+        calls, whose cost here lies on the loop's path). Returns its handle — with ``block``, finished:
+        :meth:`OpHandle.outcome` — or None (nothing done) when an earlier operation holds ``key`` or
+        the engine is closed: submit it then.
+        """
+        op = OpHandle(name, (key,), priority, next(self._seq), fn, self)
+        with self._lock:
+            if self._closed or key in self._last:
+                return None
+            op._state = _STARTED
+            self._last[key] = op
+            self._pending.add(op)
+        op._observed = block  # the caller gets the error directly
+        self._start(op, direct=block)
+        return op
+
     def _enqueue(self, op: OpHandle) -> None:  # lock held
         heapq.heappush(self._ready, op)
         if len(self._workers) < self._threads_wanted:
@@ -286,15 +311,17 @@ class Engine:
             self._complete(op, result, None)
             return
         op._deferred = result
-        if result.release:
-            with self._lock:
-                self._release(op)
         if direct:
+            if result.release:
+                with self._lock:
+                    self._release(op)
             op._state = _FINISHING
             self._finish(op)
             return
         pendings = result.pendings
         with self._lock:
+            if result.release:
+                self._release(op)
             op._left = len(pendings)
             waited_on = op._waiters > 0 or self._waiters > 0
         if not pendings:
@@ -313,25 +340,31 @@ class Engine:
         """Done-callback of a deferred op's pendings (any thread, often the network thread)."""
         with self._lock:
             op._left -= 1
-            if op._left:
+            if op._left or not self._claim(op):
                 return
-        self._replies_in(op)
+        self._finish(op)
 
     def _replies_in(self, op: OpHandle) -> None:
         """Every reply of ``op`` is in: finish it here, in its waiter's thread or on a worker."""
-        assert op._deferred is not None
         with self._lock:
-            if op._waiters:  # a thread waits on the handle: it runs the finish (no hand-off)
-                op._state = _REPLIES_IN
-                assert op._cond is not None
-                op._cond.notify_all()
+            if not self._claim(op):
                 return
-            if not op._deferred.inline:
-                op._state = _REPLIES_IN
-                self._enqueue(op)
-                return
-            op._state = _FINISHING
         self._finish(op)
+
+    def _claim(self, op: OpHandle) -> bool:  # lock held
+        """Every reply of ``op`` is in: True if this thread finishes it; else its waiter or a worker will."""
+        assert op._deferred is not None
+        if op._waiters:  # a thread waits on the handle: it runs the finish (no hand-off)
+            op._state = _REPLIES_IN
+            assert op._cond is not None
+            op._cond.notify_all()
+            return False
+        if not op._deferred.inline:
+            op._state = _REPLIES_IN
+            self._enqueue(op)
+            return False
+        op._state = _FINISHING
+        return True
 
     def _finish(self, op: OpHandle) -> None:
         """Run a deferred op's finish (the calling thread claimed it) and complete the op."""

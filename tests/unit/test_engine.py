@@ -148,6 +148,30 @@ def test_a_released_deferred_op_lets_the_next_op_start_and_completes_on_its_repl
     engine.close(WAIT)
 
 
+def test_start_now_starts_on_an_idle_key_only_and_behaves_as_an_inline_submit():
+    engine = Engine(threads=1)
+    reply = Reply()
+    order: list[str] = []
+    first = engine.start_now("push", "k", 0, lambda: Deferred([reply], lambda: order.append("acked") or "push",
+                                                              release=True, inline=True))
+    assert first is not None and not first.done()
+    second = engine.start_now("push", "k", 0, lambda: order.append("second") or 2)  # released: the key is idle
+    assert second is not None and second.wait(WAIT) == 2
+    pulled = Reply()
+    held = engine.submit("pull", ["k"], 0, lambda: Deferred([pulled], lambda: 1, inline=True),
+                         block=False, timeout=None, inline=True)
+    assert engine.start_now("push", "k", 0, lambda: order.append("never")) is None  # held: submit it instead
+    assert engine.start_now("push", "other", 0, lambda: 3).wait(WAIT) == 3  # type: ignore[union-attr]
+    with pytest.raises(pskv.OperationTimeoutError):
+        engine.wait_all(["k"], timeout=0.05)  # the first push and the pull are pending
+    reply.arrive()
+    assert first.wait(WAIT) == "push" and order == ["second", "acked"] and not held.done()
+    pulled.arrive()
+    assert held.wait(WAIT) == 1
+    engine.close(WAIT)
+    assert engine.start_now("push", "new", 0, lambda: 4) is None  # closed
+
+
 def test_an_unreleased_deferred_op_holds_its_keys_until_finished():
     engine = Engine(threads=1)
     reply = Reply()
