@@ -54,10 +54,11 @@ class ServerObserver(ShardObserver):
         if buffers:
             counters.bytes_in += sum(b.nbytes for b in buffers)
         elif header.flags & Flag.SHM and not header.flags & Flag.ROWS:
-            if header.command is not Command.PULL:  # a push or pushpull's values are in its slots
-                counters.bytes_in += value_bytes(header.arrays)
-            if header.command is not Command.PUSH:
-                counters.bytes_out += value_bytes(header.arrays)
+            nbytes, command = value_bytes(header.arrays), header.command
+            if command is not Command.PULL:  # a push or pushpull's values are in its slots
+                counters.bytes_in += nbytes
+            if command is not Command.PUSH:
+                counters.bytes_out += nbytes
 
     def sent(self, frames: list[Any]) -> None:
         """A reply with values out (its first frame is the header)."""
