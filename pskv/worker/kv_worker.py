@@ -226,12 +226,13 @@ class KVWorker:
         for group, compressed in self.compression.pull_groups(layouts):
             # both ways, every worker must decode the same values: no shared-memory shortcut for them
             for server, shared, items in by_server(group, not compressed, self._message_bytes, self._rank):
-                # each part named with the number of this worker's last push of it (round = n)
-                specs = tuple(ArraySpec(rec.skey, rec.meta.dtype, (rec.parts[i][2],), rec.parts[i][1], rec.pushes[i])
-                              for rec, i in items)
                 squeeze = compressed and not shared
                 # behind a held push of these parts: one PUSHPULL carries both (pskv.worker.fold)
                 pending = held.fold(server, items, priority, limit) if held.held else None
+                # each part named with the number of this worker's last push of it (round = n)
+                specs = () if pending is not None and not squeeze else tuple(
+                    ArraySpec(rec.skey, rec.meta.dtype, (rec.parts[i][2],), rec.parts[i][1], rec.pushes[i])
+                    for rec, i in items)
                 if pending is None:
                     pending = self.client.request(server, Command.PULL, specs, body=body if squeeze else "",
                                                   priority=priority, timeout=limit, overtake=big and not shared,
