@@ -37,6 +37,7 @@ RESULTS = ROOT / "bench" / "results"
 SOURCES = {
     "local": "local.json",  # bench_local.py: the local store vs MXNet 1.9.1
     "dist": "dist.json",  # bench_dist.py: W=2 on loopback vs MXNet dist_sync and Gloo
+    "dist4kb": "dist_4kb_20261129_session9_b.json",  # bench_dist.py --only 4kb: the 4 KB rows (newer than dist's)
     "train": "train.json",  # bench_train.py: W=2 training vs PyTorch DDP (Gloo)
     "hosts2": "hosts_a_1gbit_20261129_paced.json",  # bench_hosts.py (a): 2 simulated hosts, 1 Gbit/s links
     "hosts8": "hosts_b_20261129_paced.json",  # bench_hosts.py --setup b: 4 worker + 4 server hosts, 300 Mbit/s
@@ -45,7 +46,7 @@ SOURCES = {
     "sparse": "sparse_d694b02.json",  # bench_sparse.py: embedding tables, 100k-30M rows (charts only)
 }
 #: The results the two texts quote, in the order they are named.
-QUOTED = ("local", "dist", "hosts2", "hosts8", "scaling", "train_hosts", "train")
+QUOTED = ("local", "dist", "dist4kb", "hosts2", "hosts8", "scaling", "train_hosts", "train")
 #: The code the results measure: a later commit changing it makes a result older than the code.
 MEASURED = "pskv"
 TARGETS = {"README.md": "performance", "docs/benchmarks.md": "summary"}
@@ -75,7 +76,8 @@ def local_ratio(local: dict[str, Any], workload: str) -> float:
 def dist_ratios(dist: dict[str, Any], workload: str, system: str, mode: str, against: str) -> list[float]:
     """pskv/other over the server counts (S=1, S=2) of one workload, system and call."""
     return [float(r[f"pskv_over_{against}"]) for r in dist["summary"]
-            if r["workload"] == workload and r["pskv_system"] == system and r["pskv_mode"] == mode]
+            if r["workload"] == workload and r["pskv_system"] == system and r["pskv_mode"] == mode
+            and r[f"pskv_over_{against}"] is not None]  # (a run without that side: --no-gloo)
 
 
 def train_rows(train: dict[str, Any]) -> list[tuple[str, list[float]]]:
@@ -136,7 +138,7 @@ def source(name: str) -> str:
 
 
 def single_host_text() -> str:
-    local, dist = load("local"), load("dist")
+    local, dist, small = load("local"), load("dist"), load("dist4kb")
     return (
         f"**One host.** The `local` store ({source('local')}) is {x(local_ratio(local, 'ResNet-50 (161 keys)'))} "
         f"MXNet 1.9.1 on the ResNet-50 parameter list, {x(local_ratio(local, '64 MB'))} on a 64 MB key and "
@@ -144,12 +146,12 @@ def single_host_text() -> str:
         "the parameter server moves the ResNet-50 list at "
         f"{span(dist_ratios(dist, 'resnet50', 'pskv', 'push_pull', 'mxnet'))} MXNet's `dist_sync` and "
         f"{span(dist_ratios(dist, 'resnet50', 'pskv', 'push_pull', 'gloo'))} Gloo's bucketed all-reduce "
-        f"(co-located processes use shared memory), a 64 MB key at "
-        f"{span(dist_ratios(dist, '64mb', 'pskv', 'push_pull', 'mxnet'))} MXNet, and a 4 KB push + pull at "
-        f"{span(dist_ratios(dist, '4kb', 'pskv', 'push_pull', 'mxnet'))} MXNet (`pushpull` "
-        f"{span(dist_ratios(dist, '4kb', 'pskv', 'pushpull', 'mxnet'))}). **Sockets only** (`PSKV_SHM=0`, "
+        f"(co-located processes use shared memory) and a 64 MB key at "
+        f"{span(dist_ratios(dist, '64mb', 'pskv', 'push_pull', 'mxnet'))} MXNet. **Sockets only** (`PSKV_SHM=0`, "
         f"loopback, same run): the ResNet-50 list at {span(dist_ratios(dist, 'resnet50', 'pskv_tcp', 'push_pull', 'mxnet'))} "
-        f"MXNet but {span(dist_ratios(dist, 'resnet50', 'pskv_tcp', 'push_pull', 'gloo'))} Gloo."
+        f"MXNet but {span(dist_ratios(dist, 'resnet50', 'pskv_tcp', 'push_pull', 'gloo'))} Gloo. A 4 KB push + pull "
+        f"({source('dist4kb')}) at {span(dist_ratios(small, '4kb', 'pskv', 'push_pull', 'mxnet'))} MXNet's speed "
+        f"(`pushpull` {span(dist_ratios(small, '4kb', 'pskv', 'pushpull', 'mxnet'))})."
     )
 
 
@@ -212,13 +214,15 @@ def render_summary() -> str:
     src = f"`{SOURCES['local']}` ({when(local)})"
     for r in local["summary"]:
         lines.append(f"| local store | {r['workload']} | MXNet 1.9.1 `local` | {x(r['pskv_over_mxnet'])} | {src} |")
-    src = f"`{SOURCES['dist']}` ({when(dist)})"
+    small = load("dist4kb")  # the 4 KB rows: a newer run of that workload alone
     names = {r["workload"]: r["name"] for r in dist["summary"]}
     for workload in names:
+        data, name = (small, "dist4kb") if workload == "4kb" else (dist, "dist")
+        src = f"`{SOURCES[name]}` ({when(data)})"
         for system, mode, what in [("pskv", "push_pull", "push+pull"), ("pskv", "pushpull", "pushpull"),
                                    ("pskv_tcp", "push_pull", "push+pull, sockets only")]:
             for against, other in [("mxnet", "MXNet `dist_sync`"), ("gloo", "Gloo all-reduce")]:
-                ratios = dist_ratios(dist, workload, system, mode, against)
+                ratios = dist_ratios(data, workload, system, mode, against)
                 if ratios:
                     lines.append(f"| W=2, S=1 / S=2 ({what}) | {names[workload]} | {other} | "
                                  f"{' / '.join(x(v) for v in ratios)} | {src} |")
