@@ -76,6 +76,9 @@ class NodeCounters:
 
 def value_bytes(specs: Iterable[ArraySpec]) -> int:
     """Bytes of the array values ``specs`` describe (their elements, not the wire's headers)."""
+    if isinstance(specs, (tuple, list)) and len(specs) == 1:  # a message's usual one part: no generator
+        spec = specs[0]
+        return spec.size * itemsize(spec.dtype)
     return sum(spec.size * itemsize(spec.dtype) for spec in specs)
 
 

@@ -193,7 +193,9 @@ class ServerShard(PartInit):
             InvalidArgumentError: async mode without an updater.
             Exception: the updater's own error (the part is unchanged in sync mode).
         """
-        log = part.pushes.setdefault(worker, PushLog())
+        log = part.pushes.get(worker)
+        if log is None:  # (not setdefault: that would build a PushLog for every push)
+            log = part.pushes[worker] = PushLog()
         number = number or log.next_number()
         try:
             joined = self._push(part, worker, frame if isinstance(frame, RowBatch)
@@ -216,7 +218,9 @@ class ServerShard(PartInit):
         A pull naming it waits for what the worker's previous push joined. A number far
         past the worker's pushes (:meth:`landed` refuses it) is not recorded.
         """
-        log = part.pushes.setdefault(worker, PushLog())
+        log = part.pushes.get(worker)
+        if log is None:  # (not setdefault: that would build a PushLog for every push)
+            log = part.pushes[worker] = PushLog()
         number = number or log.next_number()
         if number > log.count + MAX_PUSHES_AHEAD:
             return
@@ -227,7 +231,9 @@ class ServerShard(PartInit):
     def void_push(self, part: Part, worker: int, number: int, reason: str) -> int:
         """Count ``worker``'s sync push ``number`` (0: its next one), refused for ``reason``: a place in the round
         it would have joined, which is void (:mod:`pskv.server.void`). That round; 0 if :meth:`landed` refuses it."""
-        log = part.pushes.setdefault(worker, PushLog())
+        log = part.pushes.get(worker)
+        if log is None:  # (not setdefault: that would build a PushLog for every push)
+            log = part.pushes[worker] = PushLog()
         number = number or log.next_number()
         if number > log.count + MAX_PUSHES_AHEAD:
             return 0

@@ -53,7 +53,10 @@ class QuietPushes:
     def sent(self, pending: WorkerRequest) -> None:
         """``pending`` (quiet, its ``sent`` number set) left for its server: it waits for confirmation."""
         with self._lock:
-            self._queues.setdefault(pending.node, deque()).append(pending)
+            queue = self._queues.get(pending.node)
+            if queue is None:
+                queue = self._queues[pending.node] = deque()
+            queue.append(pending)
 
     def waiting(self, node: int) -> bool:
         """True if a quiet request sent to ``node`` awaits confirmation."""
