@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from pskv.arrays import ArrayMeta, empty, from_wire, itemsize
+from pskv.arrays import ArrayMeta, itemsize
 from pskv.cluster import NodeInfo
 from pskv.config import ClusterConfig
 from pskv.errors import KVStoreError, ProtocolError
@@ -45,7 +45,7 @@ from pskv.worker.client import WorkerClient, WorkerRequest
 from pskv.worker.compressing import KeyCompression, NoCompression, PushCompression, Settings
 from pskv.worker.control import WorkerControl
 from pskv.worker.fold import FOLD_BYTES
-from pskv.worker.layout import KeyLayout, Part, by_server, new_layout, part_spec, part_view
+from pskv.worker.layout import KeyLayout, Part, by_server, new_layout, part_spec, part_view, place
 from pskv.worker.observe import CallObserver, observer
 from pskv.worker.replay import ReplayLog
 from pskv.worker.rows import RowPiece, RowRequests
@@ -200,11 +200,29 @@ class KVWorker:
         """
         nbytes = sum(rec.nbytes for rec in layouts)
         start = self.observe.calling(nbytes, 0, push=True)
-        sent = self._sends(Command.PUSH, layouts, priority, timeout=timeout, quiet=quiet and nbytes < BIG_CALL_BYTES,
-                           hold=quiet and nbytes <= self._fold_bytes)
+        hold = quiet and nbytes <= self._fold_bytes
+        sent = self._held_alone(layouts, priority) if hold and len(layouts) == 1 else None
+        if sent is None:
+            sent = self._sends(Command.PUSH, layouts, priority, timeout=timeout,
+                               quiet=quiet and nbytes < BIG_CALL_BYTES, hold=hold)
         for rec in layouts:
             rec.acks = sent.replies
         self.observe.sent("push", start, sent.messages)
+        return sent
+
+    def _held_alone(self, layouts: Sequence[KeyLayout], priority: int) -> Exchange | None:
+        """A held push (:meth:`_send` with ``hold``) of one uncompressed key of one part in shared memory, in
+        fewer steps (a training loop's push); None for any other push."""
+        rec = layouts[0]
+        if rec.compress or len(rec.parts) != 1 or not rec.shm or rec.shm[0] is None:
+            return None
+        ((server, _, items),) = by_server(layouts, True, self._message_bytes, self._rank)  # the pull's items too
+        write_slots(items)
+        pending = self.client.held.hold(server, (part_spec(rec, 0, rec.pushes[0] + 1),), [], Flag.SHM, priority, items)
+        rec.pushes[0] += 1
+        sent = Exchange()
+        sent.messages.append((items, pending))
+        sent.replies.append(pending)
         return sent
 
     def pushpull(self, layouts: Sequence[KeyLayout], priority: int = 0, timeout: float | None = None) -> Exchange:
@@ -353,7 +371,7 @@ class KVWorker:
                 continue
             if header.flags & Flag.SHM:  # the values are in shared memory
                 for (rec, i), frame in zip(items, self._shared.read(items, header, pending.node)):
-                    _place(rec, i, frame, values, into)
+                    place(rec, i, frame, values, into)
                 continue
             if len(header.arrays) != len(items):
                 raise ProtocolError(
@@ -364,7 +382,7 @@ class KVWorker:
                 frame = frame_array(spec, buf) if compressed is None else compressed.decompress(buf, spec.size)
                 if spec.offset != rec.parts[i][1] or frame.size != rec.parts[i][2]:
                     raise ProtocolError(f"{node_name(pending.node)}'s reply for key {rec.key!r} does not match its layout")
-                _place(rec, i, frame, values, into)
+                place(rec, i, frame, values, into)
         self.observe.waited(start, sent.messages)
         return values
 
@@ -416,24 +434,6 @@ class KVWorker:
         """A replacement of ``server`` joined (``PSKV_SERVER_RECOVERY``; its own thread)."""
         assert self._replay is not None
         self._replay.recover(server, self.client, self._rank, self._cluster.request_timeout)
-
-
-def _place(rec: KeyLayout, i: int, frame: np.ndarray[Any, Any], values: dict[int, Any],
-           into: Mapping[int, tuple[Any, np.ndarray[Any, Any]]] | None) -> None:
-    """Record part ``i`` of ``rec``'s received value (assembling split keys, maybe in place)."""
-    target = into.get(id(rec)) if into else None
-    if target is not None:
-        _, offset, length = rec.parts[i]
-        np.copyto(target[1][offset: offset + length], frame)
-        values[id(rec)] = target[0]
-        return
-    if len(rec.parts) == 1:
-        values[id(rec)] = from_wire(frame, rec.meta).reshape(rec.meta.shape)
-        return
-    if rec.recv is None:
-        rec.recv = empty(rec.meta, device="cpu")
-    part_view(rec, rec.recv, i)[...] = frame
-    values[id(rec)] = rec.recv
 
 
 def _key_names(items: list[Part]) -> str:

@@ -24,14 +24,14 @@ parts and are never cut.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import zip_longest
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pskv.arrays import ArrayMeta, itemsize, wire_view
+from pskv.arrays import ArrayMeta, empty, from_wire, itemsize, wire_view
 from pskv.config import ClusterConfig
 from pskv.partition import row_ranges, server_key, split
 from pskv.protocol import ArraySpec
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from pskv.compression import Compressor
     from pskv.worker.shared import SharedPart
 
-__all__ = ["KeyLayout", "Message", "Part", "by_server", "new_layout", "part_spec", "part_view"]
+__all__ = ["KeyLayout", "Message", "Part", "by_server", "new_layout", "part_spec", "part_view", "place"]
 
 Part = tuple["KeyLayout", int]  # a key's layout and the index of one of its parts
 Message = tuple[int, bool, list[Part]]  # (server, through shared memory?, the parts it carries)
@@ -154,3 +154,21 @@ def part_view(rec: KeyLayout, buffer: Any, i: int) -> np.ndarray[Any, Any]:
     """Part ``i`` of ``buffer`` (a value of ``rec``'s kind), as a flat wire view."""
     _, offset, length = rec.parts[i]
     return wire_view(buffer)[offset: offset + length]
+
+
+def place(rec: KeyLayout, i: int, frame: np.ndarray[Any, Any], values: dict[int, Any],
+           into: Mapping[int, tuple[Any, np.ndarray[Any, Any]]] | None) -> None:
+    """Record part ``i`` of ``rec``'s received value (assembling split keys, maybe in place)."""
+    target = into.get(id(rec)) if into else None
+    if target is not None:
+        _, offset, length = rec.parts[i]
+        np.copyto(target[1][offset: offset + length], frame)
+        values[id(rec)] = target[0]
+        return
+    if len(rec.parts) == 1:
+        values[id(rec)] = from_wire(frame, rec.meta).reshape(rec.meta.shape)
+        return
+    if rec.recv is None:
+        rec.recv = empty(rec.meta, device="cpu")
+    part_view(rec, rec.recv, i)[...] = frame
+    values[id(rec)] = rec.recv

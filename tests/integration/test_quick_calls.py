@@ -13,6 +13,7 @@ import pytest
 import pskv
 from pskv.kvstore.engine import Engine
 from pskv.testing import InProcessCluster
+from pskv.worker import KVWorker
 
 ROUNDS = 20
 
@@ -33,6 +34,14 @@ def _count_quick(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
 @pytest.mark.parametrize("shm", [1, 0])
 def test_small_non_blocking_pushes_take_the_short_path_with_the_same_rounds(monkeypatch, shm):
     started = _count_quick(monkeypatch)
+    alone = [0]  # pushes the worker layer held in its own few steps (one part in shared memory)
+    held_alone = KVWorker._held_alone
+
+    def counted(self, *args):
+        sent = held_alone(self, *args)
+        alone[0] += sent is not None
+        return sent
+    monkeypatch.setattr(KVWorker, "_held_alone", counted)
 
     def worker(cfg):
         kv = pskv.create("dist_sync", cluster=cfg)
@@ -54,6 +63,7 @@ def test_small_non_blocking_pushes_take_the_short_path_with_the_same_rounds(monk
     with InProcessCluster(1, 2, deadline=60, shm=shm) as cluster:
         assert cluster.run_workers(worker) == [True, True]
     assert started == {"push": 2 * 2 * ROUNDS, "pull": 2 * 2 * ROUNDS}  # both keys, both workers, every step
+    assert alone[0] == (2 * 2 * ROUNDS if shm else 0)  # over sockets the general message path
 
 
 @pytest.mark.parametrize("shm", [1, 0])
