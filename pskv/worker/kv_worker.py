@@ -201,28 +201,17 @@ class KVWorker:
         nbytes = sum(rec.nbytes for rec in layouts)
         start = self.observe.calling(nbytes, 0, push=True)
         hold = quiet and nbytes <= self._fold_bytes
-        sent = self._held_alone(layouts, priority) if hold and len(layouts) == 1 else None
-        if sent is None:
+        alone = self.client.held.hold_alone(layouts, priority, self._message_bytes, self._rank) if hold else None
+        if alone is not None:  # a training loop's push, held in fewer steps (pskv.worker.fold)
+            sent = Exchange()
+            sent.messages.append(alone)
+            sent.replies.append(alone[1])
+        else:
             sent = self._sends(Command.PUSH, layouts, priority, timeout=timeout,
                                quiet=quiet and nbytes < BIG_CALL_BYTES, hold=hold)
         for rec in layouts:
             rec.acks = sent.replies
         self.observe.sent("push", start, sent.messages)
-        return sent
-
-    def _held_alone(self, layouts: Sequence[KeyLayout], priority: int) -> Exchange | None:
-        """A held push (:meth:`_send` with ``hold``) of one uncompressed key of one part in shared memory, in
-        fewer steps (a training loop's push); None for any other push."""
-        rec = layouts[0]
-        if rec.compress or len(rec.parts) != 1 or not rec.shm or rec.shm[0] is None:
-            return None
-        ((server, _, items),) = by_server(layouts, True, self._message_bytes, self._rank)  # the pull's items too
-        write_slots(items)
-        pending = self.client.held.hold(server, (part_spec(rec, 0, rec.pushes[0] + 1),), [], Flag.SHM, priority, items)
-        rec.pushes[0] += 1
-        sent = Exchange()
-        sent.messages.append((items, pending))
-        sent.replies.append(pending)
         return sent
 
     def pushpull(self, layouts: Sequence[KeyLayout], priority: int = 0, timeout: float | None = None) -> Exchange:

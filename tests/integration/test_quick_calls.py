@@ -5,6 +5,7 @@ handles and errors."""
 from __future__ import annotations
 
 import collections
+import sys
 import threading
 
 import numpy as np
@@ -13,7 +14,8 @@ import pytest
 import pskv
 from pskv.kvstore.engine import Engine
 from pskv.testing import InProcessCluster
-from pskv.worker import KVWorker
+from pskv.testing.jobs import child_env, run_launch
+from pskv.worker.fold import HeldPushes
 
 ROUNDS = 20
 
@@ -35,13 +37,13 @@ def _count_quick(monkeypatch: pytest.MonkeyPatch) -> collections.Counter[str]:
 def test_small_non_blocking_pushes_take_the_short_path_with_the_same_rounds(monkeypatch, shm):
     started = _count_quick(monkeypatch)
     alone = [0]  # pushes the worker layer held in its own few steps (one part in shared memory)
-    held_alone = KVWorker._held_alone
+    hold_alone = HeldPushes.hold_alone
 
     def counted(self, *args):
-        sent = held_alone(self, *args)
-        alone[0] += sent is not None
-        return sent
-    monkeypatch.setattr(KVWorker, "_held_alone", counted)
+        held = hold_alone(self, *args)
+        alone[0] += held is not None
+        return held
+    monkeypatch.setattr(HeldPushes, "hold_alone", counted)
 
     def worker(cfg):
         kv = pskv.create("dist_sync", cluster=cfg)
@@ -156,3 +158,48 @@ def test_a_refused_short_path_push_fails_its_handle_or_the_next_wait():
 
     with InProcessCluster(1, 2, deadline=60, shm=1) as cluster:
         assert cluster.run_workers(worker) == [5.0, 5.0]
+
+
+LAUNCHED = """
+import collections
+import numpy as np
+import pskv
+from pskv.kvstore.engine import Engine
+from pskv.worker.fold import HeldPushes
+
+started, alone = collections.Counter(), [0]
+start_now, hold_alone = Engine.start_now, HeldPushes.hold_alone
+
+def counted_start(self, name, *args, **kwargs):
+    op = start_now(self, name, *args, **kwargs)
+    started[name] += op is not None
+    return op
+
+def counted_hold(self, *args):
+    held = hold_alone(self, *args)
+    alone[0] += held is not None
+    return held
+
+Engine.start_now, HeldPushes.hold_alone = counted_start, counted_hold
+with pskv.create("dist_sync") as kv:
+    kv.init(7, np.zeros(1024, np.float32))
+    out = np.zeros(1024, np.float32)
+    for step in range(30):
+        kv.push(7, np.full(1024, kv.rank + step, np.float32), block=False)
+        kv.pull(7, out=out)
+        assert np.all(out == 1 + 2 * step), (step, out[:2])
+        kv.pushpull(7, np.ones(1024, np.float32), out=out)
+        assert np.all(out == 2.0), (step, out[:2])
+    print(f"rank {kv.rank} quick {sorted(started.items())} held alone {alone[0]}", flush=True)
+"""
+
+
+def test_through_pskv_launch_the_loop_takes_the_short_paths(tmp_path):
+    """Real processes (scheduler, server, 2 workers through ``pskv launch``, shared memory on one host): every
+    push, pull and pushpull of the loop takes the short path, with the rounds' exact sums."""
+    script = tmp_path / "loop.py"
+    script.write_text(LAUNCHED)
+    code, out = run_launch(["-n", "2", "-s", "1", "--", sys.executable, str(script)], tmp_path, 90, env=child_env())
+    assert code == 0, out
+    for rank in (0, 1):
+        assert f"rank {rank} quick [('pull', 30), ('push', 30), ('pushpull', 30)] held alone 30" in out, out
