@@ -43,7 +43,7 @@ CONTRACT: dict[str, tuple[str, str]] = {
     "PSKV_ELASTIC_TIMEOUT": ("every process (ClusterConfig.elastic_timeout)", "an elastic job's seconds below MIN before it fails (--elastic-timeout)"),
     "PSKV_LAUNCH_TOKEN": ("the scheduler (ClusterConfig.launch_token)", "an elastic job's token, which the launcher's reports of worker exits carry (ROSTER)"),
     "PSKV_JOB_ID": ("servers (ClusterConfig.job_id)", "a random id of this job: names its shared-memory files so the launcher can remove them"),
-    "PYTHONUNBUFFERED": ("Python", "1, so output reaches the launcher line by line (an --env pair may override it)"),
+    "PYTHONUNBUFFERED": ("Python", "1, so output reaches the launcher line by line (the launcher's: an --env pair naming it is refused)"),
     # torchrun's variables, so torch.distributed (and pskv.config.rank_env) work in a launched worker
     "RANK": ("workers (torch.distributed, rank_env)", "the worker's rank, as DMLC_WORKER_ID"),
     "WORLD_SIZE": ("workers (torch.distributed, rank_env)", "the number of workers, as DMLC_NUM_WORKER"),
@@ -221,8 +221,8 @@ def env_argv(contract: Mapping[str, str], extra: Mapping[str, str], command: Seq
 
     Args:
         contract: the process's contract variables (from :func:`contract_env`).
-        extra: the ``--env`` pairs; they override ``PYTHONUNBUFFERED`` but (validated
-            by :class:`~pskv.launch.config.LaunchConfig`) no other contract variable.
+        extra: the ``--env`` pairs; none names a contract variable (validated by
+            :class:`~pskv.launch.config.LaunchConfig`).
         command: the program and its arguments.
 
     A worker with the torchrun variables (``LOCAL_WORLD_SIZE``) runs its command through

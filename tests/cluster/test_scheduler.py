@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -254,14 +255,16 @@ def test_the_wait_for_the_first_node_is_not_taken_for_a_held_up_loop(ctx, caplog
     scheduler.start()
     nodes: list[Node] = []
     try:
-        time.sleep(0.8)  # the late nodes are the case under test (more than the 0.5 s a check may be late)
+        time.sleep(1.5)  # the late nodes are the case under test (more than the 0.5 s a check may be late)
         port = int(scheduler.address.rsplit(":", 1)[1])
         cfg = dataclasses.replace(cluster, root_uri="127.0.0.1", root_port=port)
         nodes = [Node(ctx, cfg, Role.SERVER, "tcp://127.0.0.1:5100"), Node(ctx, cfg, Role.WORKER)]
         with ThreadPoolExecutor(2) as pool:
             list(pool.map(lambda n: n.member.register(), nodes))
         time.sleep(0.3)  # several liveness checks (every 0.025 s) with the nodes known
-        assert "held up" not in caplog.text
+        # a loaded machine may hold the loop up for real meanwhile (reported, rightly); the 1.5 s wait is not
+        held = [float(m) for m in re.findall(r"held up for ([0-9.]+) s", caplog.text)]
+        assert all(s < 1.2 for s in held), caplog.text
     finally:
         for n in nodes:
             n.stop()
