@@ -30,7 +30,8 @@ these namespaces, and ``tests/unit/test_public_surface.py`` checks the names, th
 ``pskv.metrics``           a job's metrics through its scheduler: ``snapshot``,
                            ``MetricsClient``, ``JobMetrics``, ``NodeMetrics``
 ``pskv.timeline``          timeline files: ``load``, ``merge``, ``summary``
-``pskv.errors``            every exception pskv raises (each also exported at the top)
+``pskv.errors``            every error pskv raises, each also exported at the top
+                           (pskv.WorkerDrained, a SystemExit with code 0, is no error: top only)
 ``pskv.server``            ``controller`` (functions answering
                            ``kv.send_command_to_servers``)
 ``pskv.testing``           ``InProcessCluster``, ``fuzz``

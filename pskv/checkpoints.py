@@ -175,7 +175,8 @@ def mark_latest_training(root: str | os.PathLike[str], directory: Path) -> None:
 def latest_training_checkpoint(root: str | os.PathLike[str]) -> Path | None:
     """The newest complete training checkpoint under ``root`` (None when there is none).
 
-    ``<root>/latest`` names it; without that pointer, the highest complete ``epoch-<n>``.
+    ``<root>/latest`` names it; without that pointer, the complete ``epoch-<n>`` of the highest ``n``
+    (compared as numbers: ``epoch-10000`` is newer than ``epoch-9999``).
     """
     base = Path(root)
     pointer = base / LATEST
@@ -183,5 +184,6 @@ def latest_training_checkpoint(root: str | os.PathLike[str]) -> Path | None:
         candidate = base / pointer.read_text(encoding="utf-8").strip()
         if _TRAINING_NAME.match(candidate.name) and (candidate / TRAINING_META).is_file():
             return candidate
-    done = sorted(p for p in base.glob("epoch-[0-9]*") if (p / TRAINING_META).is_file()) if base.is_dir() else []
-    return done[-1] if done else None
+    done = sorted((int(m.group(1)), p) for p in base.glob("epoch-[0-9]*")
+                  if (m := _TRAINING_NAME.match(p.name)) and (p / TRAINING_META).is_file()) if base.is_dir() else []
+    return done[-1][1] if done else None

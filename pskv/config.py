@@ -49,7 +49,7 @@ ENV_VARS: dict[str, tuple[str, str]] = {
     ),
     "PSKV_DEFAULT_TIMEOUT": (
         "default_timeout",
-        "seconds a blocking call waits for queued work before raising TimeoutError (default 300)",
+        "seconds a blocking call waits for queued work before raising OperationTimeoutError (default 300)",
     ),
 }
 
@@ -65,7 +65,7 @@ CLUSTER_ENV_VARS: dict[str, tuple[str, str]] = {
     "PSKV_SERVER_RANK": ("server_rank", "this server's rank, if the launcher assigns it (else by arrival)"),
     # BytePS's name first: the later entry wins when both are set
     "BYTEPS_LOCAL_RANK": ("local_rank", "BytePS's name for PSKV_LOCAL_RANK (used when PSKV_LOCAL_RANK is unset)"),
-    "PSKV_LOCAL_RANK": ("local_rank", "this worker's index among the workers on its host (default: its rank when the scheduler is on loopback, else 0)"),
+    "PSKV_LOCAL_RANK": ("local_rank", "this worker's index among the workers on its host (default: the cluster manager's local rank, e.g. torchrun's LOCAL_RANK, SLURM_LOCALID, when DMLC_WORKER_ID is unset; else its rank when the scheduler is on loopback, else 0)"),
     "PSKV_LOG_LEVEL": ("log_level", "DEBUG, INFO, WARNING or ERROR: the least severe of pskv's own log records a process shows, time-stamped (default: INFO in servers and the scheduler, WARNING in workers); pskv launch passes it to every process"),
     "PS_VERBOSE": ("verbose", "1 logs connections, 2 logs every message (default 0)"),
     "PS_HEARTBEAT_INTERVAL": ("heartbeat_interval", "seconds between heartbeats; 0 disables (default 1)"),
@@ -78,7 +78,7 @@ CLUSTER_ENV_VARS: dict[str, tuple[str, str]] = {
     "PSKV_CALL_WINDOW": ("call_window", "messages of one call of one key a worker keeps unanswered per server between hosts: the next goes as a reply comes, so W workers' flows into a server stay even (default 4; 0: no limit; pskv.worker.pacing)"),
     "PSKV_MAX_TABLE_BYTES": ("max_table_bytes", "bytes of row-sparse keys (their ranges of rows) one server holds at most: an init that would pass it is refused (default 17179869184)"),
     "PSKV_STARTUP_TIMEOUT": ("startup_timeout", "seconds to wait for every node to register (default 60)"),
-    "PSKV_REQUEST_TIMEOUT": ("request_timeout", "seconds a request waits for its reply before TimeoutError (default 300)"),
+    "PSKV_REQUEST_TIMEOUT": ("request_timeout", "seconds a request waits for its reply before OperationTimeoutError (default 300)"),
     "PSKV_STALL_REPORT": ("stall_report", "seconds a sync round may wait before its server logs which workers are missing (default 30; 0 off)"),
     "PSKV_JOB_ID": ("job_id", "an id of this job (set by pskv launch); names the servers' shared-memory files"),
     "PSKV_CURVE_KEY_FILE": ("curve_key_file", "a CURVE cluster key file (pskv keygen): authenticate and encrypt all traffic with it (default: off)"),
@@ -430,9 +430,9 @@ class ClusterConfig:
             return False
 
     def local_rank_of(self, rank: int) -> int:
-        """The local rank of worker ``rank``: as set (``PSKV_LOCAL_RANK``, ``BYTEPS_LOCAL_RANK``),
-        else ``rank`` in a :attr:`local_job` (every worker is on this host), else 0 (one
-        worker per host, as in an MXJob pod)."""
+        """The local rank of worker ``rank``: as set (``PSKV_LOCAL_RANK``, ``BYTEPS_LOCAL_RANK``, or the
+        cluster manager's when ``DMLC_WORKER_ID`` is unset), else ``rank`` in a :attr:`local_job` (every
+        worker is on this host), else 0 (one worker per host, as in an MXJob pod)."""
         if self.local_rank >= 0:
             return self.local_rank
         return rank if self.local_job else 0

@@ -2,7 +2,9 @@
 
 Every error pskv raises derives from :class:`KVStoreError`, and each one also derives
 from the builtin exception a Python user would naturally catch, so both
-``except pskv.KVStoreError`` and ``except KeyError`` work:
+``except pskv.KVStoreError`` and ``except KeyError`` work. One exception pskv raises is
+not an error and not here: ``pskv.WorkerDrained`` (:mod:`pskv.kvstore.elastic`), a
+``SystemExit`` with code 0 that ``kv.commit()`` raises on a worker the launcher drained.
 
 =============================  ==================  ==========================================
 class                          builtin             meaning

@@ -186,7 +186,9 @@ class KVStoreBase(abc.ABC):
         Raises:
             error: on the stores that support it (``dist_sync``, ``dist_sync_device``,
                 ``byteps``, ``horovod``, ``nccl``), once the others are told.
-            NotSupportedError: the other stores (nobody to tell, or no collective rounds).
+            NotSupportedError: the single-process stores (``local``, ``device``, ...) and custom
+                stores (nobody to tell). The asynchronous ``dist_async`` and ``dist_async_device``
+                (no rounds to fail) raise ``error`` without telling the others.
         """
         raise self._unsupported("refuse_push")
 
@@ -368,7 +370,8 @@ class KVStoreBase(abc.ABC):
         return None
 
     def close(self) -> None:
-        """Release the store's resources; later calls raise StoreClosedError."""
+        """Release the store's resources. Later key and optimizer operations (``init``, ``push``,
+        ``pull``, ``set_optimizer``, ...) raise StoreClosedError; ``wait`` and ``close`` return."""
         return None
 
     def __enter__(self) -> KVStoreBase:

@@ -3,10 +3,11 @@
 MXNet's rules, kept: the call comes before the first ``init`` (the residuals are sized
 and zeroed with the keys; MXNet's ``device`` store silently mixed states when it came
 later — pskv refuses with a clear error), compression applies to float32 values only
-(MXNet checks it in its ``dist`` stores), and ``init`` itself is never compressed. Each
-value a push carries — one per device — is compressed with its own residual (per key
-and device, as MXNet's ``device`` store does), and the store sums what the receiver
-decodes. Beyond MXNet: the ``local`` store and ``pushpull`` compress too.
+(MXNet checks it in its ``dist`` stores), and ``init`` itself is never compressed. In the
+single-process stores each value a push carries — one per device — is compressed with its
+own residual (per key and device, as MXNet's ``device`` store does), and the store sums what
+it decodes; a ``dist_*`` store first sums a worker's device values, then compresses each part
+with one residual per part and worker, and the servers sum what they decode. Beyond MXNet: the ``local`` store and ``pushpull`` compress too.
 
 Beyond MXNet too: a key of a distributed store may be initialised with a compression of its
 own (``init(keys, values, compression=)``, :func:`key_compressions`), whenever the store's is

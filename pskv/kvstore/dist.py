@@ -366,7 +366,11 @@ class DistStore(DistJob):
 
         Raises:
             InvalidArgumentError: ``root_rank`` is not a worker's rank.
-            InitMismatchError: the workers gave different ``root_rank`` (on every worker).
+            InitMismatchError: the workers gave different ``root_rank`` (on every worker), checked
+                where they all meet to overwrite: an existing key, or new keys from a root other
+                than 0. A worker that broadcasts only new keys from rank 0 skips that meeting, so
+                such a mismatch fails later (CollectiveMismatchError at the next collective, or
+                OperationTimeoutError).
             NotSupportedError: a row-sparse value from a root other than 0, or for an existing key.
         """
         self._check_open("broadcast")

@@ -65,7 +65,9 @@ class DistJob(StoreFrontEnd[KeyLayout]):
     @property
     def local_rank(self) -> int:
         """This worker's rank among the workers of its host: ``PSKV_LOCAL_RANK`` (set by ``pskv launch``)
-        or ``BYTEPS_LOCAL_RANK``; unset, its rank in a job on one host, else 0 (docs/env.md)."""
+        or ``BYTEPS_LOCAL_RANK``; unset, the cluster manager's local rank when its rank comes from one
+        (``DMLC_WORKER_ID`` unset: torchrun, SLURM, MPI), else its rank in a job on one host, else 0
+        (docs/env.md)."""
         return self._cluster.local_rank_of(self._rank)
 
     @property

@@ -150,7 +150,8 @@ class OpHandle:
 
         Args:
             timeout: seconds to wait; None waits up to the store's default timeout
-                (``PSKV_DEFAULT_TIMEOUT`` for pskv's stores), never forever.
+                (``PSKV_REQUEST_TIMEOUT`` for ``dist_*`` and ``byteps``, ``PSKV_DEFAULT_TIMEOUT``
+                for the local and all-reduce stores), never forever.
 
         Raises:
             OperationTimeoutError: the operation did not finish in time (it stays queued).

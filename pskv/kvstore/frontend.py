@@ -126,9 +126,11 @@ class StoreFrontEnd(KVStoreBase, Generic[R]):
 
         ``{'type': '2bit', 'threshold': 0.5}`` (MXNet's 2-bit quantization, threshold
         default 0.5) or ``{'type': '1bit', 'threshold': t}`` (MXNet 2.0's); the types are
-        in :data:`pskv.compression.COMPRESSORS`. Each value a push carries (one per
-        device, per worker) is compressed with its own residual — what earlier pushes
-        left out — and the sum is made of the decoded values; pulls return full
+        in :data:`pskv.compression.COMPRESSORS`. In the single-process stores each value a
+        push carries (one per device) is compressed with its own residual — what earlier
+        pushes left out — and the sum is made of the decoded values; the ``dist_*`` stores
+        first sum a worker's device values, then compress that with one residual per part
+        of the key per worker, and the servers sum what they decode. Pulls return full
         precision; ``init`` is never compressed; keys made with ``init(summed=True)``
         are not compressed. Float32 keys only. Besides the compressor's own parameters:
         ``'min_size': n`` leaves keys of fewer than ``n`` elements uncompressed (default 0);

@@ -3,8 +3,7 @@
 Guarantees (each one fixes a known MXNet defect):
 
 * the store keeps copies, never references to the caller's arrays;
-* pushes and pulls check shape and dtype against the initialised value, and a failed
-  call leaves the store unchanged;
+* pushes and pulls check shape and dtype against the initialised value; a failed call changes nothing;
 * an updater's exception propagates out of ``push`` and the store is unchanged;
 * ``broadcast`` works for new and existing keys, any number of times;
 * ``row_sparse_pull`` checks its row ids.
@@ -68,6 +67,7 @@ from pskv.kvstore.local_rows import (
 from pskv.kvstore.row_ids import apply_row_plan, plan_row_pulls
 from pskv.optimizer import Optimizer
 from pskv.optimizer.base import UpdateFn
+from pskv.optimizer.states import file_errors
 from pskv.optimizer.updater import install_optimizer, updater_from_states
 
 __all__ = ["LocalStore"]
@@ -453,7 +453,7 @@ class LocalStore(StoreFrontEnd[_Entry]):
 
         Args:
             key: a key or a list of keys.
-            out: like :meth:`pull`; None returns new full-shaped arrays.
+            out: like :meth:`pull`; None returns new values (full-shaped arrays; row-sparse ones for row-sparse keys).
             row_ids: an int array or sequence; or a list with one per out. For a key
                 list, a list with one entry per key.
 
@@ -527,12 +527,13 @@ class LocalStore(StoreFrontEnd[_Entry]):
         The file is a safetensors file (no pickle); see ``docs/optimizers.md``.
 
         Raises:
-            OptimizerStateError: no optimizer is set.
+            OptimizerStateError: no optimizer is set, or the file cannot be written (naming it).
         """
         self._check_open("save_optimizer_states")
         updater = self._optimizer_updater("save optimizer states")
         self.wait()
-        updater.save_states(fname, dump_optimizer=dump_optimizer)
+        with file_errors("save_optimizer_states", fname):
+            updater.save_states(fname, dump_optimizer=dump_optimizer)
 
     def load_optimizer_states(self, fname: str) -> None:
         """Restore optimizer state saved by :meth:`save_optimizer_states`.
@@ -541,17 +542,18 @@ class LocalStore(StoreFrontEnd[_Entry]):
         optimizer is installed; a dumped config also replaces the current one.
 
         Raises:
-            OptimizerStateError: the file is not a pskv state file, or no optimizer is
-                set and the file holds none.
+            OptimizerStateError: the file is missing, unreadable or not a pskv state file, or no
+                optimizer is set and the file holds none.
         """
         self._check_open("load_optimizer_states")
         self.wait()
-        if self._builtin_updater:
-            self._updater.load_states(fname)  # type: ignore[union-attr]
-            return
-        self._updater = updater_from_states(fname, no_config=OptimizerStateError(
-            f"cannot load {fname}: the store has no optimizer and the file holds no optimizer "
-            "config (call set_optimizer first, or save with dump_optimizer=True)"))
+        with file_errors("load_optimizer_states", fname):
+            if self._builtin_updater:
+                self._updater.load_states(fname)  # type: ignore[union-attr]
+                return
+            self._updater = updater_from_states(fname, no_config=OptimizerStateError(
+                f"cannot load {fname}: the store has no optimizer and the file holds no optimizer "
+                "config (call set_optimizer first, or save with dump_optimizer=True)"))
         self._builtin_updater = True
 
     def restore_rows(self, key: Any, ids: Any, rows: Any) -> None:

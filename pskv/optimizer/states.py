@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +39,7 @@ __all__ = [
     "loads",
     "save",
     "load",
+    "file_errors",
 ]
 
 FORMAT_NAME = "pskv.optimizer-states"
@@ -129,6 +132,18 @@ def save(fname: str | os.PathLike[str], doc: StatesDocument) -> None:
         OSError: the file could not be written (its folder must exist).
     """
     write_tensors(fname, *_encode(doc), make_dirs=False)
+
+
+@contextmanager
+def file_errors(op: str, fname: str | os.PathLike[str]) -> Iterator[None]:
+    """A store's ``op`` (``save_optimizer_states`` / ``load_optimizer_states``) on ``fname``: an OSError
+    becomes an OptimizerStateError naming the call and the file (a pskv error, as every store raises)."""
+    try:
+        yield
+    except OSError as exc:
+        name = exc.filename if isinstance(exc.filename, str) else os.fspath(fname)
+        raise OptimizerStateError(f"{op}: cannot {'write' if op.startswith('save') else 'read'} {name}: "
+                                  f"{exc.strerror or exc}") from None
 
 
 def _bad(what: str) -> OptimizerStateError:

@@ -182,7 +182,7 @@ class NDArrayIter:
         num_parts: number of shards (workers), >= 1.
         part_index: which shard this iterator yields, in ``[0, num_parts)``.
         seed: shuffle seed, the same on every part; epoch ``e`` uses ``seed + e``. May be
-            None only with ``num_parts == 1`` (a random seed is then drawn once).
+            None unless ``shuffle`` is set with ``num_parts > 1`` (a random seed is then drawn once).
 
     Raises:
         InvalidArgumentError: a bad argument (the message names it and its value), sample
@@ -382,11 +382,14 @@ def begin_epoch(data: Any, epoch: int) -> None:
 
 
 def batch_arrays(batch: Any) -> tuple[list[Any], list[Any]]:
-    """(data arrays, label arrays) of a DataBatch, a ``(data, label)`` pair, a dict or one array.
+    """(data arrays, label arrays) of a DataBatch, a ``(data, label)`` pair, a dict or one array
+    (a NumPy array or a tensor: both have a ``data`` attribute too, but are no DataBatch).
 
     Raises:
         InvalidArgumentError: a sequence that is not a ``(data, label)`` pair.
     """
+    if isinstance(batch, np.ndarray) or is_torch(batch):
+        return [batch], []
     if hasattr(batch, "data"):
         return as_list(batch.data), as_list(getattr(batch, "label", None))
     if isinstance(batch, Mapping):

@@ -110,7 +110,7 @@ def fit(trainer: Trainer, train_data: Iterable[Any], eval_data: Iterable[Any] | 
             store included: a ``dist_*`` store's in a server checkpoint of its own).
         resume: continue from the newest checkpoint in ``checkpoint_dir`` if there is one.
         progress: ``'auto'`` (a bar on a terminal, periodic lines otherwise), True
-            (always a bar) or False.
+            (always a bar) or False (no bar: a plain line at most every 10 s).
         log_all_ranks: print progress on every worker (default: rank 0 only).
         uneven: workers may have different numbers of batches per epoch (synchronous
             distributed stores): a worker out of data takes part in the others' last

@@ -79,8 +79,9 @@ class Trainer:
             model's parameters (``update_on_kvstore=False`` only: it steps on every worker;
             :mod:`pskv.parallel.torch_optim`).
         optimizer_params: hyperparameters when ``optimizer`` is a name.
-        kvstore: a store, a store name, or None. A name with one device and no
-            ``dist`` in it means no store (nothing to sum), as in MXNet.
+        kvstore: a store, a store name, or None. With one device, a single-process or
+            custom store's name means no store (nothing to sum), as in MXNet; a multi-process
+            one's (``dist_*``, ``byteps``, ``horovod``, ``nccl``) always makes the store.
         update_on_kvstore: run the optimizer in the store (None: decide by MXNet's rules).
         overlap: send gradients during backward (groups whose parameters all have
             ``grad_req='write'``; plain modules only with ``update_on_kvstore=False``).

@@ -74,7 +74,9 @@ class InProcessCluster:
         """Run ``fn(worker_config)`` for every worker concurrently; results in rank order.
 
         Raises:
-            OperationTimeoutError: a worker did not finish within ``timeout``.
+            OperationTimeoutError: a worker did not finish within ``timeout`` (default
+                ``deadline``) of the wait for it; the workers are waited for in rank order,
+                each with a fresh ``timeout``, so the call may last up to ``num_workers`` times it.
             Exception: the first worker exception (in rank order).
         """
         limit = self.deadline if timeout is None else timeout

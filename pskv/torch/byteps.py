@@ -1,8 +1,10 @@
 """BytePS's PyTorch names (``byteps/torch/ops.py``) on :mod:`pskv.torch.ops`: ``import pskv.torch as bps``.
 
 BytePS's calls take ``average=True`` (a bool, not Horovod's deprecated form), ``version``
-(ignored: pskv has one version of a key) and ``priority`` (passed to the store: a higher one
-is sent first where the store can reorder, as BytePS's ``-layer index``).
+(ignored: pskv has one version of a key) and ``priority``: the in-place calls
+(:func:`push_pull_inplace`, :func:`push_pull_async_inplace`) pass it to the store (a higher
+one is sent first where the store can reorder, as BytePS's ``-layer index``);
+:func:`push_pull` and :func:`push_pull_async` accept it and ignore it.
 """
 
 from __future__ import annotations

@@ -117,7 +117,9 @@ def CrossBarrier(model: torch.nn.Module, optimizer: torch.optim.Optimizer | Pskv
 
     Raises:
         InvalidArgumentError: ``model`` is not a module, ``num_steps`` < 1, and what
-            :func:`~pskv.torch.server_update.server_side_optimizer` refuses.
+            :func:`~pskv.torch.server_update.server_side_optimizer` finds invalid (a store
+            without servers, an optimizer it cannot run, bad names).
+        NotSupportedError: ``compression=Compression.fp16`` (refused by ``server_side_optimizer``).
     """
     if not isinstance(model, torch.nn.Module):
         raise InvalidArgumentError(f"CrossBarrier(model, optimizer): model must be a torch.nn.Module, "

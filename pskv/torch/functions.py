@@ -3,7 +3,8 @@
 Horovod's ``horovod/torch/functions.py`` semantics: parameters and optimizer state go from
 ``root_rank`` to every rank in place (one store call for all tensors), an optimizer's
 scalar state and ``param_groups`` options (learning rate, momentum, ...) travel as one
-pickled object.
+pickled object. An optimizer that has no state even after one step (plain SGD) is left
+as it is, its options included, as in Horovod.
 
 **Trust:** :func:`broadcast_object` and :func:`allgather_object` unpickle bytes that
 other ranks of the same job sent, as Horovod does (its ranks are members of one job,
@@ -63,7 +64,9 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
     A new optimizer's state is made first by one step with zero gradients (no
     communication: a DistributedOptimizer's wrapped optimizer steps), as Horovod does;
     ``model`` names the sparse embeddings whose zero gradients are sparse (Horovod's
-    argument). ``prefix``: put before every name (BytePS's argument).
+    argument). ``prefix``: put before every name (BytePS's argument). An optimizer
+    that has no state even after that step (plain SGD) is left as it is, its options
+    included, as in Horovod.
 
     Raises:
         NotSupportedError: ``torch.optim.LBFGS`` (its state is not per parameter; Horovod refuses it too).
@@ -75,7 +78,7 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int, 
         _make_state(optimizer, model)
         state_dict = optimizer.state_dict()
     if not state_dict["state"]:
-        return  # a stateless optimizer (plain SGD): nothing but the options to send
+        return  # a stateless optimizer (plain SGD): nothing sent, not even the options (as Horovod)
     tensors: list[tuple[str, torch.Tensor]] = []
     scalars: dict[str, Any] = {}
     setters: dict[str, Callable[[Any], None]] = {}

@@ -11,13 +11,13 @@ A hook on each parameter (``register_post_accumulate_grad_hook``) counts its bac
 passes; after ``backward_passes_per_step`` of them its gradient is final and it joins its
 bucket (:mod:`pskv.torch.buckets`): complete buckets are averaged over the ranks while
 backward goes on. ``step()`` = ``synchronize()`` (send what is left, a missing gradient as
-zeros, wait, write the averages into ``.grad``) + the optimizer's own step. Horovod's
-rules hold: ``synchronize()`` + ``with skip_synchronize(): step()`` for clipping or AMP's
-unscaling; ``step()`` after ``synchronize()`` without it warns; ``zero_grad()`` between
-backward and step raises; a gradient computed more than ``backward_passes_per_step``
-times before the step raises; ``gradient_predivide_factor`` divides before the sum and
-multiplies after it (``op=Average`` only). On a job of one process no hook is set and
-``step`` is the optimizer's.
+zeros, wait, write the averages (sums with ``op=Sum``) into ``.grad``) + the optimizer's
+own step. Horovod's rules hold: ``synchronize()`` + ``with skip_synchronize(): step()``
+for clipping or AMP's unscaling; ``step()`` after ``synchronize()`` without it warns;
+``zero_grad()`` between backward and step raises; a gradient computed more than
+``backward_passes_per_step`` times before the step raises; ``gradient_predivide_factor``
+divides before the sum and multiplies after it (``op=Average`` only). On a job of one
+process no hook is set and ``step`` is the optimizer's.
 
 Deliberate differences from Horovod: gradients are fused into buckets sent in a fixed
 order (``groups`` / ``num_groups`` are accepted and ignored: the buckets take their
@@ -119,7 +119,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._delay[p] = self.backward_passes_per_step
 
     def synchronize(self) -> None:
-        """Send every gradient not sent yet (a missing one as zeros), wait, and write the averages into ``.grad``."""
+        """Send every gradient not sent yet (a missing one as zeros), wait, and write the averages (sums with
+        ``op=Sum``) into ``.grad``."""
         if self._hooks:
             try:
                 self._buckets.launch_all()
@@ -183,16 +184,19 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer, named_parameters: Ite
         backward_passes_per_step: backward passes accumulated locally per step.
         op: ``Average`` or ``Sum``.
         gradient_predivide_factor: with ``Average``, gradients are divided by it before the
-            sum and multiplied by ``factor / size`` after it.
+            sum and multiplied by ``factor / size`` after it. Ignored, and not checked, with
+            ``update_on_kvstore=True``.
         num_groups, groups: accepted for Horovod's programs; pskv's buckets fuse gradients.
         sparse_as_dense: sparse gradients travel dense, in the buckets (else as rows:
-            :mod:`pskv.torch.sparse`).
-        update_on_kvstore: the servers run the optimizer (:mod:`pskv.torch.server_update`).
+            :mod:`pskv.torch.sparse`). Ignored with ``update_on_kvstore=True``.
+        update_on_kvstore: the servers run the optimizer (:mod:`pskv.torch.server_update`);
+            then ``gradient_predivide_factor`` and ``sparse_as_dense`` are ignored.
 
     Raises:
         InvalidArgumentError: ``named_parameters`` holds something other than pairs, duplicate
             names, parameters without a name (both named),
-            ``backward_passes_per_step`` < 1, a predivide factor with ``op`` other than Average.
+            ``backward_passes_per_step`` < 1, a predivide factor with ``op`` other than Average
+            (not checked with ``update_on_kvstore=True``, which ignores the factor).
         NotSupportedError: ``op=Adasum``.
     """
     del num_groups, groups  # accepted for Horovod's programs (see the module docstring)

@@ -45,7 +45,8 @@ class Runtime:
     Attributes:
         store: the store every collective runs on.
         kind: its type (``StoreType``): ``servers`` says whether keys live on servers.
-        local_size: processes on this host; ``cross_size`` / ``cross_rank``: hosts, and this one's index.
+        local_size: processes on this host (the module functions :func:`cross_size` / :func:`cross_rank`
+            derive the hosts, and this one's index, from it).
         state: per-module state other modules of :mod:`pskv.torch` hang here (names, handles),
             so that :func:`shutdown` forgets it all at once.
     """
@@ -262,7 +263,8 @@ def gloo_built() -> bool:
 
 
 def gloo_enabled() -> bool:
-    """True when this job's store is the all-reduce store (Gloo), False with servers or before init."""
+    """True when this job's store is an all-reduce store: ``horovod`` (Gloo), and also ``nccl``
+    (NCCL, not Gloo); False with servers, with a local store or before init."""
     return _runtime is not None and _runtime.kind.allreduce
 
 

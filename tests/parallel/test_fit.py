@@ -140,6 +140,10 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint(tmp_path):
     (tmp_path / "latest").unlink()  # even without the pointer, only complete ones count
     (tmp_path / "epoch-0007").mkdir()
     assert latest_checkpoint(tmp_path) == tmp_path / "epoch-0000"
+    for n in (9999, 10000):  # past four digits: compared as numbers, not names
+        (tmp_path / f"epoch-{n}").mkdir()
+        (tmp_path / f"epoch-{n}" / "meta.json").write_text("{}")
+    assert latest_checkpoint(tmp_path) == tmp_path / "epoch-10000"
 
 
 def test_loading_a_checkpoint_of_the_other_mode_or_garbage_is_refused(tmp_path):

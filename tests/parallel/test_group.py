@@ -142,6 +142,16 @@ def test_backward_with_out_grads_and_input_grads():
         group(["cpu"]).get_input_grads()
 
 
+def test_a_bare_numpy_batch_is_data_like_a_bare_tensor():
+    # a NumPy array has a ``data`` attribute (a memoryview): it once passed for a DataBatch and was refused
+    x, _ = data()
+    g = group(["cpu", "cpu"], loss=None, for_training=False)
+    g.forward(x)
+    want = g.get_outputs()[0].clone()
+    g.forward(x.numpy())
+    torch.testing.assert_close(torch.as_tensor(g.get_outputs()[0]), want)
+
+
 def test_batch_of_another_size_resplits_and_wrong_shapes_are_named():
     g = group(["cpu", "cpu", "cpu", "cpu"])
     x, y = data(6)

@@ -108,6 +108,11 @@ def test_state_file_errors(make_store, tmp_path):
     junk.write_bytes(b"\x00" * 64)
     with pytest.raises(pskv.OptimizerStateError):
         kv.load_optimizer_states(str(junk))
+    # the file system's errors too, naming the file (as the dist stores do): every pskv error is a KVStoreError
+    with pytest.raises(pskv.OptimizerStateError, match="load_optimizer_states: cannot read .*missing"):
+        kv.load_optimizer_states(str(tmp_path / "missing"))
+    with pytest.raises(pskv.OptimizerStateError, match="save_optimizer_states: cannot write .*nodir"):
+        kv.save_optimizer_states(str(tmp_path / "nodir" / "x"))
 
 
 def test_set_optimizer_rejects_other_objects(kv):
