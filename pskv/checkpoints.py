@@ -37,14 +37,17 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from safetensors import SafetensorError, safe_open
+
 from pskv.atomic import write_text_atomic
 from pskv.errors import CheckpointError
 from pskv.safefile import read_json
 
 __all__ = [
-    "Kind", "MANIFEST", "SERVER_FORMAT", "SERVER_VERSION", "TRAINING_META", "kind_of", "latest_server_checkpoint",
-    "latest_training_checkpoint", "mark_latest_training", "next_server_checkpoint", "read_manifest",
-    "restart_checkpoint", "shard_file", "training_dir", "worker_file", "write_manifest",
+    "Kind", "MANIFEST", "SERVER_FORMAT", "SERVER_VERSION", "TRAINING_META", "check_whole", "is_checkpoint_name",
+    "kind_of", "latest_server_checkpoint", "latest_training_checkpoint", "mark_latest_training",
+    "next_server_checkpoint", "read_manifest", "restart_checkpoint", "shard_file", "training_dir", "worker_file",
+    "write_manifest",
 ]
 
 SERVER_FORMAT = "pskv.server-checkpoint"
@@ -71,6 +74,29 @@ def kind_of(directory: str | os.PathLike[str]) -> Kind | None:
     if (d / TRAINING_META).is_file():
         return Kind.TRAINING
     return None
+
+
+def is_checkpoint_name(name: str) -> bool:
+    """Whether ``name`` is a checkpoint directory's name (``ckpt-<n>`` or ``epoch-<n>``); a writer's
+    temporary directory (``.epoch-<n>.tmp``) or any other folder is not."""
+    return bool(_SERVER_NAME.match(name) or _TRAINING_NAME.match(name))
+
+
+def check_whole(path: str | os.PathLike[str]) -> None:
+    """Check, cheaply, that ``path`` is a whole safetensors file: its header parses and the data
+    its tensors claim covers exactly the rest of the file (a file cut short fails). No tensor is
+    read, so this costs the same for a file of kilobytes and one of gigabytes.
+
+    Raises:
+        CheckpointError: missing, unreadable, not a safetensors file, or cut short (naming it).
+    """
+    try:
+        with safe_open(os.fspath(path), "numpy"):
+            pass
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} is missing") from None
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} is damaged: {exc}") from None
 
 
 # -- server checkpoints -------------------------------------------------------------------
@@ -118,18 +144,18 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any]:
 def latest_server_checkpoint(root: str | os.PathLike[str], note: Callable[[str], None] | None = None) -> Path | None:
     """The complete server checkpoint ``<root>/ckpt-<n>`` with the highest ``n``, or None.
 
-    Complete: its manifest reads, and every server's file it names is there. A committed one
-    (its manifest is there) that is damaged is skipped, and ``note``, when given, gets one
-    line saying which and why.
+    Complete: its manifest reads, and every server's file it names is there and whole
+    (:func:`check_whole`: its header and its length, no tensor read). A committed one (its
+    manifest is there) that is damaged is skipped, and ``note``, when given, gets one line
+    saying which and why.
     """
     for d in _committed(root):
         try:
             servers = read_manifest(d).get("num_servers")
             if not isinstance(servers, int) or isinstance(servers, bool) or servers <= 0:
                 raise CheckpointError(f"{d / MANIFEST} names no number of servers ({servers!r})")
-            missing = [r for r in range(servers) if not shard_file(d, r).is_file()]
-            if missing:
-                raise CheckpointError(f"{shard_file(d, missing[0])} is missing")
+            for rank in range(servers):
+                check_whole(shard_file(d, rank))
         except CheckpointError as exc:
             if note is not None:
                 note(f"skipping damaged checkpoint {d}: {exc}")

@@ -108,6 +108,7 @@ def _parse(cls: type[T], table: dict[str, tuple[str, str]], environ: Mapping[str
     env = os.environ if environ is None else environ
     types = {f.name: f.type for f in fields(cls)}  # type: ignore[arg-type]
     values: dict[str, Any] = {}
+    read: dict[str, str] = {}  # setting -> the set variable that gave its value (the later of two names wins)
     for var, (name, _doc) in table.items():
         raw = env.get(var)
         if raw is None or raw == "":
@@ -118,10 +119,10 @@ def _parse(cls: type[T], table: dict[str, tuple[str, str]], environ: Mapping[str
             values[name] = convert(raw)
         except ValueError:
             raise InvalidArgumentError(f"environment variable {var}={raw!r} is not a valid {convert.__name__}") from None
+        read[name] = var
     unknown = set(overrides) - set(types)
     if unknown:
         raise InvalidArgumentError(f"unknown setting(s) {sorted(unknown)}; known: {sorted(types)}")
-    read = {name: var for var, (name, _doc) in table.items() if name in values}  # settings the environment gave
     values.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return replace(cls(), **values)  # type: ignore[type-var, no-any-return]

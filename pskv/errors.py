@@ -76,13 +76,14 @@ class _KeyErrorBase(KVStoreError, KeyError):
 
 
 class UnknownKeyError(_KeyErrorBase):
-    """A key was used before ``init`` (or ``broadcast``) created it."""
+    """A key was used before ``init`` (or ``broadcast``) created it.
 
-    def __init__(self, key: Any, operation: str) -> None:
-        super().__init__(
-            f"key {key!r} has not been initialised; call init({key!r}, value) "
-            f"or broadcast before {operation}"
-        )
+    A server's names the key by ``label`` (``'w' (server key N)``: what init takes is not known there).
+    """
+
+    def __init__(self, key: Any, operation: str, *, label: str | None = None) -> None:
+        named, advice = (repr(key), f"init({key!r}, value)") if label is None else (label, "init")
+        super().__init__(f"key {named} has not been initialised; call {advice} or broadcast before {operation}")
         self.key = key
 
 
@@ -98,12 +99,19 @@ class DuplicateKeyError(_KeyErrorBase):
 
 
 class ShapeMismatchError(KVStoreError, ValueError):
-    """An array's shape differs from the shape stored under its key."""
+    """An array's shape differs from the shape stored under its key.
 
-    def __init__(self, key: Any, operation: str, expected: tuple[int, ...], got: tuple[int, ...]) -> None:
-        super().__init__(
-            f"{operation} of key {key!r}: shape {got} does not match the stored shape {expected}"
-        )
+    A server's names the key by ``label`` and compares the size of its part of the key: ``expected``
+    and ``got`` are ``(elements,)``, and the message speaks of parts, not of the key's shape.
+    """
+
+    def __init__(self, key: Any, operation: str, expected: tuple[int, ...], got: tuple[int, ...], *,
+                 label: str | None = None) -> None:
+        if label is None:
+            super().__init__(f"{operation} of key {key!r}: shape {got} does not match the stored shape {expected}")
+        else:
+            super().__init__(f"{operation} of key {label}: a part of {got[0]} elements does not match the "
+                             f"stored part of {expected[0]} elements")
         self.key = key
         self.expected = expected
         self.got = got
@@ -112,10 +120,9 @@ class ShapeMismatchError(KVStoreError, ValueError):
 class DTypeMismatchError(KVStoreError, ValueError):
     """An array's dtype differs from the dtype stored under its key."""
 
-    def __init__(self, key: Any, operation: str, expected: str, got: str) -> None:
-        super().__init__(
-            f"{operation} of key {key!r}: dtype {got} does not match the stored dtype {expected}"
-        )
+    def __init__(self, key: Any, operation: str, expected: str, got: str, *, label: str | None = None) -> None:
+        named = repr(key) if label is None else label
+        super().__init__(f"{operation} of key {named}: dtype {got} does not match the stored dtype {expected}")
         self.key = key
         self.expected = expected
         self.got = got

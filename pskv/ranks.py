@@ -179,13 +179,14 @@ def _local(env: Mapping[str, str], rank_var: str, size_var: str, size: int) -> t
 
 
 def _checked_local(env: Mapping[str, str], rank_var: str, local: int, size_var: str, local_size: int,
-                   size: int) -> tuple[int, int]:
+                   size: int, limit: str = "") -> tuple[int, int]:
+    """``limit``: the local size and where it came from, when it is not ``size_var``'s value itself."""
     if local_size > size:
         raise InvalidArgumentError(f"environment variable {size_var}={env[size_var]!r} is more than the job's "
                                    f"{size} processes")
     if local >= local_size:
         raise InvalidArgumentError(f"environment variable {rank_var}={env[rank_var]!r} must be < "
-                                   f"{size_var}={env[size_var]!r}")
+                                   f"{limit or f'{size_var}={env[size_var]!r}'}")
     return local, local_size
 
 
@@ -204,6 +205,7 @@ def _slurm_local(env: Mapping[str, str], size: int) -> tuple[int, int]:
     tasks_var = "SLURM_STEP_TASKS_PER_NODE" if given(env, "SLURM_STEP_TASKS_PER_NODE") else "SLURM_TASKS_PER_NODE"
     if given(env, "SLURM_NTASKS_PER_NODE") and tasks_var != "SLURM_STEP_TASKS_PER_NODE":
         size_var, local_size = "SLURM_NTASKS_PER_NODE", env_int(env, "SLURM_NTASKS_PER_NODE", low=1)
+        limit = f"{size_var}={env[size_var]!r}"
     elif given(env, tasks_var):
         size_var = tasks_var
         counts = expand_tasks_per_node(env[size_var], size_var)
@@ -212,8 +214,9 @@ def _slurm_local(env: Mapping[str, str], size: int) -> tuple[int, int]:
             raise InvalidArgumentError(f"environment variable SLURM_NODEID={env['SLURM_NODEID']!r} has no entry "
                                        f"in {size_var}={env[size_var]!r}")
         local_size = counts[node]
+        limit = f"{local_size}, this node's tasks: entry {node} of {size_var}={env[size_var]!r}"
     else:
-        size_var, local_size = "", 1
+        size_var, local_size, limit = "", 1, ""
     if not given(env, "SLURM_LOCALID"):
         if size_var:
             raise InvalidArgumentError(f"environment variable {size_var}={env[size_var]!r} is set but "
@@ -222,9 +225,10 @@ def _slurm_local(env: Mapping[str, str], size: int) -> tuple[int, int]:
     if not size_var:
         raise InvalidArgumentError(f"environment variable SLURM_LOCALID={env['SLURM_LOCALID']!r} is set but neither "
                                    "SLURM_NTASKS_PER_NODE nor SLURM_TASKS_PER_NODE is")
-    if local_size > size:
-        local_size = size  # the allocation's tasks per node may be more than a smaller step's tasks
-    return _checked_local(env, "SLURM_LOCALID", env_int(env, "SLURM_LOCALID"), size_var, local_size, size)
+    if local_size > size:  # the allocation's tasks per node may be more than a smaller step's tasks
+        limit = f"{size}, SLURM_NTASKS={env['SLURM_NTASKS']!r} (fewer than {limit})"
+        local_size = size
+    return _checked_local(env, "SLURM_LOCALID", env_int(env, "SLURM_LOCALID"), size_var, local_size, size, limit)
 
 
 def _master(env: Mapping[str, str]) -> tuple[str | None, int | None]:

@@ -41,8 +41,8 @@ from typing import Any
 
 from pskv.errors import InvalidArgumentError
 
-__all__ = ["FLUSH_INTERVAL", "MAX_BUFFERED", "MAX_LANES", "Timeline", "load", "merge", "open_timeline", "stragglers",
-           "summary", "trace_path"]
+__all__ = ["FLUSH_INTERVAL", "MAX_BUFFERED", "MAX_LANES", "MERGED", "Timeline", "is_merged", "load", "merge",
+           "open_timeline", "stragglers", "summary", "trace_path", "write_merged"]
 
 log = logging.getLogger("pskv.timeline")
 
@@ -321,13 +321,38 @@ def merge(paths: Iterable[str | os.PathLike[str]], out: str | os.PathLike[str]) 
     (:mod:`pskv.timeline`), so the merged file shows a step's spans on every worker and
     server together.
 
+    The file is marked as merged (:data:`MERGED`), so a later pass over its folder can leave it
+    out (:func:`is_merged`).
+
     Raises:
         InvalidArgumentError: a file is not a trace-event JSON object (names it).
     """
+    paths = list(paths)
     events = load(paths)
-    with open(out, "w", encoding="utf-8") as f:
-        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f, separators=(",", ":"))
+    write_merged(events, len(paths), out)
     return len(events)
+
+
+#: The ``otherData`` entry (first in the file) of a merged file: how many files it merged.
+MERGED = "pskv_merged_files"
+_MERGED_START = b'{"otherData":{"%s":' % MERGED.encode()
+
+
+def write_merged(events: list[dict[str, Any]], files: int, out: str | os.PathLike[str]) -> None:
+    """Write ``events`` (loaded from ``files`` timeline files) into ``out``, marked as merged (first in its
+    ``otherData``, so that :func:`is_merged` reads a few bytes to tell)."""
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump({"otherData": {MERGED: files}, "traceEvents": events, "displayTimeUnit": "ms"}, f,
+                  separators=(",", ":"))
+
+
+def is_merged(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a merged file (:func:`merge`, ``pskv timeline -o``): its first bytes say so."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(_MERGED_START)) == _MERGED_START
+    except OSError:
+        return False  # load names it
 
 
 def summary(events: Iterable[Mapping[str, Any]]) -> list[tuple[str, str, int, float]]:

@@ -44,8 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--scheduler", metavar="HOST:PORT",
                        help="the job's scheduler (pskv launch prints it and writes it with --address-file)")
     where.add_argument("--port-file", metavar="FILE",
-                       help="a file holding the scheduler's HOST:PORT or port (pskv launch --address-file, "
-                            "pskv scheduler --port-file)")
+                       help="a file holding the scheduler's HOST:PORT (pskv launch --address-file) or its port "
+                            "(pskv scheduler --port-file writes only the port; a bare port means 127.0.0.1)")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between refreshes (default 1)")
     parser.add_argument("--once", action="store_true", help="print the nodes once and exit")
     parser.add_argument("--json", action="store_true", help="print JSON (one object per refresh) instead of a table")

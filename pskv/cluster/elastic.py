@@ -146,7 +146,7 @@ class Roster:
         if self.below_since is None or now - self.below_since <= self.elastic_timeout:
             return None
         return (f"only {len(self.view.members)} of at least {self.min_workers} workers for "
-                f"{self.elastic_timeout:g} s (PSKV_ELASTIC_TIMEOUT)")
+                f"{self.elastic_timeout:g} s (PSKV_ELASTIC_TIMEOUT; pskv launch --elastic-timeout)")
 
     @property
     def below_min(self) -> bool:

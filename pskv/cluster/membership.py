@@ -457,7 +457,7 @@ class Membership:
         body = Barrier(group, name, seq, float(timeout), failure, result, items, digest, mode, nth, self._epoch)
         pending = self._request(Command.BARRIER, body.encode(), f"{name or 'barrier'} (group {group})")
         try:
-            header = pending.wait(timeout + min(5.0, max(1.0, timeout / 20)))  # the scheduler's answer comes first
+            header = pending.wait(timeout + min(5.0, max(1.0, timeout / 20)), stated=timeout)  # the scheduler's answer comes first
         except RemoteError as exc:
             kind = _MEETING_ERRORS.get(exc.remote_type)
             if kind is None or pending.header is None:

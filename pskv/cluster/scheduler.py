@@ -384,7 +384,8 @@ class Scheduler:
         if node.dead and time.monotonic() - node.dead_since > self._cluster.recovery_timeout:
             self._send(identity, error_frames(header, SCHEDULER_ID, "NodeFailedError",
                                               f"{node_name(nid)} has been dead for longer than "
-                                              f"PSKV_RECOVERY_TIMEOUT={self._cluster.recovery_timeout:g} s"))
+                                              f"PSKV_RECOVERY_TIMEOUT={self._cluster.recovery_timeout:g} s "
+                                              "(pskv launch --recovery-timeout)"))
             return
         self._by_identity.pop(node.identity, None)
         self._meetings.forget(nid)  # the old process may have died inside a barrier

@@ -99,12 +99,13 @@ class OpHandle:
 
     __slots__ = ("name", "keys", "priority", "seq", "_fn", "_deps", "_dependents", "_done", "_engine",
                  "_lock", "_cond", "_waiters", "_state", "_deferred", "_left", "_released",
-                 "_result", "_error", "_observed")
+                 "_result", "_error", "_observed", "_shown")
 
     def __init__(self, name: str, keys: tuple[Hashable, ...], priority: int, seq: int, fn: Callable[[], Any],
-                 engine: Engine) -> None:
+                 engine: Engine, shown: Sequence[Hashable] | None = None) -> None:
         self.name = name
         self.keys = keys
+        self._shown = shown  # the keys its messages name, when not its engine keys (see Engine.submit)
         self.priority = priority
         self.seq = seq
         self._fn: Callable[[], Any] | None = fn
@@ -129,7 +130,11 @@ class OpHandle:
 
     def __repr__(self) -> str:
         state = "done" if self._done else "pending"
-        return f"<OpHandle {self.name} keys={list(self.keys)!r} priority={self.priority} {state}>"
+        return f"<OpHandle {self.name} keys={self._named()!r} priority={self.priority} {state}>"
+
+    def _named(self) -> list[Hashable]:
+        """The keys its messages name: the caller's (``shown``) if given, else its engine keys."""
+        return list(self.keys if self._shown is None else self._shown)
 
     def done(self) -> bool:
         """True once the operation finished (successfully or not)."""
@@ -183,7 +188,7 @@ class OpHandle:
                     remaining = None if deadline is None else deadline - time.monotonic()
                     if remaining is not None and remaining <= 0:
                         raise OperationTimeoutError(
-                            f"{self.name} on key(s) {list(self.keys)!r} did not finish within {timeout} s"
+                            f"{self.name} on key(s) {self._named()!r} did not finish within {timeout} s"
                         )
                     self._cond.wait(remaining)
             finally:
@@ -224,12 +229,15 @@ class Engine:
 
     # -- submission --------------------------------------------------------------------
     def submit(self, name: str, keys: Iterable[Hashable], priority: int, fn: Callable[[], Any],
-               block: bool, timeout: float | None, inline: bool = False) -> Any:
+               block: bool, timeout: float | None, inline: bool = False,
+               shown: Sequence[Hashable] | None = None) -> Any:
         """Run ``fn`` once every earlier operation on ``keys`` has finished (or released them).
 
         ``fn`` may return a :class:`Deferred` to finish later. With ``inline`` (and
         ``block=False``) ``fn`` starts in the caller's thread when no earlier operation
-        holds its keys; it should then be quick (e.g. only send requests).
+        holds its keys; it should then be quick (e.g. only send requests). ``shown``: the
+        keys a timeout and :meth:`wait_all`'s listing name instead of ``keys``, when those
+        are the store's own (an all-reduce store's calls all hold one engine key).
 
         Returns:
             With ``block=True`` the result of ``fn``; otherwise an :class:`OpHandle`.
@@ -240,7 +248,7 @@ class Engine:
                 finish within ``timeout`` seconds.
             Exception: with ``block=True``, whatever ``fn`` raised.
         """
-        op = OpHandle(name, tuple(dict.fromkeys(keys)), int(priority), next(self._seq), fn, self)
+        op = OpHandle(name, tuple(dict.fromkeys(keys)), int(priority), next(self._seq), fn, self, shown)
         with self._lock:
             if self._closed:
                 raise StoreClosedError(f"cannot {name}: the store is closed")

@@ -347,9 +347,10 @@ class AllreduceStore(StoreFrontEnd[Any]):
 
     def _submit(self, op: str, keys: Sequence[Key], priority: int, fn: Callable[[], Any], block: bool,
                 timeout: float | None, quick: bool = False) -> Any:
-        """The front end's submission under the one engine key (``priority`` is checked, cannot reorder)."""
+        """The front end's submission under the one engine key (``priority`` is checked, cannot reorder); a
+        timeout and :meth:`wait`'s listing name the call's own keys (a barrier's, none: the engine key)."""
         check_priority(priority)
-        result = super()._submit(op, [_WHOLE], 0, fn, block, timeout)
+        result = self._engine.submit(op, [_WHOLE], 0, fn, block, self._timeout(timeout), shown=keys or None)
         return None if block else result
 
     def _tensor(self, array: Any) -> Any:

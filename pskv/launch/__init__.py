@@ -97,16 +97,17 @@ def _add_placement(parser: argparse.ArgumentParser) -> None:
                         help="number of workers; MIN:MAX: an elastic job, workers join and leave while it runs "
                              "(docs/elastic.md)")
     parser.add_argument("-s", "--num-servers", type=int, default=None, metavar="S",
-                        help="number of servers (default: W, as MXNet's launcher); 0: workers only, no scheduler "
-                             "(a job of all-reduce stores, e.g. horovod)")
+                        help="number of servers (default: W, as MXNet's launcher; with -n MIN:MAX: MAX); 0: workers only, "
+                             "no scheduler (a job of all-reduce stores, e.g. horovod)")
     parser.add_argument("--launcher", choices=LAUNCHERS, default="local",
                         help="local: everything on this machine, on 127.0.0.1 (default); ssh: on the hosts of -H; "
                              "slurm: inside an allocation, each process a job step (srun) on its hosts; mpi: each "
                              "process through mpirun on the hosts of -H")
     parser.add_argument("-H", "--hostfile", default=None, metavar="FILE|LIST",
-                        help="ssh, slurm, mpi: the hosts: a file, one 'HOST [SLOTS]' per line, or (when no such "
-                             "file exists) a list HOST:SLOTS,HOST:SLOTS as horovodrun's -H (slurm: default the "
-                             "allocation's)")
+                        help="ssh, slurm, mpi: the hosts: a file, one 'HOST [SLOTS]' per line, or a list "
+                             "HOST:SLOTS,HOST:SLOTS as horovodrun's -H (a value with ':' or ',' that names no "
+                             "existing file; any other value is a file: -H node1 reads the file node1); slurm: "
+                             "default the allocation's")
     parser.add_argument("--server-hostfile", default=None, metavar="FILE",
                         help="ssh, slurm, mpi: dedicated server hosts (same syntax as -H, slots ignored); server i runs on "
                              "entry i mod len (default: servers share the -H hosts with the workers)")
@@ -135,15 +136,16 @@ def _add_elastic(parser: argparse.ArgumentParser) -> None:
     """An elastic job's options (``-n MIN:MAX``)."""
     parser.add_argument("--host-discovery-script", default=None, metavar="SCRIPT",
                         help="elastic jobs: a command printing the hosts' 'HOST:SLOTS' lines, run every "
-                             "--discovery-interval seconds (horovodrun's); default: this machine with MAX slots")
+                             "--discovery-interval seconds (horovodrun's); default: the slots of -H (ssh, slurm), the "
+                             "allocation's (slurm without -H), or this machine with MAX slots (local)")
     parser.add_argument("--discovery-interval", type=float, default=1.0, metavar="SECONDS",
                         help="elastic jobs: how often the discovery script runs (default 1)")
     parser.add_argument("--elastic-timeout", type=float, default=600.0, metavar="SECONDS",
                         help="elastic jobs: how long the job may have fewer than MIN workers before it fails "
                              "(default 600)")
     parser.add_argument("--respawn-cooldown", type=float, default=10.0, metavar="SECONDS",
-                        help="elastic jobs: how long a departed worker's slot stays unused before a new worker "
-                             "takes it (default 10)")
+                        help="elastic jobs: how long a departed worker's place on its host stays unused before a new "
+                             "worker (with a fresh slot number) takes it (default 10)")
     parser.add_argument("--drain-timeout", type=float, default=60.0, metavar="SECONDS",
                         help="elastic jobs: how long a drained worker may take to leave (at its next commit) before "
                              "it is stopped (default 60)")
@@ -152,13 +154,15 @@ def _add_elastic(parser: argparse.ArgumentParser) -> None:
 def _add_timing(parser: argparse.ArgumentParser) -> None:
     """The scheduler's port, the time limits and the interpreter of the roles."""
     parser.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
-                        help="stop the job after this long (exit 124)")
+                        help="stop the job after this long (exit 124), counted from the start of its processes (ssh: after "
+                             "the preflight; elastic: after the first discovery); a --max-restarts restart "
+                             "gets it anew")
     parser.add_argument("--port", type=int, default=None,
-                        help=f"the scheduler's port: over ssh on the first host (default {DEFAULT_SSH_PORT}); "
-                             "locally on 127.0.0.1 (default: a free one)")
+                        help=f"the scheduler's port: ssh, slurm, mpi: on the first host (default {DEFAULT_SSH_PORT}); "
+                             "local: on 127.0.0.1 (default: a free one)")
     parser.add_argument("--startup-timeout", type=float, default=60.0, metavar="SECONDS",
                         help="local: how long the scheduler may take to get ready; ssh: how long the preflight "
-                             "of the hosts may take (default 60)")
+                             "of the hosts may take; not used by slurm or mpi (default 60)")
     parser.add_argument("--stop-grace", type=float, default=5.0, metavar="SECONDS",
                         help="between SIGTERM and SIGKILL when stopping the job (default 5)")
     parser.add_argument("--exit-grace", type=float, default=30.0, metavar="SECONDS",
@@ -184,7 +188,8 @@ def _add_output_and_recovery(parser: argparse.ArgumentParser) -> None:
                              "a restart resumes from the latest complete one")
     parser.add_argument("--max-restarts", type=int, default=0, metavar="N",
                         help="after a failure, start the whole job again, at most N times, from the latest "
-                             "checkpoint in --checkpoint-dir (default 0: no restarts)")
+                             "checkpoint in --checkpoint-dir; not once every worker exited 0 (default 0: no "
+                             "restarts)")
     parser.add_argument("--restart-workers", type=int, default=0, metavar="N",
                         help="start a failed worker again alone, at most N times in all; it rejoins the running "
                              "job (kv.is_recovery) while the others wait for it (default 0)")
@@ -192,10 +197,11 @@ def _add_output_and_recovery(parser: argparse.ArgumentParser) -> None:
                         help="local: start a failed server again alone, at most N times in all; it loads the newest "
                              "checkpoint in --checkpoint-dir and the workers send it their pushes since (default 0)")
     parser.add_argument("--recovery-timeout", type=float, default=60.0, metavar="SECONDS",
-                        help="with --restart-workers: how long the others wait for a dead worker's replacement "
-                             "(default 60)")
+                        help="with --restart-workers / --restart-servers: how long the others wait for a dead node's "
+                             "replacement (default 60)")
     parser.add_argument("--address-file", default=None, metavar="FILE",
-                        help="write the scheduler's HOST:PORT to FILE (local: once it listens; ssh: at the start), "
+                        help="write the scheduler's HOST:PORT to FILE (local: once it listens; ssh, slurm, mpi: at the "
+                             "start), "
                              "for pskv top --port-file FILE")
     parser.add_argument("--timeline", default=None, metavar="DIR",
                         help="every worker and server writes its timeline to DIR/<role>-<rank>.json (Chrome "

@@ -57,18 +57,21 @@ class LaunchConfig:
         launcher: ``'local'`` (every process on this machine, loopback only), ``'ssh'``,
             ``'slurm'`` (each process a job step, ``srun``) or ``'mpi'`` (each through ``mpirun``).
         hostfile: ssh, slurm, mpi: the file listing the hosts (``host [slots]`` per line), or a
-            host list ``host1:2,host2:2`` (horovodrun's ``-H``) when no such file exists; slurm
+            host list ``host1:2,host2:2`` (horovodrun's ``-H``) when no such file exists and the value has a
+            ``:`` or ``,`` (a value with neither is always a file); slurm
             without it: the allocation's hosts.
         server_hostfile: ssh, slurm, mpi: a file of dedicated server hosts (``--server-hostfile``,
             the hostfile's syntax, slots ignored): server ``i`` runs on its entry ``i mod
             len``; None: the servers run on the hostfile's hosts, with the workers.
         env: extra variables for every process (``--env``); they may not name a
             variable of the launch contract, which the launcher owns.
-        timeout: seconds the whole job may take (None: no limit).
-        port: the scheduler's port (``--port``): on the first host over ssh (None: 9091,
+        timeout: seconds each run of the job may take (None: no limit), counted from the start of its
+            processes: over ssh after the preflight, for an elastic job after its first discovery;
+            a restart (``max_restarts``) gets it anew.
+        port: the scheduler's port (``--port``): on the first host with ssh, slurm, mpi (None: 9091,
             :data:`DEFAULT_SSH_PORT`); on 127.0.0.1 locally (None: a free port the scheduler picks).
         startup_timeout: local: seconds to wait for the scheduler to publish its port; ssh:
-            seconds the preflight of the hosts may take.
+            seconds the preflight of the hosts may take; slurm, mpi: not used.
         stop_grace: seconds between the stop signal (SIGTERM) and SIGKILL.
         exit_grace: seconds servers and scheduler may take to exit after the last worker.
         python: the interpreter that runs the server and scheduler roles.
@@ -106,10 +109,11 @@ class LaunchConfig:
             workers join and leave at commits; ``max_workers`` 0: not elastic. ``num_workers`` is
             then the number started first.
         host_discovery_script: ``--host-discovery-script``: prints ``HOST:SLOTS`` lines, run every
-            ``discovery_interval`` seconds; empty: this machine with ``max_workers`` slots.
+            ``discovery_interval`` seconds; empty: the hosts' slots (``hostfile``'s or the allocation's), or
+            locally this machine with ``max_workers`` slots.
         elastic_timeout: ``--elastic-timeout``: seconds an elastic job may stay below ``min_workers``.
-        respawn_cooldown: ``--respawn-cooldown``: seconds a departed worker's slot on its host stays
-            unused before a new worker may take it.
+        respawn_cooldown: ``--respawn-cooldown``: seconds a departed worker's place on its host stays
+            unused before a new worker (a fresh slot number) may take it.
         drain_timeout: ``--drain-timeout``: seconds a drained worker may take to leave (its next commit) before
             it is stopped (a departure).
 

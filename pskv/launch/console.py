@@ -67,8 +67,9 @@ class Console:
         self._opened: set[str] = set()  # log files written in this run: a later start appends
         self._open: Output | None = None  # the output whose unfinished line `out` shows
         self._t0 = time.monotonic()
-        # Set when the launcher itself was told to stop (a signal, --timeout): a job that
-        # ended that way is not restarted (--max-restarts).
+        # Set when the launcher itself was told to stop (a signal, --timeout), or every worker had
+        # exited 0 before a role failed or lingered: a job that ended that way is not restarted
+        # (--max-restarts).
         self.stop_requested = False
 
     def output(self, spec: ProcessSpec) -> Output:

@@ -189,17 +189,27 @@ def workers_of(config: LaunchConfig, note: Callable[[str], None],
     """
     if not config.elastic:
         return config, FIXED
+    hosts_given = bool(hosts)
     discovery = HostDiscovery(config.host_discovery_script, config.discovery_interval,
                               hosts or {"127.0.0.1": config.max_workers}, note)
     hosts = discovery.start()
     first = min(config.max_workers, sum(max(0, n) for n in hosts.values()))
     if first < config.min_workers:
         discovery.stop()
-        raise LaunchError(f"--host-discovery-script named {first} worker slots; an elastic job needs MIN "
-                          f"{config.min_workers} to start")
+        raise LaunchError(f"{_slots_source(config, hosts_given)} named {first} worker slots; an elastic job needs "
+                          f"MIN {config.min_workers} to start")
     workers = ElasticWorkers(config.min_workers, config.max_workers, discovery, hosts, config.respawn_cooldown, note,
                              drain_timeout=config.drain_timeout)
     return dataclasses.replace(config, num_workers=first), workers
+
+
+def _slots_source(config: LaunchConfig, hosts_given: bool) -> str:
+    """What named an elastic job's first slots, for a message: the script, else where the fixed hosts came from."""
+    if config.host_discovery_script:
+        return "--host-discovery-script"
+    if not hosts_given:
+        return f"this machine (MAX {config.max_workers})"
+    return f"-H {config.hostfile}" if config.hostfile else "the allocation (SLURM_JOB_NODELIST)"
 
 
 def _places(hosts: dict[str, int], count: int) -> list[str]:

@@ -76,8 +76,9 @@ def free_port(avoid: int = 0) -> int:
     raise LaunchError(f"cannot find a free port on {LOOPBACK} other than {avoid} for MASTER_PORT")
 
 
-def publish_address(config: LaunchConfig, console: Console, address: str) -> None:
-    """Say where the scheduler listens (``pskv top`` attaches there), and write it to ``--address-file``.
+def publish_address(config: LaunchConfig, console: Console, address: str, fresh_key: bool = False) -> None:
+    """Say where the scheduler listens (``pskv top`` attaches there, with the job's key file if it has one), and
+    write it to ``--address-file``. ``fresh_key``: the key file is ``--secure``'s (mode 0600, removed at the end).
 
     Raises:
         LaunchError: the address file cannot be written (names it).
@@ -87,7 +88,9 @@ def publish_address(config: LaunchConfig, console: Console, address: str) -> Non
             write_text_atomic(config.address_file, address + "\n")
         except OSError as exc:
             raise LaunchError(f"--address-file {config.address_file}: cannot write it: {exc.strerror or exc}") from None
-    console.note(f"scheduler at {address} (watch the job: pskv top --scheduler {address})")
+    key = f" --curve-key {config.curve_key_file}" if config.curve_key_file else ""
+    kept = "; --secure's key, readable by you only, removed when the job ends" if key and fresh_key else ""
+    console.note(f"scheduler at {address} (watch the job: pskv top --scheduler {address}{key}{kept})")
 
 
 def run_local(config: LaunchConfig, console: Console) -> int:
@@ -98,6 +101,7 @@ def run_local(config: LaunchConfig, console: Console) -> int:
                        timeout=config.timeout, worker_restarts=config.worker_restarts,
                        server_restarts=config.server_restarts, checkpoint_dir=config.checkpoint_dir,
                        workers=workers) as supervisor:
+        fresh_key = config.secure
         if config.secure:  # a fresh cluster key, private to this job (the directory is mode 0700)
             key_file = write_key_file(os.path.join(tmp, "cluster.key"), generate_keys())
             config = dataclasses.replace(config, curve_key_file=str(key_file), secure=False)
@@ -110,7 +114,7 @@ def run_local(config: LaunchConfig, console: Console) -> int:
                 supervisor.start(scheduler_spec(config, os.path.join(tmp, "scheduler.port")))
                 port = supervisor.wait_for_port(os.path.join(tmp, "scheduler.port"), config.startup_timeout)
                 if port is not None:
-                    publish_address(config, console, f"{LOOPBACK}:{port}")
+                    publish_address(config, console, f"{LOOPBACK}:{port}", fresh_key)
             if port is not None:
                 note = omp_note(config.env, omp_num_threads_set(), config.num_workers, len(os.sched_getaffinity(0)))
                 if note:

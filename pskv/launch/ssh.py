@@ -431,7 +431,8 @@ def run_ssh(config: LaunchConfig, console: Console) -> int:
         _note_version(c, console.note)
     pythons = {c.host.name: c.python for c in checks}
     specs = ssh_specs(config, hosts, server_hosts, pythons)
-    publish_address(config, console, f"{hosts[0].address}:{DEFAULT_SSH_PORT if config.port is None else config.port}")
+    if config.num_servers:  # -s 0: workers only, no scheduler
+        publish_address(config, console, f"{hosts[0].address}:{DEFAULT_SSH_PORT if config.port is None else config.port}")
     note = omp_note(config.env, omp_num_threads_set())
     if note:
         console.note(note)

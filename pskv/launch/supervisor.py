@@ -20,7 +20,8 @@ the same queue, so all decisions are taken on the main thread, in time order:
 * SIGINT / SIGTERM to the launcher stop the job (exit 130 / 143), a second one kills
   at once; the ``timeout`` stops it with exit 124;
 * when every worker has exited 0, servers and scheduler get ``exit_grace`` seconds
-  to exit by themselves (exit 0), else they are stopped (exit 1); one killed then by the
+  to exit by themselves (exit 0), else they are stopped (exit 1, and no ``--max-restarts``
+  restart: the job's work is done; ``Console.stop_requested``); one killed then by the
   SIGUSR1 that asks it to end (it came before the role could take it) ended as asked;
 * what a failed child's output says of its cause is named with it: the peer its
   NodeFailedError blamed, the worker ahead, SLURM's cancelling of its step.
@@ -166,7 +167,7 @@ class Supervisor:
         console: where output and messages go.
         stop_grace: seconds between the stop signal and SIGKILL.
         exit_grace: seconds servers and scheduler may take to exit after the last worker.
-        timeout: seconds the whole job may take, counted from now (None: no limit).
+        timeout: seconds this run of the job may take, counted from now (None: no limit).
         via_ssh: the children are ssh clients (changes how exit code 255 is explained).
         worker_restarts: failed workers started again (alone, with the same rank) before a
             failure ends the job; the job must run with ``PSKV_RECOVERY_TIMEOUT``.
@@ -509,6 +510,8 @@ class Supervisor:
         the workers still running had ``_TELL_WORKERS`` seconds to end by themselves."""
         self._outcome = exit_code
         self._cause = cause
+        if self._grace_at is not None:  # every worker exited 0: the work is done, a restart would redo it
+            self._console.stop_requested = True
         self._console.note(message)
         if tell_workers and any(c.running for c in self._children if c.spec.is_worker):
             self._stop_at = time.monotonic() + min(_TELL_WORKERS, self._stop_grace)

@@ -248,7 +248,8 @@ def _check_tables(trainer: Trainer, path: Path, meta: dict[str, Any]) -> None:
             raise CheckpointError(
                 f"{path}: the embedding tables {[e['key'] for e in want]} are in its server checkpoint {servers}, but "
                 f"this job's servers started from {started or 'no checkpoint'}: start the job with "
-                f"PSKV_RESUME_FROM={servers}")
+                f"PSKV_RESUME_FROM={servers} in every process (pskv launch has no option for it: export it in the "
+                "shell of `pskv launch --launcher local`, or start the processes without pskv launch)")
 
 
 def _load_tables(trainer: Trainer, path: Path, meta: dict[str, Any]) -> None:

@@ -22,6 +22,7 @@ included.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -111,7 +112,7 @@ class ShardCheckpoints:
                       "PSKV_PART_BYTES=4194304)"
         if written != ours:
             raise CheckpointError(f"{directory} was written with {written}; this job places values with {ours}: "
-                                  "resume it with the settings it was written with")
+                                  + _placement_advice(written, ours))
 
     def apply_saved_counts(self) -> None:
         """Reactor thread: the push counts of the checkpoint this replacement server loaded.
@@ -152,3 +153,24 @@ class ShardCheckpoints:
                            optimizer, replies, placement_name(self._cluster.bigarray_bound, self._cluster.part_size, self._cluster.part_pieces))
         path = write_shard(directory, state)
         return Saved(str(path), path.stat().st_size, open_rounds)
+
+
+_CUT = re.compile(r" \(slices cut into >= (\d+) partitions of >= \d+ bytes\)$")
+
+
+def _placement_advice(written: str, ours: str) -> str:
+    """What resumes a checkpoint of another placement: the settings it was written with, for what a setting
+    controls; the same kind of deployment for the partition count, which none does (1 on one host, at least
+    8 and 2 per server across hosts: :attr:`~pskv.config.ClusterConfig.part_pieces`)."""
+    pieces_written, pieces_ours = (m[1] if m else "" for m in (_CUT.search(written), _CUT.search(ours)))
+    advice = [] if _CUT.sub("", written) == _CUT.sub("", ours) else ["resume it with the settings it was written with"]
+    kind = {True: "a job across hosts", False: "a one-host job"}
+    if not written.startswith("MXNET_KVSTORE_BIGARRAY_BOUND="):  # one it did not record: its deployment is unknown
+        return "resume it with the settings it was written with"
+    if pieces_written and pieces_ours and pieces_written != pieces_ours:
+        advice.append("across hosts the partition count follows the servers (at least 8, 2 per server) and no "
+                      "setting changes it: resume it with as many servers")
+    elif pieces_written != pieces_ours:
+        advice.append(f"it was written by {kind[bool(pieces_written)]}, this is {kind[bool(pieces_ours)]}, and no "
+                      f"setting changes the partition count: resume it with {kind[bool(pieces_written)]}")
+    return "; ".join(advice)

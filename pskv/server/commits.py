@@ -208,11 +208,12 @@ class CommitSnapshots:
             if part.pushed or part.queued:
                 who = ", ".join(node_name(w) for w in sorted(part.pushed | set(part.queued)))
                 raise CollectiveMismatchError(
-                    f"commit {n}: key {part.key} (offset {part.offset}) has an open sync round {part.round + 1} that "
-                    f"{who} pushed and the others did not: every worker must push the same steps between commits")
+                    f"commit {n}: key {self._shard.named(part.key)} (offset {part.offset}) has an open sync round "
+                    f"{part.round + 1} that {who} pushed and the others did not: every worker must push the same "
+                    "steps between commits")
             if part.waiting or part.early:
-                raise CollectiveMismatchError(f"commit {n}: key {part.key} (offset {part.offset}) has "
-                                              f"{len(part.waiting) + len(part.early)} pull(s) waiting for a round")
+                raise CollectiveMismatchError(f"commit {n}: key {self._shard.named(part.key)} (offset {part.offset}) "
+                                              f"has {len(part.waiting) + len(part.early)} pull(s) waiting for a round")
 
     def promote(self, n: int) -> None:
         """The view names commit ``n``: the pending snapshot becomes the one to roll back to.

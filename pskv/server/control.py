@@ -179,14 +179,15 @@ class ControlHandlers:
                 shapes[part.key] = (shapes.get(part.key, (0,))[0] + part.value.size,)
         for ks in doc.keys:
             shape = shapes.get(ks.key) if isinstance(ks.key, int) else None
+            key = self._shard.named(ks.key) if isinstance(ks.key, int) else repr(ks.key)
             if shape is None:
                 raise OptimizerStateError(
-                    f"{self._name}: load_optimizer_states: the state has key {ks.key}, which this server does not "
+                    f"{self._name}: load_optimizer_states: the state has key {key}, which this server does not "
                     "hold (load after init, in a job with the same keys and number of servers)")
             for name, array in zip(ks.names, ks.arrays, strict=True):
                 if array.shape != shape:
                     raise OptimizerStateError(
-                        f"{self._name}: load_optimizer_states: state {name!r} of key {ks.key} has shape "
+                        f"{self._name}: load_optimizer_states: state {name!r} of key {key} has shape "
                         f"{array.shape}, the key's slice on this server {shape}")
 
     def save_checkpoint(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:

@@ -112,12 +112,13 @@ class ServerCore:
         self.data.squeezed = self.checkpoints.squeezed  # both_ways residuals: saved and restored with the shard
         if allocate is not None and cluster.shm_rows_bytes:  # rows of row-sparse keys in shared memory (workers here)
             self.data.shared_rows = SharedRows(allocate, workers, cluster.shm_rows_bytes)
-        self.key_names: dict[int, str] = {}  # str keys' names by server key, from INIT (for the stall report)
+        self.key_names: dict[int, str] = {}  # str keys' names by server key, from INIT (the stall report, errors)
         control = ControlHandlers(self.shard, self.checkpoints, self._reply, node_id, rank, AllowedPaths.of(cluster),
                                   cluster.max_message_bytes, self.commits, self.key_names)
         self._handlers: dict[Command, Handler] = {**self.data.handlers(), **control.handlers()}
         self._handlers[Command.INIT] = self._init
-        self.data.steps.key_names = self.dead.key_names = self.key_names  # and for mismatched step counts' errors
+        # and for mismatched step counts' errors, and the shard's (unknown key, size, dtype, commit, ...)
+        self.data.steps.key_names = self.dead.key_names = self.shard.key_names = self.key_names
         self._held: list[tuple[bytes, list[Any]]] | None = None  # value replies held while a message is handled
         self._secret = secret
         self._early: list[tuple[bytes, list[bytes]]] | None = []  # HELLO/REJOIN that came before the secret
@@ -242,10 +243,11 @@ class ServerCore:
         return True
 
     def _init(self, identity: bytes, header: Header, buffers: list[memoryview]) -> None:
-        """INIT: the data handler's, then the names of its str keys are known (checked first)."""
+        """INIT: the names of its str keys are known (checked first: each names a key of the message), then
+        the data handler's (so its errors name them: a checkpoint's key of another size, ...)."""
         names = InitBody.parse(header).names
-        self.data.init(identity, header, buffers)
         self.key_names.update((server_key(n), n) for n in names)
+        self.data.init(identity, header, buffers)
 
     def _other_view(self, origin: bytes, header: Header, frames: list[Any]) -> bool:
         """A message of another view than this server's: refused, or held until that view comes (True).

@@ -140,7 +140,7 @@ class DataHandlers:
         for spec, _ in items:
             existing = self._shard.parts.get((spec.key, spec.offset))
             if existing is not None and not existing.restored:
-                raise KVStoreError(f"duplicate init of key {spec.key}")
+                raise KVStoreError(f"duplicate init of key {self._shard.named(spec.key)}")
         summed = bool(header.flags & Flag.SUMMED)
         for spec, data in items:
             if not self._shard.accept_init(spec.key, spec.offset, spec.dtype, data.size):  # restored: kept
@@ -154,8 +154,8 @@ class DataHandlers:
             InvalidArgumentError: a row-sparse part.
         """
         if part.row_width:
-            raise InvalidArgumentError(f"{op} of key {part.key} from {node_name(header.sender)}: a row-sparse key "
-                                       "takes rows (the ROWS encoding), not a dense value")
+            raise InvalidArgumentError(f"{op} of key {self._shard.named(part.key)} from {node_name(header.sender)}: "
+                                       "a row-sparse key takes rows (the ROWS encoding), not a dense value")
         return part
 
     def _rows_part(self, spec: ArraySpec, header: Header, op: str) -> tuple[Part, str]:
@@ -166,12 +166,15 @@ class DataHandlers:
             InvalidArgumentError: a dense part, another dtype or row width.
         """
         part = self._shard.part(spec.key, spec.offset, op)
+        # every rows message makes ``what``: no name lookup in it (the worker checks the row ids it names first)
         what = f"{op} of row-sparse key {spec.key} from {node_name(header.sender)}"
         if not part.row_width:
-            raise InvalidArgumentError(f"{what}: the key is dense here (rows were sent for it)")
+            raise InvalidArgumentError(f"{op} of row-sparse key {self._shard.named(spec.key)} from "
+                                       f"{node_name(header.sender)}: the key is dense here (rows were sent for it)")
         if spec.dtype != part.dtype or spec.shape[1] != part.row_width:
-            raise InvalidArgumentError(f"{what}: rows of {spec.shape[1]} {spec.dtype} do not fit its rows of "
-                                       f"{part.row_width} {part.dtype}")
+            raise InvalidArgumentError(f"{op} of row-sparse key {self._shard.named(spec.key)} from "
+                                       f"{node_name(header.sender)}: rows of {spec.shape[1]} {spec.dtype} do not fit "
+                                       f"its rows of {part.row_width} {part.dtype}")
         return part, what
 
     def _rows_pushed(self, header: Header, buffers: list[memoryview], op: str) -> Frames:
@@ -227,7 +230,8 @@ class DataHandlers:
             part = self._shard.check(spec.key, spec.offset, spec.dtype, spec.size, op)
             slot = part.slots.get(header.sender)
             if slot is None:
-                raise InvalidArgumentError(f"{op} of key {spec.key}: the part has no shared slot for this worker")
+                raise InvalidArgumentError(f"{op} of key {self._shard.named(spec.key)}: the part has no shared slot "
+                                           "for this worker")
             out.append((part, slot))
         return out
 
@@ -260,7 +264,8 @@ class DataHandlers:
         out = []
         for spec, buf in zip(header.arrays, buffers):
             if spec.dtype != "float32":
-                raise ProtocolError(f"{op} of key {spec.key}: a compressed part must be float32, not {spec.dtype}")
+                raise ProtocolError(f"{op} of key {self._shard.named(spec.key)}: a compressed part must be float32, "
+                                    f"not {spec.dtype}")
             part = self._dense(self._shard.check(spec.key, spec.offset, spec.dtype, spec.size, op), header, op)
             out.append((part, compressor.decompress(buf, spec.size)))
         return out
@@ -350,8 +355,8 @@ class DataHandlers:
         sender, numbers = header.sender, {(a.key, a.offset): a.round for a in header.arrays}
         for part in {(p.key, p.offset): p for p in self._counted_parts(header)}.values():
             ahead = 1 + len(part.queued.get(sender, ())) if sender in part.pushed else 0  # the round it joins
-            reason = Refused(f"{node_name(sender)}'s {exc}: sync round {part.round + 1 + ahead} of key {part.key} "
-                             "cannot complete", type(exc).__name__)
+            reason = Refused(f"{node_name(sender)}'s {exc}: sync round {part.round + 1 + ahead} of key "
+                             f"{self._shard.named(part.key)} cannot complete", type(exc).__name__)
             self._shard.void_push(part, sender, numbers[(part.key, part.offset)], reason)
 
     def refuse_round(self, part: Part, reason: Refused, sender: int = -1) -> None:

@@ -14,10 +14,14 @@ rules are the shard's own (:mod:`pskv.server.shard`). A part is made
   INIT of it then meets it and is a no-op (:meth:`PartInit.accept_init`).
 
 The parts of one key on a server must not overlap (a checkpoint made with another cut is refused).
+
+Errors name a str key by its name and server key (:func:`named_key`, from the names INIT carries):
+the user never wrote the server key, a 64-bit hash of the name.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -28,7 +32,14 @@ from pskv.server.part import Allocator, KeySlice, Part, PartId, storage_dtype, t
 from pskv.server.rows import RowBatch
 from pskv.transport.shm import map_budget, maps_left
 
-__all__ = ["PartInit"]
+__all__ = ["PartInit", "named_key"]
+
+
+def named_key(key: int, names: Mapping[int, str]) -> str:
+    """How a server's message names ``key``: a str key as ``'fc1_weight' (server key N)``, an int key (or
+    one whose name never came) as it is. For errors only: a lookup, kept off the hot path."""
+    name = names.get(key)
+    return str(key) if name is None else f"{name!r} (server key {key})"
 
 
 class PartInit:
@@ -45,6 +56,7 @@ class PartInit:
         self._allocate = allocate
         self._workers = workers
         self.parts: dict[PartId, Part] = {}
+        self.key_names: Mapping[int, str] = {}  # str keys' names by server key (ServerCore.key_names), for errors
         self._pieces: dict[int, KeySlice] = {}  # key -> its parts here, by offset (one slice, maybe cut)
 
     def init(self, key: int, offset: int, dtype: str, frame: np.ndarray[Any, Any], summed: bool = False) -> None:
@@ -106,8 +118,8 @@ class PartInit:
             return False
         if width != part.row_width:
             kinds = [f"row-sparse (rows of {w})" if w else "dense" for w in (part.row_width, width)]
-            raise InvalidArgumentError(f"init of key {key}: the checkpoint holds it {kinds[0]}, the init makes "
-                                       f"it {kinds[1]}")
+            raise InvalidArgumentError(f"init of key {self.named(key)}: the checkpoint holds it {kinds[0]}, "
+                                       f"the init makes it {kinds[1]}")
         self.check(key, offset, dtype, size, "init (of a key restored from a checkpoint)")
         part.restored = False
         return True
@@ -118,7 +130,7 @@ class PartInit:
         other = pieces.overlapping(offset, data.size)
         if other is not None:
             raise InvalidArgumentError(
-                f"key {key}: a part of elements [{offset}, {offset + data.size}) overlaps the part "
+                f"key {self.named(key)}: a part of elements [{offset}, {offset + data.size}) overlaps the part "
                 f"[{other.offset}, {other.offset + other.value.size}) this server holds (a checkpoint made "
                 "with another PSKV_PART_BYTES, MXNET_KVSTORE_BIGARRAY_BOUND or number of servers?)"
             )
@@ -150,7 +162,7 @@ class PartInit:
         """
         p = self.parts.get((key, offset))
         if p is None:
-            raise UnknownKeyError(key, op)
+            raise UnknownKeyError(key, op, label=self.named(key))
         return p
 
     def check(self, key: int, offset: int, dtype: str, size: int, op: str) -> Part:
@@ -161,7 +173,11 @@ class PartInit:
         """
         p = self.part(key, offset, op)
         if dtype != p.dtype:
-            raise DTypeMismatchError(key, op, p.dtype, dtype)
+            raise DTypeMismatchError(key, op, p.dtype, dtype, label=self.named(key))
         if size != p.value.size:
-            raise ShapeMismatchError(key, op, (p.value.size,), (size,))
+            raise ShapeMismatchError(key, op, (p.value.size,), (size,), label=self.named(key))
         return p
+
+    def named(self, key: int) -> str:
+        """``key`` as this shard's errors name it (:func:`named_key`)."""
+        return named_key(key, self.key_names)

@@ -67,17 +67,23 @@ def write_key_file(path: str | os.PathLike[str], keys: CurveKeys, overwrite: boo
 
     Raises:
         InvalidArgumentError: the file exists and ``overwrite`` is False.
+        OSError: it could not be written (no such folder, a folder at ``path``, ...); the
+            temporary file (a copy of the secret key) is removed first.
     """
     path = Path(path)
     if path.exists() and not overwrite:
-        raise InvalidArgumentError(f"{path} exists; refusing to overwrite a key file (remove it first)")
+        raise InvalidArgumentError(f"{path} exists; refusing to overwrite a key file (remove it first, or pass --force)")
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="ascii") as f:
-        f.write(f"{KEY_FILE_HEADER}\npublic = {keys.public.decode()}\nsecret = {keys.secret.decode()}\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w", encoding="ascii") as f:
+            f.write(f"{KEY_FILE_HEADER}\npublic = {keys.public.decode()}\nsecret = {keys.secret.decode()}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 

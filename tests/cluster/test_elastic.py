@@ -85,7 +85,7 @@ def test_below_min_holds_then_fails_and_a_joiner_is_admitted_at_once():
     r.depart(2, "exited", now=10.0)
     assert r.below_min and r.below_since == 10.0
     assert r.overdue(now=15.0) is None
-    assert r.overdue(now=15.5) == "only 2 of at least 3 workers for 5 s (PSKV_ELASTIC_TIMEOUT)"
+    assert r.overdue(now=15.5) == "only 2 of at least 3 workers for 5 s (PSKV_ELASTIC_TIMEOUT; pskv launch --elastic-timeout)"
     view = r.join(3, now=12.0)  # below MIN: no waiting for a commit
     assert view == View(3, (0, 1, 3), 0, "refill") and view.voids
     assert not r.below_min and r.below_since is None and r.overdue(now=100.0) is None

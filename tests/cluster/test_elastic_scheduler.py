@@ -164,7 +164,7 @@ def test_below_min_the_meetings_wait_then_the_scheduler_fails_them_and_the_job(c
     _, w0, _ = nodes
     try:
         assert roster(ctx, scheduler, Roster("gone", 1, TOKEN)).command is Command.REPLY
-        text = r"only 1 of at least 2 workers for 0.3 s \(PSKV_ELASTIC_TIMEOUT\)"
+        text = r"only 1 of at least 2 workers for 0.3 s \(PSKV_ELASTIC_TIMEOUT; pskv launch --elastic-timeout\)"
         with pytest.raises(pskv.NodeFailedError, match=f"^the elastic job failed: {text}"):  # held, then failed
             w0.member.adopt(View(2, (0,), 0, "failure"))
             w0.member.barrier(Role.WORKER, WAIT, "barrier")

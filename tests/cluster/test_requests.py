@@ -82,3 +82,16 @@ def test_resolve_completes_a_request_without_its_own_reply_once():
     with pytest.raises(pskv.RemoteError, match="refused"):
         answered.wait(0)
     assert tracker.outstanding() == []
+
+
+def test_a_barrier_that_times_out_names_the_timeout_it_was_given():
+    from pskv.cluster.membership import Membership
+    from pskv.protocol import SCHEDULER_ID
+
+    tracker = RequestTracker()
+    m = object.__new__(Membership)  # no reactor: the request goes nowhere, so the barrier times out
+    m.info, m._epoch, m._meetings, m._calls = None, 0, 0, {}
+    m._request = lambda command, body, what, *a, **k: tracker.new(SCHEDULER_ID, what)  # type: ignore[method-assign]
+    # it waits a grace past the timeout for the scheduler's own answer, but names the timeout
+    with pytest.raises(pskv.OperationTimeoutError, match=r"barrier \(group 7\) to scheduler got no reply within 0.01 s$"):
+        m.barrier(7, 0.01)

@@ -189,7 +189,7 @@ def test_below_min_workers_for_the_elastic_timeout_the_job_fails_with_the_reason
         text = launcher.output()
     assert code == 1, text
     assert "worker slot 1 on 127.0.0.1 was killed by SIGKILL: it left the job; 1 workers go on (MIN 2, MAX 3)" in text
-    reason = "the elastic job failed: only 1 of at least 2 workers for 1 s (PSKV_ELASTIC_TIMEOUT)"
+    reason = "the elastic job failed: only 1 of at least 2 workers for 1 s (PSKV_ELASTIC_TIMEOUT; pskv launch --elastic-timeout)"
     assert f"[worker 0] pskv.errors.NodeFailedError: {reason}" in text, text  # the worker's own error says why
     assert f"[scheduler] pskv.errors.NodeFailedError: {reason}" in text, text  # and the scheduler's
     # the launcher's line names the first to exit (the scheduler or worker 0) and the reason

@@ -12,6 +12,7 @@ import pskv
 from pskv.checkpoints import latest_server_checkpoint as latest_checkpoint
 from pskv.checkpoints import read_manifest
 from pskv.optimizer import SGD
+from pskv.partition import server_key
 from pskv.server.snapshot import read_shard
 from pskv.testing import InProcessCluster
 
@@ -97,10 +98,14 @@ def test_init_that_does_not_fit_the_restored_value_fails_naming_the_key(tmp_path
     run(lambda kv: train(kv, range(1), save_at={0}, root=str(tmp_path)), state_dir=str(tmp_path))
 
     def fn(kv):  # one worker: a failed init on worker 0 leaves the others at init's barrier
-        with pytest.raises(pskv.RemoteError, match="ShapeMismatchError.*key"):
+        with pytest.raises(pskv.RemoteError, match="ShapeMismatchError.*key") as info:
             kv.init("b", np.zeros(8, np.float64))
-        return True
-    assert run(fn, workers=1, resume_from=str(tmp_path / "s0")) == [True]
+        return str(info.value)
+    [text] = run(fn, workers=1, resume_from=str(tmp_path / "s0"))
+    hashed = server_key("b")  # the user's name, with the server's key beside it, not the key alone
+    assert f"of key 'b' (server key {hashed}): a part of 8 elements does not match the stored part of 7 elements" \
+        in text, text
+    assert f"of key {hashed}" not in text and f"init({hashed}" not in text and "shape" not in text, text
 
 
 def test_save_checkpoint_needs_a_path_or_a_checkpoint_dir_and_json_meta(tmp_path):

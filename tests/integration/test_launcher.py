@@ -307,6 +307,44 @@ def test_servers_that_outlive_the_workers_are_stopped_and_reported():
     ]
 
 
+@pytest.mark.timeout(30)
+def test_a_job_whose_workers_all_exited_0_is_not_restarted_for_a_lingering_server(monkeypatch):
+    import pskv.launch as launch_module
+
+    attempts = []
+
+    def lingering(config: LaunchConfig, console: Console) -> int:  # the lingering server as above, through launch()
+        attempts.append(config.restart_count)
+        with Supervisor(console, stop_grace=1.0, exit_grace=0.3) as supervisor:
+            supervisor.start(fake("server", 0, "import time; time.sleep(60)"))
+            supervisor.start(fake("worker", 0, "pass"))
+            return supervisor.run()
+
+    monkeypatch.setitem(launch_module._RUNNERS, "local", lingering)
+    out, err = io.BytesIO(), io.StringIO()
+    config = LaunchConfig(num_workers=1, num_servers=1, command=("prog",), max_restarts=2)
+    assert launch_module.launch(config, Console(out, err)) == 1
+    assert attempts == [0], err.getvalue()  # the training is not run again
+    assert "restarting" not in err.getvalue() and "did not exit within 0.3 s" in err.getvalue()
+
+
+def test_the_scheduler_line_gives_pskv_top_the_jobs_key(tmp_path):
+    from pskv.launch.on_host import publish_address
+    from pskv.transport.security import generate_keys, write_key_file
+
+    key = str(write_key_file(tmp_path / "cluster.key", generate_keys()))
+    config = LaunchConfig(num_workers=1, num_servers=1, command=("prog",), curve_key_file=key)
+    err = io.StringIO()
+    publish_address(config, Console(io.BytesIO(), err), "127.0.0.1:5")
+    publish_address(config, Console(io.BytesIO(), err), "127.0.0.1:5", fresh_key=True)  # --secure's
+    publish_address(LaunchConfig(num_workers=1, num_servers=1, command=("prog",)), Console(io.BytesIO(), err), "h:5")
+    assert err.getvalue().splitlines() == [
+        f"pskv launch: scheduler at 127.0.0.1:5 (watch the job: pskv top --scheduler 127.0.0.1:5 --curve-key {key})",
+        f"pskv launch: scheduler at 127.0.0.1:5 (watch the job: pskv top --scheduler 127.0.0.1:5 --curve-key {key}; "
+        "--secure's key, readable by you only, removed when the job ends)",
+        "pskv launch: scheduler at h:5 (watch the job: pskv top --scheduler h:5)"]
+
+
 def test_exit_descriptions():
     assert describe_exit(-9) == "was killed by SIGKILL"
     assert describe_exit(3) == "exited with code 3"

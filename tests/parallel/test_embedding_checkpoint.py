@@ -193,7 +193,9 @@ def test_fit_resumes_a_model_with_a_table_bitwise_on_dist_sync(tmp_path):
     meta = json.loads((latest / "meta.json").read_text())
     assert meta["tables"]["servers"] == "servers" and (latest / "servers" / "manifest.json").is_file()
 
-    with pytest.raises(pskv.CheckpointError, match=rf"PSKV_RESUME_FROM={latest / 'servers'}"):
+    # advice a user can follow: pskv launch sets PSKV_RESUME_FROM only itself (restarts) and --env refuses it
+    advice = r" in every process \(pskv launch has no option for it: export it in the shell of `pskv launch --launcher local`"
+    with pytest.raises(pskv.CheckpointError, match=rf"PSKV_RESUME_FROM={latest / 'servers'}{advice}"):
         dist_run(tmp_path, 3, checkpoint_dir=root, resume=True)  # the servers did not start from it
 
     got = dist_run(tmp_path, 3, resume_from=str(latest / "servers"), checkpoint_dir=root, resume=True)

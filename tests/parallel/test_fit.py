@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -128,6 +129,28 @@ def test_the_checkpoint_command_verifies_training_checkpoints_too(tmp_path, caps
     (tmp_path / "epoch-0000" / "params.safetensors").write_bytes(b"garbage")
     assert main(["checkpoint", str(tmp_path / "epoch-0000")]) == 1
     assert "NOT usable" in capsys.readouterr().out
+    shutil.rmtree(tmp_path / "epoch-0000")
+    for other in (".epoch-0002.tmp", "tensorboard"):  # fit's temporary folder, a user's: not checkpoints
+        (tmp_path / other).mkdir()
+    assert main(["checkpoint", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.count("\n") == 1
+    # every file is read whole, and every file the meta names is checked (a copy damaged in each way)
+    meta = json.loads((tmp_path / "epoch-0001" / "meta.json").read_text())
+    damages = {
+        "params.safetensors": lambda d: (d / "params.safetensors").write_bytes((d / "params.safetensors").read_bytes()[:-8]),
+        "optimizer.safetensors": lambda d: (d / "optimizer.safetensors").write_bytes(b"garbage"),
+        "residuals.safetensors": lambda d: ((d / "residuals.safetensors").write_bytes(b"garbage"), (d / "meta.json").write_text(
+            json.dumps({**meta, "residuals": "residuals.safetensors"}))),
+        "tables.safetensors": lambda d: (d / "meta.json").write_text(json.dumps(
+            {**meta, "tables": {"file": "tables.safetensors", "tables": [{"key": "e", "shape": [4, 2], "dtype": "float64"}]}})),
+        "manifest.json": lambda d: ((d / "servers").mkdir(), (d / "servers" / "manifest.json").write_text("{")),
+    }
+    for n, (name, damage) in enumerate(damages.items(), start=2):
+        shutil.copytree(tmp_path / "epoch-0001", tmp_path / f"epoch-{n:04d}")
+        damage(tmp_path / f"epoch-{n:04d}")
+        assert main(["checkpoint", str(tmp_path / f"epoch-{n:04d}")]) == 1, name
+        out = capsys.readouterr().out
+        assert out.startswith(f"{tmp_path / f'epoch-{n:04d}'}: NOT usable: ") and name in out, out
 
 
 def test_an_interrupted_save_leaves_the_previous_checkpoint(tmp_path):

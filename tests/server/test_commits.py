@@ -210,6 +210,9 @@ def test_a_commit_with_an_open_round_or_a_parked_pull_is_refused():
     s.push(p, W0, grad(0, W0))
     with pytest.raises(pskv.CollectiveMismatchError, match=r"commit 1: key 7 .*open sync round 1 that worker 0 pushed"):
         commits.take(1)
+    s.key_names = {7: "fc1_weight"}  # a str key: named as the user wrote it
+    with pytest.raises(pskv.CollectiveMismatchError, match=r"commit 1: key 'fc1_weight' \(server key 7\) .*open"):
+        commits.take(1)
     s.push(p, W1, grad(0, W1))
     s.pull(p, 2, lambda part: None)
     with pytest.raises(pskv.CollectiveMismatchError, match=r"1 pull\(s\) waiting"):

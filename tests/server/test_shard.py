@@ -90,6 +90,19 @@ def test_init_and_checks():
         s.check(7, 0, "float64", 4, "push")
     with pytest.raises(pskv.ShapeMismatchError):
         s.check(7, 0, "float32", 5, "push")
+    # a str key is named as the user wrote it (the names INIT brought), its size as a part's, not a shape
+    s.key_names = {7: "fc1_weight", 8: "fc2_weight"}
+    with pytest.raises(pskv.ShapeMismatchError) as shape:
+        s.check(7, 0, "float32", 5, "push")
+    assert str(shape.value) == ("push of key 'fc1_weight' (server key 7): a part of 5 elements does not match "
+                                "the stored part of 4 elements")
+    with pytest.raises(pskv.DTypeMismatchError, match=r"^push of key 'fc1_weight' \(server key 7\): dtype float64"):
+        s.check(7, 0, "float64", 4, "push")
+    with pytest.raises(pskv.UnknownKeyError) as unknown:
+        s.check(8, 0, "float32", 4, "push")
+    assert str(unknown.value) == ("key 'fc2_weight' (server key 8) has not been initialised; call init or "
+                                  "broadcast before push")  # not init(8, value): what init takes is the name
+    s.key_names = {}
     assert list(s.open_rounds()) == [] and s.parked() == 0
     s.push(p, 9, f(1))
     [(part, rnd, pushed, age)] = s.open_rounds()

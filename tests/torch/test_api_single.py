@@ -161,3 +161,24 @@ def test_helpers_in_a_job_of_one(one: None) -> None:
 def test_not_offered_calls_name_themselves(name: str) -> None:
     with pytest.raises(pskv.NotSupportedError, match=rf"pskv.torch.{name} is not offered"):
         getattr(hvd, name)(torch.ones(1))
+
+
+def test_the_allreduce_store_s_timeouts_name_the_callers_keys() -> None:
+    """Every call holds the store's one engine key; a timeout and wait()'s listing name the call's keys."""
+    import threading
+
+    from pskv.kvstore.horovod import AllreduceStore
+
+    with pskv.create("horovod") as kv:
+        assert isinstance(kv, AllreduceStore)
+        gate = threading.Event()
+        kv._submit("hold", ["other"], 0, lambda: gate.wait(30), False, None)  # a call the next ones queue behind
+        try:
+            with pytest.raises(pskv.OperationTimeoutError, match=r"^pushpull on key\(s\) \['weight'\] did not finish"):
+                kv.pushpull("weight", torch.ones(3), timeout=0.1)
+            kv.pushpull("bias", torch.ones(3), block=False)
+            with pytest.raises(pskv.OperationTimeoutError, match=r"<OpHandle pushpull keys=\['bias'\] priority=0"):
+                kv.wait(timeout=0.1)
+        finally:
+            gate.set()
+        kv.wait()

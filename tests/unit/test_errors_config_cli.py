@@ -96,6 +96,20 @@ def test_cli_info_json(capsys):
     assert set(info["settings"]) == set(ENV_VARS)
 
 
+def test_cli_info_with_a_bad_setting_and_the_roles_help(capsys, monkeypatch):
+    monkeypatch.setenv("PSKV_ENGINE_THREADS", "0")
+    assert main(["info"]) == 2
+    assert capsys.readouterr().err == ("pskv info: error: environment variable PSKV_ENGINE_THREADS='0': "
+                                       "engine_threads must be >= 1, got 0\n")
+    for role, has_port_file in (("scheduler", True), ("server", False)):  # only the scheduler writes a port file
+        with pytest.raises(SystemExit):
+            main([role, "--help"])
+        assert ("--port-file" in capsys.readouterr().out) == has_port_file, role
+    with pytest.raises(SystemExit):
+        main(["top", "--help"])
+    assert "a bare port means 127.0.0.1" in " ".join(capsys.readouterr().out.split())
+
+
 def test_cli_version(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--version"])
@@ -129,3 +143,12 @@ def test_local_rank_takes_bytepss_name_when_pskv_s_is_unset():
 
     assert ClusterConfig.from_env({"BYTEPS_LOCAL_RANK": "3"}).local_rank == 3
     assert ClusterConfig.from_env({"BYTEPS_LOCAL_RANK": "3", "PSKV_LOCAL_RANK": "1"}).local_rank == 1
+
+
+def test_a_bad_local_rank_names_the_variable_that_gave_it():
+    from pskv.config import ClusterConfig
+
+    for env, var in (({"BYTEPS_LOCAL_RANK": "-5"}, "BYTEPS_LOCAL_RANK"), ({"PSKV_LOCAL_RANK": "-5"}, "PSKV_LOCAL_RANK"),
+                     ({"BYTEPS_LOCAL_RANK": "3", "PSKV_LOCAL_RANK": "-5"}, "PSKV_LOCAL_RANK")):
+        with pytest.raises(errors.InvalidArgumentError, match=f"environment variable {var}='-5': local_rank must be >= 0"):
+            ClusterConfig.from_env(env)

@@ -153,8 +153,14 @@ def test_the_last_workers_failure_is_the_jobs_and_a_fixed_job_has_no_departures(
 
 def test_fewer_discovered_slots_than_min_is_a_launch_error():
     config = LaunchConfig(**{**BASE, "host_discovery_script": "echo 127.0.0.1:1"})
-    with pytest.raises(LaunchError, match="named 1 worker slots; an elastic job needs MIN 2 to start"):
+    with pytest.raises(LaunchError, match="^--host-discovery-script named 1 worker slots; an elastic job needs MIN 2 "):
         workers_of(config, print)
+    # no script: the message names where the slots came from, -H's hosts or the allocation's
+    hosts = {**BASE, "launcher": "ssh", "hostfile": "h1:1,h2:1", "min_workers": 3}
+    with pytest.raises(LaunchError, match="^-H h1:1,h2:1 named 2 worker slots; an elastic job needs MIN 3 to start"):
+        workers_of(LaunchConfig(**hosts), print, {"h1": 1, "h2": 1})
+    with pytest.raises(LaunchError, match=r"^the allocation \(SLURM_JOB_NODELIST\) named 2 worker slots"):
+        workers_of(LaunchConfig(**{**hosts, "launcher": "slurm", "hostfile": None}), print, {"h1": 1, "h2": 1})
     config, workers = workers_of(LaunchConfig(**{**BASE, "host_discovery_script": "echo a:2; echo b:9"}), print)
     try:
         assert config.num_workers == 4 and isinstance(workers, ElasticWorkers)

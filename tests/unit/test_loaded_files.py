@@ -71,12 +71,17 @@ def test_the_restart_scan_skips_a_damaged_newest_checkpoint_with_a_note(tmp_path
     good = _checkpoint(tmp_path, 1)
     _checkpoint(tmp_path, 2, manifest=DEEP)
     _checkpoint(tmp_path, 3, manifest='{"format": "pskv.server-checkpoint", "num_servers": 2}')
+    for n, cut in ((4, lambda data: data[: len(data) // 2]), (5, lambda data: data[:-8])):  # a shard cut short
+        shard = _checkpoint(tmp_path, n) / "server-0.safetensors"
+        shard.write_bytes(cut(shard.read_bytes()))
     notes: list[str] = []
     assert restart_checkpoint(tmp_path, notes.append) == good
     assert latest_server_checkpoint(tmp_path) == good
-    assert len(notes) == 2 and all("\n" not in n for n in notes)
-    assert notes[0].startswith(f"skipping damaged checkpoint {tmp_path / 'ckpt-3'}: ") and "server-1" in notes[0]
-    assert notes[1].startswith(f"skipping damaged checkpoint {tmp_path / 'ckpt-2'}: ") and "nests deeper" in notes[1]
+    assert len(notes) == 4 and all("\n" not in n for n in notes)
+    for note, n in zip(notes[:2], (5, 4)):
+        assert note.startswith(f"skipping damaged checkpoint {tmp_path / f'ckpt-{n}'}: ") and "server-0" in note, note
+    assert notes[2].startswith(f"skipping damaged checkpoint {tmp_path / 'ckpt-3'}: ") and "server-1" in notes[2]
+    assert notes[3].startswith(f"skipping damaged checkpoint {tmp_path / 'ckpt-2'}: ") and "nests deeper" in notes[3]
 
 
 def test_the_restart_scan_fails_with_one_line_when_every_checkpoint_is_damaged(tmp_path):

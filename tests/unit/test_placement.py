@@ -189,6 +189,17 @@ def test_a_checkpoint_loads_with_its_placement_and_is_refused_with_another_namin
                                               r"MXNET_KVSTORE_BIGARRAY_BOUND=0 "
                                               r"PSKV_PART_BYTES=1048576 \(even placement.*resume it with the settings"):
         _restore(directory)
+    # only the partition count differs, which no setting controls: the advice names the deployment
+    with pytest.raises(CheckpointError, match=r"\(slices cut .*\); this job places values with MXNET_KVSTORE_BIGARRAY_"
+                                              r"BOUND=1000 PSKV_PART_BYTES=65536: it was written by a job across hosts, "
+                                              r"this is a one-host job, and no setting changes the partition count: "
+                                              r"resume it with a job across hosts$"):
+        _restore(directory, bigarray_bound=1000, part_bytes=65536, root_uri="127.0.0.1")
+    one_host = _shard_file(tmp_path / "one", placement_name(1000, 65536))
+    with pytest.raises(CheckpointError, match=r"it was written by a one-host job, this is a job across hosts, "
+                                              r"and no setting changes the partition count: resume it with a "
+                                              r"one-host job$"):
+        _restore(one_host, bigarray_bound=1000, part_bytes=65536, root_uri="10.0.0.1")
 
 
 def test_a_checkpoint_that_recorded_no_placement_names_the_old_defaults_or_loads_with_mxnet_s_rule(tmp_path):

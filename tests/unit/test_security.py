@@ -100,8 +100,16 @@ def test_keygen_command(tmp_path, capsys):
     assert cli_main(["keygen", "-o", str(out)]) == 0
     assert read_key_file(out).public.decode() in capsys.readouterr().out
     assert cli_main(["keygen", "-o", str(out)]) == 2
-    assert "refusing to overwrite" in capsys.readouterr().err
+    assert "refusing to overwrite a key file (remove it first, or pass --force)" in capsys.readouterr().err
     assert cli_main(["keygen", "-o", str(out), "--force"]) == 0
+    capsys.readouterr()
+    # a path that cannot be written: one error line, exit 2, and no temporary copy of the secret key left behind
+    (tmp_path / "folder").mkdir()
+    for path, why in ((tmp_path / "missing" / "dir" / "k.key", "No such file or directory"),
+                      (tmp_path / "folder", "Is a directory")):
+        assert cli_main(["keygen", "-o", str(path), "--force"]) == 2
+        assert capsys.readouterr().err == f"pskv keygen: error: cannot write {path}: {why}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cluster.key", "folder"] and not any((tmp_path / "folder").iterdir())
 
 
 def test_launcher_security_options_are_checked():

@@ -236,7 +236,7 @@ def test_file_names_and_a_directory_that_cannot_be_made(tmp_path):
         open_timeline(str(tmp_path / "file" / "sub"), "worker", 0)
 
 
-def test_a_file_cut_short_inside_a_write_still_gives_its_whole_events(tmp_path):
+def test_a_file_cut_short_inside_a_write_still_gives_its_whole_events(tmp_path, caplog, capsys):
     timeline = Timeline(tmp_path / "worker-0.json", "worker 0", flush_interval=3600)
     now = time.monotonic()
     for i in range(5):
@@ -247,6 +247,9 @@ def test_a_file_cut_short_inside_a_write_still_gives_its_whole_events(tmp_path):
     (tmp_path / "worker-0.json").write_text(cut)
     events = load_timeline([tmp_path / "worker-0.json"])
     assert [e["args"]["round"] for e in events if e["ph"] == "X"] == [1, 2, 3, 4]
+    caplog.clear()
+    assert cli.main(["timeline", str(tmp_path / "worker-0.json"), "-o", str(tmp_path / "job.json")]) == 0
+    assert len([r for r in caplog.records if "was cut short" in r.getMessage()]) == 1  # read once, warned once
     (tmp_path / "other.json").write_text('{"something": [')
     with pytest.raises(pskv.InvalidArgumentError, match="other.json is not a timeline file"):
         load_timeline([tmp_path / "other.json"])
@@ -287,6 +290,13 @@ def test_pskv_timeline_sums_up_and_merges_a_directory(tmp_path, capsys):
     out = capsys.readouterr().out
     assert re.search(r"server 0\s+merge\s+3\s+6\.000", out) and "worker 0 came last in 1 of 3" in out and re.search(r"worker 0\s+push\s+3\s+6\.000", out), out
     assert len(spans(load(tmp_path / "job.json"), "push")) == 3
+    # merged into the directory itself: later runs take its process files only, never a merged file again
+    for name in ("job.json", "again.json", None):
+        assert cli.main(["timeline", str(tmp_path / "t")] + (["-o", str(tmp_path / "t" / name)] if name else [])) == 0
+        again = capsys.readouterr().out
+        assert re.search(r"worker 0\s+push\s+3\s+6\.000", again) and "worker 0 came last in 1 of 3" in again, again
+        assert name is None or f"of 3 file(s) written to {tmp_path / 't' / name}" in again, again
+    assert json.loads((tmp_path / "t" / "again.json").read_text())["otherData"] == {"pskv_merged_files": 3}
     (tmp_path / "empty").mkdir()
     assert cli.main(["timeline", str(tmp_path / "empty")]) == 2
     assert "no timeline files" in capsys.readouterr().err
