@@ -117,8 +117,8 @@ class ServerCore:
                                   cluster.max_message_bytes, self.commits, self.key_names)
         self._handlers: dict[Command, Handler] = {**self.data.handlers(), **control.handlers()}
         self._handlers[Command.INIT] = self._init
-        # and for mismatched step counts' errors, and the shard's (unknown key, size, dtype, commit, ...)
-        self.data.steps.key_names = self.dead.key_names = self.shard.key_names = self.key_names
+        # for the shard's errors (unknown key, size, dtype, commit, rows, ...) and those of step counts and liveness
+        self.shard.key_names = self.key_names
         self._held: list[tuple[bytes, list[Any]]] | None = None  # value replies held while a message is handled
         self._secret = secret
         self._early: list[tuple[bytes, list[bytes]]] | None = []  # HELLO/REJOIN that came before the secret

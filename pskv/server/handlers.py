@@ -31,7 +31,7 @@ from pskv.server.gather import Gather, Parking, Refused
 from pskv.server.liveness import DeadWorkers
 from pskv.server.routes import Routes
 from pskv.server.row_init import MAX_TABLE_BYTES, RowInit
-from pskv.server.rows import RowBatch, SharedRows, checked_ids
+from pskv.server.rows import RowBatch, RowsWhat, SharedRows, checked_ids
 from pskv.server.shard import MAX_PUSHES_AHEAD, Part, ServerShard, to_storage
 from pskv.server.squeeze import ReplyCompression
 from pskv.server.steps import StepOrder
@@ -158,7 +158,7 @@ class DataHandlers:
                                        "a row-sparse key takes rows (the ROWS encoding), not a dense value")
         return part
 
-    def _rows_part(self, spec: ArraySpec, header: Header, op: str) -> tuple[Part, str]:
+    def _rows_part(self, spec: ArraySpec, header: Header, op: str) -> tuple[Part, RowsWhat]:
         """The row-sparse part a ROWS spec names, and how to name it in errors.
 
         Raises:
@@ -166,15 +166,13 @@ class DataHandlers:
             InvalidArgumentError: a dense part, another dtype or row width.
         """
         part = self._shard.part(spec.key, spec.offset, op)
-        # every rows message makes ``what``: no name lookup in it (the worker checks the row ids it names first)
-        what = f"{op} of row-sparse key {spec.key} from {node_name(header.sender)}"
+        # every rows message makes ``what``: its text, with a str key's name (a lookup), is made for an error only
+        what = RowsWhat(op, spec.key, header.sender, self._shard.named)
         if not part.row_width:
-            raise InvalidArgumentError(f"{op} of row-sparse key {self._shard.named(spec.key)} from "
-                                       f"{node_name(header.sender)}: the key is dense here (rows were sent for it)")
+            raise InvalidArgumentError(f"{what}: the key is dense here (rows were sent for it)")
         if spec.dtype != part.dtype or spec.shape[1] != part.row_width:
-            raise InvalidArgumentError(f"{op} of row-sparse key {self._shard.named(spec.key)} from "
-                                       f"{node_name(header.sender)}: rows of {spec.shape[1]} {spec.dtype} do not fit "
-                                       f"its rows of {part.row_width} {part.dtype}")
+            raise InvalidArgumentError(f"{what}: rows of {spec.shape[1]} {spec.dtype} do not fit its rows of "
+                                       f"{part.row_width} {part.dtype}")
         return part, what
 
     def _rows_pushed(self, header: Header, buffers: list[memoryview], op: str) -> Frames:
@@ -195,7 +193,7 @@ class DataHandlers:
         return out
 
     def _shared_rows(self, header: Header, op: str
-                     ) -> list[tuple[Part, str, np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
+                     ) -> list[tuple[Part, RowsWhat, np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
         """Each part a ``ROWS`` ``SHM`` message names, checked, with views of its ids and rows in the sender's
         rows buffer (the region checked to lie inside it).
 

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 
 from pskv.protocol import Role, node_id, node_name, node_role_rank
 from pskv.server.part import Part
+from pskv.server.part_init import named_key
 from pskv.server.shard import ServerShard
 from pskv.server.steps import mismatch_text
 
@@ -56,7 +57,6 @@ class DeadWorkers:
         self.dead: set[int] = set()  # node ids of workers dead for good (until replaced)
         self._recovering: dict[int, float] = {}  # dead workers that may be replaced -> when they died
         self.left: set[int] = set()  # node ids of workers that left the job (not dead)
-        self.key_names: Mapping[int, str] = {}  # str keys' names by server key (ServerCore.key_names)
 
     def __bool__(self) -> bool:
         """True if some worker is dead for good."""
@@ -142,9 +142,8 @@ class DeadWorkers:
                 "so the sync round this request waits for can never complete")
         if not part.pushed or nid in part.pushed:
             return text
-        known = self.key_names.get(part.key)
-        key = f"{part.key}" if known is None else f"{known!r}"
-        return f"{text}: {mismatch_text(sorted(part.pushed), [nid], key, part.round + 1, 'leaving the job')}"
+        ahead = mismatch_text(sorted(part.pushed), [nid], self._shard.named(part.key), part.round + 1, "leaving the job")
+        return f"{text}: {ahead}"
 
     def check_recovery(self) -> None:
         """Timer: dead workers not replaced within the recovery timeout fail the waits that need them."""
@@ -199,7 +198,5 @@ class StallReport:
             self._reported.add((part.key, part.offset, rnd))
             missing = ", ".join(node_name(n) for n in sorted(self._everyone - pushed))
             have = ", ".join(node_name(n) for n in sorted(pushed))
-            known = self._key_names.get(part.key)
-            key = f"{part.key}" if known is None else f"{known!r} (server key {part.key})"
             log.warning("%s: round %d of key %s (offset %d) has waited %.0f s for %s (pushed: %s)",
-                        self._name(), rnd, key, part.offset, age, missing, have)
+                        self._name(), rnd, named_key(part.key, self._key_names), part.offset, age, missing, have)

@@ -29,7 +29,7 @@ from pskv.arrays.tables import TABLE_DTYPES, draw_rows, is_drawn
 from pskv.errors import InvalidArgumentError, KVStoreError
 from pskv.protocol import ArraySpec, Flag, Header, node_name, split_rows
 from pskv.protocol.bodies import InitBody
-from pskv.server.rows import RowBatch, SharedRows, check_fits, checked_ids
+from pskv.server.rows import RowBatch, RowsWhat, SharedRows, check_fits, checked_ids
 from pskv.server.shard import ServerShard, storage_dtype, to_storage
 
 __all__ = ["DRAW_IN_THREAD", "MAX_TABLE_BYTES", "RowInit"]
@@ -103,13 +103,12 @@ class RowInit:
 
     def _plan(self, header: Header, buffers: list[memoryview]) -> list[Planned]:
         """Every part of the INIT, checked (see :meth:`__call__`)."""
-        sender = node_name(header.sender)
         tables = InitBody.parse(header).tables
         planned: list[Planned] = []
         held = sum(p.value.nbytes for p in self._shard.parts.values() if p.row_width) + sum(self._drawing.values())
         for spec, buf, (count, init) in zip(header.arrays, buffers, tables):
             n, width = spec.shape
-            what = f"init of row-sparse key {spec.key} from {sender}"
+            what = RowsWhat("init", spec.key, header.sender, self._shard.named)  # its text made for an error only
             if width < 1 or spec.offset % width:
                 raise InvalidArgumentError(f"{what}: rows of {width} elements cannot start at element {spec.offset}")
             if init is not None and spec.dtype not in TABLE_DTYPES:
@@ -118,7 +117,7 @@ class RowInit:
             existing = self._shard.parts.get((spec.key, spec.offset))
             if (existing is not None and not existing.restored) or (spec.key, spec.offset) in self._drawing or any(
                     p[0].key == spec.key and p[0].offset == spec.offset for p in planned):
-                raise KVStoreError(f"duplicate init of key {spec.key}")
+                raise KVStoreError(f"duplicate init of key {self._shard.named(spec.key)}")
             if existing is None:  # a restored part is counted in what this server holds already
                 check_fits(count, width, storage_dtype(spec.dtype).itemsize, held, self._max_table_bytes, what)
                 held += count * width * storage_dtype(spec.dtype).itemsize

@@ -26,6 +26,9 @@ host has one rows buffer here (``PSKV_SHM_ROWS_BYTES``), made with the first row
 INIT; a message's specs name regions of it (``ArraySpec.buffer``: byte offset), each
 checked to lie inside the buffer before it is read or written.
 
+Errors name the part's key and sender by a :class:`RowsWhat`: its text, with a str key's name
+(a lookup), is made only when an error is raised, never for a message that passes.
+
 The INIT of row-sparse keys, which checks its parts with :func:`checked_ids` and
 :func:`check_fits`, is :mod:`pskv.server.row_init`'s (it draws tables, a thread's I/O: not
 in this pure module); the worker's side is :mod:`pskv.worker.rows`.
@@ -40,10 +43,10 @@ import numpy as np
 
 from pskv.arrays import numpy_dtype
 from pskv.errors import InvalidArgumentError
-from pskv.protocol import ArraySpec
+from pskv.protocol import ArraySpec, node_name
 from pskv.transport.shm import rows_buffer
 
-__all__ = ["RowBatch", "SharedRows", "all_rows", "apply", "check_fits", "checked_ids", "joined", "merge"]
+__all__ = ["RowBatch", "RowsWhat", "SharedRows", "all_rows", "apply", "check_fits", "checked_ids", "joined", "merge"]
 
 _ID_BYTES = 8  # one int64 row id
 
@@ -55,12 +58,27 @@ class RowBatch(NamedTuple):
     rows: np.ndarray[Any, Any]
 
 
+class RowsWhat(NamedTuple):
+    """How errors about one part of a rows message name it: "push of row-sparse key 'emb' (server key N)
+    from worker 1". Every such message makes one, so its text, whose key name is a lookup
+    (``named``: :meth:`~pskv.server.part_init.PartInit.named`), is made only by ``str()``, when an error is raised.
+    """
+
+    op: str
+    key: int
+    sender: int
+    named: Callable[[int], str]
+
+    def __str__(self) -> str:
+        return f"{self.op} of row-sparse key {self.named(self.key)} from {node_name(self.sender)}"
+
+
 def all_rows(count: int) -> np.ndarray[Any, Any]:
     """Every local row id of a part of ``count`` rows."""
     return np.arange(count, dtype=np.int64)
 
 
-def checked_ids(ids: np.ndarray[Any, Any], first: int, count: int, what: str) -> np.ndarray[Any, Any]:
+def checked_ids(ids: np.ndarray[Any, Any], first: int, count: int, what: str | RowsWhat) -> np.ndarray[Any, Any]:
     """Global row ids from a peer as local ids of the range ``[first, first + count)``, after checking them.
 
     Every comparison is of the ids themselves or of Python ints, never of differences (which wrap
@@ -145,7 +163,7 @@ def apply(table: np.ndarray[Any, Any], present: np.ndarray[Any, Any], batch: Row
     return np.flatnonzero(table.any(axis=1)).astype(np.int64)
 
 
-def check_fits(count: int, width: int, itemsize: int, held: int, limit: int, what: str) -> None:
+def check_fits(count: int, width: int, itemsize: int, held: int, limit: int, what: str | RowsWhat) -> None:
     """Refuse a part of ``count`` rows of ``width`` elements that would take this server's row-sparse
     tables (``held`` bytes so far) past ``limit``: a few bytes of INIT must not make it allocate without bound.
 
@@ -187,7 +205,8 @@ class SharedRows:
         for worker in self._workers:
             self._buffers[worker] = self._allocate(*rows_buffer(worker), np.dtype(np.uint8), self._nbytes)
 
-    def region(self, worker: int, spec: ArraySpec, what: str) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    def region(self, worker: int, spec: ArraySpec, what: str | RowsWhat
+               ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]:
         """Views of the region ``spec`` names in ``worker``'s buffer: its ``n`` ids (int64) and its ``(n, w)``
         rows of the spec's dtype (what a push wrote; where a pull's reply goes).
 

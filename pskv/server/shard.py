@@ -174,7 +174,7 @@ class ServerShard(PartInit):
         log = part.pushes.get(worker)
         count = 0 if log is None else log.count
         if number > count + MAX_PUSHES_AHEAD:
-            raise InvalidArgumentError(f"push of key {part.key}: push number {number} is more than "
+            raise InvalidArgumentError(f"push of key {self.named(part.key)}: push number {number} is more than "
                                        f"{MAX_PUSHES_AHEAD} past the {count} push(es) of this worker that arrived")
         return log is not None and log.landed(number)
 

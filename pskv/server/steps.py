@@ -35,7 +35,7 @@ are not taken for early ones, but it accuses nobody.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 
 from pskv.protocol import node_name
 from pskv.protocol.bodies import Meeting
@@ -72,7 +72,6 @@ class StepOrder:
         self._shard = shard
         self._refuse = refuse
         self._name = name
-        self.key_names: Mapping[int, str] = {}  # str keys' names by server key (ServerCore.key_names)
         self._marks: dict[int, int] = {}  # worker -> the last meeting it marked here
         self._settled: dict[int, tuple[int, str]] = {}  # worker -> its meeting, named, if its mark was settled
         self.watch = False  # a settled mark is ahead of another worker's: pushes are checked (pushed)
@@ -131,9 +130,7 @@ class StepOrder:
         self.watch = ahead > min(self._marks.values(), default=ahead)
 
     def _fail(self, part: Part, ahead: list[int], behind: list[int], seq: int, where: str) -> None:
-        known = self.key_names.get(part.key)
-        key = f"{part.key}" if known is None else f"{known!r}"
-        text = mismatch_text(ahead, behind, key, part.round + 1, where)
+        text = mismatch_text(ahead, behind, self._shard.named(part.key), part.round + 1, where)
         reason = Refused(text, "CollectiveMismatchError")
         if seq not in self._reported:  # once per meeting (every key of the extra step fails)
             self._reported.add(seq)

@@ -159,6 +159,7 @@ def test_a_push_numbered_far_ahead_is_refused_and_changes_nothing():
     core.handle(b"x", encode(Header(Command.PUSH, 99, sender, (spec,)), [np.ones(8, np.float32)]))
     reply = replies[-1]
     assert decode(reply)[0].command is Command.ERROR and b"push number 1000000000" in bytes(reply[0])
+    assert f"push of key 'w' (server key {spec.key}): push number".encode() in bytes(reply[0])  # as the user wrote it
     assert kv.pull("w").tolist() == [-1.0] * 8  # not applied, and the worker's numbering is undisturbed
     kv.push("w", np.ones(8, np.float32))
     assert kv.pull("w").tolist() == [-2.0] * 8

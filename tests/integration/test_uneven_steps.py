@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from pskv.partition import server_key
 from tests.integration.test_launcher import run_launcher
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="finds the job's processes through /proc")
@@ -87,7 +88,8 @@ def raised(out: str, rank: int) -> tuple[float, str, str] | None:
 
 
 def check_names_the_step(message: str) -> None:
-    assert "mismatched step counts: worker 1 is ahead: it pushed key 'w' for sync round 4" in message, message
+    assert (f"mismatched step counts: worker 1 is ahead: it pushed key 'w' (server key {server_key('w')}) for sync "
+            "round 4") in message, message
     assert "kv.join()" in message and "fit(uneven=True)" in message, message
 
 

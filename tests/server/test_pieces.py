@@ -139,8 +139,10 @@ def test_a_worker_that_left_fails_exactly_the_pulls_whose_rounds_need_its_pushes
     s.push(p8, W1, np.ones(4, np.float32))
     s.pull(p7, 1, lambda part: None, failed7.append)  # waits for worker 2 only
     s.pull(p8, 1, lambda part: None, failed8.append)  # waits for workers 0 and 2
+    s.key_names = {8: "fc2_weight"}  # a str key: named as every server error names it
     dead.on_node_left(W0)
     assert failed7 == [] and len(failed8) == 1 and "worker 0 will never push again" in failed8[0]
+    assert "it pushed key 'fc2_weight' (server key 8) for sync round 1" in failed8[0]
     assert not dead and dead.names() == "worker 0"  # left is not dead; a failed pull names it
     assert dead.left_reason([(p7, 1)]) is None and dead.left_reason([(p7, 2)]) is not None
     assert dead.left_reason([(p8, None)]) is not None  # a push not arrived yet joins key 8's open round
@@ -166,6 +168,8 @@ def test_a_stalled_round_is_reported_once_naming_the_missing_worker(caplog):
         report.report()
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1 and "round 1 of key 7" in lines[0] and "for worker 1 (pushed: worker 0)" in lines[0]
+    StallReport(s, 2, 0.0, lambda: "server 0", {7: "fc1_weight"}).report()  # a str key, named as errors name it
+    assert "round 1 of key 'fc1_weight' (server key 7) (offset 0)" in caplog.records[-1].getMessage()
 
 
 # -- optimizer helpers, control commands, checkpoints -------------------------------------------

@@ -9,6 +9,7 @@ from pskv import RowSparse
 from pskv.config import ClusterConfig
 from pskv.errors import InvalidArgumentError
 from pskv.kvstore.row_ids import unique_rows
+from pskv.partition import server_key
 from pskv.protocol import ArraySpec, Command, Flag, Header, decode, encode, rows_frame
 from pskv.protocol.bodies import Hello, InitBody, node_token
 from pskv.server.core import ServerCore
@@ -76,6 +77,29 @@ def test_a_push_of_ids_at_the_int64_extremes_is_refused_and_the_key_keeps_workin
     assert header.command is Command.REPLY
     got = np.frombuffer(bytes(buffers[0]), np.uint8)[3 * 8:].view(np.float32).reshape(3, WIDTH)
     assert got[:, 0].tolist() == [0, 1, 2]  # no updater: the round's sum replaced the value
+
+def test_the_init_of_a_str_key_names_it_in_its_errors_not_its_server_key():
+    """INIT carries the names of its str keys: its row ids and a second init name the key as the user wrote it."""
+    sent: list = []
+    core = _core(sent)
+    key = server_key("emb")
+    spec = ArraySpec(key, "float32", (2, WIDTH), 0, 0)
+    rows, body = np.ones((2, WIDTH), np.float32), InitBody(("emb",), ((ROWS, None),)).encode()
+    core.handle(b"w0", _message(Command.INIT, 1, spec, [1, ROWS], rows, body=body))
+    header = decode(sent[-1][1])[0]
+    assert header.command is Command.ERROR
+    assert f"init of row-sparse key 'emb' (server key {key}) from worker 0: row ids [{ROWS}] outside" in header.body
+    core.handle(b"w0", _message(Command.INIT, 2, spec, [1, 2], rows, body=body))
+    assert decode(sent[-1][1])[0].command is Command.REPLY
+    core.handle(b"w1", _message(Command.INIT, 3, spec, [1, 2], rows, sender=W1, body=body))
+    header = decode(sent[-1][1])[0]
+    assert header.command is Command.ERROR and f"duplicate init of key 'emb' (server key {key})" in header.body
+    push = ArraySpec(key, "float32", (1, WIDTH), 0, 1)  # a push's row ids: named the same way
+    core.handle(b"w1", _message(Command.PUSH, 4, push, [ROWS], np.ones((1, WIDTH), np.float32), sender=W1))
+    header = decode(sent[-1][1])[0]
+    assert header.command is Command.ERROR
+    assert f"push of row-sparse key 'emb' (server key {key}) from worker 1: row ids [{ROWS}] outside" in header.body
+
 
 @pytest.mark.parametrize("ids", [[0, TOP, BOTTOM], [BOTTOM, 0], [TOP, BOTTOM], [3, BOTTOM + 2]])
 def test_checked_ids_compare_without_wrapping(ids):

@@ -7,7 +7,8 @@ import pytest
 
 from pskv.errors import InvalidArgumentError
 from pskv.optimizer import SGD
-from pskv.server.rows import RowBatch, apply, checked_ids, joined, merge
+from pskv.server.part_init import named_key
+from pskv.server.rows import RowBatch, RowsWhat, apply, check_fits, checked_ids, joined, merge
 
 
 def test_ids_are_checked_against_the_range_before_use():
@@ -16,6 +17,25 @@ def test_ids_are_checked_against_the_range_before_use():
                        ([12, 12], "12 is followed by 12"), (list(range(10, 21)), "11 rows, more than the 10")):
         with pytest.raises(InvalidArgumentError, match=match):
             checked_ids(np.array(ids, np.int64), 10, 10, "push of row-sparse key 7 from worker 1")
+
+
+def test_rows_errors_name_a_str_key_and_look_its_name_up_only_when_one_is_raised():
+    looked: list[int] = []
+
+    def named(key: int) -> str:
+        looked.append(key)
+        return named_key(key, {7: "emb"})
+
+    what = RowsWhat("push", 7, 11, named)  # node 11: worker 1
+    assert checked_ids(np.array([10, 12]), 10, 10, what).tolist() == [0, 2]
+    check_fits(10, 2, 4, 0, 80, what)
+    assert looked == []  # a message that passes makes no text
+    with pytest.raises(InvalidArgumentError, match=r"^push of row-sparse key 'emb' \(server key 7\) from worker 1: "
+                                                   r"row ids \[30\] outside"):
+        checked_ids(np.array([30]), 10, 10, what)
+    with pytest.raises(InvalidArgumentError, match=r"^push of row-sparse key 'emb' \(server key 7\) .*TABLE_BYTES"):
+        check_fits(10, 2, 4, 8, 80, what)
+    assert str(RowsWhat("pull", 8, 9, named)) == "pull of row-sparse key 8 from worker 0"  # an int key as it is
 
 
 def test_a_rounds_rows_are_summed_by_id():

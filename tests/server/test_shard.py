@@ -271,7 +271,10 @@ def test_a_push_number_is_applied_at_most_once_even_out_of_order_and_across_a_re
 
 def test_a_push_number_far_ahead_is_refused_without_counting():
     s, p = shard()
-    with pytest.raises(pskv.InvalidArgumentError, match="push number 5000 is more than 1024 past"):
+    with pytest.raises(pskv.InvalidArgumentError, match="^push of key 7: push number 5000 is more than 1024 past"):
+        s.landed(p, 9, 5000)
+    s.key_names = {7: "fc1_weight"}  # a str key: named as the user wrote it
+    with pytest.raises(pskv.InvalidArgumentError, match=r"^push of key 'fc1_weight' \(server key 7\): push number"):
         s.landed(p, 9, 5000)
     s.skip_push(p, 9, 5000)  # the refusal's bookkeeping records nothing either
     assert p.pushes[9].count == 0 and not p.pushes[9].ahead

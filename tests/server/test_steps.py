@@ -33,6 +33,14 @@ def test_a_mark_at_a_meeting_fails_an_open_round_pushed_before_it():
     assert steps.take_report() == (2, refused[0][1]) and steps.take_report() is None  # once, for the scheduler
 
 
+def test_a_str_key_is_named_as_every_server_error_names_it():
+    shard, part, steps, refused = setup()
+    shard.key_names = {5: "fc1_weight"}
+    shard.push(part, W1, np.ones(3, np.float32), 1)
+    steps.marked(W0, Meeting(2, True, "barrier"))
+    assert "it pushed key 'fc1_weight' (server key 5) for sync round 1" in refused[0][1]
+
+
 def test_a_push_made_before_the_meeting_that_comes_after_the_mark_fails_its_round():
     shard, part, steps, refused = setup()
     steps.marked(W0, Meeting(2, True, "barrier"))
