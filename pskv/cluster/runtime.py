@@ -58,6 +58,8 @@ class NodeRuntime:
             called when needed (a server learns its rank late).
         cluster: the cluster contract; its ``curve_key_file`` (if any) secures every socket,
             its message and send-queue limits bound every peer (:mod:`pskv.transport.bounds`).
+        on_failure: called (on the failing thread) with the error when the network thread fails:
+            a node whose main thread waits on no request (the scheduler) ends its wait there.
 
     Raises:
         InvalidArgumentError: the CURVE key file is missing, malformed or readable by
@@ -66,7 +68,8 @@ class NodeRuntime:
 
     def __init__(self, name: str, context: zmq.Context[Any] | None = None, io_threads: int = 1,
                  tracker: RequestTracker[Any] | None = None, describe: Callable[[], str] = lambda: "the node",
-                 cluster: ClusterConfig | None = None) -> None:
+                 cluster: ClusterConfig | None = None,
+                 on_failure: Callable[[TransportError], None] | None = None) -> None:
         key_file = cluster.curve_key_file if cluster is not None else ""
         self.security = CurveSecurity.from_file(key_file, name.removeprefix("pskv-")) if key_file else None
         self._own_context = context is None
@@ -77,14 +80,18 @@ class NodeRuntime:
         self.context: zmq.Context[Any] = zmq.Context(io_threads=io_threads) if context is None else context
         self.tracker = tracker
         self._describe = describe
+        self._on_failure = on_failure  # told too when the network thread fails (a node that waits on no request)
         self._stop_lock = threading.Lock()
         bounds = Bounds.of(cluster) if cluster is not None else DEFAULT_BOUNDS
         self.reactor = Reactor(self.context, name, on_failure=self._on_reactor_failure, security=self.security,
                                bounds=bounds)
 
     def _on_reactor_failure(self, exc: BaseException) -> None:
+        error = TransportError(f"{self._describe()}'s network thread failed: {exc!r}")
         if self.tracker is not None:
-            self.tracker.fail_all(TransportError(f"{self._describe()}'s network thread failed: {exc!r}"))
+            self.tracker.fail_all(error)
+        if self._on_failure is not None:
+            self._on_failure(error)
 
     def stop(self, reason: str = "") -> None:
         """Fail waiting requests (with ``reason``), stop the reactor, release an owned context (idempotent)."""

@@ -39,7 +39,7 @@ from pskv.cluster.meetings import Meetings
 from pskv.cluster.rates import MetricsWindow
 from pskv.cluster.runtime import NodeRuntime
 from pskv.config import ClusterConfig
-from pskv.errors import NodeFailedError, OperationTimeoutError, ProtocolError
+from pskv.errors import NodeFailedError, OperationTimeoutError, ProtocolError, TransportError
 from pskv.protocol import SCHEDULER_ID, Command, Header, Role, decode, node_id, node_name
 from pskv.protocol.bodies import (
     DIGEST_CHARS,
@@ -85,7 +85,8 @@ class Scheduler:
     def __init__(self, cluster: ClusterConfig, context: zmq.Context[Any] | None = None,
                  address: str | None = None) -> None:
         self._cluster = cluster
-        self._runtime = NodeRuntime("pskv-scheduler", context, describe=lambda: "the scheduler", cluster=cluster)
+        self._runtime = NodeRuntime("pskv-scheduler", context, describe=lambda: "the scheduler", cluster=cluster,
+                                    on_failure=self._network_failed)
         self._reactor = self._runtime.reactor
         self._by_identity: dict[bytes, int] = {}
         # a peer not registered yet sends one small REGISTER (or a metrics query): bigger messages are dropped
@@ -131,6 +132,8 @@ class Scheduler:
 
         Raises:
             OperationTimeoutError: the job did not end within ``timeout`` seconds.
+            NodeFailedError: the job failed (a node died, startup, an elastic job below MIN).
+            TransportError: the scheduler's network thread failed.
         """
         if not self._reactor.on_reactor_thread() and self._reactor._thread is None:
             self.start()
@@ -142,6 +145,13 @@ class Scheduler:
                 raise self._failure
         finally:
             self.stop()
+
+    def _network_failed(self, error: TransportError) -> None:
+        """The network thread failed (a bug, out of file descriptors): the job cannot go on; :meth:`run` raises
+        ``error`` now instead of waiting for an end that no thread can bring."""
+        log.error("scheduler: %s", error)
+        self._failure = error
+        self._finished.set()
 
     def stop(self) -> None:
         """Stop serving and release the sockets (idempotent)."""

@@ -269,3 +269,16 @@ def test_the_wait_for_the_first_node_is_not_taken_for_a_held_up_loop(ctx, caplog
         for n in nodes:
             n.stop()
         scheduler.stop()
+
+
+def test_a_failed_network_thread_ends_the_schedulers_run_with_its_error(ctx):
+    # a bug or a ZeroMQ error on the network thread once left run() (timeout None under pskv scheduler) waiting
+    # for an end that no thread could bring: the scheduler process never exited
+    cluster = ClusterConfig(num_servers=1, num_workers=1, heartbeat_interval=0.05, heartbeat_timeout=1.0)
+    scheduler = Scheduler(cluster, ctx, address="tcp://127.0.0.1:0")
+    scheduler.start()
+    scheduler._reactor.call_soon(lambda: 1 / 0)
+    started = time.monotonic()
+    with pytest.raises(pskv.TransportError, match="the scheduler's network thread failed: ZeroDivisionError"):
+        scheduler.run(timeout=30)
+    assert time.monotonic() - started < 5
