@@ -42,13 +42,21 @@ from pskv.arrays.dtypes import itemsize
 from pskv.errors import InvalidArgumentError, NodeFailedError, OperationTimeoutError, ProtocolError, TransportError
 from pskv.protocol import ArraySpec, Command, Header, Role, decode, node_name, node_role_rank
 from pskv.protocol.bodies import Counters, ErrorReply, JobReport
+from pskv.protocol.codec import DEFAULT_LIMITS
 from pskv.protocol.replies import request_frames
+from pskv.transport.bounds import DEFAULT_BOUNDS, Bounds
+from pskv.transport.frames import recv_frames
 from pskv.transport.security import CurveSecurity, read_key_file
 
 __all__ = ["JobMetrics", "MetricsClient", "NodeCounters", "NodeMetrics", "STALL_AFTER", "scheduler_address",
            "snapshot", "value_bytes"]
 
 STALL_AFTER = 1.0  # seconds a request or round may wait before it counts as a stall
+# What a METRICS reply may be: one frame, its header, whose body lists every node (~175 bytes a node, ~300 with
+# every number at its widest: 1.75-3 MB for 10,000 nodes). The codec refuses a header over 16 MiB
+# (Limits.max_header_bytes), so that is the bound: nothing it would refuse is taken in, every reply it reads is.
+_REPLY_BOUNDS = Bounds(DEFAULT_LIMITS.max_header_bytes, 1, DEFAULT_BOUNDS.send_queue_bytes,
+                      DEFAULT_BOUNDS.slow_peer_timeout)
 
 
 class NodeCounters:
@@ -166,6 +174,7 @@ class MetricsClient:
         self._context: zmq.Context[Any] = zmq.Context()
         self._socket = self._context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.MAXMSGSIZE, _REPLY_BOUNDS.max_message_bytes)  # a bigger frame: not allocated
         if keys is not None:
             CurveSecurity(keys, "pskv top").client(self._socket)
         self._events = self._socket.get_monitor_socket(
@@ -221,8 +230,8 @@ class MetricsClient:
 
     def _receive(self) -> Header | None:
         try:
-            header, _ = decode(self._socket.recv_multipart(copy=True))
-        except ProtocolError:
+            header, _ = decode(recv_frames(self._socket, _REPLY_BOUNDS))
+        except ProtocolError:  # a message of more frames too (read off and dropped by recv_frames)
             return None  # not an answer to read: the deadline decides
         return header
 

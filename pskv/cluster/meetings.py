@@ -245,10 +245,12 @@ class Meetings:
                                                           "only worker 0 posts the outcome of a call"))
                 return
             self._posts[(meeting.name, meeting.seq, meeting.nth)] = meeting.failure
-            count = self._posted.get(meeting.name, (0, 0, 0, None))[2] + 1
+            count = self._posted.pop(meeting.name, (0, 0, 0, None))[2] + 1  # re-added last: least recent first
             self._posted[meeting.name] = (meeting.seq, meeting.nth, count, meeting.failure)
             while len(self._posts) > _KEPT_POSTS:
                 del self._posts[next(iter(self._posts))]
+            while len(self._posted) > _KEPT_POSTS:  # (a new name per post must not grow it)
+                del self._posted[next(iter(self._posted))]
             self._send(arrival.identity, reply_frames(arrival.header, SCHEDULER_ID, Met().encode()))
             self._settle_readers()
             return

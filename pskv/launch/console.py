@@ -5,15 +5,19 @@ terminal with a ``[worker 1] `` prefix on every line (or ``\r``-update) of a pro
 one log file per process (``--log-dir``, ``--tee``), the launcher's own
 ``pskv launch: ...`` messages, and the root cause's last lines when the terminal did
 not show them. A line a process writes in pieces is held back briefly rather than cut
-by another process's output.
+by another process's output. A terminal that stops reading (a paused ``| less``, a stalled
+CI log collector, Ctrl-S) never blocks the launcher: the terminal is written by a thread of
+its own, and the children's output is dropped there (not in the log files) while it lags.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import threading
 import time
+import weakref
 from collections import deque
 from typing import IO
 
@@ -24,6 +28,9 @@ __all__ = ["CHUNK", "HOLD_SECONDS", "Console", "Output"]
 
 CHUNK = 65536  # bytes read from a child's output at once (whatever is there, up to this)
 HOLD_SECONDS = 0.1  # how long the terminal waits for the rest of a line before showing its start
+BACKLOG = 1 << 20  # bytes of the children's output queued for a lagging terminal; more is dropped
+NOTE_WAIT = 0.5  # seconds a note waits to be written (to come before a later print); longer: a stall
+EXIT_WAIT = 2.0  # seconds the launcher's exit waits for the queued output of a stalled terminal
 
 
 class Console:
@@ -34,7 +41,11 @@ class Console:
     ``\\n``-started piece carrying the process's ``[worker 1] `` prefix. A line left
     unfinished by one process is ended before another process (or a note) writes. A
     closed or broken output (``pskv launch ... | head``) drops output but never blocks a
-    child: its pipe keeps being read.
+    child: its pipe keeps being read. Nor does a stalled one (a paused ``| less``): the
+    children's output is queued for it up to ``BACKLOG`` bytes, then dropped and counted
+    (``output stalled, 12 lines dropped``) while notes still queue, in order, so the
+    supervisor's deadlines and kills go on; the log files keep everything. At exit the
+    queue gets ``EXIT_WAIT`` seconds to be written.
 
     Args:
         out: binary stream for the children's prefixed output.
@@ -59,8 +70,8 @@ class Console:
                 os.makedirs(log_dir, exist_ok=True)
             except OSError as exc:
                 raise InvalidArgumentError(f"--log-dir {log_dir!r}: cannot create it: {exc.strerror or exc}") from None
-        self._out = out
-        self._err = err
+        self._writer = _writer(out, err)
+        self._dropped = 0  # lines of the children's output the terminal lost while it lagged, not told yet
         self._lock = threading.RLock()  # _end shows held text through _write
         self.log_dir = log_dir
         self.to_terminal = tee or not log_dir  # children's output on `out`
@@ -71,6 +82,7 @@ class Console:
         # exited 0 before a role failed or lingered: a job that ended that way is not restarted
         # (--max-restarts).
         self.stop_requested = False
+        _LIVE.add(self)
 
     def output(self, spec: ProcessSpec) -> Output:
         """The output of one started process (its log file opened, or appended to after a marker).
@@ -133,8 +145,23 @@ class Console:
                 buf += piece
                 output.at_start = len(text) < len(piece)
             if buf:
-                self._open = None if buf.endswith(b"\n") else output
-                self._put(bytes(buf))
+                self._show(output, bytes(buf))
+
+    def _show(self, output: Output, data: bytes) -> None:
+        """Queue ``data`` (``output``'s) for the terminal or, while the terminal lags, drop and count it.
+
+        Once dropping, it drops until half the backlog is written (output flows again).
+        """
+        if self._writer.room(len(data) + (BACKLOG // 2 if self._dropped else 0)):
+            self._tell_dropped()
+            self._open = None if data.endswith(b"\n") else output
+            self._writer.put_out(data)
+            return
+        self._dropped += data.count(b"\n") + (not data.endswith(b"\n"))
+        if self._open is not None:  # the terminal shows an unfinished line: end it, its rest is lost
+            self._writer.put_out(b"\n")
+            self._open = None
+        output.cut, output.at_start = not output.at_start, True  # its next bytes start a line on the terminal
 
     def _end(self, output: Output) -> None:
         """``output``'s process is gone: show what it held back, complete its unfinished line."""
@@ -143,28 +170,33 @@ class Console:
                 self._write(output, b"", whole=True)
             if self._open is output:
                 self._open = None
-                self._put(b"\n")
-
-    def _put(self, data: bytes) -> None:
-        try:
-            self._out.write(data)
-            self._out.flush()
-        except (OSError, ValueError):
-            pass
+                self._writer.put_out(b"\n")
 
     def note(self, text: str) -> None:
-        """Write one launcher message: ``pskv launch: <text>``."""
+        """Write one launcher message: ``pskv launch: <text>`` (never blocked by a stalled terminal)."""
         with self._lock:
-            if self._open is not None:
-                self._open.at_start = self._open.cut = True
-                self._open = None
-                self._put(b"\n")
-            try:
-                self._out.flush()
-                self._err.write(f"pskv launch: {text}\n")
-                self._err.flush()
-            except (OSError, ValueError):
-                pass
+            self._tell_dropped()
+            self._say(f"pskv launch: {text}\n")
+
+    def _say(self, text: str) -> None:
+        """Write ``text`` to ``err`` on a line of its own (the caller holds the lock)."""
+        if self._open is not None:
+            self._open.at_start = self._open.cut = True
+            self._open = None
+            self._writer.put_out(b"\n")
+        self._writer.put_err(text)
+
+    def _tell_dropped(self) -> None:
+        """Say how much output the terminal lost, where it lost it (the caller holds the lock)."""
+        if self._dropped:
+            self._say(f"pskv launch: output stalled, {_count(self._dropped, 'line')} dropped\n")
+            self._dropped = 0
+
+    def flush(self, timeout: float = EXIT_WAIT) -> None:
+        """Write what is queued for the terminal, waiting at most ``timeout`` seconds (at exit)."""
+        with self._lock:
+            self._tell_dropped()
+        self._writer.drain(timeout)
 
     def started(self, workers: int, servers: int, scheduler: str, launcher: str) -> None:
         """The start line: what the job is, so its first seconds are not silent."""
@@ -195,12 +227,7 @@ class Console:
             return
         self.note(f"{name}'s output is in {output.file.name}; its last {_count(len(lines), 'line')}:")
         with self._lock:
-            try:
-                for line in lines:
-                    self._err.write(f"[{name}] {line.decode(errors='replace')}\n")
-                self._err.flush()
-            except (OSError, ValueError):
-                pass
+            self._writer.put_err("".join(f"[{name}] {line.decode(errors='replace')}\n" for line in lines))
 
 
 _PIECES = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+")  # pieces of output, each with its line end if any
@@ -219,6 +246,159 @@ def _ends_line(file: IO[bytes]) -> bool:
 
 def _count(n: int, what: str) -> str:
     return f"{n} {what}" + ("" if n == 1 else "s")
+
+
+class _Direct:
+    """Writes at once, in the caller's thread: for in-memory streams (a test's), which cannot stall."""
+
+    def __init__(self, out: IO[bytes], err: IO[str]) -> None:
+        self._out = out
+        self._err = err
+
+    def room(self, size: int) -> bool:
+        return True
+
+    def put_out(self, data: bytes) -> None:
+        try:
+            self._out.write(data)
+            self._out.flush()
+        except (OSError, ValueError):
+            pass
+
+    def put_err(self, text: str) -> None:
+        try:
+            self._err.write(text)
+            self._err.flush()
+        except (OSError, ValueError):
+            pass
+
+    def drain(self, timeout: float) -> None:
+        pass
+
+
+class _Queued:
+    """Writes from threads of their own: a terminal that stops reading blocks its thread alone.
+
+    One queue (and thread) per destination: ``out`` and ``err`` share one when they are the
+    same file (the terminal, a ``2>&1`` pipe), keeping their order; else a paused ``| less``
+    on ``out`` holds no note back from the terminal on ``err``.
+    """
+
+    def __init__(self, out: int, err: int, encoding: str) -> None:
+        self._out_fd = out
+        self._err_fd = err
+        self._encoding = encoding
+        self._out = _Queue()
+        self._err = self._out if _same_file(out, err) else _Queue()
+
+    def room(self, size: int) -> bool:
+        return self._out.room(size)
+
+    def put_out(self, data: bytes) -> None:
+        self._out.put(self._out_fd, data)
+
+    def put_err(self, text: str) -> None:
+        self._err.wait(self._err.put(self._err_fd, text.encode(self._encoding, errors="replace")))
+
+    def drain(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        self._err.drain(timeout)
+        self._out.drain(max(0.0, deadline - time.monotonic()))
+
+
+class _Queue:
+    """What one thread writes, in order, to one destination.
+
+    Straight to the file descriptors (``os.write``): a thread blocked in a stream's
+    ``write`` would hold the stream's lock, and the interpreter's exit, flushing
+    ``sys.stdout``, would abort on it.
+    """
+
+    def __init__(self) -> None:
+        self._items: deque[tuple[int, bytes]] = deque()
+        self._changed = threading.Condition()
+        self._queued = 0  # bytes in _items or being written
+        self._put_count = self._done_count = 0
+        self._stalled = False  # a wait ran out; until the queue empties
+        threading.Thread(target=self._run, daemon=True, name="pskv-launch-console").start()
+
+    def room(self, size: int) -> bool:
+        with self._changed:
+            return self._queued + size <= BACKLOG
+
+    def put(self, fd: int, data: bytes) -> int:
+        """Queue ``data`` for ``fd``; returns its turn (for :meth:`wait`)."""
+        with self._changed:
+            self._items.append((fd, data))
+            self._queued += len(data)
+            self._put_count += 1
+            self._changed.notify_all()
+            return self._put_count
+
+    def wait(self, turn: int) -> None:
+        """Wait ``NOTE_WAIT`` at most for ``turn`` to be written (a ``print`` after a note comes after it).
+
+        Not at all once the destination is known to stall: the control path goes on.
+        """
+        with self._changed:
+            if not self._stalled and not self._changed.wait_for(lambda: self._done_count >= turn, NOTE_WAIT):
+                self._stalled = True
+
+    def drain(self, timeout: float) -> None:
+        with self._changed:
+            self._changed.wait_for(lambda: not self._queued, timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: self._items)
+                fd, data = self._items.popleft()
+            _write_all(fd, data)
+            with self._changed:
+                self._queued -= len(data)
+                self._done_count += 1
+                self._stalled = self._stalled and self._queued > 0
+                self._changed.notify_all()
+
+
+def _same_file(a: int, b: int) -> bool:
+    try:
+        one, two = os.fstat(a), os.fstat(b)
+    except OSError:
+        return True
+    return (one.st_dev, one.st_ino) == (two.st_dev, two.st_ino)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError:
+        pass  # a closed or broken output (`| head`): dropped
+
+
+def _writer(out: IO[bytes], err: IO[str]) -> _Direct | _Queued:
+    """The writer for ``out`` and ``err``: queued when both are real files (a terminal, a pipe)."""
+    try:
+        fds = out.fileno(), err.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation: an in-memory stream
+        return _Direct(out, err)
+    for stream in (out, err):  # what the streams hold comes before what goes straight to their files
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    return _Queued(*fds, getattr(err, "encoding", None) or "utf-8")
+
+
+_LIVE: weakref.WeakSet[Console] = weakref.WeakSet()  # consoles whose queue the exit writes out
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    for console in list(_LIVE):
+        console.flush()
 
 
 class Output:

@@ -20,11 +20,17 @@ from pskv.errors import ProtocolError
 from pskv.protocol import Command, decode
 from pskv.protocol.bodies import Roster
 from pskv.protocol.replies import request_frames
+from pskv.transport.bounds import DEFAULT_BOUNDS, Bounds
+from pskv.transport.frames import recv_frames
 from pskv.transport.security import CurveSecurity, read_key_file
 
 __all__ = ["RosterClient"]
 
 log = logging.getLogger("pskv.launch")
+# What the scheduler's answer to a report may be: one frame, a header with no body (accepted) or a refusal's
+# sentence (ERROR, well under 1 KB): 64 KiB and one frame, as any message of a peer not trusted yet
+# (pskv.transport.frames.STRANGER_BOUNDS) — whatever else answers at the address costs no more.
+_ANSWER_BOUNDS = Bounds(64 << 10, 1, DEFAULT_BOUNDS.send_queue_bytes, DEFAULT_BOUNDS.slow_peer_timeout)
 
 
 class RosterClient:
@@ -43,6 +49,7 @@ class RosterClient:
         self._context: zmq.Context[Any] = zmq.Context()
         self._socket = self._context.socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.MAXMSGSIZE, _ANSWER_BOUNDS.max_message_bytes)  # a bigger frame: not allocated
         if curve_key_file:
             CurveSecurity(read_key_file(curve_key_file), "pskv launch").client(self._socket)
         self._socket.connect(address)
@@ -54,8 +61,8 @@ class RosterClient:
         self._socket.send_multipart(request_frames(Command.ROSTER, request, 0, Roster(op, slot, self._token).encode()))
         while self._socket.poll(self._timeout_ms):
             try:
-                header = decode(self._socket.recv_multipart())[0]
-            except ProtocolError:
+                header = decode(recv_frames(self._socket, _ANSWER_BOUNDS))[0]
+            except ProtocolError:  # a message of more frames too (read off and dropped by recv_frames)
                 continue
             if header.request != request:
                 continue  # the answer to an earlier report that timed out

@@ -203,17 +203,17 @@ def _fixed_fields(head: memoryview, frames: Sequence[Any], limits: Limits, peek_
             head, raw=False, strict_map_key=True, use_list=True, max_bin_len=0, max_ext_len=0, max_map_len=0,
             max_array_len=max(limits.max_arrays, limits.max_dims, 8), max_str_len=limits.max_body_chars)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
-        raise ProtocolError(f"undecodable header: {type(exc).__name__}: {exc}") from None
+        raise ProtocolError(f"undecodable header: {type(exc).__name__}: {str(exc)[:200]}") from None
     if not isinstance(fields, list) or len(fields) != 8:
         _check_epoch(fields)  # a ninth field, an elastic job's view epoch; any other shape is refused
     else:
         fields.append(0)
     version, command, request, sender, priority, body, specs, flags, _ = fields
     if version != PROTOCOL_VERSION:
-        raise ProtocolError(f"protocol version {version!r} not supported (this node speaks {PROTOCOL_VERSION})")
+        raise ProtocolError(f"protocol version {_short(version)} not supported (this node speaks {PROTOCOL_VERSION})")
     cmd = fields[1] = _COMMANDS.get(command) if type(command) is int else None
     if cmd is None:
-        raise ProtocolError(f"unknown command {command!r}")
+        raise ProtocolError(f"unknown command {_short(command)}")
     lo, hi = _INT64
     # one expression for the usual case (every message passes here); details on failure
     if not (type(request) is int and type(sender) is int and type(priority) is int
@@ -224,7 +224,7 @@ def _fixed_fields(head: memoryview, frames: Sequence[Any], limits: Limits, peek_
     if specs is None:  # peeked at: the rest once its sender passed
         return fields
     if type(flags) is not int or flags & ~KNOWN_FLAGS or flags < 0:
-        raise ProtocolError(f"flags {flags!r} are not a combination of the known flag bits")
+        raise ProtocolError(f"flags {_short(flags)} are not a combination of the known flag bits")
     if flags & _RULED_FLAGS or body:  # the usual message has neither: nothing to check
         _check_flags(cmd, flags, body)
     if type(specs) is not list or len(specs) > limits.max_arrays:
@@ -257,7 +257,7 @@ def _check_epoch(fields: Any) -> None:
         raise ProtocolError(_NOT_A_HEADER)
     epoch = fields[8]
     if type(epoch) is not int or not 0 < epoch <= MAX_EPOCH:
-        raise ProtocolError(f"field epoch must be a view epoch (an int in 1..{MAX_EPOCH}; absent: 0), got {epoch!r}")
+        raise ProtocolError(f"field epoch must be a view epoch (an int in 1..{MAX_EPOCH}; absent: 0), got {_short(epoch)}")
 
 
 def _arrays(cmd: Command, flags: int, specs: list[Any], frames: Sequence[Any],
@@ -274,12 +274,19 @@ def _arrays(cmd: Command, flags: int, specs: list[Any], frames: Sequence[Any],
     return tuple(_spec(i, s, buf, limits, compressed) for i, (s, buf) in enumerate(zip(specs, buffers))), buffers
 
 
+def _short(value: Any, most: int = 40) -> str:
+    """``repr(value)`` cut to ``most`` characters (its end replaced by ``...``): a peer's value in an error text,
+    which its receiver logs, however long the peer made it."""
+    text = repr(value)
+    return text if len(text) <= most else text[:most - 3] + "..."
+
+
 def _bad_ints(request: Any, sender: Any, priority: Any) -> None:
     """Raise naming the first of the header's int fields that is no 64-bit int."""
     lo, hi = _INT64
     for name, value in (("request", request), ("sender", sender), ("priority", priority)):
         if type(value) is not int or not lo <= value <= hi:
-            raise ProtocolError(f"field {name} must be a 64-bit int, got {value!r}")
+            raise ProtocolError(f"field {name} must be a 64-bit int, got {_short(value)}")
 
 
 def _check_flags(cmd: Command, flags: int, body: str) -> None:
@@ -327,31 +334,41 @@ def _spec(i: int, s: Any, buf: memoryview | None, limits: Limits, compressed: bo
     key, code, shape, offset, rnd = s[:5]
     buffer = s[5] if len(s) == 6 else -1
     if buffer not in (-1, 0, 1) or type(buffer) is not int:
-        raise ProtocolError(f"array {i}: shared buffer index {buffer!r} is not 0 or 1")
+        raise ProtocolError(f"array {i}: shared buffer index {_short(buffer)} is not 0 or 1")
     if type(key) is not int or not _INT64[0] <= key <= _INT64[1]:
         raise ProtocolError(f"array {i}: key must be a 64-bit int")
     if type(code) is not int or not 0 <= code < len(SUPPORTED_DTYPES):
-        raise ProtocolError(f"array {i} (key {key}): dtype code {code!r} not in the allow-list")
-    if type(shape) is not list or len(shape) > limits.max_dims:
-        raise ProtocolError(f"array {i} (key {key}): bad shape {shape!r}")
-    n = 1
-    for d in shape:
-        if type(d) is not int or d < 0:
-            raise ProtocolError(f"array {i} (key {key}): bad shape {shape!r}")
-        n *= d
+        raise ProtocolError(f"array {i} (key {key}): dtype code {_short(code)} not in the allow-list")
+    dtype = SUPPORTED_DTYPES[code]
+    expected = _nbytes(i, key, shape, code, limits)
     if not (type(offset) is int and type(rnd) is int and 0 <= offset <= _INT64[1] and 0 <= rnd <= _INT64[1]):
         for name, v in (("offset", offset), ("round", rnd)):
             if type(v) is not int or not 0 <= v <= _INT64[1]:
                 raise ProtocolError(f"array {i} (key {key}): {name} must be a non-negative 64-bit int")
-    dtype = SUPPORTED_DTYPES[code]
-    expected = n * itemsize(dtype)
-    if expected > limits.max_frame_bytes:
-        raise ProtocolError(f"array {i} (key {key}): {expected} bytes exceeds the frame limit")
     if buf is not None and (len(buf) > expected if compressed else len(buf) != expected):
         raise ProtocolError(
             f"array {i} (key {key}): shape {tuple(shape)} {dtype} needs {expected} bytes, frame has {len(buf)}"
         )
     return _new(ArraySpec, (key, dtype, tuple(shape), offset, rnd, buffer))
+
+
+def _nbytes(i: int, key: int, shape: Any, code: int, limits: Limits) -> int:
+    """The bytes of spec ``i``'s ``shape`` of dtype ``code``, the shape checked: a list of at most ``max_dims``
+    ints in 0..2**63-1 whose non-zero dimensions' product, in bytes, is within the frame limit (NumPy refuses a
+    larger shape, with a ValueError, even when another dimension is 0)."""
+    if type(shape) is not list or len(shape) > limits.max_dims:
+        raise ProtocolError(f"array {i} (key {key}): bad shape {_short(shape)}")
+    n = spread = _ITEMSIZES[code]
+    for d in shape:
+        if type(d) is not int or not 0 <= d <= _INT64[1]:
+            raise ProtocolError(f"array {i} (key {key}): bad shape {_short(shape)}")
+        n *= d
+        spread *= d or 1
+    if spread > limits.max_frame_bytes:
+        raise ProtocolError(f"array {i} (key {key}): {n} bytes exceeds the frame limit" if n else
+                            f"array {i} (key {key}): shape {tuple(shape)} {SUPPORTED_DTYPES[code]} exceeds the frame "
+                            "limit (without its zero dimensions)")
+    return n
 
 
 def _usual_spec(s: Any, buf: memoryview | None, limits: Limits, compressed: bool) -> ArraySpec | None:
@@ -379,7 +396,7 @@ def _shm_rows_spec(i: int, s: Any, limits: Limits) -> ArraySpec:
         raise ProtocolError(f"array {i}: a ROWS spec in shared memory is a 6-field list (its region's offset last)")
     at = s[5]
     if type(at) is not int or not 0 <= at <= _INT64[1] or at % _ID_BYTES:
-        raise ProtocolError(f"array {i}: shared rows offset {at!r} is not a non-negative multiple of {_ID_BYTES}")
+        raise ProtocolError(f"array {i}: shared rows offset {_short(at)} is not a non-negative multiple of {_ID_BYTES}")
     spec = _spec(i, s[:5], None, limits)
     if len(spec.shape) != 2:
         raise ProtocolError(f"array {i} (key {spec.key}): a ROWS spec has shape (rows, row width), got {spec.shape}")

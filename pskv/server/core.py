@@ -24,9 +24,10 @@ frames) and handled in order once :meth:`ServerCore.registered` is called.
 
 In an elastic job (``ClusterConfig.elastic``) the core also holds the shard's commit snapshots
 (:mod:`pskv.server.commits`) and the view it serves (:mod:`pskv.server.members`): a message whose
-epoch is not the view's is refused or held there, and a new view (:meth:`ServerCore.adopt`) rolls
-back or promotes a commit. In every other job both are no-ops and cost nothing per message (its
-messages and its view both have epoch 0, so the check is one comparison).
+epoch is not the view's is refused or held there (a header too long to be read at once has its epoch
+after its specs: its sender is checked and it is read whole first), and a new view
+(:meth:`ServerCore.adopt`) rolls back or promotes a commit. In every other job both are no-ops and
+cost nothing per message (its messages and its view both have epoch 0, so the check is one comparison).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from pskv.metrics import STALL_AFTER
 from pskv.partition import server_key
 from pskv.protocol import Command, Header, Role, node_id, node_name, node_role_rank
 from pskv.protocol.bodies import Counters, InitBody, View
-from pskv.protocol.codec import decode_arrays, decode_head
+from pskv.protocol.codec import decode, decode_arrays, decode_head
 from pskv.protocol.replies import error_frames
 from pskv.server.checkpointing import ShardCheckpoints
 from pskv.server.commits import CommitSnapshots, NoCommits
@@ -138,17 +139,23 @@ class ServerCore:
         identity = self.routes.get(identity)  # from a send-only socket: answer where its HELLO came from
         self._held = []
         try:
+            if specs is None:  # a long header, read only up to its specs: its epoch follows them (_read_long)
+                read = self._read_long(origin, header, frames)
+                if read is None:
+                    return
+                header, buffers = read
             if header.epoch != self.view.epoch and self._other_view(origin, header, frames):
                 return  # of a view this server does not have yet: handled again when it comes (adopt)
             handler = self._handlers.get(header.command) if header.sender in self.view.members else None
             if handler is None:
                 self._refuse(header)
             self.senders.check(origin, header)  # a connection speaks for one worker only
-            try:
-                header, buffers = decode_arrays(header, specs, frames)
-            except ProtocolError as exc:
-                log.error("%s: rejected a malformed message from %r: %s", self._name(), origin, exc)
-                return
+            if specs is not None:  # (the usual case: its arrays are read now, its sender passed)
+                try:
+                    header, buffers = decode_arrays(header, specs, frames)
+                except ProtocolError as exc:
+                    log.error("%s: rejected a malformed message from %r: %s", self._name(), origin, exc)
+                    return
             self.observer.received(header, buffers)
             repeat = self.replies.begin(origin, header.request)
             if repeat is None:
@@ -248,6 +255,24 @@ class ServerCore:
         names = InitBody.parse(header).names
         self.key_names.update((server_key(n), n) for n in names)
         self.data.init(identity, header, buffers)
+
+    def _read_long(self, origin: bytes, header: Header, frames: list[Any]) -> tuple[Header, list[memoryview]] | None:
+        """All of a message whose header :func:`~pskv.protocol.codec.decode_head` only peeked at (longer than
+        its ``PEEK_BYTES``; its specs ``None``, its flags and epoch 0 till read): its epoch follows its specs,
+        so its sender is checked first (a stranger's costs its first fields), then it is read whole, and
+        :meth:`handle` compares its epoch and checks it as any other. None: malformed (logged, dropped).
+
+        Raises:
+            ProtocolError: its sender is no worker of this job, or its connection does not speak for it.
+        """
+        if header.sender not in self.view.members and not self._cluster.elastic:
+            self._refuse(header)  # (an elastic job's non-member may be a joiner of a newer view: its token tells)
+        self.senders.check(origin, header)
+        try:
+            return decode(frames)
+        except ProtocolError as exc:
+            log.error("%s: rejected a malformed message from %r: %s", self._name(), origin, exc)
+            return None
 
     def _other_view(self, origin: bytes, header: Header, frames: list[Any]) -> bool:
         """A message of another view than this server's: refused, or held until that view comes (True).

@@ -190,13 +190,18 @@ class ServerShard(PartInit):
             that waits for this round.
 
         Raises:
-            InvalidArgumentError: async mode without an updater.
+            InvalidArgumentError: async mode without an updater; or an unnumbered push whose
+                number would be more than :data:`MAX_PUSHES_AHEAD` past the worker's (nothing counted).
             Exception: the updater's own error (the part is unchanged in sync mode).
         """
         log = part.pushes.get(worker)
         if log is None:  # (not setdefault: that would build a PushLog for every push)
             log = part.pushes[worker] = PushLog()
         number = number or log.next_number()
+        if number > log.count + MAX_PUSHES_AHEAD:  # an unnumbered push past a far one (:meth:`landed`)
+            raise InvalidArgumentError(f"push of key {self.named(part.key)} by worker {worker}: push number {number} "
+                                       f"is more than {MAX_PUSHES_AHEAD} past the {log.count} push(es) of this "
+                                       "worker that arrived")
         try:
             joined = self._push(part, worker, frame if isinstance(frame, RowBatch)
                                 else to_storage(part.dtype, frame.reshape(-1)))

@@ -49,8 +49,8 @@ def allgather_bytes(data: bytes | torch.Tensor, name: str, agree: int = 0) -> li
         agree: a number every rank must give alike (e.g. a checksum of a dtype and shape).
 
     Raises:
-        InvalidArgumentError: some rank's data is over :data:`MAX_BYTES`, or ranks gave different
-            ``agree`` (on every rank alike).
+        InvalidArgumentError: some rank's data is over :data:`MAX_BYTES` (or its length is negative:
+            a broken header), or ranks gave different ``agree`` (on every rank alike).
     """
     job = current()
     size, rank = job.store.num_workers, job.store.rank
@@ -59,7 +59,7 @@ def allgather_bytes(data: bytes | torch.Tensor, name: str, agree: int = 0) -> li
     header[rank, 0], header[rank, 1] = payload.numel(), agree
     ops.allreduce_(header, name=f"{name}.sizes", op=ops.Sum)
     lengths = [int(n) for n in header[:, 0]]
-    if max(lengths) > MAX_BYTES or len({int(a) for a in header[:, 1]}) > 1:
+    if max(lengths) > MAX_BYTES or min(lengths) < 0 or len({int(a) for a in header[:, 1]}) > 1:
         raise InvalidArgumentError(f"allgather {name!r}: the ranks' lengths {lengths} (at most {MAX_BYTES}) or "
                                    f"their dtypes and shapes {[int(a) for a in header[:, 1]]} do not agree")
     starts = [0]

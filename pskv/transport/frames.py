@@ -245,14 +245,19 @@ def router_socket(ctx: zmq.Context[Any], address: str, bounds: Bounds, security:
     return sock, address
 
 
-def dealer_socket(ctx: zmq.Context[Any], address: str, identity: bytes | None, security: CurveSecurity | None
-                  ) -> zmq.Socket[Any]:
+def dealer_socket(ctx: zmq.Context[Any], address: str, identity: bytes | None, security: CurveSecurity | None,
+                  bounds: Bounds = DEFAULT_BOUNDS) -> zmq.Socket[Any]:
     """A DEALER socket connected to a service at ``address`` under routing ``identity``
-    (None: ZeroMQ's own), a CURVE client with ``security`` (not for ``inproc://``)."""
+    (None: ZeroMQ's own), a CURVE client with ``security`` (not for ``inproc://``).
+
+    As a ROUTER's (:func:`router_socket`), a frame over ``bounds.max_message_bytes`` is refused by ZeroMQ
+    before it is allocated (and the connection dropped): whoever answers at ``address`` may be no service of
+    the job, and a reply of more bytes would be discarded once read anyway (:func:`recv_frames`)."""
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDBUF, SOCKET_BUFFER_BYTES)
     sock.setsockopt(zmq.RCVBUF, SOCKET_BUFFER_BYTES)
+    sock.setsockopt(zmq.MAXMSGSIZE, bounds.max_message_bytes)
     if identity is not None:
         sock.setsockopt(zmq.IDENTITY, identity)
     if security is not None and not address.startswith("inproc://"):

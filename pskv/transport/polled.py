@@ -262,6 +262,7 @@ class PolledConnections:
                     self.drop(old)
                 self.peers[identity] = conn
                 self.connections[conn.fd] = (conn, identity)
+                conn.vouch = partial(self._check_trust, conn, identity)  # a HELLO handled late trusts it then
             handler(identity, frames)  # type: ignore[arg-type]
             if not conn.trusted and not conn.closed:
                 self._check_trust(conn, identity)

@@ -258,7 +258,7 @@ class Reactor:
             the socket id used with :meth:`send_dealer`.
         """
         sock = dealer_socket(self._ctx, address, self._identity if identity is None else identity,
-                             self._security)
+                             self._security, self._bounds)
         sid = next(self._ids)
         self._dealers[sid] = sock
         self._handlers[sock] = handler
@@ -315,7 +315,7 @@ class Reactor:
         stops.
         """
         sock = dealer_socket(self._ctx, address, self._identity if identity is None else identity,
-                             self._security)
+                             self._security, self._bounds)
         sock.setsockopt(zmq.SNDHWM, 0)  # never block a caller: requests are bounded by their callers
         sender = Sender(sock, f"{self._name} sender", self._bounds.max_message_bytes)
         self._senders.append(sender)

@@ -26,14 +26,15 @@ The wire format, per connection:
 Every length is checked against the node's bounds before anything is allocated for it
 (:class:`~pskv.transport.bounds.Bounds`); until its first message arrived (a *stranger*:
 until its owner trusts it, :meth:`StreamConnection.trust`), a connection may send
-messages of :data:`OPENING_BYTES` at most (a ``HELLO``, which the server checks like any
-other). A peer's counts and lengths never size a buffer up front beyond :data:`GROWTH`
-bytes: a message's table (and a stranger's body) grows by that much as its bytes arrive,
-so a connection holds little more than it has sent. Sending never waits: what the socket
-does not take now waits in the connection's queue (not copied: the frames must stay
-unchanged until answered, as for ZeroMQ's zero-copy sends) and leaves when the socket is
-writable — the reactor polls for that (:mod:`pskv.transport.reactor`). The receiving
-side reads exactly one message at a time into one buffer; its frames are views of it.
+messages of :data:`OPENING_BYTES` and 8 frames at most (a ``HELLO``, which the server checks
+like any other; a ZeroMQ peer not trusted yet has the same bounds). A peer's counts and
+lengths never size a buffer up front beyond :data:`GROWTH` bytes: a message's table (and a
+stranger's body) grows by that much as its bytes arrive, so a connection holds little more
+than it has sent. Sending never waits: what the socket does not take now waits in the
+connection's queue (not copied: the frames must stay unchanged until answered, as for
+ZeroMQ's zero-copy sends) and leaves when the socket is writable — the reactor polls for
+that (:mod:`pskv.transport.reactor`). The receiving side reads exactly one message at a
+time into one buffer; its frames are views of it.
 
 A :class:`StreamConnection` offers what :class:`~pskv.transport.unix.LocalConnection`
 offers, so the reactor and the worker treat both alike: any thread sends; one thread at
@@ -71,7 +72,7 @@ import numpy as np
 
 from pskv.errors import ProtocolError
 from pskv.transport.bounds import DEFAULT_BOUNDS, Bounds, check_size
-from pskv.transport.frames import SOCKET_BUFFER_BYTES
+from pskv.transport.frames import SOCKET_BUFFER_BYTES, STRANGER_BOUNDS
 from pskv.transport.sealed import NO_KEYS, PLAIN, PLAIN_MAGIC, Channel, Keys
 
 __all__ = ["AVOIDED", "GROWTH", "INSTEAD", "MAGIC", "OPENING_BYTES", "OPENING_TIMEOUT", "StreamConnection",
@@ -85,6 +86,8 @@ TAG_BYTES = 17
 # within OPENING_TIMEOUT seconds of its opening (pskv.transport.polled).
 OPENING_BYTES = 64 << 10
 OPENING_TIMEOUT = 5.0
+# ... and at most this many frames (a HELLO has one), as a ZeroMQ peer not trusted yet
+_OPENING_FRAMES = STRANGER_BOUNDS.max_frames
 # Bytes a peer's count or length may make a connection allocate before they arrive: a table
 # longer than this (a stranger's body too) is read in pieces of it, into a buffer that grows.
 GROWTH = 16 << 10
@@ -130,6 +133,11 @@ def choose_congestion(sock: socket.socket) -> bytes | None:
         except OSError:  # not built in, or not allowed to this process (net.ipv4.tcp_allowed_congestion_control)
             continue
     return current
+
+
+def _nobody() -> bool:
+    """The default :attr:`StreamConnection.vouch`: no owner trusts a stranger between its messages."""
+    return False
 
 
 def _tune(sock: socket.socket) -> None:
@@ -188,7 +196,7 @@ class StreamConnection:
     __slots__ = ("_sock", "_lock", "name", "fd", "_bounds", "_queue_limit", "_queue", "_queue_bytes", "_progress",
                  "_on_pending", "reading", "claimed", "polled", "_read_timeout", "_stage", "_want", "_target",
                  "_lengths", "tag", "opened", "_first", "_broken", "_stranger", "_grown", "_size",
-                 "_seal", "_count", "__weakref__")
+                 "_seal", "_count", "vouch", "__weakref__")
 
     def __init__(self, sock: socket.socket, name: str, bounds: Bounds = DEFAULT_BOUNDS,
                  queue_limit: int | None = None, accepted: bool = False,
@@ -226,6 +234,9 @@ class StreamConnection:
         self._stranger = stranger and accepted
         self._grown: bytearray | None = None  # the piece read so far, while it arrives in GROWTH steps
         self._size = 0  # the bytes of that piece
+        # asked (only) before a stranger's message past its first is refused: True if its owner trusts it by now
+        # (a HELLO held until the server registered was handled since); it calls trust(). By default: nobody
+        self.vouch: Callable[[], bool] = _nobody
 
     @classmethod
     def connect(cls, host: str, port: int, tag: bytes, name: str, timeout: float, bounds: Bounds = DEFAULT_BOUNDS,
@@ -412,20 +423,20 @@ class StreamConnection:
             return None
         if stage == _COUNTING:
             (count,) = _COUNT.unpack(self._target)
-            if not 0 < count <= self._bounds.max_frames:
-                raise ProtocolError(f"{self.name}: a message of {count} frames (PSKV_MAX_FRAMES="
-                                    f"{self._bounds.max_frames})")
+            if not 0 < count <= self._bounds.max_frames or (
+                    count > _OPENING_FRAMES and (self._first or self._stranger) and not self._vouched()):
+                raise ProtocolError(self._refused_count(count))
             self._count = count
             self._expect_growing(_TABLE, 8 * count + self._seal.overhead)
             return None
         if stage == _TABLE:
             lengths = struct.unpack(f"<{self._count}Q", self._seal.open_table(self._target, self._count))
             total = sum(lengths)
-            limit, setting = ((OPENING_BYTES, f"{OPENING_BYTES} bytes for a connection's first message "
-                                              "(or any before it is trusted)")
-                              if self._first or self._stranger else
-                              (self._bounds.max_message_bytes, f"PSKV_MAX_MESSAGE_BYTES={self._bounds.max_message_bytes}"))
-            if total > limit:
+            most = self._bounds.max_message_bytes
+            if total > (OPENING_BYTES if self._first or self._stranger else most) and not (
+                    total <= most and self._vouched()):
+                setting = (f"{OPENING_BYTES} bytes for a connection's first message (or any before it is trusted)"
+                           if self._first or self._stranger else f"PSKV_MAX_MESSAGE_BYTES={most}")
                 raise ProtocolError(f"{self.name}: a message of {total} bytes in {len(lengths)} frames, over {setting}")
             self._lengths = lengths
             size = total + self._seal.overhead
@@ -443,6 +454,20 @@ class StreamConnection:
         self._first = False
         self._expect(_COUNTING, bytearray(_COUNT.size))
         return frames
+
+    def _vouched(self) -> bool:
+        """True if this connection, a stranger's past its first message, is trusted now (:attr:`vouch`)."""
+        if self._first or not self._stranger or not self.vouch():
+            return False
+        self._stranger = False
+        return True
+
+    def _refused_count(self, count: int) -> str:
+        """Why a message of ``count`` frames is refused."""
+        if count and (self._first or self._stranger):
+            return (f"{self.name}: a message of {count} frames, over {_OPENING_FRAMES} for a connection's first "
+                    "message (or any before it is trusted)")
+        return f"{self.name}: a message of {count} frames (PSKV_MAX_FRAMES={self._bounds.max_frames})"
 
     def _opened(self, data: bytes) -> None:
         """The preamble is in: check it, take the tag, answer the key exchange if sealed.

@@ -31,7 +31,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from pskv.errors import ProtocolError
+from pskv.errors import OperationTimeoutError, ProtocolError
 from pskv.transport.bounds import DEFAULT_BOUNDS, Bounds, check_size
 
 __all__ = ["LocalConnection", "PACKET_BYTES", "local_path", "listen"]
@@ -47,6 +47,7 @@ _TABLES = tuple(struct.Struct(f"<I{n}Q") for n in range(8))
 _LENGTHS = tuple(struct.Struct(f"<{n}Q") for n in range(8))
 _ONE_FRAME = _TABLES[1]  # the table of a message of one frame
 _MAX_BUFFERS = 256  # frames gathered by one sendmsg (the kernel takes at most IOV_MAX = 1024)
+CONNECT_TIMEOUT = 10.0  # seconds a connect waits at most for a listener whose backlog is full (a frozen server)
 
 
 def local_path(directory: str) -> str:
@@ -59,6 +60,13 @@ def _socket() -> socket.socket:
     for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
         sock.setsockopt(socket.SOL_SOCKET, option, _BUFFER_BYTES)
     return sock
+
+
+def _send_timeout(sock: socket.socket, seconds: float) -> None:
+    """Bound the socket's blocking sends (and connect) to ``seconds`` (SO_SNDTIMEO; at least 1 us: 0 is forever)."""
+    whole = int(seconds)
+    micros = max(int((seconds - whole) * 1e6), 0 if whole else 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, struct.pack("ll", whole, micros))
 
 
 def listen(path: str) -> socket.socket:
@@ -115,9 +123,7 @@ class LocalConnection:
         # Blocking at the OS level, sends bounded by SO_SNDTIMEO (a Python-level timeout would
         # also make the non-blocking reads wait); reads pass MSG_DONTWAIT, queued sends too.
         sock.setblocking(True)
-        whole = int(send_timeout)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
-                        struct.pack("ll", whole, int((send_timeout - whole) * 1e6)))
+        _send_timeout(sock, send_timeout)
         self._timeout = send_timeout
         self._sock: socket.socket | None = sock
         self._lock = threading.Lock()
@@ -141,14 +147,23 @@ class LocalConnection:
     @classmethod
     def connect(cls, path: str, name: str, send_timeout: float = 60.0, bounds: Bounds = DEFAULT_BOUNDS
                 ) -> LocalConnection:
-        """Connect to the listening socket at ``path``.
+        """Connect to the listening socket at ``path``, waiting at most ``send_timeout`` s (and
+        :data:`CONNECT_TIMEOUT`) for a listener whose backlog is full: a frozen server accepts no
+        connection, and an unbounded connect would hold the calling thread (a worker's network thread).
 
         Raises:
+            OperationTimeoutError: the listener took no connection in time (an ``OSError`` too).
             OSError: nobody listens there.
         """
         sock = _socket()
+        waited = min(send_timeout, CONNECT_TIMEOUT)
         try:
+            _send_timeout(sock, waited)  # a Unix socket's connect waits for a full backlog up to SO_SNDTIMEO
             sock.connect(path)
+        except BlockingIOError:  # EAGAIN: the time passed with the backlog still full
+            sock.close()
+            raise OperationTimeoutError(f"{name}: {path} took no connection in {waited:g} s "
+                                        "(its listener accepts none: a frozen server?)") from None
         except OSError:
             sock.close()
             raise

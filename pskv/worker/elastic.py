@@ -26,15 +26,17 @@ from typing import TYPE_CHECKING
 
 from pskv.cluster import NodeInfo
 from pskv.cluster.elastic import COMMIT_MEETING, COMMITTED_MEETING
-from pskv.errors import OperationTimeoutError
-from pskv.protocol import Command, node_role_rank
+from pskv.errors import OperationTimeoutError, ProtocolError
+from pskv.protocol import Command, Role, node_id, node_name, node_role_rank
 from pskv.protocol.bodies import Commit, KeysRequest, KeyTable, View
 from pskv.worker.layout import KeyLayout
 
 if TYPE_CHECKING:
     from pskv.worker.client import WorkerClient
 
-__all__ = ["COMMIT_MEETING", "COMMITTED_MEETING", "View", "WorkerView"]
+__all__ = ["COMMIT_MEETING", "COMMITTED_MEETING", "MAX_TABLE_PARTS", "View", "WorkerView"]
+
+MAX_TABLE_PARTS = 1 << 24  # parts of one server a joining worker reads (KEYS pages): a server paging on is refused
 
 
 class WorkerView:
@@ -149,5 +151,20 @@ class WorkerView:
                 table.update(((p.key, p.offset), (p.dtype, p.size)) for p in page.parts)
                 if not page.next:
                     break
-                start = page.next
+                start = _next_page(server, start, page)
         return table
+
+
+def _next_page(server: int, start: int, page: KeyTable) -> int:
+    """Where the KEYS page after ``page`` (asked from ``start``) of ``server`` starts: right after its parts.
+
+    Raises:
+        ProtocolError: ``next`` is not that (a server that would page forever or back), or the table
+            runs past :data:`MAX_TABLE_PARTS`.
+    """
+    follow = start + len(page.parts)
+    if page.next != follow or follow <= start or follow >= MAX_TABLE_PARTS:
+        raise ProtocolError(f"KEYS reply of {node_name(node_id(Role.SERVER, server))}: the page from part {start} "
+                            f"lists {len(page.parts)} part(s) but says the next starts at {page.next} (must be "
+                            f"{follow}, past {start}, and a server holds fewer than {MAX_TABLE_PARTS} parts)")
+    return follow

@@ -127,7 +127,7 @@ class KVWorker:
         self._rank = info.rank
         self._num_servers = info.num_servers
         shm = self._cluster.uses_shm and self._sync and not self._cluster.elastic  # elastic: joiners have no slots
-        self._shared = SharedParts(info.server_shm, shm, self._cluster.shm_rows_bytes)
+        self._shared = SharedParts(info.server_shm, shm, self._cluster.shm_rows_bytes, self._cluster.job_id)
         timeline = open_timeline(self._cluster.timeline, "worker", info.rank, self._cluster.restart_count, info.recovery)
         self.observe = observer(self.client.counters, timeline)
         self.rows.connected(self._shared, self.observe)
@@ -368,9 +368,10 @@ class KVWorker:
                 )
             compressed = self.compression.decoder(header, pending.node)
             for (rec, i), spec, buf in zip(items, header.arrays, pending.buffers):
-                frame = frame_array(spec, buf) if compressed is None else compressed.decompress(buf, spec.size)
-                if spec.offset != rec.parts[i][1] or frame.size != rec.parts[i][2]:
+                _, offset, length = rec.parts[i]  # checked first: a decompression allocates the spec's size
+                if spec.offset != offset or spec.shape != (length,) or spec.key != rec.skey:
                     raise ProtocolError(f"{node_name(pending.node)}'s reply for key {rec.key!r} does not match its layout")
+                frame = frame_array(spec, buf) if compressed is None else compressed.decompress(buf, length)
                 place(rec, i, frame, values, into)
         self.observe.waited(start, sent.messages)
         return values

@@ -44,6 +44,7 @@ from pskv.transport.frames import Sender
 from pskv.transport.shm import host_id
 from pskv.transport.stream import StreamConnection, tag_of
 from pskv.transport.unix import LocalConnection, local_path
+from pskv.worker.shared import shm_dir
 
 if TYPE_CHECKING:
     from pskv.worker.client import Channel, WorkerClient, WorkerRequest
@@ -158,7 +159,7 @@ class Lanes:
         shm = info.server_shm[server] if server < len(info.server_shm) else None
         if not self._client._cluster.uses_shm or not shm or shm.get("host") != host_id():
             return None
-        return local_path(shm["dir"])
+        return local_path(shm_dir(server, shm["dir"], self._client._cluster.job_id))  # checked: a server's path
 
     def _connect(self, server: int, address: str, path: str | None) -> Sender | LocalConnection:
         """The request channel to ``server`` (on the reactor thread): its local socket, else ZeroMQ.

@@ -22,6 +22,7 @@ fit in a free region goes through the socket.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,11 +33,12 @@ import numpy as np
 from pskv.arrays import numpy_dtype
 from pskv.cluster.requests import Pending
 from pskv.errors import OperationTimeoutError, ProtocolError
-from pskv.protocol import ArraySpec, Header, node_name
-from pskv.transport.shm import host_id, map_array, map_budget, maps_left, part_file, rows_buffer
+from pskv.protocol import ArraySpec, Header, Role, node_id, node_name
+from pskv.transport import shm as shm_files  # (SHM_ROOT read when used: tests move it)
+from pskv.transport.shm import host_id, job_prefix, map_array, map_budget, maps_left, part_file, rows_buffer
 from pskv.worker.layout import KeyLayout, Part, part_view
 
-__all__ = ["RowsBuffer", "SharedPart", "SharedParts", "read_rows", "write_slots", "write_rows"]
+__all__ = ["RowsBuffer", "SharedPart", "SharedParts", "read_rows", "shm_dir", "write_slots", "write_rows"]
 
 _ID_BYTES = 8  # one int64 row id
 
@@ -51,6 +53,27 @@ class SharedPart:
     values: tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]
 
 
+def shm_dir(server: int, directory: str, job_id: str | None = None) -> str:
+    """Server rank ``server``'s announced shared-memory ``directory``, checked before anything here opens a
+    file in it (read-write maps, the local socket): one a server of the job makes
+    (:class:`~pskv.transport.shm.ShmDirectory`), right under :data:`~pskv.transport.shm.SHM_ROOT`, named
+    ``pskv-<job>-server-...`` (``job_id`` None: any job's).
+
+    Raises:
+        ProtocolError: another path.
+    """
+    real = os.path.realpath(directory)
+    name = os.path.basename(real)
+    prefix = f"{job_prefix(job_id)}server-" if job_id is not None else "pskv-"
+    if os.path.dirname(real) != os.path.realpath(shm_files.SHM_ROOT) or not name.startswith(prefix) \
+            or "-server-" not in name:
+        expected = prefix if job_id is not None else "pskv-<job>-server-"
+        raise ProtocolError(f"{node_name(node_id(Role.SERVER, server))} announced shared memory at "
+                            f"{directory[:200]!r}: not a directory {expected}... right under {shm_files.SHM_ROOT}, "
+                            "as its server makes")
+    return directory
+
+
 class SharedParts:
     """The shared-memory directories of the servers on this host, and the maps made from them.
 
@@ -58,16 +81,21 @@ class SharedParts:
         server_shm: per server rank, what it announced (``{"host", "dir"}``) or None.
         enabled: shared memory is on (``PSKV_SHM``) and the store is synchronous.
         rows_bytes: bytes of each rows buffer (``PSKV_SHM_ROWS_BYTES``; 0: rows through sockets).
+        job_id: the job's id (``PSKV_JOB_ID``), which names the servers' directories (None: any job's).
+
+    Raises:
+        ProtocolError: a server on this host announced a directory it does not make (:func:`shm_dir`).
     """
 
-    def __init__(self, server_shm: Sequence[dict[str, Any] | None], enabled: bool, rows_bytes: int = 0) -> None:
+    def __init__(self, server_shm: Sequence[dict[str, Any] | None], enabled: bool, rows_bytes: int = 0,
+                 job_id: str | None = None) -> None:
         here = host_id()
         self._dirs: dict[int, str] = {}
         self._rows_bytes = rows_bytes
         self._over_budget = False  # said that the process's shared maps ran out
         self.rows: dict[int, RowsBuffer | None] = {}  # server rank -> this worker's rows buffer there (None: sockets)
         if enabled:
-            self._dirs = {s: shm["dir"] for s, shm in enumerate(server_shm)
+            self._dirs = {s: shm_dir(s, shm["dir"], job_id) for s, shm in enumerate(server_shm)
                           if shm is not None and shm.get("host") == here}
 
     def attach(self, layouts: Sequence[KeyLayout], node_id: int, rank: int) -> None:

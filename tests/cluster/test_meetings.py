@@ -146,3 +146,18 @@ def test_a_slot_the_view_removed_cannot_meet_in_it():
     meet(m, W1, "barrier", 1, epoch=2)
     [(_, kind, text)] = errors(sent)
     assert kind == "MembershipChangedError" and "worker 1 is not a member of view 2: slots 0 (W=1)" in text
+
+
+def test_rank_0_posting_a_new_name_each_time_keeps_only_the_recent_names():
+    from pskv.cluster import meetings as module
+
+    m, sent = meetings()
+    for n in range(module._KEPT_POSTS * 4):  # (was: one entry per name, never dropped)
+        body = Barrier(int(Role.WORKER), f"call{n}", 1, 300.0, mode="post", nth=1)
+        m.arrive(b"w0", Header(Command.BARRIER, n + 1, W0, body=body.encode()), W0, body)
+    assert errors(sent) == [] and len(sent) == module._KEPT_POSTS * 4
+    assert len(m._posted) == module._KEPT_POSTS and len(m._posts) == module._KEPT_POSTS
+    assert next(iter(m._posted)) == f"call{module._KEPT_POSTS * 3}"  # the least recent went first
+    body = Barrier(int(Role.WORKER), f"call{module._KEPT_POSTS * 4 - 1}", 1, 300.0, mode="read", nth=1)
+    m.arrive(b"w1", Header(Command.BARRIER, 1, W1, body=body.encode()), W1, body)
+    assert errors(sent) == [] and len(sent) == module._KEPT_POSTS * 4 + 1  # a recent one is still read

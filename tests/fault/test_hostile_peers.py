@@ -11,16 +11,24 @@ from __future__ import annotations
 import socket
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
 import zmq
 
 import pskv
-from pskv.protocol import ArraySpec, Command, Header, encode
+from pskv.arrays import ArrayMeta
+from pskv.config import ClusterConfig
+from pskv.errors import ProtocolError
+from pskv.kvstore.compressing import GradientCompression
+from pskv.metrics import NodeCounters
+from pskv.protocol import ArraySpec, Command, Flag, Header, decode, encode
 from pskv.protocol.bodies import Hello, node_token
 from pskv.testing import InProcessCluster, fuzz
 from pskv.transport.unix import local_path
+from pskv.worker.kv_worker import Exchange, KVWorker
+from pskv.worker.layout import KeyLayout
 
 KEYS = list(range(10_000, 10_008))
 BIG = 10_099  # a 1 MB key the hostile peer pulls again and again
@@ -137,7 +145,7 @@ def test_a_strangers_pushes_of_200000_arrays_never_stall_the_server_past_its_hea
         slowest: list[float] = []
 
         def attack() -> None:
-            sock = zmq.Context.instance().socket(zmq.DEALER)
+            sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
             sock.connect(c.servers[0].address)
             try:
                 for _ in range(5):
@@ -171,3 +179,33 @@ def test_a_strangers_pushes_of_200000_arrays_never_stall_the_server_past_its_hea
     assert "marked dead" not in caplog.text
     assert caplog.text.count("from a peer not trusted yet") == 5, caplog.text[-2000:]
     assert max(slowest) < 2.0, slowest
+
+
+def test_a_compressed_reply_whose_spec_is_not_the_parts_is_refused_before_it_is_decoded():
+    """A short REPLY (COMPRESSED, an 8-byte topk payload) whose spec says 2**32-1 float32 elements used to be
+    decompressed first — 16 GiB of zeros — and only then compared with the part asked for. The codec lets a
+    compressed frame be shorter than its shape; the worker checks the spec against the layout before decoding."""
+    settings = GradientCompression({"type": "topk", "k": 1})
+    worker = KVWorker(ClusterConfig(), client=types.SimpleNamespace(counters=NodeCounters(),
+                                                                     held=types.SimpleNamespace()))
+    worker.set_compression(settings)
+    rec = KeyLayout(7, 7, ArrayMeta("numpy", (100,), "float32", "cpu"), [(0, 0, 100)], [0], nbytes=400, itemsize=4)
+    decoded: list[int] = []
+    real = worker.compression.compressor.decompress
+    worker.compression.compressor.decompress = lambda buf, n: decoded.append(n) or real(buf, n)  # type: ignore
+    body = worker.compression.body
+    try:
+        for spec in (ArraySpec(7, "float32", (2**32 - 1,), 0, 1), ArraySpec(7, "float32", (100,), 5, 1),
+                     ArraySpec(8, "float32", (100,), 0, 1), ArraySpec(7, "float32", (1, 100), 0, 1)):
+            frames = encode(Header(Command.REPLY, 1, 0, (spec,), body=body, flags=Flag.COMPRESSED),
+                            [np.zeros(8, np.uint8)])
+            header, buffers = decode(frames)  # the codec passes it: a compressed frame may be shorter
+            pending = types.SimpleNamespace(node=8, buffers=buffers, done=lambda: True,
+                                            wait=lambda limit, h=header: h)
+            sent = Exchange()
+            sent.messages.append(([(rec, 0)], pending))  # type: ignore[arg-type]
+            with pytest.raises(ProtocolError, match="server 0's reply for key 7 does not match its layout"):
+                worker.values(sent, timeout=1)
+        assert decoded == []
+    finally:
+        worker.compression.close()

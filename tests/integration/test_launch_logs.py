@@ -13,6 +13,7 @@ import os
 import re
 import select
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -179,6 +180,48 @@ def test_console_keeps_lines_whole_between_processes_and_prefixes_each_update():
                               b"[worker 1] rank 1\n[worker 0] rank 0\n")
     assert a.last_lines()[-3:] == [b" 40%", b"done", b"rank 0"]
     assert err.getvalue() == "pskv launch: a note\n"
+
+
+@pytest.mark.parametrize("notes_to", ["the-same-pipe", "a-file"])  # `2>&1 | less`, `| less`
+def test_a_stalled_terminal_blocks_no_note_and_gets_its_output_back_with_the_count_of_lines_lost(tmp_path, notes_to):
+    read_end, write_end = os.pipe()  # the terminal: a `| less` that was paused (nobody reads)
+    got = bytearray()
+
+    def read_all() -> None:
+        while chunk := os.read(read_end, 65536):
+            got.extend(chunk)
+
+    reader = threading.Thread(target=read_all, daemon=True)
+    err_file = tmp_path / "err"
+    with (open(write_end, "wb") as out,
+          open(write_end, "w", closefd=False) if notes_to == "the-same-pipe" else open(err_file, "w") as err):
+        console = Console(out, err, log_dir=str(tmp_path / "logs"), tee=True)
+        worker = console.output(ProcessSpec("worker", 0, "h", ("x",)))
+        written = [b"%04d " % i + b"x" * 995 for i in range(2000)]
+        for line in written:  # 2 MB: more than the pipe and the console's queue hold
+            worker.write(line + b"\n")
+        started = time.monotonic()
+        console.note("worker 1 did not stop within 5 s; killing it")  # the supervisor's control path
+        assert time.monotonic() - started < 1
+        reader.start()  # the terminal reads again
+        console.flush()
+        worker.write(b"after the stall\n")
+        worker.close()
+        console.flush()
+    reader.join(5)
+    os.close(read_end)
+    shown = bytes(got).split(b"\n")
+    notes = [line.decode() for line in shown if line.startswith(b"pskv launch: ")]
+    if notes_to == "a-file":
+        notes = err_file.read_text().splitlines()
+    shown = [line for line in shown if not line.startswith(b"pskv launch: ")]
+    assert shown[-2:] == [b"[worker 0] after the stall", b""]
+    assert {line.removeprefix(b"[worker 0] ") for line in shown[:-2]} <= set(written)  # whole lines, prefixed
+    dropped = len(written) - len(shown[:-2])
+    assert dropped > 0
+    assert notes == [f"pskv launch: output stalled, {dropped} lines dropped",
+                     "pskv launch: worker 1 did not stop within 5 s; killing it"]
+    assert (tmp_path / "logs" / "worker-0.log").read_bytes() == b"\n".join([*written, b"after the stall", b""])
 
 
 def test_usage_errors_of_logs_and_levels_start_nothing(tmp_path, monkeypatch, capsys):

@@ -4,7 +4,8 @@ The snapshots and views are tested as units (test_commits.py, test_members.py); 
 go through ``ServerCore.handle`` as a worker sends them: a commit, pushes after it, then a view
 that voids them rolls the values back bit-exactly, a message of an older view is refused with
 MembershipChangedError (mapped to that class by the worker's RequestTracker), one of a newer view
-is held until that view comes, and KEYS lists the parts in pages. A job that is not elastic
+is held until that view comes, also when its header is too long to be read at once (an INIT
+naming thousands of str keys), and KEYS lists the parts in pages. A job that is not elastic
 refuses both. No sockets, no threads: milliseconds.
 """
 
@@ -21,11 +22,13 @@ from pskv.cluster.requests import Pending, RequestTracker
 from pskv.config import ClusterConfig
 from pskv.errors import MembershipChangedError
 from pskv.optimizer import SGD, Adam
+from pskv.partition import server_key
 from pskv.protocol import ArraySpec, Command, Header, Role, decode, encode
 from pskv.protocol.bodies import (
     Commit,
     ErrorReply,
     Hello,
+    InitBody,
     KeysRequest,
     KeyTable,
     OptimizerConfig,
@@ -33,6 +36,7 @@ from pskv.protocol.bodies import (
     View,
     node_token,
 )
+from pskv.protocol.codec import PEEK_BYTES
 from pskv.server.commits import CommitSnapshots, NoCommits
 from pskv.server.core import ServerCore
 from pskv.testing.cluster import InProcessCluster
@@ -197,6 +201,30 @@ def test_a_joiners_hello_of_the_next_view_is_held_and_answered_once_it_is_a_memb
     assert server.core.view.rank(joiner) == 2 and server.core.shard.num_workers == 3
 
 
+def _long_init(server: Server, names: list[str], epoch: int | None = None) -> int:
+    """An INIT of a str key per name, naming them in its body: a msgpack header past PEEK_BYTES (read in two
+    halves, its epoch with its specs)."""
+    specs = [ArraySpec(server_key(n), "float32", (1,)) for n in names]
+    body = InitBody.of(names).encode()
+    assert len(encode(Header(Command.INIT, 1, W0, tuple(specs), body=body, epoch=server.epoch))[0]) > PEEK_BYTES
+    return server.send(W0, Command.INIT, specs, [np.zeros(1, np.float32)] * len(specs), body, epoch)
+
+
+def test_a_long_header_of_the_current_view_is_served_and_one_of_another_view_is_refused_or_held():
+    server = Server()
+    server.start()
+    server.view(View(2, (0, 1), 0, "grow"))
+    names = [f"layer{i}.weight" for i in range(3_000)]  # an INIT of a model's str keys in one call
+    server.ok(_long_init(server, names))  # its epoch read with its specs (once peeked at, it seemed view 0)
+    assert server.core.key_names[server_key(names[-1])] == names[-1]
+    kind, message = _error(server, _long_init(server, [f"old{i}" for i in range(3_000)], epoch=1))
+    assert kind == "MembershipChangedError" and "a request of view 1 reached a server in view 2" in message
+    held = _long_init(server, [f"new{i}" for i in range(3_000)], epoch=3)
+    assert server.sent == [] and server.asked == [1]
+    server.view(View(3, (0, 1), 0, "grow"))
+    server.ok(held)
+
+
 def test_a_commit_with_an_open_round_is_refused():
     server = Server()
     server.start()
@@ -226,6 +254,9 @@ def test_a_job_that_is_not_elastic_has_no_snapshots_and_refuses_commits_and_epoc
     assert _error(server, server.send(W0, Command.COMMIT, body=Commit(1, 1).encode()))[0] == "NotSupportedError"
     kind, message = _error(server, server.send(W0, Command.PULL, [SPEC], epoch=3))
     assert kind == "InvalidArgumentError" and "not elastic" in message and server.asked == []
+    specs = [ArraySpec(k, "float32", (1, 1)) for k in range(PEEK_BYTES // 8)]  # 2-D: a msgpack header, long
+    kind, message = _error(server, server.send(W0, Command.PULL, specs, epoch=3))
+    assert kind == "InvalidArgumentError" and "not elastic" in message  # its epoch read, not taken for 0
 
 
 def test_trace_keeps_the_copy_on_write_observer():

@@ -280,6 +280,21 @@ def test_a_push_number_far_ahead_is_refused_without_counting():
     assert p.pushes[9].count == 0 and not p.pushes[9].ahead
 
 
+def test_unnumbered_pushes_after_one_far_ahead_are_refused_not_piled_up():
+    s, p = shard(sync=False)
+    s.updater = lambda key, grad, weight: np.add(weight, grad, out=weight)
+    assert not s.landed(p, 9, 1024)  # the farthest a number may be
+    s.push(p, 9, f(1), 1024)
+    with pytest.raises(pskv.InvalidArgumentError,
+                       match="^push of key 7 by worker 9: push number 1025 is more than 1024 past the 0 push"):
+        s.push(p, 9, f(1))  # its next: 1025, one past the bound (was: counted, and so on without end)
+    assert p.pushes[9].ahead == {1024} and p.value.tolist() == [1] * 4  # nothing counted or applied
+    for n in range(1, 1024):  # the gap filled: count and the running maximum agree again
+        s.push(p, 9, f(0), n)
+    assert p.pushes[9].count == 1024 and not p.pushes[9].ahead and p.pushes[9].next_number() == 1025
+    assert s.push(p, 9, f(1)) == 1025
+
+
 def test_with_an_updater_every_pull_of_a_round_shares_one_snapshot_and_a_broadcast_renews_it():
     s, p = shard()
     s.updater = lambda key, merged, stored: np.add(stored, merged, out=stored)

@@ -1,19 +1,26 @@
 """Local (Unix-domain packet) connections: framing, big messages, timeouts, closed peers, a service's
-queued sends, validation of every packet."""
+queued sends, validation of every packet, a bounded connect to a frozen listener (and a worker's fallback)."""
 
 from __future__ import annotations
 
+import logging
 import socket
 import struct
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import zmq
 
-from pskv.errors import ProtocolError
+import pskv.transport.unix as unix
+from pskv.errors import OperationTimeoutError, ProtocolError
 from pskv.transport.bounds import Bounds
-from pskv.transport.unix import LocalConnection
+from pskv.transport.frames import Sender
+from pskv.transport.reactor import Reactor
+from pskv.transport.unix import LocalConnection, local_path
+from pskv.worker.lanes import Lanes
 
 
 def pair(timeout: float = 5.0) -> tuple[LocalConnection, LocalConnection]:
@@ -131,3 +138,53 @@ def test_flushing_to_a_peer_that_is_gone_raises_connection_error_and_closes():
     assert not service.pending
     with pytest.raises(ConnectionError, match="closed"):
         service.send([b"late"])
+
+
+@pytest.fixture
+def frozen(tmp_path):
+    """The path of a listener that accepts nothing, its backlog full (a frozen server's local socket)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    path = local_path(str(tmp_path))
+    listener.bind(path)
+    listener.listen(0)
+    waiting: list[socket.socket] = []
+    try:
+        while True:  # the kernel takes a connection or two past listen(0)'s backlog: fill it
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            waiting.append(sock)
+            sock.setblocking(False)
+            sock.connect(path)
+    except BlockingIOError:
+        pass
+    yield path
+    for sock in (listener, *waiting):
+        sock.close()
+
+
+def test_a_connect_to_a_listener_that_accepts_nothing_times_out(frozen, monkeypatch):
+    start = time.monotonic()
+    with pytest.raises(OperationTimeoutError, match="took no connection in 0.2 s") as raised:
+        LocalConnection.connect(frozen, "worker", send_timeout=0.2)
+    assert isinstance(raised.value, OSError) and time.monotonic() - start < 1.0
+    monkeypatch.setattr(unix, "CONNECT_TIMEOUT", 0.1)  # a long send timeout (a request's): the connect's bound
+    start = time.monotonic()
+    with pytest.raises(OperationTimeoutError, match="in 0.1 s"):
+        LocalConnection.connect(frozen, "worker", send_timeout=300.0)
+    assert time.monotonic() - start < 1.0
+
+
+def test_a_worker_whose_local_server_is_frozen_uses_zeromq(frozen, monkeypatch, caplog):
+    monkeypatch.setattr(unix, "CONNECT_TIMEOUT", 0.1)
+    context = zmq.Context()
+    reactor = Reactor(context, "worker")
+    client = SimpleNamespace(_reactor=reactor, _on_reply=lambda frames: None, _servers=[], _tx="w0",
+                             _cluster=SimpleNamespace(request_timeout=300.0),
+                             replacement=SimpleNamespace(watch=lambda *args: None))
+    try:
+        with caplog.at_level(logging.INFO, "pskv.worker"):
+            lane = Lanes(client)._connect(0, "tcp://127.0.0.1:9", frozen)  # type: ignore[arg-type]
+        assert isinstance(lane, Sender) and client._servers[0] is not None
+        assert "local socket" in caplog.text and "took no connection in 0.1 s" in caplog.text
+    finally:
+        reactor.stop()
+        context.destroy(linger=0)

@@ -58,6 +58,17 @@ def test_each_body_round_trips(command, body):
      "must be a list of strings"),
     (b.Liveness, Command.REPLY, '{"dead": ["x"]}', "dead must be node ids"),
     (b.Liveness, Command.REPLY, '{"dead": [], "left": [1.5]}', "left too"),
+    (b.Liveness, Command.REPLY, '{"ages": {"\u00b2": 1.0}}', "ages {node id: seconds}"),  # a Unicode digit
+    (b.Liveness, Command.REPLY, '{"ages": {"' + "9" * 5000 + '": 1.0}}', "ages {node id: seconds}"),  # int() refuses
+    (b.NodeTable, Command.REPLY, '{"node_id": 8, "rank": 0, "servers": ["tcp://a:1"], "server_shm": [null], '
+     '"num_servers": 2, "num_workers": 1}', "num_servers 2 must be >= 1 and the servers listed"),
+    (b.NodeTable, Command.REPLY, '{"node_id": 8, "rank": 0, "servers": [], "server_shm": [], "num_servers": 0, '
+     '"num_workers": 1}', "num_servers 0 must be >= 1"),
+    (b.NodeTable, Command.REPLY, '{"node_id": 8, "rank": 0, "servers": ["tcp://a:1"], "server_shm": [null], '
+     '"num_servers": 1, "num_workers": -3}', "num_workers -3 >= 1"),
+    (b.NodeTable, Command.REPLY, '{"node_id": 9, "rank": 0, "servers": ["tcp://a:1"], "server_shm": [null], '
+     '"num_servers": 1, "num_workers": 1, "view": {"epoch": 2, "members": [0, 3], "commit": 0, "cause": "start"}}',
+     "in an elastic job: the view's members"),
     (b.Barrier, Command.BARRIER, '{"group": 9}', "not a node group"),
     (b.Barrier, Command.BARRIER, '{"group": true}', "must be int"),
     (b.Barrier, Command.BARRIER, '{"group": 4, "name": "' + "x" * 65 + '"}', "longer than 64"),

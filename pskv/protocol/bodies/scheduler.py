@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 from typing import Any, NamedTuple
 
 from pskv.errors import ProtocolError
@@ -164,11 +165,19 @@ class NodeTable(NamedTuple):
         shm = field(header, body, "server_shm", list)
         if len(shm) != len(servers):
             raise ProtocolError("REGISTER reply: server_shm and servers differ in length")
-        return cls(field(header, body, "node_id", int), field(header, body, "rank", int), servers,
-                   tuple(ShmInfo.parse_value(header, s) for s in shm), field(header, body, "num_servers", int),
-                   field(header, body, "num_workers", int), field(header, body, "recovery", bool, False),
-                   hex_digest(header, body, "secret"), hex_digest(header, body, "token"),
-                   View.parse_value(header, body.get("view")))
+        table = cls(field(header, body, "node_id", int), field(header, body, "rank", int), servers,
+                    tuple(ShmInfo.parse_value(header, s) for s in shm), field(header, body, "num_servers", int),
+                    field(header, body, "num_workers", int), field(header, body, "recovery", bool, False),
+                    hex_digest(header, body, "secret"), hex_digest(header, body, "token"),
+                    View.parse_value(header, body.get("view")))
+        # the scheduler lists every server; a view's members are the workers (an elastic view may be empty)
+        view, num_workers = table.view, table.num_workers
+        workers_ok = num_workers == len(view.members) if view is not None else num_workers >= 1
+        if table.num_servers < 1 or table.num_servers != len(servers) or not workers_ok:
+            raise ProtocolError(f"REGISTER reply: num_servers {table.num_servers} must be >= 1 and the servers "
+                                f"listed ({len(servers)}), num_workers {num_workers} >= 1 (in an elastic job: the "
+                                "view's members)")
+        return table
 
 
 def node_token(secret: str, node: int) -> str:
@@ -176,6 +185,9 @@ def node_token(secret: str, node: int) -> str:
     HMAC-SHA256 of the node id, hex. The scheduler hands it to the worker; a server
     recomputes it (compare with :func:`hmac.compare_digest`)."""
     return hmac.new(bytes.fromhex(secret), b"pskv-node-%d" % node, hashlib.sha256).hexdigest()
+
+
+_NODE_KEY = re.compile(r"-?[0-9]{1,20}")  # a node id as a JSON object key (ASCII digits, int() takes it)
 
 
 class Liveness(NamedTuple):
@@ -209,7 +221,7 @@ class Liveness(NamedTuple):
         ages = field(header, body, "ages", dict, {})
         left = field(header, body, "left", list, [])
         if any(type(n) is not int for n in dead + left) or any(
-                not k.lstrip("-").isdigit() or type(v) not in (int, float) for k, v in ages.items()):
+                not _NODE_KEY.fullmatch(k) or type(v) not in (int, float) for k, v in ages.items()):
             raise ProtocolError("HEARTBEAT reply: dead must be node ids (and left too), ages {node id: seconds}")
         version = field(header, body, "servers_version", int, 0)
         servers = string_list(header, body, "servers") if version else ()
