@@ -37,7 +37,7 @@ RESULTS = ROOT / "bench" / "results"
 SOURCES = {
     "local": "local.json",  # bench_local.py: the local store vs MXNet 1.9.1
     "dist": "dist.json",  # bench_dist.py: W=2 on loopback vs MXNet dist_sync and Gloo
-    "dist4kb": "dist_4kb_20261129_session10_a.json",  # bench_dist.py --only 4kb: the 4 KB rows (newer than dist's)
+    "dist4kb": "dist_4kb_20261129_session10_b.json",  # bench_dist.py --only 4kb: the 4 KB rows (newer than dist's)
     "train": "train.json",  # bench_train.py: W=2 training vs PyTorch DDP (Gloo)
     "hosts2": "hosts_a_1gbit_20261129_paced.json",  # bench_hosts.py (a): 2 simulated hosts, 1 Gbit/s links
     "hosts8": "hosts_b_20261129_paced.json",  # bench_hosts.py --setup b: 4 worker + 4 server hosts, 300 Mbit/s
