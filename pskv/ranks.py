@@ -70,7 +70,9 @@ def rank_of(env: Mapping[str, str]) -> RankEnv | None:
     torchrun's ``RANK`` / ``WORLD_SIZE`` (PyTorchJob too), Open MPI's
     ``OMPI_COMM_WORLD_*``, PMI's ``PMI_RANK`` / ``PMI_SIZE`` (MPICH, Intel MPI) and
     SLURM's ``SLURM_PROCID`` / ``SLURM_NTASKS``; the first source with its rank variable
-    set wins (:data:`RANK_ENV_VARS` lists every variable read). ``MASTER_ADDR`` /
+    set wins (:data:`RANK_ENV_VARS` lists every variable read), except that PMI's rank and
+    size equal to SLURM's, without ``MPI_LOCALRANKID``, are srun's (``--mpi=pmi2``) and
+    SLURM's variables are read. ``MASTER_ADDR`` /
     ``MASTER_PORT``, when set, are the master of every source.
 
     Raises:
@@ -96,7 +98,7 @@ def rank_of(env: Mapping[str, str]) -> RankEnv | None:
         rank, size = _pair(env, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")
         local, local_size = _local(env, "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", size)
         return RankEnv("mpi", rank, size, local, local_size, addr, port)
-    if given(env, "PMI_RANK") or given(env, "PMI_SIZE"):
+    if (given(env, "PMI_RANK") or given(env, "PMI_SIZE")) and not _set_by_srun(env):
         rank, size = _pair(env, "PMI_RANK", "PMI_SIZE")
         local, local_size = _local(env, "MPI_LOCALRANKID", "MPI_LOCALNRANKS", size)
         return RankEnv("pmi", rank, size, local, local_size, addr, port)
@@ -190,11 +192,19 @@ def _checked_local(env: Mapping[str, str], rank_var: str, local: int, size_var: 
     return local, local_size
 
 
+def _set_by_srun(env: Mapping[str, str]) -> bool:
+    """PMI_RANK / PMI_SIZE are srun's own task rank and count (its PMI-2 plugin sets them: ``srun --mpi=pmi2``,
+    ``MpiDefault=pmi2``), with none of Hydra's local variables: SLURM's then say more (the local rank, the master)."""
+    return (not given(env, "MPI_LOCALRANKID") and not given(env, "MPI_LOCALNRANKS") and given(env, "SLURM_PROCID")
+            and env.get("PMI_RANK", "").strip() == env["SLURM_PROCID"].strip()
+            and env.get("PMI_SIZE", "").strip() == env.get("SLURM_NTASKS", "").strip())
+
+
 def _slurm_port(env: Mapping[str, str]) -> int:
     """15000 + the job id's last 4 digits, moved by 7919 per step (``SLURM_STEP_ID``): two steps of one
     allocation, each a job of its own, meet at ports of their own."""
     step = env.get("SLURM_STEP_ID", "").strip()
-    offset = 7919 * int(step) if step.isdigit() else 0  # a batch or interactive step has no number
+    offset = 7919 * int(step) if _DIGITS.fullmatch(step) else 0  # a batch or interactive step has no number
     return 15000 + (env_int(env, "SLURM_JOB_ID") + offset) % 10000
 
 
@@ -245,6 +255,8 @@ def _master(env: Mapping[str, str]) -> tuple[str | None, int | None]:
 
 
 _HOST_PART = re.compile(r"([^\[\],]*)(?:\[([^\[\]]*)\])?")
+# a number: ASCII only (str.isdigit() takes '²', which int() refuses) and short (int() refuses 4300 digits)
+_DIGITS = re.compile(r"[0-9]{1,18}")
 
 
 def expand_hostlist(text: str, var: str = "SLURM_JOB_NODELIST") -> list[str]:
@@ -291,9 +303,9 @@ def expand_hostlist(text: str, var: str = "SLURM_JOB_NODELIST") -> list[str]:
             parts = [prefix]
             if ranges is not None:
                 parts = [prefix + n for n in _expand_ranges(ranges, bad)]
-            combos = [c + p for c in combos for p in parts]
-            if len(hosts) + len(combos) > MAX_HOSTLIST:
+            if len(hosts) + len(combos) * len(parts) > MAX_HOSTLIST:  # counted before the product is built
                 raise bad(f"more than {MAX_HOSTLIST} hosts")
+            combos = [c + p for c in combos for p in parts]
             pos = m.end()
         hosts.extend(combos)
     return hosts
@@ -304,7 +316,7 @@ def _expand_ranges(ranges: str, bad: Any) -> list[str]:
     for item in ranges.split(","):
         item = item.strip()
         low, sep, high = item.partition("-")
-        if not low.isdigit() or (sep and not high.isdigit()):
+        if not _DIGITS.fullmatch(low) or (sep and not _DIGITS.fullmatch(high)):
             raise bad(f"{item!r} is not a number or a range of numbers")
         if not sep:
             out.append(low)
@@ -318,7 +330,7 @@ def _expand_ranges(ranges: str, bad: Any) -> list[str]:
     return out
 
 
-_TASKS = re.compile(r"\s*(\d+)(?:\(x(\d+)\))?\s*\Z")
+_TASKS = re.compile(r"\s*([0-9]{1,18})(?:\(x([0-9]{1,18})\))?\s*\Z")  # as _DIGITS
 
 
 def expand_tasks_per_node(text: str, var: str = "SLURM_TASKS_PER_NODE") -> list[int]:

@@ -217,10 +217,10 @@ def _env_problems(config: LaunchConfig) -> Iterator[str]:
 
 
 def _grace_problems(config: LaunchConfig) -> Iterator[str]:
-    """``--stop-grace`` and ``--exit-grace`` not negative."""
+    """``--stop-grace`` and ``--exit-grace`` not negative, and finite (``inf`` or ``nan`` would never end a stop)."""
     for name in ("stop_grace", "exit_grace"):
-        if getattr(config, name) < 0:
-            yield f"--{name.replace('_', '-')} must be >= 0 seconds, got {getattr(config, name):g}"
+        if not 0 <= getattr(config, name) < float("inf"):
+            yield f"--{name.replace('_', '-')} must be >= 0 seconds (finite), got {getattr(config, name):g}"
 
 
 def _key_problems(config: LaunchConfig) -> Iterator[str]:

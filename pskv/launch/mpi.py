@@ -18,7 +18,7 @@ Each ``mpirun`` runs with two variables of its own (:func:`mpirun_env`):
 * ``SLURM_OVERLAP=1``: inside a SLURM allocation, Open MPI (and MPICH's hydra) start their
   daemons with ``srun``; without ``--overlap`` each waits for CPUs the other steps hold,
   and a job of more processes than CPUs hangs until ``--timeout``, silently;
-* ``OMPI_MCA_odls_base_sigkill_timeout`` = half of ``--stop-grace``: Open MPI answers
+* ``OMPI_MCA_odls_base_sigkill_timeout`` = half of ``--stop-grace`` (whole seconds, at least 1): Open MPI answers
   SIGTERM by SIGTERM to its process that timeout later and SIGKILL another timeout on
   (1 s each by default: too soon for a worker's handler).
 
@@ -31,6 +31,7 @@ The roles' commands start with SIGUSR1 ignored, as under srun (:mod:`pskv.launch
 
 from __future__ import annotations
 
+import math
 import shlex
 from collections.abc import Sequence
 
@@ -42,6 +43,7 @@ from pskv.launch.ssh import Host, read_hostfile
 __all__ = ["mpirun_argv", "mpirun_env", "run_mpi"]
 
 _MPIRUN_TERM = ("pkill", "-TERM", "-P", "{pid}")  # the guard's child, mpirun, alone (see the module doc)
+_MCA_INT_MAX = 2**31 - 1  # an MCA integer parameter is a C int
 
 
 def mpirun_argv(host: Host, argv: Sequence[str], mpirun_command: str = "") -> list[str]:
@@ -51,8 +53,9 @@ def mpirun_argv(host: Host, argv: Sequence[str], mpirun_command: str = "") -> li
 
 def mpirun_env(stop_grace: float) -> list[str]:
     """``env NAME=VALUE...`` before ``mpirun``: its daemons' steps ``--overlap``; SIGTERM, then SIGKILL, to its
-    process within ``stop_grace`` seconds."""
-    return ["env", "SLURM_OVERLAP=1", f"OMPI_MCA_odls_base_sigkill_timeout={max(1, int(stop_grace // 2))}"]
+    process within ``stop_grace`` seconds (``inf``: as late as Open MPI can count, as the supervisor never kills)."""
+    half = stop_grace / 2 if stop_grace < math.inf else math.inf  # nan too: the supervisor's deadline never comes
+    return ["env", "SLURM_OVERLAP=1", f"OMPI_MCA_odls_base_sigkill_timeout={max(1, int(min(half, _MCA_INT_MAX)))}"]
 
 
 def run_mpi(config: LaunchConfig, console: Console) -> int:

@@ -15,7 +15,7 @@ on a store key:
 
 The sums of gradients then cover only the workers that still had data, divided by the
 usual global batch (batch size x workers), as with MXNet's fixed ``rescale_grad``.
-Cost: one 8-byte ``pushpull`` per step, sent without waiting.
+Cost: one 16-byte ``pushpull`` (two float64) per step, sent without waiting.
 """
 
 from __future__ import annotations

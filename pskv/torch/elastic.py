@@ -21,7 +21,8 @@ here), adopt the new view (``kv.restore()``), put their state back to the last c
 (``state.restore()``) and redo from there. Workers that join are admitted at a commit:
 ``state.commit()`` raises :class:`WorkersAvailableException` on every member, and every member and
 joiner syncs. A commit that only lost members (drained) raises :class:`HostsUpdatedInterrupt` with
-``skip_sync=True``. After each, :func:`run` resets (``hvd.size()``, ``hvd.rank()``, every
+``skip_sync=True``; one that a departure right after its release follows (some members hear of it from the
+commit, the others from a refused call) with ``skip_sync=False``, as the others sync after their restore. After each, :func:`run` resets (``hvd.size()``, ``hvd.rank()``, every
 DistributedOptimizer's pending step, the samplers' shares) and calls the reset callbacks (where a
 script scales its learning rate by ``hvd.size()``).
 
@@ -155,13 +156,25 @@ def broadcast_state_object(obj: Any, name: str) -> Any:
     :func:`~pskv.torch.functions.broadcast_object` keys its buffer by the object's size, so an object
     that grew would make a new key at a sync that a joiner (who registers only keys the members made)
     cannot make with them.
+
+    Raises:
+        InvalidArgumentError: (on every rank) rank 0's ``obj`` cannot be pickled, or is over :data:`MAX_BYTES`.
     """
     is_root = runtime.rank() == 0
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL) if is_root else b""
-    length = torch.tensor([len(data)], dtype=torch.int64)
+    data: bytes | None = b""
+    why = "see rank 0's error"
+    if is_root:
+        try:
+            data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # noqa: BLE001 - told to every rank (a length of -1), or they would wait for it
+            data, why = None, f"{type(exc).__name__}: {exc}"
+    length = torch.tensor([-1 if data is None else len(data)], dtype=torch.int64)
     ops.broadcast_(length, 0, name=f"elastic.{name}.length")
     n, piece = int(length[0]), _PIECE_WORDS * 4
-    if not 0 <= n <= MAX_BYTES:  # bounded before anything is received (every rank raises alike)
+    if n < 0:  # every rank raises alike
+        raise InvalidArgumentError(f"hvd.elastic state object {name!r}: rank 0's cannot be pickled ({why}); a sync "
+                                   "sends a state's objects pickled: keep only picklable objects in it")
+    if data is None or n > MAX_BYTES:  # bounded before anything is received (every rank raises alike)
         raise InvalidArgumentError(f"hvd.elastic state object {name!r}: rank 0's is {n} bytes pickled, over the "
                                    f"{MAX_BYTES}-byte limit of an object sync")
     received = bytearray()
@@ -202,7 +215,8 @@ class State:
         Raises:
             MembershipChangedError: a member departed (:func:`run` restores and redoes).
             WorkersAvailableException: workers joined at this commit (every member syncs).
-            HostsUpdatedInterrupt: (``skip_sync=True``) members were drained at this commit.
+            HostsUpdatedInterrupt: (``skip_sync=True``) members were drained at this commit; (``skip_sync=False``)
+                a member departed right after it (the others get MembershipChangedError; every rank syncs).
             pskv.WorkerDrained: (a ``SystemExit`` with code 0) this worker was drained: it left the job.
             NotSupportedError: the job is not elastic.
         """
@@ -228,7 +242,9 @@ class State:
             return
         if set(view.members) - set(before.members):
             raise WorkersAvailableException()
-        raise HostsUpdatedInterrupt(skip_sync=True)
+        # a departure right after the release (a voiding view) reaches the other members as MembershipChangedError,
+        # and they sync after their restore: so must this one
+        raise HostsUpdatedInterrupt(skip_sync=not view.voids)
 
     def save(self) -> None:
         """Copy the state into the pending copy (promoted by the next successful commit)."""
@@ -259,7 +275,7 @@ class ObjectState(State):
         super().__init__()
 
     def save(self) -> None:
-        self._pending_state = {attr: copy.deepcopy(getattr(self, attr)) for attr in self._saved_state}
+        self._pending_state = {attr: _copied(attr, getattr(self, attr)) for attr in self._saved_state}
 
     def _promote(self) -> None:
         self._saved_state = self._pending_state
@@ -274,7 +290,21 @@ class ObjectState(State):
 
     def _set_attrs(self) -> None:
         for attr, value in self._saved_state.items():
-            setattr(self, attr, copy.deepcopy(value))
+            setattr(self, attr, _copied(attr, value))
+
+
+def _copied(attr: str, value: Any) -> Any:
+    """A deep copy of state attribute ``attr`` (what a commit saves and a restore puts back).
+
+    Raises:
+        InvalidArgumentError: ``value`` cannot be copied (a lock, a file, a generator: named with its attribute).
+    """
+    try:
+        return copy.deepcopy(value)
+    except (TypeError, copy.Error, pickle.PicklingError) as exc:
+        raise InvalidArgumentError(f"hvd.elastic state attribute {attr!r}: a {type(value).__name__} cannot be "
+                                   f"copied ({exc}); a state keeps a copy of each attribute at every commit: keep "
+                                   "only copyable, picklable objects in it") from exc
 
 
 class _Handler:

@@ -13,11 +13,13 @@ The rule is :func:`pskv.parallel.elastic_data.partition` (the one ``fit(elastic=
 with samples from the start of the rest, so a sample can be seen twice in an epoch; here every
 share has ``len(rest) // size`` samples and the last ``len(rest) % size`` of the epoch's order are
 skipped at each re-partition (fewer than ``size`` samples). Equal shares keep the workers' step
-counts, and so their synchronous rounds, in step.
+counts, and so their synchronous rounds, in step; a dataset smaller than the workers gives every share
+nothing (rank 0 logs a warning at each re-partition).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -29,6 +31,8 @@ from pskv.torch import runtime
 
 __all__ = ["ElasticSampler"]
 
+log = logging.getLogger("pskv.torch")
+
 
 class ElasticSampler(torch.utils.data.Sampler[int]):
     """Samples of ``dataset`` for this rank: its share of the epoch's order after ``processed_num`` samples.
@@ -38,6 +42,9 @@ class ElasticSampler(torch.utils.data.Sampler[int]):
         shuffle: a new order each epoch, drawn from ``seed + epoch`` (the same on every rank); False: ``0..n-1``.
         seed: the shuffle's seed; every rank must pass the same.
 
+    Raises:
+        InvalidArgumentError: ``dataset`` has no ``len()``.
+
     Attributes:
         epoch, processed_num: what :meth:`state_dict` saves; ``processed_num`` samples of the epoch's order
             are done, by every rank together.
@@ -46,6 +53,9 @@ class ElasticSampler(torch.utils.data.Sampler[int]):
     """
 
     def __init__(self, dataset: Any, shuffle: bool = True, seed: int = 0) -> None:
+        if not hasattr(dataset, "__len__"):
+            raise InvalidArgumentError(f"ElasticSampler: the dataset (a {type(dataset).__name__}) has no len(): "
+                                       "a sampler shares out sample indices, so it needs a map-style dataset")
         self.dataset = dataset
         self.shuffle = shuffle
         self.seed = seed
@@ -97,6 +107,10 @@ class ElasticSampler(torch.utils.data.Sampler[int]):
         self.num_replicas = runtime.size()
         self.rank = runtime.rank()
         done = min(self.processed_num, len(self.dataset))
+        if 0 < len(self.dataset) < self.num_replicas and self.rank == 0:
+            log.warning("ElasticSampler: a dataset of %d samples over %d workers gives every worker an empty share "
+                        "(shares are equal and never padded): this epoch trains on nothing", len(self.dataset),
+                        self.num_replicas)
         self.indices = partition(len(self.dataset), self.seed, self.epoch, done, self.rank, self.num_replicas,
                                  self.shuffle).tolist()
 

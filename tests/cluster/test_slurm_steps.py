@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from pskv.config import rank_env
+from pskv.config import RankEnv, rank_env
 from pskv.launch import LaunchConfig
 from pskv.launch.console import Console
 from pskv.launch.contract import ProcessSpec
@@ -30,6 +30,23 @@ def test_a_steps_own_tasks_per_node_win_over_the_allocations_inherited_count():
     assert (rank_env(step).local_rank, rank_env(step).local_world_size) == (0, 1)
     with pytest.raises(ValueError, match="SLURM_STEP_TASKS_PER_NODE='x'"):
         rank_env({**step, "SLURM_STEP_TASKS_PER_NODE": "x"})
+
+
+def test_srun_with_pmi2_gives_slurms_local_rank_and_master_not_pmis_nothing():
+    """srun --mpi=pmi2 sets PMI_RANK / PMI_SIZE too, without Hydra's MPI_LOCALRANKID: they were taken for
+    an MPICH job's (local rank 0 of 1 on every node, no master: the horovod store could not meet)."""
+    step = {**STEP, "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_ID": "0",
+            "SLURM_NTASKS": "4", "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "PMI_RANK": "3", "PMI_SIZE": "4",
+            "PMI_FD": "7", "PMI_JOBID": "4242.0"}
+    assert rank_env(step) == RankEnv("slurm", 3, 4, 1, 2, "n1", 19242)
+    hydra = {**step, "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "1"}  # mpirun (Hydra) in an allocation: its own
+    assert rank_env(hydra) == RankEnv("pmi", 3, 4, 0, 1)
+    assert rank_env({**step, "PMI_RANK": "0"}).source == "pmi"  # PMI's rank is not srun's: PMI's wins, as before
+
+
+def test_a_step_id_that_is_no_number_moves_no_port():
+    for step_id in ("\u00b2", "9" * 5000):  # '²'.isdigit(), int() of 4300 digits: were ValueErrors
+        assert rank_env({**STEP, "SLURM_STEP_ID": step_id}).master_port == 19242
 
 
 def test_each_step_meets_at_its_own_first_node_and_port():
@@ -59,6 +76,11 @@ def test_each_step_is_named_and_stopped_by_scancel_and_the_roles_ignore_sigusr1_
 
 
 @pytest.mark.timeout(30)
+def test_mpiruns_kill_timeout_is_half_the_stop_grace_in_whole_seconds_and_never_a_traceback():
+    timeouts = [mpirun_env(grace)[2] for grace in (5, 0, 3.9, float("inf"), float("nan"), 1e300)]
+    assert timeouts == [f"OMPI_MCA_odls_base_sigkill_timeout={n}" for n in (2, 1, 1, *[2**31 - 1] * 3)]
+
+
 def test_a_stop_command_replaces_sigterm_and_sigterm_then_sigkill_are_the_hard_stop(tmp_path):
     asked = tmp_path / "asked"
     ignores_term = ("import signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"

@@ -47,29 +47,39 @@ def replay(record: list[tuple[int, tuple[int, ...]]]) -> np.ndarray:
     return w
 
 
-def train(kv, steps: int, leave: tuple[int, int, str] | None = None, before_step=None):
+def train(kv, steps: int, leave: tuple[int, int, str] | None = None, before_step=None, before_sync=None):
     """Push and pull ``w`` once per step and commit after each; on MembershipChangedError restore and redo.
 
-    A worker that joined the running job first learns the step from rank 0 (a broadcast), as the members
-    do after a commit that admitted it. ``leave``: (slot, step, "before" | "after" its push, or "killed"):
-    that worker closes its store there (or goes silent). ``before_step(kv, step)``: called before each step. Returns the final value,
-    the record ``[(step, members of its view)]`` of the committed steps, the rank and the size; or None
-    for the worker that left.
+    After a commit that made a new view and after every restore, every worker learns the step from rank 0
+    (a broadcast), as docs/elastic.md's example does: a worker that joined the running job learns it there,
+    also when a departure voids its first broadcast. ``leave``: (slot, step, "before" | "after" its push, or
+    "killed"): that worker closes its store there (or goes silent); (slot, -1, "sync"): it closes its
+    store instead of its first broadcast. ``before_step(kv, step)``: called before each step,
+    ``before_sync(kv)`` before each broadcast of the step. Returns the
+    final value, the record ``[(step, members of its view)]`` of the committed steps, the rank and the
+    size; or None for the worker that left.
     """
     slot = kv.view.members[kv.rank]
     kv.init("w", np.zeros(N, np.float32))
     kv.init("step", np.zeros(1, np.float32))
     kv.set_optimizer(SGD(learning_rate=LR))  # a joiner keeps the servers' (and their state)
     out, at = np.zeros(N, np.float32), np.zeros(1, np.float32)
-    if kv.view.cause == "start":
+    sync = kv.view.cause != "start"  # a joiner first learns the step
+    if not sync:
         kv.commit()  # the optimizer is part of the state a departure rolls back to
-        done = 0
-    else:
-        kv.broadcast("step", at, out=at)
-        done = int(at[0])
-    record = []
-    while done < steps:
+    done, record = 0, []
+    while True:
         try:
+            if sync:
+                if before_sync is not None:
+                    before_sync(kv)
+                if leave is not None and (slot, "sync") == (leave[0], leave[2]):
+                    kv.close()
+                    return None
+                kv.broadcast("step", np.full(1, done, np.float32), out=at)
+                done, sync = int(at[0]), False
+            if done == steps:
+                break
             if before_step is not None:
                 before_step(kv, done)
             if leave is not None and (slot, done) == leave[:2]:
@@ -84,13 +94,12 @@ def train(kv, steps: int, leave: tuple[int, int, str] | None = None, before_step
             members = kv.view.members
             kv.push("w", gradient(slot, done))
             kv.pull("w", out=out)
-            view = kv.commit()
+            sync = kv.commit() is not None  # workers admitted (or drained): the step again
             done += 1
             record.append((done, members))
-            if view is not None:  # workers admitted: they learn the step from rank 0
-                kv.broadcast("step", np.full(1, done, np.float32), out=at)
         except MembershipChangedError:
             kv.restore()
+            sync = True  # a joiner's first broadcast may be the one voided
     kv.pull("w", out=out)
     kv.barrier()  # everyone read the final value before anyone leaves (a departure makes a view)
     return out, record, kv.rank, kv.num_workers
@@ -113,15 +122,23 @@ def test_a_worker_that_leaves_at_a_step_voids_the_work_since_the_commit_and_the_
     np.testing.assert_array_equal(w0, replay(record0))  # slot 2's push of step 4 ("after") counted nowhere
 
 
-def test_a_worker_joins_at_a_commit_and_takes_part_from_the_next_step():
+@pytest.mark.parametrize("leaver", [None, 2])
+def test_a_worker_joins_at_a_commit_and_takes_part_from_the_next_step(leaver):
+    # leaver 2: a member departs instead of its broadcast of the step after the commit that admitted slot 3;
+    # the joiner's broadcast is voided too, and it learns the step again after its restore
     joined: list = []
+    synced = threading.Event()  # the joiner is past its inits (a departure during them fails its KEYS request)
+
+    def wait(kv) -> None:  # the leaver leaves once the joiner is at its broadcast of the step
+        assert synced.wait(10.0) or kv.view.members[kv.rank] != leaver, "slot 3 did not reach its broadcast"
+
     with InProcessCluster(2, 3, deadline=30.0, **SETTINGS) as cluster:
         def late() -> None:  # slot 3: its create() returns once a commit admitted it
             kv = pskv.create("dist_sync", cluster=cluster.worker_config(3))
             try:
                 with pytest.raises(InitMismatchError, match="joined a running job, whose servers hold a float32"):
                     kv.init("w", np.zeros(N + 1, np.float32))  # checked against the servers' KEYS table
-                joined.append(train(kv, STEPS))
+                joined.append(train(kv, STEPS, before_sync=lambda kv: synced.set()))
             finally:
                 kv.close()
         joiner = threading.Thread(target=late, daemon=True)
@@ -134,13 +151,18 @@ def test_a_worker_joins_at_a_commit_and_takes_part_from_the_next_step():
                 while 3 not in roster.pending:
                     assert time.monotonic() < deadline, "slot 3 did not register"
                     time.sleep(0.01)
-        results = cluster.run_stores(lambda kv: train(kv, STEPS, before_step=let_in))
+        leave = None if leaver is None else (leaver, -1, "sync")
+        results = cluster.run_stores(lambda kv: train(kv, STEPS, leave=leave, before_step=let_in, before_sync=wait))
         joiner.join(30.0)
     (w3, record3, rank3, size3), = joined
+    if leaver is not None:
+        assert results.pop(leaver) is None
     record = results[0][1]
-    assert [members for _, members in record] == [(0, 1, 2)] * 3 + [(0, 1, 2, 3)] * (STEPS - 3)
+    after = (0, 1, 2, 3) if leaver is None else (0, 1, 3)
+    assert [members for _, members in record] == [(0, 1, 2)] * 3 + [after] * (STEPS - 3)
     assert record3 == record[3:] and all(r[1] == record for r in results)
-    assert [r[2:] for r in results] + [(rank3, size3)] == [(0, 4), (1, 4), (2, 4), (3, 4)]
+    size = len(after)
+    assert [r[2:] for r in results] + [(rank3, size3)] == [(rank, size) for rank in range(size)]
     for w, *_ in results:
         np.testing.assert_array_equal(w, w3)
     np.testing.assert_array_equal(w3, replay(record))

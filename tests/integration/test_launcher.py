@@ -442,6 +442,8 @@ def test_ssh_command_replaces_the_remote_shell_program():
     ({"launcher": "pbs"}, "--launcher must be one of local, ssh, slurm, mpi, got 'pbs'"),
     ({"env": {"DMLC_NUM_WORKER": "3"}}, "DMLC_NUM_WORKER is set by the launcher"),
     ({"env": {"PYTHONUNBUFFERED": "0"}}, "PYTHONUNBUFFERED is set by the launcher"),  # docs/launch.md: refused too
+    ({"stop_grace": float("inf")}, "--stop-grace must be >= 0 seconds (finite), got inf"),
+    ({"exit_grace": float("nan")}, "--exit-grace must be >= 0 seconds (finite), got nan"),
     ({"timeout": 0}, "--timeout must be > 0"),
     ({"port": 70000}, "--port must be a TCP port"),
     ({"ssh_command": "my-ssh"}, "--ssh-command only applies to --launcher ssh"),

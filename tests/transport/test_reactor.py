@@ -483,7 +483,10 @@ def _local_echo(context: zmq.Context, owned: list, tmp_path, ready: Callable[[],
             deadline = time.monotonic() + WAIT
             while not ready() and time.monotonic() < deadline:
                 time.sleep(0.001)
-            server.call_soon(lambda: server.send_router(sid, identity, reply))
+            try:
+                server.call_soon(lambda: server.send_router(sid, identity, reply))
+            except TransportError:  # its test ended (its server stopped) while this waited: nothing to answer
+                pass
         threading.Thread(target=when_read, daemon=True).start()
 
     sid, _ = server.bind_router("tcp://127.0.0.1:0", handle)
@@ -511,7 +514,9 @@ def test_a_waiting_thread_reads_its_replies_itself_and_the_reactor_takes_the_con
     client.start()
     for i in range(20):  # each reply read by the thread that waits for it; none by the reactor
         conn.send([b"%d" % i])
-        client.read_local(conn, on_reply, lambda n=i + 1: len(got) == n, time.monotonic() + WAIT)
+        deadline = time.monotonic() + WAIT
+        while len(got) < i + 1 and time.monotonic() < deadline:  # at once if the reactor holds the connection
+            client.read_local(conn, on_reply, lambda n=i + 1: len(got) == n, deadline)  # (a loaded machine): again
         assert got[-1] == (b"re:%d" % i, "MainThread")
     assert not conn.claimed
     for _ in range(3):  # nobody waits now: the reactor reads (its poll takes the connection back when woken)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -98,16 +99,32 @@ def test_slurm_host_lists_expand(text, hosts):
     ("a[1-2", "'\\[' without '\\]'"), ("a]1", "'\\]' without '\\['"), ("a[[1]]", "nested"),
     ("a,,b", "an empty host name"), ("a[3-1]", "runs backwards"), ("a[x]", "'x' is not a number"),
     ("a[0-99999]", "more than 65536 hosts"),
+    ("a[1-\u00b2]", "'1-\u00b2' is not a number"),  # str.isdigit() takes '²', int() does not: was a ValueError
+    ("a[\u0663]", "is not a number"),  # an Arabic-Indic 3 is no node number
+    ("a[1-" + "9" * 5000 + "]", "is not a number"),  # int() refuses 4300 digits: was a ValueError
 ])
 def test_malformed_host_lists_are_refused(text, match):
     with pytest.raises(pskv.InvalidArgumentError, match="SLURM_JOB_NODELIST=.*" + match):
         expand_hostlist(text)
 
 
+def test_a_host_list_too_long_is_refused_before_its_hosts_are_built():
+    """Two bracket groups multiply: the count is checked before the product (a[1-65536]b[1-65536] built
+    4 billion names first)."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(pskv.InvalidArgumentError, match="more than 65536 hosts"):
+            expand_hostlist("a[1-1000]b[1-1000]")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 5 << 20, peak
+
+
 def test_tasks_per_node_expand():
     assert expand_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
     assert expand_tasks_per_node("4") == [4]
-    for bad in ("0", "2(x0)", "a", "2(x1000000)"):
+    for bad in ("0", "2(x0)", "a", "2(x1000000)", "\u0663", "2(x\u0663)", "2(x3", "", "9" * 5000):
         with pytest.raises(pskv.InvalidArgumentError, match="SLURM_TASKS_PER_NODE"):
             expand_tasks_per_node(bad)
 
