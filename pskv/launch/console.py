@@ -19,7 +19,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from typing import IO
+from typing import IO, Any
 
 from pskv.errors import InvalidArgumentError, LaunchError
 from pskv.launch.contract import ProcessSpec
@@ -248,6 +248,15 @@ def _count(n: int, what: str) -> str:
     return f"{n} {what}" + ("" if n == 1 else "s")
 
 
+def _write(stream: IO[Any], data: Any) -> None:
+    """Write and flush ``data``; a closed or broken stream takes nothing (never raises)."""
+    try:
+        stream.write(data)
+        stream.flush()
+    except (OSError, ValueError):
+        pass
+
+
 class _Direct:
     """Writes at once, in the caller's thread: for in-memory streams (a test's), which cannot stall."""
 
@@ -259,18 +268,10 @@ class _Direct:
         return True
 
     def put_out(self, data: bytes) -> None:
-        try:
-            self._out.write(data)
-            self._out.flush()
-        except (OSError, ValueError):
-            pass
+        _write(self._out, data)
 
     def put_err(self, text: str) -> None:
-        try:
-            self._err.write(text)
-            self._err.flush()
-        except (OSError, ValueError):
-            pass
+        _write(self._err, text)
 
     def drain(self, timeout: float) -> None:
         pass
